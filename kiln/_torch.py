@@ -1,0 +1,48 @@
+"""The one place kiln touches private torch APIs.
+
+torch changes its private modules between releases; every such import lives here so
+that supporting a new release means editing one file. kiln supports torch 2.11 and 2.13.
+"""
+from __future__ import annotations
+
+import torch
+from torch._decomp import core_aten_decompositions, get_decompositions  # noqa: F401
+from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func  # noqa: F401
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: F401
+from torch.fx.experimental.symbolic_shapes import ShapeEnv  # noqa: F401
+
+aten = torch.ops.aten
+
+
+def register_dynamo_backend(name: str, fn) -> None:
+    """Make `torch.compile(backend=name)` find `fn` (idempotent)."""
+    from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
+
+    if name in _COMPILER_FNS:
+        return
+    _BACKENDS.pop(name, None)
+    register_backend(compiler_fn=fn, name=name)
+
+
+def dynamo_reset() -> None:
+    torch._dynamo.reset()
+
+
+def sym_expr(value):
+    """The sympy expression of an int or SymInt (a plain int stays an Integer)."""
+    import sympy
+
+    if isinstance(value, torch.SymInt):
+        return value.node.expr
+    return sympy.Integer(int(value))
+
+
+def is_fake(value) -> bool:
+    return isinstance(value, FakeTensor)
+
+
+def fake_mode_of(example_inputs):
+    """The FakeTensorMode of the example inputs, if they are fake."""
+    from torch._guards import detect_fake_mode
+
+    return detect_fake_mode(example_inputs)

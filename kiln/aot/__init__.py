@@ -1,0 +1,25 @@
+"""kiln/aot: torch-level FX graph -> functional ATen graph(s) through AOTAutograd.
+
+`aot_compile(gm, example_inputs, compile_aten)` functionalizes and decomposes the
+graph with kiln's decomposition table (kiln/aot/decompositions.py) and hands each
+resulting ATen graph (forward, and backward when training) to `compile_aten`.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from kiln import _torch
+from kiln.aot.decompositions import decomposition_table
+
+
+def aot_compile(gm, example_inputs, compile_aten: Callable) -> Callable:
+    """Trace `gm` to ATen with AOTAutograd and compile every graph it yields with `compile_aten`."""
+
+    def boxed(aten_gm, aten_inputs):
+        compiled = compile_aten(aten_gm, aten_inputs)
+        if getattr(compiled, "_boxed_call", False):
+            return compiled
+        return _torch.make_boxed_func(compiled)
+
+    return _torch.aot_module_simplified(gm, example_inputs, fw_compiler=boxed, bw_compiler=boxed,
+                                        decompositions=decomposition_table())

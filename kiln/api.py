@@ -1,0 +1,109 @@
+"""`kiln.compile()`: the user's one line.
+
+It wraps a function or an `nn.Module`; capture goes through one function, `_capture`,
+which today hands the program to TorchDynamo with kiln's backend and which kiln's own
+frontend (kiln/frontend) replaces. The backend ladder (`eager`, `aot_eager`, `kiln`)
+bisects a wrong answer: the same capture, less and less of kiln's pipeline.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import torch
+
+from kiln import backend as _backend
+from kiln.config import config
+
+MODES = ("default", "reduce-overhead", "max-autotune")
+
+
+def list_backends() -> list[str]:
+    """The backend ladder, least to most of kiln: a wrong answer is bisected down it."""
+    return list(_backend.LADDER)
+
+
+def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = False,
+            backend: str = "kiln", dynamic: bool | None = None):
+    """Compile a function or module with kiln; usable as `@kiln.compile` or `@kiln.compile(...)`.
+
+    mode: "default", "reduce-overhead" (CUDA graphs) or "max-autotune".
+    fullgraph: raise instead of running unsupported code eagerly.
+    backend: one of `kiln.list_backends()`.
+    dynamic: None (static first, dynamic after a shape change), True or False.
+    """
+    if fn_or_module is None:
+        return functools.partial(compile, mode=mode, fullgraph=fullgraph, backend=backend, dynamic=dynamic)
+    if mode not in MODES:
+        raise ValueError(f"kiln.compile: unknown mode {mode!r}; choose one of {MODES}")
+    if backend not in _backend.LADDER:
+        raise ValueError(f"kiln.compile: unknown backend {backend!r}; choose one of {list_backends()}")
+    graph_compiler = _backend.graph_compiler(backend, mode=mode, fullgraph=fullgraph)
+    if isinstance(fn_or_module, torch.nn.Module):
+        compiled = _capture(fn_or_module, graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
+        return OptimizedModule(fn_or_module, compiled)
+    if not callable(fn_or_module):
+        raise TypeError(f"kiln.compile expects a function or nn.Module, got {type(fn_or_module).__name__}")
+    compiled = _capture(fn_or_module, graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
+    return functools.wraps(fn_or_module)(compiled)
+
+
+def _capture(fn: Callable, graph_compiler: Callable, *, fullgraph: bool, dynamic: bool | None) -> Callable:
+    """Capture `fn`'s tensor work as FX graphs and compile each with `graph_compiler`."""
+    if config.frontend == "dynamo":
+        return torch.compile(fn, backend=graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
+    raise ValueError(f"kiln.config.frontend: unknown frontend {config.frontend!r}; choose 'dynamo'")
+
+
+class OptimizedModule(torch.nn.Module):
+    """A compiled module that *is* the original for everything but calling.
+
+    Parameters, buffers, `state_dict`, `train()/eval()` and attributes are the original
+    module's (shared, not copied); only `__call__` goes through the compiled program.
+    """
+
+    _DELEGATED = ("state_dict", "load_state_dict", "named_parameters", "named_buffers", "parameters",
+                  "buffers", "named_modules", "modules", "children", "named_children", "train", "eval",
+                  "to", "cuda", "cpu", "half", "float", "bfloat16", "requires_grad_", "zero_grad", "apply")
+
+    def __init__(self, module: torch.nn.Module, compiled_call: Callable):
+        super().__init__()
+        object.__setattr__(self, "_orig_mod", module)
+        object.__setattr__(self, "_compiled_call", compiled_call)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._compiled_call(*args, **kwargs)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._compiled_call(*args, **kwargs)
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in OptimizedModule._DELEGATED:
+            result = getattr(object.__getattribute__(self, "_orig_mod"), name)
+            if name in ("train", "eval", "to", "cuda", "cpu", "half", "float", "bfloat16",
+                        "requires_grad_", "apply"):
+                return _returning(self, result)
+            return result
+        if name == "training":
+            return object.__getattribute__(self, "_orig_mod").training
+        return super().__getattribute__(name)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(object.__getattribute__(self, "_orig_mod"), name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        setattr(self._orig_mod, name, value)
+
+    def __repr__(self) -> str:
+        return f"kiln.OptimizedModule({self._orig_mod!r})"
+
+
+def _returning(wrapper: OptimizedModule, method: Callable) -> Callable:
+    """Module methods that return `self` return the wrapper, so chaining keeps the compiled call."""
+
+    @functools.wraps(method)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        result = method(*args, **kwargs)
+        return wrapper if result is wrapper._orig_mod else result
+
+    return call

@@ -1,0 +1,104 @@
+"""`compile_graph(gm, example_inputs) -> callable`: kiln's backend, stage by stage.
+
+This is the `torch.compile` backend contract. The pipeline reads top to bottom:
+
+    aot (functionalize, decompose)  ->  lower (ATen -> LoopIR)  ->  schedule (fuse)
+    ->  codegen (Triton kernels + host wrapper)  ->  load (compile, cache)
+
+Each stage is one named call; the names key the debug dumps and the timing report.
+A failure in any stage logs a warning and runs that graph eagerly, unless
+`fullgraph=True` or `KILN_STRICT=1`.
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import traceback
+from typing import Callable
+
+import torch
+
+from kiln import _torch
+from kiln.config import config
+
+log = logging.getLogger("kiln")
+
+LADDER = ("eager", "aot_eager", "kiln")
+
+
+class KilnCompileError(RuntimeError):
+    """A graph kiln could not compile (raised under strict mode or fullgraph=True)."""
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str = "default",
+                  fullgraph: bool = False) -> Callable:
+    """kiln's backend: compile one torch-level FX graph into a callable."""
+    from kiln.aot import aot_compile
+
+    return aot_compile(gm, example_inputs, functools.partial(compile_aten_graph, mode=mode, fullgraph=fullgraph))
+
+
+def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str = "default",
+                       fullgraph: bool = False) -> Callable:
+    """Compile one functional ATen graph (from kiln/aot) into kernels and a wrapper."""
+    from kiln.debug import GraphDump
+
+    dump = GraphDump.new(gm)
+    try:
+        return _compile_aten_graph(gm, example_inputs, dump, mode)
+    except Exception as error:
+        if config.strict or fullgraph:
+            raise KilnCompileError(f"kiln could not compile graph {dump.name}: {error}") from error
+        reason = "".join(traceback.format_exception_only(type(error), error)).strip()
+        log.warning("kiln: graph %s runs eagerly: %s (set KILN_STRICT=1 to raise)", dump.name, reason)
+        dump.write("fallback.txt", traceback.format_exc())
+        return _torch.make_boxed_func(gm)
+
+
+def _compile_aten_graph(gm, example_inputs, dump, mode):
+    from kiln.codegen.wrapper import generate_wrapper
+    from kiln.lowering import lower_graph
+    from kiln.runtime.loader import load_module
+    from kiln.schedule import schedule_graph
+
+    dump.write("aten_graph.py", gm.print_readable(print_output=False))
+    with dump.stage("lower"):
+        graph = lower_graph(gm, example_inputs)
+    dump.write("loopir_before_fusion.txt", graph.format())
+    with dump.stage("schedule"):
+        scheduled = schedule_graph(graph)
+    dump.write("loopir_after_fusion.txt", scheduled.format())
+    with dump.stage("codegen"):
+        module_source = generate_wrapper(scheduled)
+    dump.write("wrapper.py", module_source.wrapper)
+    for kernel_name, kernel_source in module_source.kernels.items():
+        dump.write(f"kernel_{kernel_name}.py", kernel_source)
+    with dump.stage("load"):
+        compiled = load_module(module_source, mode=mode)
+    dump.finish()
+    return compiled
+
+
+def _eager_backend(gm: torch.fx.GraphModule, example_inputs: list, **_: object) -> Callable:
+    """Ladder rung 1: run the captured FX graph as it is."""
+    return gm.forward
+
+
+def _aot_eager_backend(gm: torch.fx.GraphModule, example_inputs: list, **_: object) -> Callable:
+    """Ladder rung 2: kiln/aot's functional ATen graph, run by torch without codegen."""
+    from kiln.aot import aot_compile
+
+    return aot_compile(gm, example_inputs, lambda aten_gm, _inputs: _torch.make_boxed_func(aten_gm))
+
+
+def graph_compiler(backend: str, *, mode: str = "default", fullgraph: bool = False) -> Callable:
+    """The `compile_graph`-shaped callable for one rung of the ladder."""
+    rungs = {"eager": _eager_backend, "aot_eager": _aot_eager_backend, "kiln": compile_graph}
+    return functools.partial(rungs[backend], mode=mode, fullgraph=fullgraph)
+
+
+def register() -> None:
+    """`torch.compile(backend="kiln")` (and kiln_eager, kiln_aot_eager) after `import kiln`."""
+    _torch.register_dynamo_backend("kiln", compile_graph)
+    _torch.register_dynamo_backend("kiln_eager", _eager_backend)
+    _torch.register_dynamo_backend("kiln_aot_eager", _aot_eager_backend)

@@ -1,0 +1,98 @@
+"""kiln's one registry of options.
+
+Every knob is an `Option` here: a name, a type, a default and a one-line meaning.
+Each reads its environment variable `KILN_<NAME>` once at import, can be set as an
+attribute (`kiln.config.strict = True`) and patched for a block:
+
+    with kiln.config.patch(strict=True, debug=True):
+        ...
+
+No other module reads `os.environ` for kiln options.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str
+    type: type
+    default: Any
+    help: str
+
+    @property
+    def env_var(self) -> str:
+        return "KILN_" + self.name.upper()
+
+    def parse(self, text: str) -> Any:
+        if self.type is bool:
+            return text.strip().lower() not in ("", "0", "false", "no", "off")
+        return self.type(text)
+
+
+OPTIONS = [
+    Option("strict", bool, False, "raise on any compile failure instead of running the graph eagerly"),
+    Option("debug", bool, False, "dump every stage of every graph under debug_dir"),
+    Option("debug_dir", str, "kiln_debug", "where KILN_DEBUG dumps go"),
+    Option("logs", str, "", "comma-separated focused logs: graph_breaks,recompiles,guards,kernels,perf"),
+    Option("cache_dir", str, os.path.join(os.path.expanduser("~"), ".cache", "kiln"),
+           "on-disk cache of generated kernels"),
+    Option("cpu_backend", str, "triton", "kernels for CPU tensors: 'triton' (the interpreter)"),
+    Option("max_fusion_ops", int, 400, "largest body (in ops) a fused kernel may grow to"),
+    Option("inline_max_ops", int, 40, "a pointwise producer read by several consumers is inlined "
+                                      "into each when its body has at most this many ops"),
+    Option("persistent_reduction_max", int, 8192, "rows up to this length stay in registers"),
+    Option("check_extern_strides", bool, True, "re-stride an extern's output when it differs from its meta"),
+    Option("frontend", str, "dynamo", "graph capture for kiln.compile: 'dynamo'"),
+]
+
+_BY_NAME = {option.name: option for option in OPTIONS}
+
+
+class _Config:
+    """Attribute access to the registry's current values."""
+
+    def __init__(self) -> None:
+        values = {}
+        for option in OPTIONS:
+            text = os.environ.get(option.env_var)
+            values[option.name] = option.default if text is None else option.parse(text)
+        object.__setattr__(self, "_values", values)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return self._values[name]
+        except KeyError:
+            raise AttributeError(f"kiln.config has no option {name!r}; options: {sorted(_BY_NAME)}") from None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name not in _BY_NAME:
+            raise AttributeError(f"kiln.config has no option {name!r}; options: {sorted(_BY_NAME)}")
+        self._values[name] = value
+
+    @contextlib.contextmanager
+    def patch(self, **changes: Any) -> Iterator[None]:
+        old = {name: getattr(self, name) for name in changes}
+        try:
+            for name, value in changes.items():
+                setattr(self, name, value)
+            yield
+        finally:
+            self._values.update(old)
+
+    def snapshot(self) -> dict:
+        """The values that change generated code (part of cache keys)."""
+        return dict(self._values)
+
+    def log_enabled(self, topic: str) -> bool:
+        return topic in self._values["logs"].split(",")
+
+    def describe(self) -> str:
+        return "\n".join(f"{o.env_var:32} {self._values[o.name]!r:12} {o.help}" for o in OPTIONS)
+
+
+config = _Config()
