@@ -1,0 +1,123 @@
+"""kiln's accuracy rule, shared by tests, the OpInfo sweep and the benchmarks.
+
+A compiled result is accepted when it is no farther from a float64 reference than
+eager's result is, up to a small factor (fusion reorders and skips roundings), with
+an absolute floor of a few units in the last place of the output dtype (eager can be
+exact where kiln rounds once differently). Both the 2-norm and the max-norm of the
+error are checked, so one wrong element in a large tensor is not averaged away.
+Integer and bool results must equal eager's exactly; NaN and inf must sit where
+eager's are.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+# Error allowed relative to eager's error, by output dtype.
+ERROR_FACTOR = {torch.float64: 2.0, torch.float32: 2.0, torch.float16: 3.0, torch.bfloat16: 3.0}
+# Floor in units of the dtype's epsilon, times the reference's magnitude.
+ULP_FLOOR = 8.0
+
+
+@dataclass
+class Verdict:
+    ok: bool
+    message: str
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+def _flatten(value) -> list:
+    if isinstance(value, torch.Tensor) or value is None or isinstance(value, (int, float, bool, complex)):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        return [leaf for item in value for leaf in _flatten(item)]
+    if isinstance(value, dict):
+        return [leaf for key in sorted(value, key=str) for leaf in _flatten(value[key])]
+    if hasattr(value, "to_tuple"):  # transformers ModelOutput
+        return _flatten(value.to_tuple())
+    return [value]
+
+
+def compare(actual, eager, reference=None, *, factor: float | None = None) -> Verdict:
+    """Compare a compiled result with eager's (and a float64 reference when given)."""
+    actual_leaves, eager_leaves = _flatten(actual), _flatten(eager)
+    reference_leaves = _flatten(reference) if reference is not None else [None] * len(eager_leaves)
+    if len(actual_leaves) != len(eager_leaves):
+        return Verdict(False, f"{len(actual_leaves)} outputs, eager has {len(eager_leaves)}")
+    for position, (got, want, ref) in enumerate(zip(actual_leaves, eager_leaves, reference_leaves)):
+        verdict = _compare_leaf(got, want, ref, factor)
+        if not verdict.ok:
+            return Verdict(False, f"output {position}: {verdict.message}")
+    return Verdict(True, "ok")
+
+
+def _compare_leaf(got, want, ref, factor) -> Verdict:
+    if not isinstance(want, torch.Tensor):
+        if isinstance(got, torch.Tensor):
+            got = got.item() if got.numel() == 1 else got
+        if isinstance(want, float) and isinstance(got, (int, float)):
+            if want != want:
+                return Verdict(got != got, f"{got} != nan")
+            return Verdict(abs(got - want) <= 1e-6 * max(1.0, abs(want)), f"{got} != {want}")
+        return Verdict(got == want, f"{got!r} != {want!r}")
+    if not isinstance(got, torch.Tensor):
+        return Verdict(False, f"got {type(got).__name__}, eager gave a tensor")
+    if got.shape != want.shape:
+        return Verdict(False, f"shape {tuple(got.shape)} != eager's {tuple(want.shape)}")
+    if got.dtype != want.dtype:
+        return Verdict(False, f"dtype {got.dtype} != eager's {want.dtype}")
+    got, want = got.detach().cpu(), want.detach().cpu()
+    if not (want.is_floating_point() or want.is_complex()):
+        if torch.equal(got, want):
+            return Verdict(True, "ok")
+        mismatches = int((got != want).sum())
+        return Verdict(False, f"{mismatches} of {want.numel()} elements differ from eager (exact dtype {want.dtype})")
+    if want.is_complex():
+        got, want = torch.view_as_real(got), torch.view_as_real(want)
+        ref = torch.view_as_real(ref.detach().cpu()) if isinstance(ref, torch.Tensor) else None
+    reference = (ref.detach().cpu() if isinstance(ref, torch.Tensor) else want).to(torch.float64)
+    got64, want64 = got.to(torch.float64), want.to(torch.float64)
+    nan_ref = torch.isnan(want64)
+    if not torch.equal(torch.isnan(got64), nan_ref):
+        return Verdict(False, f"NaN in {int(torch.isnan(got64).sum())} places, eager has {int(nan_ref.sum())}")
+    inf_want = torch.isinf(want64)
+    if not torch.equal(torch.isinf(got64) & ~nan_ref, inf_want) or not torch.equal(got64[inf_want], want64[inf_want]):
+        return Verdict(False, "infinities differ from eager's")
+    finite = ~(nan_ref | inf_want) & torch.isfinite(reference)
+    got64, want64, reference = got64[finite], want64[finite], reference[finite]
+    if got64.numel() == 0:
+        return Verdict(True, "ok")
+    factor = factor if factor is not None else ERROR_FACTOR.get(got.dtype, 2.0)
+    eps = torch.finfo(got.dtype).eps
+    magnitude = reference.abs()
+    floor_max = ULP_FLOOR * eps * float(magnitude.max().clamp_min(1e-30))
+    floor_norm = ULP_FLOOR * eps * float(torch.linalg.vector_norm(magnitude).clamp_min(1e-30))
+    err_got_max = float((got64 - reference).abs().max())
+    err_eager_max = float((want64 - reference).abs().max())
+    err_got_norm = float(torch.linalg.vector_norm(got64 - reference))
+    err_eager_norm = float(torch.linalg.vector_norm(want64 - reference))
+    if err_got_max > factor * err_eager_max + floor_max:
+        return Verdict(False, f"max error {err_got_max:.3g} vs eager's {err_eager_max:.3g} "
+                              f"(allowed {factor * err_eager_max + floor_max:.3g})")
+    if err_got_norm > factor * err_eager_norm + floor_norm:
+        return Verdict(False, f"norm error {err_got_norm:.3g} vs eager's {err_eager_norm:.3g} "
+                              f"(allowed {factor * err_eager_norm + floor_norm:.3g})")
+    return Verdict(True, "ok")
+
+
+def to_float64(value):
+    """A copy of `value` with every floating tensor in float64 (for reference runs)."""
+    if isinstance(value, torch.Tensor):
+        if value.is_floating_point():
+            return value.detach().to(torch.float64).requires_grad_(value.requires_grad)
+        if value.is_complex():
+            return value.detach().to(torch.complex128)
+        return value
+    if isinstance(value, (list, tuple)):
+        return type(value)(to_float64(item) for item in value)
+    if isinstance(value, dict):
+        return {key: to_float64(item) for key, item in value.items()}
+    return value
