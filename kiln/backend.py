@@ -74,7 +74,7 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
     for kernel_name, kernel_source in module_source.kernels.items():
         dump.write(f"kernel_{kernel_name}.py", kernel_source)
     with dump.stage("load"):
-        compiled = load_module(module_source, mode=mode)
+        compiled = load_module(module_source, mode=mode, scheduled=scheduled)
     dump.finish()
     return compiled
 

@@ -1,0 +1,465 @@
+"""Triton kernels from scheduled LoopIR kernels.
+
+One kernel = one `@triton.jit` function. Pointwise kernels tile the flattened rows in
+1-D blocks of XBLOCK; reduction kernels tile [XBLOCK rows, RBLOCK columns], either
+persistent (the whole row in registers) or looped over the columns with per-lane
+accumulators. fp16/bf16 are loaded and stored in their own dtype; the body's explicit
+`to_dtype` ops do the math in fp32. Masks cover every tail.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+
+from kiln.codegen.printing import TRITON_DTYPES, expr_to_source, python_constant
+from kiln.ir import Graph
+from kiln.ir.indexing import index_var, simplify_index
+from kiln.ir.nodes import indirect_value
+from kiln.schedule.kernel import Kernel, var_map
+
+INT32_LIMIT = 2**31 - 1
+
+UNARY = {
+    "neg": "-{0}", "abs": "tl.abs({0})", "exp": "tl.exp({0})", "exp2": "libdevice.exp2({0})",
+    "expm1": "libdevice.expm1({0})", "log": "tl.log({0})", "log2": "libdevice.log2({0})",
+    "log10": "libdevice.log10({0})", "log1p": "libdevice.log1p({0})", "sqrt": "libdevice.sqrt({0})",
+    "rsqrt": "libdevice.rsqrt({0})", "sin": "libdevice.sin({0})", "cos": "libdevice.cos({0})",
+    "tan": "libdevice.tan({0})", "asin": "libdevice.asin({0})", "acos": "libdevice.acos({0})",
+    "atan": "libdevice.atan({0})", "sinh": "libdevice.sinh({0})", "cosh": "libdevice.cosh({0})",
+    "tanh": "libdevice.tanh({0})", "asinh": "libdevice.asinh({0})", "acosh": "libdevice.acosh({0})",
+    "atanh": "libdevice.atanh({0})", "erf": "libdevice.erf({0})", "erfc": "libdevice.erfc({0})",
+    "erfinv": "libdevice.erfinv({0})", "lgamma": "libdevice.lgamma({0})",
+    "sigmoid": "(1.0 / (1.0 + tl.exp(-{0})))", "floor": "libdevice.floor({0})", "ceil": "libdevice.ceil({0})",
+    "round": "libdevice.nearbyint({0})", "trunc": "libdevice.trunc({0})", "reciprocal": "(1.0 / {0})",
+    "logical_not": "({0} == 0)", "isnan": "({0} != {0})", "isinf": "(tl.abs({0}) == float(\"inf\"))",
+    "signbit": "(libdevice.signbit({0}) != 0)", "relu": "tl.where({0} < 0, 0, {0})",
+    "frac": "({0} - libdevice.trunc({0}))", "square": "({0} * {0})",
+}
+BINARY = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
+    "pow": "libdevice.pow({0}, {1})", "atan2": "libdevice.atan2({0}, {1})",
+    "maximum": "tl.where(({0} > {1}) | ({0} != {0}), {0}, {1})",
+    "minimum": "tl.where(({0} < {1}) | ({0} != {0}), {0}, {1})",
+    "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
+    "gt": "({0} > {1})", "ge": "({0} >= {1})",
+    "logical_and": "(({0} != 0) & ({1} != 0))", "logical_or": "(({0} != 0) | ({1} != 0))",
+    "logical_xor": "(({0} != 0) ^ ({1} != 0))", "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})",
+    "bitwise_xor": "({0} ^ {1})", "left_shift": "({0} << {1})", "right_shift": "({0} >> {1})",
+    "copysign": "libdevice.copysign({0}, {1})", "hypot": "libdevice.hypot({0}, {1})",
+    "nextafter": "libdevice.nextafter({0}, {1})", "fmod": "libdevice.fmod({0}, {1})",
+}
+
+HELPERS = {
+    "max": """
+@triton.jit
+def _max_combine(a, b):
+    return tl.where((a > b) | (a != a), a, b)
+""",
+    "min": """
+@triton.jit
+def _min_combine(a, b):
+    return tl.where((a < b) | (a != a), a, b)
+""",
+    "prod": """
+@triton.jit
+def _prod_combine(a, b):
+    return a * b
+""",
+    "sum": """
+@triton.jit
+def _sum_combine(a, b):
+    return a + b
+""",
+    "argmax": """
+@triton.jit
+def _argmax_combine(value_a, index_a, value_b, index_b):
+    nan_a = value_a != value_a
+    nan_b = value_b != value_b
+    pick_a = (value_a > value_b) | (nan_a & ~nan_b) | (((value_a == value_b) | (nan_a & nan_b)) & (index_a < index_b))
+    return tl.where(pick_a, value_a, value_b), tl.where(pick_a, index_a, index_b)
+""",
+    "argmin": """
+@triton.jit
+def _argmin_combine(value_a, index_a, value_b, index_b):
+    nan_a = value_a != value_a
+    nan_b = value_b != value_b
+    pick_a = (value_a < value_b) | (nan_a & ~nan_b) | (((value_a == value_b) | (nan_a & nan_b)) & (index_a < index_b))
+    return tl.where(pick_a, value_a, value_b), tl.where(pick_a, index_a, index_b)
+""",
+    "welford": """
+@triton.jit
+def _welford_combine(mean_a, m2_a, weight_a, mean_b, m2_b, weight_b):
+    weight = weight_a + weight_b
+    delta = mean_b - mean_a
+    ratio = tl.where(weight == 0.0, 0.0, weight_b / tl.where(weight == 0.0, 1.0, weight))
+    return mean_a + delta * ratio, m2_a + m2_b + delta * delta * weight_a * ratio, weight
+""",
+}
+
+
+@dataclass
+class KernelSource:
+    """A generated kernel and how the wrapper launches it."""
+
+    name: str
+    source: str
+    buffer_args: list  # buffer names, in parameter order
+    size_args: list  # sympy expressions passed as ints (symbols, xnumel, rnumel)
+    xnumel: sympy.Expr
+    xblock: int
+    rblock: int | None
+    num_warps: int
+    device_type: str
+    skip: bool = False  # empty iteration space: allocate only, never launch
+
+
+def _next_power_of_2(value: int) -> int:
+    return 1 << max(0, (int(value) - 1).bit_length())
+
+
+def _identity(kind: str, dtype: torch.dtype) -> str:
+    if kind in ("sum", "welford", "any"):
+        return "0"
+    if kind in ("prod", "all"):
+        return "1"
+    if dtype.is_floating_point:
+        return 'float("-inf")' if kind in ("max", "argmax") else 'float("inf")'
+    info = torch.iinfo(dtype) if dtype != torch.bool else None
+    if info is None:
+        return "0" if kind in ("max", "argmax") else "1"
+    return str(info.min if kind in ("max", "argmax") else info.max)
+
+
+@dataclass
+class _Emitter:
+    lines: list = field(default_factory=list)
+    indent: int = 1
+
+    def line(self, text: str) -> None:
+        self.lines.append("    " * self.indent + text)
+
+
+class TritonKernelGenerator:
+    def __init__(self, kernel: Kernel, graph: Graph, device_type: str):
+        self.kernel, self.graph, self.device_type = kernel, graph, device_type
+        self.pointer_names: dict[str, str] = {}
+        self.size_symbols: set = set()
+        self.register_values: dict[str, str] = {}  # buffer name -> Triton variable holding it in-kernel
+        self.helpers: set = set()
+        self.out = _Emitter()
+        self.use_int64 = self._needs_int64()
+
+    # ---- set-up -----------------------------------------------------------------------
+    def _needs_int64(self) -> bool:
+        spans = []
+        for node in self.kernel.nodes:
+            for op in node.body.ops:
+                if op.buffer is not None:
+                    spans.append(self.graph.buffers[op.buffer].layout.storage_span())
+        spans.append(self.kernel.row_numel * self.kernel.col_numel)
+        for span in spans:
+            span = sympy.sympify(span)
+            if not span.is_Integer or int(span) > INT32_LIMIT:
+                return True
+        return False
+
+    def pointer(self, buffer_name: str) -> str:
+        if buffer_name not in self.pointer_names:
+            self.pointer_names[buffer_name] = f"ptr{len(self.pointer_names)}_{buffer_name}"
+        return self.pointer_names[buffer_name]
+
+    def index_source(self, expr) -> str:
+        expr = sympy.sympify(expr)
+        for symbol in expr.free_symbols:
+            name = str(symbol)
+            if indirect_value(symbol) is None and not (name[0] in "xr" and name[1:].isdigit()):
+                self.size_symbols.add(symbol)
+        return expr_to_source(expr, rename=self._rename)
+
+    def _rename(self, symbol):
+        value = indirect_value(symbol)
+        if value is not None:
+            return self._current_names[value]
+        return None
+
+    # ---- generation ---------------------------------------------------------------------
+    def generate(self) -> KernelSource:
+        kernel = self.kernel
+        xnumel = kernel.row_numel
+        rnumel = kernel.col_numel
+        skip = (xnumel.is_Integer and int(xnumel) == 0)
+        if kernel.is_reduction:
+            rblock, xblock, num_warps = self._reduction_blocks(rnumel)
+            self._reduction_body(rnumel)
+        else:
+            rblock = None
+            xblock = min(1024, _next_power_of_2(int(xnumel))) if xnumel.is_Integer else 1024
+            xblock = max(xblock, 16)
+            num_warps = 4 if xblock >= 512 else 2
+            self._pointwise_body()
+        size_args = sorted(self.size_symbols, key=str)
+        params = [self.pointer_names[name] for name in self.pointer_names] + [str(s) for s in size_args]
+        params += ["xnumel"] + (["rnumel"] if kernel.is_reduction else [])
+        params += ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if kernel.is_reduction else [])
+        header = [f"def {kernel.name}({', '.join(params)}):"]
+        helpers = "".join(HELPERS[name] for name in sorted(self.helpers))
+        source = ("import triton\nimport triton.language as tl\nfrom triton.language.extra.cuda import libdevice\n"
+                  + helpers + "\n\n" + "\n".join(header + self.out.lines) + "\n")
+        sizes = list(size_args) + [xnumel] + ([rnumel] if kernel.is_reduction else [])
+        return KernelSource(kernel.name, source, list(self.pointer_names), sizes, xnumel, xblock, rblock,
+                            num_warps, self.device_type, skip)
+
+    def _reduction_blocks(self, rnumel):
+        if self.kernel.persistent:
+            rblock = _next_power_of_2(int(rnumel))
+            xblock = 1 if rblock >= 1024 else max(1, min(64, 1024 // rblock))
+        else:
+            rblock, xblock = 1024, 1
+        xnumel = self.kernel.row_numel
+        if xnumel.is_Integer:
+            xblock = min(xblock, _next_power_of_2(max(int(xnumel), 1)))
+        num_warps = 8 if rblock * xblock >= 2048 else 4
+        return rblock, xblock, num_warps
+
+    def _index_setup(self, flat: str, ranges: list, prefix: str) -> None:
+        strides = []
+        running = sympy.Integer(1)
+        for size in reversed(ranges):
+            strides.append(running)
+            running = running * size
+        strides.reverse()
+        for position, (size, stride) in enumerate(zip(ranges, strides)):
+            value = flat if stride == 1 else f"({flat} // {self.index_source(stride)})"
+            if position > 0:
+                value = f"({value} % {self.index_source(size)})"
+            self.out.line(f"{prefix}{position} = {value}")
+
+    def _pointwise_body(self) -> None:
+        program = "tl.program_id(0).to(tl.int64)" if self.use_int64 else "tl.program_id(0)"
+        self.out.line(f"xoffset = {program} * XBLOCK")
+        self.out.line("xindex = xoffset + tl.arange(0, XBLOCK)")
+        self.out.line("xmask = xindex < xnumel")
+        self._index_setup("xindex", self.kernel.row_ranges, "x")
+        for position, (node, role) in enumerate(zip(self.kernel.nodes, self.kernel.roles)):
+            self._emit_node(node, role, position, "xmask")
+
+    def _reduction_body(self, rnumel) -> None:
+        program = "tl.program_id(0).to(tl.int64)" if self.use_int64 else "tl.program_id(0)"
+        self.out.line(f"xoffset = {program} * XBLOCK")
+        self.out.line("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
+        self.out.line("xmask = xindex < xnumel")
+        self._index_setup("xindex", self.kernel.row_ranges, "x")
+        self.out.line("rbase = tl.arange(0, RBLOCK)[None, :]")
+        if self.kernel.persistent:
+            self.out.line("rindex = rbase")
+            self.out.line("rmask = rindex < rnumel")
+            self._index_setup("rindex", self.kernel.col_ranges, "r")
+            for position, (node, role) in enumerate(zip(self.kernel.nodes, self.kernel.roles)):
+                self._emit_node(node, role, position, "xmask & rmask" if role != "row" else "xmask")
+            return
+        position = 0
+        nodes = list(zip(self.kernel.nodes, self.kernel.roles))
+        while position < len(nodes):
+            node, role = nodes[position]
+            if role == "row":
+                self._emit_node(node, role, position, "xmask")
+                position += 1
+                continue
+            if role == "reduction":
+                self._emit_looped_reduction(node, position)
+                position += 1
+                continue
+            self._open_column_loop()
+            while position < len(nodes) and nodes[position][1] == "full":
+                self._emit_node(nodes[position][0], "full", position, "xmask & rmask")
+                position += 1
+            self.out.indent -= 1
+
+    def _open_column_loop(self) -> None:
+        self.out.line("for roffset in range(0, rnumel, RBLOCK):")
+        self.out.indent += 1
+        self.out.line("rindex = roffset + rbase")
+        self.out.line("rmask = rindex < rnumel")
+        self._index_setup("rindex", self.kernel.col_ranges, "r")
+
+    # ---- nodes ----------------------------------------------------------------------------
+    def _emit_node(self, node, role: str, position: int, mask: str, stop_at_reduce: bool = False,
+                   start: int = 0) -> None:
+        mapping = var_map(node, role, self.kernel.row_ranges, self.kernel.col_ranges)
+        self._mapping = mapping
+        self._current_node = node
+        self._current_names = getattr(self, "_current_names", {}) if start else {}
+        prefix = f"n{position}_"
+        for op_index in range(start, len(node.body.ops)):
+            op = node.body.ops[op_index]
+            if stop_at_reduce and op.name == "reduce":
+                return
+            name = f"{prefix}{op_index}"
+            self._current_names[op_index] = name
+            self._emit_op(op, name, mask, role)
+
+    def _ranges_dict(self) -> dict:
+        ranges = {index_var("x", k): size for k, size in enumerate(self.kernel.row_ranges)}
+        ranges.update({index_var("r", k): size for k, size in enumerate(self.kernel.col_ranges)})
+        return ranges
+
+    def _offset(self, op) -> str:
+        layout = self.graph.buffers[op.buffer].layout
+        index = [sympy.sympify(expr).xreplace(self._mapping) for expr in op.index]
+        return self.index_source(simplify_index(sympy.expand(layout.offset_of(index)), self._ranges_dict()))
+
+    def _emit_op(self, op, name: str, mask: str, role: str) -> None:
+        names = self._current_names
+        args = [names[operand] for operand in op.operands]
+        if op.name == "load":
+            if op.buffer in self.register_values and not op.operands:
+                self.out.line(f"{name} = {self.register_values[op.buffer]}")
+                return
+            load_mask = mask if not op.operands else f"({mask}) & {args[0]}"
+            self.out.line(f"{name} = tl.load({self.pointer(op.buffer)} + ({self._offset(op)}), {load_mask}, other=0)")
+        elif op.name == "store":
+            self.register_values[op.buffer] = args[0]
+            if op.buffer in self.kernel.local_buffers:
+                return
+            dtype = self.graph.buffers[op.buffer].dtype
+            value = args[0] if dtype != torch.bool else f"({args[0]} != 0)"
+            store_mask = "xmask" if role in ("row", "reduction") else mask
+            self.out.line(f"tl.store({self.pointer(op.buffer)} + ({self._offset(op)}), "
+                          f"{value}.to({TRITON_DTYPES[dtype]}), {store_mask})")
+        elif op.name == "constant":
+            value = op.attr
+            if isinstance(value, sympy.Basic):
+                value = int(value) if value.is_Integer else float(value)
+            if op.dtype == torch.bool:
+                value = bool(value)
+            elif op.dtype.is_floating_point:
+                value = float(value)
+            else:
+                value = int(value)
+            self.out.line(f"{name} = tl.full([1], {python_constant(value)}, {TRITON_DTYPES[op.dtype]})")
+        elif op.name == "index_expr":
+            expr = simplify_index(sympy.sympify(op.attr).xreplace(self._mapping), self._ranges_dict())
+            source = self.index_source(expr)
+            self.out.line(f"{name} = (tl.zeros([1], tl.int64) + {source}).to({TRITON_DTYPES[op.dtype]})")
+        elif op.name == "to_dtype":
+            if op.dtype == torch.bool:
+                self.out.line(f"{name} = {args[0]} != 0")
+            else:
+                self.out.line(f"{name} = {args[0]}.to({TRITON_DTYPES[op.dtype]})")
+        elif op.name == "where":
+            self.out.line(f"{name} = tl.where({args[0]}, {args[1]}, {args[2]})")
+        elif op.name == "sign":
+            self.out.line(f"{name} = ({args[0]} > 0).to({TRITON_DTYPES[op.dtype]}) - "
+                          f"({args[0]} < 0).to({TRITON_DTYPES[op.dtype]})")
+            if op.dtype.is_floating_point:
+                self.out.line(f"{name} = tl.where({args[0]} != {args[0]}, {args[0]}, {name})")
+        elif op.name == "bitwise_not":
+            self.out.line(f"{name} = ({args[0]} == 0)" if op.dtype == torch.bool else f"{name} = ~{args[0]}")
+        elif op.name == "remainder":
+            self.out.line(f"{name} = libdevice.fmod({args[0]}, {args[1]})")
+            self.out.line(f"{name} = tl.where(({name} != 0) & (({name} < 0) != ({args[1]} < 0)), "
+                          f"{name} + {args[1]}, {name})")
+        elif op.name in UNARY:
+            self.out.line(f"{name} = {UNARY[op.name].format(*args)}")
+        elif op.name in BINARY:
+            self.out.line(f"{name} = {BINARY[op.name].format(*args)}")
+        elif op.name == "reduce":
+            self._emit_persistent_reduce(op, name, args[0], mask)
+        elif op.name == "getitem":
+            self.out.line(f"{name} = {args[0]}_{op.attr}")
+        else:
+            raise NotImplementedError(f"Triton codegen for op {op.name}")
+
+    def _emit_persistent_reduce(self, op, name: str, value: str, mask: str) -> None:
+        kind = op.attr
+        source_dtype = self._current_node.body.ops[op.operands[0]].dtype
+        identity = _identity(kind, source_dtype)
+        self.out.line(f"{name}_in = tl.broadcast_to({value}, [XBLOCK, RBLOCK])")
+        if kind == "welford":
+            count = self.index_source(self.kernel.col_numel)
+            self.out.line(f"{name}_0 = tl.sum(tl.where({mask}, {name}_in, 0.0), 1)[:, None] / {count}")
+            self.out.line(f"{name}_d = tl.where({mask}, {name}_in - {name}_0, 0.0)")
+            self.out.line(f"{name}_1 = tl.sum({name}_d * {name}_d, 1)[:, None]")
+            self.out.line(f"{name}_2 = tl.zeros([XBLOCK, 1], tl.float32) + {count}")
+            return
+        if kind in ("argmax", "argmin"):
+            self.helpers.add(kind)
+            self.out.line(f"{name}_idx = tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64)")
+            self.out.line(f"_, {name} = tl.reduce((tl.where({mask}, {name}_in, {identity}), {name}_idx), 1, "
+                          f"_{kind}_combine)")
+            self.out.line(f"{name} = {name}[:, None]")
+            return
+        if kind in ("any", "all"):
+            combine = "max" if kind == "any" else "min"
+            self.helpers.add(combine)
+            self.out.line(f"{name} = tl.reduce(tl.where({mask}, ({name}_in != 0).to(tl.int32), {identity}), 1, "
+                          f"_{combine}_combine)[:, None] != 0")
+            return
+        self.helpers.add(kind)
+        self.out.line(f"{name} = tl.reduce(tl.where({mask}, {name}_in, {identity}), 1, _{kind}_combine)[:, None]")
+
+    def _emit_looped_reduction(self, node, position: int) -> None:
+        mapping = var_map(node, "reduction", self.kernel.row_ranges, self.kernel.col_ranges)
+        reduce_index = next(k for k, op in enumerate(node.body.ops) if op.name == "reduce")
+        reduce_op = node.body.ops[reduce_index]
+        kind = reduce_op.attr
+        input_dtype = node.body.ops[reduce_op.operands[0]].dtype
+        accumulate = TRITON_DTYPES[input_dtype if kind not in ("any", "all") else torch.int32]
+        name = f"n{position}_{reduce_index}"
+        identity = _identity(kind, input_dtype)
+        if kind == "welford":
+            for part in ("mean", "m2", "weight"):
+                self.out.line(f"{name}_{part} = tl.zeros([XBLOCK, RBLOCK], tl.float32)")
+        else:
+            self.out.line(f"{name}_acc = tl.full([XBLOCK, RBLOCK], {identity}, {accumulate})")
+            if kind in ("argmax", "argmin"):
+                self.out.line(f"{name}_accidx = tl.zeros([XBLOCK, RBLOCK], tl.int64)")
+        self._open_column_loop()
+        self._mapping = mapping
+        self._emit_node(node, "reduction", position, "xmask & rmask", stop_at_reduce=True)
+        value = f"tl.broadcast_to({self._current_names[reduce_op.operands[0]]}, [XBLOCK, RBLOCK])"
+        mask = "xmask & rmask"
+        if kind == "welford":
+            self.out.line(f"{name}_w = tl.where({mask}, {name}_weight + 1.0, {name}_weight)")
+            self.out.line(f"{name}_delta = {value} - {name}_mean")
+            self.out.line(f"{name}_newmean = tl.where({mask}, {name}_mean + {name}_delta / "
+                          f"tl.where({name}_w == 0.0, 1.0, {name}_w), {name}_mean)")
+            self.out.line(f"{name}_m2 = tl.where({mask}, {name}_m2 + {name}_delta * ({value} - {name}_newmean), "
+                          f"{name}_m2)")
+            self.out.line(f"{name}_mean = {name}_newmean")
+            self.out.line(f"{name}_weight = {name}_w")
+        elif kind in ("argmax", "argmin"):
+            self.helpers.add(kind)
+            self.out.line(f"{name}_v, {name}_i = _{kind}_combine({name}_acc, {name}_accidx, {value}, "
+                          f"tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64))")
+            self.out.line(f"{name}_acc = tl.where({mask}, {name}_v, {name}_acc)")
+            self.out.line(f"{name}_accidx = tl.where({mask}, {name}_i, {name}_accidx)")
+        else:
+            combine = {"any": "max", "all": "min"}.get(kind, kind)
+            self.helpers.add(combine)
+            if kind in ("any", "all"):
+                value = f"({value} != 0).to(tl.int32)"
+            self.out.line(f"{name}_acc = tl.where({mask}, _{combine}_combine({name}_acc, {value}), {name}_acc)")
+        self.out.indent -= 1
+        if kind == "welford":
+            self.helpers.add("welford")
+            self.out.line(f"{name}_0, {name}_1, {name}_2 = tl.reduce(({name}_mean, {name}_m2, {name}_weight), 1, "
+                          f"_welford_combine)")
+            for part in ("0", "1", "2"):
+                self.out.line(f"{name}_{part} = {name}_{part}[:, None]")
+        elif kind in ("argmax", "argmin"):
+            self.out.line(f"_, {name} = tl.reduce(({name}_acc, {name}_accidx), 1, _{kind}_combine)")
+            self.out.line(f"{name} = {name}[:, None]")
+        else:
+            combine = {"any": "max", "all": "min"}.get(kind, kind)
+            suffix = " != 0" if kind in ("any", "all") else ""
+            self.out.line(f"{name} = tl.reduce({name}_acc, 1, _{combine}_combine)[:, None]{suffix}")
+        self._current_names[reduce_index] = name
+        self._mapping = mapping
+        self._emit_node(node, "reduction", position, "xmask", start=reduce_index + 1)
+
+
+def generate_kernel(kernel: Kernel, graph: Graph, device_type: str) -> KernelSource:
+    return TritonKernelGenerator(kernel, graph, device_type).generate()

@@ -1,0 +1,248 @@
+"""The host program: a generated Python `call(args)` that allocates, launches and
+calls externs, with as few Python operations per call as the graph allows.
+
+Sizes that are symbols are read from the inputs once at the top; every allocation
+has its sizes and strides spelled out; buffers are deleted after their last use so
+peak memory follows eager's.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+import torch
+
+from kiln.codegen.printing import expr_to_source
+from kiln.codegen.triton import KernelSource, generate_kernel
+from kiln.ir import Extern, TensorArg
+from kiln.schedule import Kernel, ScheduledGraph
+
+
+@dataclass
+class ModuleSource:
+    """Everything `kiln.runtime.loader.load_module` needs to build the callable."""
+
+    wrapper: str
+    kernels: dict  # kernel name -> Triton source
+    kernel_sources: list = field(default_factory=list)  # KernelSource
+    constants: dict = field(default_factory=dict)
+    externs: dict = field(default_factory=dict)  # name -> ATen op
+    kernel_count: int = 0
+    extern_count: int = 0
+
+
+def _graph_device_type(scheduled: ScheduledGraph) -> str:
+    for buffer in scheduled.graph.buffers.values():
+        if buffer.device.type == "cuda":
+            return "cuda"
+    return "cpu"
+
+
+def _symbol_sources(graph) -> dict:
+    """Each size symbol -> Python expression that reads it from the inputs."""
+    sources = {}
+    for position, graph_input in enumerate(graph.inputs):
+        if graph_input.kind == "symbol" and graph_input.symbol is not None:
+            sources.setdefault(graph_input.symbol, graph_input.name)
+    for graph_input in graph.inputs:
+        if graph_input.kind != "tensor":
+            continue
+        layout = graph_input.buffer.layout
+        for dim, size in enumerate(layout.size):
+            if isinstance(size, sympy.Symbol):
+                sources.setdefault(size, f"{graph_input.name}.size({dim})")
+        for dim, stride in enumerate(layout.stride):
+            if isinstance(stride, sympy.Symbol):
+                sources.setdefault(stride, f"{graph_input.name}.stride({dim})")
+    return sources
+
+
+class WrapperGenerator:
+    def __init__(self, scheduled: ScheduledGraph):
+        self.scheduled = scheduled
+        self.graph = scheduled.graph
+        self.device_type = _graph_device_type(scheduled)
+        self.lines: list[str] = []
+        self.names = {graph_input.buffer.name: graph_input.name for graph_input in self.graph.inputs
+                      if graph_input.kind == "tensor"}
+        self.symbols = _symbol_sources(self.graph)
+
+    def py(self, expr) -> str:
+        expr = sympy.sympify(expr)
+        missing = [symbol for symbol in expr.free_symbols if symbol not in self.symbols]
+        if missing:
+            raise NotImplementedError(f"size symbols {missing} cannot be read from the graph inputs")
+        return expr_to_source(expr)
+
+    def name(self, buffer_name: str) -> str:
+        return self.names.get(buffer_name, buffer_name)
+
+    def generate(self) -> ModuleSource:
+        graph = self.graph
+        module = ModuleSource("", {}, constants=dict(graph.constants))
+        input_names = [graph_input.name for graph_input in graph.inputs]
+        self.lines.append("def call(args):")
+        body = []
+        if input_names:
+            body.append(f"{', '.join(input_names)}, = args")
+        body.append("args.clear()")
+        used_symbols = self._used_symbols()
+        for symbol in sorted(used_symbols, key=str):
+            if str(symbol) not in input_names:
+                body.append(f"{symbol} = {self.symbols[symbol]}")
+        last_use = self._last_uses()
+        for step_index, step in enumerate(self.scheduled.steps):
+            if isinstance(step, Kernel):
+                body += self._kernel_call(step, module)
+            else:
+                body += self._extern_call(step, module)
+            dead = [self.name(name) for name, last in last_use.items() if last == step_index]
+            if dead:
+                body.append(f"del {', '.join(sorted(dead))}")
+        body.append(f"return ({''.join(self._output(output) + ', ' for output in graph.outputs)})")
+        self.lines += ["    " + line for line in body]
+        module.wrapper = "\n".join(self._header(module) + self.lines) + "\n"
+        module.kernel_count = len([k for k in module.kernel_sources if not k.skip])
+        module.extern_count = len(module.externs)
+        return module
+
+    def _used_symbols(self) -> set:
+        used = set()
+        for buffer in self.graph.buffers.values():
+            for expr in (*buffer.layout.size, *buffer.layout.stride, buffer.layout.offset):
+                used |= sympy.sympify(expr).free_symbols
+        for step in self.scheduled.steps:
+            if isinstance(step, Kernel):
+                used |= sympy.sympify(step.row_numel * step.col_numel).free_symbols
+        for output in self.graph.outputs:
+            if isinstance(output, sympy.Basic):
+                used |= output.free_symbols
+        return {symbol for symbol in used if symbol in self.symbols}
+
+    def _header(self, module: ModuleSource) -> list[str]:
+        lines = ["# kiln generated wrapper", "import torch", "from kiln.runtime.support import empty_strided, "
+                 "restride, cdiv, flatten_result as _flatten_result", ""]
+        return lines
+
+    def _last_uses(self) -> dict:
+        """Buffer name -> index of the last step that reads it (inputs and intermediates, not outputs)."""
+        keep = {output.buffer for output in self.graph.outputs if isinstance(output, TensorArg)}
+        keep |= set(self.graph.constants)
+        last: dict = {}
+        for step_index, step in enumerate(self.scheduled.steps):
+            names = set()
+            if isinstance(step, Kernel):
+                for node in step.nodes:
+                    names |= {op.buffer for op in node.body.reads()}
+                    names |= set(node.outputs)
+            else:
+                names |= {arg.buffer for arg in _tensor_args(step.args, step.kwargs)} | set(step.outputs)
+            for name in names:
+                last[name] = step_index
+        local = {name for step in self.scheduled.kernels for name in step.local_buffers}
+        return {name: index for name, index in last.items() if name not in keep and name not in local}
+
+    def _allocate(self, buffer_name: str) -> str:
+        buffer = self.graph.buffers[buffer_name]
+        sizes = "(" + "".join(self.py(size) + ", " for size in buffer.layout.size) + ")"
+        strides = "(" + "".join(self.py(stride) + ", " for stride in buffer.layout.stride) + ")"
+        return (f"{buffer_name} = empty_strided({sizes}, {strides}, device='{buffer.device}', "
+                f"dtype={buffer.dtype})")
+
+    def _kernel_call(self, kernel: Kernel, module: ModuleSource) -> list[str]:
+        source = generate_kernel(kernel, self.graph, self.device_type)
+        module.kernel_sources.append(source)
+        module.kernels[kernel.name] = source.source
+        lines = [self._allocate(name) for node in kernel.nodes for name in node.outputs
+                 if name not in kernel.local_buffers]
+        if source.skip:
+            return lines
+        args = [self.name(name) for name in source.buffer_args] + [self.py(size) for size in source.size_args]
+        grid = f"(cdiv({self.py(source.xnumel)}, {source.xblock}),)"
+        blocks = f"XBLOCK={source.xblock}" + (f", RBLOCK={source.rblock}" if source.rblock else "")
+        lines.append(f"{kernel.name}[{grid}]({', '.join(args)}, {blocks}, num_warps={source.num_warps})")
+        return lines
+
+    def _extern_call(self, extern: Extern, module: ModuleSource) -> list[str]:
+        module.externs[extern.name] = extern.op
+
+        def arg_source(value):
+            if isinstance(value, TensorArg):
+                buffer = self.graph.buffers[value.buffer]
+                if value.layout == buffer.layout:
+                    return self.name(value.buffer)
+                size = "(" + "".join(self.py(s) + ", " for s in value.layout.size) + ")"
+                stride = "(" + "".join(self.py(s) + ", " for s in value.layout.stride) + ")"
+                return f"torch.as_strided({self.name(value.buffer)}, {size}, {stride}, {self.py(value.layout.offset)})"
+            if isinstance(value, (list, tuple)):
+                inner = "".join(arg_source(item) + ", " for item in value)
+                return f"[{inner}]" if isinstance(value, list) else f"({inner})"
+            if isinstance(value, sympy.Basic):
+                return self.py(value) if not value.is_Float else repr(float(value))
+            if isinstance(value, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+                return f"torch.{value}".replace("torch.torch.", "torch.") if not isinstance(value, torch.device) \
+                    else f"torch.device('{value}')"
+            if isinstance(value, float):
+                return repr(value) if value == value and abs(value) != float("inf") else f"float('{value}')"
+            return repr(value)
+
+        args = [arg_source(value) for value in extern.args]
+        args += [f"{key}={arg_source(value)}" for key, value in extern.kwargs.items()]
+        call = f"{extern.name}({', '.join(args)})"
+        targets = _flatten_structure(extern.output_structure)
+        names = [extern.outputs[position] if position is not None else "_" for position in targets]
+        if not isinstance(extern.output_structure, (list, tuple)):
+            lines = [f"{names[0]} = {call}"]
+        else:
+            lines = [f"{''.join(name + ', ' for name in names)}= {_unpack(call, extern.output_structure)}"]
+        from kiln.config import config
+
+        if config.check_extern_strides:
+            for name in extern.outputs:
+                buffer = self.graph.buffers[name]
+                stride = "(" + "".join(self.py(s) + ", " for s in buffer.layout.stride) + ")"
+                size = "(" + "".join(self.py(s) + ", " for s in buffer.layout.size) + ")"
+                lines.append(f"if {name}.stride() != {stride}: {name} = restride({name}, {size}, {stride})")
+        return lines
+
+    def _output(self, output) -> str:
+        if isinstance(output, TensorArg):
+            buffer = self.graph.buffers[output.buffer]
+            if output.layout == buffer.layout:
+                return self.name(output.buffer)
+            size = "(" + "".join(self.py(s) + ", " for s in output.layout.size) + ")"
+            stride = "(" + "".join(self.py(s) + ", " for s in output.layout.stride) + ")"
+            return f"torch.as_strided({self.name(output.buffer)}, {size}, {stride}, {self.py(output.layout.offset)})"
+        if isinstance(output, sympy.Basic):
+            return self.py(output)
+        return repr(output)
+
+
+def _flatten_structure(structure) -> list:
+    if isinstance(structure, (list, tuple)):
+        return [leaf for item in structure for leaf in _flatten_structure(item)]
+    return [structure]
+
+
+def _unpack(call: str, structure) -> str:
+    """Nested tuple results are flattened so one assignment unpacks them."""
+    if all(not isinstance(item, (list, tuple)) for item in structure):
+        return call
+    return f"_flatten_result({call})"
+
+
+def _tensor_args(args, kwargs):
+    stack = list(args) + list(kwargs.values())
+    while stack:
+        item = stack.pop()
+        if isinstance(item, TensorArg):
+            yield item
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+
+
+def generate_wrapper(scheduled: ScheduledGraph) -> ModuleSource:
+    return WrapperGenerator(scheduled).generate()
+
+
+__all__ = ["KernelSource", "ModuleSource", "generate_wrapper"]

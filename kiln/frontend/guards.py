@@ -1,0 +1,237 @@
+"""Guards: what must still hold for a cache entry to be reused, as ONE Python function.
+
+While the interpreter traces, every read of the outside world adds a check to the
+`GuardBuilder`: tensor metadata (type, dtype, device, shape, stride, requires_grad),
+the type, identity or value of globals, closure cells and attributes, container
+lengths and keys, and global state (grad mode, autocast). `build()` turns them into
+straight-line Python source:
+
+    def guard(self, x):
+        try:
+            __s0 = self._modules['fc']
+            if __s0 is not __c1: return "self._modules['fc'] is a different object"
+            if type(x) is not __c2: return "x: type changed (was Tensor)"
+            if x.dtype is not __c3: return "x: dtype changed (was torch.float32)"
+            ...
+        except Exception as error:
+            return "guard raised " + repr(error)
+        return None
+
+It returns None when every check holds, else the first failing reason, so a
+recompile can say why. Sources shared by several checks are evaluated once into a
+local (`SourceRenderer`), which keeps the per-call cost low for deep module trees.
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from kiln.frontend.sources import LocalSource, NamedSource, Source, chain
+
+_LITERAL_TYPES = (int, float, str, bool, type(None), bytes)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One guard line: `failure` (with `{}` for the rendered source) true means the guard fails."""
+
+    source: Source | None
+    failure: str
+    reason: str
+
+
+class GuardBuilder:
+    """Collects checks in the order the trace made them (parents before children)."""
+
+    def __init__(self) -> None:
+        self.checks: list[Check] = []
+        self._seen: set[tuple] = set()
+        self.constants: dict[str, Any] = {}
+        self._constant_names: dict[int, str] = {}
+
+    def constant(self, value: Any) -> str:
+        """A name under which the guard function holds `value`."""
+        key = id(value)
+        if key not in self._constant_names:
+            name = f"__c{len(self._constant_names)}"
+            self._constant_names[key] = name
+            self.constants[name] = value
+        return self._constant_names[key]
+
+    def add(self, source: Source | None, failure: str, reason: str) -> None:
+        key = (source, failure)
+        if key in self._seen:
+            return
+        self._seen.add(key)
+        self.checks.append(Check(source, failure, reason))
+
+    # -- kinds of guard -------------------------------------------------------------------------
+
+    def type_is(self, source: Source, cls: type) -> None:
+        self.add(source, f"type({{}}) is not {self.constant(cls)}", f"type is no longer {cls.__qualname__}")
+
+    def identity(self, source: Source, value: Any) -> None:
+        self.add(source, f"{{}} is not {self.constant(value)}", f"is a different object than {_short(value)}")
+
+    def value(self, source: Source, value: Any) -> None:
+        """Equality with a literal, with the exact type (so 1, 1.0 and True differ)."""
+        if value is None or value is True or value is False or value is Ellipsis:
+            self.add(source, f"{{}} is not {value!r}", f"is no longer {value!r}")
+            return
+        if isinstance(value, _LITERAL_TYPES) and value == value:  # NaN never equals itself
+            self.type_is(source, type(value))
+            self.add(source, f"{{}} != {value!r}", f"changed from {value!r}")
+            return
+        if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
+            self.identity(source, value)
+            return
+        self.type_is(source, type(value))
+        self.add(source, f"{{}} != {self.constant(value)}", f"changed from {_short(value)}")
+
+    def length(self, source: Source, size: int) -> None:
+        self.add(source, f"len({{}}) != {size}", f"length changed from {size}")
+
+    def keys(self, source: Source, keys: tuple) -> None:
+        self.add(source, f"tuple({{}}) != {self.constant(keys)}", f"keys changed from {keys!r}")
+
+    def contains(self, source: Source, key: Any, present: bool) -> None:
+        test = "not in" if present else "in"
+        self.add(source, f"{self.constant(key)} {test} {{}}", f"{'lost' if present else 'gained'} key {key!r}")
+
+    def has_attr(self, source: Source, name: str, present: bool) -> None:
+        test = "not hasattr" if present else "hasattr"
+        self.add(source, f"{test}({{}}, {name!r})", f"{'lost' if present else 'gained'} attribute {name!r}")
+
+    def empty(self, source: Source) -> None:
+        self.add(source, "{}", "is no longer empty")
+
+    def tensor(self, source: Source, tensor: torch.Tensor) -> None:
+        """Static metadata: everything the trace could have specialized on."""
+        self.type_is(source, type(tensor))
+        self.add(source, f"{{}}.dtype is not {self.constant(tensor.dtype)}", f"dtype changed from {tensor.dtype}")
+        self.add(source, f"{{}}.shape != {tuple(tensor.shape)!r}", f"shape changed from {tuple(tensor.shape)}")
+        self.add(source, f"{{}}.stride() != {tuple(tensor.stride())!r}", f"stride changed from {tuple(tensor.stride())}")
+        self.add(source, f"{{}}.device != {self.constant(tensor.device)}", f"device changed from {tensor.device}")
+        self.add(source, f"{{}}.requires_grad is not {tensor.requires_grad}",
+                 f"requires_grad changed from {tensor.requires_grad}")
+
+    def global_state(self) -> None:
+        """Grad mode and autocast as they are now, at the start of the trace."""
+        grad = torch.is_grad_enabled()
+        self.add(None, f"{self.constant(torch.is_grad_enabled)}() is not {grad}",
+                 f"grad mode changed from {'enabled' if grad else 'disabled'}")
+        for device_type in ("cpu", "cuda"):
+            enabled = torch.is_autocast_enabled(device_type)
+            self.add(None, f"{self.constant(torch.is_autocast_enabled)}({device_type!r}) is not {enabled}",
+                     f"autocast({device_type}) changed from {enabled}")
+
+    # -- code generation ------------------------------------------------------------------------
+
+    def build(self, signature: "FrameSignature", extra_namespace: dict) -> tuple[Callable, str]:
+        """The guard function and its source text."""
+        renderer = SourceRenderer([check.source for check in self.checks if check.source is not None])
+        body: list[str] = []
+        for check in self.checks:
+            if check.source is None:
+                condition = check.failure
+                label = "global state"
+            else:
+                text = renderer.render(check.source, body)
+                condition = check.failure.replace("{}", text)
+                label = check.source.expr()
+            body.append(f"if {condition}: return {label + ': ' + check.reason!r}")
+        lines = [f"def __guard({signature.text}):", "    try:"]
+        lines += ["        " + line for line in body] or ["        pass"]
+        lines += ["    except Exception as __error:",
+                  "        return 'guard raised ' + repr(__error)",
+                  "    return None"]
+        source_text = "\n".join(lines)
+        namespace = dict(signature.namespace)
+        namespace.update(self.constants)
+        namespace.update(extra_namespace)
+        return compile_function(source_text, "__guard", namespace, "kiln_guard"), source_text
+
+
+class SourceRenderer:
+    """Renders sources into straight-line code, evaluating a shared prefix only once.
+
+    A source that is the parent of two or more rendered sources is assigned to a local
+    (`__s3 = self._modules['layers']`) the first time it is needed.
+    """
+
+    def __init__(self, sources: list[Source]):
+        uses: dict[Source, int] = {}
+        for source in set(sources):
+            for ancestor in chain(source)[:-1]:
+                uses[ancestor] = uses.get(ancestor, 0) + 1
+        self._hoist = {source for source, count in uses.items()
+                       if count >= 2 and not isinstance(source, (LocalSource, NamedSource))}
+        self._locals: dict[Source, str] = {}
+
+    def render(self, source: Source, lines: list[str]) -> str:
+        if source in self._locals:
+            return self._locals[source]
+        if source.parent is None:
+            text = source.expr()
+        else:
+            text = source.with_parent(self.render(source.parent, lines))
+        if source in self._hoist:
+            name = f"__s{len(self._locals)}"
+            lines.append(f"{name} = {text}")
+            self._locals[source] = name
+            return name
+        return text
+
+
+@dataclass
+class FrameSignature:
+    """The compiled function's parameter list as text, with defaults bound by name."""
+
+    text: str
+    namespace: dict
+    parameter_names: tuple[str, ...]
+
+    @classmethod
+    def of(cls, fn: Callable) -> "FrameSignature":
+        signature = inspect.signature(fn)
+        parts, namespace, names = [], {}, []
+        seen_keyword_only = False
+        previous_kind = None
+        for index, parameter in enumerate(signature.parameters.values()):
+            kind = parameter.kind
+            if previous_kind == inspect.Parameter.POSITIONAL_ONLY and kind != inspect.Parameter.POSITIONAL_ONLY:
+                parts.append("/")
+            if kind == inspect.Parameter.KEYWORD_ONLY and not seen_keyword_only:
+                parts.append("*")
+            if kind in (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.VAR_POSITIONAL):
+                seen_keyword_only = True
+            text = parameter.name
+            if kind == inspect.Parameter.VAR_POSITIONAL:
+                text = "*" + text
+            elif kind == inspect.Parameter.VAR_KEYWORD:
+                text = "**" + text
+            elif parameter.default is not inspect.Parameter.empty:
+                default_name = f"__default{index}"
+                namespace[default_name] = parameter.default
+                text += "=" + default_name
+            parts.append(text)
+            names.append(parameter.name)
+            previous_kind = kind
+        if previous_kind == inspect.Parameter.POSITIONAL_ONLY:
+            parts.append("/")
+        return cls(", ".join(parts), namespace, tuple(names))
+
+
+def compile_function(source_text: str, name: str, namespace: dict, filename: str) -> Callable:
+    """exec `source_text` (one def) in `namespace` and return the function called `name`."""
+    code = compile(source_text, f"<{filename}>", "exec")
+    exec(code, namespace)
+    return namespace[name]
+
+
+def _short(value: Any) -> str:
+    text = getattr(value, "__qualname__", None) or type(value).__name__
+    return text if len(text) < 60 else text[:57] + "..."

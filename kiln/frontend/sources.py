@@ -1,0 +1,140 @@
+"""Where a value the trace read came from, as an expression a guard can re-evaluate.
+
+Every variable tracker built from a real Python object carries a `Source`. A source
+prints as a Python expression over the names a guard function and an entry function
+have in scope: the frame's arguments by name, `__globals` (the function's globals)
+and `__fn` (the compiled function itself, for closure cells and defaults).
+
+    AttrSource(ItemSource(AttrSource(LocalSource("self"), "_modules"), "fc"), "weight")
+        ->  self._modules['fc'].weight
+"""
+from __future__ import annotations
+
+import keyword
+from dataclasses import dataclass
+
+
+class Source:
+    """Base: `expr()` is the Python text; `parent` is the source it reads from, if any."""
+
+    parent: "Source | None" = None
+
+    def expr(self) -> str:
+        raise NotImplementedError
+
+    def with_parent(self, text: str) -> str:
+        """This source's expression with its parent already rendered as `text`."""
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        return self.expr()
+
+    def readable_name(self) -> str:
+        """A short identifier for graph placeholders: `self.fc.weight` -> `self_fc_weight`."""
+        text = self.expr()
+        for noise in ("._modules", "._parameters", "._buffers", ".__closure__", ".cell_contents", "__globals"):
+            text = text.replace(noise, "")
+        name = "".join(ch if ch.isalnum() else "_" for ch in text)
+        while "__" in name:
+            name = name.replace("__", "_")
+        name = name.strip("_") or "input"
+        return name if not name[0].isdigit() else "v_" + name
+
+
+@dataclass(frozen=True, eq=True)
+class LocalSource(Source):
+    """An argument of the compiled frame."""
+
+    name: str
+
+    def expr(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, eq=True)
+class GlobalSource(Source):
+    """A name in the compiled function's globals."""
+
+    name: str
+
+    def expr(self) -> str:
+        return f"__globals[{self.name!r}]"
+
+
+@dataclass(frozen=True, eq=True)
+class NamedSource(Source):
+    """An object the guard and entry functions hold directly under `name` (e.g. `__fn`)."""
+
+    name: str
+
+    def expr(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, eq=True)
+class AttrSource(Source):
+    parent: Source
+    name: str
+
+    def expr(self) -> str:
+        return self.with_parent(self.parent.expr())
+
+    def with_parent(self, text: str) -> str:
+        if self.name.isidentifier() and not keyword.iskeyword(self.name) and not self.name.startswith("__"):
+            return f"{text}.{self.name}"
+        if self.name.startswith("__") and self.name.endswith("__"):
+            return f"{text}.{self.name}"
+        return f"getattr({text}, {self.name!r})"
+
+
+@dataclass(frozen=True, eq=True)
+class ItemSource(Source):
+    """`parent[key]` for a key that prints as a literal (str, int, bool, None)."""
+
+    parent: Source
+    key: object
+
+    def expr(self) -> str:
+        return self.with_parent(self.parent.expr())
+
+    def with_parent(self, text: str) -> str:
+        return f"{text}[{self.key!r}]"
+
+
+@dataclass(frozen=True, eq=True)
+class TypeSource(Source):
+    parent: Source
+
+    def expr(self) -> str:
+        return self.with_parent(self.parent.expr())
+
+    def with_parent(self, text: str) -> str:
+        return f"type({text})"
+
+
+@dataclass(frozen=True, eq=True)
+class ClosureCellSource(Source):
+    """The contents of closure cell `index` of the function at `parent`."""
+
+    parent: Source
+    index: int
+
+    def expr(self) -> str:
+        return self.with_parent(self.parent.expr())
+
+    def with_parent(self, text: str) -> str:
+        return f"{text}.__closure__[{self.index}].cell_contents"
+
+
+def is_literal_key(key: object) -> bool:
+    """Whether `ItemSource` can print `key` as a literal."""
+    return type(key) in (str, int, bool) or key is None
+
+
+def chain(source: Source) -> list[Source]:
+    """`source` and its parents, outermost first."""
+    out = []
+    while source is not None:
+        out.append(source)
+        source = source.parent
+    return out[::-1]

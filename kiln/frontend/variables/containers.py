@@ -1,0 +1,474 @@
+"""Tuples, lists, dicts, slices and iterators whose items are trackers.
+
+Containers built during the trace (`[a, b]`, `{**kwargs}`, `zip(...)`) hold
+trackers and are mutated in place by list/dict methods. Containers read from the
+outside world are wrapped item by item with `ItemSource`s (and a type and length
+or keys guard); large outside dicts use `ExternalDictVariable`, which wraps only
+the entries the trace reads and guards just those. Mutating an outside container
+is recorded and replayed after the graph runs (`SideEffects`).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.frontend.errors import Unsupported
+from kiln.frontend.sources import ItemSource, is_literal_key
+from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
+
+
+def _constant_args(args, kwargs) -> bool:
+    return all(arg.is_constant() for arg in args) and all(arg.is_constant() for arg in kwargs.values())
+
+
+def hashable_key(tx, key: Variable) -> Any:
+    """The Python object a tracker stands for as a dict key."""
+    from kiln.frontend.variables.tensor import TensorVariable
+
+    if isinstance(key, TensorVariable):
+        raise Unsupported("a tensor used as a dict key")
+    if isinstance(key, TupleVariable):
+        return tuple(hashable_key(tx, item) for item in key.items)
+    identity = key.identity()
+    try:
+        hash(identity)
+    except TypeError:
+        raise Unsupported(f"unhashable dict key {key.describe()}") from None
+    return identity
+
+
+class BaseListVariable(Variable):
+    """Shared behaviour of tuples and lists."""
+
+    def __init__(self, items: list[Variable], source=None):
+        self.items = list(items)
+        self.source = source
+
+    def unpack(self, tx) -> list[Variable]:
+        return list(self.items)
+
+    def length(self, tx) -> int:
+        return len(self.items)
+
+    def truth(self, tx) -> bool:
+        return bool(self.items)
+
+    def is_constant(self) -> bool:
+        return all(item.is_constant() for item in self.items)
+
+    def getitem(self, tx, key: Variable) -> Variable:
+        index = key.as_constant()
+        if isinstance(index, slice):
+            return self.rebuild(self.items[index])
+        try:
+            return self.items[index]
+        except IndexError:
+            raise Unsupported(f"index {index} out of range for {self.describe()} (the program raises IndexError)")
+        except TypeError:
+            raise Unsupported(f"indexing {self.describe()} with {key.describe()}") from None
+
+    def rebuild(self, items: list[Variable]) -> Variable:
+        raise NotImplementedError
+
+    def call_method(self, tx, name, args, kwargs) -> Variable:
+        from kiln.frontend.operations import compare_equal
+
+        if name == "index" and len(args) == 1:
+            for position, item in enumerate(self.items):
+                if compare_equal(tx, item, args[0]):
+                    return ConstantVariable(position)
+            raise Unsupported(f"{self.describe()}.index(): value not present (the program raises ValueError)")
+        if name == "count" and len(args) == 1:
+            return ConstantVariable(sum(1 for item in self.items if compare_equal(tx, item, args[0])))
+        if name == "__len__":
+            return ConstantVariable(len(self.items))
+        if name == "__getitem__":
+            return self.getitem(tx, args[0])
+        if name == "__contains__":
+            return ConstantVariable(any(compare_equal(tx, item, args[0]) for item in self.items))
+        if name == "__iter__":
+            return IteratorVariable(self.items)
+        return super().call_method(tx, name, args, kwargs)
+
+
+class TupleVariable(BaseListVariable):
+    """A tuple (or namedtuple / torch.Size / torch.return_types) of trackers."""
+
+    def __init__(self, items, source=None, tuple_type: type = tuple):
+        super().__init__(items, source)
+        self.tuple_type = tuple_type
+
+    def describe(self) -> str:
+        return f"{self.tuple_type.__name__} of {len(self.items)}"
+
+    def python_type(self) -> type:
+        return self.tuple_type
+
+    def as_constant(self) -> Any:
+        values = [item.as_constant() for item in self.items]
+        if self.tuple_type is tuple:
+            return tuple(values)
+        if hasattr(self.tuple_type, "_fields"):
+            return self.tuple_type(*values)
+        return self.tuple_type(values)
+
+    def rebuild(self, items) -> Variable:
+        return TupleVariable(items)
+
+    def getattr(self, tx, name: str) -> Variable:
+        fields = getattr(self.tuple_type, "_fields", None) or getattr(self.tuple_type, "n_fields", None) and \
+            [field for field in dir(self.tuple_type) if not field.startswith("_")]
+        if isinstance(fields, (list, tuple)) and name in fields:
+            order = list(getattr(self.tuple_type, "_fields", ())) or _return_type_fields(self.tuple_type)
+            return self.items[order.index(name)]
+        raise Unsupported(f"attribute {name!r} of {self.describe()}")
+
+    def reconstruct(self, codegen) -> str:
+        inner = ", ".join(codegen.value(item) for item in self.items)
+        if self.tuple_type is tuple:
+            return f"({inner}{',' if len(self.items) == 1 else ''})"
+        if hasattr(self.tuple_type, "_fields"):
+            return f"{codegen.constant(self.tuple_type)}({inner})"
+        return f"{codegen.constant(self.tuple_type)}(({inner}{',' if len(self.items) == 1 else ''}))"
+
+
+def _return_type_fields(tuple_type: type) -> list[str]:
+    """Field names of a torch.return_types structseq, in order."""
+    probe = tuple_type(tuple(range(tuple_type.n_fields)))
+    return sorted((name for name in dir(tuple_type) if not name.startswith("_") and name not in ("count", "index")
+                   and isinstance(getattr(probe, name, None), int)), key=lambda name: getattr(probe, name))
+
+
+class ListVariable(BaseListVariable):
+    """A list of trackers; mutating methods change it in place."""
+
+    def describe(self) -> str:
+        return f"list of {len(self.items)}"
+
+    def python_type(self) -> type:
+        return list
+
+    def as_constant(self) -> Any:
+        return [item.as_constant() for item in self.items]
+
+    def rebuild(self, items) -> Variable:
+        return ListVariable(items)
+
+    def _mutated(self, tx) -> None:
+        if self.source is not None:
+            tx.output.side_effects.mutated_container(self)
+
+    def setitem(self, tx, key: Variable, value: Variable) -> None:
+        index = key.as_constant()
+        if isinstance(index, slice):
+            self.items[index] = value.unpack(tx)
+        else:
+            self.items[index] = value
+        self._mutated(tx)
+
+    def call_method(self, tx, name, args, kwargs) -> Variable:
+        if name == "append":
+            self.items.append(args[0])
+        elif name == "extend":
+            self.items.extend(args[0].unpack(tx))
+        elif name == "insert":
+            self.items.insert(args[0].as_constant(), args[1])
+        elif name == "pop":
+            value = self.items.pop(*(arg.as_constant() for arg in args))
+            self._mutated(tx)
+            return value
+        elif name == "reverse":
+            self.items.reverse()
+        elif name == "clear":
+            self.items.clear()
+        elif name == "copy":
+            return ListVariable(self.items)
+        elif name == "remove":
+            position = self.call_method(tx, "index", args, {}).as_constant()
+            del self.items[position]
+        elif name == "sort":
+            reverse = kwargs.get("reverse", ConstantVariable(False)).as_constant()
+            if "key" in kwargs or not self.is_constant():
+                raise Unsupported("list.sort with a key or non-constant items")
+            self.items = [ConstantVariable(value) for value in sorted(self.as_constant(), reverse=reverse)]
+        elif name == "__setitem__":
+            self.setitem(tx, args[0], args[1])
+        else:
+            return super().call_method(tx, name, args, kwargs)
+        self._mutated(tx)
+        return NONE
+
+    def reconstruct(self, codegen) -> str:
+        return "[" + ", ".join(codegen.value(item) for item in self.items) + "]"
+
+
+class DictVariable(Variable):
+    """A dict of trackers, keyed by the Python objects the keys stand for (insertion ordered)."""
+
+    def __init__(self, entries: dict[Any, tuple[Variable, Variable]] | None = None, source=None,
+                 dict_type: type = dict):
+        self.entries = dict(entries or {})
+        self.source = source
+        self.dict_type = dict_type
+
+    @property
+    def items(self) -> dict:
+        return {key: value for key, (_, value) in self.entries.items()}
+
+    @classmethod
+    def from_pairs(cls, tx, pairs: list[tuple[Variable, Variable]], dict_type: type = dict) -> "DictVariable":
+        out = cls(dict_type=dict_type)
+        for key, value in pairs:
+            out.entries[hashable_key(tx, key)] = (key, value)
+        return out
+
+    def describe(self) -> str:
+        return f"{self.dict_type.__name__} with keys {list(self.entries)[:6]}"
+
+    def python_type(self) -> type:
+        return self.dict_type
+
+    def is_constant(self) -> bool:
+        return all(value.is_constant() for _, value in self.entries.values())
+
+    def as_constant(self) -> Any:
+        return self.dict_type((key, value.as_constant()) for key, (_, value) in self.entries.items())
+
+    def truth(self, tx) -> bool:
+        return bool(self.entries)
+
+    def length(self, tx) -> int:
+        return len(self.entries)
+
+    def unpack(self, tx) -> list[Variable]:
+        return [key for key, _ in self.entries.values()]
+
+    def getitem(self, tx, key: Variable) -> Variable:
+        python_key = hashable_key(tx, key)
+        if python_key not in self.entries:
+            raise Unsupported(f"key {python_key!r} missing from {self.describe()} (the program raises KeyError)")
+        return self.entries[python_key][1]
+
+    def setitem(self, tx, key: Variable, value: Variable) -> None:
+        self.entries[hashable_key(tx, key)] = (key, value)
+        self._mutated(tx)
+
+    def _mutated(self, tx) -> None:
+        if self.source is not None:
+            tx.output.side_effects.mutated_container(self)
+
+    def contains(self, tx, key: Variable) -> bool:
+        return hashable_key(tx, key) in self.entries
+
+    def call_method(self, tx, name, args, kwargs) -> Variable:
+        if name in ("get", "__getitem__", "pop", "setdefault") and args:
+            python_key = hashable_key(tx, args[0])
+            present = python_key in self.entries
+            if name == "__getitem__":
+                return self.getitem(tx, args[0])
+            if name == "get":
+                return self.entries[python_key][1] if present else (args[1] if len(args) > 1 else NONE)
+            if name == "pop":
+                if present:
+                    value = self.entries.pop(python_key)[1]
+                    self._mutated(tx)
+                    return value
+                if len(args) > 1:
+                    return args[1]
+                raise Unsupported(f"dict.pop of missing key {python_key!r} (the program raises KeyError)")
+            if not present:
+                self.entries[python_key] = (args[0], args[1] if len(args) > 1 else NONE)
+                self._mutated(tx)
+            return self.entries[python_key][1]
+        if name == "keys":
+            return ListIteratorLike(self.unpack(tx), "dict_keys")
+        if name == "values":
+            return ListIteratorLike([value for _, value in self.entries.values()], "dict_values")
+        if name == "items":
+            return ListIteratorLike([TupleVariable([key, value]) for key, value in self.entries.values()],
+                                    "dict_items")
+        if name == "__contains__":
+            return ConstantVariable(self.contains(tx, args[0]))
+        if name == "update":
+            if args:
+                self.update_from(tx, args[0])
+            for key, value in kwargs.items():
+                self.entries[key] = (ConstantVariable(key), value)
+            self._mutated(tx)
+            return NONE
+        if name == "copy":
+            return DictVariable(self.entries, dict_type=self.dict_type)
+        if name == "clear":
+            self.entries.clear()
+            self._mutated(tx)
+            return NONE
+        if name == "__setitem__":
+            self.setitem(tx, args[0], args[1])
+            return NONE
+        if name == "__len__":
+            return ConstantVariable(len(self.entries))
+        if name == "__iter__":
+            return IteratorVariable(self.unpack(tx))
+        return super().call_method(tx, name, args, kwargs)
+
+    def update_from(self, tx, other: Variable) -> None:
+        if isinstance(other, DictVariable):
+            self.entries.update(other.entries)
+        elif isinstance(other, ExternalDictVariable):
+            for key in other.keys(tx):
+                self.entries[key] = (ConstantVariable(key), other.item(tx, key))
+        else:
+            for pair in other.unpack(tx):
+                key, value = pair.unpack(tx)
+                self.entries[hashable_key(tx, key)] = (key, value)
+
+    def reconstruct(self, codegen) -> str:
+        inner = ", ".join(f"{codegen.value(key)}: {codegen.value(value)}" for key, value in self.entries.values())
+        if self.dict_type is dict:
+            return "{" + inner + "}"
+        return f"{codegen.constant(self.dict_type)}({{{inner}}})"
+
+
+class ExternalDictVariable(Variable):
+    """A dict from outside the trace, read lazily: only the entries read are wrapped and guarded."""
+
+    def __init__(self, value: dict, source):
+        self.value = value
+        self.source = source
+
+    def describe(self) -> str:
+        return f"dict at {self.source}"
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def identity(self) -> Any:
+        return self.value
+
+    def keys(self, tx) -> list:
+        keys = tuple(self.value)
+        tx.output.guards.keys(self.source, keys)
+        return list(keys)
+
+    def item(self, tx, key) -> Variable:
+        if not is_literal_key(key):
+            raise Unsupported(f"reading key {key!r} of an outside dict (only str/int keys are guarded)")
+        return tx.wrap(self.value[key], ItemSource(self.source, key))
+
+    def contains(self, tx, key: Variable) -> bool:
+        python_key = hashable_key(tx, key)
+        present = python_key in self.value
+        tx.output.guards.contains(self.source, python_key, present)
+        return present
+
+    def truth(self, tx) -> bool:
+        return bool(self.keys(tx))
+
+    def length(self, tx) -> int:
+        return len(self.keys(tx))
+
+    def unpack(self, tx) -> list[Variable]:
+        return [ConstantVariable(key) for key in self.keys(tx)]
+
+    def getitem(self, tx, key: Variable) -> Variable:
+        python_key = hashable_key(tx, key)
+        if not self.contains(tx, key):
+            raise Unsupported(f"key {python_key!r} missing from {self.describe()} (the program raises KeyError)")
+        return self.item(tx, python_key)
+
+    def call_method(self, tx, name, args, kwargs) -> Variable:
+        if name in ("get", "__getitem__") and args:
+            if self.contains(tx, args[0]):
+                return self.item(tx, hashable_key(tx, args[0]))
+            if name == "__getitem__":
+                raise Unsupported(f"missing key in {self.describe()} (the program raises KeyError)")
+            return args[1] if len(args) > 1 else NONE
+        if name == "__contains__":
+            return ConstantVariable(self.contains(tx, args[0]))
+        if name in ("keys", "__iter__"):
+            return ListIteratorLike(self.unpack(tx), "dict_keys")
+        if name == "values":
+            return ListIteratorLike([self.item(tx, key) for key in self.keys(tx)], "dict_values")
+        if name == "items":
+            return ListIteratorLike([TupleVariable([ConstantVariable(key), self.item(tx, key)])
+                                     for key in self.keys(tx)], "dict_items")
+        if name == "copy":
+            return DictVariable({key: (ConstantVariable(key), self.item(tx, key)) for key in self.keys(tx)})
+        if name == "__len__":
+            return ConstantVariable(self.length(tx))
+        raise Unsupported(f"dict.{name} on {self.describe()} (mutating an outside dict is not supported)")
+
+
+class ListIteratorLike(BaseListVariable):
+    """dict views and other iterables that only need to be iterated, measured or listed."""
+
+    def __init__(self, items, kind: str):
+        super().__init__(items)
+        self.kind = kind
+
+    def describe(self) -> str:
+        return self.kind
+
+    def python_type(self) -> type:
+        return {"dict_keys": type({}.keys()), "dict_values": type({}.values()),
+                "dict_items": type({}.items())}.get(self.kind, list)
+
+
+class IteratorVariable(Variable):
+    """An iterator over a known list of trackers (what GET_ITER makes of any iterable)."""
+
+    def __init__(self, items: list[Variable]):
+        self.items = list(items)
+        self.position = 0
+
+    def describe(self) -> str:
+        return "iterator"
+
+    def python_type(self) -> type:
+        return type(iter([]))
+
+    def next(self) -> Variable | None:
+        if self.position >= len(self.items):
+            return None
+        item = self.items[self.position]
+        self.position += 1
+        return item
+
+    def unpack(self, tx) -> list[Variable]:
+        rest = self.items[self.position:]
+        self.position = len(self.items)
+        return rest
+
+    def call_method(self, tx, name, args, kwargs) -> Variable:
+        if name == "__next__":
+            item = self.next()
+            if item is None:
+                raise Unsupported("next() on an exhausted iterator (StopIteration)")
+            return item
+        if name == "__iter__":
+            return self
+        return super().call_method(tx, name, args, kwargs)
+
+
+class SliceVariable(Variable):
+    """slice(start, stop, step) whose parts may be trackers."""
+
+    def __init__(self, start: Variable, stop: Variable, step: Variable):
+        self.parts = [start, stop, step]
+
+    def describe(self) -> str:
+        return "slice"
+
+    def python_type(self) -> type:
+        return slice
+
+    def is_constant(self) -> bool:
+        return all(part.is_constant() for part in self.parts)
+
+    def as_constant(self) -> Any:
+        return slice(*(part.as_constant() for part in self.parts))
+
+    def identity(self) -> Any:
+        return self.as_constant() if self.is_constant() else self
+
+    def reconstruct(self, codegen) -> str:
+        return f"slice({', '.join(codegen.value(part) for part in self.parts)})"

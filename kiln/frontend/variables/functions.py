@@ -1,0 +1,373 @@
+"""Callables: user functions (inlined), closures made during the trace, bound methods,
+functools.partial, torch functions (graph nodes) and method descriptors.
+
+A user function call is inlined: the interpreter runs the callee's bytecode in a
+new `Frame` whose locals are the bound argument trackers. Closure cells of a real
+function are read through `ClosureCellSource` (and guarded); cells of a closure
+created during the trace are `CellVariable`s shared with the frame that made them.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+from typing import Any
+
+import torch
+
+from kiln.frontend.errors import Unsupported
+from kiln.frontend.sources import AttrSource, ClosureCellSource
+from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
+
+
+class CellVariable(Variable):
+    """A closure cell: either made during the trace (contents is a tracker) or a real one."""
+
+    EMPTY = object()
+
+    def __init__(self, contents: Any = EMPTY, real_cell: types.CellType | None = None, source=None):
+        self.contents = contents
+        self.real_cell = real_cell
+        self.source = source  # source of the cell's *contents*
+
+    def describe(self) -> str:
+        return "closure cell"
+
+    def load(self, tx) -> Variable:
+        if self.contents is CellVariable.EMPTY:
+            if self.real_cell is None:
+                raise Unsupported("reading a free variable before assignment")
+            if self.source is None:
+                raise Unsupported("reading a closure cell of a function with no source (cannot guard it)")
+            try:
+                value = self.real_cell.cell_contents
+            except ValueError:
+                raise Unsupported("reading an empty closure cell") from None
+            self.contents = tx.wrap(value, self.source)
+        return self.contents
+
+    def store(self, tx, value: Variable) -> None:
+        if self.real_cell is not None:
+            raise Unsupported("assigning to a nonlocal variable of a function defined outside the compiled code")
+        self.contents = value
+
+
+class BaseFunctionVariable(Variable):
+    """What inlining needs from any Python-level function."""
+
+    def code(self) -> types.CodeType:
+        raise NotImplementedError
+
+    def function_globals(self) -> dict:
+        raise NotImplementedError
+
+    def closure_cells(self, tx) -> list[CellVariable]:
+        raise NotImplementedError
+
+    def bind(self, tx, args: list[Variable], kwargs: dict[str, Variable]) -> dict[str, Variable]:
+        raise NotImplementedError
+
+    def call(self, tx, args, kwargs) -> Variable:
+        return tx.inline_call(self, args, kwargs)
+
+    def python_type(self) -> type:
+        return types.FunctionType
+
+
+def bind_arguments(tx, signature_function, args, kwargs, default_wrapper) -> dict[str, Variable]:
+    """Bind trackers to a function's parameters the way CPython would."""
+    signature = inspect.signature(signature_function, follow_wrapped=False)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as error:
+        raise Unsupported(f"calling {signature_function.__qualname__}: {error}") from None
+    result = {}
+    for name, parameter in signature.parameters.items():
+        if name in bound.arguments:
+            value = bound.arguments[name]
+            if parameter.kind == inspect.Parameter.VAR_POSITIONAL:
+                from kiln.frontend.variables.containers import TupleVariable
+
+                value = TupleVariable(list(value))
+            elif parameter.kind == inspect.Parameter.VAR_KEYWORD:
+                from kiln.frontend.variables.containers import DictVariable
+
+                value = DictVariable({key: (ConstantVariable(key), item) for key, item in value.items()})
+            result[name] = value
+        elif parameter.kind == inspect.Parameter.VAR_POSITIONAL:
+            from kiln.frontend.variables.containers import TupleVariable
+
+            result[name] = TupleVariable([])
+        elif parameter.kind == inspect.Parameter.VAR_KEYWORD:
+            from kiln.frontend.variables.containers import DictVariable
+
+            result[name] = DictVariable()
+        else:
+            result[name] = default_wrapper(name, parameter.default)
+    return result
+
+
+class UserFunctionVariable(BaseFunctionVariable):
+    """A real Python function from outside the trace; calls are inlined."""
+
+    def __init__(self, fn: types.FunctionType, source=None):
+        self.fn = fn
+        self.source = source
+
+    def describe(self) -> str:
+        return f"function {self.fn.__qualname__}"
+
+    def identity(self) -> Any:
+        return self.fn
+
+    def as_constant(self) -> Any:
+        return self.fn
+
+    def code(self) -> types.CodeType:
+        return self.fn.__code__
+
+    def function_globals(self) -> dict:
+        return self.fn.__globals__
+
+    def closure_cells(self, tx) -> list[CellVariable]:
+        cells = self.fn.__closure__ or ()
+        return [CellVariable(real_cell=cell,
+                             source=ClosureCellSource(self.source, index) if self.source is not None else None)
+                for index, cell in enumerate(cells)]
+
+    def bind(self, tx, args, kwargs):
+        def default(name, value):
+            if self.source is not None:
+                if name in (self.fn.__kwdefaults__ or {}):
+                    from kiln.frontend.sources import ItemSource
+
+                    return tx.wrap(value, ItemSource(AttrSource(self.source, "__kwdefaults__"), name))
+                index = list(inspect.signature(self.fn).parameters).index(name)
+                positional = self.fn.__code__.co_argcount
+                position = index - (positional - len(self.fn.__defaults__ or ()))
+                from kiln.frontend.sources import ItemSource
+
+                return tx.wrap(value, ItemSource(AttrSource(self.source, "__defaults__"), position))
+            from kiln.frontend.variables.builder import wrap_sourceless
+
+            return wrap_sourceless(tx, value)
+
+        return bind_arguments(tx, self.fn, args, kwargs, default)
+
+    def getattr(self, tx, name: str) -> Variable:
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstantVariable(getattr(self.fn, name))
+        if name == "__code__":
+            return CodeVariable(self.fn.__code__)
+        if name == "__wrapped__" and hasattr(self.fn, "__wrapped__"):
+            return tx.wrap(self.fn.__wrapped__, AttrSource(self.source, name) if self.source else None)
+        if name == "__get__":
+            return MethodBinderVariable(self)
+        raise Unsupported(f"attribute {name!r} of {self.describe()}")
+
+
+class CodeVariable(ConstantVariable):
+    """A code object: its metadata attributes are constants."""
+
+    def getattr(self, tx, name: str) -> Variable:
+        if name.startswith("co_"):
+            return ConstantVariable(getattr(self.value, name))
+        raise Unsupported(f"attribute {name!r} of a code object")
+
+
+class MethodBinderVariable(Variable):
+    """`function.__get__` : binding a function to an object by hand."""
+
+    def __init__(self, function: Variable):
+        self.function = function
+
+    def call(self, tx, args, kwargs) -> Variable:
+        return BoundMethodVariable(self.function, args[0])
+
+
+class NestedFunctionVariable(BaseFunctionVariable):
+    """A function created by MAKE_FUNCTION during the trace (closures, lambdas, comprehensions)."""
+
+    def __init__(self, code: types.CodeType, fn_globals: dict, name: str, defaults: list[Variable] | None,
+                 kwdefaults: dict[str, Variable] | None, closure: list[CellVariable] | None, wrapped=None):
+        self._code = code
+        self._globals = fn_globals
+        self.name = name
+        self.defaults = defaults
+        self.kwdefaults = kwdefaults
+        self.closure = closure or []
+        self.wrapped = wrapped  # set by functools.wraps
+        self.attributes: dict[str, Variable] = {}
+
+    def describe(self) -> str:
+        return f"function {self._code.co_qualname} (defined in the compiled code)"
+
+    def code(self) -> types.CodeType:
+        return self._code
+
+    def function_globals(self) -> dict:
+        return self._globals
+
+    def closure_cells(self, tx) -> list[CellVariable]:
+        return self.closure
+
+    def bind(self, tx, args, kwargs):
+        placeholder = types.FunctionType(self._code, {}, self._code.co_name,
+                                         tuple(self.defaults) if self.defaults else None,
+                                         tuple(types.CellType() for _ in self._code.co_freevars))
+        if self.kwdefaults:
+            placeholder.__kwdefaults__ = dict(self.kwdefaults)
+        return bind_arguments(tx, placeholder, args, kwargs, lambda name, value: value)
+
+    def getattr(self, tx, name: str) -> Variable:
+        if name in self.attributes:
+            return self.attributes[name]
+        if name in ("__name__", "__qualname__"):
+            return ConstantVariable(self._code.co_name if name == "__name__" else self._code.co_qualname)
+        if name == "__code__":
+            return CodeVariable(self._code)
+        if name == "__wrapped__" and self.wrapped is not None:
+            return self.wrapped
+        raise Unsupported(f"attribute {name!r} of {self.describe()}")
+
+    def setattr(self, tx, name: str, value: Variable) -> None:
+        self.attributes[name] = value
+
+
+class BoundMethodVariable(Variable):
+    """`obj.method`: a function with its first argument bound."""
+
+    def __init__(self, function: Variable, bound_self: Variable, source=None):
+        self.function = function
+        self.bound_self = bound_self
+        self.source = source
+
+    def describe(self) -> str:
+        return f"bound method {self.function.describe()}"
+
+    def python_type(self) -> type:
+        return types.MethodType
+
+    def call(self, tx, args, kwargs) -> Variable:
+        return self.function.call(tx, [self.bound_self, *args], kwargs)
+
+    def getattr(self, tx, name: str) -> Variable:
+        if name == "__self__":
+            return self.bound_self
+        if name == "__func__":
+            return self.function
+        return self.function.getattr(tx, name)
+
+
+class PartialVariable(Variable):
+    """functools.partial(func, *args, **kwargs)."""
+
+    def __init__(self, function: Variable, args: list[Variable], kwargs: dict[str, Variable], source=None):
+        self.function = function
+        self.args = args
+        self.kwargs = kwargs
+        self.source = source
+
+    def describe(self) -> str:
+        return f"partial({self.function.describe()})"
+
+    def python_type(self) -> type:
+        return functools.partial
+
+    def call(self, tx, args, kwargs) -> Variable:
+        return self.function.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})
+
+
+class MethodDescriptorVariable(Variable):
+    """An unbound method of a builtin type (`dict.get`, `list.append`, `str.join`)."""
+
+    def __init__(self, owner: type, name: str, source=None):
+        self.owner = owner
+        self.name = name
+        self.source = source
+
+    def describe(self) -> str:
+        return f"{self.owner.__name__}.{self.name}"
+
+    def identity(self) -> Any:
+        return getattr(self.owner, self.name)
+
+    def call(self, tx, args, kwargs) -> Variable:
+        if not args:
+            raise Unsupported(f"calling {self.describe()} without a receiver")
+        receiver = args[0]
+        if self.owner is object and self.name == "__setattr__":
+            receiver.setattr(tx, args[1].as_constant(), args[2])
+            return NONE
+        if self.owner is object and self.name == "__getattribute__":
+            return receiver.getattr(tx, args[1].as_constant())
+        return receiver.call_method(tx, self.name, list(args[1:]), kwargs)
+
+
+# Torch functions with global effects: running them at trace time would be wrong.
+_TORCH_SIDE_EFFECTS = frozenset({
+    "manual_seed", "seed", "set_default_dtype", "set_default_device", "set_rng_state", "use_deterministic_algorithms",
+    "set_num_threads", "set_printoptions", "_set_grad_enabled", "set_grad_enabled", "set_autocast_enabled",
+})
+
+
+class TorchFunctionVariable(Variable):
+    """A torch function (or Python operator applied to tensors): becomes a graph node."""
+
+    def __init__(self, fn: Any, source=None):
+        self.fn = fn
+        self.source = source
+
+    def describe(self) -> str:
+        return f"torch function {getattr(self.fn, '__qualname__', None) or getattr(self.fn, '__name__', self.fn)}"
+
+    def identity(self) -> Any:
+        return self.fn
+
+    def as_constant(self) -> Any:
+        return self.fn
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def getattr(self, tx, name: str) -> Variable:
+        if name in ("__name__", "__qualname__", "__module__"):
+            return ConstantVariable(getattr(self.fn, name))
+        from kiln.frontend.variables.builder import wrap_sourceless
+
+        return wrap_sourceless(tx, getattr(self.fn, name))
+
+    def call(self, tx, args, kwargs) -> Variable:
+        from kiln.frontend.variables import torch_special
+
+        special = torch_special.handler_for(self.fn)
+        if special is not None:
+            return special(tx, args, kwargs)
+        if getattr(self.fn, "__name__", "") in _TORCH_SIDE_EFFECTS:
+            raise Unsupported(f"{self.describe()} changes global state")
+        return tx.output.call_tensor_op(tx, "call_function", self.fn, list(args), dict(kwargs))
+
+
+def is_torch_function(value: Any) -> bool:
+    """Whether a callable should become a graph node rather than be inlined."""
+    if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
+        module = getattr(value, "__module__", None) or ""
+        self_object = getattr(value, "__self__", None)
+        return module.startswith("torch") or (isinstance(self_object, types.ModuleType)
+                                              and self_object.__name__.startswith("torch"))
+    if isinstance(value, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        return getattr(value, "__objclass__", None) in (torch._C.TensorBase, torch.Tensor)
+    if isinstance(value, torch._ops.OpOverloadPacket) or isinstance(value, torch._ops.OpOverload):
+        return True
+    if isinstance(value, types.FunctionType):
+        module = value.__module__ or ""
+        return module in _GRAPHED_PYTHON_MODULES
+    return False
+
+
+# Python modules of torch whose functions are tensor operations: put them in the graph whole.
+_GRAPHED_PYTHON_MODULES = frozenset({
+    "torch.nn.functional", "torch.functional", "torch._tensor", "torch.fft", "torch.linalg", "torch.special",
+    "torch._refs", "torch.nn.init", "torch.random", "torch._C._nn", "torch", "torch.overrides",
+    "torch._jit_internal",
+})

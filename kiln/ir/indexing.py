@@ -1,0 +1,212 @@
+"""Index expressions: sympy integers over loop variables and size symbols.
+
+Loop variables are `i0, i1, ...` (a node's output ranges) and `r0, r1, ...` (its
+reduction ranges); size symbols come from torch's ShapeEnv (`s0, s1, ...`). Every
+symbol is a nonnegative integer. `FloorDiv` and `Mod` stay unevaluated sympy functions
+with only exact rewrites (so `floor` never leaks in), and `simplify_index` removes
+them where the variables' ranges prove them redundant.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Iterable, Sequence
+
+import sympy
+
+
+class FloorDiv(sympy.Function):
+    """Integer floor division of nonnegative integers."""
+
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, base, divisor):
+        if divisor == 1:
+            return base
+        if base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer:
+            return sympy.Integer(int(base) // int(divisor))
+        if isinstance(base, FloorDiv):
+            return FloorDiv(base.args[0], base.args[1] * divisor)
+        # Pull out the terms that are exact multiples of the divisor.
+        whole, rest = _split_multiples(base, divisor)
+        if whole != 0:
+            return whole + FloorDiv(rest, divisor)
+        return None
+
+
+class Mod(sympy.Function):
+    """Remainder of nonnegative integers (`base % divisor`)."""
+
+    is_integer = True
+    is_nonnegative = True
+
+    @classmethod
+    def eval(cls, base, divisor):
+        if divisor == 1 or base == 0:
+            return sympy.Integer(0)
+        if base.is_Integer and divisor.is_Integer:
+            return sympy.Integer(int(base) % int(divisor))
+        whole, rest = _split_multiples(base, divisor)
+        if whole != 0:
+            return Mod(rest, divisor)
+        return None
+
+
+def _split_multiples(expr, divisor):
+    """expr = whole * divisor + rest, where whole collects the terms divisible by divisor."""
+    whole, rest = sympy.Integer(0), sympy.Integer(0)
+    for term in sympy.Add.make_args(sympy.expand(expr)):
+        quotient = sympy.cancel(term / divisor)
+        if _is_integer_polynomial(quotient):
+            whole += quotient
+        else:
+            rest += term
+    return whole, rest
+
+
+def _is_integer_polynomial(expr) -> bool:
+    if expr.is_Integer:
+        return True
+    numerator, denominator = sympy.fraction(sympy.together(expr))
+    if denominator != 1:
+        return False
+    return all(coefficient.is_Integer for coefficient in sympy.Poly(numerator, *numerator.free_symbols).coeffs()) \
+        if numerator.free_symbols else numerator.is_Integer
+
+
+@functools.lru_cache(maxsize=None)
+def index_var(prefix: str, position: int) -> sympy.Symbol:
+    return sympy.Symbol(f"{prefix}{position}", integer=True, nonnegative=True)
+
+
+def range_vars(count: int, prefix: str = "i") -> list[sympy.Symbol]:
+    return [index_var(prefix, position) for position in range(count)]
+
+
+def as_expr(value) -> sympy.Expr:
+    if isinstance(value, sympy.Basic):
+        return value
+    return sympy.Integer(int(value))
+
+
+def contiguous_strides(sizes: Sequence[sympy.Expr]) -> list[sympy.Expr]:
+    strides, running = [], sympy.Integer(1)
+    for size in reversed(sizes):
+        strides.append(running)
+        running = running * size
+    return list(reversed(strides))
+
+
+def product(values: Iterable) -> sympy.Expr:
+    result = sympy.Integer(1)
+    for value in values:
+        result = result * value
+    return result
+
+
+def unravel(flat: sympy.Expr, sizes: Sequence[sympy.Expr]) -> list[sympy.Expr]:
+    """Row-major multi-index of `flat` over `sizes`."""
+    strides = contiguous_strides(sizes)
+    indices = []
+    for position, (size, stride) in enumerate(zip(sizes, strides)):
+        value = FloorDiv(flat, stride)
+        if position > 0:
+            value = Mod(value, size)
+        indices.append(value)
+    return indices
+
+
+def upper_bound(expr, ranges: dict) -> sympy.Expr | None:
+    """An upper bound (inclusive) of a nonnegative index expression, or None if unknown.
+
+    `ranges` maps loop variables to their extent (the variable is < extent).
+    """
+    if expr.is_Integer:
+        return expr
+    if expr in ranges:
+        return ranges[expr] - 1
+    if isinstance(expr, sympy.Symbol):
+        return None
+    if isinstance(expr, sympy.Add):
+        bounds = [upper_bound(term, ranges) for term in expr.args]
+        return None if any(bound is None for bound in bounds) else sympy.Add(*bounds)
+    if isinstance(expr, sympy.Mul):
+        coefficient, rest = expr.as_coeff_Mul()
+        if coefficient.is_Integer and coefficient >= 0:
+            rest_bound = upper_bound(rest, ranges)
+            if rest_bound is not None:
+                return coefficient * rest_bound
+            # size symbol times a loop variable: symbol * (extent - 1)
+        factors = [factor for factor in sympy.Mul.make_args(expr)]
+        bounds = []
+        for factor in factors:
+            if factor.is_Integer and factor >= 0:
+                bounds.append(factor)
+            elif factor in ranges:
+                bounds.append(ranges[factor] - 1)
+            elif isinstance(factor, sympy.Symbol) and factor.is_positive:
+                bounds.append(factor)
+            else:
+                return None
+        return sympy.Mul(*bounds)
+    if isinstance(expr, FloorDiv):
+        bound = upper_bound(expr.args[0], ranges)
+        return None if bound is None else FloorDiv(bound, expr.args[1])
+    if isinstance(expr, Mod):
+        return expr.args[1] - 1
+    return None
+
+
+def _provably_less(expr_bound, limit) -> bool:
+    difference = sympy.expand(limit - expr_bound)
+    if difference.is_Integer:
+        return difference > 0
+    return bool(difference.is_positive)
+
+
+def simplify_index(expr, ranges: dict) -> sympy.Expr:
+    """Remove FloorDiv and Mod that the variables' ranges make redundant."""
+    if not isinstance(expr, sympy.Basic) or not expr.has(FloorDiv, Mod):
+        return expr
+
+    def rewrite(node):
+        if isinstance(node, (FloorDiv, Mod)):
+            base, divisor = rewrite(node.args[0]), node.args[1]
+            bound = upper_bound(base, ranges)
+            if bound is not None and _provably_less(bound, divisor):
+                return sympy.Integer(0) if isinstance(node, FloorDiv) else base
+            return type(node)(base, divisor)
+        if node.args:
+            return node.func(*[rewrite(argument) for argument in node.args])
+        return node
+
+    return sympy.expand(rewrite(expr))
+
+
+def fold_div_mod(expr) -> sympy.Expr:
+    """Rewrite each Mod(x, d) as x - d*FloorDiv(x, d), so `d*FloorDiv(x, d) + Mod(x, d)` folds to x."""
+    for mod in sorted(expr.atoms(Mod), key=str):
+        expr = expr.subs(mod, mod.args[0] - mod.args[1] * FloorDiv(mod.args[0], mod.args[1]))
+    return sympy.expand(expr)
+
+
+def is_affine(expr, variables: Sequence[sympy.Symbol]) -> bool:
+    """True when expr is a constant plus integer-coefficient multiples of `variables`."""
+    if expr.has(FloorDiv, Mod):
+        return False
+    expanded = sympy.expand(expr)
+    for variable in variables:
+        coefficient = expanded.coeff(variable)
+        if coefficient.free_symbols & set(variables):
+            return False
+    return True
+
+
+def affine_coefficients(expr, variables: Sequence[sympy.Symbol]) -> tuple[list[sympy.Expr], sympy.Expr]:
+    expanded = sympy.expand(expr)
+    coefficients = [expanded.coeff(variable) for variable in variables]
+    constant = expanded.subs({variable: 0 for variable in variables})
+    return coefficients, constant

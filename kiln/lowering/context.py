@@ -1,0 +1,298 @@
+"""The lowering context: tensor values, buffers and the helpers every rule uses.
+
+A lowered tensor is a `TensorValue` that knows how to load one element given a
+multi-index over its own shape:
+  * `BufferValue`: a realized buffer (graph input, constant, node or extern output);
+  * `ViewValue`: an index remap of another value (permute, expand, slice, reshape...).
+    Views never copy; they compose index functions.
+
+Rules build nodes through `LoweringContext.pointwise`, `.reduction` and `.extern`.
+"""
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import sympy
+import torch
+
+from kiln import _torch
+from kiln.ir import Body, Buffer, Extern, Graph, Layout, Pointwise, Reduction, TensorArg
+from kiln.ir.indexing import affine_coefficients, as_expr, fold_div_mod, is_affine, range_vars, simplify_index
+
+# dtypes Triton kernels handle; anything else runs as an extern.
+KERNEL_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16,
+                 torch.int32, torch.int64, torch.uint8, torch.bool}
+LOW_PRECISION = {torch.float16, torch.bfloat16}
+
+
+class Unsupported(Exception):
+    """A rule cannot handle this call; the node becomes an extern call of the ATen op."""
+
+
+def compute_dtype_for(dtype: torch.dtype) -> torch.dtype:
+    """Math on fp16/bf16 runs in fp32."""
+    return torch.float32 if dtype in LOW_PRECISION else dtype
+
+
+class TensorValue:
+    dtype: torch.dtype
+    device: torch.device
+    shape: list
+
+    def load(self, body: Body, index: Sequence[sympy.Expr], mask: int | None = None) -> int:
+        raise NotImplementedError
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+class BufferValue(TensorValue):
+    def __init__(self, buffer: Buffer):
+        self.buffer = buffer
+        self.dtype, self.device, self.shape = buffer.dtype, buffer.device, list(buffer.layout.size)
+
+    def load(self, body: Body, index: Sequence[sympy.Expr], mask: int | None = None) -> int:
+        return body.load(self.buffer, index, mask)
+
+    def __repr__(self) -> str:
+        return f"BufferValue({self.buffer.name})"
+
+
+class ViewValue(TensorValue):
+    """`load(index)` = `base.load(remap(index))`."""
+
+    def __init__(self, base: TensorValue, shape: Sequence, remap: Callable[[list], list]):
+        self.base, self.shape, self.remap = base, [as_expr(size) for size in shape], remap
+        self.dtype, self.device = base.dtype, base.device
+
+    def load(self, body: Body, index: Sequence[sympy.Expr], mask: int | None = None) -> int:
+        ranges = {var: size for var, size in zip(index, self.shape) if isinstance(var, sympy.Symbol)}
+        base_index = [simplify_index(sympy.sympify(expr), ranges) for expr in self.remap(list(index))]
+        return self.base.load(body, base_index, mask)
+
+    def __repr__(self) -> str:
+        return f"ViewValue({self.base!r}, {self.shape})"
+
+
+def meta_of(fx_node) -> torch.Tensor:
+    return fx_node.meta["val"]
+
+
+def layout_of(tensor: torch.Tensor, *, with_offset: bool = True) -> Layout:
+    size = tuple(_torch.sym_expr(size) for size in tensor.shape)
+    stride = tuple(_torch.sym_expr(stride) for stride in tensor.stride())
+    offset = _torch.sym_expr(tensor.storage_offset()) if with_offset else sympy.Integer(0)
+    return Layout(size, stride, offset)
+
+
+class LoweringContext:
+    """Owns the LoopIR graph under construction and names its buffers and nodes."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self._buffer_count = 0
+        self._node_count = 0
+        self.lowered_ops: dict[str, int] = {}
+        self.extern_ops: dict[str, int] = {}
+        self.current_fx_node = None
+
+    # ---- naming -------------------------------------------------------------------
+    def new_buffer(self, device, dtype, layout: Layout, prefix: str = "buf") -> Buffer:
+        buffer = Buffer(f"{prefix}{self._buffer_count}", torch.device(device), dtype, layout)
+        self._buffer_count += 1
+        self.graph.buffers[buffer.name] = buffer
+        return buffer
+
+    def buffer_for(self, meta: torch.Tensor) -> Buffer:
+        """A fresh buffer laid out as the op's fake result (its strides match eager's)."""
+        if meta.dtype not in KERNEL_DTYPES:
+            raise Unsupported(f"dtype {meta.dtype}")
+        return self.new_buffer(meta.device, meta.dtype, layout_of(meta, with_offset=False))
+
+    def _node_name(self) -> str:
+        name = f"node{self._node_count}"
+        self._node_count += 1
+        return name
+
+    # ---- loading --------------------------------------------------------------------
+    def load_broadcast(self, body: Body, value, index: Sequence, shape: Sequence, dtype) -> int:
+        """Load `value` (a TensorValue or Python scalar) broadcast to `shape`, as `dtype`."""
+        if not isinstance(value, TensorValue):
+            scalar = _python_scalar(value)
+            if isinstance(scalar, sympy.Basic) and not scalar.is_Number:
+                return body.to_dtype(body.index_expr(scalar, torch.int64), dtype)
+            return body.constant(scalar, dtype)
+        leading = len(shape) - value.ndim
+        value_index = [sympy.Integer(0) if size == 1 and shape[leading + position] != 1 else index[leading + position]
+                       for position, size in enumerate(value.shape)]
+        return body.to_dtype(value.load(body, value_index), dtype)
+
+    # ---- building nodes ---------------------------------------------------------------
+    def pointwise(self, inputs: Sequence, compute: Callable, *, meta: torch.Tensor, compute_dtype=None,
+                  input_dtypes: Sequence | None = None) -> BufferValue:
+        """A Pointwise node over `meta`'s shape: load inputs, `compute(body, *values)`, store.
+
+        compute_dtype: what inputs are converted to before the math (default: the
+        output dtype, fp32 for fp16/bf16). input_dtypes overrides it per input.
+        """
+        for value in inputs:
+            if isinstance(value, TensorValue):
+                if value.device != meta.device:
+                    raise Unsupported(f"input on {value.device}, output on {meta.device}")
+                if value.dtype not in KERNEL_DTYPES:
+                    raise Unsupported(f"dtype {value.dtype}")
+        out = self.buffer_for(meta)
+        shape = list(out.layout.size)
+        index = range_vars(len(shape))
+        body = Body()
+        compute_dtype = compute_dtype or compute_dtype_for(meta.dtype)
+        dtypes = input_dtypes or [compute_dtype] * len(inputs)
+        loaded = [self.load_broadcast(body, value, index, shape, dtype) for value, dtype in zip(inputs, dtypes)]
+        result = compute(body, *loaded)
+        body.store(out, index, body.to_dtype(result, meta.dtype))
+        self.graph.nodes.append(Pointwise(self._node_name(), shape, body, [out.name]))
+        return BufferValue(out)
+
+    def pointwise_indexed(self, meta: torch.Tensor, compute: Callable) -> BufferValue:
+        """A Pointwise node whose `compute(body, index)` loads its inputs itself (gathers, cat, pad)."""
+        out = self.buffer_for(meta)
+        index = range_vars(len(out.layout.size))
+        body = Body()
+        body.store(out, index, body.to_dtype(compute(body, index), meta.dtype))
+        self.graph.nodes.append(Pointwise(self._node_name(), list(out.layout.size), body, [out.name]))
+        return BufferValue(out)
+
+    def reduction(self, value: TensorValue, dims: Sequence[int], kind: str, *, metas: Sequence[torch.Tensor],
+                  keepdim: bool, compute_dtype=None, finish: Callable | None = None) -> list[BufferValue]:
+        """A Reduction node over `dims` of `value`.
+
+        finish(body, reduced, count) returns the SSA values to store, one per meta in
+        `metas` (default: the reduce result). `count` is the number of reduced elements.
+        """
+        if value.dtype not in KERNEL_DTYPES:
+            raise Unsupported(f"dtype {value.dtype}")
+        dims = sorted({dim % max(value.ndim, 1) for dim in dims}) if value.ndim else []
+        kept = [dim for dim in range(value.ndim) if dim not in dims]
+        ranges = [value.shape[dim] for dim in kept]
+        reduction_ranges = [value.shape[dim] for dim in dims]
+        if not reduction_ranges:
+            reduction_ranges = [sympy.Integer(1)]
+        outs = [self.buffer_for(meta) for meta in metas]
+        loop_vars, reduction_vars = range_vars(len(ranges), "i"), range_vars(len(reduction_ranges), "r")
+        source_index = [None] * value.ndim
+        for dim, var in zip(kept, loop_vars):
+            source_index[dim] = var
+        for dim, var in zip(dims, reduction_vars):
+            source_index[dim] = var
+        body = Body()
+        compute_dtype = compute_dtype or compute_dtype_for(value.dtype)
+        loaded = body.to_dtype(value.load(body, source_index), compute_dtype)
+        reduce_dtype = torch.int64 if kind in ("argmax", "argmin") else compute_dtype
+        reduced = body.emit("reduce", (loaded,), reduce_dtype, attr=kind)
+        count = 1
+        for size in reduction_ranges:
+            count = count * size
+        results = finish(body, reduced, count) if finish else [reduced]
+        for out, result in zip(outs, results):
+            out_index = []
+            kept_iter = iter(loop_vars)
+            for dim in range(value.ndim):
+                if dim in dims:
+                    if keepdim:
+                        out_index.append(sympy.Integer(0))
+                else:
+                    out_index.append(next(kept_iter))
+            body.store(out, out_index, body.to_dtype(result, out.dtype))
+        self.graph.nodes.append(Reduction(self._node_name(), ranges, body, [out.name for out in outs],
+                                          reduction_ranges=reduction_ranges))
+        return [BufferValue(out) for out in outs]
+
+    def realize(self, value: TensorValue) -> TensorArg:
+        """A strided view of a buffer holding `value` (a copy only when no view can express it)."""
+        if isinstance(value, BufferValue):
+            return TensorArg(value.buffer.name, value.buffer.layout)
+        strided = self.as_strided_view(value)
+        if strided is not None:
+            return strided
+        out = self.new_buffer(value.device, value.dtype, Layout(tuple(value.shape), tuple(_contiguous(value.shape))))
+        index = range_vars(value.ndim)
+        body = Body()
+        body.store(out, index, value.load(body, index))
+        self.graph.nodes.append(Pointwise(self._node_name(), list(value.shape), body, [out.name]))
+        return TensorArg(out.name, out.layout)
+
+    def as_strided_view(self, value: TensorValue) -> TensorArg | None:
+        """Express a view as (buffer, size, stride, offset) when its index map is affine."""
+        base = value
+        while isinstance(base, ViewValue):
+            base = base.base
+        if not isinstance(base, BufferValue):
+            return None
+        index = range_vars(value.ndim, "v")
+        probe = Body()
+        value.load(probe, index)
+        flat = fold_div_mod(base.buffer.layout.offset_of(probe.ops[0].index))
+        if not is_affine(flat, index):
+            return None
+        coefficients, offset = affine_coefficients(flat, index)
+        stride = [0 if size == 1 else coefficient for size, coefficient in zip(value.shape, coefficients)]
+        return TensorArg(base.buffer.name, Layout(tuple(value.shape), tuple(sympy.sympify(s) for s in stride),
+                                                  sympy.sympify(offset)))
+
+    def extern(self, op, args: tuple, kwargs: dict, meta) -> object:
+        """Call the ATen op itself on realized buffers; outputs laid out as their metas."""
+        converted_args = _map_values(args, self._extern_arg)
+        converted_kwargs = {key: _map_values(value, self._extern_arg) for key, value in kwargs.items()}
+        outputs: list[Buffer] = []
+
+        def output_for(item):
+            if isinstance(item, torch.Tensor):
+                outputs.append(self.new_buffer(item.device, item.dtype, layout_of(item, with_offset=False)))
+                return len(outputs) - 1
+            if isinstance(item, (list, tuple)):
+                return type(item)(output_for(sub) for sub in item)
+            if item is None:
+                return None
+            raise Unsupported(f"extern {op} returns {type(item).__name__}")
+
+        structure = output_for(meta)
+        node = Extern(self._node_name(), op, converted_args, converted_kwargs, [buffer.name for buffer in outputs],
+                      structure)
+        self.graph.nodes.append(node)
+
+        def rebuild(item):
+            if isinstance(item, int) and not isinstance(item, bool):
+                return BufferValue(outputs[item])
+            if isinstance(item, (list, tuple)):
+                return type(item)(rebuild(sub) for sub in item)
+            return item
+
+        return rebuild(structure)
+
+    def _extern_arg(self, value):
+        if isinstance(value, TensorValue):
+            return self.realize(value)
+        return value
+
+
+def _contiguous(shape):
+    from kiln.ir.indexing import contiguous_strides
+
+    return contiguous_strides(shape)
+
+
+def _map_values(value, fn):
+    if isinstance(value, (list, tuple)):
+        return type(value)(_map_values(item, fn) for item in value)
+    return fn(value)
+
+
+def _python_scalar(value):
+    if isinstance(value, sympy.Basic):
+        return value if not value.is_Number else (int(value) if value.is_Integer else float(value))
+    if isinstance(value, (bool, int, float)):
+        return value
+    if isinstance(value, torch.SymInt):
+        return _torch.sym_expr(value)
+    raise Unsupported(f"scalar operand of type {type(value).__name__}")

@@ -1,0 +1,247 @@
+"""Elementwise rules: unary and binary math, comparisons, logic, where, casts, clamp,
+and the activations kiln lowers directly (gelu, silu, sigmoid, tanh, hardtanh...).
+
+Dtype rule (one place, `_binary`/`_unary`): math runs in the output dtype, fp32 for
+fp16/bf16; comparisons run in the inputs' promoted dtype; the result is converted to
+the op's output dtype (from the fake result) when stored.
+"""
+from __future__ import annotations
+
+import math
+
+import sympy
+import torch
+
+from kiln import _torch
+from kiln.lowering.context import TensorValue, Unsupported, compute_dtype_for, meta_of
+from kiln.lowering.registry import lowering
+
+aten = _torch.aten
+
+
+def _promoted(*values) -> torch.dtype:
+    """torch's type promotion over tensors (by dtype and rank class) and Python scalars."""
+    result = None
+    for value in values:
+        if isinstance(value, TensorValue):
+            probe = torch.empty((1,) * min(value.ndim, 1), dtype=value.dtype)
+        elif isinstance(value, sympy.Basic):
+            probe = 1 if value.is_integer else 1.0
+        else:
+            probe = value
+        if result is None:
+            result = probe if isinstance(probe, torch.Tensor) else torch.tensor(probe)
+            continue
+        dtype = torch.result_type(result, probe)
+        result = torch.empty((1,) * max(result.ndim, getattr(probe, "ndim", 0)), dtype=dtype)
+    return result.dtype
+
+
+def _unary(*ops, name: str, float_only: bool = False):
+    def rule(ctx, node, x):
+        meta = meta_of(node)
+        if float_only and not meta.dtype.is_floating_point:
+            raise Unsupported(f"{name} on {meta.dtype}")
+        return ctx.pointwise([x], lambda body, v: body.emit(name, (v,), body.dtype_of(v)), meta=meta)
+
+    lowering(*ops)(rule)
+
+
+for _op, _name in [
+    (aten.neg, "neg"), (aten.abs, "abs"), (aten.exp, "exp"), (aten.exp2, "exp2"), (aten.expm1, "expm1"),
+    (aten.log, "log"), (aten.log2, "log2"), (aten.log10, "log10"), (aten.log1p, "log1p"), (aten.sqrt, "sqrt"),
+    (aten.rsqrt, "rsqrt"), (aten.sin, "sin"), (aten.cos, "cos"), (aten.tan, "tan"), (aten.asin, "asin"),
+    (aten.acos, "acos"), (aten.atan, "atan"), (aten.sinh, "sinh"), (aten.cosh, "cosh"), (aten.tanh, "tanh"),
+    (aten.asinh, "asinh"), (aten.acosh, "acosh"), (aten.atanh, "atanh"), (aten.erf, "erf"),
+    (aten.erfc, "erfc"), (aten.sigmoid, "sigmoid"), (aten.reciprocal, "reciprocal"), (aten.erfinv, "erfinv"),
+    (aten.lgamma, "lgamma"), (aten.relu, "relu"), (aten.frac, "frac"),
+]:
+    _unary(_op, name=_name)
+for _op, _name in [(aten.floor, "floor"), (aten.ceil, "ceil"), (aten.trunc, "trunc"), (aten.round.default, "round")]:
+    _unary(_op, name=_name, float_only=True)
+_unary(aten.sign, aten.sgn, name="sign")
+_unary(aten.bitwise_not, name="bitwise_not")
+
+
+@lowering(aten.isnan, aten.isinf, aten.signbit, aten.logical_not)
+def _predicate(ctx, node, x):
+    name = str(node.target).split(".")[1]
+    dtype = compute_dtype_for(x.dtype)
+    if name == "logical_not":
+        return ctx.pointwise([x], lambda body, v: body.emit("logical_not", (v,), torch.bool), meta=meta_of(node),
+                             compute_dtype=torch.bool)
+    if not x.dtype.is_floating_point:
+        raise Unsupported(f"{name} on integers")
+    return ctx.pointwise([x], lambda body, v: body.emit(name, (v,), torch.bool), meta=meta_of(node),
+                         compute_dtype=dtype)
+
+
+def _binary_rule(name: str, *, compare: bool = False, logical: bool = False, float_only: bool = False):
+    def rule(ctx, node, a, b, alpha=None, **kwargs):
+        meta = meta_of(node)
+        if kwargs.get("rounding_mode") is not None:
+            raise Unsupported("division with a rounding mode")
+        if logical:
+            dtype = torch.bool
+        elif compare:
+            dtype = compute_dtype_for(_promoted(a, b))
+        else:
+            dtype = compute_dtype_for(meta.dtype)
+        if float_only and not dtype.is_floating_point:
+            raise Unsupported(f"{name} on {dtype}")
+        result_dtype = torch.bool if (compare or logical) else dtype
+
+        def compute(body, x, y):
+            if alpha is not None and alpha != 1:
+                y = body.emit("mul", (y, body.constant(alpha, dtype)), dtype)
+            return body.emit(name, (x, y), result_dtype)
+
+        return ctx.pointwise([a, b], compute, meta=meta, compute_dtype=dtype)
+
+    return rule
+
+
+for _ops, _name in [((aten.add.Tensor, aten.add.Scalar), "add"), ((aten.sub.Tensor, aten.sub.Scalar), "sub"),
+                    ((aten.rsub.Tensor, aten.rsub.Scalar), "rsub"),
+                    ((aten.mul.Tensor, aten.mul.Scalar), "mul"), ((aten.maximum.default,), "maximum"),
+                    ((aten.minimum.default,), "minimum"),
+                    ((aten.bitwise_and.Tensor, aten.bitwise_and.Scalar), "bitwise_and"),
+                    ((aten.bitwise_or.Tensor, aten.bitwise_or.Scalar), "bitwise_or"),
+                    ((aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar), "bitwise_xor")]:
+    if _name == "rsub":
+        continue
+    lowering(*_ops)(_binary_rule(_name))
+lowering(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)(
+    _binary_rule("truediv", float_only=True))
+lowering(aten.atan2)(_binary_rule("atan2", float_only=True))
+lowering(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)(_binary_rule("pow", float_only=True))
+lowering(aten.remainder.Tensor, aten.remainder.Scalar)(_binary_rule("remainder", float_only=True))
+lowering(aten.copysign.Tensor, aten.copysign.Scalar)(_binary_rule("copysign", float_only=True))
+lowering(aten.hypot)(_binary_rule("hypot", float_only=True))
+lowering(aten.nextafter)(_binary_rule("nextafter", float_only=True))
+for _op, _name in [(aten.eq, "eq"), (aten.ne, "ne"), (aten.lt, "lt"), (aten.le, "le"), (aten.gt, "gt"),
+                   (aten.ge, "ge")]:
+    lowering(_op)(_binary_rule(_name, compare=True))
+for _op, _name in [(aten.logical_and, "logical_and"), (aten.logical_or, "logical_or"),
+                   (aten.logical_xor, "logical_xor")]:
+    lowering(_op)(_binary_rule(_name, logical=True))
+
+
+@lowering(aten.rsub.Tensor, aten.rsub.Scalar)
+def rsub(ctx, node, a, b, alpha=1):
+    dtype = compute_dtype_for(meta_of(node).dtype)
+
+    def compute(body, x, y):
+        if alpha != 1:
+            x = body.emit("mul", (x, body.constant(alpha, dtype)), dtype)
+        return body.emit("sub", (y, x), dtype)
+
+    return ctx.pointwise([a, b], compute, meta=meta_of(node))
+
+
+@lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
+def where(ctx, node, condition, a, b):
+    meta = meta_of(node)
+    dtype = compute_dtype_for(meta.dtype)
+    return ctx.pointwise([condition, a, b], lambda body, c, x, y: body.emit("where", (c, x, y), dtype), meta=meta,
+                         input_dtypes=[torch.bool, dtype, dtype])
+
+
+@lowering(aten._to_copy.default)
+def to_copy(ctx, node, x, dtype=None, layout=None, device=None, pin_memory=None, non_blocking=False,
+            memory_format=None):
+    meta = meta_of(node)
+    if meta.device != x.device:
+        raise Unsupported("device copy")
+    return ctx.pointwise([x], lambda body, v: v, meta=meta, compute_dtype=x.dtype)
+
+
+@lowering(aten.clone.default)
+def clone(ctx, node, x, memory_format=None):
+    return ctx.pointwise([x], lambda body, v: v, meta=meta_of(node), compute_dtype=x.dtype)
+
+
+@lowering(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default,
+          aten.clamp_min.Tensor, aten.clamp_max.Tensor, aten.hardtanh.default)
+def clamp(ctx, node, x, low=None, high=None):
+    target = node.target
+    if target in (aten.clamp_max.default, aten.clamp_max.Tensor):
+        low, high = None, low
+    if target is aten.hardtanh.default:
+        low = -1.0 if low is None else low
+        high = 1.0 if high is None else high
+    meta = meta_of(node)
+    dtype = compute_dtype_for(meta.dtype)
+    operands = [x] + [bound for bound in (low, high) if bound is not None]
+
+    def compute(body, value, *bounds):
+        bounds = list(bounds)
+        if low is not None:  # NaN in x propagates; a NaN bound gives NaN (torch's rule)
+            value = body.emit("maximum", (value, bounds.pop(0)), dtype)
+        if high is not None:
+            value = body.emit("minimum", (value, bounds.pop(0)), dtype)
+        return value
+
+    return ctx.pointwise(operands, compute, meta=meta)
+
+
+@lowering(aten.gelu.default)
+def gelu(ctx, node, x, approximate="none"):
+    meta = meta_of(node)
+    dtype = compute_dtype_for(meta.dtype)
+
+    def compute(body, v):
+        def const(value):
+            return body.constant(value, dtype)
+
+        def op(name, *operands):
+            return body.emit(name, operands, dtype)
+
+        half_x = op("mul", v, const(0.5))
+        if approximate == "tanh":
+            cube = op("mul", op("mul", v, v), v)
+            inner = op("mul", const(math.sqrt(2 / math.pi)), op("add", v, op("mul", cube, const(0.044715))))
+            return op("mul", half_x, op("add", const(1.0), op("tanh", inner)))
+        return op("mul", half_x, op("add", const(1.0), op("erf", op("mul", v, const(1 / math.sqrt(2))))))
+
+    return ctx.pointwise([x], compute, meta=meta)
+
+
+@lowering(aten.silu.default)
+def silu(ctx, node, x):
+    meta = meta_of(node)
+    dtype = compute_dtype_for(meta.dtype)
+    return ctx.pointwise([x], lambda body, v: body.emit("mul", (v, body.emit("sigmoid", (v,), dtype)), dtype),
+                         meta=meta)
+
+
+@lowering(aten.leaky_relu.default)
+def leaky_relu(ctx, node, x, negative_slope=0.01):
+    meta = meta_of(node)
+    dtype = compute_dtype_for(meta.dtype)
+
+    def compute(body, v):
+        positive = body.emit("gt", (v, body.constant(0, dtype)), torch.bool)
+        return body.emit("where", (positive, v, body.emit("mul", (v, body.constant(negative_slope, dtype)), dtype)),
+                         dtype)
+
+    return ctx.pointwise([x], compute, meta=meta)
+
+
+@lowering(aten.lerp.Scalar, aten.lerp.Tensor)
+def lerp(ctx, node, start, end, weight):
+    meta = meta_of(node)
+    dtype = compute_dtype_for(meta.dtype)
+
+    def compute(body, a, b, w):
+        return body.emit("add", (a, body.emit("mul", (w, body.emit("sub", (b, a), dtype)), dtype)), dtype)
+
+    return ctx.pointwise([start, end, weight], compute, meta=meta)
+
+
+@lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
+def masked_fill(ctx, node, x, mask, value):
+    meta = meta_of(node)
+    dtype = compute_dtype_for(meta.dtype)
+    return ctx.pointwise([mask, value, x], lambda body, m, v, a: body.emit("where", (m, v, a), dtype), meta=meta,
+                         input_dtypes=[torch.bool, dtype, dtype])

@@ -1,0 +1,1 @@
+"""kiln/runtime: loading generated modules, the kernel cache, (later) autotuning and CUDA graphs."""

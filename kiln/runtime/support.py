@@ -1,0 +1,23 @@
+"""Helpers the generated wrappers import (kept tiny: they run on every call)."""
+from __future__ import annotations
+
+import torch
+
+empty_strided = torch.empty_strided
+
+
+def cdiv(numerator: int, denominator: int) -> int:
+    return -(-numerator // denominator)
+
+
+def restride(tensor: torch.Tensor, size, stride) -> torch.Tensor:
+    """A copy of `tensor` laid out with `stride` (an extern returned another layout than its meta)."""
+    result = torch.empty_strided(size, stride, dtype=tensor.dtype, device=tensor.device)
+    result.copy_(tensor)
+    return result
+
+
+def flatten_result(value) -> list:
+    if isinstance(value, (list, tuple)):
+        return [leaf for item in value for leaf in flatten_result(item)]
+    return [value]

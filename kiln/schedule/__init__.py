@@ -1,0 +1,28 @@
+"""kiln/schedule: decide the kernels.
+
+    schedule_graph(graph) = group_kernels(inline_pointwise(graph))
+
+1. `inline_pointwise` substitutes each pointwise producer into its consumers' bodies
+   (a chain of pointwise ops becomes one body) unless that would recompute a large
+   body several times, grow a body past `max_fusion_ops`, or the value must exist in
+   memory (graph outputs, extern inputs, masked reads).
+2. `group_kernels` walks the nodes in order and fuses each into the open kernel when
+   it iterates over the same rows (and columns): reductions over the same rows share
+   one kernel, pointwise epilogues join the reduction that feeds them. A value
+   produced and consumed inside one kernel never touches memory.
+Buffers are freed after their last use by the wrapper (kiln/codegen/wrapper.py).
+"""
+from kiln.schedule.fusion import group_kernels
+from kiln.schedule.inline import inline_pointwise
+from kiln.schedule.kernel import Kernel, ScheduledGraph
+
+
+def schedule_graph(graph) -> ScheduledGraph:
+    from kiln.ir import verify
+
+    inlined = inline_pointwise(graph)
+    verify(inlined)
+    return group_kernels(inlined)
+
+
+__all__ = ["Kernel", "ScheduledGraph", "schedule_graph"]

@@ -1,0 +1,108 @@
+"""Group LoopIR nodes into kernels (greedy, in program order, so no dependency cycles).
+
+A node joins the open kernel when (1) it iterates the same rows (and columns), (2)
+every value it reads from the kernel is the one the kernel holds in registers for the
+same row and column (same storage offset after mapping both to kernel variables), and
+(3) in a looped reduction kernel, a pointwise value is only read inside its own loop.
+"""
+from __future__ import annotations
+
+import sympy
+
+from kiln.config import config
+from kiln.ir import Extern, Graph, LoopNode
+from kiln.ir.nodes import indirect_value
+from kiln.schedule.inline import buffer_uses
+from kiln.schedule.kernel import Kernel, ScheduledGraph, node_role, nonunit, var_map
+
+
+def group_kernels(graph: Graph) -> ScheduledGraph:
+    steps: list = []
+    current: Kernel | None = None
+    for node in graph.nodes:
+        if isinstance(node, Extern):
+            steps.append(node)
+            current = None
+            continue
+        if current is not None and _try_add(current, node, graph):
+            continue
+        current = _new_kernel(f"k{len([s for s in steps if isinstance(s, Kernel)])}", node)
+        steps.append(current)
+    _mark_local_buffers(graph, steps)
+    return ScheduledGraph(graph, steps)
+
+
+def _columns(node: LoopNode) -> list:
+    return nonunit(node.reduction_ranges) or [sympy.Integer(1)]
+
+
+def _new_kernel(name: str, node: LoopNode) -> Kernel:
+    if node.is_reduction:
+        kernel = Kernel(name, nonunit(node.ranges), _columns(node))
+        numel = kernel.col_numel
+        kernel.persistent = bool(numel.is_Integer and 0 < int(numel) <= config.persistent_reduction_max)
+        role = "reduction"
+    else:
+        kernel = Kernel(name, nonunit(node.ranges), [])
+        role = "full"
+    kernel.nodes.append(node)
+    kernel.roles.append(role)
+    return kernel
+
+
+def _store_offset(kernel: Kernel, node: LoopNode, role: str, buffer_name: str, graph: Graph):
+    mapping = var_map(node, role, kernel.row_ranges, kernel.col_ranges)
+    for op in node.body.writes():
+        if op.buffer == buffer_name:
+            return sympy.expand(graph.buffers[buffer_name].layout.offset_of([e.xreplace(mapping) for e in op.index]))
+    raise AssertionError(f"{node.name} does not store {buffer_name}")
+
+
+def _try_add(kernel: Kernel, node: LoopNode, graph: Graph) -> bool:
+    if node.is_reduction:
+        role = "reduction" if node_role(node, kernel.row_ranges, kernel.col_ranges) or \
+            (_same(nonunit(node.ranges), kernel.row_ranges) and _same(_columns(node), kernel.col_ranges)) else None
+    else:
+        role = node_role(node, kernel.row_ranges, kernel.col_ranges)
+    if role is None or kernel.op_count() + len(node.body.ops) > config.max_fusion_ops:
+        return False
+    producers = {name: (producer, producer_role) for producer, producer_role in zip(kernel.nodes, kernel.roles)
+                 for name in producer.outputs}
+    mapping = var_map(node, role, kernel.row_ranges, kernel.col_ranges)
+    for op in node.body.reads():
+        if op.buffer not in producers:
+            continue
+        producer, producer_role = producers[op.buffer]
+        if op.operands or any(indirect_value(s) is not None for e in op.index for s in sympy.sympify(e).free_symbols):
+            return False  # masked or gathered reads go through memory
+        offset = sympy.expand(graph.buffers[op.buffer].layout.offset_of([e.xreplace(mapping) for e in op.index]))
+        if sympy.expand(offset - _store_offset(kernel, producer, producer_role, op.buffer, graph)) != 0:
+            return False
+        if producer_role == "full" and role in ("reduction", "row") and not kernel.persistent:
+            return False
+        if producer_role == "full" and role == "full" and not kernel.persistent:
+            later = kernel.roles[kernel.nodes.index(producer) + 1:]
+            if "reduction" in later:
+                return False
+    kernel.nodes.append(node)
+    kernel.roles.append(role)
+    return True
+
+
+def _same(a, b) -> bool:
+    from kiln.schedule.kernel import same_sizes
+
+    return same_sizes(a, b)
+
+
+def _mark_local_buffers(graph: Graph, steps: list) -> None:
+    uses = buffer_uses(graph)
+    for step in steps:
+        if not isinstance(step, Kernel):
+            continue
+        members = {id(node) for node in step.nodes}
+        for node in step.nodes:
+            for name in node.outputs:
+                users = uses.get(name, [])
+                if users and all(user is not None and id(user) in members for user, _ in users):
+                    step.local_buffers.add(name)

@@ -1,0 +1,127 @@
+"""Inline pointwise producers into their consumers' bodies (LoopIR -> LoopIR)."""
+from __future__ import annotations
+
+import sympy
+
+from kiln.config import config
+from kiln.ir import Body, Extern, Graph, LoopNode, Op, Pointwise, TensorArg, range_vars
+from kiln.ir.nodes import indirect_symbol, indirect_value
+
+
+def buffer_uses(graph: Graph) -> dict:
+    """Buffer name -> list of (user, kind) with kind 'load', 'masked_load', 'extern' or 'output'."""
+    uses: dict = {}
+    for node in graph.nodes:
+        if isinstance(node, Extern):
+            for arg in _tensor_args(node.args, node.kwargs):
+                uses.setdefault(arg.buffer, []).append((node, "extern"))
+        else:
+            for op in node.body.reads():
+                uses.setdefault(op.buffer, []).append((node, "masked_load" if op.operands else "load"))
+    for output in graph.outputs:
+        if isinstance(output, TensorArg):
+            uses.setdefault(output.buffer, []).append((None, "output"))
+    return uses
+
+
+def _tensor_args(args, kwargs):
+    stack = list(args) + list(kwargs.values())
+    while stack:
+        item = stack.pop()
+        if isinstance(item, TensorArg):
+            yield item
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+
+
+def inline_pointwise(graph: Graph) -> Graph:
+    uses = buffer_uses(graph)
+    kept = []
+    for node in graph.nodes:
+        if isinstance(node, Pointwise) and _can_inline(node, uses.get(node.outputs[0], [])):
+            consumers = _unique(user for user, _ in uses[node.outputs[0]])
+            new_bodies = {id(consumer): substitute_loads(consumer.body, node) for consumer in consumers}
+            if all(len(body.ops) <= config.max_fusion_ops for body in new_bodies.values()):
+                for consumer in consumers:
+                    consumer.body = new_bodies[id(consumer)]
+                del graph.buffers[node.outputs[0]]
+                uses = buffer_uses(_Partial(graph, kept, node))
+                continue
+        kept.append(node)
+    graph.nodes = kept
+    return graph
+
+
+class _Partial(Graph):
+    """The graph with `removed` gone, for recounting uses mid-pass."""
+
+    def __init__(self, graph: Graph, kept: list, removed):
+        super().__init__(graph.inputs, graph.buffers, [n for n in graph.nodes if n is not removed],
+                         graph.outputs, graph.constants)
+
+
+def _unique(items):
+    seen, result = set(), []
+    for item in items:
+        if id(item) not in seen:
+            seen.add(id(item))
+            result.append(item)
+    return result
+
+
+def _can_inline(node: Pointwise, uses: list) -> bool:
+    if not uses or len(node.outputs) != 1:
+        return False
+    if any(kind != "load" for _, kind in uses):
+        return False
+    consumers = _unique(user for user, _ in uses)
+    load_count = len(uses)
+    return load_count == 1 or len(node.body.ops) <= config.inline_max_ops or len(consumers) == 1 and load_count <= 2
+
+
+def substitute_loads(body: Body, producer: LoopNode) -> Body:
+    """`body` with each load of the producer's output replaced by the producer's computation."""
+    target = producer.outputs[0]
+    loop_vars = range_vars(len(producer.ranges))
+    new = Body()
+    mapping: dict[int, int] = {}
+    for position, op in enumerate(body.ops):
+        if op.name == "load" and op.buffer == target:
+            substitution = dict(zip(loop_vars, op.index))
+            substitution.update(_indirect_renames(op.index, mapping))
+            mapping[position] = _copy_producer(new, producer.body, substitution)
+        else:
+            mapping[position] = _copy_op(new, op, mapping, {})
+    return new
+
+
+def _copy_producer(new: Body, producer_body: Body, substitution: dict) -> int:
+    local: dict[int, int] = {}
+    for position, op in enumerate(producer_body.ops):
+        if op.name == "store":
+            return local[op.operands[0]]
+        local[position] = _copy_op(new, op, local, substitution)
+    raise AssertionError("pointwise body without a store")
+
+
+def _indirect_renames(index, mapping: dict) -> dict:
+    renames = {}
+    for expr in index:
+        for symbol in sympy.sympify(expr).free_symbols:
+            value = indirect_value(symbol)
+            if value is not None:
+                renames[symbol] = indirect_symbol(mapping[value])
+    return renames
+
+
+def _copy_op(new: Body, op: Op, mapping: dict, substitution: dict) -> int:
+    index = op.index
+    if index is not None:
+        renames = dict(substitution)
+        renames.update(_indirect_renames(index, mapping))
+        index = tuple(sympy.sympify(expr).xreplace(renames) for expr in index)
+    attr = op.attr
+    if op.name == "index_expr":
+        attr = sympy.sympify(attr).xreplace(substitution)
+    new.ops.append(Op(op.name, tuple(mapping[operand] for operand in op.operands), op.dtype, op.buffer, index, attr))
+    return len(new.ops) - 1
