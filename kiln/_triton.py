@@ -66,6 +66,8 @@ def _patch_lang_with_libdevice(fn):
     """The interpreter patches `tl` for each kernel run; patch libdevice alongside it."""
     scope = _patch_lang_without_libdevice(fn)
     _interpreter._patch_builtin(libdevice, _interpreter.interpreter_builder, scope)
+    # numpy 2 refuses int() of a 1-element 1-d array, which is how scalars reach range().
+    scope.set_attr(_interpreter.tl.tensor, "__index__", lambda self: int(self.handle.data.item()))
     return scope
 
 

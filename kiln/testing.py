@@ -16,8 +16,9 @@ import torch
 
 # Error allowed relative to eager's error, by output dtype.
 ERROR_FACTOR = {torch.float64: 2.0, torch.float32: 2.0, torch.float16: 3.0, torch.bfloat16: 3.0}
-# Floor in units of the dtype's epsilon, times the reference's magnitude.
-ULP_FLOOR = 8.0
+# Floor in units of the dtype's epsilon, times the reference's magnitude: long fp32 reductions
+# legitimately differ by ~sqrt(n) ulp from an eager kernel that accumulates in double.
+ULP_FLOOR = 16.0
 
 
 @dataclass

@@ -1,0 +1,523 @@
+"""Objects of user classes, classes themselves, dataclasses and transformers' ModelOutput.
+
+Attribute lookup follows Python's rules by hand, without running the object's code:
+data descriptors of the class (properties are inlined), then the instance
+`__dict__`, then class attributes (functions become bound methods that are
+inlined), then a class-defined `__getattr__` (inlined). Every value read from an
+outside object is wrapped with an `AttrSource`, so its guard re-reads the same
+attribute.
+
+Assigning attributes of an outside object is kept in `pending` (later reads see it)
+and replayed after the graph runs. Objects created during the trace
+(`NewObjectVariable`) run their class's `__init__` inlined; a dataclass or a
+`ModelOutput` built this way can be returned, because it is rebuilt with
+`cls(**fields)`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import types
+from typing import Any
+
+from kiln.frontend.errors import Unsupported
+from kiln.frontend.sources import AttrSource, TypeSource
+from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
+
+_MISSING = object()
+DELETED = object()
+
+
+def lookup_class_attribute(cls: type, name: str) -> tuple[Any, type | None]:
+    """The raw (undescribed) class attribute and the class that defines it."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name], klass
+    return _MISSING, None
+
+
+def _class_source(tx, instance_source):
+    return TypeSource(instance_source) if instance_source is not None else None
+
+
+def bind_class_attribute(tx, raw: Any, name: str, instance: Variable, cls: type, cls_source) -> Variable:
+    """What `instance.name` is when `name` is found on the class (not the instance)."""
+    from kiln.frontend.variables.functions import BoundMethodVariable
+
+    attribute_source = AttrSource(cls_source, name) if cls_source is not None else None
+    if isinstance(raw, staticmethod):
+        return tx.wrap(raw.__func__, AttrSource(attribute_source, "__func__") if attribute_source else None,
+                       guard=False)
+    if isinstance(raw, classmethod):
+        function = tx.wrap(raw.__func__, None, guard=False)
+        return BoundMethodVariable(function, tx.wrap(cls, cls_source, guard=False))
+    if isinstance(raw, types.FunctionType):
+        return BoundMethodVariable(tx.wrap(raw, attribute_source, guard=False), instance)
+    if isinstance(raw, property):
+        if raw.fget is None:
+            raise Unsupported(f"property {name!r} without a getter")
+        return tx.wrap(raw.fget, None, guard=False).call(tx, [instance], {})
+    if isinstance(raw, (types.MethodDescriptorType, types.WrapperDescriptorType)):
+        from kiln.frontend.variables.functions import MethodDescriptorVariable
+
+        return BoundMethodVariable(MethodDescriptorVariable(raw.__objclass__, name), instance)
+    if isinstance(raw, functools_cached_property()):
+        raise Unsupported(f"functools.cached_property {name!r}")
+    if hasattr(type(raw), "__get__") and not isinstance(raw, type):
+        raise Unsupported(f"class attribute {name!r} is a descriptor of type {type(raw).__name__}")
+    return tx.wrap(raw, AttrSource(instance.source, name) if instance.source is not None else None)
+
+
+def functools_cached_property():
+    import functools
+
+    return functools.cached_property
+
+
+class UserObjectVariable(Variable):
+    """An instance of a user class from outside the trace."""
+
+    def __init__(self, value: Any, source=None):
+        self.value = value
+        self.source = source
+        self.pending: dict[str, Any] = {}  # attribute -> tracker (or DELETED) assigned during the trace
+
+    def describe(self) -> str:
+        return f"{type(self.value).__qualname__} object"
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def identity(self) -> Any:
+        return self.value
+
+    def as_constant(self) -> Any:
+        if self.pending:
+            raise Unsupported(f"{self.describe()} was modified during the trace")
+        return self.value
+
+    def truth(self, tx) -> bool:
+        cls = type(self.value)
+        if lookup_class_attribute(cls, "__bool__")[0] is _MISSING and \
+                lookup_class_attribute(cls, "__len__")[0] is _MISSING:
+            return True
+        raise Unsupported(f"truth value of {self.describe()} (its class defines __bool__ or __len__)")
+
+    def getattr(self, tx, name: str) -> Variable:
+        if name in self.pending:
+            if self.pending[name] is DELETED:
+                raise Unsupported(f"reading attribute {name!r} deleted during the trace")
+            return self.pending[name]
+        return object_getattr(tx, self, self.value, name)
+
+    def has_attribute(self, tx, name: str) -> bool:
+        if name in self.pending:
+            return self.pending[name] is not DELETED
+        return object_has_attribute(tx, self, self.value, name)
+
+    def setattr(self, tx, name: str, value: Variable) -> None:
+        if type(self.value).__setattr__ is not object.__setattr__:
+            raise Unsupported(f"setting {name!r} on {self.describe()} whose class overrides __setattr__")
+        if self.source is None:
+            raise Unsupported(f"setting {name!r} on {self.describe()} that has no source")
+        self.pending[name] = value
+        tx.output.side_effects.mutated_object(self)
+
+    def delattr(self, tx, name: str) -> None:
+        if self.source is None:
+            raise Unsupported(f"deleting {name!r} on {self.describe()} that has no source")
+        self.pending[name] = DELETED
+        tx.output.side_effects.mutated_object(self)
+
+    def call(self, tx, args, kwargs) -> Variable:
+        raw, _ = lookup_class_attribute(type(self.value), "__call__")
+        if raw is _MISSING:
+            raise Unsupported(f"{self.describe()} is not callable")
+        return bind_class_attribute(tx, raw, "__call__", self, type(self.value),
+                                    _class_source(tx, self.source)).call(tx, args, kwargs)
+
+    def getitem(self, tx, key: Variable) -> Variable:
+        return self.call_method(tx, "__getitem__", [key], {})
+
+    def unpack(self, tx) -> list[Variable]:
+        raise Unsupported(f"iterating over {self.describe()}")
+
+
+def object_getattr(tx, variable: Variable, value: Any, name: str) -> Variable:
+    """Python's attribute lookup on an outside object, without running its code."""
+    cls = type(value)
+    if cls.__getattribute__ is not object.__getattribute__ and not _is_module(value):
+        raise Unsupported(f"{cls.__qualname__} overrides __getattribute__")
+    source = variable.source
+    raw, owner = lookup_class_attribute(cls, name)
+    is_data_descriptor = raw is not _MISSING and (hasattr(type(raw), "__set__") or hasattr(type(raw), "__delete__"))
+    if is_data_descriptor and not isinstance(raw, property):
+        # __slots__ members, getset descriptors of builtins: read the real value.
+        real = getattr(value, name)
+        return tx.wrap(real, AttrSource(source, name) if source is not None else None)
+    if is_data_descriptor:
+        return bind_class_attribute(tx, raw, name, variable, cls, _class_source(tx, source))
+    instance_dict = getattr(value, "__dict__", None)
+    if isinstance(instance_dict, dict) and name in instance_dict:
+        return tx.wrap(instance_dict[name], AttrSource(source, name) if source is not None else None)
+    if raw is not _MISSING:
+        return bind_class_attribute(tx, raw, name, variable, cls, _class_source(tx, source))
+    if name == "__class__":
+        return tx.wrap(cls, TypeSource(source) if source is not None else None)
+    if name == "__dict__" and isinstance(instance_dict, dict):
+        return tx.wrap(instance_dict, AttrSource(source, "__dict__") if source is not None else None)
+    fallback, _ = lookup_class_attribute(cls, "__getattr__")
+    if fallback is not _MISSING:
+        return bind_class_attribute(tx, fallback, "__getattr__", variable, cls,
+                                    _class_source(tx, source)).call(tx, [ConstantVariable(name)], {})
+    if source is not None:
+        tx.output.guards.has_attr(source, name, False)
+    raise AttributeFailure(f"{cls.__qualname__} object has no attribute {name!r}")
+
+
+def object_has_attribute(tx, variable: Variable, value: Any, name: str) -> bool:
+    """hasattr() on an outside object, guarded."""
+    try:
+        object_getattr(tx, variable, value, name)
+        return True
+    except AttributeFailure:
+        return False
+
+
+class AttributeFailure(Unsupported):
+    """An attribute lookup that fails the way Python's would (hasattr/getattr default catch it)."""
+
+
+def _is_module(value: Any) -> bool:
+    import torch
+
+    return isinstance(value, torch.nn.Module)
+
+
+class ClassVariable(Variable):
+    """A class: attribute reads, isinstance checks, and construction."""
+
+    def __init__(self, cls: type, source=None):
+        self.value = cls
+        self.source = source
+
+    def describe(self) -> str:
+        return f"class {self.value.__qualname__}"
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def identity(self) -> Any:
+        return self.value
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.value
+
+    def getattr(self, tx, name: str) -> Variable:
+        raw, _ = lookup_class_attribute(self.value, name)
+        if raw is _MISSING:
+            if name in ("__name__", "__qualname__", "__module__"):
+                return ConstantVariable(getattr(self.value, name))
+            if name == "__mro__":
+                return ConstantVariable(self.value.__mro__)
+            raw = getattr(self.value, name, _MISSING)
+            if raw is _MISSING:
+                raise AttributeFailure(f"class {self.value.__qualname__} has no attribute {name!r}")
+            return tx.wrap(raw, AttrSource(self.source, name) if self.source else None)
+        source = AttrSource(self.source, name) if self.source is not None else None
+        if isinstance(raw, staticmethod):
+            return tx.wrap(raw.__func__, source)
+        if isinstance(raw, classmethod):
+            from kiln.frontend.variables.functions import BoundMethodVariable
+
+            return BoundMethodVariable(tx.wrap(raw.__func__, None, guard=False), self)
+        if isinstance(raw, property):
+            return tx.wrap(raw, None, guard=False)
+        return tx.wrap(getattr(self.value, name), source)
+
+    def call(self, tx, args, kwargs) -> Variable:
+        from kiln.frontend.variables import torch_special
+
+        special = torch_special.handler_for(self.value)
+        if special is not None:
+            return special(tx, args, kwargs)
+        return construct_object(tx, self, args, kwargs)
+
+
+def _is_model_output(cls: type) -> bool:
+    return any(klass.__name__ == "ModelOutput" and klass.__module__.startswith("transformers")
+               for klass in cls.__mro__)
+
+
+def construct_object(tx, class_variable: ClassVariable, args, kwargs) -> Variable:
+    """`cls(*args, **kwargs)` for a user class: ModelOutput, namedtuple, or inlined __init__."""
+    cls = class_variable.value
+    if _is_model_output(cls):
+        return ModelOutputVariable.build(tx, cls, args, kwargs)
+    if issubclass(cls, tuple) and hasattr(cls, "_fields"):
+        from kiln.frontend.variables.containers import TupleVariable
+        from kiln.frontend.variables.functions import bind_arguments
+
+        bound = bind_arguments(tx, cls.__new__, [class_variable, *args], kwargs,
+                               lambda name, value: tx.wrap(value, None, guard=False))
+        return TupleVariable([bound[field] for field in cls._fields], tuple_type=cls)
+    import torch
+
+    if issubclass(cls, torch.nn.Module):
+        raise Unsupported(f"creating module {cls.__qualname__} inside a compiled function")
+    if issubclass(cls, BaseException):
+        return ExceptionVariable(cls, args)
+    if cls.__new__ is not object.__new__ or type(cls) is not type:
+        raise Unsupported(f"creating {cls.__qualname__} (custom __new__ or metaclass)")
+    instance = NewObjectVariable(cls)
+    init, _ = lookup_class_attribute(cls, "__init__")
+    if init is not object.__init__:
+        bind_class_attribute(tx, init, "__init__", instance, cls, None).call(tx, args, kwargs)
+    elif args or kwargs:
+        raise Unsupported(f"{cls.__qualname__}() takes no arguments")
+    return instance
+
+
+class NewObjectVariable(Variable):
+    """An instance created during the trace; its attributes are trackers."""
+
+    def __init__(self, cls: type):
+        self.cls = cls
+        self.attributes: dict[str, Variable] = {}
+
+    def describe(self) -> str:
+        return f"new {self.cls.__qualname__} object"
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def getattr(self, tx, name: str) -> Variable:
+        raw, _ = lookup_class_attribute(self.cls, name)
+        if raw is not _MISSING and isinstance(raw, property):
+            return bind_class_attribute(tx, raw, name, self, self.cls, None)
+        if name in self.attributes:
+            return self.attributes[name]
+        if raw is not _MISSING:
+            return bind_class_attribute(tx, raw, name, self, self.cls, None)
+        if name == "__class__":
+            return ClassVariable(self.cls)
+        fallback, _ = lookup_class_attribute(self.cls, "__getattr__")
+        if fallback is not _MISSING:
+            return bind_class_attribute(tx, fallback, "__getattr__", self, self.cls, None).call(
+                tx, [ConstantVariable(name)], {})
+        raise AttributeFailure(f"{self.cls.__qualname__} object has no attribute {name!r}")
+
+    def setattr(self, tx, name: str, value: Variable) -> None:
+        raw, _ = lookup_class_attribute(self.cls, "__setattr__")
+        if raw is not object.__setattr__:
+            raise Unsupported(f"{self.cls.__qualname__} overrides __setattr__")
+        self.attributes[name] = value
+
+    def delattr(self, tx, name: str) -> None:
+        self.attributes.pop(name, None)
+
+    def truth(self, tx) -> bool:
+        if lookup_class_attribute(self.cls, "__bool__")[0] is _MISSING and \
+                lookup_class_attribute(self.cls, "__len__")[0] is _MISSING:
+            return True
+        return self.call_method(tx, "__bool__", [], {}).truth(tx)
+
+    def call(self, tx, args, kwargs) -> Variable:
+        return self.call_method(tx, "__call__", args, kwargs)
+
+    def getitem(self, tx, key: Variable) -> Variable:
+        return self.call_method(tx, "__getitem__", [key], {})
+
+    def reconstruct(self, codegen) -> str:
+        if not dataclasses.is_dataclass(self.cls):
+            raise Unsupported(f"returning a {self.cls.__qualname__} object created inside the compiled function "
+                              "(only dataclasses and ModelOutputs can be rebuilt)")
+        fields = [field.name for field in dataclasses.fields(self.cls) if field.init]
+        if set(self.attributes) != {field.name for field in dataclasses.fields(self.cls)}:
+            raise Unsupported(f"returning {self.cls.__qualname__}: attributes beyond its dataclass fields")
+        inner = ", ".join(f"{name}={codegen.value(self.attributes[name])}" for name in fields)
+        return f"{codegen.constant(self.cls)}({inner})"
+
+
+class ModelOutputVariable(Variable):
+    """A transformers ModelOutput: an ordered mapping of its non-None fields, also by attribute."""
+
+    def __init__(self, cls: type, fields: dict[str, Variable]):
+        self.cls = cls
+        self.fields = fields  # every dataclass field, None included, in declaration order
+
+    @classmethod
+    def build(cls_, tx, cls: type, args, kwargs) -> "ModelOutputVariable":
+        names = [field.name for field in dataclasses.fields(cls)]
+        if len(args) > len(names):
+            raise Unsupported(f"{cls.__qualname__} with {len(args)} positional arguments")
+        fields = {name: NONE for name in names}
+        for name, value in zip(names, args):
+            fields[name] = value
+        for name, value in kwargs.items():
+            if name not in fields:
+                raise Unsupported(f"{cls.__qualname__} has no field {name!r}")
+            fields[name] = value
+        if args and len(args) == 1 and not isinstance(args[0], type(NONE)) and False:
+            pass
+        return cls_(cls, fields)
+
+    def describe(self) -> str:
+        return f"{self.cls.__qualname__}"
+
+    def python_type(self) -> type:
+        return self.cls
+
+    def present(self) -> list[str]:
+        return [name for name, value in self.fields.items()
+                if not (isinstance(value, ConstantVariable) and value.value is None)]
+
+    def getattr(self, tx, name: str) -> Variable:
+        if name in self.fields:
+            return self.fields[name]
+        raw, _ = lookup_class_attribute(self.cls, name)
+        if raw is _MISSING:
+            raise AttributeFailure(f"{self.cls.__qualname__} has no attribute {name!r}")
+        if name in ("to_tuple", "keys", "values", "items", "get", "__getitem__", "__contains__", "__len__",
+                    "__iter__", "__setitem__"):
+            return BuiltinMethod(self, name)
+        return bind_class_attribute(tx, raw, name, self, self.cls, None)
+
+    def call_method(self, tx, name, args, kwargs) -> Variable:
+        from kiln.frontend.variables.containers import IteratorVariable, ListIteratorLike, TupleVariable
+
+        if name == "to_tuple":
+            return TupleVariable([self.fields[key] for key in self.present()])
+        if name == "keys":
+            return ListIteratorLike([ConstantVariable(key) for key in self.present()], "dict_keys")
+        if name == "values":
+            return ListIteratorLike([self.fields[key] for key in self.present()], "dict_values")
+        if name == "items":
+            return ListIteratorLike([TupleVariable([ConstantVariable(key), self.fields[key]])
+                                     for key in self.present()], "dict_items")
+        if name == "get":
+            key = args[0].as_constant()
+            return self.fields[key] if key in self.present() else (args[1] if len(args) > 1 else NONE)
+        if name == "__getitem__":
+            return self.getitem(tx, args[0])
+        if name == "__setitem__":
+            self.setitem(tx, args[0], args[1])
+            return NONE
+        if name == "__contains__":
+            return ConstantVariable(args[0].as_constant() in self.present())
+        if name == "__len__":
+            return ConstantVariable(len(self.present()))
+        if name == "__iter__":
+            return IteratorVariable([ConstantVariable(key) for key in self.present()])
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+    def getitem(self, tx, key: Variable) -> Variable:
+        from kiln.frontend.variables.containers import TupleVariable
+
+        python_key = key.as_constant()
+        if isinstance(python_key, str):
+            if python_key not in self.present():
+                raise Unsupported(f"{self.cls.__qualname__}[{python_key!r}] is missing (the program raises KeyError)")
+            return self.fields[python_key]
+        values = [self.fields[name] for name in self.present()]
+        if isinstance(python_key, slice):
+            return TupleVariable(values[python_key])
+        return values[python_key]
+
+    def setitem(self, tx, key: Variable, value: Variable) -> None:
+        self.fields[key.as_constant()] = value
+
+    def setattr(self, tx, name: str, value: Variable) -> None:
+        self.fields[name] = value
+
+    def truth(self, tx) -> bool:
+        return bool(self.present())
+
+    def length(self, tx) -> int:
+        return len(self.present())
+
+    def unpack(self, tx) -> list[Variable]:
+        return [ConstantVariable(key) for key in self.present()]
+
+    def reconstruct(self, codegen) -> str:
+        inner = ", ".join(f"{name}={codegen.value(self.fields[name])}" for name in self.present())
+        return f"{codegen.constant(self.cls)}({inner})"
+
+
+class BuiltinMethod(Variable):
+    """A method implemented by the tracker itself (call_method with a fixed name)."""
+
+    def __init__(self, receiver: Variable, name: str):
+        self.receiver = receiver
+        self.name = name
+
+    def call(self, tx, args, kwargs) -> Variable:
+        return self.receiver.call_method(tx, self.name, args, kwargs)
+
+
+class ExceptionVariable(Variable):
+    """An exception object created by the program (only raising it is unsupported)."""
+
+    def __init__(self, cls: type, args: list[Variable]):
+        self.cls = cls
+        self.args = args
+
+    def describe(self) -> str:
+        return f"{self.cls.__name__} exception"
+
+    def python_type(self) -> type:
+        return self.cls
+
+
+class ContextVarVariable(Variable):
+    """A contextvars.ContextVar: set/reset inside the trace are tracked, not performed."""
+
+    def __init__(self, value, source=None):
+        self.value = value
+        self.source = source
+        self.current: list[Variable] = []
+
+    def describe(self) -> str:
+        return f"ContextVar {self.value.name!r}"
+
+    def identity(self) -> Any:
+        return self.value
+
+    def call_method(self, tx, name, args, kwargs) -> Variable:
+        if name == "set":
+            self.current.append(args[0])
+            tx.output.side_effects.context_vars.add(self)
+            return ContextVarTokenVariable(self, len(self.current) - 1)
+        if name == "reset":
+            token = args[0]
+            if not isinstance(token, ContextVarTokenVariable) or token.var is not self:
+                raise Unsupported("ContextVar.reset with a token from outside the trace")
+            del self.current[token.depth:]
+            return NONE
+        if name == "get":
+            if self.current:
+                return self.current[-1]
+            import contextvars
+
+            marker = object()
+            real = self.value.get(marker) if not args else self.value.get(args[0].as_constant())
+            if real is marker:
+                raise Unsupported(f"{self.describe()}.get() with no value")
+            from kiln.frontend.variables.builder import wrap_sourceless
+
+            del contextvars
+            return wrap_sourceless(tx, real)
+        raise Unsupported(f"ContextVar.{name}")
+
+
+class ContextVarTokenVariable(Variable):
+    def __init__(self, var: ContextVarVariable, depth: int):
+        self.var = var
+        self.depth = depth
+
+
+def signature_of(cls: type):
+    return inspect.signature(cls)
