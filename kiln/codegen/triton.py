@@ -308,7 +308,11 @@ class TritonKernelGenerator:
     def _offset(self, op) -> str:
         layout = self.graph.buffers[op.buffer].layout
         index = [sympy.sympify(expr).xreplace(self._mapping) for expr in op.index]
-        return self.index_source(simplify_index(sympy.expand(layout.offset_of(index)), self._ranges_dict()))
+        offset = simplify_index(sympy.expand(layout.offset_of(index)), self._ranges_dict())
+        text = self.index_source(offset)
+        if not any(str(symbol)[0] in "xr" and str(symbol)[1:].isdigit() for symbol in offset.free_symbols):
+            text += " + 0 * xindex"  # a scalar address, broadcast to the block so masks apply
+        return text
 
     def _emit_op(self, op, name: str, mask: str, role: str) -> None:
         names = self._current_names

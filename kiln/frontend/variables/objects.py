@@ -361,8 +361,6 @@ class ModelOutputVariable(Variable):
             if name not in fields:
                 raise Unsupported(f"{cls.__qualname__} has no field {name!r}")
             fields[name] = value
-        if args and len(args) == 1 and not isinstance(args[0], type(NONE)) and False:
-            pass
         return cls_(cls, fields)
 
     def describe(self) -> str:

@@ -1,0 +1,262 @@
+"""nn.Module instances and Python modules.
+
+A `ModuleVariable` reads attributes the way `nn.Module` does: instance `__dict__`
+and class attributes first, then `_parameters`, `_buffers` and `_modules`.
+Parameters and buffers become graph inputs (their values are not guarded, their
+metadata is); submodules are guarded by identity and plain attributes by value,
+which is what "module structure" means for a cache entry. Calling a module inlines
+its hooks (when it has any) and its `forward`. ModuleList, ModuleDict and
+Sequential index, iterate and measure like the containers they are.
+"""
+from __future__ import annotations
+
+import types
+from typing import Any
+
+import torch
+
+from kiln.frontend.errors import Unsupported
+from kiln.frontend.sources import AttrSource, ItemSource, NamedSource
+from kiln.frontend.variables.base import ConstantVariable, Variable
+from kiln.frontend.variables.objects import (_MISSING, AttributeFailure, bind_class_attribute, lookup_class_attribute,
+                                             object_getattr)
+
+_CONTAINER_TYPES = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
+                    torch.nn.ParameterDict)
+_MODULE_CALLS = {torch.nn.Module.__call__, torch.nn.Module._call_impl,
+                 getattr(torch.nn.Module, "_wrapped_call_impl", torch.nn.Module.__call__)}
+_HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks")
+_GLOBAL_HOOK_DICTS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_hooks",
+                      "_global_backward_pre_hooks")
+
+
+def is_module_call_function(fn: Any) -> bool:
+    """nn.Module's own __call__ machinery, which kiln models instead of inlining."""
+    return fn in _MODULE_CALLS
+
+
+class ModuleVariable(Variable):
+    """An nn.Module from outside the trace."""
+
+    def __init__(self, module: torch.nn.Module, source=None):
+        self.value = module
+        self.source = source
+
+    def describe(self) -> str:
+        return f"module {type(self.value).__qualname__}"
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def identity(self) -> Any:
+        return self.value
+
+    def as_constant(self) -> Any:
+        return self.value
+
+    def truth(self, tx) -> bool:
+        if isinstance(self.value, _CONTAINER_TYPES):
+            return len(self.value) > 0
+        return True
+
+    def _sub(self, table: str, name: str):
+        return ItemSource(AttrSource(self.source, table), name) if self.source is not None else None
+
+    def getattr(self, tx, name: str) -> Variable:
+        if _falls_back(self.value, name):
+            return self._table_lookup(tx, name)
+        return object_getattr(tx, self, self.value, name)
+
+    def _table_lookup(self, tx, name: str) -> Variable:
+        module = self.value
+        for table in ("_parameters", "_buffers", "_modules"):
+            entries = module.__dict__.get(table)
+            if entries is not None and name in entries:
+                return tx.wrap(entries[name], self._sub(table, name))
+        raise AttributeFailure(f"{type(module).__qualname__} has no attribute {name!r}")
+
+    def has_attribute(self, tx, name: str) -> bool:
+        try:
+            self.getattr(tx, name)
+            return True
+        except AttributeFailure:
+            return False
+
+    def call(self, tx, args, kwargs) -> Variable:
+        return call_module(tx, self, args, kwargs)
+
+    def setattr(self, tx, name: str, value: Variable) -> None:
+        raise Unsupported(f"setting attribute {name!r} on {self.describe()} inside a compiled function")
+
+    # -- container modules ---------------------------------------------------------------------
+
+    def _children(self, tx) -> list[tuple[str, Variable]]:
+        module = self.value
+        if not isinstance(module, _CONTAINER_TYPES):
+            raise Unsupported(f"iterating over {self.describe()}")
+        table = "_parameters" if isinstance(module, (torch.nn.ParameterList, torch.nn.ParameterDict)) else "_modules"
+        names = list(module.__dict__[table].keys())
+        if self.source is not None:
+            tx.output.guards.keys(AttrSource(self.source, table), tuple(names))
+        return [(name, tx.wrap(module.__dict__[table][name], self._sub(table, name))) for name in names]
+
+    def unpack(self, tx) -> list[Variable]:
+        children = self._children(tx)
+        if isinstance(self.value, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+            return [ConstantVariable(name) for name, _ in children]
+        return [child for _, child in children]
+
+    def length(self, tx) -> int:
+        return len(self._children(tx))
+
+    def getitem(self, tx, key: Variable) -> Variable:
+        from kiln.frontend.variables.containers import TupleVariable
+
+        children = self._children(tx)
+        index = key.as_constant()
+        if isinstance(self.value, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
+            for name, child in children:
+                if name == index:
+                    return child
+            raise Unsupported(f"key {index!r} missing from {self.describe()} (the program raises KeyError)")
+        if isinstance(index, slice):
+            return TupleVariable([child for _, child in children][index])
+        return children[index][1]
+
+    def call_method(self, tx, name, args, kwargs) -> Variable:
+        from kiln.frontend.variables.containers import ListIteratorLike, TupleVariable
+
+        if isinstance(self.value, _CONTAINER_TYPES) and _uses_container_method(self.value, name):
+            if name == "__len__":
+                return ConstantVariable(self.length(tx))
+            if name == "__getitem__":
+                return self.getitem(tx, args[0])
+            if name == "__iter__":
+                from kiln.frontend.variables.containers import IteratorVariable
+
+                return IteratorVariable(self.unpack(tx))
+            if name == "keys":
+                return ListIteratorLike([ConstantVariable(key) for key, _ in self._children(tx)], "dict_keys")
+            if name == "values":
+                return ListIteratorLike([child for _, child in self._children(tx)], "dict_values")
+            if name == "items":
+                return ListIteratorLike([TupleVariable([ConstantVariable(key), child])
+                                         for key, child in self._children(tx)], "dict_items")
+        if name in ("parameters", "named_parameters", "buffers", "children", "modules", "named_modules"):
+            raise Unsupported(f"{type(self.value).__qualname__}.{name}() inside a compiled function")
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+
+def _module_tables(module: torch.nn.Module) -> set[str]:
+    names = set()
+    for table in ("_parameters", "_buffers", "_modules"):
+        names.update(module.__dict__.get(table, {}).keys())
+    return names
+
+
+def _falls_back(module: torch.nn.Module, name: str) -> bool:
+    """Whether plain attribute lookup misses `name`, so nn.Module.__getattr__ would look in the tables."""
+    return name not in module.__dict__ and lookup_class_attribute(type(module), name)[0] is _MISSING
+
+
+def _uses_container_method(module: torch.nn.Module, name: str) -> bool:
+    raw, owner = lookup_class_attribute(type(module), name)
+    return owner in _CONTAINER_TYPES
+
+
+def call_module(tx, module_variable: ModuleVariable, args: list[Variable], kwargs: dict[str, Variable]) -> Variable:
+    """`module(*args, **kwargs)`: hooks (guarded empty, or inlined) around an inlined forward."""
+    module = module_variable.value
+    call, _ = lookup_class_attribute(type(module), "__call__")
+    if call is not _MISSING and not is_module_call_function(call):
+        return bind_class_attribute(tx, call, "__call__", module_variable, type(module),
+                                    _type_source(module_variable)).call(tx, args, kwargs)
+    guard_global_hooks(tx)
+    source = module_variable.source
+    for table in ("_backward_hooks", "_backward_pre_hooks"):
+        if getattr(module, table, None):
+            raise Unsupported(f"backward hooks on {module_variable.describe()}")
+        if source is not None:
+            tx.output.guards.empty(AttrSource(source, table))
+    from kiln.frontend.variables.containers import TupleVariable
+
+    args = list(args)
+    pre_hooks = dict(getattr(module, "_forward_pre_hooks", {}))
+    if source is not None:
+        tx.output.guards.keys(AttrSource(source, "_forward_pre_hooks"), tuple(pre_hooks))
+    for hook_id, hook in pre_hooks.items():
+        if hook_id in getattr(module, "_forward_pre_hooks_with_kwargs", {}):
+            raise Unsupported("forward pre-hooks with kwargs")
+        result = tx.wrap(hook, ItemSource(AttrSource(source, "_forward_pre_hooks"), hook_id) if source else None)\
+            .call(tx, [module_variable, TupleVariable(args)], {})
+        if not (isinstance(result, ConstantVariable) and result.value is None):
+            args = result.unpack(tx) if isinstance(result, TupleVariable) else [result]
+    output = module_variable.getattr(tx, "forward").call(tx, args, kwargs)
+    hooks = dict(getattr(module, "_forward_hooks", {}))
+    if source is not None:
+        tx.output.guards.keys(AttrSource(source, "_forward_hooks"), tuple(hooks))
+    for hook_id, hook in hooks.items():
+        if hook_id in getattr(module, "_forward_hooks_with_kwargs", {}):
+            raise Unsupported("forward hooks with kwargs")
+        result = tx.wrap(hook, ItemSource(AttrSource(source, "_forward_hooks"), hook_id) if source else None)\
+            .call(tx, [module_variable, TupleVariable(args), output], {})
+        if not (isinstance(result, ConstantVariable) and result.value is None):
+            output = result
+    return output
+
+
+def _type_source(variable: Variable):
+    from kiln.frontend.sources import TypeSource
+
+    return TypeSource(variable.source) if variable.source is not None else None
+
+
+def guard_global_hooks(tx) -> None:
+    """nn.Module's process-wide hook registries must stay empty (checked once per entry)."""
+    from torch.nn.modules import module as module_module
+
+    for name in _GLOBAL_HOOK_DICTS:
+        registry = getattr(module_module, name, None)
+        if registry is None:
+            continue
+        if registry:
+            raise Unsupported(f"global module hooks (torch.nn.modules.module.{name})")
+        source_name = f"__hooks_{name.strip('_')}"
+        tx.output.guard_namespace[source_name] = registry
+        tx.output.guards.empty(NamedSource(source_name))
+
+
+class PythonModuleVariable(Variable):
+    """A Python module (`torch`, `math`, a user module): attribute reads are wrapped and guarded."""
+
+    def __init__(self, module: types.ModuleType, source=None):
+        self.value = module
+        self.source = source
+
+    def describe(self) -> str:
+        return f"module {self.value.__name__}"
+
+    def python_type(self) -> type:
+        return types.ModuleType
+
+    def identity(self) -> Any:
+        return self.value
+
+    def as_constant(self) -> Any:
+        return self.value
+
+    def getattr(self, tx, name: str) -> Variable:
+        try:
+            value = getattr(self.value, name)
+        except AttributeError:
+            raise AttributeFailure(f"module {self.value.__name__} has no attribute {name!r}") from None
+        trusted = _is_trusted_module(self.value)
+        source = AttrSource(self.source, name) if self.source is not None and not trusted else None
+        return tx.wrap(value, source, guard=not trusted)
+
+
+def _is_trusted_module(module: types.ModuleType) -> bool:
+    """Library modules kiln assumes nobody monkeypatches while compiled code runs (no guards)."""
+    name = module.__name__.split(".")[0]
+    return name in ("torch", "math", "operator", "functools", "itertools", "collections", "typing", "builtins",
+                    "dataclasses", "inspect", "warnings", "numpy", "contextlib", "enum", "abc", "copy", "types")

