@@ -1,0 +1,81 @@
+"""Timing and memory, as TARGETS.md measures them.
+
+On CUDA each call is bracketed by its own pair of CUDA events (GPU time of that call,
+including the gaps where the GPU waits for the host to launch work); on a CPU each
+call is timed with `time.perf_counter`. The first call is timed separately, in wall
+seconds with the device synchronized on both sides: it is the compile time.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+
+def synchronize(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_first_call(call: Callable[[], Any], device: str) -> tuple[float, Any]:
+    """Wall seconds of one call (the compiling one) and its result."""
+    synchronize(device)
+    start = time.perf_counter()
+    result = call()
+    synchronize(device)
+    return time.perf_counter() - start, result
+
+
+def time_calls(call: Callable[[], Any], device: str, iterations: int,
+               before_each: Callable[[], None] | None = None) -> list[float]:
+    """Milliseconds of each of `iterations` calls; `before_each` runs outside the timed span."""
+    if device.startswith("cuda"):
+        return _time_cuda(call, iterations, before_each)
+    times = []
+    for _ in range(iterations):
+        if before_each is not None:
+            before_each()
+        start = time.perf_counter()
+        call()
+        times.append((time.perf_counter() - start) * 1000.0)
+    return times
+
+
+def _time_cuda(call, iterations, before_each) -> list[float]:
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(iterations)]
+    torch.cuda.synchronize()
+    for start, end in events:
+        if before_each is not None:
+            before_each()
+        start.record()
+        call()
+        end.record()
+    torch.cuda.synchronize()
+    return [start.elapsed_time(end) for start, end in events]
+
+
+def summarize(times_ms: list[float]) -> dict:
+    """Median (the quoted number) plus spread, in milliseconds."""
+    ordered = sorted(times_ms)
+    return {
+        "median_ms": statistics.median(ordered),
+        "min_ms": ordered[0],
+        "p20_ms": ordered[len(ordered) // 5],
+        "p80_ms": ordered[(4 * len(ordered)) // 5 - 1 if len(ordered) >= 5 else -1],
+        "iterations": len(ordered),
+    }
+
+
+def reset_peak_memory(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory_gib(device: str) -> float | None:
+    """Peak bytes allocated by torch on the GPU since the last reset (None on a CPU)."""
+    if device.startswith("cuda"):
+        return torch.cuda.max_memory_allocated() / 2**30
+    return None

@@ -1,0 +1,222 @@
+"""Python's operators on trackers: arithmetic, comparison, identity, membership, unary.
+
+The rule is the same for every operator: if a tensor is involved the operator
+becomes a graph node (`operator.add(x, y)`); if both sides are constants it runs
+now; containers implement concatenation, repetition and element-wise equality;
+objects of user classes have their dunder method inlined (with the reflected one
+tried when the first returns NotImplemented).
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any
+
+from kiln.frontend.errors import Unsupported
+from kiln.frontend.variables.base import ConstantVariable, Variable
+from kiln.frontend.variables.containers import (BaseListVariable, DictVariable, ExternalDictVariable, ListVariable,
+                                                TupleVariable)
+from kiln.frontend.variables.tensor import TensorVariable
+
+BINARY_OPERATORS = {
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv,
+    "%": operator.mod, "**": operator.pow, "@": operator.matmul, "&": operator.and_, "|": operator.or_,
+    "^": operator.xor, "<<": operator.lshift, ">>": operator.rshift,
+}
+INPLACE_OPERATORS = {
+    "+": operator.iadd, "-": operator.isub, "*": operator.imul, "/": operator.itruediv, "//": operator.ifloordiv,
+    "%": operator.imod, "**": operator.ipow, "@": operator.imatmul, "&": operator.iand, "|": operator.ior,
+    "^": operator.ixor, "<<": operator.ilshift, ">>": operator.irshift,
+}
+_DUNDERS = {
+    "+": "add", "-": "sub", "*": "mul", "/": "truediv", "//": "floordiv", "%": "mod", "**": "pow", "@": "matmul",
+    "&": "and", "|": "or", "^": "xor", "<<": "lshift", ">>": "rshift",
+}
+COMPARE_OPERATORS = {"<": operator.lt, "<=": operator.le, "==": operator.eq, "!=": operator.ne, ">": operator.gt,
+                     ">=": operator.ge}
+_REFLECTED_COMPARE = {"<": "__gt__", "<=": "__ge__", "==": "__eq__", "!=": "__ne__", ">": "__lt__", ">=": "__le__"}
+_COMPARE_DUNDERS = {"<": "__lt__", "<=": "__le__", "==": "__eq__", "!=": "__ne__", ">": "__gt__", ">=": "__ge__"}
+
+
+def _run_constant(fn, *values) -> ConstantVariable:
+    try:
+        return ConstantVariable(fn(*values))
+    except Exception as error:
+        raise Unsupported(f"{fn.__name__}{values!r} raises {type(error).__name__}: {error}") from None
+
+
+def binary_op(tx, symbol: str, left: Variable, right: Variable) -> Variable:
+    """`left <symbol> right`; symbols ending in '=' (but not comparisons) are in-place."""
+    inplace = symbol.endswith("=") and len(symbol) >= 2 and symbol[:-1] in BINARY_OPERATORS
+    base = symbol[:-1] if inplace else symbol
+    if isinstance(left, TensorVariable) or isinstance(right, TensorVariable):
+        fn = INPLACE_OPERATORS[base] if inplace and isinstance(left, TensorVariable) else BINARY_OPERATORS[base]
+        return tx.output.call_tensor_op(tx, "call_function", fn, [left, right], {})
+    if left.is_constant() and right.is_constant() and isinstance(left, ConstantVariable) \
+            and isinstance(right, ConstantVariable):
+        return _run_constant(BINARY_OPERATORS[base], left.value, right.value)
+    if isinstance(left, BaseListVariable) or isinstance(right, BaseListVariable) or \
+            _is_constant_sequence(left) or _is_constant_sequence(right):
+        result = _sequence_op(tx, base, inplace, left, right)
+        if result is not None:
+            return result
+    if base == "|" and isinstance(left, (DictVariable, ExternalDictVariable)):
+        merged = DictVariable(dict_type=dict)
+        merged.update_from(tx, left)
+        merged.update_from(tx, right)
+        if inplace and isinstance(left, DictVariable):
+            left.entries = merged.entries
+            return left
+        return merged
+    return _dunder(tx, base, inplace, left, right)
+
+
+def _is_constant_sequence(variable: Variable) -> bool:
+    return isinstance(variable, ConstantVariable) and isinstance(variable.value, (tuple, list, str))
+
+
+def _items(tx, variable: Variable) -> list[Variable]:
+    return variable.unpack(tx)
+
+
+def _sequence_op(tx, base, inplace, left, right) -> Variable | None:
+    if base == "+":
+        left_type, right_type = left.python_type(), right.python_type()
+        if issubclass(left_type, list) and issubclass(right_type, list):
+            if inplace and isinstance(left, ListVariable):
+                left.call_method(tx, "extend", [right], {})
+                return left
+            return ListVariable(_items(tx, left) + _items(tx, right))
+        if inplace and isinstance(left, ListVariable):
+            left.call_method(tx, "extend", [right], {})
+            return left
+        if issubclass(left_type, tuple) and issubclass(right_type, tuple):
+            return TupleVariable(_items(tx, left) + _items(tx, right))
+        return None
+    if base == "*":
+        sequence, count = (left, right) if not right.python_type() in (list, tuple) else (right, left)
+        if not isinstance(count, ConstantVariable) or not isinstance(count.value, int):
+            return None
+        items = _items(tx, sequence) * count.value
+        if sequence.python_type() is list:
+            if inplace and isinstance(sequence, ListVariable):
+                sequence.items = items
+                return sequence
+            return ListVariable(items)
+        return TupleVariable(items)
+    return None
+
+
+def _dunder(tx, base, inplace, left, right) -> Variable:
+    name = _DUNDERS[base]
+    attempts = ([(left, f"__i{name}__", right)] if inplace else []) + \
+        [(left, f"__{name}__", right), (right, f"__r{name}__", left)]
+    for receiver, method, other in attempts:
+        if not _has_python_method(receiver, method):
+            continue
+        result = receiver.call_method(tx, method, [other], {})
+        if not (isinstance(result, ConstantVariable) and result.value is NotImplemented):
+            return result
+    raise Unsupported(f"operator {base!r} between {left.describe()} and {right.describe()}")
+
+
+def _has_python_method(variable: Variable, method: str) -> bool:
+    from kiln.frontend.variables.objects import NewObjectVariable, UserObjectVariable, lookup_class_attribute
+
+    if isinstance(variable, NewObjectVariable):
+        cls = variable.cls
+    elif isinstance(variable, UserObjectVariable):
+        cls = type(variable.value)
+    else:
+        return False
+    raw, owner = lookup_class_attribute(cls, method)
+    return owner is not None and owner is not object
+
+
+def unary_op(tx, fn, operand: Variable) -> Variable:
+    """-x, +x, ~x (operator.neg / pos / invert)."""
+    if isinstance(operand, TensorVariable):
+        return tx.output.call_tensor_op(tx, "call_function", fn, [operand], {})
+    if isinstance(operand, ConstantVariable):
+        return _run_constant(fn, operand.value)
+    dunder = {operator.neg: "__neg__", operator.pos: "__pos__", operator.invert: "__invert__"}[fn]
+    if _has_python_method(operand, dunder):
+        return operand.call_method(tx, dunder, [], {})
+    raise Unsupported(f"{fn.__name__} of {operand.describe()}")
+
+
+def compare_op(tx, symbol: str, left: Variable, right: Variable) -> Variable:
+    """Rich comparison: graph node with tensors, Python value otherwise."""
+    if isinstance(left, TensorVariable) or isinstance(right, TensorVariable):
+        return tx.output.call_tensor_op(tx, "call_function", COMPARE_OPERATORS[symbol], [left, right], {})
+    if isinstance(left, ConstantVariable) and isinstance(right, ConstantVariable):
+        return _run_constant(COMPARE_OPERATORS[symbol], left.value, right.value)
+    if symbol in ("==", "!="):
+        equal = compare_equal(tx, left, right)
+        return ConstantVariable(equal if symbol == "==" else not equal)
+    if left.is_constant() and right.is_constant():
+        return _run_constant(COMPARE_OPERATORS[symbol], left.as_constant(), right.as_constant())
+    if _has_python_method(left, _COMPARE_DUNDERS[symbol]):
+        return left.call_method(tx, _COMPARE_DUNDERS[symbol], [right], {})
+    raise Unsupported(f"comparison {symbol!r} between {left.describe()} and {right.describe()}")
+
+
+def compare_equal(tx, left: Variable, right: Variable) -> bool:
+    """Python `==` as a bool, for trackers whose equality is known at trace time."""
+    if isinstance(left, TensorVariable) or isinstance(right, TensorVariable):
+        if left is right:
+            return True
+        other = right if isinstance(left, TensorVariable) else left
+        if isinstance(other, ConstantVariable) and other.value is None:
+            return False
+        raise Unsupported("== between tensors used as a Python bool (data-dependent)")
+    if isinstance(left, ConstantVariable) and isinstance(right, ConstantVariable):
+        return bool(left.value == right.value)
+    if isinstance(left, BaseListVariable) and isinstance(right, BaseListVariable):
+        if issubclass(left.python_type(), list) != issubclass(right.python_type(), list):
+            return False
+        return len(left.items) == len(right.items) and all(
+            compare_equal(tx, a, b) for a, b in zip(left.items, right.items))
+    if left.is_constant() and right.is_constant():
+        try:
+            return bool(left.as_constant() == right.as_constant())
+        except Unsupported:
+            pass
+    if _has_python_method(left, "__eq__"):
+        return left.call_method(tx, "__eq__", [right], {}).truth(tx)
+    return is_same(left, right)
+
+
+def is_same(left: Variable, right: Variable) -> bool:
+    """Python `is`."""
+    if left is right:
+        return True
+    a, b = left.identity(), right.identity()
+    if a is left or b is right:
+        return False  # one side is a fresh tracker (new list, tensor): identical only to itself
+    return a is b
+
+
+def contains(tx, container: Variable, item: Variable) -> bool:
+    """Python `in`."""
+    from kiln.frontend.variables.modules import ModuleVariable
+    from kiln.frontend.variables.objects import ModelOutputVariable
+
+    if isinstance(container, (DictVariable, ExternalDictVariable)):
+        return container.contains(tx, item)
+    if isinstance(container, ModelOutputVariable):
+        return item.as_constant() in container.present()
+    if isinstance(container, ConstantVariable):
+        if isinstance(item, TensorVariable):
+            raise Unsupported("`tensor in constant` is data-dependent")
+        return _run_constant(operator.contains, container.value, item.as_constant()).value
+    if isinstance(container, (BaseListVariable, ModuleVariable)):
+        return any(compare_equal(tx, element, item) for element in container.unpack(tx))
+    if isinstance(container, TensorVariable):
+        raise Unsupported("`x in tensor` is data-dependent")
+    if _has_python_method(container, "__contains__"):
+        return container.call_method(tx, "__contains__", [item], {}).truth(tx)
+    return any(compare_equal(tx, element, item) for element in container.unpack(tx))
+
+
+def as_python(value: Any) -> Any:
+    return value

@@ -1,0 +1,504 @@
+"""Python builtins (len, isinstance, getattr, range, zip, min, max, ...), modelled one by one.
+
+Each builtin is one handler `(tx, args, kwargs) -> Variable` in `_HANDLERS`. A
+builtin on constants runs for real; on containers it works item by item; on
+tensors it becomes a graph node (abs, min/max of tensors via torch) or is refused
+when it would need tensor data. `operator` and `math` functions are handled the
+same way.
+"""
+from __future__ import annotations
+
+import builtins
+import dataclasses
+import functools
+import itertools
+import math
+import operator
+from typing import Any, Callable
+
+import torch
+
+from kiln.frontend.errors import Unsupported
+from kiln.frontend.operations import (BINARY_OPERATORS, COMPARE_OPERATORS, binary_op, compare_op, contains, is_same,
+                                      unary_op)
+from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
+from kiln.frontend.variables.containers import (BaseListVariable, DictVariable, IteratorVariable, ListVariable,
+                                                SliceVariable, TupleVariable)
+from kiln.frontend.variables.tensor import TensorVariable
+
+
+class BuiltinVariable(Variable):
+    """A Python builtin function or type with a kiln handler."""
+
+    def __init__(self, fn: Any, handler: Callable):
+        self.fn = fn
+        self.handler = handler
+
+    def describe(self) -> str:
+        return f"builtin {getattr(self.fn, '__name__', self.fn)}"
+
+    def identity(self) -> Any:
+        return self.fn
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return self.fn
+
+    def python_type(self) -> type:
+        return type(self.fn)
+
+    def call(self, tx, args, kwargs) -> Variable:
+        return self.handler(tx, list(args), dict(kwargs))
+
+    def getattr(self, tx, name: str) -> Variable:
+        if isinstance(self.fn, type):
+            from kiln.frontend.variables.objects import ClassVariable
+
+            return ClassVariable(self.fn).getattr(tx, name)
+        if name in ("__name__", "__qualname__", "__module__"):
+            return ConstantVariable(getattr(self.fn, name))
+        raise Unsupported(f"attribute {name!r} of {self.describe()}")
+
+
+def builtin_variable(value: Any) -> BuiltinVariable | None:
+    try:
+        handler = _HANDLERS.get(value)
+    except TypeError:
+        return None
+    return BuiltinVariable(value, handler) if handler is not None else None
+
+
+def _constants(args, kwargs) -> tuple[list, dict] | None:
+    if all(arg.is_constant() for arg in args) and all(arg.is_constant() for arg in kwargs.values()):
+        try:
+            return [arg.as_constant() for arg in args], {key: arg.as_constant() for key, arg in kwargs.items()}
+        except Unsupported:
+            return None
+    return None
+
+
+def _run(fn, values, keywords):
+    try:
+        return fn(*values, **keywords)
+    except Exception as error:
+        raise Unsupported(f"{getattr(fn, '__name__', fn)}() raises {type(error).__name__}: {error}") from None
+
+
+def _pure(fn):
+    """A builtin that is a pure function of constant arguments."""
+
+    def handler(tx, args, kwargs):
+        constants = _constants(args, kwargs)
+        if constants is None:
+            raise Unsupported(f"{fn.__name__}() on values not known at trace time "
+                              f"({', '.join(arg.describe() for arg in args)})")
+        from kiln.frontend.variables.builder import wrap_sourceless
+
+        return wrap_sourceless(tx, _run(fn, *constants))
+
+    return handler
+
+
+def _len(tx, args, kwargs):
+    return ConstantVariable(args[0].length(tx))
+
+
+def _python_type(tx, variable: Variable) -> type:
+    return variable.python_type()
+
+
+def _isinstance(tx, args, kwargs):
+    variable, classes = args
+    cls = _python_type(tx, variable)
+    wanted = classes.as_constant()
+    if isinstance(variable, TensorVariable) and wanted is torch.nn.Parameter or \
+            isinstance(wanted, tuple) and torch.nn.Parameter in wanted and isinstance(variable, TensorVariable):
+        return ConstantVariable(variable.real_type is torch.nn.Parameter)
+    try:
+        return ConstantVariable(issubclass(cls, wanted))
+    except TypeError as error:
+        raise Unsupported(f"isinstance with {wanted!r}: {error}") from None
+
+
+def _issubclass(tx, args, kwargs):
+    return _pure(issubclass)(tx, args, kwargs)
+
+
+def _type(tx, args, kwargs):
+    if len(args) != 1:
+        raise Unsupported("type() with three arguments (creating a class)")
+    from kiln.frontend.sources import TypeSource
+    from kiln.frontend.variables.builder import wrap
+
+    variable = args[0]
+    cls = variable.python_type()
+    return wrap(tx, cls, TypeSource(variable.source) if variable.source is not None else None, guard=False)
+
+
+def _getattr(tx, args, kwargs):
+    from kiln.frontend.variables.objects import AttributeFailure
+
+    target, name = args[0], args[1].as_constant()
+    if len(args) == 3:
+        try:
+            return target.getattr(tx, name)
+        except AttributeFailure:
+            return args[2]
+    return target.getattr(tx, name)
+
+
+def _hasattr(tx, args, kwargs):
+    from kiln.frontend.variables.objects import AttributeFailure
+
+    target, name = args[0], args[1].as_constant()
+    checker = getattr(target, "has_attribute", None)
+    if checker is not None:
+        return ConstantVariable(checker(tx, name))
+    try:
+        target.getattr(tx, name)
+        return ConstantVariable(True)
+    except AttributeFailure:
+        return ConstantVariable(False)
+    except Unsupported:
+        if isinstance(target, ConstantVariable):
+            return ConstantVariable(hasattr(target.value, name))
+        raise
+
+
+def _setattr(tx, args, kwargs):
+    args[0].setattr(tx, args[1].as_constant(), args[2])
+    return NONE
+
+
+def _delattr(tx, args, kwargs):
+    deleter = getattr(args[0], "delattr", None)
+    if deleter is None:
+        raise Unsupported(f"delattr on {args[0].describe()}")
+    deleter(tx, args[1].as_constant())
+    return NONE
+
+
+def _range(tx, args, kwargs):
+    return ConstantVariable(_run(range, [arg.as_constant() for arg in args], {}))
+
+
+def _iterable_items(tx, variable: Variable) -> list[Variable]:
+    return variable.unpack(tx)
+
+
+def _enumerate(tx, args, kwargs):
+    start = (args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))).as_constant()
+    return IteratorVariable([TupleVariable([ConstantVariable(index + start), item])
+                             for index, item in enumerate(_iterable_items(tx, args[0]))])
+
+
+def _zip(tx, args, kwargs):
+    strict = kwargs.get("strict", ConstantVariable(False)).as_constant()
+    columns = [_iterable_items(tx, arg) for arg in args]
+    if strict and len({len(column) for column in columns}) > 1:
+        raise Unsupported("zip(strict=True) over iterables of different lengths (the program raises ValueError)")
+    return IteratorVariable([TupleVariable(list(row)) for row in zip(*columns)])
+
+
+def _map(tx, args, kwargs):
+    function, iterables = args[0], [_iterable_items(tx, arg) for arg in args[1:]]
+    return IteratorVariable([function.call(tx, list(row), {}) for row in zip(*iterables)])
+
+
+def _filter(tx, args, kwargs):
+    function, items = args[0], _iterable_items(tx, args[1])
+    if isinstance(function, ConstantVariable) and function.value is None:
+        return IteratorVariable([item for item in items if item.truth(tx)])
+    return IteratorVariable([item for item in items if function.call(tx, [item], {}).truth(tx)])
+
+
+def _reversed(tx, args, kwargs):
+    return IteratorVariable(list(reversed(_iterable_items(tx, args[0]))))
+
+
+def _iter(tx, args, kwargs):
+    if isinstance(args[0], IteratorVariable):
+        return args[0]
+    return IteratorVariable(_iterable_items(tx, args[0]))
+
+
+def _next(tx, args, kwargs):
+    iterator = args[0]
+    if not isinstance(iterator, IteratorVariable):
+        raise Unsupported(f"next() on {iterator.describe()}")
+    item = iterator.next()
+    if item is None:
+        if len(args) > 1:
+            return args[1]
+        raise Unsupported("next() on an exhausted iterator (StopIteration)")
+    return item
+
+
+def _sequence_builder(kind):
+    def handler(tx, args, kwargs):
+        items = _iterable_items(tx, args[0]) if args else []
+        if kind is list:
+            return ListVariable(items)
+        return TupleVariable(items)
+
+    return handler
+
+
+def _dict(tx, args, kwargs):
+    result = DictVariable()
+    if args:
+        result.update_from(tx, args[0])
+    for key, value in kwargs.items():
+        result.entries[key] = (ConstantVariable(key), value)
+    return result
+
+
+def _set(kind):
+    def handler(tx, args, kwargs):
+        items = _iterable_items(tx, args[0]) if args else []
+        values = [item.as_constant() for item in items]
+        return ConstantVariable(frozenset(values)) if kind is frozenset else SetVariable(values)
+
+    return handler
+
+
+class SetVariable(Variable):
+    """A set of constants made during the trace."""
+
+    def __init__(self, values):
+        self.values = set(values)
+
+    def describe(self) -> str:
+        return "set"
+
+    def python_type(self) -> type:
+        return set
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self) -> Any:
+        return set(self.values)
+
+    def unpack(self, tx):
+        return [ConstantVariable(value) for value in self.values]
+
+    def truth(self, tx) -> bool:
+        return bool(self.values)
+
+    def call_method(self, tx, name, args, kwargs):
+        if name == "add":
+            self.values.add(args[0].as_constant())
+            return NONE
+        if name in ("update", "discard", "remove"):
+            getattr(self.values, name)(*[arg.as_constant() for arg in args])
+            return NONE
+        if name == "__contains__":
+            return ConstantVariable(args[0].as_constant() in self.values)
+        constants = _constants(args, kwargs)
+        if constants is None:
+            raise Unsupported(f"set.{name} with non-constant arguments")
+        result = _run(getattr(self.values, name), *constants)
+        return SetVariable(result) if isinstance(result, set) else ConstantVariable(result)
+
+    def reconstruct(self, codegen) -> str:
+        return codegen.constant(set(self.values)) + ".copy()"
+
+
+def _reduce_min_max(fn, torch_fn):
+    def handler(tx, args, kwargs):
+        items = _iterable_items(tx, args[0]) if len(args) == 1 else args
+        if any(isinstance(item, TensorVariable) for item in items):
+            if len(items) == 2 and not kwargs:
+                return tx.output.call_tensor_op(tx, "call_function", torch_fn, items, {})
+            raise Unsupported(f"{fn.__name__}() over tensors (compares tensor values in Python)")
+        constants = _constants(items, kwargs)
+        if constants is None:
+            if "key" in kwargs:
+                key = kwargs["key"]
+                scored = [(key.call(tx, [item], {}).as_constant(), index) for index, item in enumerate(items)]
+                chosen = fn(scored)[1]
+                return items[chosen]
+            raise Unsupported(f"{fn.__name__}() on values not known at trace time")
+        values, keywords = constants
+        return ConstantVariable(_run(fn, [values], keywords))
+
+    return handler
+
+
+def _sum(tx, args, kwargs):
+    items = _iterable_items(tx, args[0])
+    total = args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))
+    for item in items:
+        total = binary_op(tx, "+", total, item)
+    return total
+
+
+def _any_all(fn):
+    def handler(tx, args, kwargs):
+        truths = (item.truth(tx) for item in _iterable_items(tx, args[0]))
+        return ConstantVariable(fn(truths))
+
+    return handler
+
+
+def _abs(tx, args, kwargs):
+    if isinstance(args[0], TensorVariable):
+        return tx.output.call_tensor_op(tx, "call_function", operator.abs, args, {})
+    return _pure(abs)(tx, args, kwargs)
+
+
+def _bool(tx, args, kwargs):
+    return ConstantVariable(args[0].truth(tx) if args else False)
+
+
+def _numeric(kind):
+    def handler(tx, args, kwargs):
+        if args and isinstance(args[0], TensorVariable):
+            raise Unsupported(f"{kind.__name__}() of a tensor needs its data (data-dependent)")
+        return _pure(kind)(tx, args, kwargs)
+
+    return handler
+
+
+def _callable(tx, args, kwargs):
+    variable = args[0]
+    if isinstance(variable, ConstantVariable):
+        return ConstantVariable(callable(variable.value))
+    from kiln.frontend.variables.objects import UserObjectVariable, lookup_class_attribute
+
+    if isinstance(variable, UserObjectVariable):
+        return ConstantVariable(lookup_class_attribute(type(variable.value), "__call__")[1] is not None)
+    return ConstantVariable(not isinstance(variable, (BaseListVariable, DictVariable, TensorVariable)))
+
+
+def _slice(tx, args, kwargs):
+    parts = list(args) + [NONE] * (3 - len(args))
+    if len(args) == 1:
+        parts = [NONE, args[0], NONE]
+    return SliceVariable(*parts)
+
+
+def _super(tx, args, kwargs):
+    return tx.make_super(args)
+
+
+def _print(tx, args, kwargs):
+    raise Unsupported("print() inside a compiled function (graph breaks are not supported yet)")
+
+
+def _id(tx, args, kwargs):
+    identity = args[0].identity()
+    if identity is args[0]:
+        raise Unsupported(f"id() of {args[0].describe()} created during the trace")
+    return ConstantVariable(id(identity))
+
+
+def _operator_binary(symbol):
+    return lambda tx, args, kwargs: binary_op(tx, symbol, args[0], args[1])
+
+
+def _operator_compare(symbol):
+    return lambda tx, args, kwargs: compare_op(tx, symbol, args[0], args[1])
+
+
+def _operator_getitem(tx, args, kwargs):
+    return args[0].getitem(tx, args[1])
+
+
+def _operator_contains(tx, args, kwargs):
+    return ConstantVariable(contains(tx, args[0], args[1]))
+
+
+def _operator_is(negate):
+    return lambda tx, args, kwargs: ConstantVariable(is_same(args[0], args[1]) != negate)
+
+
+def _operator_not(tx, args, kwargs):
+    return ConstantVariable(not args[0].truth(tx))
+
+
+def _unary(fn):
+    return lambda tx, args, kwargs: unary_op(tx, fn, args[0])
+
+
+def _math(fn):
+    def handler(tx, args, kwargs):
+        if any(isinstance(arg, TensorVariable) for arg in args):
+            raise Unsupported(f"math.{fn.__name__} of a tensor needs its data; use torch.{fn.__name__}")
+        return _pure(fn)(tx, args, kwargs)
+
+    return handler
+
+
+def _fields(tx, args, kwargs):
+    from kiln.frontend.variables.objects import ModelOutputVariable, NewObjectVariable
+
+    target = args[0]
+    cls = target.cls if isinstance(target, (ModelOutputVariable, NewObjectVariable)) else target.as_constant()
+    return ConstantVariable(tuple(dataclasses.fields(cls)))
+
+
+def _is_dataclass(tx, args, kwargs):
+    return ConstantVariable(dataclasses.is_dataclass(args[0].python_type()) or
+                            (args[0].is_constant() and dataclasses.is_dataclass(args[0].as_constant())))
+
+
+def _partial(tx, args, kwargs):
+    from kiln.frontend.variables.functions import PartialVariable
+
+    return PartialVariable(args[0], list(args[1:]), kwargs)
+
+
+def _reduce(tx, args, kwargs):
+    function, items = args[0], _iterable_items(tx, args[1])
+    if len(args) > 2:
+        accumulator = args[2]
+    else:
+        accumulator, items = items[0], items[1:]
+    for item in items:
+        accumulator = function.call(tx, [accumulator, item], {})
+    return accumulator
+
+
+def _chain(tx, args, kwargs):
+    return IteratorVariable([item for arg in args for item in _iterable_items(tx, arg)])
+
+
+def _product(tx, args, kwargs):
+    columns = [_iterable_items(tx, arg) for arg in args]
+    return IteratorVariable([TupleVariable(list(row)) for row in itertools.product(*columns)])
+
+
+_HANDLERS: dict[Any, Callable] = {
+    builtins.len: _len, builtins.isinstance: _isinstance, builtins.issubclass: _issubclass,
+    builtins.type: _type, builtins.getattr: _getattr, builtins.hasattr: _hasattr, builtins.setattr: _setattr,
+    builtins.delattr: _delattr, builtins.range: _range, builtins.enumerate: _enumerate, builtins.zip: _zip,
+    builtins.map: _map, builtins.filter: _filter, builtins.reversed: _reversed, builtins.iter: _iter,
+    builtins.next: _next, builtins.list: _sequence_builder(list), builtins.tuple: _sequence_builder(tuple),
+    builtins.dict: _dict, builtins.set: _set(set), builtins.frozenset: _set(frozenset),
+    builtins.min: _reduce_min_max(min, torch.minimum), builtins.max: _reduce_min_max(max, torch.maximum),
+    builtins.sum: _sum, builtins.any: _any_all(any), builtins.all: _any_all(all), builtins.abs: _abs,
+    builtins.bool: _bool, builtins.int: _numeric(int), builtins.float: _numeric(float),
+    builtins.str: _pure(str), builtins.repr: _pure(repr), builtins.round: _numeric(round),
+    builtins.divmod: _pure(divmod), builtins.pow: _pure(pow), builtins.sorted: _pure(sorted),
+    builtins.callable: _callable, builtins.slice: _slice, builtins.super: _super, builtins.print: _print,
+    builtins.id: _id, builtins.hash: _pure(hash), builtins.chr: _pure(chr), builtins.ord: _pure(ord),
+    builtins.format: _pure(format),
+    operator.getitem: _operator_getitem, operator.contains: _operator_contains, operator.is_: _operator_is(False),
+    operator.is_not: _operator_is(True), operator.not_: _operator_not, operator.neg: _unary(operator.neg),
+    operator.pos: _unary(operator.pos), operator.invert: _unary(operator.invert),
+    operator.truth: _bool, operator.index: _numeric(operator.index),
+    dataclasses.fields: _fields, dataclasses.is_dataclass: _is_dataclass, functools.partial: _partial,
+    functools.reduce: _reduce, itertools.chain: _chain, itertools.product: _product,
+}
+for _symbol, _fn in BINARY_OPERATORS.items():
+    _HANDLERS[_fn] = _operator_binary(_symbol)
+for _symbol, _fn in COMPARE_OPERATORS.items():
+    _HANDLERS[_fn] = _operator_compare(_symbol)
+for _name in ("sqrt", "exp", "log", "log2", "log10", "ceil", "floor", "sin", "cos", "tan", "tanh", "pow", "gcd",
+              "isqrt", "prod", "isfinite", "isinf", "isnan", "fabs", "trunc", "atan", "atan2", "erf", "lcm", "hypot",
+              "copysign", "fmod", "radians", "degrees", "log1p", "expm1", "sinh", "cosh", "asin", "acos"):
+    _HANDLERS[getattr(math, _name)] = _math(getattr(math, _name))

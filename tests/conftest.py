@@ -1,0 +1,38 @@
+"""Shared pytest setup for kiln's tests.
+
+- Without a GPU, Triton kernels run under the Triton interpreter: TRITON_INTERPRET=1 is
+  set (unless the environment already says otherwise) before anything imports triton.
+- Every test starts from the same random state (torch, numpy, random seeded with 0).
+- The `models` marker tags the end-to-end model tests (tests/models); `slow` is
+  declared in pyproject.toml and is left out of CI (`-m "not slow"`).
+"""
+from __future__ import annotations
+
+import os
+import random
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "models: tiny real models compiled end to end (tests/models)")
+
+
+import pytest  # noqa: E402  (after the environment is set)
+
+
+@pytest.fixture(autouse=True)
+def _seeded_random_state():
+    """Each test sees the same random numbers whatever ran before it."""
+    random.seed(0)
+    torch.manual_seed(0)
+    try:
+        import numpy
+
+        numpy.random.seed(0)
+    except ImportError:
+        pass
+    yield

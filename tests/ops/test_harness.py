@@ -1,0 +1,143 @@
+"""Tests of the sweep's own machinery: graph building, classification, isolation, the table.
+
+They use the aot_eager rung (no kiln codegen) and deliberately broken backends, so they
+check the harness, not kiln.
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+import types
+
+import torch
+
+from tests.ops import report
+from tests.ops.harness import (Case, Outcome, build_graph, find_opinfo, graph_compiler, kernel_stats, run_case,
+                               run_sample)
+from tests.ops.workers import run_pool
+
+
+def _outcomes(results) -> set:
+    return {result.outcome for result in results}
+
+
+def test_aot_eager_runs_lists_tuples_and_kwargs():
+    for case in [Case("add", "", "float32"), Case("cat", "", "bfloat16"),          # list of tensors
+                 Case("max", "reduction_with_dim", "float32"),                       # (values, indices)
+                 Case("nn.functional.layer_norm", "", "float32")]:                   # kwargs
+        results = run_case(case, backend="aot_eager", max_samples=4)
+        assert _outcomes(results) == {Outcome.PASS}, (case, results)
+
+
+def test_graph_has_one_placeholder_per_distinct_tensor():
+    op = find_opinfo("add", "")
+    x = torch.randn(3)
+    sample = type("Sample", (), {"input": x, "args": (x,), "kwargs": {"alpha": 2}})()
+    graph = build_graph(op, sample, op.op(x, x, alpha=2))
+    assert [node.op for node in graph.gm.graph.nodes] == ["placeholder", "call_function", "output"]
+    assert torch.equal(graph.gm(x)[0], x + 2 * x)
+
+
+def _perturbing_backend(gm, example_inputs):
+    """aot_eager, then every floating output off by one part in a thousand."""
+    compiled = graph_compiler("aot_eager")(gm, example_inputs)
+
+    def run(*args):
+        return [out * 1.001 if out.is_floating_point() else out for out in compiled(*args)]
+    return run
+
+
+def _input_copying_backend(gm, example_inputs):
+    """Runs the graph on copies of its inputs, so a mutation of an input is lost."""
+    return lambda *args: gm(*[arg.clone() for arg in args])
+
+
+def _raising_backend(gm, example_inputs):
+    raise NotImplementedError("no lowering for this op")
+
+
+def _failing_at_runtime_backend(gm, example_inputs):
+    def run(*args):
+        raise RuntimeError("kernel launch failed")
+    return run
+
+
+def _sleeping_backend(gm, example_inputs):
+    time.sleep(30)
+
+
+def segfaulting_backend(gm, example_inputs):
+    """Takes its worker process down, as a miscompiled kernel might."""
+    ctypes.string_at(0)
+
+
+def test_failures_are_classified():
+    case = Case("mul", "", "float32")
+    # mul's samples include an empty tensor, where any backend is right.
+    assert _outcomes(run_case(case, backend=_perturbing_backend, max_samples=4)) == {Outcome.MISMATCH, Outcome.PASS}
+    assert _outcomes(run_case(case, backend=_raising_backend, max_samples=2)) == {Outcome.COMPILE_ERROR}
+    assert _outcomes(run_case(case, backend=_failing_at_runtime_backend, max_samples=2)) == {Outcome.RUNTIME_ERROR}
+    assert _outcomes(run_case(case, backend=_sleeping_backend, max_samples=1, timeout=1)) == {Outcome.TIMEOUT}
+
+
+def test_mutated_inputs_are_compared():
+    # OpInfo's in-place entries clone first, so this op is made up: x.add_(1) returns x, mutated.
+    add_in_place = types.SimpleNamespace(
+        name="add_", variant_test_name="", op=lambda x: x.add_(1), has_nondeterministic_output=False,
+        skip_correctness_check_compile_vs_eager=False, supported_dtypes=lambda device: {torch.float32, torch.float64})
+    sample = types.SimpleNamespace(input=torch.randn(4), args=(), kwargs={})
+    case = Case("add_", "", "float32")
+    assert run_sample(add_in_place, sample, case, 0, backend="aot_eager").outcome == Outcome.PASS
+    assert run_sample(add_in_place, sample, case, 0, backend=_input_copying_backend).outcome == Outcome.MISMATCH
+
+
+def test_random_ops_compare_shapes_only():
+    results = run_case(Case("bernoulli", "", "float32"), backend="aot_eager", max_samples=2)
+    assert _outcomes(results) == {Outcome.PASS} and {result.check for result in results} == {"shape"}
+
+
+def test_skips_are_not_failures():
+    assert _outcomes(run_case(Case("item", "", "float32"), backend="aot_eager", max_samples=2)) == {
+        Outcome.NO_TENSOR_OUTPUT}
+    assert _outcomes(run_case(Case("nonzero", "", "float32"), backend="aot_eager", max_samples=2)) == {
+        Outcome.DATA_DEPENDENT}
+
+
+def test_kernel_stats_reads_what_kiln_reports():
+    def compiled():
+        pass
+    assert kernel_stats(compiled) is None
+    compiled.kernel_count, compiled.extern_count = 2, 1
+    assert kernel_stats(compiled) == {"kernels": 2, "externs": 1}
+
+    def wrapper():
+        pass
+    wrapper.__wrapped__ = compiled
+    assert kernel_stats(wrapper) == {"kernels": 2, "externs": 1}
+
+
+def test_pool_survives_a_crashing_sample():
+    case = Case("add", "", "float32")
+    (record,) = run_pool([case], backend="tests.ops.test_harness:segfaulting_backend", jobs=1,
+                         max_samples=2, timeout=30)
+    assert record.finished and [result.outcome for result in record.samples] == [Outcome.CRASH] * 2
+    assert "SIGSEGV" in record.samples[0].message
+
+
+def test_known_failures_update_is_a_merge(tmp_path):
+    path = tmp_path / "known_failures.py"
+    still_failing, now_passing, not_swept = [("op_a", "", "float32", "forward"), ("op_b", "", "float32", "forward"),
+                                             ("op_d", "", "float32", "forward")]
+    report.write_known_failures({still_failing: "hand-written reason", now_passing: "old", not_swept: "kept"}, path)
+
+    def row(op, status, first_failure=""):
+        return {"op": op, "variant": "", "dtype": "float32", "direction": "forward", "status": status,
+                "first_failure": first_failure, "error": ""}
+    sweep = {"meta": {"backend": "kiln"}, "cases": [
+        row("op_a", "known failure", "mismatch (1/2 samples): off"), row("op_b", "unexpected pass"),
+        row("op_c", "new failure", "compile error (2/2 samples): no lowering for aten.op_c")]}
+    changes = report.update_known_failures(sweep, path)
+    table = report.known_failures(path)
+    assert table == {still_failing: "hand-written reason", not_swept: "kept",
+                     ("op_c", "", "float32", "forward"): "compile error (2/2 samples): no lowering for aten.op_c"}
+    assert changes["removed"] == [now_passing] and changes["kept"] == 1
