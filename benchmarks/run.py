@@ -129,6 +129,15 @@ def plan(args, device: str) -> tuple[list[dict], dict]:
     return specs, summary
 
 
+def default_label(args) -> str:
+    """The results' file name part: suite, modes unless all, models/kernels when --only, '-small'."""
+    parts = [args.suite]
+    if args.modes != list(MODES):
+        parts += args.modes
+    parts += [name.strip() for name in args.only.split(",") if name.strip()]
+    return "-".join(parts) + ("-small" if args.small else "")
+
+
 def _case_environment(device: str, cache_dir: str | None) -> dict:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = REPO_ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -199,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     device = choose_device(args)
     specs, summary = plan(args, device)
     env = report.environment(device, REPO_ROOT, command_line)
-    label = args.label or (args.suite + ("-small" if args.small else ""))
+    label = args.label or default_label(args)
     tag = report.hardware_tag(env)
     stem = f"{datetime.date.today().isoformat()}_{label}_{tag}"
     os.makedirs(args.results_dir, exist_ok=True)

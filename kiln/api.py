@@ -52,7 +52,11 @@ def _capture(fn: Callable, graph_compiler: Callable, *, fullgraph: bool, dynamic
     """Capture `fn`'s tensor work as FX graphs and compile each with `graph_compiler`."""
     if config.frontend == "dynamo":
         return torch.compile(fn, backend=graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
-    raise ValueError(f"kiln.config.frontend: unknown frontend {config.frontend!r}; choose 'dynamo'")
+    if config.frontend == "kiln":
+        from kiln.frontend import compile_function
+
+        return compile_function(fn, graph_compiler, fullgraph=fullgraph)
+    raise ValueError(f"kiln.config.frontend: unknown frontend {config.frontend!r}; choose 'dynamo' or 'kiln'")
 
 
 class OptimizedModule(torch.nn.Module):

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import time
 
@@ -79,7 +80,12 @@ def list_debug_files(since: float) -> list[str]:
             path = os.path.join(folder, filename)
             if os.path.getmtime(path) >= since:
                 found.append(path)
-    return sorted(found)
+    return sorted(found, key=_natural_key)
+
+
+def _natural_key(path: str) -> list:
+    """kernel_k2 before kernel_k10."""
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", path)]
 
 
 def main() -> int:

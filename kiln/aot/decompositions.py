@@ -12,7 +12,8 @@ aten = _torch.aten
 EXTRA_DECOMPOSITIONS = [
     aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.native_group_norm,
     aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit_functional,
-    aten.native_batch_norm, aten.embedding, aten.addcmul, aten.addcdiv,
+    aten._native_batch_norm_legit,
+    aten.embedding, aten.addcmul, aten.addcdiv,
     aten._softmax_backward_data, aten._log_softmax_backward_data, aten.native_layer_norm_backward,
     aten.gelu_backward, aten.tanh_backward, aten.sigmoid_backward, aten.threshold_backward,
     aten.silu_backward, aten.embedding_dense_backward,

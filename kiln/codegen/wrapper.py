@@ -190,7 +190,7 @@ class WrapperGenerator:
         args += [f"{key}={arg_source(value)}" for key, value in extern.kwargs.items()]
         call = f"{extern.name}({', '.join(args)})"
         targets = _flatten_structure(extern.output_structure)
-        names = [extern.outputs[position] if position is not None else "_" for position in targets]
+        names = [extern.outputs[position] if isinstance(position, int) else "_" for position in targets]
         if not isinstance(extern.output_structure, (list, tuple)):
             lines = [f"{names[0]} = {call}"]
         else:
@@ -219,6 +219,7 @@ class WrapperGenerator:
 
 
 def _flatten_structure(structure) -> list:
+    """Output positions in the op's flattened result (non-tensor leaves are not ints)."""
     if isinstance(structure, (list, tuple)):
         return [leaf for item in structure for leaf in _flatten_structure(item)]
     return [structure]

@@ -53,8 +53,12 @@ class GuardBuilder:
         self._constant_names: dict[int, str] = {}
 
     def constant(self, value: Any) -> str:
-        """A name under which the guard function holds `value`."""
-        key = id(value)
+        """A name under which the guard function holds `value` (equal hashable values share one)."""
+        try:
+            key = (type(value), value) if isinstance(value, (torch.device, torch.dtype, tuple, str, int)) else id(value)
+            hash(key)
+        except TypeError:
+            key = id(value)
         if key not in self._constant_names:
             name = f"__c{len(self._constant_names)}"
             self._constant_names[key] = name
@@ -109,14 +113,20 @@ class GuardBuilder:
         self.add(source, "{}", "is no longer empty")
 
     def tensor(self, source: Source, tensor: torch.Tensor) -> None:
-        """Static metadata: everything the trace could have specialized on."""
+        """Static metadata: everything the trace could have specialized on, in one line."""
         self.type_is(source, type(tensor))
-        self.add(source, f"{{}}.dtype is not {self.constant(tensor.dtype)}", f"dtype changed from {tensor.dtype}")
-        self.add(source, f"{{}}.shape != {tuple(tensor.shape)!r}", f"shape changed from {tuple(tensor.shape)}")
-        self.add(source, f"{{}}.stride() != {tuple(tensor.stride())!r}", f"stride changed from {tuple(tensor.stride())}")
-        self.add(source, f"{{}}.device != {self.constant(tensor.device)}", f"device changed from {tensor.device}")
-        self.add(source, f"{{}}.requires_grad is not {tensor.requires_grad}",
-                 f"requires_grad changed from {tensor.requires_grad}")
+        shape, stride = tuple(tensor.shape), tuple(tensor.stride())
+        failure = (f"{{}}.dtype is not {self.constant(tensor.dtype)} or {{}}.shape != {shape!r} or "
+                   f"{{}}.stride() != {stride!r} or {{}}.device != {self.constant(tensor.device)} or "
+                   f"{{}}.requires_grad is not {tensor.requires_grad}")
+        self.add(source, failure, f"tensor metadata changed from {str(tensor.dtype).replace('torch.', '')}"
+                                  f"{list(shape)} stride {stride} on {tensor.device}, "
+                                  f"requires_grad={tensor.requires_grad}")
+
+    def no_hooks(self, source: Source, tables: tuple[str, ...]) -> None:
+        """The module at `source` still has no hooks in any of `tables`."""
+        failure = " or ".join(f"{{}}.{table}" for table in tables)
+        self.add(source, failure, f"hooks were added ({', '.join(tables)})")
 
     def global_state(self) -> None:
         """Grad mode and autocast as they are now, at the start of the trace."""
@@ -132,7 +142,8 @@ class GuardBuilder:
 
     def build(self, signature: "FrameSignature", extra_namespace: dict) -> tuple[Callable, str]:
         """The guard function and its source text."""
-        renderer = SourceRenderer([check.source for check in self.checks if check.source is not None])
+        renderer = SourceRenderer([check.source for check in self.checks if check.source is not None
+                                   for _ in range(check.failure.count("{}"))])
         body: list[str] = []
         for check in self.checks:
             if check.source is None:
@@ -164,8 +175,8 @@ class SourceRenderer:
 
     def __init__(self, sources: list[Source]):
         uses: dict[Source, int] = {}
-        for source in set(sources):
-            for ancestor in chain(source)[:-1]:
+        for source in sources:  # a source listed twice is used twice
+            for ancestor in chain(source):
                 uses[ancestor] = uses.get(ancestor, 0) + 1
         self._hoist = {source for source, count in uses.items()
                        if count >= 2 and not isinstance(source, (LocalSource, NamedSource))}
@@ -196,7 +207,7 @@ class FrameSignature:
 
     @classmethod
     def of(cls, fn: Callable) -> "FrameSignature":
-        signature = inspect.signature(fn)
+        signature = inspect.signature(fn, follow_wrapped=False)
         parts, namespace, names = [], {}, []
         seen_keyword_only = False
         previous_kind = None

@@ -9,8 +9,6 @@ tried when the first returns NotImplemented).
 from __future__ import annotations
 
 import operator
-from typing import Any
-
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.variables.base import ConstantVariable, Variable
 from kiln.frontend.variables.containers import (BaseListVariable, DictVariable, ExternalDictVariable, ListVariable,
@@ -217,6 +215,3 @@ def contains(tx, container: Variable, item: Variable) -> bool:
         return container.call_method(tx, "__contains__", [item], {}).truth(tx)
     return any(compare_equal(tx, element, item) for element in container.unpack(tx))
 
-
-def as_python(value: Any) -> Any:
-    return value

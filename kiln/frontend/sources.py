@@ -2,8 +2,9 @@
 
 Every variable tracker built from a real Python object carries a `Source`. A source
 prints as a Python expression over the names a guard function and an entry function
-have in scope: the frame's arguments by name, `__globals` (the function's globals)
-and `__fn` (the compiled function itself, for closure cells and defaults).
+have in scope: the frame's arguments by name, and `NamedSource`s the functions hold
+directly: `__fn` (the compiled function, for closure cells) and `__globalsN` (the
+globals dict of each function the trace read a global in).
 
     AttrSource(ItemSource(AttrSource(LocalSource("self"), "_modules"), "fc"), "weight")
         ->  self._modules['fc'].weight
@@ -15,9 +16,7 @@ from dataclasses import dataclass
 
 
 class Source:
-    """Base: `expr()` is the Python text; `parent` is the source it reads from, if any."""
-
-    parent: "Source | None" = None
+    """Base: `expr()` is the Python text; `parent` (on every subclass) is the source it reads from."""
 
     def expr(self) -> str:
         raise NotImplementedError
@@ -46,26 +45,18 @@ class LocalSource(Source):
     """An argument of the compiled frame."""
 
     name: str
+    parent = None
 
     def expr(self) -> str:
         return self.name
 
 
 @dataclass(frozen=True, eq=True)
-class GlobalSource(Source):
-    """A name in the compiled function's globals."""
-
-    name: str
-
-    def expr(self) -> str:
-        return f"__globals[{self.name!r}]"
-
-
-@dataclass(frozen=True, eq=True)
 class NamedSource(Source):
-    """An object the guard and entry functions hold directly under `name` (e.g. `__fn`)."""
+    """An object the guard and entry functions hold directly under `name` (e.g. `__fn`, a globals dict)."""
 
     name: str
+    parent = None
 
     def expr(self) -> str:
         return self.name

@@ -86,6 +86,16 @@ def layout_of(tensor: torch.Tensor, *, with_offset: bool = True) -> Layout:
     return Layout(size, stride, offset)
 
 
+class ConstantOutput:
+    """A non-tensor result of an extern whose value the fake run already knows."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __repr__(self) -> str:
+        return f"ConstantOutput({self.value!r})"
+
+
 class LoweringContext:
     """Owns the LoopIR graph under construction and names its buffers and nodes."""
 
@@ -252,8 +262,8 @@ class LoweringContext:
                 return len(outputs) - 1
             if isinstance(item, (list, tuple)):
                 return type(item)(output_for(sub) for sub in item)
-            if item is None:
-                return None
+            if item is None or (isinstance(item, (int, float, bool)) and not isinstance(item, torch.SymInt)):
+                return ConstantOutput(item)  # e.g. attention's static max sequence lengths
             raise Unsupported(f"extern {op} returns {type(item).__name__}")
 
         structure = output_for(meta)
@@ -262,6 +272,8 @@ class LoweringContext:
         self.graph.nodes.append(node)
 
         def rebuild(item):
+            if isinstance(item, ConstantOutput):
+                return item.value
             if isinstance(item, int) and not isinstance(item, bool):
                 return BufferValue(outputs[item])
             if isinstance(item, (list, tuple)):

@@ -15,6 +15,7 @@ import datetime
 import json
 import pathlib
 import shlex
+import signal
 import sys
 import time
 
@@ -22,6 +23,7 @@ from tests.ops import harness, report
 from tests.ops.workers import run_pool
 
 RESULTS_DIR = pathlib.Path(__file__).with_name("results")
+DEFAULT_MAX_SAMPLES = 25
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -32,7 +34,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ops", default="", help="comma-separated OpInfo names ('max' = all variants, 'max.binary' = one)")
     parser.add_argument("--direction", default="forward", choices=harness.DIRECTIONS)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
-    parser.add_argument("--max-samples", type=int, default=None, help="at most this many samples per case (default: all)")
+    parser.add_argument("--max-samples", type=int, default=DEFAULT_MAX_SAMPLES,
+                        help="at most this many samples per case, spread over OpInfo's list (0: all; "
+                             "some ops have over a thousand)")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per sample before it counts as a timeout")
     parser.add_argument("--out", type=pathlib.Path, default=RESULTS_DIR, help="where the report goes")
     parser.add_argument("--update-known-failures", type=pathlib.Path, metavar="SWEEP_JSON",
@@ -55,6 +59,10 @@ def select_cases(ops: str, dtypes: list[str], direction: str) -> tuple[list[harn
     return cases, unsupported
 
 
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.update_known_failures:
@@ -67,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
             print("  - ", key)
         return 0
 
+    signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the sweep the way Ctrl-C does: report what finished
+    max_samples = args.max_samples or None
     dtypes = args.dtypes.split(",")
     cases, unsupported = select_cases(args.ops, dtypes, args.direction)
     print(f"sweeping {len(cases)} cases on {args.backend} with {args.jobs} workers "
@@ -87,11 +97,11 @@ def main(argv: list[str] | None = None) -> int:
     log_path = args.out / f"sweep_{args.backend}_{datetime.date.today().isoformat()}.log"
     log_path.write_text("")
     print(f"worker output (C++ warnings, crash dumps) goes to {log_path}", file=sys.stderr)
-    records = run_pool(cases, backend=args.backend, jobs=args.jobs, max_samples=args.max_samples,
+    records = run_pool(cases, backend=args.backend, jobs=args.jobs, max_samples=max_samples,
                        timeout=args.timeout, on_case_done=progress, log_path=str(log_path))
     command = "python -m tests.ops.sweep " + " ".join(shlex.quote(arg) for arg in (argv if argv is not None else sys.argv[1:]))
     meta = report.sweep_meta(args.backend, dtypes, command, direction=args.direction, jobs=args.jobs,
-                             max_samples=args.max_samples, timeout=args.timeout,
+                             max_samples=max_samples, timeout=args.timeout,
                              ops_without_these_dtypes=unsupported,
                              seconds=round(time.monotonic() - started, 1))
     document = report.build_report(records, meta)

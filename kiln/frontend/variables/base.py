@@ -48,6 +48,14 @@ class Variable:
         return self
 
     def getattr(self, tx: "Frame", name: str) -> "Variable":
+        """Default: a method of the value's Python type, served by this tracker's `call_method`."""
+        if type(self).call_method is not Variable.call_method:
+            try:
+                python_type = self.python_type()
+            except Unsupported:
+                python_type = None
+            if python_type is not None and callable(getattr(python_type, name, None)):
+                return TrackerMethod(self, name)
         raise Unsupported(f"attribute {name!r} of {self.describe()}")
 
     def call(self, tx: "Frame", args: list["Variable"], kwargs: dict[str, "Variable"]) -> "Variable":
@@ -83,6 +91,20 @@ class Variable:
 
     def __repr__(self) -> str:
         return f"{self.describe()}(source={self.source})"
+
+
+class TrackerMethod(Variable):
+    """`receiver.name` for a method the receiver's tracker implements in `call_method`."""
+
+    def __init__(self, receiver: Variable, name: str):
+        self.receiver = receiver
+        self.name = name
+
+    def describe(self) -> str:
+        return f"method {self.name} of {self.receiver.describe()}"
+
+    def call(self, tx, args, kwargs) -> Variable:
+        return self.receiver.call_method(tx, self.name, args, kwargs)
 
 
 class NullVariable(Variable):

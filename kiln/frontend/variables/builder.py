@@ -95,7 +95,7 @@ def _make(tx, value: Any, source: Source | None, guards) -> Variable:
     builtin = kiln_builtins.builtin_variable(value)
     if builtin is not None:
         return builtin
-    if guards is not None:
+    if guards is not None and not _is_plain_instance(value):
         guards.identity(source, value)
     if isinstance(value, types.FunctionType):
         return UserFunctionVariable(value, source)
@@ -128,7 +128,16 @@ def _make(tx, value: Any, source: Source | None, guards) -> Variable:
         return torch_special.IgnoredCallsVariable(value, source)
     if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
         raise Unsupported(f"calling builtin {getattr(value, '__qualname__', value)!r} which kiln does not model")
+    if guards is not None:
+        guards.type_is(source, type(value))  # its attributes are guarded one by one as the trace reads them
     return UserObjectVariable(value, source)
+
+
+def _is_plain_instance(value: Any) -> bool:
+    """An instance of an ordinary class: guarded by type, not identity (fresh config objects reuse entries)."""
+    return not isinstance(value, (type, types.FunctionType, types.MethodType, types.ModuleType,
+                                  types.BuiltinFunctionType, functools.partial, contextvars.ContextVar,
+                                  logging.Logger, logging.LoggerAdapter))
 
 
 def _from_torch(value: Any) -> bool:

@@ -115,12 +115,10 @@ class TupleVariable(BaseListVariable):
         return TupleVariable(items)
 
     def getattr(self, tx, name: str) -> Variable:
-        fields = getattr(self.tuple_type, "_fields", None) or getattr(self.tuple_type, "n_fields", None) and \
-            [field for field in dir(self.tuple_type) if not field.startswith("_")]
-        if isinstance(fields, (list, tuple)) and name in fields:
-            order = list(getattr(self.tuple_type, "_fields", ())) or _return_type_fields(self.tuple_type)
-            return self.items[order.index(name)]
-        raise Unsupported(f"attribute {name!r} of {self.describe()}")
+        fields = _field_names(self.tuple_type)
+        if name in fields:
+            return self.items[fields.index(name)]
+        return super().getattr(tx, name)
 
     def reconstruct(self, codegen) -> str:
         inner = ", ".join(codegen.value(item) for item in self.items)
@@ -131,11 +129,17 @@ class TupleVariable(BaseListVariable):
         return f"{codegen.constant(self.tuple_type)}(({inner}{',' if len(self.items) == 1 else ''}))"
 
 
-def _return_type_fields(tuple_type: type) -> list[str]:
-    """Field names of a torch.return_types structseq, in order."""
-    probe = tuple_type(tuple(range(tuple_type.n_fields)))
-    return sorted((name for name in dir(tuple_type) if not name.startswith("_") and name not in ("count", "index")
-                   and isinstance(getattr(probe, name, None), int)), key=lambda name: getattr(probe, name))
+def _field_names(tuple_type: type) -> list[str]:
+    """Field names of a namedtuple or a torch.return_types structseq, in order."""
+    if hasattr(tuple_type, "_fields"):
+        return list(tuple_type._fields)
+    count = getattr(tuple_type, "n_sequence_fields", None)
+    if count is None:
+        return []
+    probe = tuple_type(tuple(range(count)))
+    names = [name for name in dir(tuple_type) if not name.startswith(("_", "n_")) and name not in ("count", "index")]
+    return sorted((name for name in names if isinstance(getattr(probe, name, None), int)),
+                  key=lambda name: getattr(probe, name))
 
 
 class ListVariable(BaseListVariable):

@@ -74,37 +74,58 @@ class BaseFunctionVariable(Variable):
         return types.FunctionType
 
 
-def bind_arguments(tx, signature_function, args, kwargs, default_wrapper) -> dict[str, Variable]:
-    """Bind trackers to a function's parameters the way CPython would."""
-    signature = inspect.signature(signature_function, follow_wrapped=False)
-    try:
-        bound = signature.bind(*args, **kwargs)
-    except TypeError as error:
-        raise Unsupported(f"calling {signature_function.__qualname__}: {error}") from None
-    result = {}
-    for name, parameter in signature.parameters.items():
-        if name in bound.arguments:
-            value = bound.arguments[name]
-            if parameter.kind == inspect.Parameter.VAR_POSITIONAL:
-                from kiln.frontend.variables.containers import TupleVariable
+def bind_arguments(code: types.CodeType, args: list[Variable], kwargs: dict[str, Variable], default_count: int,
+                   default_for) -> dict[str, Variable]:
+    """Bind trackers to a code object's parameters the way CPython does.
 
-                value = TupleVariable(list(value))
-            elif parameter.kind == inspect.Parameter.VAR_KEYWORD:
-                from kiln.frontend.variables.containers import DictVariable
+    `default_for(index_or_None, name)` gives the tracker for a missing parameter's
+    default (positional index into `__defaults__`, or None for keyword-only), or
+    None when it has no default.
+    """
+    from kiln.frontend.variables.containers import DictVariable, TupleVariable
 
-                value = DictVariable({key: (ConstantVariable(key), item) for key, item in value.items()})
-            result[name] = value
-        elif parameter.kind == inspect.Parameter.VAR_POSITIONAL:
-            from kiln.frontend.variables.containers import TupleVariable
-
-            result[name] = TupleVariable([])
-        elif parameter.kind == inspect.Parameter.VAR_KEYWORD:
-            from kiln.frontend.variables.containers import DictVariable
-
-            result[name] = DictVariable()
+    where = code.co_qualname
+    positional = code.co_varnames[:code.co_argcount]
+    keyword_only = code.co_varnames[code.co_argcount:code.co_argcount + code.co_kwonlyargcount]
+    index = code.co_argcount + code.co_kwonlyargcount
+    varargs = varkw = None
+    if code.co_flags & inspect.CO_VARARGS:
+        varargs = code.co_varnames[index]
+        index += 1
+    if code.co_flags & inspect.CO_VARKEYWORDS:
+        varkw = code.co_varnames[index]
+    bound: dict[str, Variable] = dict(zip(positional, args))
+    if len(args) > len(positional) and varargs is None:
+        raise Unsupported(f"{where}() takes {len(positional)} positional arguments but {len(args)} were given")
+    extra_keywords: dict[str, Variable] = {}
+    keyword_names = set(positional[code.co_posonlyargcount:]) | set(keyword_only)
+    for key, value in kwargs.items():
+        if key in keyword_names:
+            if key in bound:
+                raise Unsupported(f"{where}() got multiple values for argument {key!r}")
+            bound[key] = value
+        elif varkw is not None:
+            extra_keywords[key] = value
         else:
-            result[name] = default_wrapper(name, parameter.default)
-    return result
+            raise Unsupported(f"{where}() got an unexpected keyword argument {key!r}")
+    first_default = len(positional) - default_count
+    for position, name in enumerate(positional):
+        if name not in bound:
+            default = default_for(position - first_default, name) if position >= first_default else None
+            if default is None:
+                raise Unsupported(f"{where}() missing required argument {name!r}")
+            bound[name] = default
+    for name in keyword_only:
+        if name not in bound:
+            default = default_for(None, name)
+            if default is None:
+                raise Unsupported(f"{where}() missing required keyword-only argument {name!r}")
+            bound[name] = default
+    if varargs is not None:
+        bound[varargs] = TupleVariable(list(args[len(positional):]))
+    if varkw is not None:
+        bound[varkw] = DictVariable({key: (ConstantVariable(key), value) for key, value in extra_keywords.items()})
+    return bound
 
 
 class UserFunctionVariable(BaseFunctionVariable):
@@ -131,28 +152,27 @@ class UserFunctionVariable(BaseFunctionVariable):
 
     def closure_cells(self, tx) -> list[CellVariable]:
         cells = self.fn.__closure__ or ()
-        return [CellVariable(real_cell=cell,
-                             source=ClosureCellSource(self.source, index) if self.source is not None else None)
+        # A function reached without a source (e.g. a method found on a class) is held by the guard directly.
+        function_source = self.source if self.source is not None else tx.output.named_source("__function", self.fn)
+        return [CellVariable(real_cell=cell, source=ClosureCellSource(function_source, index))
                 for index, cell in enumerate(cells)]
 
     def bind(self, tx, args, kwargs):
-        def default(name, value):
-            if self.source is not None:
-                if name in (self.fn.__kwdefaults__ or {}):
-                    from kiln.frontend.sources import ItemSource
+        from kiln.frontend.sources import ItemSource
 
-                    return tx.wrap(value, ItemSource(AttrSource(self.source, "__kwdefaults__"), name))
-                index = list(inspect.signature(self.fn).parameters).index(name)
-                positional = self.fn.__code__.co_argcount
-                position = index - (positional - len(self.fn.__defaults__ or ()))
-                from kiln.frontend.sources import ItemSource
+        defaults = self.fn.__defaults__ or ()
+        kwdefaults = self.fn.__kwdefaults__ or {}
 
-                return tx.wrap(value, ItemSource(AttrSource(self.source, "__defaults__"), position))
-            from kiln.frontend.variables.builder import wrap_sourceless
+        def default(position, name):
+            if position is None:
+                if name not in kwdefaults:
+                    return None
+                source = ItemSource(AttrSource(self.source, "__kwdefaults__"), name) if self.source else None
+                return tx.wrap(kwdefaults[name], source) if source else _sourceless(tx, kwdefaults[name])
+            source = ItemSource(AttrSource(self.source, "__defaults__"), position) if self.source else None
+            return tx.wrap(defaults[position], source) if source else _sourceless(tx, defaults[position])
 
-            return wrap_sourceless(tx, value)
-
-        return bind_arguments(tx, self.fn, args, kwargs, default)
+        return bind_arguments(self.fn.__code__, args, kwargs, len(defaults), default)
 
     def getattr(self, tx, name: str) -> Variable:
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
@@ -164,6 +184,12 @@ class UserFunctionVariable(BaseFunctionVariable):
         if name == "__get__":
             return MethodBinderVariable(self)
         raise Unsupported(f"attribute {name!r} of {self.describe()}")
+
+
+def _sourceless(tx, value):
+    from kiln.frontend.variables.builder import wrap_sourceless
+
+    return wrap_sourceless(tx, value)
 
 
 class CodeVariable(ConstantVariable):
@@ -212,12 +238,15 @@ class NestedFunctionVariable(BaseFunctionVariable):
         return self.closure
 
     def bind(self, tx, args, kwargs):
-        placeholder = types.FunctionType(self._code, {}, self._code.co_name,
-                                         tuple(self.defaults) if self.defaults else None,
-                                         tuple(types.CellType() for _ in self._code.co_freevars))
-        if self.kwdefaults:
-            placeholder.__kwdefaults__ = dict(self.kwdefaults)
-        return bind_arguments(tx, placeholder, args, kwargs, lambda name, value: value)
+        defaults = self.defaults or []
+        kwdefaults = self.kwdefaults or {}
+
+        def default(position, name):
+            if position is None:
+                return kwdefaults.get(name)
+            return defaults[position]
+
+        return bind_arguments(self._code, args, kwargs, len(defaults), default)
 
     def getattr(self, tx, name: str) -> Variable:
         if name in self.attributes:

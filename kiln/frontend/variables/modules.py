@@ -176,8 +176,11 @@ def call_module(tx, module_variable: ModuleVariable, args: list[Variable], kwarg
     for table in ("_backward_hooks", "_backward_pre_hooks"):
         if getattr(module, table, None):
             raise Unsupported(f"backward hooks on {module_variable.describe()}")
+    hook_tables = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks")
+    if not any(getattr(module, table, None) for table in hook_tables):
         if source is not None:
-            tx.output.guards.empty(AttrSource(source, table))
+            tx.output.guards.no_hooks(source, hook_tables)
+        return module_variable.getattr(tx, "forward").call(tx, args, kwargs)
     from kiln.frontend.variables.containers import TupleVariable
 
     args = list(args)
@@ -255,8 +258,11 @@ class PythonModuleVariable(Variable):
         return tx.wrap(value, source, guard=not trusted)
 
 
+_TRUSTED_MODULE_ROOTS = frozenset({
+    "torch", "math", "operator", "functools", "itertools", "collections", "typing", "builtins", "dataclasses",
+    "inspect", "warnings", "numpy", "contextlib", "enum", "abc", "copy", "types"})
+
+
 def _is_trusted_module(module: types.ModuleType) -> bool:
     """Library modules kiln assumes nobody monkeypatches while compiled code runs (no guards)."""
-    name = module.__name__.split(".")[0]
-    return name in ("torch", "math", "operator", "functools", "itertools", "collections", "typing", "builtins",
-                    "dataclasses", "inspect", "warnings", "numpy", "contextlib", "enum", "abc", "copy", "types")
+    return module.__name__.split(".")[0] in _TRUSTED_MODULE_ROOTS

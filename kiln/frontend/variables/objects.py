@@ -22,7 +22,7 @@ from typing import Any
 
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.sources import AttrSource, TypeSource
-from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
+from kiln.frontend.variables.base import NONE, ConstantVariable, TrackerMethod, Variable
 
 _MISSING = object()
 DELETED = object()
@@ -138,6 +138,9 @@ class UserObjectVariable(Variable):
 
     def getitem(self, tx, key: Variable) -> Variable:
         return self.call_method(tx, "__getitem__", [key], {})
+
+    def length(self, tx) -> int:
+        return self.call_method(tx, "__len__", [], {}).as_constant()
 
     def unpack(self, tx) -> list[Variable]:
         raise Unsupported(f"iterating over {self.describe()}")
@@ -261,8 +264,10 @@ def construct_object(tx, class_variable: ClassVariable, args, kwargs) -> Variabl
         from kiln.frontend.variables.containers import TupleVariable
         from kiln.frontend.variables.functions import bind_arguments
 
-        bound = bind_arguments(tx, cls.__new__, [class_variable, *args], kwargs,
-                               lambda name, value: tx.wrap(value, None, guard=False))
+        defaults = cls.__new__.__defaults__ or ()
+        bound = bind_arguments(cls.__new__.__code__, [class_variable, *args], kwargs, len(defaults),
+                               lambda position, name: None if position is None else
+                               tx.wrap(defaults[position], None, guard=False))
         return TupleVariable([bound[field] for field in cls._fields], tuple_type=cls)
     import torch
 
@@ -331,6 +336,9 @@ class NewObjectVariable(Variable):
     def getitem(self, tx, key: Variable) -> Variable:
         return self.call_method(tx, "__getitem__", [key], {})
 
+    def length(self, tx) -> int:
+        return self.call_method(tx, "__len__", [], {}).as_constant()
+
     def reconstruct(self, codegen) -> str:
         if not dataclasses.is_dataclass(self.cls):
             raise Unsupported(f"returning a {self.cls.__qualname__} object created inside the compiled function "
@@ -381,7 +389,7 @@ class ModelOutputVariable(Variable):
             raise AttributeFailure(f"{self.cls.__qualname__} has no attribute {name!r}")
         if name in ("to_tuple", "keys", "values", "items", "get", "__getitem__", "__contains__", "__len__",
                     "__iter__", "__setitem__"):
-            return BuiltinMethod(self, name)
+            return TrackerMethod(self, name)
         return bind_class_attribute(tx, raw, name, self, self.cls, None)
 
     def call_method(self, tx, name, args, kwargs) -> Variable:
@@ -443,17 +451,6 @@ class ModelOutputVariable(Variable):
     def reconstruct(self, codegen) -> str:
         inner = ", ".join(f"{name}={codegen.value(self.fields[name])}" for name in self.present())
         return f"{codegen.constant(self.cls)}({inner})"
-
-
-class BuiltinMethod(Variable):
-    """A method implemented by the tracker itself (call_method with a fixed name)."""
-
-    def __init__(self, receiver: Variable, name: str):
-        self.receiver = receiver
-        self.name = name
-
-    def call(self, tx, args, kwargs) -> Variable:
-        return self.receiver.call_method(tx, self.name, args, kwargs)
 
 
 class ExceptionVariable(Variable):

@@ -1,0 +1,187 @@
+"""The dispatcher: per code object, cache entries of (guard, compiled callable).
+
+`Dispatcher(fn)` is what `kiln.compile` returns with `config.frontend == "kiln"`.
+A call runs the cache entries' guard functions newest first; the first that
+returns None has its entry called. On a miss the frame is traced
+(`capture_frame`), which adds an entry; a recompile logs why the previous entries
+failed (logger "kiln", `KILN_LOGS=recompiles`). After `RECOMPILE_LIMIT` entries for
+one code object, misses run eagerly with one warning. A frame the interpreter
+cannot capture runs eagerly (its entry's guards cover everything the trace read
+before it stopped, so the same inputs skip the retrace), unless `fullgraph=True`,
+which raises `FullgraphError` naming the construct and its source line.
+
+Modules are compiled through `_call_module(module, *args, **kwargs)`, a kiln-owned
+frame whose only instruction of interest calls the module, so hooks and `forward`
+are traced by the same rules as any inlined call.
+"""
+from __future__ import annotations
+
+import inspect
+import logging
+import types
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from kiln.config import config
+from kiln.frontend.errors import HOW_TO_FIX, FullgraphError, Unsupported
+from kiln.frontend.guards import FrameSignature
+from kiln.frontend.interpreter import Frame
+from kiln.frontend.output import OutputGraph
+from kiln.frontend.sources import ClosureCellSource, LocalSource, NamedSource
+from kiln.frontend.variables.functions import CellVariable
+
+log = logging.getLogger("kiln")
+
+RECOMPILE_LIMIT = 8
+
+
+@dataclass
+class CacheEntry:
+    """One traced version of a frame: run `entry` when `guard` returns None."""
+
+    guard: Callable
+    entry: Callable
+    guard_source: str
+    entry_source: str
+    graph_module: torch.fx.GraphModule | None
+    eager_reason: str | None = None  # set when the frame could not be captured and runs eagerly
+
+
+@dataclass
+class CodeCache:
+    """The entries of one code object, newest first."""
+
+    entries: list[CacheEntry] = field(default_factory=list)
+    over_limit: bool = False
+
+
+@dataclass
+class FrontendStats:
+    """Counters tests and `kiln.explain` read."""
+
+    captures: int = 0
+    graphs: int = 0
+    recompiles: int = 0
+    eager_frames: int = 0
+
+
+stats = FrontendStats()
+
+
+def _call_module(module, *args, **kwargs):
+    """kiln's frame for a compiled module: hooks and forward are traced from here."""
+    return module(*args, **kwargs)
+
+
+class Dispatcher:
+    """A compiled function: guards in front of traced versions of it."""
+
+    def __init__(self, fn: Callable, graph_compiler: Callable, *, fullgraph: bool = False):
+        bound_self = None
+        if isinstance(fn, torch.nn.Module):
+            bound_self, fn = fn, _call_module
+        elif isinstance(fn, types.MethodType):
+            bound_self, fn = fn.__self__, fn.__func__
+        if not isinstance(fn, types.FunctionType):
+            raise TypeError(f"kiln frontend compiles Python functions and modules, not {type(fn).__name__}")
+        self.fn = fn
+        self.bound_self = bound_self
+        self.graph_compiler = graph_compiler
+        self.fullgraph = fullgraph
+        self.signature = FrameSignature.of(fn)
+        self.caches: dict[types.CodeType, CodeCache] = {}
+        self._cache = self.caches.setdefault(fn.__code__, CodeCache())
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.bound_self is not None:
+            args = (self.bound_self, *args)
+        for entry in self._cache.entries:
+            if entry.guard(*args, **kwargs) is None:
+                return entry.entry(*args, **kwargs)
+        return self._miss(args, kwargs)
+
+    @property
+    def entries(self) -> list[CacheEntry]:
+        return self._cache.entries
+
+    def _miss(self, args: tuple, kwargs: dict) -> Any:
+        cache = self._cache
+        if cache.over_limit:
+            return self.fn(*args, **kwargs)
+        if len(cache.entries) >= RECOMPILE_LIMIT:
+            cache.over_limit = True
+            log.warning("kiln: %s hit the recompile limit (%d); it runs eagerly from now on. Last reason: %s",
+                        self._name(), RECOMPILE_LIMIT, self._failure_reasons(args, kwargs)[0])
+            return self.fn(*args, **kwargs)
+        if cache.entries:
+            stats.recompiles += 1
+            if config.log_enabled("recompiles"):
+                reasons = self._failure_reasons(args, kwargs)
+                log.warning("kiln: recompiling %s: %s", self._name(), "; ".join(reasons))
+        entry = self._capture(args, kwargs)
+        cache.entries.insert(0, entry)
+        if entry.eager_reason is not None:
+            return self.fn(*args, **kwargs)
+        return entry.entry(*args, **kwargs)
+
+    def _failure_reasons(self, args: tuple, kwargs: dict) -> list[str]:
+        return [entry.guard(*args, **kwargs) or "guards pass" for entry in self._cache.entries]
+
+    def _name(self) -> str:
+        code = self.fn.__code__
+        if self.bound_self is not None and self.fn is _call_module:
+            return f"{type(self.bound_self).__qualname__}.forward"
+        return f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno})"
+
+    def _capture(self, args: tuple, kwargs: dict) -> CacheEntry:
+        stats.captures += 1
+        output = OutputGraph(self.graph_compiler)
+        try:
+            traced = capture_frame(output, self.fn, self.signature, args, kwargs)
+        except Unsupported as error:
+            if self.fullgraph:
+                raise FullgraphError(f"kiln.compile(fullgraph=True) cannot capture {self._name()}: "
+                                     f"{error.describe()}\n  ({HOW_TO_FIX})") from None
+            stats.eager_frames += 1
+            if config.log_enabled("graph_breaks"):
+                log.warning("kiln: %s runs eagerly: %s", self._name(), error.describe())
+            guard, guard_source = output.guards.build(self.signature, output.guard_namespace)
+            return CacheEntry(guard, self.fn, guard_source, "", None, eager_reason=error.describe())
+        if traced.graph_module is not None:
+            stats.graphs += 1
+        if config.log_enabled("guards"):
+            log.warning("kiln: guards for %s:\n%s", self._name(), traced.guard_source)
+        return CacheEntry(traced.guard, traced.entry, traced.guard_source, traced.entry_source, traced.graph_module)
+
+
+def capture_frame(output: OutputGraph, fn: types.FunctionType, signature: FrameSignature, args: tuple,
+                  kwargs: dict):
+    """Trace one call of `fn` with these arguments; returns the TracedGraph."""
+    output.guard_namespace["__fn"] = fn
+    bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
+    bound.apply_defaults()
+    code = fn.__code__
+    root = Frame.__new__(Frame)  # for wrap() during argument setup; replaced by the real frame below
+    root.output = output
+    local_values = {name: _wrap_argument(root, name, value) for name, value in bound.arguments.items()}
+    cells = {}
+    for name in code.co_cellvars:
+        cells[name] = CellVariable(local_values.pop(name) if name in local_values else CellVariable.EMPTY)
+    for index, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or ())):
+        cells[name] = CellVariable(real_cell=cell, source=ClosureCellSource(NamedSource("__fn"), index))
+    frame = Frame(output, code, fn.__globals__, local_values, cells)
+    try:
+        result = frame.run()
+    finally:
+        clean = output.restore_global_state()
+    if not clean:
+        raise Unsupported("the function leaves grad mode or autocast changed when it returns")
+    return output.finish(result, signature, code.co_name)
+
+
+def _wrap_argument(root: Frame, name: str, value: Any):
+    from kiln.frontend.variables.builder import wrap
+
+    return wrap(root, value, LocalSource(name))

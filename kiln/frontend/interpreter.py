@@ -1,0 +1,679 @@
+"""The symbolic interpreter: runs a frame's bytecode on variable trackers.
+
+A `Frame` holds a value stack and locals of trackers and executes the normalized
+instructions of one code object (kiln/frontend/bytecode.py, versions.py) one by
+one; each opcode is one method named after it (`LOAD_FAST`, `CALL`, ...). Calls of
+Python functions are inlined by running a child `Frame`; tensor operations reach
+the `OutputGraph` through the trackers. Conditional jumps need the condition's
+value at trace time: constants, shapes and Python containers are fine; a tensor
+condition is data-dependent and unsupported.
+
+Adding an opcode: write a method with its normalized name. Adding a variable
+kind: see kiln/frontend/variables/ and `variables.builder.wrap`.
+"""
+from __future__ import annotations
+
+import builtins
+import functools
+import inspect
+import operator
+import types
+from typing import Any
+
+from kiln.frontend import bytecode, versions
+from kiln.frontend.errors import Unsupported
+from kiln.frontend.operations import binary_op, compare_op, contains, is_same, unary_op
+from kiln.frontend.output import OutputGraph
+from kiln.frontend.sources import ItemSource, Source
+from kiln.frontend.variables.base import NONE, NULL, ConstantVariable, Variable
+from kiln.frontend.variables.containers import (DictVariable, ExternalDictVariable, IteratorVariable, ListVariable,
+                                                SliceVariable, TupleVariable, hashable_key)
+from kiln.frontend.variables.functions import BaseFunctionVariable, CellVariable, NestedFunctionVariable
+from kiln.frontend.variables.objects import ClassVariable, bind_class_attribute
+
+MAX_INLINE_DEPTH = 64
+_GENERATOR_FLAGS = inspect.CO_GENERATOR
+_UNSUPPORTED_FLAGS = inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
+
+
+@functools.lru_cache(maxsize=4096)
+def _decoded(code: types.CodeType) -> tuple[list[bytecode.Instruction], dict[int, int]]:
+    instructions = bytecode.decode(code).instructions
+    return instructions, {id(instruction): index for index, instruction in enumerate(instructions)}
+
+
+class _Return(Exception):
+    def __init__(self, value: Variable):
+        self.value = value
+
+
+class Frame:
+    """One function activation being interpreted symbolically."""
+
+    def __init__(self, output: OutputGraph, code: types.CodeType, fn_globals: dict, local_values: dict[str, Variable],
+                 cells: dict[str, CellVariable], parent: "Frame | None" = None, is_generator: bool = False):
+        self.output = output
+        self.code = code
+        self.fn_globals = fn_globals
+        self.locals = local_values
+        self.cells = cells
+        self.parent = parent
+        self.depth = 0 if parent is None else parent.depth + 1
+        self.instructions, self.index_of = _decoded(code)
+        self.stack: list[Variable] = []
+        self.ip = 0
+        self.kw_names: tuple[str, ...] | None = None
+        self.is_generator = is_generator
+        self.yielded: list[Variable] = []
+        self.current: bytecode.Instruction | None = None
+        self.globals_source = output.named_source("__globals", fn_globals)
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def run(self) -> Variable:
+        try:
+            while True:
+                instruction = self.instructions[self.ip]
+                self.current = instruction
+                self.ip += 1
+                handler = getattr(self, instruction.op, None)
+                if handler is None:
+                    raise Unsupported(f"Python bytecode {instruction.opname} ({_describe_opcode(instruction)})")
+                handler(instruction)
+        except _Return as done:
+            if self.is_generator:
+                return IteratorVariable(self.yielded)
+            return done.value
+        except Unsupported as error:
+            error.add_location(self.location())
+            raise
+
+    def location(self) -> str:
+        line = self.current.lineno if self.current is not None else self.code.co_firstlineno
+        return f"{self.code.co_filename}:{line} in {self.code.co_qualname}"
+
+    def wrap(self, value: Any, source: Source | None, guard: bool = True) -> Variable:
+        from kiln.frontend.variables.builder import wrap
+
+        return wrap(self, value, source, guard)
+
+    def push(self, value: Variable) -> None:
+        self.stack.append(value)
+
+    def pop(self) -> Variable:
+        return self.stack.pop()
+
+    def popn(self, count: int) -> list[Variable]:
+        if count == 0:
+            return []
+        values = self.stack[-count:]
+        del self.stack[-count:]
+        return values
+
+    def jump(self, instruction: bytecode.Instruction) -> None:
+        self.ip = self.index_of[id(instruction.target)]
+
+    # -- calls -------------------------------------------------------------------------------------
+
+    def call_function(self, fn: Variable, args: list[Variable], kwargs: dict[str, Variable]) -> Variable:
+        return fn.call(self, args, kwargs)
+
+    def inline_call(self, function: BaseFunctionVariable, args: list[Variable], kwargs: dict[str, Variable]) -> Variable:
+        """Run a Python function's bytecode in a child frame and return its result tracker."""
+        code = function.code()
+        if self.depth >= MAX_INLINE_DEPTH:
+            raise Unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} calls (recursion?) at {code.co_qualname}")
+        if code.co_flags & _UNSUPPORTED_FLAGS:
+            raise Unsupported(f"calling async function {code.co_qualname}")
+        bound = function.bind(self, args, kwargs)
+        cells: dict[str, CellVariable] = {}
+        for name in code.co_cellvars:
+            cells[name] = CellVariable(bound.pop(name) if name in bound else CellVariable.EMPTY)
+        for name, cell in zip(code.co_freevars, function.closure_cells(self)):
+            cells[name] = cell
+        child = Frame(self.output, code, function.function_globals(), bound, cells, self,
+                      bool(code.co_flags & _GENERATOR_FLAGS))
+        return child.run()
+
+    def make_super(self, args: list[Variable]) -> "SuperVariable":
+        if args:
+            return SuperVariable(args[0].as_constant(), args[1])
+        if "__class__" not in self.cells or not self.code.co_varnames:
+            raise Unsupported("super() without arguments outside a method")
+        cls = self.cells["__class__"].load(self).as_constant()
+        first = self.code.co_varnames[0]
+        receiver = self.locals.get(first)
+        if receiver is None and first in self.cells:
+            receiver = self.cells[first].load(self)
+        return SuperVariable(cls, receiver)
+
+    def _call_with_stack(self, args: list[Variable], kwargs: dict[str, Variable]) -> None:
+        upper = self.pop()
+        lower = self.pop()
+        fn, bound_self = versions.split_callable_pair(lower, upper, NULL)
+        if bound_self is not None:
+            args = [bound_self, *args]
+        self.push(self.call_function(fn, args, kwargs))
+
+    # -- opcodes: stack and locals ------------------------------------------------------------------
+
+    def NOP(self, instruction):
+        pass
+
+    def POP_TOP(self, instruction):
+        self.pop()
+
+    def PUSH_NULL(self, instruction):
+        self.push(NULL)
+
+    def COPY(self, instruction):
+        self.push(self.stack[-instruction.arg])
+
+    def SWAP(self, instruction):
+        self.stack[-1], self.stack[-instruction.arg] = self.stack[-instruction.arg], self.stack[-1]
+
+    def LOAD_CONST(self, instruction):
+        value = instruction.argval
+        self.push(ConstantVariable(value))
+
+    def RETURN_CONST(self, instruction):
+        raise _Return(ConstantVariable(instruction.argval))
+
+    def RETURN_VALUE(self, instruction):
+        raise _Return(self.pop())
+
+    def LOAD_FAST(self, instruction):
+        name = instruction.argval
+        if name in self.locals:
+            self.push(self.locals[name])
+        elif name in self.cells:  # 3.13 loads a cell object itself with LOAD_FAST (for closures)
+            self.push(self.cells[name])
+        else:
+            raise Unsupported(f"local variable {name!r} read before assignment (the program raises)")
+
+    def LOAD_FAST_AND_CLEAR(self, instruction):
+        self.push(self.locals.pop(instruction.argval, NULL))
+
+    def LOAD_FAST_LOAD_FAST(self, instruction):
+        first, second = instruction.argval
+        self.push(self.locals[first])
+        self.push(self.locals[second])
+
+    def STORE_FAST(self, instruction):
+        value = self.pop()
+        if value is NULL:
+            self.locals.pop(instruction.argval, None)
+        else:
+            self.locals[instruction.argval] = value
+
+    def STORE_FAST_STORE_FAST(self, instruction):
+        first, second = instruction.argval
+        self.locals[first] = self.pop()
+        self.locals[second] = self.pop()
+
+    def STORE_FAST_LOAD_FAST(self, instruction):
+        store, load = instruction.argval
+        self.locals[store] = self.pop()
+        self.push(self.locals[load])
+
+    def DELETE_FAST(self, instruction):
+        self.locals.pop(instruction.argval, None)
+
+    def LOAD_CLOSURE(self, instruction):
+        self.push(self.cells[instruction.argval])
+
+    def LOAD_DEREF(self, instruction):
+        self.push(self.cells[instruction.argval].load(self))
+
+    def STORE_DEREF(self, instruction):
+        self.cells[instruction.argval].store(self, self.pop())
+
+    def LOAD_GLOBAL(self, instruction):
+        name = instruction.argval
+        pushes_null = versions.load_global_pushes_null(instruction.opname, instruction.arg)
+        value = self._global(name)
+        if pushes_null:
+            versions.push_callable_with_null(self.stack, value, NULL)
+        else:
+            self.push(value)
+
+    def _global(self, name: str) -> Variable:
+        stored = self.output.side_effects.globals.get((id(self.globals_source), name))
+        if stored is not None:
+            return stored[1]
+        if name in self.fn_globals:
+            if _is_library_globals(self.fn_globals):
+                return self.wrap(self.fn_globals[name], None, guard=False)
+            return self.wrap(self.fn_globals[name], ItemSource(self.globals_source, name))
+        if hasattr(builtins, name):
+            return self.wrap(getattr(builtins, name), None, guard=False)
+        raise Unsupported(f"name {name!r} is not defined (the program raises NameError)")
+
+    def LOAD_NAME(self, instruction):
+        self.push(self._global(instruction.argval))
+
+    def STORE_GLOBAL(self, instruction):
+        self.output.side_effects.store_global(self.globals_source, instruction.argval, self.pop())
+
+    # -- opcodes: attributes and items ----------------------------------------------------------------
+
+    def LOAD_ATTR(self, instruction):
+        self.push(self.pop().getattr(self, instruction.argval))
+
+    def LOAD_METHOD(self, instruction):
+        receiver = self.pop()
+        versions.push_callable_with_null(self.stack, receiver.getattr(self, instruction.argval), NULL)
+
+    def LOAD_SUPER_ATTR(self, instruction):
+        receiver = self.pop()
+        cls = self.pop()
+        self.pop()  # the global `super`
+        attribute = SuperVariable(cls.as_constant(), receiver).getattr(self, instruction.argval)
+        if versions.load_super_attr_is_method(instruction.arg):
+            versions.push_callable_with_null(self.stack, attribute, NULL)
+        else:
+            self.push(attribute)
+
+    def STORE_ATTR(self, instruction):
+        target = self.pop()
+        value = self.pop()
+        target.setattr(self, instruction.argval, value)
+
+    def DELETE_ATTR(self, instruction):
+        target = self.pop()
+        deleter = getattr(target, "delattr", None)
+        if deleter is None:
+            raise Unsupported(f"del on attribute {instruction.argval!r} of {target.describe()}")
+        deleter(self, instruction.argval)
+
+    def BINARY_SUBSCR(self, instruction):
+        key = self.pop()
+        container = self.pop()
+        self.push(container.getitem(self, key))
+
+    def STORE_SUBSCR(self, instruction):
+        key = self.pop()
+        container = self.pop()
+        value = self.pop()
+        container.setitem(self, key, value)
+
+    def DELETE_SUBSCR(self, instruction):
+        key = self.pop()
+        container = self.pop()
+        if isinstance(container, DictVariable):
+            container.call_method(self, "pop", [key], {})
+        elif isinstance(container, ListVariable):
+            del container.items[key.as_constant()]
+            container._mutated(self)
+        else:
+            raise Unsupported(f"del on an item of {container.describe()}")
+
+    def BINARY_SLICE(self, instruction):
+        stop = self.pop()
+        start = self.pop()
+        container = self.pop()
+        self.push(container.getitem(self, SliceVariable(start, stop, NONE)))
+
+    def STORE_SLICE(self, instruction):
+        stop = self.pop()
+        start = self.pop()
+        container = self.pop()
+        value = self.pop()
+        container.setitem(self, SliceVariable(start, stop, NONE), value)
+
+    def BUILD_SLICE(self, instruction):
+        parts = self.popn(instruction.arg)
+        if len(parts) == 2:
+            parts.append(NONE)
+        self.push(SliceVariable(*parts))
+
+    # -- opcodes: operators ----------------------------------------------------------------------------
+
+    def BINARY_OP(self, instruction):
+        right = self.pop()
+        left = self.pop()
+        self.push(binary_op(self, instruction.argrepr, left, right))
+
+    def UNARY_NEGATIVE(self, instruction):
+        self.push(unary_op(self, operator.neg, self.pop()))
+
+    def UNARY_POSITIVE(self, instruction):
+        self.push(unary_op(self, operator.pos, self.pop()))
+
+    def UNARY_INVERT(self, instruction):
+        self.push(unary_op(self, operator.invert, self.pop()))
+
+    def UNARY_NOT(self, instruction):
+        self.push(ConstantVariable(not self.pop().truth(self)))
+
+    def TO_BOOL(self, instruction):
+        self.push(ConstantVariable(self.pop().truth(self)))
+
+    def COMPARE_OP(self, instruction):
+        right = self.pop()
+        left = self.pop()
+        self.push(compare_op(self, versions.compare_operator(instruction.argval), left, right))
+
+    def IS_OP(self, instruction):
+        right = self.pop()
+        left = self.pop()
+        self.push(ConstantVariable(is_same(left, right) != bool(instruction.arg)))
+
+    def CONTAINS_OP(self, instruction):
+        container = self.pop()
+        item = self.pop()
+        self.push(ConstantVariable(contains(self, container, item) != bool(instruction.arg)))
+
+    # -- opcodes: control flow ---------------------------------------------------------------------------
+
+    def JUMP(self, instruction):
+        self.jump(instruction)
+
+    def POP_JUMP_IF_FALSE(self, instruction):
+        if not self.pop().truth(self):
+            self.jump(instruction)
+
+    def POP_JUMP_IF_TRUE(self, instruction):
+        if self.pop().truth(self):
+            self.jump(instruction)
+
+    def POP_JUMP_IF_NONE(self, instruction):
+        if is_same(self.pop(), NONE):
+            self.jump(instruction)
+
+    def POP_JUMP_IF_NOT_NONE(self, instruction):
+        if not is_same(self.pop(), NONE):
+            self.jump(instruction)
+
+    def JUMP_IF_FALSE_OR_POP(self, instruction):
+        if not self.stack[-1].truth(self):
+            self.jump(instruction)
+        else:
+            self.pop()
+
+    def JUMP_IF_TRUE_OR_POP(self, instruction):
+        if self.stack[-1].truth(self):
+            self.jump(instruction)
+        else:
+            self.pop()
+
+    def GET_ITER(self, instruction):
+        iterable = self.pop()
+        if isinstance(iterable, IteratorVariable):
+            self.push(iterable)
+        else:
+            self.push(IteratorVariable(iterable.unpack(self)))
+
+    def FOR_ITER(self, instruction):
+        iterator = self.stack[-1]
+        if not isinstance(iterator, IteratorVariable):
+            raise Unsupported(f"FOR_ITER over {iterator.describe()}")
+        item = iterator.next()
+        if item is not None:
+            self.push(item)
+            return
+        self.pop()
+        self.jump(instruction)
+        for skipped in versions.for_iter_exhaust_skip():
+            if self.instructions[self.ip].opname == skipped:
+                self.ip += 1
+
+    def END_FOR(self, instruction):
+        self.pop()
+        if versions.PY312:
+            self.pop()
+
+    def POP_ITER(self, instruction):
+        self.pop()
+
+    # -- opcodes: building containers --------------------------------------------------------------------
+
+    def BUILD_TUPLE(self, instruction):
+        self.push(TupleVariable(self.popn(instruction.arg)))
+
+    def BUILD_LIST(self, instruction):
+        self.push(ListVariable(self.popn(instruction.arg)))
+
+    def BUILD_SET(self, instruction):
+        from kiln.frontend.variables.builtins import SetVariable
+
+        self.push(SetVariable(item.as_constant() for item in self.popn(instruction.arg)))
+
+    def BUILD_MAP(self, instruction):
+        flat = self.popn(2 * instruction.arg)
+        self.push(DictVariable.from_pairs(self, list(zip(flat[::2], flat[1::2]))))
+
+    def BUILD_CONST_KEY_MAP(self, instruction):
+        keys = self.pop().as_constant()
+        values = self.popn(instruction.arg)
+        self.push(DictVariable.from_pairs(self, [(ConstantVariable(key), value) for key, value in zip(keys, values)]))
+
+    def BUILD_STRING(self, instruction):
+        parts = self.popn(instruction.arg)
+        self.push(ConstantVariable("".join(part.as_constant() for part in parts)))
+
+    def LIST_APPEND(self, instruction):
+        value = self.pop()
+        self.stack[-instruction.arg].items.append(value)
+
+    def SET_ADD(self, instruction):
+        value = self.pop()
+        self.stack[-instruction.arg].call_method(self, "add", [value], {})
+
+    def MAP_ADD(self, instruction):
+        value = self.pop()
+        key = self.pop()
+        self.stack[-instruction.arg].setitem(self, key, value)
+
+    def LIST_EXTEND(self, instruction):
+        iterable = self.pop()
+        self.stack[-instruction.arg].items.extend(iterable.unpack(self))
+
+    def SET_UPDATE(self, instruction):
+        iterable = self.pop()
+        self.stack[-instruction.arg].call_method(self, "update", [TupleVariable(iterable.unpack(self))], {})
+
+    def DICT_UPDATE(self, instruction):
+        mapping = self.pop()
+        self.stack[-instruction.arg].update_from(self, mapping)
+
+    DICT_MERGE = DICT_UPDATE
+
+    def LIST_TO_TUPLE(self, instruction):
+        self.push(TupleVariable(self.pop().unpack(self)))
+
+    def CALL_INTRINSIC_1(self, instruction):
+        name = versions.intrinsic_name(instruction.argrepr)
+        if name == "INTRINSIC_LIST_TO_TUPLE":
+            self.LIST_TO_TUPLE(instruction)
+        elif name == "INTRINSIC_UNARY_POSITIVE":
+            self.UNARY_POSITIVE(instruction)
+        else:
+            raise Unsupported(f"CALL_INTRINSIC_1 {name}")
+
+    def UNPACK_SEQUENCE(self, instruction):
+        items = self.pop().unpack(self)
+        if len(items) != instruction.arg:
+            raise Unsupported(f"unpacking {len(items)} values into {instruction.arg} (the program raises ValueError)")
+        self.stack.extend(reversed(items))
+
+    def UNPACK_EX(self, instruction):
+        before, after = instruction.arg & 0xFF, instruction.arg >> 8
+        items = self.pop().unpack(self)
+        if len(items) < before + after:
+            raise Unsupported("not enough values to unpack (the program raises ValueError)")
+        middle = ListVariable(items[before:len(items) - after])
+        self.stack.extend(reversed(items[len(items) - after:]))
+        self.push(middle)
+        self.stack.extend(reversed(items[:before]))
+
+    def FORMAT_VALUE(self, instruction):
+        flags = instruction.arg
+        spec = self.pop().as_constant() if flags & 0x04 else ""
+        value = self.pop().as_constant()
+        conversion = flags & 0x03
+        if conversion == 1:
+            value = str(value)
+        elif conversion == 2:
+            value = repr(value)
+        elif conversion == 3:
+            value = ascii(value)
+        self.push(ConstantVariable(format(value, spec)))
+
+    def FORMAT_SIMPLE(self, instruction):
+        self.push(ConstantVariable(format(self.pop().as_constant())))
+
+    def FORMAT_WITH_SPEC(self, instruction):
+        spec = self.pop().as_constant()
+        self.push(ConstantVariable(format(self.pop().as_constant(), spec)))
+
+    def CONVERT_VALUE(self, instruction):
+        value = self.pop().as_constant()
+        self.push(ConstantVariable({1: str, 2: repr, 3: ascii}[instruction.arg](value)))
+
+    # -- opcodes: calls and functions -----------------------------------------------------------------------
+
+    def KW_NAMES(self, instruction):
+        self.kw_names = self.code.co_consts[instruction.arg]  # dis leaves argval unresolved on 3.11
+
+    def CALL(self, instruction):
+        args = self.popn(instruction.arg)
+        names = self.kw_names or ()
+        self.kw_names = None
+        kwargs = {}
+        if names:
+            kwargs = dict(zip(names, args[len(args) - len(names):]))
+            args = args[:len(args) - len(names)]
+        self._call_with_stack(args, kwargs)
+
+    def CALL_KW(self, instruction):
+        self.kw_names = self.pop().as_constant()
+        self.CALL(instruction)
+
+    def CALL_FUNCTION_EX(self, instruction):
+        kwargs_variable = self.pop() if instruction.arg & 1 else None
+        args = self.pop().unpack(self)
+        kwargs = {}
+        if kwargs_variable is not None:
+            if isinstance(kwargs_variable, ExternalDictVariable):
+                kwargs = {key: kwargs_variable.item(self, key) for key in kwargs_variable.keys(self)}
+            elif isinstance(kwargs_variable, DictVariable):
+                kwargs = {hashable_key(self, key): value for key, value in kwargs_variable.entries.values()}
+            else:
+                raise Unsupported(f"** on {kwargs_variable.describe()}")
+        self._call_with_stack(args, kwargs)
+
+    def MAKE_FUNCTION(self, instruction):
+        code = self.pop().as_constant()
+        flags = instruction.arg or 0
+        closure = self.pop().unpack(self) if flags & 0x08 else None
+        if flags & 0x04:
+            self.pop()  # annotations
+        kwdefaults = self.pop() if flags & 0x02 else None
+        defaults = self.pop().unpack(self) if flags & 0x01 else None
+        kwdefault_values = {hashable_key(self, key): value for key, value in kwdefaults.entries.values()} \
+            if isinstance(kwdefaults, DictVariable) else None
+        self.push(NestedFunctionVariable(code, self.fn_globals, code.co_name, defaults, kwdefault_values, closure))
+
+    def SET_FUNCTION_ATTRIBUTE(self, instruction):
+        function = self.pop()
+        value = self.pop()
+        if instruction.arg == 0x08:
+            function.closure = value.unpack(self)
+        elif instruction.arg == 0x02:
+            function.kwdefaults = {hashable_key(self, key): item for key, item in value.entries.values()}
+        elif instruction.arg == 0x01:
+            function.defaults = value.unpack(self)
+        self.push(function)
+
+    def RETURN_GENERATOR(self, instruction):
+        self.push(NONE)
+
+    def YIELD_VALUE(self, instruction):
+        if not self.is_generator:
+            raise Unsupported("yield outside a generator being inlined")
+        self.yielded.append(self.pop())
+        self.push(NONE)
+
+    def BEFORE_WITH(self, instruction):
+        manager = self.pop()
+        exit_method = ContextExitVariable(manager)
+        entered = manager.call_method(self, "__enter__", [], {})
+        self.push(exit_method)
+        self.push(entered)
+
+    def IMPORT_NAME(self, instruction):
+        fromlist = self.pop().as_constant()
+        level = self.pop().as_constant()
+        module = __import__(instruction.argval, self.fn_globals, None, fromlist, level)
+        self.push(self.wrap(module, None, guard=False))
+
+    def IMPORT_FROM(self, instruction):
+        self.push(self.stack[-1].getattr(self, instruction.argval))
+
+    def LOAD_ASSERTION_ERROR(self, instruction):
+        self.push(ClassVariable(AssertionError))
+
+    def RAISE_VARARGS(self, instruction):
+        exception = self.stack[-1] if instruction.arg else None
+        what = exception.describe() if exception is not None else "re-raise"
+        raise Unsupported(f"raise ({what}): raising exceptions inside a compiled function")
+
+    def LOAD_BUILD_CLASS(self, instruction):
+        raise Unsupported("defining a class inside a compiled function")
+
+
+class ContextExitVariable(Variable):
+    """The `__exit__` BEFORE_WITH pushes; called with (None, None, None) on normal exit."""
+
+    def __init__(self, manager: Variable):
+        self.manager = manager
+
+    def describe(self) -> str:
+        return f"__exit__ of {self.manager.describe()}"
+
+    def call(self, tx, args, kwargs) -> Variable:
+        if any(not (isinstance(arg, ConstantVariable) and arg.value is None) for arg in args):
+            raise Unsupported("a with-block exited by an exception")
+        return self.manager.call_method(tx, "__exit__", [NONE, NONE, NONE], {})
+
+
+class SuperVariable(Variable):
+    """super(cls, obj): attribute lookup starting after `cls` in obj's MRO."""
+
+    def __init__(self, cls: type, receiver: Variable):
+        self.cls = cls
+        self.receiver = receiver
+
+    def describe(self) -> str:
+        return f"super({self.cls.__qualname__})"
+
+    def getattr(self, tx, name: str) -> Variable:
+        receiver_type = self.receiver.python_type()
+        if isinstance(self.receiver, ClassVariable):
+            receiver_type = self.receiver.value
+        mro = receiver_type.__mro__
+        for klass in mro[mro.index(self.cls) + 1:]:
+            if name in klass.__dict__:
+                raw = klass.__dict__[name]
+                if raw is object.__init__ or raw is object.__init_subclass__:
+                    return _NoOpCallable()
+                return bind_class_attribute(tx, raw, name, self.receiver, receiver_type, None)
+        raise Unsupported(f"super().{name}: not found after {self.cls.__qualname__}")
+
+
+class _NoOpCallable(Variable):
+    def call(self, tx, args, kwargs) -> Variable:
+        return NONE
+
+
+def _is_library_globals(fn_globals: dict) -> bool:
+    """Globals of torch's own modules: kiln assumes they are not rebound while compiled code runs."""
+    from kiln.frontend.variables.modules import _TRUSTED_MODULE_ROOTS
+
+    return str(fn_globals.get("__name__", "")).split(".")[0] in _TRUSTED_MODULE_ROOTS
+
+
+def _describe_opcode(instruction: bytecode.Instruction) -> str:
+    return f"normalized {instruction.op}, arg {instruction.argrepr or instruction.arg}"
+

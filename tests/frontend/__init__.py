@@ -1,0 +1,1 @@
+"""Tests of kiln/frontend: bytecode round trip, the program corpus, guards, models."""
