@@ -196,6 +196,7 @@ def run_case(spec: dict) -> dict:
     if before_each:
         before_each()
     result["first_call_s"], _ = timing.time_first_call(runner, device)
+    timing.spin_up(device, spec.get("spin_up_s", 0.0))
     for _ in range(spec["warmup"]):
         if before_each:
             before_each()

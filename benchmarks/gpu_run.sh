@@ -29,6 +29,9 @@ if ! "$PYTHON" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() el
     echo "gpu_run.sh: $PYTHON's torch sees no CUDA device; set PYTHON to an interpreter with a CUDA torch" >&2
     exit 1
 fi
+if [ -z "${KILN_GIT_COMMIT:-}" ] && ! git rev-parse HEAD >/dev/null 2>&1; then
+    echo "gpu_run.sh: no git checkout here and KILN_GIT_COMMIT unset: results will say 'kiln commit: unknown'" >&2
+fi
 "$PYTHON" - <<'PY'
 import importlib.metadata as md, platform, torch
 names = ("triton", "transformers", "timm", "torchvision")

@@ -169,7 +169,7 @@ def _kernel_table(cases, workloads, compiled_columns) -> list[str]:
     copy = index.get(("kernels", "copy", "eager", "infer"))
     ceiling = copy.get("gb_per_s") if _ok(copy) else None
     lines = [f"Copy ceiling (read + write, measured in this run): "
-             f"{f'{ceiling:,.0f} GB/s' if ceiling else 'not measured'}", ""]
+             f"{_bandwidth(ceiling) + ' GB/s' if ceiling else 'not measured'}", ""]
     header = ["program", "shape", "eager us"]
     for column in compiled_columns:
         header += [f"{COLUMN_TITLES[column]} us", "x"]
@@ -191,7 +191,7 @@ def _kernel_table(cases, workloads, compiled_columns) -> list[str]:
             speedups[column].append(ratio)
             row += [_time_cell(case, 1000.0, 1), _fmt_ratio(ratio)]
         all_cases = [baseline, *row_cases]
-        row.append(" / ".join(f"{c['gb_per_s']:,.0f}" if _ok(c) else "-" for c in all_cases))
+        row.append(" / ".join(_bandwidth(c['gb_per_s']) if _ok(c) else "-" for c in all_cases))
         row.append(" / ".join(f"{c['gb_per_s'] / ceiling:.2f}" if _ok(c) and ceiling else "-" for c in all_cases))
         row.append(" / ".join(_accuracy_cell(c) or "-" for c in row_cases))
         lines.append("| " + " | ".join(row) + " |")
@@ -200,6 +200,10 @@ def _kernel_table(cases, workloads, compiled_columns) -> list[str]:
         geomean_row += ["", _geomean_cell(speedups[column])]
     lines.append("| " + " | ".join(geomean_row + ["", "", ""]) + " |")
     return lines
+
+
+def _bandwidth(gb_per_s: float) -> str:
+    return f"{gb_per_s:,.0f}" if gb_per_s >= 100 else f"{gb_per_s:.3g}"
 
 
 def _problems(cases) -> list[str]:

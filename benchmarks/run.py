@@ -44,6 +44,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="default: cuda when available and not --small, else cpu")
     parser.add_argument("--warmup", type=int, default=None, help="warm-up calls (default 3; 1 with --small)")
     parser.add_argument("--iterations", type=int, default=None, help="timed calls (default 30; 5 with --small)")
+    parser.add_argument("--spin-up", type=float, default=1.0,
+                        help="seconds of matmuls on the GPU after the first call, before the warm-up calls, "
+                             "so timed calls run at steady clocks (0: off; ignored on a CPU)")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case before it is killed")
     parser.add_argument("--budget", type=float, default=None,
                         help="seconds for the whole run; cases that would start after it are recorded as skipped")
@@ -115,11 +118,14 @@ def plan(args, device: str) -> tuple[list[dict], dict]:
                     specs.append({"suite": suite, "workload": workload, "backend": backend, "mode": mode,
                                   "device": device, "small": args.small, "warmup": args.warmup,
                                   "iterations": args.iterations, "kiln_backend": args.kiln_backend,
-                                  "kiln_strict": args.kiln_strict, "check": not args.no_check})
+                                  "kiln_strict": args.kiln_strict, "check": not args.no_check,
+                                  "spin_up_s": args.spin_up if device == "cuda" else 0.0})
     autocast = "bf16 autocast" if device == "cuda" and not args.small else (
         "bf16 autocast (models), float32 kernels" if device == "cuda" else "float32, no autocast")
     method = (f"{device}, {autocast}; inference under torch.no_grad(); training = forward + loss.backward() "
-              f"(no optimizer step); first call timed as compile time (wall); {args.warmup} warm-up calls; "
+              f"(no optimizer step); first call timed as compile time (wall); "
+              f"{f'{args.spin_up:g} s of GPU spin-up, ' if device == 'cuda' and args.spin_up > 0 else ''}"
+              f"{args.warmup} warm-up calls; "
               f"{args.iterations} timed calls ({'CUDA events' if device == 'cuda' else 'time.perf_counter'}), "
               f"median quoted; each case in its own process"
               f"{' with cold compile caches' if not args.shared_cache else ''}")

@@ -19,6 +19,19 @@ def synchronize(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def spin_up(device: str, seconds: float) -> None:
+    """Keep the GPU busy with matmuls for `seconds`, so that the warm-up and timed calls that
+    follow run at steady clocks rather than after an idle spell (compiling leaves the GPU idle)."""
+    if not device.startswith("cuda") or seconds <= 0:
+        return
+    matrix = torch.randn(4096, 4096, device=device, dtype=torch.bfloat16)
+    deadline = time.perf_counter() + seconds
+    while time.perf_counter() < deadline:
+        for _ in range(8):
+            torch.mm(matrix, matrix)
+        torch.cuda.synchronize()
+
+
 def time_first_call(call: Callable[[], Any], device: str) -> tuple[float, Any]:
     """Wall seconds of one call (the compiling one) and its result."""
     synchronize(device)
@@ -66,6 +79,7 @@ def summarize(times_ms: list[float]) -> dict:
         "p20_ms": ordered[len(ordered) // 5],
         "p80_ms": ordered[(4 * len(ordered)) // 5 - 1 if len(ordered) >= 5 else -1],
         "iterations": len(ordered),
+        "times_ms": [round(t, 5) for t in times_ms],  # in call order, to see drift or outliers
     }
 
 

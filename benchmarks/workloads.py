@@ -257,7 +257,7 @@ def _kernel(name: str, shape: str, fn: Callable, *inputs: torch.Tensor) -> Workl
 def kernel_workload(name: str, small: bool, device: str) -> Workload:
     """One row of TARGETS.md's roofline table (shrunk, and float32, when small)."""
     low = torch.float32 if small else torch.bfloat16
-    rows, cols = (256, 1024) if small else (65536, 4096)
+    rows, cols = (32, 512) if small else (65536, 4096)  # small: few programs for the interpreter
     matrix = f"{rows}x{cols} {str(low).replace('torch.', '')}"
 
     def randn(*size, dtype=low):
@@ -273,7 +273,7 @@ def kernel_workload(name: str, small: bool, device: str) -> Workload:
         return _kernel(name, "10k fp32", sin_add, randn(10_000, dtype=torch.float32),
                        randn(10_000, dtype=torch.float32))
     if name == "sin_large":
-        log2 = 20 if small else 28
+        log2 = 16 if small else 28
         return _kernel(name, f"2^{log2} fp32", sin_add, randn(1 << log2, dtype=torch.float32),
                        randn(1 << log2, dtype=torch.float32))
     if name == "gelu_bias":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import random
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -19,9 +20,6 @@ if not torch.cuda.is_available():
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "models: tiny real models compiled end to end (tests/models)")
-
-
-import pytest  # noqa: E402  (after the environment is set)
 
 
 @pytest.fixture(autouse=True)

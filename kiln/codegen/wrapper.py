@@ -202,7 +202,8 @@ class WrapperGenerator:
                 buffer = self.graph.buffers[name]
                 stride = "(" + "".join(self.py(s) + ", " for s in buffer.layout.stride) + ")"
                 size = "(" + "".join(self.py(s) + ", " for s in buffer.layout.size) + ")"
-                lines.append(f"if {name}.stride() != {stride}: {name} = restride({name}, {size}, {stride})")
+                lines.append(f"if {name} is not None and {name}.stride() != {stride}: "
+                             f"{name} = restride({name}, {size}, {stride})")
         return lines
 
     def _output(self, output) -> str:

@@ -30,6 +30,10 @@ class Unsupported(Exception):
         return f"{self.message}\n  at {where}{stack}"
 
 
+class AttributeFailure(Unsupported):
+    """An attribute lookup that fails the way Python's would (hasattr/getattr-with-default catch it)."""
+
+
 class FullgraphError(KilnCompileError):
     """kiln.compile(fullgraph=True) met code it cannot put into one graph."""
 

@@ -23,6 +23,7 @@ local (`SourceRenderer`), which keeps the per-call cost low for deep module tree
 """
 from __future__ import annotations
 
+import enum
 import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -85,7 +86,10 @@ class GuardBuilder:
         if value is None or value is True or value is False or value is Ellipsis:
             self.add(source, f"{{}} is not {value!r}", f"is no longer {value!r}")
             return
-        if isinstance(value, _LITERAL_TYPES) and value == value:  # NaN never equals itself
+        if isinstance(value, enum.Enum):
+            self.identity(source, value)
+            return
+        if type(value) in _LITERAL_TYPES and value == value:  # NaN never equals itself
             self.type_is(source, type(value))
             self.add(source, f"{{}} != {value!r}", f"changed from {value!r}")
             return

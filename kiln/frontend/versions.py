@@ -179,12 +179,6 @@ def for_iter_exhaust_skip() -> tuple[str, ...]:
     return ("END_FOR", "POP_TOP")
 
 
-def for_iter_pops_iterator_on_exhaust() -> bool:
-    """3.11 pops the iterator when FOR_ITER is exhausted; 3.12+ has END_FOR/POP_ITER do it,
-    but since the skip above jumps over those, the net effect is the same: the iterator goes."""
-    return True
-
-
 def intrinsic_name(argrepr: str) -> str:
     """CALL_INTRINSIC_1's function name (3.12+), e.g. 'INTRINSIC_LIST_TO_TUPLE'."""
     return argrepr

@@ -44,7 +44,7 @@ class Outcome:
     RUNTIME_ERROR = "runtime error"      # the compiled callable raised
     TIMEOUT = "timeout"                  # the sample ran past its time limit
     CRASH = "crash"                      # the worker process died (segfault, abort, OOM)
-    HARNESS_ERROR = "harness error"      # this harness could not build the graph: our bug
+    HARNESS_ERROR = "harness error"      # the harness (or kiln.testing.compare) broke: a test bug
     EAGER_ERROR = "eager error"          # eager itself raises: nothing to compare, skipped
     NO_TENSOR_OUTPUT = "no tensor output"  # the op returns only Python values: not a graph
     DATA_DEPENDENT = "data-dependent"    # tracing needs tensor values (narrow(x, 0, tensor), nonzero):
@@ -62,7 +62,8 @@ _DATA_DEPENDENT_ERRORS = ("DataDependentOutputException", "DynamicOutputShapeExc
 
 # Ops whose values cannot be compared with eager's, only their shapes and dtypes:
 # they draw random numbers (kiln's generator is not torch's) or return uninitialized
-# memory. OpInfo's own flags (has_nondeterministic_output, ...) are added to these.
+# memory. OpInfo's own flags (has_nondeterministic_output, ...) are added to these, and
+# any single sample whose eager result changes with the seed (see _random_in_eager).
 SHAPE_ONLY_OPS = {
     "bernoulli": "random", "cauchy": "random", "exponential": "random", "geometric": "random",
     "log_normal": "random", "multinomial": "random", "normal": "random", "uniform": "random",
@@ -434,8 +435,8 @@ def _run_forward(op, sample, index: int, backend) -> SampleResult:
     # Compare outputs and inputs (an op may mutate its inputs), in the graph's input order.
     eager_by_id = {id(tensor): copy for tensor, copy in zip(distinct, eager_inputs)}
     eager_inputs_in_graph_order = [eager_by_id[id(tensor)] for tensor in sample_graph.tensors]
-    actual = [_dense(tensor) for tensor in actual_outputs + compiled_inputs]
-    eager = [_dense(tensor) for tensor in eager_outputs + eager_inputs_in_graph_order]
+    actual = [_plain(tensor) for tensor in actual_outputs + compiled_inputs]
+    eager = [_plain(tensor) for tensor in eager_outputs + eager_inputs_in_graph_order]
     if [tensor.layout for tensor in actual_outputs] != [tensor.layout for tensor in eager_outputs]:
         return SampleResult(index, Outcome.MISMATCH, "output layouts differ from eager's", check, **stats)
     if shape_only:
@@ -449,18 +450,27 @@ def _run_forward(op, sample, index: int, backend) -> SampleResult:
 
 
 def _random_in_eager(op, sample, distinct: list, eager_outputs: list) -> bool:
-    """Does eager give other values under another seed? (Then only shapes can be compared.)"""
+    """Does eager give other values under another seed? (Then only shapes can be compared.)
+
+    OpInfo wraps some random ops (dropout, attention with dropout_p) in
+    `wrapper_set_seed`, which calls `torch.manual_seed(42)` inside the op; that call is
+    shifted too, so that such a sample shows up as random.
+    """
     inputs = [copy_tensor(tensor) for tensor in distinct]
+    real_manual_seed = torch.manual_seed
     try:
-        torch.manual_seed(SEED + 1)
+        torch.manual_seed = lambda seed: real_manual_seed(int(seed) + 1)
+        torch.manual_seed(SEED)
         again = tensor_leaves(_call_on(op, sample, distinct, inputs))
     except Exception:
         return False
+    finally:
+        torch.manual_seed = real_manual_seed
     return len(again) != len(eager_outputs) or not all(map(_same_values, eager_outputs, again))
 
 
 def _same_values(first: torch.Tensor, second: torch.Tensor) -> bool:
-    first, second = _dense(first), _dense(second)
+    first, second = _plain(first), _plain(second)
     if first.shape != second.shape or first.dtype != second.dtype:
         return False
     if first.is_floating_point() or first.is_complex():
@@ -468,9 +478,14 @@ def _same_values(first: torch.Tensor, second: torch.Tensor) -> bool:
     return torch.equal(first, second)
 
 
-def _dense(tensor: torch.Tensor) -> torch.Tensor:
-    """Sparse tensors compare as dense ones (after their layouts are checked)."""
-    return tensor.to_dense() if tensor.layout != torch.strided else tensor
+def _plain(tensor: torch.Tensor) -> torch.Tensor:
+    """A strided tensor without a lazy conjugate or negative bit, which compare() can read.
+
+    Sparse tensors compare as dense ones (their layouts are checked first).
+    """
+    if tensor.layout != torch.strided:
+        tensor = tensor.to_dense()
+    return tensor.resolve_conj().resolve_neg() if tensor.is_complex() else tensor
 
 
 def _call_on(op, sample, originals: list, replacements: list):
@@ -490,7 +505,8 @@ def _float64_reference(op, sample, tensors: list, to_float64, expected_leaves: i
     reference_inputs = [to_float64(copy_tensor(tensor)) for tensor in tensors]
     try:
         torch.manual_seed(SEED)
-        reference = tensor_leaves(_call_on(op, sample, tensors, reference_inputs)) + reference_inputs
+        reference = [_plain(leaf) for leaf in tensor_leaves(_call_on(op, sample, tensors, reference_inputs))]
+        reference += reference_inputs
     except Exception:
         return None
     return reference if len(reference) == expected_leaves else None

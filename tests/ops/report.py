@@ -68,7 +68,7 @@ def case_summary(case: Case, samples: list[SampleResult], error: str | None, fin
     return {
         "op": case.op_name, "variant": case.variant, "dtype": case.dtype, "direction": case.direction,
         "status": status, "lowering": _case_lowering(passes),
-        "check": passes[0].check if passes else (samples[0].check if samples else "values"),
+        "check": "+".join(sorted({sample.check for sample in passes}, reverse=True)) or "values",
         "counts": dict(counts), "first_failure": first_failure, "skip_note": skip_note,
         "known_reason": known or "", "error": error or "",
         "seconds": round(sum(sample.seconds for sample in samples), 2),
@@ -110,7 +110,8 @@ def totals(rows: list[dict]) -> dict:
         "passing cases fully lowered to kernels": sum(row["lowering"] in ("kernels", "no compute") for row in passing),
         "passing cases using externs": sum(row["lowering"] in ("externs", "mixed") for row in passing),
         "passing cases with unknown lowering": sum(row["lowering"] == "unknown" for row in passing),
-        "shape-only cases (random or uninitialized)": sum(row["check"] == "shape" for row in rows),
+        "cases checked for shape only (random or uninitialized)": sum(row["check"] == "shape" for row in rows),
+        "cases with some samples checked for shape only": sum(row["check"] == "values+shape" for row in rows),
         **{f"cases with a {outcome}": cases_with(outcome) for outcome in Outcome.FAILURES},
         **{f"samples {outcome}": samples.get(outcome, 0) for outcome in (Outcome.PASS, *Outcome.FAILURES, *Outcome.SKIPS)},
     }

@@ -3,6 +3,7 @@
     python -m tests.ops.sweep                                   # kiln, float32+bfloat16, every op
     python -m tests.ops.sweep --backend aot_eager --jobs 4       # validate the harness itself
     python -m tests.ops.sweep --ops add,max.binary,nn.functional.gelu --max-samples 3
+    python -m tests.ops.sweep --subset                          # the CI subset's cases, in workers
     python -m tests.ops.sweep --update-known-failures tests/ops/results/sweep_kiln_<date>.json
 
 A sweep writes tests/ops/results/sweep_<backend>_<date>.md and .json and exits with 1
@@ -20,6 +21,7 @@ import sys
 import time
 
 from tests.ops import harness, report
+from tests.ops.subset import SAMPLES_PER_CASE, subset_cases
 from tests.ops.workers import run_pool
 
 RESULTS_DIR = pathlib.Path(__file__).with_name("results")
@@ -32,6 +34,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--backend", default="kiln", choices=harness.BACKENDS, help="rung of kiln's ladder")
     parser.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated, of: " + ",".join(harness.DTYPES))
     parser.add_argument("--ops", default="", help="comma-separated OpInfo names ('max' = all variants, 'max.binary' = one)")
+    parser.add_argument("--subset", action="store_true",
+                        help="the CI subset's cases (tests/ops/subset.py), with its sample cap unless --max-samples")
     parser.add_argument("--direction", default="forward", choices=harness.DIRECTIONS)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--max-samples", type=int, default=DEFAULT_MAX_SAMPLES,
@@ -78,7 +82,12 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the sweep the way Ctrl-C does: report what finished
     max_samples = args.max_samples or None
     dtypes = args.dtypes.split(",")
-    cases, unsupported = select_cases(args.ops, dtypes, args.direction)
+    if args.subset:
+        cases, unsupported = [case for case in subset_cases() if case.dtype in dtypes], 0
+        if args.max_samples == DEFAULT_MAX_SAMPLES:
+            max_samples = SAMPLES_PER_CASE
+    else:
+        cases, unsupported = select_cases(args.ops, dtypes, args.direction)
     print(f"sweeping {len(cases)} cases on {args.backend} with {args.jobs} workers "
           f"({unsupported} ops support none of {dtypes} on CPU)", file=sys.stderr)
     started = time.monotonic()

@@ -13,12 +13,13 @@ constants run for real at trace time, since they cannot have side effects.
 """
 from __future__ import annotations
 
+import inspect
 import operator
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from kiln.frontend.errors import Unsupported
+from kiln.frontend.errors import AttributeFailure, Unsupported
 from kiln.frontend.sources import Source
 
 if TYPE_CHECKING:
@@ -119,7 +120,7 @@ NULL = NullVariable()
 
 _IMMUTABLE_TYPES = (type(None), bool, int, float, complex, str, bytes, type(Ellipsis), type(NotImplemented),
                     range, slice, frozenset, torch.dtype, torch.device, torch.layout, torch.memory_format,
-                    torch.finfo, torch.iinfo)
+                    torch.finfo, torch.iinfo, inspect.Signature, inspect.Parameter)
 
 
 def is_constant_value(value: Any) -> bool:
@@ -173,7 +174,7 @@ class ConstantVariable(Variable):
         try:
             value = getattr(self.value, name)
         except AttributeError as error:
-            raise Unsupported(f"{self.describe()} has no attribute {name!r}: {error}") from None
+            raise AttributeFailure(f"{self.describe()} has no attribute {name!r}: {error}") from None
         from kiln.frontend.variables.builder import wrap_sourceless
 
         return wrap_sourceless(tx, value)

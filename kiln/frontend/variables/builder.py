@@ -14,6 +14,7 @@ import contextvars
 import enum
 import functools
 import logging
+import os
 import types
 from typing import Any
 
@@ -74,7 +75,9 @@ def _make(tx, value: Any, source: Source | None, guards) -> Variable:
         if type(value) is list:
             return ListVariable(items, source)
         return TupleVariable(items, source, type(value))
-    if isinstance(value, dict):
+    if isinstance(value, os._Environ) and source is not None:
+        return ExternalDictVariable(value, source)  # os.environ reads are guarded key by key
+    if isinstance(value, dict) and _behaves_as_dict(type(value)):
         if source is None:
             return DictVariable({key: (wrap_sourceless(tx, key), wrap_sourceless(tx, item))
                                  for key, item in value.items()}, dict_type=type(value))
@@ -140,6 +143,16 @@ def _is_plain_instance(value: Any) -> bool:
                                   logging.Logger, logging.LoggerAdapter))
 
 
+_DICT_METHODS = ("get", "__getitem__", "__contains__", "keys", "items", "values", "__iter__", "__len__")
+
+
+def _behaves_as_dict(cls: type) -> bool:
+    """A dict or a dict subclass that reads like one (no overridden lookups)."""
+    return all(getattr(cls, name) is getattr(dict, name) or
+               any(getattr(cls, name) is getattr(base, name, None) for base in (dict,)) for name in _DICT_METHODS) \
+        or cls.__module__ == "collections"
+
+
 def _from_torch(value: Any) -> bool:
     module = getattr(value, "__module__", None) or ""
     return module.startswith("torch")
@@ -153,7 +166,7 @@ def wrap_sourceless(tx, value: Any) -> Variable:
         return ListVariable([wrap_sourceless(tx, item) for item in value])
     if type(value) is tuple or (isinstance(value, tuple) and hasattr(type(value), "_fields")):
         return TupleVariable([wrap_sourceless(tx, item) for item in value], tuple_type=type(value))
-    if type(value) is dict:
+    if type(value) in (dict, types.MappingProxyType):
         return DictVariable({key: (wrap_sourceless(tx, key), wrap_sourceless(tx, item))
                              for key, item in value.items()})
     if isinstance(value, torch.Tensor):

@@ -138,7 +138,7 @@ def _type(tx, args, kwargs):
 
 
 def _getattr(tx, args, kwargs):
-    from kiln.frontend.variables.objects import AttributeFailure
+    from kiln.frontend.errors import AttributeFailure
 
     target, name = args[0], args[1].as_constant()
     if len(args) == 3:
@@ -150,7 +150,7 @@ def _getattr(tx, args, kwargs):
 
 
 def _hasattr(tx, args, kwargs):
-    from kiln.frontend.variables.objects import AttributeFailure
+    from kiln.frontend.errors import AttributeFailure
 
     target, name = args[0], args[1].as_constant()
     checker = getattr(target, "has_attribute", None)

@@ -16,10 +16,6 @@ from kiln.frontend.sources import ItemSource, is_literal_key
 from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
 
 
-def _constant_args(args, kwargs) -> bool:
-    return all(arg.is_constant() for arg in args) and all(arg.is_constant() for arg in kwargs.values())
-
-
 def hashable_key(tx, key: Variable) -> Any:
     """The Python object a tracker stands for as a dict key."""
     from kiln.frontend.variables.tensor import TensorVariable

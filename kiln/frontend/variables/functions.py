@@ -325,12 +325,24 @@ class MethodDescriptorVariable(Variable):
         if not args:
             raise Unsupported(f"calling {self.describe()} without a receiver")
         receiver = args[0]
+        generic = {"generic": True} if _has_generic_access(receiver) else {}
         if self.owner is object and self.name == "__setattr__":
-            receiver.setattr(tx, args[1].as_constant(), args[2])
+            receiver.setattr(tx, args[1].as_constant(), args[2], **generic)
             return NONE
         if self.owner is object and self.name == "__getattribute__":
-            return receiver.getattr(tx, args[1].as_constant())
+            return receiver.getattr(tx, args[1].as_constant(), **generic)
+        if self.owner is dict and generic and isinstance(receiver.value, dict) and receiver.source is not None:
+            # dict's own method on a dict subclass that overrides it: read the real mapping
+            from kiln.frontend.variables.containers import ExternalDictVariable
+
+            receiver = ExternalDictVariable(receiver.value, receiver.source)
         return receiver.call_method(tx, self.name, list(args[1:]), kwargs)
+
+
+def _has_generic_access(receiver: Variable) -> bool:
+    from kiln.frontend.variables.objects import UserObjectVariable
+
+    return isinstance(receiver, UserObjectVariable)
 
 
 # Torch functions with global effects: running them at trace time would be wrong.

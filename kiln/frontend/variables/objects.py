@@ -16,11 +16,10 @@ and replayed after the graph runs. Objects created during the trace
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import types
 from typing import Any
 
-from kiln.frontend.errors import Unsupported
+from kiln.frontend.errors import AttributeFailure, Unsupported
 from kiln.frontend.sources import AttrSource, TypeSource
 from kiln.frontend.variables.base import NONE, ConstantVariable, TrackerMethod, Variable
 
@@ -103,21 +102,26 @@ class UserObjectVariable(Variable):
             return True
         raise Unsupported(f"truth value of {self.describe()} (its class defines __bool__ or __len__)")
 
-    def getattr(self, tx, name: str) -> Variable:
+    def getattr(self, tx, name: str, generic: bool = False) -> Variable:
+        """`obj.name`; `generic` skips a class-defined __getattribute__ (object.__getattribute__ itself)."""
         if name in self.pending:
             if self.pending[name] is DELETED:
-                raise Unsupported(f"reading attribute {name!r} deleted during the trace")
+                raise AttributeFailure(f"reading attribute {name!r} deleted during the trace")
             return self.pending[name]
-        return object_getattr(tx, self, self.value, name)
+        return object_getattr(tx, self, self.value, name, generic)
 
     def has_attribute(self, tx, name: str) -> bool:
         if name in self.pending:
             return self.pending[name] is not DELETED
         return object_has_attribute(tx, self, self.value, name)
 
-    def setattr(self, tx, name: str, value: Variable) -> None:
-        if type(self.value).__setattr__ is not object.__setattr__:
-            raise Unsupported(f"setting {name!r} on {self.describe()} whose class overrides __setattr__")
+    def setattr(self, tx, name: str, value: Variable, generic: bool = False) -> None:
+        """`obj.name = value`; a class-defined __setattr__ is inlined unless `generic`."""
+        raw, _ = lookup_class_attribute(type(self.value), "__setattr__")
+        if isinstance(raw, types.FunctionType) and not generic:
+            bind_class_attribute(tx, raw, "__setattr__", self, type(self.value), _class_source(tx, self.source)) \
+                .call(tx, [ConstantVariable(name), value], {})
+            return
         if self.source is None:
             raise Unsupported(f"setting {name!r} on {self.describe()} that has no source")
         self.pending[name] = value
@@ -146,12 +150,19 @@ class UserObjectVariable(Variable):
         raise Unsupported(f"iterating over {self.describe()}")
 
 
-def object_getattr(tx, variable: Variable, value: Any, name: str) -> Variable:
-    """Python's attribute lookup on an outside object, without running its code."""
+def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool = False) -> Variable:
+    """Python's attribute lookup on an outside object, without running its code.
+
+    A class-defined `__getattribute__` is inlined (unless `generic`, which is what
+    `object.__getattribute__` inside it asks for).
+    """
     cls = type(value)
-    if cls.__getattribute__ is not object.__getattribute__ and not _is_module(value):
-        raise Unsupported(f"{cls.__qualname__} overrides __getattribute__")
     source = variable.source
+    raw_getattribute, _ = lookup_class_attribute(cls, "__getattribute__")
+    if isinstance(raw_getattribute, types.FunctionType) and not _is_module(value) and not generic:
+        raw = raw_getattribute
+        return bind_class_attribute(tx, raw, "__getattribute__", variable, cls, _class_source(tx, source)) \
+            .call(tx, [ConstantVariable(name)], {})
     raw, owner = lookup_class_attribute(cls, name)
     is_data_descriptor = raw is not _MISSING and (hasattr(type(raw), "__set__") or hasattr(type(raw), "__delete__"))
     if is_data_descriptor and not isinstance(raw, property):
@@ -185,10 +196,6 @@ def object_has_attribute(tx, variable: Variable, value: Any, name: str) -> bool:
         return True
     except AttributeFailure:
         return False
-
-
-class AttributeFailure(Unsupported):
-    """An attribute lookup that fails the way Python's would (hasattr/getattr default catch it)."""
 
 
 def _is_module(value: Any) -> bool:
@@ -512,7 +519,3 @@ class ContextVarTokenVariable(Variable):
     def __init__(self, var: ContextVarVariable, depth: int):
         self.var = var
         self.depth = depth
-
-
-def signature_of(cls: type):
-    return inspect.signature(cls)

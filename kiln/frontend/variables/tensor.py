@@ -14,7 +14,7 @@ import operator
 
 import torch
 
-from kiln.frontend.errors import Unsupported
+from kiln.frontend.errors import AttributeFailure, Unsupported
 from kiln.frontend.variables.base import ConstantVariable, Variable
 
 # Attributes that are plain metadata: read them off the fake tensor.
@@ -75,6 +75,8 @@ class TensorVariable(Variable):
             return wrap_sourceless(tx, self.real_type)
         if callable(getattr(torch.Tensor, name, None)):
             return TensorMethodVariable(self, name)
+        if not hasattr(torch.Tensor, name):
+            raise AttributeFailure(f"'Tensor' object has no attribute {name!r}")
         raise Unsupported(f"tensor attribute {name!r}")
 
     def call_method(self, tx, name, args, kwargs) -> Variable:

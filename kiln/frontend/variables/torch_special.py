@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import inspect
 import typing
 import warnings
 from typing import Any, Callable
@@ -82,6 +83,24 @@ def _check(tx, args, kwargs):
     raise Unsupported("torch._check on a value not known at trace time")
 
 
+def real_callable(variable: Variable) -> Any:
+    """The real Python callable a tracker stands for (for introspection such as inspect.signature)."""
+    from kiln.frontend.variables.functions import BoundMethodVariable
+
+    if isinstance(variable, BoundMethodVariable):
+        import types
+
+        return types.MethodType(real_callable(variable.function), real_callable(variable.bound_self))
+    for attribute in ("fn", "value"):
+        if hasattr(variable, attribute):
+            return getattr(variable, attribute)
+    raise Unsupported(f"introspecting {variable.describe()}")
+
+
+def _signature(tx, args, kwargs):
+    return ConstantVariable(inspect.signature(real_callable(args[0])))
+
+
 def _nullcontext(tx, args, kwargs):
     return NullContextVariable(args[0] if args else NONE)
 
@@ -113,6 +132,7 @@ def _build_table() -> dict[Any, Callable]:
         warnings.warn: _ignored,
         typing.cast: _cast,
         contextlib.nullcontext: _nullcontext,
+        inspect.signature: _signature,
     }
     for fn in _MODULE_CALLS:
         table[fn] = _module_call

@@ -1,0 +1,126 @@
+"""The dispatcher's contract: guards, recompiles and their log, the recompile limit,
+eager fallback, fullgraph errors, and the kiln.compile integration."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+import kiln
+from kiln.backend import graph_compiler
+from kiln.frontend import RECOMPILE_LIMIT, FullgraphError, compile_function
+
+
+def _counting():
+    graphs = []
+    rung = graph_compiler("eager")
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return rung(gm, example_inputs)
+
+    return graphs, backend
+
+
+def scale_by(x, factor):
+    return x * factor
+
+
+def test_guard_returns_first_failing_reason():
+    compiled = compile_function(scale_by, _counting()[1])
+    compiled(torch.randn(2, 3), 2)
+    guard = compiled.entries[0].guard
+    assert guard(torch.randn(2, 3), 2) is None
+    assert "changed from 2" in guard(torch.randn(2, 3), 3)
+    assert "tensor metadata changed" in guard(torch.randn(5, 3), 2)
+    with torch.no_grad():
+        assert "grad mode" in guard(torch.randn(2, 3), 2)
+
+
+def test_recompile_is_logged_with_reason(caplog):
+    compiled = compile_function(scale_by, _counting()[1])
+    compiled(torch.randn(2, 3), 2)
+    with kiln.config.patch(logs="recompiles"), caplog.at_level(logging.WARNING, logger="kiln"):
+        compiled(torch.randn(2, 3), 5)
+    assert any("recompiling" in record.message and "changed from 2" in record.message for record in caplog.records)
+
+
+def test_recompile_limit_then_eager_with_one_warning(caplog):
+    graphs, backend = _counting()
+    compiled = compile_function(scale_by, backend)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        for factor in range(RECOMPILE_LIMIT + 4):
+            torch.testing.assert_close(compiled(torch.ones(2), factor), torch.ones(2) * factor)
+    assert len(graphs) == RECOMPILE_LIMIT == len(compiled.entries)
+    assert sum("recompile limit" in record.message for record in caplog.records) == 1
+
+
+def data_dependent(x):
+    if x.sum() > 0:
+        return x + 1
+    return x - 1
+
+
+def test_unsupported_frame_runs_eagerly_without_retracing():
+    graphs, backend = _counting()
+    compiled = compile_function(data_dependent, backend)
+    x = torch.randn(4)
+    torch.testing.assert_close(compiled(x), data_dependent(x))
+    torch.testing.assert_close(compiled(-x.abs()), data_dependent(-x.abs()))
+    assert graphs == [] and len(compiled.entries) == 1
+    assert "data" in compiled.entries[0].eager_reason
+
+
+def test_fullgraph_error_names_construct_and_line():
+    compiled = compile_function(data_dependent, _counting()[1], fullgraph=True)
+    with pytest.raises(FullgraphError) as raised:
+        compiled(torch.randn(4))
+    message = str(raised.value)
+    assert "truth value" in message and f"{__file__}:" in message and "data_dependent" in message
+
+
+def prints(x):
+    print("side effect")
+    return x + 1
+
+
+def test_fullgraph_error_for_print():
+    with pytest.raises(FullgraphError, match=r"print\(\)"):
+        compile_function(prints, _counting()[1], fullgraph=True)(torch.randn(2))
+
+
+def test_kiln_compile_uses_the_frontend_when_configured():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh())
+    x = torch.randn(2, 3)
+    with kiln.config.patch(frontend="kiln"):
+        compiled_model = kiln.compile(model, backend="aot_eager")
+        compiled_fn = kiln.compile(scale_by, backend="eager")
+    torch.testing.assert_close(compiled_model(x), model(x))
+    torch.testing.assert_close(compiled_fn(x, 3), x * 3)
+    assert type(compiled_fn).__name__ == "Dispatcher"
+
+
+def test_module_hook_added_later_recompiles():
+    graphs, backend = _counting()
+    model = torch.nn.Linear(3, 3)
+    compiled = compile_function(model, backend)
+    x = torch.randn(2, 3)
+    compiled(x)
+    handle = model.register_forward_hook(lambda module, inputs, output: output * 0)
+    torch.testing.assert_close(compiled(x), torch.zeros(2, 3))
+    handle.remove()
+    torch.testing.assert_close(compiled(x), model(x))
+    assert len(graphs) == 2
+
+
+def test_parameter_values_are_inputs_not_guards():
+    graphs, backend = _counting()
+    model = torch.nn.Linear(3, 3)
+    compiled = compile_function(model, backend)
+    x = torch.randn(2, 3)
+    compiled(x)
+    with torch.no_grad():
+        model.weight.mul_(2)
+    torch.testing.assert_close(compiled(x), model(x))
+    assert len(graphs) == 1
