@@ -20,7 +20,7 @@ import json
 import logging
 import sys
 import traceback
-from typing import Any, Callable
+from typing import Any
 
 import torch
 

@@ -58,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-check", action="store_true", help="skip the accuracy checks")
     parser.add_argument("--shared-cache", action="store_true",
                         help="let cases share compile caches (default: each case starts cold)")
-    parser.add_argument("--label", default=None, help="file name part for the results (default: the suite)")
+    parser.add_argument("--label", default=None,
+                        help="file name part for the results (default: suite, modes unless all, --only names, -small)")
     parser.add_argument("--results-dir", default=os.path.join(REPO_ROOT, "benchmarks", "results"))
     parser.add_argument("--copy-to", default=None, help="also keep the .md/.json/.log current in this folder")
     args = parser.parse_args(argv)

@@ -7,6 +7,7 @@ See docs/design/ for how the pipeline is built.
 from kiln.api import OptimizedModule, compile, list_backends
 from kiln.backend import KilnCompileError, compile_graph, register as _register
 from kiln.config import config
+from kiln import testing  # noqa: F401  (kiln.testing.compare is public)
 
 
 def reset() -> None:

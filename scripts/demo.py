@@ -117,8 +117,8 @@ def main() -> int:
         print(f"  {name}: {status}", flush=True)
 
     print()
-    print(f"| model | input | eager ms | kiln ms | speedup | first call s | accuracy vs eager & float64 | "
-          f"graphs run eagerly |")
+    print("| model | input | eager ms | kiln ms | speedup | first call s | accuracy vs eager & float64 | "
+          "graphs run eagerly |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         if "error" in row:

@@ -112,6 +112,8 @@ def _welford(ctx, node, x, dim, correction, keepdim, outputs: tuple):
 
     def finish(body, reduced, count):
         mean_value = body.emit("getitem", (reduced,), dtype, attr=0)
+        if isinstance(count, sympy.Basic) and count.is_Integer and int(count) == 0:
+            mean_value = body.constant(float("nan"), dtype)  # the mean of nothing is 0/0
         m2 = body.emit("getitem", (reduced,), dtype, attr=1)
         if isinstance(count, sympy.Basic) and not count.is_Integer:
             denominator = body.emit("maximum", (body.emit("sub", (_count(body, count, dtype),
