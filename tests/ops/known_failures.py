@@ -20,6 +20,4 @@ KNOWN_FAILURES: dict[tuple[str, str, str, str], str] = {
         "[aot_eager] compile error (16/16 samples): AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.crow_indices.default(tensor(crow_indices=tensor([...]), col_indices=tensor([...]), values=tensor([...]), size=(5, 5), nnz=5, lay...",
     ('sparse.sampled_addmm', '', 'float32', 'forward'):
         "[aot_eager] compile error (8/8 samples): AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.crow_indices.default(tensor(crow_indices=tensor([...]), col_indices=tensor([], size=(0,)), values=tensor([], size=(0,)), size=(0, ...",
-    ('var_mean', '', 'float32', 'forward'):
-        'mismatch (1/3 samples): output 1: NaN in 0 places, eager has 5',
 }

@@ -175,7 +175,7 @@ def render_markdown(report: dict) -> str:
             lines.extend(f"| {_name(row)} | {row['dtype']} | {_counts(row)} | {_cell(row[column])} |"
                          for row in chosen)
 
-    update = f"python -m tests.ops.sweep --update-known-failures <this report's .json>"
+    update = "python -m tests.ops.sweep --update-known-failures <this report's .json>"
     section("New failures", "new failure", "first_failure", f"Fix kiln, or record them: `{update}`.")
     section("Unexpected passes", "unexpected pass", "known_reason", f"Shrink the table: `{update}`.")
     section("Known failures", "known failure", "first_failure")
