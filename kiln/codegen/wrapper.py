@@ -74,6 +74,9 @@ class WrapperGenerator:
             raise NotImplementedError(f"size symbols {missing} cannot be read from the graph inputs")
         return expr_to_source(expr)
 
+    def py_tuple(self, exprs) -> str:
+        return "(" + "".join(self.py(expr) + ", " for expr in exprs) + ")"
+
     def name(self, buffer_name: str) -> str:
         return self.names.get(buffer_name, buffer_name)
 
@@ -136,7 +139,7 @@ class WrapperGenerator:
                     names |= {op.buffer for op in node.body.reads()}
                     names |= set(node.outputs)
             else:
-                names |= {arg.buffer for arg in _tensor_args(step.args, step.kwargs)} | set(step.outputs)
+                names |= {arg.buffer for arg in step.tensor_args()} | set(step.outputs)
             for name in names:
                 last[name] = step_index
         local = {name for step in self.scheduled.kernels for name in step.local_buffers}
@@ -144,8 +147,8 @@ class WrapperGenerator:
 
     def _allocate(self, buffer_name: str) -> str:
         buffer = self.graph.buffers[buffer_name]
-        sizes = "(" + "".join(self.py(size) + ", " for size in buffer.layout.size) + ")"
-        strides = "(" + "".join(self.py(stride) + ", " for stride in buffer.layout.stride) + ")"
+        sizes = self.py_tuple(buffer.layout.size)
+        strides = self.py_tuple(buffer.layout.stride)
         return (f"{buffer_name} = empty_strided({sizes}, {strides}, device='{buffer.device}', "
                 f"dtype={buffer.dtype})")
 
@@ -171,8 +174,8 @@ class WrapperGenerator:
                 buffer = self.graph.buffers[value.buffer]
                 if value.layout == buffer.layout:
                     return self.name(value.buffer)
-                size = "(" + "".join(self.py(s) + ", " for s in value.layout.size) + ")"
-                stride = "(" + "".join(self.py(s) + ", " for s in value.layout.stride) + ")"
+                size = self.py_tuple(value.layout.size)
+                stride = self.py_tuple(value.layout.stride)
                 return f"torch.as_strided({self.name(value.buffer)}, {size}, {stride}, {self.py(value.layout.offset)})"
             if isinstance(value, (list, tuple)):
                 inner = "".join(arg_source(item) + ", " for item in value)
@@ -200,8 +203,8 @@ class WrapperGenerator:
         if config.check_extern_strides:
             for name in extern.outputs:
                 buffer = self.graph.buffers[name]
-                stride = "(" + "".join(self.py(s) + ", " for s in buffer.layout.stride) + ")"
-                size = "(" + "".join(self.py(s) + ", " for s in buffer.layout.size) + ")"
+                stride = self.py_tuple(buffer.layout.stride)
+                size = self.py_tuple(buffer.layout.size)
                 lines.append(f"if {name} is not None and {name}.stride() != {stride}: "
                              f"{name} = restride({name}, {size}, {stride})")
         return lines
@@ -211,8 +214,8 @@ class WrapperGenerator:
             buffer = self.graph.buffers[output.buffer]
             if output.layout == buffer.layout:
                 return self.name(output.buffer)
-            size = "(" + "".join(self.py(s) + ", " for s in output.layout.size) + ")"
-            stride = "(" + "".join(self.py(s) + ", " for s in output.layout.stride) + ")"
+            size = self.py_tuple(output.layout.size)
+            stride = self.py_tuple(output.layout.stride)
             return f"torch.as_strided({self.name(output.buffer)}, {size}, {stride}, {self.py(output.layout.offset)})"
         if isinstance(output, sympy.Basic):
             return self.py(output)
@@ -232,15 +235,6 @@ def _unpack(call: str, structure) -> str:
         return call
     return f"_flatten_result({call})"
 
-
-def _tensor_args(args, kwargs):
-    stack = list(args) + list(kwargs.values())
-    while stack:
-        item = stack.pop()
-        if isinstance(item, TensorArg):
-            yield item
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
 
 
 def generate_wrapper(scheduled: ScheduledGraph) -> ModuleSource:

@@ -190,6 +190,17 @@ class Extern:
     outputs: list  # buffer names, in the order the op returns its tensors
     output_structure: Any = None  # the op's result with output positions (int) for tensors
 
+    def tensor_args(self) -> list:
+        """Every TensorArg among the arguments, nested lists included."""
+        found, stack = [], list(self.args) + list(self.kwargs.values())
+        while stack:
+            item = stack.pop()
+            if isinstance(item, TensorArg):
+                found.append(item)
+            elif isinstance(item, (list, tuple)):
+                stack.extend(item)
+        return found
+
 
 @dataclass
 class GraphInput:

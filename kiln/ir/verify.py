@@ -27,7 +27,7 @@ def verify(graph: Graph) -> None:
     for node in graph.nodes:
         problems = []
         if isinstance(node, Extern):
-            for arg in _tensor_args(node.args, node.kwargs):
+            for arg in node.tensor_args():
                 if arg.buffer not in defined:
                     problems.append(f"reads {arg.buffer} before it is written")
         else:
@@ -39,15 +39,6 @@ def verify(graph: Graph) -> None:
         if isinstance(output, TensorArg) and output.buffer not in defined:
             raise IRVerificationError(f"output {output.buffer} is never written")
 
-
-def _tensor_args(args, kwargs):
-    stack = list(args) + list(kwargs.values())
-    while stack:
-        item = stack.pop()
-        if isinstance(item, TensorArg):
-            yield item
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
 
 
 def _verify_loop(node: LoopNode, graph: Graph, defined: set, size_symbols: set) -> list[str]:

@@ -13,7 +13,7 @@ def buffer_uses(graph: Graph) -> dict:
     uses: dict = {}
     for node in graph.nodes:
         if isinstance(node, Extern):
-            for arg in _tensor_args(node.args, node.kwargs):
+            for arg in node.tensor_args():
                 uses.setdefault(arg.buffer, []).append((node, "extern"))
         else:
             for op in node.body.reads():
@@ -23,15 +23,6 @@ def buffer_uses(graph: Graph) -> dict:
             uses.setdefault(output.buffer, []).append((None, "output"))
     return uses
 
-
-def _tensor_args(args, kwargs):
-    stack = list(args) + list(kwargs.values())
-    while stack:
-        item = stack.pop()
-        if isinstance(item, TensorArg):
-            yield item
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
 
 
 def inline_pointwise(graph: Graph) -> Graph:

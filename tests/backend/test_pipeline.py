@@ -49,7 +49,6 @@ def test_sin_plus_sin_is_one_kernel(tmp_path):
     kernels = glob.glob(os.path.join(str(tmp_path), "*", "*", "kernel_*.py"))
     assert len(kernels) == 1
     source = open(kernels[0]).read()
-    assert "@triton.jit" not in source or True  # the decorator is applied at load time
     assert "libdevice.sin" in source and "tl.store" in source
 
 
