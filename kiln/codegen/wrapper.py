@@ -66,6 +66,7 @@ class WrapperGenerator:
         self.names = {graph_input.buffer.name: graph_input.name for graph_input in self.graph.inputs
                       if graph_input.kind == "tensor"}
         self.symbols = _symbol_sources(self.graph)
+        self.allocated: set[str] = set()  # buffers allocated here: storage offset 0
 
     def py(self, expr) -> str:
         expr = sympy.sympify(expr)
@@ -124,7 +125,7 @@ class WrapperGenerator:
 
     def _header(self, module: ModuleSource) -> list[str]:
         lines = ["# kiln generated wrapper", "import torch", "from kiln.runtime.support import empty_strided, "
-                 "restride, cdiv, flatten_result as _flatten_result", ""]
+                 "restride, view_at, cdiv, flatten_result as _flatten_result", ""]
         return lines
 
     def _last_uses(self) -> dict:
@@ -147,6 +148,7 @@ class WrapperGenerator:
 
     def _allocate(self, buffer_name: str) -> str:
         buffer = self.graph.buffers[buffer_name]
+        self.allocated.add(buffer_name)
         sizes = self.py_tuple(buffer.layout.size)
         strides = self.py_tuple(buffer.layout.stride)
         return (f"{buffer_name} = empty_strided({sizes}, {strides}, device='{buffer.device}', "
@@ -171,12 +173,7 @@ class WrapperGenerator:
 
         def arg_source(value):
             if isinstance(value, TensorArg):
-                buffer = self.graph.buffers[value.buffer]
-                if value.layout == buffer.layout:
-                    return self.name(value.buffer)
-                size = self.py_tuple(value.layout.size)
-                stride = self.py_tuple(value.layout.stride)
-                return f"torch.as_strided({self.name(value.buffer)}, {size}, {stride}, {self.py(value.layout.offset)})"
+                return self._view(value)
             if isinstance(value, (list, tuple)):
                 inner = "".join(arg_source(item) + ", " for item in value)
                 return f"[{inner}]" if isinstance(value, list) else f"({inner})"
@@ -209,14 +206,26 @@ class WrapperGenerator:
                              f"{name} = restride({name}, {size}, {stride})")
         return lines
 
+    def _view(self, arg: TensorArg) -> str:
+        """Source for a view of a buffer with the arg's layout.
+
+        `torch.as_strided`'s offset counts from the start of the storage, not of the
+        tensor: buffers this wrapper allocates start at offset 0, but graph inputs and
+        extern results may themselves be views (a split's second part), so their own
+        storage offset is added at run time.
+        """
+        buffer = self.graph.buffers[arg.buffer]
+        if arg.layout == buffer.layout:
+            return self.name(arg.buffer)
+        size, stride = self.py_tuple(arg.layout.size), self.py_tuple(arg.layout.stride)
+        offset = self.py(arg.layout.offset)
+        if arg.buffer in self.allocated:
+            return f"torch.as_strided({arg.buffer}, {size}, {stride}, {offset})"
+        return f"view_at({self.name(arg.buffer)}, {size}, {stride}, {offset})"
+
     def _output(self, output) -> str:
         if isinstance(output, TensorArg):
-            buffer = self.graph.buffers[output.buffer]
-            if output.layout == buffer.layout:
-                return self.name(output.buffer)
-            size = self.py_tuple(output.layout.size)
-            stride = self.py_tuple(output.layout.stride)
-            return f"torch.as_strided({self.name(output.buffer)}, {size}, {stride}, {self.py(output.layout.offset)})"
+            return self._view(output)
         if isinstance(output, sympy.Basic):
             return self.py(output)
         return repr(output)

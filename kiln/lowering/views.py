@@ -1,6 +1,6 @@
 """View rules: every view is an index remap (a ViewValue), never a copy.
 
-view/reshape, permute, transpose, expand, slice, select, squeeze, unsqueeze, alias and
+view/reshape, permute, transpose, expand, slice, split, select, squeeze, unsqueeze, alias and
 as_strided (over a contiguous buffer).
 """
 from __future__ import annotations
@@ -118,9 +118,24 @@ def expand(ctx, node, x, size, implicit=False):
 def slice_(ctx, node, x, dim=0, start=None, end=None, step=1):
     dim = dim % x.ndim
     new = _shape(node)
-    size = x.shape[dim]
-    start = _normalize_start(start, size)
+    start = _normalize_start(start, x.shape[dim])
+    return _slice_view(x, new, dim, start, step)
 
+
+@lowering(aten.split_with_sizes.default, aten.split.Tensor)
+def split(ctx, node, x, split_sizes, dim=0):
+    """split / split_with_sizes: one slice view per part."""
+    dim = dim % x.ndim
+    parts = [list(meta.shape) for meta in meta_of(node)]
+    views, start = [], sympy.Integer(0)
+    for shape in parts:
+        length = _torch.sym_expr(shape[dim])
+        views.append(_slice_view(x, [_torch.sym_expr(size) for size in shape], dim, start, 1))
+        start = start + length
+    return views
+
+
+def _slice_view(x, new, dim, start, step):
     def remap(index):
         result = list(index)
         result[dim] = start + step * index[dim]

@@ -17,6 +17,11 @@ def restride(tensor: torch.Tensor, size, stride) -> torch.Tensor:
     return result
 
 
+def view_at(tensor: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
+    """A view of `tensor` at `offset` elements from its own start (as_strided counts from the storage's)."""
+    return tensor.as_strided(size, stride, tensor.storage_offset() + offset)
+
+
 def flatten_result(value) -> list:
     if isinstance(value, (list, tuple)):
         return [leaf for item in value for leaf in flatten_result(item)]
