@@ -1,0 +1,115 @@
+"""Where a compiled model's time goes, on a GPU: device time, host time, top kernels.
+
+    python -m benchmarks.profile --only bert,llama --backends kiln,inductor [--out DIR]
+
+For each model x backend (one process for all: this is a diagnosis tool, not the
+benchmark of record, which is `benchmarks.run`), after compiling and warming up:
+
+- device ms per call: median of CUDA-event-timed calls (as benchmarks.run times);
+- host ms per call: wall time to *issue* 20 calls without synchronizing, per call.
+  When host ms is close to device ms, the program is launch-bound (Python and launch
+  overhead), not kernel-bound;
+- kernel launches per call and the top kernels by device time (torch.profiler);
+Run with KILN_DEBUG=1 KILN_DEBUG_DIR=$OUT/kiln_debug to keep kiln's kernels and wrappers.
+
+Writes profile_<model>_<backend>.txt per case and profile_summary.md under --out.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+from benchmarks import workloads
+from benchmarks.case import Runner, compile_program
+
+
+def _device_ms(runner, calls: int = 20) -> float:
+    times = []
+    for _ in range(calls):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        runner()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def _host_ms(runner, calls: int = 20) -> float:
+    torch.cuda.synchronize()
+    begin = time.perf_counter()
+    for _ in range(calls):
+        runner()
+    issued = time.perf_counter() - begin
+    torch.cuda.synchronize()
+    return issued * 1000 / calls
+
+
+def _profile_table(runner, calls: int = 5) -> tuple[str, float]:
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            runner()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    device_events = [event for event in events if getattr(event, "device_type", None) is not None
+                     and "CUDA" in str(event.device_type)]
+    launches = sum(event.count for event in device_events) / calls
+    table = events.table(sort_by="self_cuda_time_total" if hasattr(events[0], "self_cuda_time_total")
+                         else "self_device_time_total", row_limit=30, max_name_column_width=90)
+    return table, launches
+
+
+def profile_case(name: str, backend: str, out_dir: str) -> str:
+    workload = workloads.build("models", name, small=False, device="cuda")
+    program = compile_program(workload.program, backend, "infer", "kiln")
+    runner = Runner(workload, program, "infer", "cuda", use_autocast=True, mark_cudagraph_steps=False)
+    begin = time.perf_counter()
+    runner()
+    torch.cuda.synchronize()
+    first_call = time.perf_counter() - begin
+    for _ in range(3):
+        runner()
+    device_ms = _device_ms(runner)
+    host_ms = _host_ms(runner)
+    table, launches = _profile_table(runner)
+    lines = [f"# {name} / {backend}", f"first call {first_call:.1f} s; device {device_ms:.3f} ms/call; "
+             f"host (issue only) {host_ms:.3f} ms/call; ~{launches:.0f} device events/call"]
+    lines += ["", table]
+    with open(os.path.join(out_dir, f"profile_{name}_{backend}.txt"), "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return (f"| {name} | {backend} | {device_ms:.3f} | {host_ms:.3f} | {launches:.0f} | {first_call:.1f} |")
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="bert,gpt2,llama,resnet50,vit,resnet18")
+    parser.add_argument("--backends", default="kiln,inductor")
+    parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/out"))
+    args = parser.parse_args(argv)
+    os.makedirs(args.out, exist_ok=True)
+    rows = ["| model | backend | device ms | host ms | device events/call | first call s |",
+            "|---|---|---|---|---|---|"]
+    for name in args.only.split(","):
+        for backend in args.backends.split(","):
+            try:
+                rows.append(profile_case(name, backend, args.out))
+            except Exception as error:  # a diagnosis run reports every case it can
+                rows.append(f"| {name} | {backend} | error: {type(error).__name__}: {str(error)[:200]} | | | |")
+            print(rows[-1], flush=True)
+            torch._dynamo.reset()
+    summary = "\n".join(rows) + "\n"
+    with open(os.path.join(args.out, "profile_summary.md"), "w") as handle:
+        handle.write(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}\n\n" + summary)
+    print(summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
