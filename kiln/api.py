@@ -1,9 +1,9 @@
 """`kiln.compile()`: the user's one line.
 
 It wraps a function or an `nn.Module`; capture goes through one function, `_capture`,
-which today hands the program to TorchDynamo with kiln's backend and which kiln's own
-frontend (kiln/frontend) replaces. The backend ladder (`eager`, `aot_eager`, `kiln`)
-bisects a wrong answer: the same capture, less and less of kiln's pipeline.
+which hands the program to kiln's own frontend (kiln/frontend) or, with
+`kiln.config.frontend = "dynamo"`, to TorchDynamo with kiln's backend. The backend
+ladder (`eager`, `aot_eager`, `kiln`) bisects a wrong answer: the same capture, less and less of kiln's pipeline.
 """
 from __future__ import annotations
 
@@ -49,14 +49,21 @@ def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = False
 
 
 def _capture(fn: Callable, graph_compiler: Callable, *, fullgraph: bool, dynamic: bool | None) -> Callable:
-    """Capture `fn`'s tensor work as FX graphs and compile each with `graph_compiler`."""
-    if config.frontend == "dynamo":
-        return torch.compile(fn, backend=graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
-    if config.frontend == "kiln":
-        from kiln.frontend import compile_function
+    """Capture `fn`'s tensor work as FX graphs and compile each with `graph_compiler`.
 
-        return compile_function(fn, graph_compiler, fullgraph=fullgraph)
-    raise ValueError(f"kiln.config.frontend: unknown frontend {config.frontend!r}; choose 'dynamo' or 'kiln'")
+    `config.frontend` picks the capture: "kiln" (kiln/frontend, the default) or "dynamo"
+    (TorchDynamo). kiln's frontend specializes on every size; `dynamic=True` asks for
+    shape-generic graphs from the first call, which only Dynamo provides today, so it
+    goes to Dynamo whatever the frontend option says.
+    """
+    frontend = config.frontend
+    if frontend not in ("kiln", "dynamo"):
+        raise ValueError(f"kiln.config.frontend: unknown frontend {frontend!r}; choose 'kiln' or 'dynamo'")
+    if frontend == "dynamo" or dynamic is True:
+        return torch.compile(fn, backend=graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
+    from kiln.frontend import compile_function
+
+    return compile_function(fn, graph_compiler, fullgraph=fullgraph)
 
 
 class OptimizedModule(torch.nn.Module):

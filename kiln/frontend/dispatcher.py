@@ -24,8 +24,9 @@ from typing import Any, Callable
 
 import torch
 
+from kiln.backend import KilnCompileError
 from kiln.config import config
-from kiln.frontend.errors import HOW_TO_FIX, FullgraphError, Unsupported
+from kiln.frontend.errors import HOW_TO_FIX, HOW_TO_FIX_EAGER, FullgraphError, Unsupported
 from kiln.frontend.guards import FrameSignature
 from kiln.frontend.interpreter import Frame
 from kiln.frontend.output import OutputGraph
@@ -71,7 +72,7 @@ stats = FrontendStats()
 
 
 def _call_module(module, *args, **kwargs):
-    """kiln's frame for a compiled module: hooks and forward are traced from here."""
+    """kiln's frame for a compiled module or other callable object: hooks and forward are traced from here."""
     return module(*args, **kwargs)
 
 
@@ -84,8 +85,10 @@ class Dispatcher:
             bound_self, fn = fn, _call_module
         elif isinstance(fn, types.MethodType):
             bound_self, fn = fn.__self__, fn.__func__
-        if not isinstance(fn, types.FunctionType):
-            raise TypeError(f"kiln frontend compiles Python functions and modules, not {type(fn).__name__}")
+        if not isinstance(fn, types.FunctionType):  # a partial, a callable object, a builtin...
+            if not callable(fn):
+                raise TypeError(f"kiln frontend compiles callables, not {type(fn).__name__}")
+            bound_self, fn = fn, _call_module
         self.fn = fn
         self.bound_self = bound_self
         self.graph_compiler = graph_compiler
@@ -93,6 +96,7 @@ class Dispatcher:
         self.signature = FrameSignature.of(fn)
         self.caches: dict[types.CodeType, CodeCache] = {}
         self._cache = self.caches.setdefault(fn.__code__, CodeCache())
+        self._warned: set[str] = set()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.bound_self is not None:
@@ -132,7 +136,9 @@ class Dispatcher:
     def _name(self) -> str:
         code = self.fn.__code__
         if self.bound_self is not None and self.fn is _call_module:
-            return f"{type(self.bound_self).__qualname__}.forward"
+            if isinstance(self.bound_self, torch.nn.Module):
+                return f"{type(self.bound_self).__qualname__}.forward"
+            return repr(self.bound_self)[:100]
         return f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno})"
 
     def _capture(self, args: tuple, kwargs: dict) -> CacheEntry:
@@ -141,19 +147,34 @@ class Dispatcher:
         try:
             traced = capture_frame(output, self.fn, self.signature, args, kwargs)
         except Unsupported as error:
-            if self.fullgraph:
-                raise FullgraphError(f"kiln.compile(fullgraph=True) cannot capture {self._name()}: "
-                                     f"{error.describe()}\n  ({HOW_TO_FIX})") from None
-            stats.eager_frames += 1
-            if config.log_enabled("graph_breaks"):
-                log.warning("kiln: %s runs eagerly: %s", self._name(), error.describe())
-            guard, guard_source = output.guards.build(self.signature, output.guard_namespace)
-            return CacheEntry(guard, self.fn, guard_source, "", None, eager_reason=error.describe())
+            return self._eager_entry(output, error)
+        except KilnCompileError:
+            raise  # the backend already chose to raise (strict mode or fullgraph=True)
+        except Exception as error:  # a frontend bug must not break the user's program
+            unexpected = Unsupported(f"kiln's frontend failed: {type(error).__name__}: {error}")
+            unexpected.locations = list(getattr(error, "kiln_locations", ()))
+            if self.fullgraph or config.strict:
+                raise FullgraphError(f"kiln.compile cannot capture {self._name()}: {unexpected.describe()}") from error
+            return self._eager_entry(output, unexpected)
         if traced.graph_module is not None:
             stats.graphs += 1
         if config.log_enabled("guards"):
             log.warning("kiln: guards for %s:\n%s", self._name(), traced.guard_source)
         return CacheEntry(traced.guard, traced.entry, traced.guard_source, traced.entry_source, traced.graph_module)
+
+    def _eager_entry(self, output: OutputGraph, error: Unsupported) -> CacheEntry:
+        """An entry that runs the frame eagerly, guarded by what the trace read before it stopped."""
+        if self.fullgraph or config.strict:
+            flag = "fullgraph=True" if self.fullgraph else "strict mode (KILN_STRICT=1)"
+            raise FullgraphError(f"kiln.compile with {flag} cannot capture {self._name()}: "
+                                 f"{error.describe()}\n  ({HOW_TO_FIX})") from None
+        stats.eager_frames += 1
+        if error.describe() not in self._warned:  # once per reason, not once per recompile
+            self._warned.add(error.describe())
+            log.warning("kiln: %s runs eagerly (not compiled): %s\n  (to compile it: %s)", self._name(),
+                        error.describe(), HOW_TO_FIX_EAGER)
+        guard, guard_source = output.guards.build(self.signature, output.guard_namespace)
+        return CacheEntry(guard, self.fn, guard_source, "", None, eager_reason=error.describe())
 
 
 def capture_frame(output: OutputGraph, fn: types.FunctionType, signature: FrameSignature, args: tuple,

@@ -40,3 +40,6 @@ class FullgraphError(KilnCompileError):
 
 HOW_TO_FIX = ("move the construct out of the compiled function, or compile without fullgraph=True "
               "to run this function eagerly")
+
+HOW_TO_FIX_EAGER = ("move the construct out of the compiled function, or compile the parts around it "
+                    "separately; kiln.compile(fullgraph=True) raises here instead")

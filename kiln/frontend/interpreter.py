@@ -87,6 +87,9 @@ class Frame:
         except Unsupported as error:
             error.add_location(self.location())
             raise
+        except Exception as error:  # a frontend bug or a user error met while tracing: remember where
+            _note_location(error, self.location())
+            raise
 
     def location(self) -> str:
         line = self.current.lineno if self.current is not None else self.code.co_firstlineno
@@ -672,6 +675,15 @@ def _is_library_globals(fn_globals: dict) -> bool:
     from kiln.frontend.variables.modules import _TRUSTED_MODULE_ROOTS
 
     return str(fn_globals.get("__name__", "")).split(".")[0] in _TRUSTED_MODULE_ROOTS
+
+
+def _note_location(error: Exception, location: str) -> None:
+    try:
+        locations = error.__dict__.setdefault("kiln_locations", [])
+    except AttributeError:  # exceptions without a __dict__
+        return
+    if location not in locations:
+        locations.append(location)
 
 
 def _describe_opcode(instruction: bytecode.Instruction) -> str:

@@ -124,3 +124,63 @@ def test_parameter_values_are_inputs_not_guards():
         model.weight.mul_(2)
     torch.testing.assert_close(compiled(x), model(x))
     assert len(graphs) == 1
+
+
+def test_unsupported_frame_warns_once_with_reason_and_line(caplog):
+    compiled = compile_function(prints, _counting()[1])
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        compiled(torch.randn(2))
+        compiled(torch.randn(2))
+    warnings = [record.message for record in caplog.records if "runs eagerly" in record.message]
+    assert len(warnings) == 1
+    assert "print()" in warnings[0] and f"{__file__}:" in warnings[0]
+
+
+def test_strict_mode_raises_instead_of_running_eagerly():
+    compiled = compile_function(prints, _counting()[1])
+    with kiln.config.patch(strict=True), pytest.raises(FullgraphError, match="strict mode"):
+        compiled(torch.randn(2))
+
+
+def test_frontend_bug_runs_eagerly_never_breaks_user_code(monkeypatch, caplog):
+    from kiln.frontend import interpreter
+
+    def broken(self, instruction):
+        raise KeyError("injected frontend bug")
+
+    monkeypatch.setattr(interpreter.Frame, "BINARY_OP", broken)
+    compiled = compile_function(scale_by, _counting()[1])
+    x = torch.randn(3)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        torch.testing.assert_close(compiled(x, 2), x * 2)
+    assert "injected frontend bug" in compiled.entries[0].eager_reason
+    assert any("runs eagerly" in record.message for record in caplog.records)
+    with pytest.raises(FullgraphError, match="injected frontend bug"):
+        compile_function(scale_by, _counting()[1], fullgraph=True)(x, 2)
+
+
+def test_callable_objects_and_partials_are_compiled():
+    import functools
+
+    class AddOne:
+        def __call__(self, x):
+            return x + 1
+
+    graphs, backend = _counting()
+    x = torch.randn(3)
+    torch.testing.assert_close(compile_function(AddOne(), backend)(x), x + 1)
+    torch.testing.assert_close(compile_function(functools.partial(scale_by, factor=3), backend)(x), x * 3)
+    assert len(graphs) == 2
+
+
+def test_default_frontend_is_kiln_and_dynamo_stays_selectable():
+    x = torch.randn(3)
+    assert kiln.config.frontend == "kiln"
+    assert type(kiln.compile(scale_by, backend="eager")).__name__ == "Dispatcher"
+    with kiln.config.patch(frontend="dynamo"):
+        torch._dynamo.reset()
+        compiled = kiln.compile(scale_by, backend="eager")
+        assert type(compiled).__name__ != "Dispatcher"
+        torch.testing.assert_close(compiled(x, 2), x * 2)
+    # dynamic=True wants shape-generic graphs from the start: Dynamo provides them.
+    assert type(kiln.compile(scale_by, backend="eager", dynamic=True)).__name__ != "Dispatcher"
