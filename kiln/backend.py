@@ -71,8 +71,9 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
     with dump.stage("codegen"):
         module_source = generate_wrapper(scheduled)
     dump.write("wrapper.py", module_source.wrapper)
-    for kernel_name, kernel_source in module_source.kernels.items():
-        dump.write(f"kernel_{kernel_name}.py", kernel_source)
+    for kernel in module_source.kernel_sources:
+        suffix = getattr(kernel, "file_suffix", ".py")  # C++ kernels are dumped as .cpp
+        dump.write(f"kernel_{kernel.name}{suffix}", module_source.kernels[kernel.name])
     with dump.stage("load"):
         compiled = load_module(module_source, mode=mode, scheduled=scheduled)
     dump.finish()

@@ -10,11 +10,13 @@ from kiln.ir.indexing import FloorDiv, Mod
 from kiln.ir.nodes import indirect_value
 
 
-def expr_to_source(expr, rename=None) -> str:
-    """Python/Triton source for an integer index expression.
+def expr_to_source(expr, rename=None, language: str = "python") -> str:
+    """Python/Triton (or, with language="cpp", C++ int64) source for an integer index expression.
 
     rename(symbol) -> str gives a symbol's spelling (default: its name; `ind<k>` -> `tmp<k>`).
+    Index expressions are nonnegative, so C++'s truncating `/` is the floor division.
     """
+    cpp = language == "cpp"
     expr = sympy.sympify(expr)
 
     def name_of(symbol):
@@ -31,7 +33,7 @@ def expr_to_source(expr, rename=None) -> str:
         if node.is_Symbol:
             return name_of(node)
         if isinstance(node, FloorDiv):
-            return f"({visit(node.args[0])} // {visit(node.args[1])})"
+            return f"({visit(node.args[0])} {'/' if cpp else '//'} {visit(node.args[1])})"
         if isinstance(node, Mod):
             return f"({visit(node.args[0])} % {visit(node.args[1])})"
         if isinstance(node, sympy.Add):
@@ -47,10 +49,15 @@ def expr_to_source(expr, rename=None) -> str:
             return "(" + "*".join(factors) + ")"
         if isinstance(node, sympy.Pow) and node.exp.is_Integer and node.exp > 0:
             return "(" + "*".join([visit(node.base)] * int(node.exp)) + ")"
-        if isinstance(node, sympy.Min):
-            return f"min({', '.join(visit(arg) for arg in node.args)})"
-        if isinstance(node, sympy.Max):
-            return f"max({', '.join(visit(arg) for arg in node.args)})"
+        if isinstance(node, (sympy.Min, sympy.Max)):
+            name = ("std::min<int64_t>" if cpp else "min") if isinstance(node, sympy.Min) else \
+                ("std::max<int64_t>" if cpp else "max")
+            if not cpp:
+                return f"{name}({', '.join(visit(arg) for arg in node.args)})"
+            text = visit(node.args[0])
+            for arg in node.args[1:]:
+                text = f"{name}({text}, {visit(arg)})"
+            return text
         raise ValueError(f"cannot print index expression {node} ({type(node).__name__})")
 
     text = visit(expr)

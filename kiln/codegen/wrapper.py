@@ -155,14 +155,24 @@ class WrapperGenerator:
                 f"dtype={buffer.dtype})")
 
     def _kernel_call(self, kernel: Kernel, module: ModuleSource) -> list[str]:
-        source = generate_kernel(kernel, self.graph, self.device_type)
+        from kiln.config import config
+
+        cpp = self.device_type == "cpu" and config.cpu_backend == "cpp"
+        if cpp:
+            from kiln.codegen import cpp as cpp_codegen
+
+            source = cpp_codegen.generate_kernel(kernel, self.graph)
+        else:
+            source = generate_kernel(kernel, self.graph, self.device_type)
         module.kernel_sources.append(source)
-        module.kernels[kernel.name] = source.source
+        module.kernels[kernel.name] = source.listing if cpp else source.source
         lines = [self._allocate(name) for node in kernel.nodes for name in node.outputs
                  if name not in kernel.local_buffers]
         if source.skip:
             return lines
         args = [self.name(name) for name in source.buffer_args] + [self.py(size) for size in source.size_args]
+        if cpp:
+            return lines + [source.launch(args)]
         grid = f"(cdiv({self.py(source.xnumel)}, {source.xblock}),)"
         blocks = f"XBLOCK={source.xblock}" + (f", RBLOCK={source.rblock}" if source.rblock else "")
         lines.append(f"{kernel.name}[{grid}]({', '.join(args)}, {blocks}, num_warps={source.num_warps})")

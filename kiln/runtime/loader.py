@@ -1,8 +1,9 @@
 """Turn a generated ModuleSource into the callable handed back to the frontend.
 
-Kernels are imported from their cache files (Triton reads a kernel's source from its
-file), wrapped for the device (compiled for CUDA, interpreted for CPU), kept in an
-in-process cache keyed by source hash, and bound into the wrapper's namespace.
+Triton kernels are imported from their cache files (Triton reads a kernel's source from
+its file), wrapped for the device (compiled for CUDA, interpreted for CPU), kept in an
+in-process cache keyed by source hash; C++ kernels (kiln/codegen/cpp.py) are compiled in
+parallel and loaded by kiln/runtime/cpp_build.py. Both are bound into the wrapper's namespace.
 """
 from __future__ import annotations
 
@@ -43,9 +44,15 @@ class CompiledGraph:
 
 
 def load_module(module_source, *, mode: str = "default", scheduled=None) -> CompiledGraph:
+    from kiln.codegen.cpp import CppKernelSource
+    from kiln.runtime.cpp_build import compile_kernels
+
     namespace = {}
+    cpp_kernels = [kernel for kernel in module_source.kernel_sources if isinstance(kernel, CppKernelSource)]
+    namespace.update(compile_kernels([kernel for kernel in cpp_kernels if not kernel.skip]))
     for kernel in module_source.kernel_sources:
-        namespace[kernel.name] = load_kernel(kernel.name, kernel.source, kernel.device_type)
+        if not isinstance(kernel, CppKernelSource):
+            namespace[kernel.name] = load_kernel(kernel.name, kernel.source, kernel.device_type)
     namespace.update(module_source.constants)
     namespace.update(module_source.externs)
     path = cache_path("wrappers", module_source.wrapper)

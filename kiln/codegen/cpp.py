@@ -1,0 +1,604 @@
+"""C++ kernels from scheduled LoopIR kernels: the CPU backend.
+
+One scheduled `Kernel` (the same object the Triton backend gets) becomes one C++
+function `extern "C" int kiln_kernel(pointers..., sizes...)` compiled into its own
+shared library by kiln/runtime/cpp_build.py.
+
+Loop structure:
+- pointwise kernels: one loop per row dim; the innermost (the contiguous one in the
+  common case) is `#pragma omp simd`, the outer ones are shared out over OpenMP
+  threads (`parallel for collapse`) when the kernel is large enough;
+- reduction kernels: the row loops run in parallel; inside a row, nodes run in order:
+  a "reduction" node accumulates into LANES vector lanes (an array the compiler keeps
+  in vector registers) over the column loops, then merges the lanes; consecutive
+  "full" nodes share one simd column loop; a "row" node is straight-line code.
+  Persistent and looped reductions are the same loops here.
+A body's SSA values become C++ locals, emitted on demand from the stores, in the
+innermost scope where they are needed. Values stored inside the kernel are read back
+from that local (row values) or a per-thread row scratch array (column values read
+by a later loop), never from memory they were not written to.
+
+Semantics follow triton.py and torch: fp16/bf16 values are held as float (loaded
+exactly, rounded to nearest even by `to_dtype` and on store); max/min propagate NaN;
+argmax/argmin pick the first index; integer ops wrap (-fwrapv) and divide like
+Python; index math is int64; masked loads read nothing outside the mask; gathered
+indices are checked against the tensor's size (the kernel returns 1 and the wrapper
+raises IndexError).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import sympy
+import torch
+
+from kiln.codegen.cpp_prelude import PRELUDE
+from kiln.codegen.printing import expr_to_source
+from kiln.config import config
+from kiln.ir import Graph
+from kiln.ir.indexing import contiguous_strides, index_var, simplify_index
+from kiln.ir.nodes import dtype_name, indirect_value
+from kiln.runtime.cpp_build import KERNEL_SYMBOL, KernelSignature
+from kiln.schedule.kernel import Kernel, var_map
+
+LANES = 16  # vector accumulator lanes of a reduction (one AVX-512 register of float)
+
+VALUE_TYPES = {
+    torch.float32: "float", torch.float64: "double", torch.float16: "float", torch.bfloat16: "float",
+    torch.int8: "int8_t", torch.int16: "int16_t", torch.int32: "int32_t", torch.int64: "int64_t",
+    torch.uint8: "uint8_t", torch.bool: "bool",
+}
+STORAGE_TYPES = {**VALUE_TYPES, torch.float16: "_Float16", torch.bfloat16: "uint16_t"}
+LOW_PRECISION_ROUND = {torch.bfloat16: "kiln_round_bf16", torch.float16: "kiln_round_f16"}
+
+# {0}, {1}: operands; {T}: the result's C++ type.
+UNARY = {
+    "neg": "(-{0})", "abs": "std::abs({0})", "exp": "std::exp({0})", "exp2": "std::exp2({0})",
+    "expm1": "std::expm1({0})", "log": "std::log({0})", "log2": "std::log2({0})", "log10": "std::log10({0})",
+    "log1p": "std::log1p({0})", "sqrt": "std::sqrt({0})", "rsqrt": "(({T})1 / std::sqrt({0}))",
+    "sin": "std::sin({0})", "cos": "std::cos({0})", "tan": "std::tan({0})", "asin": "std::asin({0})",
+    "acos": "std::acos({0})", "atan": "std::atan({0})", "sinh": "std::sinh({0})", "cosh": "std::cosh({0})",
+    "tanh": "std::tanh({0})", "asinh": "std::asinh({0})", "acosh": "std::acosh({0})", "atanh": "std::atanh({0})",
+    "erf": "std::erf({0})", "erfc": "std::erfc({0})", "erfinv": "({T})kiln_erfinv((double){0})",
+    "lgamma": "std::lgamma({0})", "sigmoid": "(({T})1 / (({T})1 + std::exp(-{0})))",
+    "floor": "std::floor({0})", "ceil": "std::ceil({0})", "round": "std::nearbyint({0})",
+    "trunc": "std::trunc({0})", "reciprocal": "(({T})1 / {0})", "logical_not": "({0} == 0)",
+    "isnan": "({0} != {0})", "isinf": "std::isinf({0})", "signbit": "std::signbit({0})",
+    "relu": "({0} < 0 ? ({T})0 : {0})", "frac": "({0} - std::trunc({0}))", "square": "({0} * {0})",
+    "sign": "kiln_sign<{T}>({0})",
+}
+BINARY = {
+    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
+    "floordiv": "kiln_floordiv<{T}>({0}, {1})", "truncdiv": "kiln_truncdiv<{T}>({0}, {1})",
+    "remainder": "kiln_remainder<{T}>({0}, {1})", "fmod": "std::fmod({0}, {1})", "pow": "std::pow({0}, {1})",
+    "maximum": "kiln_maximum<{T}>({0}, {1})", "minimum": "kiln_minimum<{T}>({0}, {1})",
+    "fmax": "std::fmax({0}, {1})", "fmin": "std::fmin({0}, {1})", "atan2": "std::atan2({0}, {1})",
+    "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})", "gt": "({0} > {1})",
+    "ge": "({0} >= {1})", "logical_and": "(({0} != 0) & ({1} != 0))", "logical_or": "(({0} != 0) | ({1} != 0))",
+    "logical_xor": "(({0} != 0) != ({1} != 0))", "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})",
+    "bitwise_xor": "({0} ^ {1})", "left_shift": "kiln_left_shift<{T}>({0}, {1})",
+    "right_shift": "kiln_right_shift<{T}>({0}, {1})", "copysign": "std::copysign({0}, {1})",
+    "hypot": "std::hypot({0}, {1})", "nextafter": "std::nextafter({0}, {1})",
+}
+# How one reduction kind folds a value into an accumulator (also how two lanes merge).
+COMBINE = {
+    "sum": "({0} + {1})", "prod": "({0} * {1})", "max": "kiln_maximum<{T}>({0}, {1})",
+    "min": "kiln_minimum<{T}>({0}, {1})", "any": "({0} | ({1} != 0))", "all": "({0} & ({1} != 0))",
+}
+
+
+@dataclass
+class CppKernelSource:
+    """A generated C++ kernel and how the wrapper calls it.
+
+    `source` names no buffer and no kernel, so identical kernels (a model's repeated
+    layers) share one compiled library; `listing` adds a header naming them, for dumps.
+    """
+
+    name: str
+    source: str
+    buffer_args: list  # buffer names, in parameter order (passed as data pointers)
+    size_args: list  # sympy expressions passed as int64
+    signature: KernelSignature
+    checks_bounds: bool  # the kernel returns 1 when a gathered index was out of bounds
+    skip: bool = False  # empty iteration space: allocate only, never call
+    device_type: str = "cpu"
+    listing: str = ""
+    file_suffix: ClassVar[str] = ".cpp"  # of the KILN_DEBUG dump
+
+    def launch(self, argument_sources: list) -> str:
+        """The wrapper's line that calls this kernel with raw pointers and int sizes."""
+        pointers = [f"{name}.data_ptr()" for name in argument_sources[:len(self.buffer_args)]]
+        call = f"{self.name}({', '.join(pointers + argument_sources[len(self.buffer_args):])})"
+        if self.checks_bounds:
+            return (f"if {call}: raise IndexError('kiln: kernel {self.name} read an index out of bounds "
+                    f"(a gather or embedding index outside its tensor)')")
+        return call
+
+
+def _identity(kind: str, dtype: torch.dtype) -> str:
+    """The C++ initial value of a reduction's accumulator."""
+    value_type = VALUE_TYPES[dtype]
+    if kind in ("sum", "welford", "any"):
+        return f"({value_type})0"
+    if kind in ("prod", "all"):
+        return f"({value_type})1"
+    largest = kind in ("min", "argmin")
+    if dtype.is_floating_point:
+        return f"{'' if largest else '-'}std::numeric_limits<{value_type}>::infinity()"
+    if dtype == torch.bool:
+        return "true" if largest else "false"
+    return f"std::numeric_limits<{value_type}>::{'max' if largest else 'lowest'}()"
+
+
+def constant_source(value, dtype: torch.dtype) -> str:
+    """A C++ literal of `dtype` (fp16/bf16 constants rounded to their precision first)."""
+    if isinstance(value, sympy.Basic):
+        value = int(value) if value.is_Integer else float(value)
+    value_type = VALUE_TYPES[dtype]
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        value = float(value)
+        if dtype in LOW_PRECISION_ROUND:
+            value = torch.tensor(value, dtype=dtype).item()
+        if math.isnan(value):
+            return f"std::numeric_limits<{value_type}>::quiet_NaN()"
+        if math.isinf(value):
+            return f"{'' if value > 0 else '-'}std::numeric_limits<{value_type}>::infinity()"
+        return f"({value_type}){value.hex()}"
+    value = int(value)
+    if value == -2**63:
+        return "std::numeric_limits<int64_t>::min()"
+    return f"({value_type}){value}LL"
+
+
+class _Scope:
+    """C++ locals visible at one loop depth: SSA values and buffer values kept in registers."""
+
+    def __init__(self):
+        self.values: dict = {}  # (node position, op index) -> C++ name
+        self.buffers: dict = {}  # buffer name -> C++ name holding the value stored in this scope
+
+
+@dataclass
+class _Lines:
+    lines: list = field(default_factory=list)
+    depth: int = 1
+
+    def add(self, text: str) -> None:
+        self.lines.append("    " * self.depth + text)
+
+    def open(self, text: str) -> None:
+        self.add(f"{text} {{" if text else "{")
+        self.depth += 1
+
+    def close(self) -> None:
+        self.depth -= 1
+        self.add("}")
+
+
+class CppKernelGenerator:
+    """Writes one kernel's C++ function (see the module docstring for the loop structure)."""
+
+    def __init__(self, kernel: Kernel, graph: Graph):
+        self.kernel, self.graph = kernel, graph
+        self.pointer_names: dict[str, str] = {}  # buffer name -> parameter name
+        self.stored: set = set()  # buffers written to memory (their pointers are not const)
+        self.size_symbols: set = set()
+        self.local_symbols: set = set()  # names of C++ locals used inside index expressions
+        self.conversions = 0  # stored values converted to their buffer's dtype (numbers their locals)
+        self.out = _Lines()
+        self.scopes: list[_Scope] = []
+        self.mappings = [var_map(node, role, kernel.row_ranges, kernel.col_ranges)
+                         for node, role in zip(kernel.nodes, kernel.roles)]
+        self.groups = self._groups()
+        self.scratch = self._scratch_buffers()
+        self.gathers = any(self._is_gather(op) for node in kernel.nodes for op in node.body.reads())
+
+    # ---- set-up -------------------------------------------------------------------------
+    def _groups(self) -> list:
+        """(role, node positions): consecutive "full" nodes share one column loop."""
+        groups: list = []
+        for position, role in enumerate(self.kernel.roles):
+            if role == "full" and groups and groups[-1][0] == "full":
+                groups[-1][1].append(position)
+            else:
+                groups.append((role, [position]))
+        return groups
+
+    def _scratch_buffers(self) -> dict:
+        """Local buffers stored by one column loop and read by another: buffer -> scratch array."""
+        if not self.kernel.is_reduction:
+            return {}
+        group_of = {position: number for number, (_, positions) in enumerate(self.groups) for position in positions}
+        producer_group = {}
+        for position, (node, role) in enumerate(zip(self.kernel.nodes, self.kernel.roles)):
+            if role == "full":
+                for name in node.outputs:
+                    if name in self.kernel.local_buffers:
+                        producer_group[name] = group_of[position]
+        scratch = {}
+        for position, node in enumerate(self.kernel.nodes):
+            for op in node.body.reads():
+                if op.buffer in producer_group and producer_group[op.buffer] != group_of[position]:
+                    scratch[op.buffer] = f"scratch_{len(scratch)}"
+        return scratch
+
+    @staticmethod
+    def _is_gather(op) -> bool:
+        return any(indirect_value(symbol) is not None for expr in op.index
+                   for symbol in sympy.sympify(expr).free_symbols)
+
+    # ---- text helpers -------------------------------------------------------------------
+    def index(self, expr) -> str:
+        """C++ int64 source of an index expression over kernel variables and sizes."""
+        expr = sympy.sympify(expr)
+        for symbol in expr.free_symbols:
+            name = str(symbol)
+            is_loop_var = name[0] in "xr" and name[1:].isdigit()
+            if indirect_value(symbol) is None and not is_loop_var and name not in self.local_symbols:
+                self.size_symbols.add(symbol)
+        return expr_to_source(expr, rename=self._rename, language="cpp")
+
+    def _rename(self, symbol):
+        value = indirect_value(symbol)
+        return None if value is None else self.value(self._position, value)
+
+    def pointer(self, buffer_name: str) -> str:
+        if buffer_name not in self.pointer_names:
+            self.pointer_names[buffer_name] = f"ptr{len(self.pointer_names)}"
+        return self.pointer_names[buffer_name]
+
+    def _ranges(self) -> dict:
+        ranges = {index_var("x", k): size for k, size in enumerate(self.kernel.row_ranges)}
+        ranges.update({index_var("r", k): size for k, size in enumerate(self.kernel.col_ranges)})
+        return ranges
+
+    def _column_flat_index(self) -> str:
+        columns = self.kernel.col_ranges
+        strides = contiguous_strides(columns)
+        return self.index(sum((index_var("r", k) * stride for k, stride in enumerate(strides)), sympy.Integer(0)))
+
+    # ---- scopes and values --------------------------------------------------------------
+    def lookup(self, key, kind: str = "values"):
+        for scope in reversed(self.scopes):
+            found = getattr(scope, kind).get(key)
+            if found is not None:
+                return found
+        return None
+
+    def value(self, position: int, op_index: int) -> str:
+        """The C++ name of SSA value %op_index of node `position`, emitted here if not in scope."""
+        found = self.lookup((position, op_index))
+        if found is None:
+            saved = getattr(self, "_position", None)
+            self._position = position
+            found = self._emit_op(position, op_index)
+            self._position = saved
+            self.scopes[-1].values[(position, op_index)] = found
+        return found
+
+    def define(self, name: str, dtype: torch.dtype, expression: str) -> str:
+        self.out.add(f"{VALUE_TYPES[dtype]} {name} = {expression};")
+        return name
+
+    # ---- ops --------------------------------------------------------------------------
+    def _emit_op(self, position: int, op_index: int) -> str:
+        node = self.kernel.nodes[position]
+        op = node.body.ops[op_index]
+        name = f"n{position}_{op_index}"
+        if op.name == "load":
+            return self._load(position, op, name)
+        if op.name == "getitem":
+            return f"{self.value(position, op.operands[0])}_{op.attr}"
+        if op.name == "reduce":
+            raise AssertionError(f"{node.name}: a reduce is emitted by its loop, not on demand")
+        if op.name == "constant":
+            return self.define(name, op.dtype, constant_source(op.attr, op.dtype))
+        if op.name == "index_expr":
+            expression = simplify_index(sympy.sympify(op.attr).xreplace(self.mappings[position]), self._ranges())
+            return self.define(name, op.dtype, f"static_cast<{VALUE_TYPES[op.dtype]}>({self.index(expression)})")
+        args = [self.value(position, operand) for operand in op.operands]
+        value_type = VALUE_TYPES[op.dtype]
+        if op.name == "to_dtype":
+            source_dtype = node.body.ops[op.operands[0]].dtype
+            return self.define(name, op.dtype, self._convert(args[0], source_dtype, op.dtype))
+        if op.name == "where":
+            expression = f"({args[0]} ? ({value_type}){args[1]} : ({value_type}){args[2]})"
+        elif op.name == "bitwise_not":
+            expression = f"(!{args[0]})" if op.dtype == torch.bool else f"(~{args[0]})"
+        elif op.name in UNARY:
+            expression = UNARY[op.name].format(*args, T=value_type)
+        elif op.name in BINARY:
+            expression = BINARY[op.name].format(*args, T=value_type)
+        else:
+            raise NotImplementedError(f"C++ codegen for op {op.name}")
+        if op.dtype in LOW_PRECISION_ROUND and op.name not in ("where", "neg", "abs"):
+            expression = f"{LOW_PRECISION_ROUND[op.dtype]}({expression})"
+        return self.define(name, op.dtype, expression)
+
+    @staticmethod
+    def _convert(value: str, source: torch.dtype, target: torch.dtype) -> str:
+        if target == source:
+            return value
+        if target == torch.bool:
+            return f"({value} != 0)"
+        if target in LOW_PRECISION_ROUND:
+            return f"{LOW_PRECISION_ROUND[target]}((float){value})"
+        return f"static_cast<{VALUE_TYPES[target]}>({value})"
+
+    def _offset(self, position: int, op, name: str) -> str:
+        """The storage offset of a load or store; gathered dims are bounds-checked first."""
+        layout = self.graph.buffers[op.buffer].layout
+        index = [sympy.sympify(expr).xreplace(self.mappings[position]) for expr in op.index]
+        for dim, expr in enumerate(index):
+            if not any(indirect_value(symbol) is not None for symbol in expr.free_symbols):
+                continue
+            checked = f"{name}_i{dim}"
+            size = self.index(layout.size[dim])
+            self.out.add(f"int64_t {checked} = {self.index(expr)};")
+            self.out.add(f"if ({checked} < 0 || {checked} >= {size}) "
+                         f"{{ __atomic_store_n(&kiln_status, 1, __ATOMIC_RELAXED); {checked} = 0; }}")
+            self.local_symbols.add(checked)
+            index[dim] = sympy.Symbol(checked, integer=True, nonnegative=True)
+        offset = simplify_index(sympy.expand(layout.offset_of(index)), self._ranges())
+        return self.index(offset)
+
+    def _load(self, position: int, op, name: str) -> str:
+        dtype = self.graph.buffers[op.buffer].dtype
+        if not op.operands:
+            in_register = self.lookup(op.buffer, "buffers")
+            if in_register is not None:
+                return in_register
+            if op.buffer in self.scratch:
+                return self.define(name, dtype, f"{self.scratch[op.buffer]}[{self._column_flat_index()}]")
+        if op.buffer in self.kernel.local_buffers:
+            raise AssertionError(f"local buffer {op.buffer} read where no loop holds it")
+        access = f"{self.pointer(op.buffer)}[{self._offset(position, op, name)}]"
+        if dtype == torch.bfloat16:
+            access = f"kiln_from_bf16({access})"
+        elif dtype == torch.float16:
+            access = f"(float){access}"
+        if op.operands:  # masked: lanes outside the mask read nothing and yield 0
+            return self.define(name, dtype, f"({self.value(position, op.operands[0])} ? {access} : "
+                                            f"({VALUE_TYPES[dtype]})0)")
+        return self.define(name, dtype, access)
+
+    def _store(self, position: int, op) -> None:
+        node = self.kernel.nodes[position]
+        source_dtype = node.body.ops[op.operands[0]].dtype
+        dtype = self.graph.buffers[op.buffer].dtype
+        value = self.value(position, op.operands[0])
+        if source_dtype != dtype:
+            self.conversions += 1
+            value = self.define(f"stored{self.conversions}_{dtype_name(dtype)}", dtype,
+                                self._convert(value, source_dtype, dtype))
+        self.scopes[-1].buffers[op.buffer] = value
+        if op.buffer in self.scratch:
+            self.out.add(f"{self.scratch[op.buffer]}[{self._column_flat_index()}] = {value};")
+        if op.buffer in self.kernel.local_buffers:
+            return
+        self.stored.add(op.buffer)
+        if dtype == torch.bfloat16:
+            stored = f"kiln_to_bf16({value})"
+        elif dtype == torch.float16:
+            stored = f"(_Float16){value}"
+        else:
+            stored = value
+        self.out.add(f"{self.pointer(op.buffer)}[{self._offset(position, op, f'n{position}_store')}] = {stored};")
+
+    def _emit_stores(self, position: int, start: int = 0) -> None:
+        """Every store of node `position` from op `start` on, with the values they need."""
+        for op in self.kernel.nodes[position].body.ops[start:]:
+            if op.name == "store":
+                self._store(position, op)
+
+    # ---- loops ------------------------------------------------------------------------
+    def _simd(self) -> str:
+        # A gather's bounds check writes the status flag: keep those loops scalar.
+        return "" if self.gathers else "#pragma omp simd"
+
+    def _open_scope(self, header: str | None = None) -> None:
+        if header is not None:
+            self.out.open(header)
+        self.scopes.append(_Scope())
+
+    def _close_scope(self, braces: bool = True) -> None:
+        self.scopes.pop()
+        if braces:
+            self.out.close()
+
+    def _loop(self, variable: str, extent) -> str:
+        return f"for (int64_t {variable} = 0; {variable} < {self.index(extent)}; {variable}++)"
+
+    def _parallel_clause(self, work) -> str:
+        return f"if(parallel: {self.index(work)} >= {config.cpp_parallel_min})"
+
+    def _pointwise_kernel(self) -> None:
+        rows = self.kernel.row_ranges
+        positions = list(range(len(self.kernel.nodes)))
+        if not rows:
+            self._open_scope("")
+            for position in positions:
+                self._emit_stores(position)
+            self._close_scope()
+            return
+        parallel = self._parallel_clause(self.kernel.row_numel)
+        if len(rows) == 1:
+            simd = " simd" if not self.gathers else ""
+            self.out.add(f"#pragma omp parallel for{simd} {parallel}")
+        else:
+            self.out.add(f"#pragma omp parallel for collapse({len(rows) - 1}) {parallel}")
+        for dim, extent in enumerate(rows):
+            if dim == len(rows) - 1 and len(rows) > 1 and self._simd():
+                self.out.add(self._simd())
+            self.out.open(self._loop(f"x{dim}", extent))
+        self._open_scope()
+        for position in positions:
+            self._emit_stores(position)
+        self._close_scope(braces=False)
+        for _ in rows:
+            self.out.close()
+
+    def _reduction_kernel(self) -> None:
+        rows = self.kernel.row_ranges
+        if rows:
+            self.out.add(f"#pragma omp parallel {self._parallel_clause(self.kernel.row_numel * self.kernel.col_numel)}")
+        self.out.open("")
+        for buffer_name, array in self.scratch.items():
+            value_type = VALUE_TYPES[self.graph.buffers[buffer_name].dtype]
+            self.out.add(f"std::unique_ptr<{value_type}[]> {array}_owner(new {value_type}"
+                         f"[{self.index(self.kernel.col_numel)}]);")
+            self.out.add(f"{value_type}* {array} = {array}_owner.get();")
+        if rows:
+            self.out.add(f"#pragma omp for collapse({len(rows)})")
+        for dim, extent in enumerate(rows):
+            self.out.open(self._loop(f"x{dim}", extent))
+        self._open_scope()
+        for role, positions in self.groups:
+            if role == "full":
+                self._column_group(positions)
+            elif role == "reduction":
+                self._reduction_node(positions[0])
+            else:
+                self._emit_stores(positions[0])
+        self._close_scope(braces=False)
+        for _ in rows:
+            self.out.close()
+        self.out.close()
+
+    def _open_outer_columns(self) -> None:
+        for dim, extent in enumerate(self.kernel.col_ranges[:-1]):
+            self.out.open(self._loop(f"r{dim}", extent))
+
+    def _close_outer_columns(self) -> None:
+        for _ in self.kernel.col_ranges[:-1]:
+            self.out.close()
+
+    def _column_group(self, positions: list) -> None:
+        """Consecutive full nodes: one loop over the row's columns, innermost simd."""
+        self._open_outer_columns()
+        last = len(self.kernel.col_ranges) - 1
+        if self._simd():
+            self.out.add(self._simd())
+        self._open_scope(self._loop(f"r{last}", self.kernel.col_ranges[last]))
+        for position in positions:
+            self._emit_stores(position)
+        self._close_scope()
+        self._close_outer_columns()
+
+    def _reduction_node(self, position: int) -> None:
+        """Accumulate over the columns in LANES lanes, merge the lanes, then the node's row ops."""
+        node = self.kernel.nodes[position]
+        reduce_index = next(k for k, op in enumerate(node.body.ops) if op.name == "reduce")
+        reduce_op = node.body.ops[reduce_index]
+        kind = reduce_op.attr
+        input_dtype = node.body.ops[reduce_op.operands[0]].dtype
+        accumulate = torch.bool if kind in ("any", "all") else input_dtype
+        value_type = VALUE_TYPES[accumulate]
+        name = f"n{position}_{reduce_index}"
+        parts = ["mean", "m2", "weight"] if kind == "welford" else ["acc"]
+        for part in parts:
+            self.out.add(f"{value_type} {name}_{part}[{LANES}];")
+        if kind in ("argmax", "argmin"):
+            self.out.add(f"int64_t {name}_index[{LANES}];")
+        self.out.open(f"for (int lane = 0; lane < {LANES}; lane++)")
+        for part in parts:
+            self.out.add(f"{name}_{part}[lane] = {_identity(kind, accumulate)};")
+        if kind in ("argmax", "argmin"):
+            self.out.add(f"{name}_index[lane] = 0;")
+        self.out.close()
+
+        last = len(self.kernel.col_ranges) - 1
+        extent = self.index(self.kernel.col_ranges[last])
+        self._open_outer_columns()
+        self.out.add(f"int64_t {name}_end = {extent} - {extent} % {LANES};")
+        self.out.open(f"for (int64_t {name}_base = 0; {name}_base < {name}_end; {name}_base += {LANES})")
+        if self._simd():
+            self.out.add(self._simd())
+        self._open_scope(f"for (int64_t lane = 0; lane < {LANES}; lane++)")
+        self.out.add(f"int64_t r{last} = {name}_base + lane;")
+        self._accumulate(position, reduce_op, kind, name, "lane", value_type)
+        self._close_scope()
+        self.out.close()
+        self._open_scope(f"for (int64_t r{last} = {name}_end; r{last} < {extent}; r{last}++)")
+        self._accumulate(position, reduce_op, kind, name, "0", value_type)
+        self._close_scope()
+        self._close_outer_columns()
+
+        self._merge_lanes(kind, name, value_type, reduce_op.dtype)
+        self.scopes[-1].values[(position, reduce_index)] = name
+        self._emit_stores(position, start=reduce_index + 1)
+
+    def _accumulate(self, position: int, reduce_op, kind: str, name: str, lane: str, value_type: str) -> None:
+        value = self.value(position, reduce_op.operands[0])
+        if kind == "welford":
+            self.out.add(f"kiln_welford_add<{value_type}>({name}_mean[{lane}], {name}_m2[{lane}], "
+                         f"{name}_weight[{lane}], ({value_type}){value});")
+        elif kind in ("argmax", "argmin"):
+            column = self._column_flat_index()
+            self.out.add(f"bool {name}_keep = kiln_arg_keep<{value_type}>({name}_acc[{lane}], {name}_index[{lane}], "
+                         f"{value}, {column}, {'true' if kind == 'argmax' else 'false'});")
+            self.out.add(f"{name}_acc[{lane}] = {name}_keep ? {name}_acc[{lane}] : {value};")
+            self.out.add(f"{name}_index[{lane}] = {name}_keep ? {name}_index[{lane}] : {column};")
+        else:
+            combined = COMBINE[kind].format(f"{name}_acc[{lane}]", value, T=value_type)
+            self.out.add(f"{name}_acc[{lane}] = {combined};")
+
+    def _merge_lanes(self, kind: str, name: str, value_type: str, result_dtype: torch.dtype) -> None:
+        """Fold lanes 1.. into lane 0 (in lane order: ties keep the lower index) and name the result."""
+        self.out.open(f"for (int lane = 1; lane < {LANES}; lane++)")
+        if kind == "welford":
+            self.out.add(f"kiln_welford_merge<{value_type}>({name}_mean[0], {name}_m2[0], {name}_weight[0], "
+                         f"{name}_mean[lane], {name}_m2[lane], {name}_weight[lane]);")
+        elif kind in ("argmax", "argmin"):
+            self.out.add(f"bool keep = kiln_arg_keep<{value_type}>({name}_acc[0], {name}_index[0], {name}_acc[lane], "
+                         f"{name}_index[lane], {'true' if kind == 'argmax' else 'false'});")
+            self.out.add(f"{name}_acc[0] = keep ? {name}_acc[0] : {name}_acc[lane];")
+            self.out.add(f"{name}_index[0] = keep ? {name}_index[0] : {name}_index[lane];")
+        else:
+            combined = COMBINE[kind].format(f"{name}_acc[0]", f"{name}_acc[lane]", T=value_type)
+            self.out.add(f"{name}_acc[0] = {combined};")
+        self.out.close()
+        if kind == "welford":
+            for part, label in enumerate(("mean", "m2", "weight")):
+                self.out.add(f"{value_type} {name}_{part} = {name}_{label}[0];")
+        elif kind in ("argmax", "argmin"):
+            self.define(name, result_dtype, f"{name}_index[0]")
+        else:
+            self.define(name, result_dtype, f"{name}_acc[0]")
+
+    # ---- the function --------------------------------------------------------------------
+    def generate(self, name: str) -> CppKernelSource:
+        kernel = self.kernel
+        if kernel.is_reduction:
+            self._reduction_kernel()
+        else:
+            self._pointwise_kernel()
+        sizes = sorted(self.size_symbols, key=str)
+        parameters = []
+        for buffer_name, pointer in self.pointer_names.items():
+            storage = STORAGE_TYPES[self.graph.buffers[buffer_name].dtype]
+            parameters.append(f"{'' if buffer_name in self.stored else 'const '}{storage}* {pointer}")
+        parameters += [f"int64_t {symbol}" for symbol in sizes]
+        body = "\n".join(self.out.lines)
+        source = (PRELUDE + f'\nextern "C" int {KERNEL_SYMBOL}({", ".join(parameters)}) {{\n'
+                  f"    int kiln_status = 0;\n{body}\n    return kiln_status;\n}}\n")
+        numel = sympy.sympify(kernel.row_numel * kernel.col_numel)
+        skip = bool(numel.is_Integer and int(numel) == 0)
+        header = [f"// kiln kernel {name}: {'reduction' if kernel.is_reduction else 'pointwise'} "
+                  f"rows={list(kernel.row_ranges)} cols={list(kernel.col_ranges)}"]
+        header += [f"//   {pointer} = {buffer_name}: {self.graph.buffers[buffer_name]}"
+                   for buffer_name, pointer in self.pointer_names.items()]
+        listing = "\n".join(header) + "\n" + source[len(PRELUDE):]
+        signature = KernelSignature(len(self.pointer_names), len(sizes))
+        return CppKernelSource(name, source, list(self.pointer_names), list(sizes), signature, self.gathers, skip,
+                               listing=listing)
+
+
+def generate_kernel(kernel: Kernel, graph: Graph) -> CppKernelSource:
+    """The C++ source of one scheduled kernel."""
+    return CppKernelGenerator(kernel, graph).generate(kernel.name)

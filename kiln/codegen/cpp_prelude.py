@@ -1,0 +1,150 @@
+"""The C++ text every generated CPU kernel starts with: includes, the vector math
+declarations, dtype conversions and the helpers whose semantics follow torch's
+(NaN-propagating max/min, floor division and modulo of Python, shifts past the width).
+
+Kept apart from kiln/codegen/cpp.py because it is C++, not generator logic; the
+helpers are `static inline` so the compiler inlines them into vectorized loops.
+"""
+
+PRELUDE = r"""
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <type_traits>
+
+#ifdef KILN_VECTOR_MATH
+// glibc's libmvec has vector versions of these; declaring them `omp declare simd`
+// lets a `#pragma omp simd` loop call them on whole vectors (glibc does the same
+// under -ffast-math, which kiln does not use: it would break NaN semantics).
+extern "C" {
+#define KILN_SIMD_MATH(name) _Pragma("omp declare simd notinbranch") float name##f(float); \
+                             _Pragma("omp declare simd notinbranch") double name(double);
+KILN_SIMD_MATH(sin) KILN_SIMD_MATH(cos) KILN_SIMD_MATH(tan) KILN_SIMD_MATH(exp) KILN_SIMD_MATH(log)
+KILN_SIMD_MATH(asin) KILN_SIMD_MATH(acos) KILN_SIMD_MATH(atan) KILN_SIMD_MATH(sinh) KILN_SIMD_MATH(cosh)
+KILN_SIMD_MATH(tanh) KILN_SIMD_MATH(asinh) KILN_SIMD_MATH(acosh) KILN_SIMD_MATH(atanh) KILN_SIMD_MATH(exp2)
+KILN_SIMD_MATH(expm1) KILN_SIMD_MATH(log2) KILN_SIMD_MATH(log10) KILN_SIMD_MATH(log1p) KILN_SIMD_MATH(erf)
+KILN_SIMD_MATH(erfc)
+_Pragma("omp declare simd notinbranch") float powf(float, float);
+_Pragma("omp declare simd notinbranch") double pow(double, double);
+_Pragma("omp declare simd notinbranch") float atan2f(float, float);
+_Pragma("omp declare simd notinbranch") double atan2(double, double);
+_Pragma("omp declare simd notinbranch") float hypotf(float, float);
+_Pragma("omp declare simd notinbranch") double hypot(double, double);
+}
+#endif
+
+// bfloat16 is stored as its 16 high bits; float -> bf16 rounds to nearest even.
+static inline float kiln_from_bf16(uint16_t bits) {
+    uint32_t word = (uint32_t)bits << 16;
+    float value;
+    std::memcpy(&value, &word, 4);
+    return value;
+}
+static inline uint16_t kiln_to_bf16(float value) {
+    uint32_t word;
+    std::memcpy(&word, &value, 4);
+    uint16_t rounded = (uint16_t)((word + 0x7fffu + ((word >> 16) & 1u)) >> 16);
+    return value != value ? (uint16_t)0x7fc0 : rounded;
+}
+static inline float kiln_round_bf16(float value) { return kiln_from_bf16(kiln_to_bf16(value)); }
+static inline float kiln_round_f16(float value) { return (float)(_Float16)value; }
+
+template <typename T> static inline T kiln_maximum(T a, T b) { return (a > b || a != a) ? a : b; }
+template <typename T> static inline T kiln_minimum(T a, T b) { return (a < b || a != a) ? a : b; }
+
+template <typename T> static inline T kiln_sign(T a) {
+    T sign = (T)((a > 0) - (a < 0));
+    return a != a ? a : sign;
+}
+
+template <typename T> static inline T kiln_remainder(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+        T rest = std::fmod(a, b);
+        return (rest != 0 && ((rest < 0) != (b < 0))) ? rest + b : rest;
+    } else {
+        if (b == 0 || b == -1) return 0;
+        T rest = a % b;
+        return (rest != 0 && ((rest < 0) != (b < 0))) ? (T)(rest + b) : rest;
+    }
+}
+
+template <typename T> static inline T kiln_floordiv(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+        return std::floor(a / b);
+    } else {
+        if (b == 0) return 0;
+        if (b == -1) return (T)(-a);
+        T quotient = a / b;
+        return (a % b != 0 && ((a < 0) != (b < 0))) ? (T)(quotient - 1) : quotient;
+    }
+}
+
+template <typename T> static inline T kiln_truncdiv(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+        return std::trunc(a / b);
+    } else {
+        if (b == 0) return 0;
+        if (b == -1) return (T)(-a);
+        return (T)(a / b);
+    }
+}
+
+// Shifts by the width or more give 0 (left) or the sign (right), as torch's do.
+template <typename T> static inline T kiln_left_shift(T a, T b) {
+    using Unsigned = std::make_unsigned_t<T>;
+    return (b < 0 || b >= (T)(sizeof(T) * 8)) ? (T)0 : (T)((Unsigned)a << b);
+}
+template <typename T> static inline T kiln_right_shift(T a, T b) {
+    return (b < 0 || b >= (T)(sizeof(T) * 8)) ? (T)(a < 0 ? -1 : 0) : (T)(a >> b);
+}
+
+// erfinv: Winitzki's approximation refined by Newton steps in double (erfc near +-1).
+static inline double kiln_erfinv(double y) {
+    if (y != y || y < -1 || y > 1) return std::numeric_limits<double>::quiet_NaN();
+    if (y == 1) return std::numeric_limits<double>::infinity();
+    if (y == -1) return -std::numeric_limits<double>::infinity();
+    const double a = 0.147, two_over_pi_a = 2.0 / (3.14159265358979323846 * a);
+    double log_term = std::log((1.0 - y) * (1.0 + y));
+    double first = two_over_pi_a + 0.5 * log_term;
+    double x = std::sqrt(std::sqrt(first * first - log_term / a) - first);
+    x = y < 0 ? -x : x;
+    double magnitude = std::fabs(y), tail = 1.0 - magnitude;
+    for (int step = 0; step < 4; step++) {
+        double slope = 2.0 / std::sqrt(3.14159265358979323846) * std::exp(-x * x);
+        if (slope == 0) break;
+        if (magnitude > 0.9) {
+            double ax = std::fabs(x);
+            ax += (std::erfc(ax) - tail) / slope;
+            x = y < 0 ? -ax : ax;
+        } else {
+            x -= (std::erf(x) - y) / slope;
+        }
+    }
+    return x;
+}
+
+// Welford's running (mean, m2, weight), one per vector lane, merged at the end.
+template <typename T> static inline void kiln_welford_add(T& mean, T& m2, T& weight, T value) {
+    weight = weight + 1;
+    T delta = value - mean;
+    mean = mean + delta / weight;
+    m2 = m2 + delta * (value - mean);
+}
+template <typename T> static inline void kiln_welford_merge(T& mean, T& m2, T& weight, T mean_b, T m2_b, T weight_b) {
+    T total = weight + weight_b;
+    T delta = mean_b - mean;
+    T ratio = total == 0 ? (T)0 : weight_b / total;
+    mean = mean + delta * ratio;
+    m2 = m2 + m2_b + delta * delta * weight * ratio;
+    weight = total;
+}
+
+// argmax/argmin: NaN wins, ties go to the first index, as in torch.
+template <typename T> static inline bool kiln_arg_keep(T a, int64_t index_a, T b, int64_t index_b, bool is_max) {
+    bool nan_a = a != a, nan_b = b != b;
+    bool better = is_max ? (a > b) : (a < b);
+    return better || (nan_a && !nan_b) || (((a == b) || (nan_a && nan_b)) && index_a < index_b);
+}
+"""

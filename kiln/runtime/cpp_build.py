@@ -1,0 +1,210 @@
+"""Building and loading the C++ kernels of kiln/codegen/cpp.py.
+
+What it owns:
+- the toolchain: which C++ compiler exists, whether it has OpenMP and glibc's vector
+  math library (libmvec), and the flags that follow (`-O3 -march=native -fopenmp ...`).
+  Detected once per compiler binary and remembered on disk beside the kernels;
+  without OpenMP kernels run on one thread (`-fopenmp-simd` still vectorizes), and
+  without a compiler `CppCompileError` says so, which makes the graph run eagerly;
+- the on-disk cache of shared libraries: one per kernel source, keyed by the hash of
+  the source, the compiler's identity and the flags; written atomically (temp file +
+  rename) with a digest beside it, checked on load so a corrupt library is rebuilt;
+- compiling a graph's kernels in parallel (a thread pool: each build is a compiler
+  process) and loading each library once per process with ctypes, its argument types
+  set at load so a call converts plain ints quickly.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+from kiln.config import config
+from kiln.runtime.cache import source_hash
+
+KERNEL_SYMBOL = "kiln_kernel"  # the extern "C" entry point of every generated library
+COMPILER_CANDIDATES = ("g++", "c++", "clang++")
+BASE_FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=c++17", "-fno-math-errno", "-fwrapv",
+              "-Wno-unknown-pragmas")
+
+
+class CppCompileError(RuntimeError):
+    """No usable C++ compiler, or a generated kernel that did not compile."""
+
+
+@dataclass(frozen=True)
+class Toolchain:
+    """A compiler and what it can do; `flags` is everything passed besides files."""
+
+    compiler: str
+    version: str
+    openmp: bool
+    vector_math: bool  # glibc's libmvec: vectorized sinf, expf, erff... (the kernel prelude declares them)
+    flags: tuple
+
+    @property
+    def identity(self) -> str:
+        """What a cached library depends on besides its source."""
+        return f"{self.compiler}|{self.version}|{' '.join(self.flags)}"
+
+
+def _find_compiler() -> str:
+    if config.cpp_compiler:
+        found = shutil.which(config.cpp_compiler)
+        if found is None:
+            raise CppCompileError(f"KILN_CPP_COMPILER={config.cpp_compiler!r} is not an executable on PATH")
+        return found
+    for name in COMPILER_CANDIDATES:
+        found = shutil.which(name)
+        if found is not None:
+            return found
+    raise CppCompileError(f"no C++ compiler found (looked for {', '.join(COMPILER_CANDIDATES)} on PATH): "
+                          "install g++ or set KILN_CPP_COMPILER, or use KILN_CPU_BACKEND=triton")
+
+
+_PROBE_OPENMP = "#include <omp.h>\nextern \"C\" int probe() { return omp_get_max_threads(); }\n"
+_PROBE_VECTOR_MATH = ("extern \"C\" {\n#pragma omp declare simd notinbranch\nfloat erfcf(float);\n}\n"
+                      "extern \"C\" void probe(float* x, long n) {\n#pragma omp simd\n"
+                      "for (long i = 0; i < n; i++) x[i] = erfcf(x[i]);\n}\n")
+
+
+def _compiles(compiler: str, source: str, flags: list) -> bool:
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "probe.cpp")
+        with open(path, "w") as handle:
+            handle.write(source)
+        result = subprocess.run([compiler, *flags, path, "-o", os.path.join(folder, "probe.so")],
+                                capture_output=True, text=True)
+        return result.returncode == 0
+
+
+def _detect(compiler: str) -> dict:
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
+    openmp = _compiles(compiler, _PROBE_OPENMP, [*BASE_FLAGS, "-fopenmp"])
+    simd_flag = "-fopenmp" if openmp else "-fopenmp-simd"
+    vector_math = _compiles(compiler, _PROBE_VECTOR_MATH, [*BASE_FLAGS, simd_flag, "-lmvec"])
+    return {"version": version, "openmp": openmp, "vector_math": vector_math}
+
+
+@functools.lru_cache(maxsize=None)
+def _toolchain_for(compiler: str, use_openmp: bool) -> Toolchain:
+    stat = os.stat(compiler)
+    key = source_hash(f"{compiler}|{stat.st_size}|{stat.st_mtime_ns}|{' '.join(BASE_FLAGS)}")
+    record_path = os.path.join(config.cache_dir, "cpp", f"toolchain-{key[:24]}.json")
+    try:
+        with open(record_path) as handle:
+            found = json.load(handle)
+    except (OSError, ValueError):
+        found = _detect(compiler)
+        _write_atomically(record_path, json.dumps(found).encode())
+    openmp = found["openmp"] and use_openmp
+    flags = [*BASE_FLAGS, "-fopenmp" if openmp else "-fopenmp-simd"]
+    if found["vector_math"]:
+        flags += ["-DKILN_VECTOR_MATH", "-lmvec"]
+    return Toolchain(compiler, found["version"], openmp, found["vector_math"], tuple(flags))
+
+
+def toolchain() -> Toolchain:
+    """The compiler kernels are built with (raises CppCompileError when there is none)."""
+    return _toolchain_for(_find_compiler(), bool(config.cpp_openmp))
+
+
+def _write_atomically(path: str, data: bytes) -> None:
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    descriptor, temporary = tempfile.mkstemp(dir=folder, suffix=".tmp")
+    with os.fdopen(descriptor, "wb") as handle:
+        handle.write(data)
+    os.replace(temporary, path)
+
+
+def _file_digest(path: str) -> str:
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+def library_path(source: str, tools: Toolchain) -> str:
+    digest = source_hash(tools.identity + "\n" + source)
+    return os.path.join(config.cache_dir, "cpp", digest[:2], f"k{digest}.so")
+
+
+def _verified(path: str) -> bool:
+    """The library exists and matches the digest written beside it when it was built."""
+    try:
+        with open(path + ".sha256") as handle:
+            return handle.read().strip() == _file_digest(path)
+    except OSError:
+        return False
+
+
+def build_library(source: str, tools: Toolchain) -> str:
+    """Path of the shared library for `source`, compiled now unless a verified one is cached."""
+    path = library_path(source, tools)
+    if _verified(path):
+        return path
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+        source_file = os.path.join(scratch, "kernel.cpp")
+        with open(source_file, "w") as handle:
+            handle.write(source)
+        output = os.path.join(scratch, "kernel.so")
+        # -l flags must follow the source file for the linker to use them.
+        libraries = [flag for flag in tools.flags if flag.startswith("-l")]
+        options = [flag for flag in tools.flags if not flag.startswith("-l")]
+        result = subprocess.run([tools.compiler, *options, source_file, "-o", output, *libraries],
+                                capture_output=True, text=True)
+        if result.returncode != 0:
+            kept = os.path.join(folder, f"failed-{os.path.basename(path)[1:17]}.cpp")
+            shutil.copyfile(source_file, kept)
+            raise CppCompileError(f"{tools.compiler} could not compile a kiln kernel (source kept at {kept}):\n"
+                                  + result.stderr[-4000:])
+        digest = _file_digest(output)
+        os.replace(output, path)
+    _write_atomically(path + ".sha256", digest.encode())
+    return path
+
+
+@dataclass(frozen=True)
+class KernelSignature:
+    """How a generated kernel is called: pointer and int64 parameters, an int result."""
+
+    pointer_count: int
+    size_count: int
+
+
+_loaded: dict = {}  # library path -> ctypes function (a library is loaded once per process)
+
+
+def load_function(path: str, signature: KernelSignature):
+    """The kernel's entry point with its argument types set once, ready to call with ints."""
+    if path not in _loaded:
+        library = ctypes.CDLL(path)
+        function = getattr(library, KERNEL_SYMBOL)
+        function.argtypes = [ctypes.c_void_p] * signature.pointer_count + [ctypes.c_int64] * signature.size_count
+        function.restype = ctypes.c_int
+        _loaded[path] = function
+    return _loaded[path]
+
+
+def compile_kernels(kernels: list) -> dict:
+    """Kernel name -> callable for a graph's C++ kernels (objects with .name, .source,
+    .signature), compiled in parallel; identical sources are built once."""
+    if not kernels:
+        return {}
+    tools = toolchain()
+    unique = sorted({kernel.source for kernel in kernels})
+    workers = max(1, min(len(unique), config.compile_workers or os.cpu_count() or 1))
+    if workers == 1:
+        paths = dict(zip(unique, map(lambda text: build_library(text, tools), unique)))
+    else:
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            paths = dict(zip(unique, pool.map(lambda text: build_library(text, tools), unique)))
+    return {kernel.name: load_function(paths[kernel.source], kernel.signature) for kernel in kernels}
