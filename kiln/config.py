@@ -52,8 +52,8 @@ OPTIONS = [
                                       "into each when its body has at most this many ops"),
     Option("persistent_reduction_max", int, 8192, "rows up to this length stay in registers"),
     Option("check_extern_strides", bool, True, "re-stride an extern's output when it differs from its meta"),
-    Option("frontend", str, "dynamo", "graph capture for kiln.compile: 'dynamo' (TorchDynamo) or 'kiln' "
-                                            "(kiln/frontend, bytecode capture)"),
+    Option("frontend", str, "kiln", "graph capture for kiln.compile: 'kiln' (kiln/frontend, bytecode capture) "
+                                     "or 'dynamo' (TorchDynamo)"),
 ]
 
 _BY_NAME = {option.name: option for option in OPTIONS}
