@@ -491,24 +491,47 @@ class CppKernelGenerator:
         self._close_outer_columns()
 
     def _reduction_node(self, position: int) -> None:
-        """Accumulate over the columns in LANES lanes, merge the lanes, then the node's row ops."""
+        """A reduction over the row's columns, then the node's row ops (its stores)."""
         node = self.kernel.nodes[position]
         reduce_index = next(k for k, op in enumerate(node.body.ops) if op.name == "reduce")
         reduce_op = node.body.ops[reduce_index]
         kind = reduce_op.attr
         input_dtype = node.body.ops[reduce_op.operands[0]].dtype
-        accumulate = torch.bool if kind in ("any", "all") else input_dtype
-        value_type = VALUE_TYPES[accumulate]
         name = f"n{position}_{reduce_index}"
-        parts = ["mean", "m2", "weight"] if kind == "welford" else ["acc"]
-        for part in parts:
-            self.out.add(f"{value_type} {name}_{part}[{LANES}];")
-        if kind in ("argmax", "argmin"):
+        if kind == "welford":
+            # Two passes, as Triton's persistent kernels do: the mean, then the squared deviations
+            # from it. Exact to a few ulp where one-pass Welford drifts, and no division per element.
+            value_type = VALUE_TYPES[input_dtype]
+            count = f"({value_type})({self.index(self.kernel.col_numel)})"
+            total = self._lane_reduction(position, reduce_op, "sum", f"{name}_sum", input_dtype, input_dtype)
+            self.define(f"{name}_0", input_dtype, f"{total} / {count}")
+            deviation = f"(({{1}} - {name}_0) * ({{1}} - {name}_0))"
+            self._lane_reduction(position, reduce_op, "sum", f"{name}_1", input_dtype, input_dtype,
+                                 fold="({0} + " + deviation + ")")
+            self.define(f"{name}_2", input_dtype, count)
+        else:
+            accumulate = torch.bool if kind in ("any", "all") else input_dtype
+            self._lane_reduction(position, reduce_op, kind, name, accumulate, reduce_op.dtype)
+        self.scopes[-1].values[(position, reduce_index)] = name
+        self._emit_stores(position, start=reduce_index + 1)
+
+    def _lane_reduction(self, position: int, reduce_op, kind: str, name: str, accumulate: torch.dtype,
+                        result_dtype: torch.dtype, fold: str | None = None) -> str:
+        """Fold the reduce's operand over the columns into LANES accumulators, merge them into `name`.
+
+        The innermost column loop runs in chunks of LANES, one lane per element of a chunk
+        (a simd loop: the lanes are one vector), then the tail into lane 0; each lane sees its
+        columns in increasing order, so ties keep the lower index. `fold` overrides how a
+        value enters a lane ({0}: the lane, {1}: the value); lanes always merge by `kind`.
+        """
+        value_type = VALUE_TYPES[accumulate]
+        self.out.add(f"{value_type} {name}_acc[{LANES}];")
+        arg = kind in ("argmax", "argmin")
+        if arg:
             self.out.add(f"int64_t {name}_index[{LANES}];")
         self.out.open(f"for (int lane = 0; lane < {LANES}; lane++)")
-        for part in parts:
-            self.out.add(f"{name}_{part}[lane] = {_identity(kind, accumulate)};")
-        if kind in ("argmax", "argmin"):
+        self.out.add(f"{name}_acc[lane] = {_identity(kind, accumulate)};")
+        if arg:
             self.out.add(f"{name}_index[lane] = 0;")
         self.out.close()
 
@@ -521,55 +544,39 @@ class CppKernelGenerator:
             self.out.add(self._simd())
         self._open_scope(f"for (int64_t lane = 0; lane < {LANES}; lane++)")
         self.out.add(f"int64_t r{last} = {name}_base + lane;")
-        self._accumulate(position, reduce_op, kind, name, "lane", value_type)
+        self._fold(position, reduce_op, kind, name, "lane", value_type, fold)
         self._close_scope()
         self.out.close()
         self._open_scope(f"for (int64_t r{last} = {name}_end; r{last} < {extent}; r{last}++)")
-        self._accumulate(position, reduce_op, kind, name, "0", value_type)
+        self._fold(position, reduce_op, kind, name, "0", value_type, fold)
         self._close_scope()
         self._close_outer_columns()
 
-        self._merge_lanes(kind, name, value_type, reduce_op.dtype)
-        self.scopes[-1].values[(position, reduce_index)] = name
-        self._emit_stores(position, start=reduce_index + 1)
-
-    def _accumulate(self, position: int, reduce_op, kind: str, name: str, lane: str, value_type: str) -> None:
-        value = self.value(position, reduce_op.operands[0])
-        if kind == "welford":
-            self.out.add(f"kiln_welford_add<{value_type}>({name}_mean[{lane}], {name}_m2[{lane}], "
-                         f"{name}_weight[{lane}], ({value_type}){value});")
-        elif kind in ("argmax", "argmin"):
-            column = self._column_flat_index()
-            self.out.add(f"bool {name}_keep = kiln_arg_keep<{value_type}>({name}_acc[{lane}], {name}_index[{lane}], "
-                         f"{value}, {column}, {'true' if kind == 'argmax' else 'false'});")
-            self.out.add(f"{name}_acc[{lane}] = {name}_keep ? {name}_acc[{lane}] : {value};")
-            self.out.add(f"{name}_index[{lane}] = {name}_keep ? {name}_index[{lane}] : {column};")
-        else:
-            combined = COMBINE[kind].format(f"{name}_acc[{lane}]", value, T=value_type)
-            self.out.add(f"{name}_acc[{lane}] = {combined};")
-
-    def _merge_lanes(self, kind: str, name: str, value_type: str, result_dtype: torch.dtype) -> None:
-        """Fold lanes 1.. into lane 0 (in lane order: ties keep the lower index) and name the result."""
         self.out.open(f"for (int lane = 1; lane < {LANES}; lane++)")
-        if kind == "welford":
-            self.out.add(f"kiln_welford_merge<{value_type}>({name}_mean[0], {name}_m2[0], {name}_weight[0], "
-                         f"{name}_mean[lane], {name}_m2[lane], {name}_weight[lane]);")
-        elif kind in ("argmax", "argmin"):
+        if arg:
             self.out.add(f"bool keep = kiln_arg_keep<{value_type}>({name}_acc[0], {name}_index[0], {name}_acc[lane], "
                          f"{name}_index[lane], {'true' if kind == 'argmax' else 'false'});")
             self.out.add(f"{name}_acc[0] = keep ? {name}_acc[0] : {name}_acc[lane];")
             self.out.add(f"{name}_index[0] = keep ? {name}_index[0] : {name}_index[lane];")
         else:
-            combined = COMBINE[kind].format(f"{name}_acc[0]", f"{name}_acc[lane]", T=value_type)
-            self.out.add(f"{name}_acc[0] = {combined};")
+            merged = COMBINE[kind].format(f"{name}_acc[0]", f"{name}_acc[lane]", T=value_type)
+            self.out.add(f"{name}_acc[0] = {merged};")
         self.out.close()
-        if kind == "welford":
-            for part, label in enumerate(("mean", "m2", "weight")):
-                self.out.add(f"{value_type} {name}_{part} = {name}_{label}[0];")
-        elif kind in ("argmax", "argmin"):
-            self.define(name, result_dtype, f"{name}_index[0]")
-        else:
-            self.define(name, result_dtype, f"{name}_acc[0]")
+        return self.define(name, result_dtype, f"{name}_index[0]" if arg else f"{name}_acc[0]")
+
+    def _fold(self, position: int, reduce_op, kind: str, name: str, lane: str, value_type: str,
+              fold: str | None) -> None:
+        value = self.value(position, reduce_op.operands[0])
+        accumulator = f"{name}_acc[{lane}]"
+        if kind in ("argmax", "argmin"):
+            column = self._column_flat_index()
+            self.out.add(f"bool {name}_keep = kiln_arg_keep<{value_type}>({accumulator}, {name}_index[{lane}], "
+                         f"{value}, {column}, {'true' if kind == 'argmax' else 'false'});")
+            self.out.add(f"{accumulator} = {name}_keep ? {accumulator} : {value};")
+            self.out.add(f"{name}_index[{lane}] = {name}_keep ? {name}_index[{lane}] : {column};")
+            return
+        folded = (fold or COMBINE[kind]).format(accumulator, value, T=value_type)
+        self.out.add(f"{accumulator} = {folded};")
 
     # ---- the function --------------------------------------------------------------------
     def generate(self, name: str) -> CppKernelSource:
@@ -587,8 +594,8 @@ class CppKernelGenerator:
         body = "\n".join(self.out.lines)
         source = (PRELUDE + f'\nextern "C" int {KERNEL_SYMBOL}({", ".join(parameters)}) {{\n'
                   f"    int kiln_status = 0;\n{body}\n    return kiln_status;\n}}\n")
-        numel = sympy.sympify(kernel.row_numel * kernel.col_numel)
-        skip = bool(numel.is_Integer and int(numel) == 0)
+        rows = sympy.sympify(kernel.row_numel)
+        skip = bool(rows.is_Integer and int(rows) == 0)  # no output; an empty reduction still writes its rows
         header = [f"// kiln kernel {name}: {'reduction' if kernel.is_reduction else 'pointwise'} "
                   f"rows={list(kernel.row_ranges)} cols={list(kernel.col_ranges)}"]
         header += [f"//   {pointer} = {buffer_name}: {self.graph.buffers[buffer_name]}"

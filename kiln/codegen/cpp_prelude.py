@@ -125,22 +125,6 @@ static inline double kiln_erfinv(double y) {
     return x;
 }
 
-// Welford's running (mean, m2, weight), one per vector lane, merged at the end.
-template <typename T> static inline void kiln_welford_add(T& mean, T& m2, T& weight, T value) {
-    weight = weight + 1;
-    T delta = value - mean;
-    mean = mean + delta / weight;
-    m2 = m2 + delta * (value - mean);
-}
-template <typename T> static inline void kiln_welford_merge(T& mean, T& m2, T& weight, T mean_b, T m2_b, T weight_b) {
-    T total = weight + weight_b;
-    T delta = mean_b - mean;
-    T ratio = total == 0 ? (T)0 : weight_b / total;
-    mean = mean + delta * ratio;
-    m2 = m2 + m2_b + delta * delta * weight * ratio;
-    weight = total;
-}
-
 // argmax/argmin: NaN wins, ties go to the first index, as in torch.
 template <typename T> static inline bool kiln_arg_keep(T a, int64_t index_a, T b, int64_t index_b, bool is_max) {
     bool nan_a = a != a, nan_b = b != b;

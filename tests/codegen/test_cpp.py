@@ -1,0 +1,206 @@
+"""The C++ CPU backend (kiln/codegen/cpp.py, kiln/runtime/cpp_build.py).
+
+Every kernel is checked against eager and a float64 reference with kiln's accuracy
+rule, on random inputs; the properties that differ from the Triton backend (the
+library cache, compiler detection and the eager fallback without a compiler, the
+bounds check of gathers) are tested here too.
+"""
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+import torch
+
+import kiln
+import kiln.testing
+from kiln.runtime import cpp_build
+from tests.backend.test_pipeline import compiled_graphs
+
+
+@pytest.fixture(autouse=True)
+def cpp_backend(tmp_path):
+    """Every test here runs on the C++ backend with its own, empty kernel cache."""
+    with kiln.config.patch(cpu_backend="cpp", cache_dir=str(tmp_path / "cache")):
+        yield
+
+
+def assert_matches(fn, *args):
+    result, graphs = compiled_graphs(fn, *args)
+    verdict = kiln.testing.compare(result, fn(*args), fn(*kiln.testing.to_float64(args)))
+    assert verdict, verdict.message
+    return graphs
+
+
+def random_tensor(shape, dtype):
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    if dtype.is_floating_point:
+        return torch.randn(shape, dtype=dtype)
+    low = 0 if dtype == torch.uint8 else -50
+    return torch.randint(low, 50, shape, dtype=dtype)
+
+
+def test_sin_plus_sin_is_one_vectorized_kernel(tmp_path):
+    x, y = torch.randn(1000), torch.randn(1000)
+    with kiln.config.patch(debug=True, debug_dir=str(tmp_path / "dump")):
+        graphs = assert_matches(lambda a, b: torch.sin(a) + torch.sin(b), x, y)
+    assert [graph.kernel_count for graph in graphs] == [1]
+    kernels = glob.glob(str(tmp_path / "dump" / "*" / "*" / "kernel_*.cpp"))
+    assert len(kernels) == 1
+    source = open(kernels[0]).read()
+    assert "std::sin" in source and "#pragma omp parallel for simd" in source
+    assert "data_ptr()" in graphs[0].module_source.wrapper
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.float16])
+def test_float_pointwise(dtype):
+    x, y = random_tensor((33, 65), dtype), random_tensor((65,), dtype)
+    fn = lambda x, y: (torch.nn.functional.gelu(x + y), torch.exp(x) * torch.tanh(y), torch.maximum(x, y),  # noqa: E731
+                       torch.where(x > 0, x, y * 2), torch.sigmoid(x).to(torch.float32), x.abs().sqrt())
+    assert_matches(fn, x, y)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.bool])
+def test_integer_and_bool_pointwise(dtype):
+    x, y = random_tensor((17, 40), dtype), random_tensor((17, 40), dtype)
+    if dtype == torch.bool:
+        fn = lambda x, y: (x & y, x | ~y, x ^ y, torch.logical_and(x, y), x.to(torch.float32) + 1)  # noqa: E731
+    else:
+        fn = lambda x, y: (x + y, x * y, x - y, torch.maximum(x, y), x > y, x.to(torch.float32) * 0.5,  # noqa: E731
+                           x & y, x.abs())
+    assert_matches(fn, x, y)
+
+
+def test_nan_propagates_through_max_min_like_torch():
+    x = torch.randn(6, 50)
+    x[1, 7] = float("nan")
+    x[3, 0] = float("nan")
+    y = torch.randn(6, 50)
+    y[2, 3] = float("nan")
+    fn = lambda x, y: (x.amax(1), x.amin(0), torch.maximum(x, y), torch.minimum(y, x), x.argmax(1),  # noqa: E731
+                       x.argmin(1), torch.relu(x))
+    assert_matches(fn, x, y)
+
+
+def test_argmax_argmin_ties_pick_the_first_index():
+    x = torch.randint(0, 3, (9, 300)).float()  # many ties
+    assert_matches(lambda x: (x.argmax(1), x.argmin(1), x.argmax(0), x.argmin(0)), x)
+
+
+# float64 stops at 100 columns: eager is then the float64 reference itself, and over 9000
+# columns kiln's 16-lane sums differ from eager's cascade sums by ~20 ulp (the floor is 16).
+@pytest.mark.parametrize("columns, dtype", [(7, torch.float32), (100, torch.float32), (9000, torch.float32),
+                                            (7, torch.bfloat16), (100, torch.bfloat16), (9000, torch.bfloat16),
+                                            (7, torch.float64), (100, torch.float64)])
+def test_reductions(columns, dtype):
+    x = torch.randn(5, columns, dtype=dtype)
+    fn = lambda x: (x.sum(1), x.amax(0), x.argmax(1), x.argmin(0), torch.var_mean(x, 1), x.mean(),  # noqa: E731
+                    (x / 4).prod(1), torch.std(x, 0))
+    assert_matches(fn, x)
+
+
+def test_integer_and_bool_reductions():
+    x = torch.randint(-20, 20, (8, 300), dtype=torch.int32)
+    fn = lambda x: (x.sum(1), x.amax(1), x.amin(0), x.argmax(1), (x > 0).any(1), (x > -19).all(0))  # noqa: E731
+    assert_matches(fn, x)
+
+
+def test_softmax_and_layer_norm_are_one_kernel_each():
+    for columns in (100, 9000):
+        graphs = assert_matches(lambda x: torch.softmax(x, -1), torch.randn(4, columns))
+        assert graphs[0].kernel_count == 1
+    x, w, b = torch.randn(6, 48), torch.randn(48), torch.randn(48)
+    fn = lambda x, w, b: torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, (48,), w, b))  # noqa: E731
+    assert assert_matches(fn, x, w, b)[0].kernel_count == 1
+
+
+def test_reduction_over_several_dims_and_outer_dims():
+    x = torch.randn(3, 10, 7, 5)
+    fn = lambda x: (x.sum((1, 3)), x.amax((0, 2)), x.mean(0), torch.var(x, (0, 1, 2)), x.sum())  # noqa: E731
+    assert_matches(fn, x)
+
+
+def test_views_masked_loads_and_gathers():
+    fn = lambda x, i: (x.t().reshape(-1)[3:40:2] * 2, x[i], x.unsqueeze(0).expand(3, -1, -1).sum(0),  # noqa: E731
+                       torch.cat([x, x * 3], 1), torch.gather(x, 1, i.view(-1, 1).expand(-1, 2) % 4),
+                       torch.nn.functional.pad(x, (2, 3, 1, 0), value=1.5))
+    assert_matches(fn, torch.randn(7, 9), torch.tensor([1, -2, 3, 0, 6, 5, 2]))
+
+
+def test_embedding_matches_and_an_index_out_of_bounds_raises():
+    weight = torch.randn(50, 16)
+    fn = lambda w, i: torch.nn.functional.embedding(i, w) * 2  # noqa: E731
+    assert_matches(fn, weight, torch.randint(0, 50, (4, 9)))
+    compiled = torch.compile(fn, backend="kiln", dynamic=False)
+    torch._dynamo.reset()
+    with pytest.raises(IndexError):
+        compiled(weight, torch.tensor([[3, 50]]))
+
+
+def test_dynamic_sizes_are_passed_as_int64():
+    fn = lambda x: torch.softmax(x * 2, -1)  # noqa: E731
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="kiln", dynamic=True)
+    with kiln.config.patch(strict=True):
+        for rows, columns in ((3, 20), (5, 33), (2, 1000)):
+            x = torch.randn(rows, columns)
+            verdict = kiln.testing.compare(compiled(x), fn(x), fn(x.double()))
+            assert verdict, verdict.message
+
+
+def test_libraries_are_cached_by_source_and_a_corrupt_one_is_rebuilt():
+    x = torch.randn(40)
+    graphs = assert_matches(lambda x: torch.cos(x) * 3, x)
+    kernel = graphs[0].module_source.kernel_sources[0]
+    tools = cpp_build.toolchain()
+    path = cpp_build.library_path(kernel.source, tools)
+    assert os.path.exists(path) and os.path.exists(path + ".sha256")
+    built = os.path.getmtime(path)
+    assert cpp_build.build_library(kernel.source, tools) == path and os.path.getmtime(path) == built
+    with open(path, "r+b") as handle:  # corrupt the cached library
+        handle.seek(100)
+        handle.write(b"\0garbage\0")
+    assert cpp_build.build_library(kernel.source, tools) == path
+    assert cpp_build._verified(path)
+
+
+def test_identical_kernels_share_one_library():
+    def fn(x, w):
+        return torch.sin(x) * 2, torch.sin(x @ w) * 2  # the matmul (an extern) splits two like kernels
+
+    x, w = torch.randn(30), torch.randn(30, 30)
+    graphs = assert_matches(fn, x, w)
+    sources = [kernel.source for kernel in graphs[0].module_source.kernel_sources]
+    assert len(sources) == 2 and sources[0] == sources[1]
+    libraries = glob.glob(os.path.join(kiln.config.cache_dir, "cpp", "*", "*.so"))
+    assert len(libraries) == 1
+
+
+def test_without_openmp_kernels_run_serially_and_still_vectorize():
+    cpp_build._toolchain_for.cache_clear()
+    with kiln.config.patch(cpp_openmp=False):
+        tools = cpp_build.toolchain()
+        assert "-fopenmp-simd" in tools.flags and "-fopenmp" not in tools.flags
+        assert_matches(lambda x: torch.softmax(x, -1) + 1, torch.randn(64, 700))
+
+
+def test_without_a_compiler_the_graph_runs_eagerly(caplog):
+    fn = lambda x: torch.sin(x) + 1  # noqa: E731
+    x = torch.randn(10)
+    with kiln.config.patch(cpp_compiler="no-such-compiler-kiln"):
+        with pytest.raises(cpp_build.CppCompileError, match="KILN_CPP_COMPILER"):
+            cpp_build.toolchain()
+        torch._dynamo.reset()
+        with caplog.at_level("WARNING", logger="kiln"):
+            result = torch.compile(fn, backend="kiln")(x)
+    assert torch.equal(result, fn(x))
+    assert any("runs eagerly" in record.getMessage() and "KILN_CPP_COMPILER" in record.getMessage()
+               for record in caplog.records)
+
+
+def test_the_triton_interpreter_stays_selectable():
+    with kiln.config.patch(cpu_backend="triton"):
+        graphs = assert_matches(lambda x: torch.softmax(x, -1), torch.randn(4, 50))
+    assert "tl.store" in next(iter(graphs[0].module_source.kernels.values()))
