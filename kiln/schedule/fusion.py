@@ -1,6 +1,7 @@
 """Group LoopIR nodes into kernels (greedy, in program order, so no dependency cycles).
 
-A node joins the open kernel when (1) it iterates the same rows (and columns), (2)
+A node joins one of the last few kernels (`fusion_window` steps back, never before
+a step that writes what it reads) when (1) it iterates the same rows (and columns), (2)
 every value it reads from the kernel is the one the kernel holds in registers for the
 same row and column (same storage offset after mapping both to kernel variables), and
 (3) in a looped reduction kernel, a pointwise value is only read inside its own loop.
@@ -11,6 +12,7 @@ import sympy
 
 from kiln.config import config
 from kiln.ir import Extern, Graph, LoopNode
+from kiln.ir.indexing import fold_div_mod
 from kiln.ir.nodes import indirect_value
 from kiln.schedule.inline import buffer_uses
 from kiln.schedule.kernel import Kernel, ScheduledGraph, node_role, nonunit, var_map
@@ -18,18 +20,39 @@ from kiln.schedule.kernel import Kernel, ScheduledGraph, node_role, nonunit, var
 
 def group_kernels(graph: Graph) -> ScheduledGraph:
     steps: list = []
-    current: Kernel | None = None
+    produced_at: dict[str, int] = {}  # buffer -> index of the step that writes it
     for node in graph.nodes:
+        position = None
         if isinstance(node, Extern):
             steps.append(node)
-            current = None
-            continue
-        if current is not None and _try_add(current, node, graph):
-            continue
-        current = _new_kernel(f"k{len([s for s in steps if isinstance(s, Kernel)])}", node)
-        steps.append(current)
+            position = len(steps) - 1
+        else:
+            position = _join_recent_kernel(steps, node, graph, produced_at)
+            if position is None:
+                steps.append(_new_kernel(f"k{len([s for s in steps if isinstance(s, Kernel)])}", node))
+                position = len(steps) - 1
+        for name in node.outputs:
+            produced_at[name] = position
     _mark_local_buffers(graph, steps)
     return ScheduledGraph(graph, steps)
+
+
+def _join_recent_kernel(steps: list, node: LoopNode, graph: Graph, produced_at: dict) -> int | None:
+    """Add `node` to one of the last few kernels, newest first; its index, or None.
+
+    A node may join a kernel that runs before steps it does not depend on (a weight
+    cast that autocast placed after a layer norm's reduction still joins the
+    normalization's kernel): it only has to come after every step that writes what
+    it reads. The window is short so that hoisting barely extends buffer lifetimes.
+    """
+    reads = {op.buffer for op in node.body.reads()}
+    earliest = max((produced_at[name] for name in reads if name in produced_at), default=0)
+    oldest = max(earliest, len(steps) - config.fusion_window)
+    for position in range(len(steps) - 1, oldest - 1, -1):
+        step = steps[position]
+        if isinstance(step, Kernel) and _try_add(step, node, graph):
+            return position
+    return None
 
 
 def _columns(node: LoopNode) -> list:
@@ -54,16 +77,17 @@ def _store_offset(kernel: Kernel, node: LoopNode, role: str, buffer_name: str, g
     mapping = var_map(node, role, kernel.row_ranges, kernel.col_ranges)
     for op in node.body.writes():
         if op.buffer == buffer_name:
-            return sympy.expand(graph.buffers[buffer_name].layout.offset_of([e.xreplace(mapping) for e in op.index]))
+            return _offset(graph, buffer_name, op.index, mapping)
     raise AssertionError(f"{node.name} does not store {buffer_name}")
 
 
+def _offset(graph: Graph, buffer_name: str, index, mapping: dict) -> sympy.Expr:
+    """The element offset an access reaches, in kernel variables (div/mod folded where they cancel)."""
+    return fold_div_mod(graph.buffers[buffer_name].layout.offset_of([e.xreplace(mapping) for e in index]))
+
+
 def _try_add(kernel: Kernel, node: LoopNode, graph: Graph) -> bool:
-    if node.is_reduction:
-        role = "reduction" if node_role(node, kernel.row_ranges, kernel.col_ranges) or \
-            (_same(nonunit(node.ranges), kernel.row_ranges) and _same(_columns(node), kernel.col_ranges)) else None
-    else:
-        role = node_role(node, kernel.row_ranges, kernel.col_ranges)
+    role = node_role(node, kernel.row_ranges, kernel.col_ranges)
     if role is None or kernel.op_count() + len(node.body.ops) > config.max_fusion_ops:
         return False
     producers = {name: (producer, producer_role) for producer, producer_role in zip(kernel.nodes, kernel.roles)
@@ -75,7 +99,7 @@ def _try_add(kernel: Kernel, node: LoopNode, graph: Graph) -> bool:
         producer, producer_role = producers[op.buffer]
         if op.operands or any(indirect_value(s) is not None for e in op.index for s in sympy.sympify(e).free_symbols):
             return False  # masked or gathered reads go through memory
-        offset = sympy.expand(graph.buffers[op.buffer].layout.offset_of([e.xreplace(mapping) for e in op.index]))
+        offset = _offset(graph, op.buffer, op.index, mapping)
         if sympy.expand(offset - _store_offset(kernel, producer, producer_role, op.buffer, graph)) != 0:
             return False
         if producer_role == "full" and role in ("reduction", "row") and not kernel.persistent:
@@ -87,12 +111,6 @@ def _try_add(kernel: Kernel, node: LoopNode, graph: Graph) -> bool:
     kernel.nodes.append(node)
     kernel.roles.append(role)
     return True
-
-
-def _same(a, b) -> bool:
-    from kiln.schedule.kernel import same_sizes
-
-    return same_sizes(a, b)
 
 
 def _mark_local_buffers(graph: Graph, steps: list) -> None:

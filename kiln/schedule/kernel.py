@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from kiln.ir import Extern, LoopNode, range_vars
-from kiln.ir.indexing import index_var, product
+from kiln.ir.indexing import contiguous_strides, index_var, product, simplify_index, unravel
 from kiln.ir.printer import format_body, format_node
 
 
@@ -26,32 +26,71 @@ def same_sizes(a, b) -> bool:
 
 
 def node_role(node: LoopNode, row: list, col: list) -> str | None:
-    """How `node` fits a kernel over (row, col), or None if it does not."""
+    """How `node` fits a kernel over (row, col), or None if it does not.
+
+    Dims are matched by products, not one by one: a node over [4096, 768] fits a
+    kernel over rows [8, 512] and columns [768] (a reshape between them is only a
+    different way to count the same rows). Whether the data lines up is checked
+    separately, by comparing the offsets at which values are stored and read.
+    """
     ranges = nonunit(node.ranges)
     if node.is_reduction:
-        return "reduction" if same_sizes(ranges, row) and same_sizes(nonunit(node.reduction_ranges), col) else None
-    if same_sizes(ranges, list(row) + list(col)):
+        fits = _same_numel(ranges, row) and _same_numel(nonunit(node.reduction_ranges), col)
+        return "reduction" if fits else None
+    if _split_point(ranges, row) is not None and _same_numel(ranges[_split_point(ranges, row):], col):
         return "full"
-    if col and same_sizes(ranges, row):
+    if col and _same_numel(ranges, row):
         return "row"
     return None
 
 
+def _same_numel(a, b) -> bool:
+    return sympy.expand(product(a) - product(b)) == 0
+
+
+def _split_point(sizes: list, row: list) -> int | None:
+    """How many leading `sizes` multiply to the kernel's row count (None if no prefix does)."""
+    total, count = product(row), sympy.Integer(1)
+    for position in range(len(sizes) + 1):
+        if sympy.expand(count - total) == 0:
+            return position
+        if position < len(sizes):
+            count = count * sizes[position]
+    return None
+
+
+def _map_dims(node_sizes: list, kernel_sizes: list, prefix: str) -> list:
+    """Kernel expressions for the node's (non-unit) dims that count the same elements as `kernel_sizes`.
+
+    Equal shapes map one to one; otherwise the kernel's row-major position is
+    unravelled over the node's sizes (FloorDiv/Mod that the ranges make redundant
+    are removed).
+    """
+    kernel_vars = [index_var(prefix, k) for k in range(len(kernel_sizes))]
+    if same_sizes(node_sizes, kernel_sizes):
+        return kernel_vars
+    ranges = dict(zip(kernel_vars, kernel_sizes))
+    flat = sum((var * stride for var, stride in zip(kernel_vars, contiguous_strides(kernel_sizes))), sympy.Integer(0))
+    return [simplify_index(expr, ranges) for expr in unravel(flat, node_sizes)]
+
+
 def var_map(node: LoopNode, role: str, row: list, col: list) -> dict:
     """Node variable -> kernel expression (x* for rows, r* for columns, 0 for size-1 dims)."""
-    mapping = {}
-    row_vars = iter(index_var("x", k) for k in range(len(row)))
-    col_vars = iter(index_var("r", k) for k in range(len(col)))
-    node_vars = list(zip(range_vars(len(node.ranges), "i"), node.ranges))
+    node_vars = [(var, size) for var, size in zip(range_vars(len(node.ranges), "i"), node.ranges)]
+    reduction_vars = [(var, size) for var, size in zip(range_vars(len(node.reduction_ranges), "r"),
+                                                       node.reduction_ranges)] if node.is_reduction else []
     if role == "full":
-        kernel_vars = iter(list(row_vars) + list(col_vars))
-        for var, size in node_vars:
-            mapping[var] = sympy.Integer(0) if size == 1 else next(kernel_vars)
-        return mapping
-    for var, size in node_vars:
-        mapping[var] = sympy.Integer(0) if size == 1 else next(row_vars)
-    for var, size in zip(range_vars(len(node.reduction_ranges), "r"), node.reduction_ranges):
-        mapping[var] = sympy.Integer(0) if size == 1 else next(col_vars)
+        sized = [var for var, size in node_vars if size != 1]
+        sizes = nonunit(node.ranges)
+        split = _split_point(sizes, row)
+        row_part, col_part = (sized[:split], sizes[:split]), (sized[split:], sizes[split:])
+    else:
+        row_part = ([var for var, size in node_vars if size != 1], nonunit(node.ranges))
+        col_part = ([var for var, size in reduction_vars if size != 1], nonunit([s for _, s in reduction_vars]))
+    mapping = {var: sympy.Integer(0) for var, size in node_vars + reduction_vars if size == 1}
+    for (variables, sizes), kernel_sizes, prefix in ((row_part, row, "x"), (col_part, col, "r")):
+        if variables:
+            mapping.update(zip(variables, _map_dims(sizes, list(kernel_sizes), prefix)))
     return mapping
 
 
