@@ -63,7 +63,9 @@ def test_layer_norm_feeding_a_matmul_is_one_kernel_past_an_unrelated_node():
     # As under autocast: a weight's cast sits between the norm's reduction and its normalization,
     # and the matmul reads the normalized rows through a reshape ([2, 8, 48] -> [16, 48]).
     def fn(x, w, b, weight):
-        return torch.nn.functional.layer_norm(x, (48,), w, b).view(-1, 48) @ (weight * 2)
+        normalized = torch.nn.functional.layer_norm(x, (48,), w, b)
+        scaled_weight = weight * 2
+        return (normalized + 1).view(-1, 48) @ scaled_weight
 
     graphs = assert_matches(fn, torch.randn(2, 8, 48), torch.randn(48), torch.randn(48), torch.randn(48, 5))
     assert graphs[0].kernel_count == 2  # the norm, the weight's scaling
