@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import pathlib
 import shlex
 import signal
@@ -36,6 +37,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--ops", default="", help="comma-separated OpInfo names ('max' = all variants, 'max.binary' = one)")
     parser.add_argument("--subset", action="store_true",
                         help="the CI subset's cases (tests/ops/subset.py), with its sample cap unless --max-samples")
+    parser.add_argument("--cpu-backend", default=None, choices=("cpp", "triton"),
+                        help="kiln's kernels for CPU tensors (KILN_CPU_BACKEND); reports are named "
+                             "sweep_<backend>-<cpu backend>_<date> when given")
     parser.add_argument("--direction", default="forward", choices=harness.DIRECTIONS)
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--max-samples", type=int, default=DEFAULT_MAX_SAMPLES,
@@ -79,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
             print("  - ", key)
         return 0
 
+    label = args.backend
+    if args.cpu_backend:
+        os.environ["KILN_CPU_BACKEND"] = args.cpu_backend  # read by kiln.config in each worker
+        label = f"{args.backend}-{args.cpu_backend}"
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the sweep the way Ctrl-C does: report what finished
     max_samples = args.max_samples or None
     dtypes = args.dtypes.split(",")
@@ -103,13 +111,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"[{done}/{len(cases)} {time.monotonic() - started:5.0f}s] {record.case}: {summary}", file=sys.stderr)
 
     args.out.mkdir(parents=True, exist_ok=True)
-    log_path = args.out / f"sweep_{args.backend}_{datetime.date.today().isoformat()}.log"
+    log_path = args.out / f"sweep_{label}_{datetime.date.today().isoformat()}.log"
     log_path.write_text("")
     print(f"worker output (C++ warnings, crash dumps) goes to {log_path}", file=sys.stderr)
     records = run_pool(cases, backend=args.backend, jobs=args.jobs, max_samples=max_samples,
                        timeout=args.timeout, on_case_done=progress, log_path=str(log_path))
     command = "python -m tests.ops.sweep " + " ".join(shlex.quote(arg) for arg in (argv if argv is not None else sys.argv[1:]))
-    meta = report.sweep_meta(args.backend, dtypes, command, direction=args.direction, jobs=args.jobs,
+    meta = report.sweep_meta(label, dtypes, command, direction=args.direction, jobs=args.jobs,
                              max_samples=max_samples, timeout=args.timeout,
                              ops_without_these_dtypes=unsupported,
                              seconds=round(time.monotonic() - started, 1))

@@ -1,0 +1,215 @@
+"""CPU benchmarks of kiln's C++ backend: kiln vs eager vs torch.compile (Inductor CPU).
+
+    python -m benchmarks.cpu                         # every workload, all three backends
+    python -m benchmarks.cpu --only softmax,bert --iterations 10
+
+fp32 inference (torch.no_grad) at CPU sizes: sin(x)+sin(y) on 2^24 elements, gelu(x+b),
+layer_norm and softmax over 2048x2048, and 4-layer BERT, GPT-2 and Llama built from
+configs with random weights, batch 4. Each (workload, backend) runs in its own process
+with empty compile caches (kiln's and Inductor's), so the first call's wall time is a
+cold compile; then warm-up calls and timed calls (time.perf_counter, median quoted).
+Every compiled result is checked with kiln's accuracy rule (vs eager and float64).
+Results: benchmarks/results/<date>_cpu_<hardware>.{md,json}, with the date, `lscpu`'s
+model, core count, versions, commit and command line.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+
+import torch
+
+from benchmarks import timing
+from benchmarks.case import Runner, check_accuracy, compile_program, error_summary
+from benchmarks.workloads import Workload, gelu_bias, layer_norm, sin_add, softmax_last
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+KERNELS = ["sin_add", "gelu_bias", "layer_norm", "softmax"]
+MODELS = ["bert", "gpt2", "llama"]
+BACKENDS = ["eager", "inductor", "kiln"]
+
+
+def _kernel_workload(name: str, fn, *inputs) -> Workload:
+    shape = " , ".join("x".join(map(str, tensor.shape)) for tensor in inputs)
+    return Workload(name, shape, fn, infer_args=inputs, autocast=False)
+
+
+def cpu_workload(name: str) -> Workload:
+    """One workload at the CPU benchmark's size (fp32)."""
+    import transformers
+
+    torch.manual_seed(0)
+    if name == "sin_add":
+        return _kernel_workload(name, sin_add, torch.randn(1 << 24), torch.randn(1 << 24))
+    if name == "gelu_bias":
+        return _kernel_workload(name, gelu_bias, torch.randn(2048, 2048), torch.randn(2048))
+    if name == "layer_norm":
+        return _kernel_workload(name, layer_norm, torch.randn(2048, 2048), torch.randn(2048), torch.randn(2048))
+    if name == "softmax":
+        return _kernel_workload(name, softmax_last, torch.randn(2048, 2048))
+    if name == "bert":
+        config = transformers.BertConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4,
+                                         intermediate_size=1024, hidden_dropout_prob=0.0,
+                                         attention_probs_dropout_prob=0.0)
+        model, batch, seq = transformers.BertModel(config), 4, 128
+    elif name == "gpt2":
+        config = transformers.GPT2Config(n_layer=4, n_embd=384, n_head=6, vocab_size=8192, n_positions=256,
+                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+        model, batch, seq = transformers.GPT2LMHeadModel(config), 4, 256
+    elif name == "llama":
+        config = transformers.LlamaConfig(num_hidden_layers=4, hidden_size=512, num_attention_heads=8,
+                                          num_key_value_heads=4, intermediate_size=1376, vocab_size=8192,
+                                          max_position_embeddings=256, use_cache=False)
+        model, batch, seq = transformers.LlamaForCausalLM(config), 4, 128
+    else:
+        raise KeyError(f"unknown workload {name!r}; choose from {KERNELS + MODELS}")
+    model.eval()
+    input_ids = torch.randint(0, config.vocab_size, (batch, seq))
+    hidden = getattr(config, "hidden_size", None) or config.n_embd
+    return Workload(name, f"{batch} x {seq} tokens, 4 layers, hidden {hidden}", model,
+                    infer_kwargs={"input_ids": input_ids}, autocast=False)
+
+
+def run_one(name: str, backend: str, warmup: int, iterations: int) -> dict:
+    """Compile (first call), check, time: one case, in this process."""
+    workload = cpu_workload(name)
+    program = compile_program(workload.program, backend, "infer", "kiln")
+    runner = Runner(workload, program, "infer", "cpu", use_autocast=False, mark_cudagraph_steps=False)
+    row = {"workload": name, "backend": backend, "shape": workload.shape}
+    compile_seconds, _ = timing.time_first_call(runner, "cpu")
+    row["first_call_s"] = round(compile_seconds, 3)
+    if backend != "eager":
+        eager = Runner(workload, workload.program, "infer", "cpu", use_autocast=False, mark_cudagraph_steps=False)
+        row.update(check_accuracy(workload, runner, eager, "infer"))
+    for _ in range(warmup):
+        runner()
+    row.update(timing.summarize(timing.time_calls(runner, "cpu", iterations)))
+    if backend == "kiln":
+        import kiln
+
+        row["kiln_cpu_backend"] = kiln.config.cpu_backend
+    return row
+
+
+def _run_in_subprocess(name: str, backend: str, args) -> dict:
+    with tempfile.TemporaryDirectory(prefix="kiln-bench-") as caches:
+        env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
+                   KILN_CACHE_DIR=os.path.join(caches, "kiln"), TRITON_CACHE_DIR=os.path.join(caches, "triton"))
+        env.setdefault("KILN_CPU_BACKEND", "cpp")
+        command = [sys.executable, "-m", "benchmarks.cpu", "--case", name, backend,
+                   "--warmup", str(args.warmup), "--iterations", str(args.iterations)]
+        done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
+    for line in reversed(done.stdout.splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    return {"workload": name, "backend": backend, "error": (done.stderr or done.stdout)[-600:]}
+
+
+def _hardware() -> dict:
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+    fields = dict(line.split(":", 1) for line in lscpu.splitlines() if ":" in line)
+    flags = fields.get("Flags", "")
+    return {"cpu": fields.get("Model name", "?").strip(), "cpus": os.cpu_count(),
+            "vector": "avx512" if "avx512f" in flags else ("avx2" if "avx2" in flags else "other")}
+
+
+def _commit() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
+                          text=True).stdout.strip()
+
+
+def render(rows: list, meta: dict) -> str:
+    lines = [f"# CPU benchmarks: kiln (C++ backend) vs eager vs torch.compile, {meta['date']}", "",
+             f"`{meta['command']}`", "",
+             f"{meta['hardware']['cpu']}, {meta['hardware']['cpus']} cores ({meta['hardware']['vector']}); "
+             f"torch {meta['torch']}, Python {meta['python']}, {meta['compiler']}; commit {meta['commit']}.", "",
+             meta["method"], "",
+             "| workload | shape | eager ms | inductor ms | kiln ms | kiln vs eager | kiln vs inductor | "
+             "inductor compile s | kiln compile s | accuracy (inductor / kiln) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    by_case = {(row["workload"], row["backend"]): row for row in rows}
+    for name in meta["workloads"]:
+        eager, inductor, kiln = (by_case.get((name, backend), {}) for backend in BACKENDS)
+
+        def ms(row):
+            return f"{row['median_ms']:.2f}" if "median_ms" in row else ("error" if row.get("error") else "-")
+
+        def ratio(a, b):
+            return f"{a['median_ms'] / b['median_ms']:.2f}x" if "median_ms" in a and "median_ms" in b else "-"
+
+        def first(row):
+            return f"{row['first_call_s']:.1f}" if "first_call_s" in row else "-"
+
+        def accuracy(row):
+            return "ok" if row.get("accuracy_ok") else (row.get("accuracy") or row.get("error", "-"))[:80]
+
+        shape = (eager or kiln).get("shape", "")
+        lines.append(f"| {name} | {shape} | {ms(eager)} | {ms(inductor)} | {ms(kiln)} | {ratio(eager, kiln)} | "
+                     f"{ratio(inductor, kiln)} | {first(inductor)} | {first(kiln)} | "
+                     f"{accuracy(inductor)} / {accuracy(kiln)} |")
+    lines += ["", "Ratios are speedups (>1: kiln faster). Compile s = wall time of the first call, cold caches "
+              "(includes graph capture)."]
+    errors = [row for row in rows if row.get("error")]
+    if errors:
+        lines += ["", "## Errors", ""] + [f"- {row['workload']} / {row['backend']}: "
+                                          f"{' '.join(row['error'].split())[:400]}" for row in errors]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.cpu", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="", help="comma list of " + ",".join(KERNELS + MODELS))
+    parser.add_argument("--backends", default=",".join(BACKENDS))
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per case")
+    parser.add_argument("--label", default="cpu")
+    parser.add_argument("--case", nargs=2, metavar=("WORKLOAD", "BACKEND"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.case:
+        try:
+            row = run_one(*args.case, args.warmup, args.iterations)
+        except Exception as error:  # recorded in the table, never hidden
+            row = {"workload": args.case[0], "backend": args.case[1], "error": error_summary(error)}
+        print(json.dumps(row))
+        return 0
+
+    from kiln.runtime.cpp_build import toolchain
+
+    names = [n for n in (args.only.split(",") if args.only else KERNELS + MODELS) if n]
+    backends = [b for b in args.backends.split(",") if b]
+    date = datetime.datetime.now().isoformat(timespec="seconds")
+    hardware = _hardware()
+    meta = {"date": date, "command": "python -m benchmarks.cpu " + " ".join(map(shlex.quote, argv or sys.argv[1:])),
+            "hardware": hardware, "torch": torch.__version__, "python": platform.python_version(),
+            "compiler": toolchain().version, "commit": _commit(), "workloads": names,
+            "method": f"fp32 inference under torch.no_grad(); each case in its own process with empty kiln and "
+                      f"Inductor caches; first call = compile (wall); {args.warmup} warm-up calls, "
+                      f"{args.iterations} timed calls (time.perf_counter), median; torch threads: "
+                      f"{torch.get_num_threads()}."}
+    stem = os.path.join(REPO_ROOT, "benchmarks", "results",
+                        f"{date[:10]}_{args.label}_{hardware['cpu'].lower().replace(' ', '-')}-{hardware['cpus']}core")
+    rows = []
+    for name in names:
+        for backend in backends:
+            row = _run_in_subprocess(name, backend, args)
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+            with open(stem + ".json", "w") as handle:
+                json.dump({"meta": meta, "rows": rows}, handle, indent=1)
+            with open(stem + ".md", "w") as handle:
+                handle.write(render(rows, meta))
+    print(f"wrote {stem}.md and {stem}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
