@@ -384,12 +384,45 @@ def _module_program(module: nn.Module, make_args, eval_mode: bool = True, **chan
     return module
 
 
+class CallOverride(nn.Module):
+    """A layer class that wraps nn.Module.__call__ (as transformers' GradientCheckpointingLayer does)."""
+
+    scale = 1.0
+
+    def __call__(self, *args, **kwargs):
+        if self.scale != 1.0:
+            args = (args[0] * self.scale, *args[1:])
+        return super().__call__(*args, **kwargs)
+
+
+class CallOverrideLayer(CallOverride):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x, shift=0.0):
+        return self.linear(x).relu() + shift
+
+
+class StackOfCallOverrides(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList([CallOverrideLayer(), CallOverrideLayer()])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x, shift=0.5)
+        return x
+
+
 _module_program(TwoLayer(), tensors((4, 3)))
 _module_program(WithBuffer(), tensors((4, 3)))
 _module_program(LoopOverList(), tensors((4, 3)))
 _module_program(DictOfModules(), tensors((4, 3)))
 _TRAINING = _module_program(TrainingBranch(), tensors((4, 3)))
 _module_program(Derived(), tensors((4, 3)))
+_module_program(StackOfCallOverrides(), tensors((4, 3)),
+                guarded=set_attribute(CallOverride, "scale", 2.0))
 _module_program(ConvBlock(), tensors((2, 3, 8, 8)))
 _module_program(nn.Sequential(nn.Linear(3, 6), nn.GELU(), nn.LayerNorm(6), nn.Dropout(0.1), nn.Linear(6, 1)),
                 tensors((4, 3)))

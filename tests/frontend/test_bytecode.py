@@ -1,13 +1,16 @@
 """Bytecode round trip: decode -> assemble must reproduce what CPython compiled.
 
 The corpus is every code object (functions, methods, comprehensions, lambdas, class
-bodies) in a set of standard-library modules and the transformers modules kiln's
-model tests use. A second test inserts instructions to force offsets and
-EXTENDED_ARG prefixes to change and checks the functions still behave the same.
+bodies, nested to any depth) in a set of standard-library modules and the transformers
+modules kiln's model tests use (a few seconds). The `slow` test widens it to every
+source file of the standard library, transformers and torch. A second test inserts
+instructions to force offsets and EXTENDED_ARG prefixes to change and checks the
+functions still behave the same.
 """
 from __future__ import annotations
 
 import importlib
+import os
 import types
 
 import pytest
@@ -38,17 +41,49 @@ def _module_code(name: str) -> types.CodeType:
         return compile(handle.read(), module.__file__, "exec")
 
 
+def _assert_round_trip(code: types.CodeType) -> None:
+    rebuilt = bytecode.assemble(bytecode.decode(code))
+    where = f"{code.co_filename}:{code.co_firstlineno} {code.co_qualname}"
+    assert rebuilt.co_code == code.co_code, where
+    assert rebuilt.co_exceptiontable == code.co_exceptiontable, where
+    assert list(rebuilt.co_positions()) == list(code.co_positions()), where
+
+
 @pytest.mark.parametrize("module_name", CORPUS_MODULES)
 def test_round_trip_reproduces_cpython_code(module_name):
     count = 0
     for code in _code_objects(_module_code(module_name)):
-        rebuilt = bytecode.assemble(bytecode.decode(code))
-        where = f"{code.co_filename}:{code.co_firstlineno} {code.co_qualname}"
-        assert rebuilt.co_code == code.co_code, where
-        assert rebuilt.co_exceptiontable == code.co_exceptiontable, where
-        assert list(rebuilt.co_positions()) == list(code.co_positions()), where
+        _assert_round_trip(code)
         count += 1
     assert count > 10
+
+
+def _source_files(root: str):
+    for directory, subdirectories, files in os.walk(root):
+        subdirectories[:] = sorted(name for name in subdirectories if name not in ("site-packages", "__pycache__"))
+        for name in sorted(files):
+            if name.endswith(".py"):
+                yield os.path.join(directory, name)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("package", ["stdlib", "transformers", "torch"])
+def test_round_trip_over_every_source_file(package):
+    """Every code object of every .py file under the package (stdlib: the whole Lib folder)."""
+    root = os.path.dirname(os.__file__) if package == "stdlib" else os.path.dirname(
+        importlib.import_module(package).__file__)
+    files = codes = 0
+    for path in _source_files(root):
+        try:
+            with open(path, encoding="utf-8") as handle:
+                module_code = compile(handle.read(), path, "exec", dont_inherit=True)
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue  # test data with deliberately bad syntax or encodings
+        files += 1
+        for code in _code_objects(module_code):
+            _assert_round_trip(code)
+            codes += 1
+    assert files > 100 and codes > 10_000, (files, codes)
 
 
 def _padded(function, nops: int):

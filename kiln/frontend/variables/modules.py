@@ -164,11 +164,17 @@ def _uses_container_method(module: torch.nn.Module, name: str) -> bool:
     return owner in _CONTAINER_TYPES
 
 
-def call_module(tx, module_variable: ModuleVariable, args: list[Variable], kwargs: dict[str, Variable]) -> Variable:
-    """`module(*args, **kwargs)`: hooks (guarded empty, or inlined) around an inlined forward."""
+def call_module(tx, module_variable: ModuleVariable, args: list[Variable], kwargs: dict[str, Variable],
+                own_call: bool = False) -> Variable:
+    """`module(*args, **kwargs)`: hooks (guarded empty, or inlined) around an inlined forward.
+
+    A class that overrides `__call__` has it inlined, unless `own_call`: nn.Module's own
+    `__call__` reached directly (`super().__call__(...)` in that override), which runs
+    hooks and forward and never looks at `type(module).__call__` again.
+    """
     module = module_variable.value
     call, _ = lookup_class_attribute(type(module), "__call__")
-    if call is not _MISSING and not is_module_call_function(call):
+    if not own_call and call is not _MISSING and not is_module_call_function(call):
         return bind_class_attribute(tx, call, "__call__", module_variable, type(module),
                                     _type_source(module_variable)).call(tx, args, kwargs)
     guard_global_hooks(tx)

@@ -73,7 +73,7 @@ def _module_call(tx, args, kwargs):
 
     if not args or not isinstance(args[0], ModuleVariable):
         raise Unsupported("nn.Module.__call__ on something that is not a module")
-    return call_module(tx, args[0], list(args[1:]), kwargs)
+    return call_module(tx, args[0], list(args[1:]), kwargs, own_call=True)
 
 
 def _check(tx, args, kwargs):
