@@ -198,6 +198,9 @@ class WrapperGenerator:
 
         args = [arg_source(value) for value in extern.args]
         args += [f"{key}={arg_source(value)}" for key, value in extern.kwargs.items()]
+        if extern.writes_into_outputs:
+            (output,) = extern.outputs
+            return [self._allocate(output), f"{extern.name}({', '.join(args + [f'out={output}'])})"]
         call = f"{extern.name}({', '.join(args)})"
         targets = _flatten_structure(extern.output_structure)
         names = [extern.outputs[position] if isinstance(position, int) else "_" for position in targets]

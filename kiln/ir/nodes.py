@@ -189,6 +189,7 @@ class Extern:
     kwargs: dict
     outputs: list  # buffer names, in the order the op returns its tensors
     output_structure: Any = None  # the op's result with output positions (int) for tensors
+    writes_into_outputs: bool = False  # an `out=` variant: the wrapper allocates `outputs` and passes them
 
     def tensor_args(self) -> list:
         """Every TensorArg among the arguments, nested lists included."""

@@ -282,6 +282,20 @@ class LoweringContext:
 
         return rebuild(structure)
 
+    def extern_into(self, op, args: tuple, kwargs: dict, layouts: list, meta) -> object:
+        """Call an op's `out=` variant on buffers allocated with `layouts` (e.g. padded rows).
+
+        The wrapper allocates the outputs and passes them as `out=`; the op writes them
+        at their strides. One output only (mm, addmm, bmm).
+        """
+        converted_args = _map_values(args, self._extern_arg)
+        converted_kwargs = {key: _map_values(value, self._extern_arg) for key, value in kwargs.items()}
+        (layout,) = layouts
+        output = self.new_buffer(meta.device, meta.dtype, layout)
+        self.graph.nodes.append(Extern(self._node_name(), op, converted_args, converted_kwargs, [output.name], 0,
+                                       writes_into_outputs=True))
+        return BufferValue(output)
+
     def _extern_arg(self, value):
         if isinstance(value, TensorValue):
             return self.realize(value)
