@@ -4,12 +4,14 @@ Generated kernels call libdevice (`triton.language.extra.cuda.libdevice`) for ma
 that `tl` lacks (tanh, pow, erfinv, ...). Triton's interpreter, which runs kernels on
 CPU tensors (how CI tests the GPU code path), has no extern functions; here we give
 it one: each libdevice symbol is computed with numpy (or torch on numpy arrays), in
-the argument's precision. Kernels are loaded as `InterpretedFunction`s for CPU
-tensors and `triton.jit` functions for CUDA tensors, from the same source.
+the argument's precision, with IEEE results where a Python `math` function would raise
+(lgamma at a pole is inf, as on the GPU and in torch). The interpreter's casts to and
+from bfloat16 are replaced too: it truncates float32 to bfloat16 (the GPU rounds to
+nearest even, overflowing to inf) and reinterprets the bits of any other source type.
+Kernels are loaded as `InterpretedFunction`s for CPU tensors and `triton.jit`
+functions for CUDA tensors, from the same source.
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 import torch
@@ -18,18 +20,17 @@ from triton.language.extra.cuda import libdevice
 from triton.runtime import interpreter as _interpreter
 
 
-def _vectorized(fn):
-    vector = np.vectorize(fn)
-    return lambda x: vector(x).astype(x.dtype)
-
-
 def _torch_unary(name):
-    return lambda x: getattr(torch, name)(torch.from_numpy(np.ascontiguousarray(x))).numpy()
+    """torch's elementwise `name` on a numpy array (torch's special values: lgamma(0) = inf)."""
+    def function(x):
+        array = np.array(x, order="C", copy=True)
+        return getattr(torch, name)(torch.from_numpy(array)).numpy().reshape(array.shape)
+    return function
 
 
 _NUMPY_LIBDEVICE = {
     "tanh": np.tanh, "pow": np.power, "atan2": np.arctan2, "expm1": np.expm1, "log1p": np.log1p,
-    "erf": _vectorized(math.erf), "erfc": _vectorized(math.erfc), "lgamma": _vectorized(math.lgamma),
+    "erf": _torch_unary("erf"), "erfc": _torch_unary("erfc"), "lgamma": _torch_unary("lgamma"),
     "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
     "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "tan": np.tan, "log10": np.log10,
     "log": np.log, "exp": np.exp, "log2": np.log2, "exp2": np.exp2, "nearbyint": np.rint, "rint": np.rint,
@@ -59,6 +60,55 @@ def _create_extern_elementwise(self, lib_name, lib_path, symbol, arg_list, ret_t
 
 
 _interpreter.InterpreterBuilder.create_extern_elementwise = _create_extern_elementwise
+
+
+_TORCH_DTYPES = {
+    "int1": torch.bool, "int8": torch.int8, "int16": torch.int16, "int32": torch.int32, "int64": torch.int64,
+    "uint8": torch.uint8, "uint16": torch.uint16, "uint32": torch.uint32, "uint64": torch.uint64,
+    "fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64,
+}
+
+
+def _as_torch(data: np.ndarray, dtype) -> torch.Tensor:
+    array = np.array(data, order="C", copy=True)
+    if dtype == _interpreter.tl.bfloat16:  # stored as uint16 bits
+        return torch.from_numpy(array.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def _as_numpy(tensor: torch.Tensor) -> np.ndarray:
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(np.uint16)
+    return tensor.numpy()
+
+
+_cast_without_bfloat16 = _interpreter.InterpreterBuilder.cast_impl
+_fp_to_fp_without_bfloat16 = _interpreter.InterpreterBuilder.create_fp_to_fp
+
+
+def _cast_impl(self, src, dst_type):
+    """A cast with torch's conversion wherever bfloat16 is involved (round to nearest even)."""
+    source, target = src.dtype.scalar, dst_type.scalar
+    if _interpreter.tl.bfloat16 not in (source, target):
+        return _cast_without_bfloat16(self, src, dst_type)
+    converted = _as_torch(src.data, source).to(_TORCH_DTYPES[target.name])
+    return _interpreter.TensorHandle(_as_numpy(converted).reshape(np.shape(src.data)), target)
+
+
+def _create_fp_to_fp(self, src, dst_type, rounding_mode):
+    if _interpreter.tl.bfloat16 in (src.dtype.scalar, dst_type.scalar) and \
+            rounding_mode in (None, _interpreter._ir.ROUNDING_MODE.RTNE):
+        return _cast_impl(self, src, dst_type)
+    return _fp_to_fp_without_bfloat16(self, src, dst_type, rounding_mode)
+
+
+_interpreter.InterpreterBuilder.cast_impl = _cast_impl
+_interpreter.InterpreterBuilder.create_fp_to_fp = _create_fp_to_fp
+for _name in ("create_si_to_fp", "create_ui_to_fp", "create_fp_to_si", "create_fp_to_ui", "create_fp_ext",
+              "create_fp_trunc"):
+    setattr(_interpreter.InterpreterBuilder, _name, lambda self, src, dst_type: _cast_impl(self, src, dst_type))
+setattr(_interpreter.InterpreterBuilder, "create_int_cast",
+        lambda self, src, dst_type, is_signed: _cast_impl(self, src, dst_type))
 _patch_lang_without_libdevice = _interpreter._patch_lang
 
 
