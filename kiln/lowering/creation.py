@@ -1,4 +1,4 @@
-"""Tensors made from nothing: full/zeros/ones/empty, scalar_tensor, arange, fill."""
+"""Tensors made from nothing: full/zeros/ones/empty, scalar_tensor, arange, eye, fill."""
 from __future__ import annotations
 
 import torch
@@ -60,6 +60,18 @@ def arange(ctx, node, *args, **_):
         position = body.to_dtype(body.index_expr(index[0], torch.int64), dtype)
         scaled = body.emit("mul", (position, _scalar(body, step, dtype)), dtype)
         return body.emit("add", (scaled, _scalar(body, start, dtype)), dtype)
+
+    return ctx.pointwise_indexed(meta, compute)
+
+
+@lowering(aten.eye.default, aten.eye.m)
+def eye(ctx, node, *args, **_):
+    """1 where row == column: compared as int64 index values, then converted to the dtype."""
+    meta = meta_of(node)
+
+    def compute(body, index):
+        row, column = (body.index_expr(position, torch.int64) for position in index)
+        return body.emit("eq", (row, column), torch.bool)
 
     return ctx.pointwise_indexed(meta, compute)
 
