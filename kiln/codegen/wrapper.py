@@ -173,9 +173,8 @@ class WrapperGenerator:
         args = [self.name(name) for name in source.buffer_args] + [self.py(size) for size in source.size_args]
         if cpp:
             return lines + [source.launch(args)]
-        grid = f"(cdiv({self.py(source.xnumel)}, {source.xblock}),)"
-        blocks = f"XBLOCK={source.xblock}" + (f", RBLOCK={source.rblock}" if source.rblock else "")
-        lines.append(f"{kernel.name}[{grid}]({', '.join(args)}, {blocks}, num_warps={source.num_warps})")
+        grid_x = f"cdiv({self.py(source.xnumel)}, {source.xblock})"
+        lines.append(f"{kernel.name}({', '.join([grid_x] + args)})")  # kiln/runtime/launch.py
         return lines
 
     def _extern_call(self, extern: Extern, module: ModuleSource) -> list[str]:

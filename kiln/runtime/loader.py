@@ -27,6 +27,18 @@ def load_kernel(name: str, source: str, device_type: str):
     return _loaded_kernels[key]
 
 
+def _launcher(kernel):
+    """The launch function the wrapper calls as `name(grid_x, *buffers, *sizes)`."""
+    from kiln.runtime.launch import make_launcher
+
+    constexprs = {"XBLOCK": kernel.xblock}
+    if kernel.rblock:
+        constexprs["RBLOCK"] = kernel.rblock
+    return make_launcher(load_kernel(kernel.name, kernel.source, kernel.device_type), kernel.device_type,
+                         name=kernel.name, pointer_count=len(kernel.buffer_args), int_count=len(kernel.size_args),
+                         constexprs=constexprs, num_warps=kernel.num_warps)
+
+
 class CompiledGraph:
     """The boxed callable for one graph: `compiled(list_of_inputs) -> tuple of outputs`."""
 
@@ -52,7 +64,7 @@ def load_module(module_source, *, mode: str = "default", scheduled=None) -> Comp
     namespace.update(compile_kernels([kernel for kernel in cpp_kernels if not kernel.skip]))
     for kernel in module_source.kernel_sources:
         if not isinstance(kernel, CppKernelSource):
-            namespace[kernel.name] = load_kernel(kernel.name, kernel.source, kernel.device_type)
+            namespace[kernel.name] = _launcher(kernel)
     namespace.update(module_source.constants)
     namespace.update(module_source.externs)
     path = cache_path("wrappers", module_source.wrapper)

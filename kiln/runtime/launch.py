@@ -1,0 +1,85 @@
+"""Launching Triton kernels with as little Python per call as possible.
+
+The generated wrapper calls `k3(grid_x, buf0, buf1, 4096)` for every kernel. On CUDA,
+Triton's own launch path (`kernel[grid](...)`) re-derives the kernel's specialization
+from its arguments on every call (bind the signature, classify each argument, build a
+cache key, look it up, check globals). kiln's launcher does that work once: the first
+call goes through Triton (which compiles), and later calls whose arguments have the
+same specialization-relevant properties (pointer alignment to 16 bytes; an int's
+being 1, its divisibility by 16 and whether it needs 64 bits) call the compiled
+kernel's launcher directly. A changed property takes Triton's path again, so a
+kernel is never run with a specialization its arguments do not satisfy.
+
+This is the one place in kiln that touches Triton's launch internals
+(`JITFunction.run(warmup=False)` returning the `CompiledKernel`, its `run`,
+`function` and `packed_metadata`, `driver.active`, `knobs.runtime`); they change
+between Triton releases. `config.fast_launch=False` uses `kernel[grid](...)` always.
+Under the interpreter (CPU), kernels are always launched through Triton.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+
+def make_launcher(kernel, device_type: str, *, name: str, pointer_count: int, int_count: int, constexprs: dict,
+                  num_warps: int) -> Callable:
+    """A function `launch(grid_x, *pointers, *ints)` that runs `kernel` on a 1-d grid."""
+    from kiln.config import config
+
+    if device_type != "cuda" or not config.fast_launch:
+        return _triton_launcher(kernel, constexprs, num_warps)
+    return _fast_launcher(kernel, name, pointer_count, int_count, constexprs, num_warps)
+
+
+def _triton_launcher(kernel, constexprs: dict, num_warps: int) -> Callable:
+    def launch(grid_x, *args):
+        kernel[(grid_x,)](*args, **constexprs, num_warps=num_warps)
+
+    return launch
+
+
+def _fast_launcher(kernel, name: str, pointer_count: int, int_count: int, constexprs: dict,
+                   num_warps: int) -> Callable:
+    """Generated straight-line code: one specialization key, one dict lookup, one launch."""
+    from triton import knobs
+    from triton.runtime import driver
+
+    pointers = [f"p{k}" for k in range(pointer_count)]
+    ints = [f"s{k}" for k in range(int_count)]
+    params = ", ".join(["grid_x"] + pointers + ints)
+    key_parts = [f"{p}.data_ptr() & 15" for p in pointers]
+    key_parts += [f"{s} == 1, {s} & 15, {s} > 0x7FFFFFFF" for s in ints]
+    key = "(" + "".join(part + ", " for part in key_parts) + ")"
+    call_args = ", ".join(pointers + ints + [repr(value) for value in constexprs.values()])
+    source = f"""
+def launch_{name}({params}):
+    entry = compiled.get({key})
+    if entry is None:
+        compiled[{key}] = first_launch(grid_x, {', '.join(pointers + ints)})
+        return
+    run, function, metadata = entry
+    enter_hook = runtime_knobs.launch_enter_hook
+    if enter_hook is None:
+        run(grid_x, 1, 1, current_stream(current_device()), function, metadata, None, None,
+            runtime_knobs.launch_exit_hook, {call_args})
+    else:
+        slow_launch(grid_x, {', '.join(pointers + ints)})
+"""
+
+    def first_launch(grid_x, *args):
+        compiled_kernel = kernel.run(*args, grid=(grid_x,), warmup=False, **constexprs, num_warps=num_warps)
+        if hasattr(compiled_kernel, "result"):  # a future when Triton compiles asynchronously
+            compiled_kernel = compiled_kernel.result()
+        return compiled_kernel.run, compiled_kernel.function, compiled_kernel.packed_metadata
+
+    def slow_launch(grid_x, *args):
+        kernel[(grid_x,)](*args, **constexprs, num_warps=num_warps)
+
+    namespace = {"compiled": {}, "first_launch": first_launch, "slow_launch": slow_launch,
+                 "runtime_knobs": knobs.runtime, "current_stream": driver.active.get_current_stream,
+                 "current_device": driver.active.get_current_device}
+    exec(compile(source, f"<kiln launcher {name}>", "exec"), namespace)
+    return namespace[f"launch_{name}"]
+
+
+__all__ = ["make_launcher"]
