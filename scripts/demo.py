@@ -6,9 +6,10 @@
 Models: transformers' BERT, GPT-2 and Llama built from configs with random weights, and
 a small ResNet-style CNN. On a GPU they run at the sizes of the benchmarks (BERT-base
 8x512, GPT-2 8x512, an 8-layer Llama 4x1024, the CNN on 64 images of 224x224) under bf16
-autocast; on a CPU they are tiny, because there kiln runs its Triton kernels under the
-Triton interpreter, which is slow: CPU times show that the compiled model runs and is
-right, not how fast kiln is (benchmarks/ measures that, on a GPU).
+autocast. On a CPU with the C++ backend (KILN_CPU_BACKEND=cpp) the transformers run in
+float32 at the CPU benchmark's sizes (4 layers, hidden 256-512, batch 4; benchmarks/cpu.py)
+and the speedup over eager is kiln's; with KILN_CPU_BACKEND=triton kiln's kernels run under
+the Triton interpreter, so the models are tiny and CPU times only show that they run right.
 
 For each model: the compiled output is checked with kiln's accuracy rule (no farther from
 a float64 reference than eager), then eager and kiln are timed (median of a few calls).
@@ -36,9 +37,12 @@ if not ON_GPU:
 import kiln  # noqa: E402
 from benchmarks import timing  # noqa: E402
 from benchmarks.case import KilnLogCounter, Runner, check_accuracy, error_summary  # noqa: E402
+from benchmarks.cpu import cpu_workload  # noqa: E402
 from benchmarks.workloads import build  # noqa: E402
 
 MODELS = ["bert", "gpt2", "llama", "cnn"]
+CPU_MODELS = ["bert", "gpt2", "llama"]  # at benchmarks/cpu.py's sizes when the C++ backend runs them
+CPU_CPP = not ON_GPU and kiln.config.cpu_backend == "cpp"
 
 
 def parse_args() -> argparse.Namespace:
@@ -53,7 +57,10 @@ def parse_args() -> argparse.Namespace:
 
 def demo_model(name: str, backend: str, mode: str, device: str, debug: bool) -> dict:
     """Compile one model, check it against eager and float64, time eager and kiln."""
-    workload = build("models", name, small=not ON_GPU, device=device)
+    if CPU_CPP and name in CPU_MODELS:
+        workload = cpu_workload(name)
+    else:
+        workload = build("models", name, small=not ON_GPU, device=device)
     workload.program.eval()
     with kiln.config.patch(debug=debug):
         compiled = kiln.compile(workload.program, backend=backend, mode=mode)
@@ -62,7 +69,7 @@ def demo_model(name: str, backend: str, mode: str, device: str, debug: bool) -> 
     eager_runner = Runner(workload, workload.program, "infer", device, use_autocast=ON_GPU,
                           mark_cudagraph_steps=False)
     accuracy = check_accuracy(workload, kiln_runner, eager_runner, "infer")
-    warmup, iterations = (3, 20) if ON_GPU else (1, 3)
+    warmup, iterations = (3, 20) if ON_GPU else ((2, 10) if CPU_CPP else (1, 3))
     medians = {}
     for label, runner in (("eager", eager_runner), ("kiln", kiln_runner)):
         for _ in range(warmup):
@@ -92,8 +99,12 @@ def main() -> int:
     args = parse_args()
     device = "cuda" if ON_GPU else "cpu"
     names = [n.strip() for n in args.models.split(",") if n.strip()]
-    where = torch.cuda.get_device_name(0) + ", bf16 autocast" if ON_GPU else \
-        "CPU, float32, tiny models; kiln's Triton kernels run under the Triton interpreter (slow)"
+    if ON_GPU:
+        where = torch.cuda.get_device_name(0) + ", bf16 autocast"
+    elif CPU_CPP:
+        where = f"CPU ({os.cpu_count()} cores), float32; kiln's C++/OpenMP kernels"
+    else:
+        where = "CPU, float32, tiny models; kiln's Triton kernels run under the Triton interpreter (slow)"
     print(f"kiln demo: backend={args.backend!r}, mode={args.mode!r} on {where}")
     print(f"torch {torch.__version__}, kiln {kiln.__version__}\n", flush=True)
 
@@ -128,9 +139,12 @@ def main() -> int:
         print(f"| {row['name']} | {row['shape']} | {row['eager_ms']:.2f} | {row['kiln_ms']:.2f} | "
               f"{row['eager_ms'] / row['kiln_ms']:.2f}x | {row['compile_s']:.1f} | {accuracy} | "
               f"{row['kiln_warnings']} |")
-    if not ON_GPU:
-        print("\nNote: on a CPU kiln's kernels run in the Triton interpreter, so 'kiln ms' measures the "
-              "interpreter, not kiln.\nSpeed is measured on a GPU: see benchmarks/README.md.")
+    if not ON_GPU and not CPU_CPP:
+        print("\nNote: kiln's kernels ran in the Triton interpreter, so 'kiln ms' measures the "
+              "interpreter, not kiln.\nSpeed is measured on a GPU, or on this CPU with KILN_CPU_BACKEND=cpp.")
+    if CPU_CPP:
+        print(f"\nCompiled C++ kernels (one shared library per distinct kernel) are cached under "
+              f"{os.path.join(kiln.config.cache_dir, 'cpp')}/.")
     if any(row["kiln_warnings"] for row in rows):
         print("\n'graphs run eagerly' counts kiln's warnings: a graph kiln could not compile ran as "
               "plain PyTorch (KILN_STRICT=1 makes that an error). First: " + "; ".join(warnings.first))

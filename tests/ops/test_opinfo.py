@@ -1,4 +1,5 @@
-"""CI subset of the OpInfo sweep: tests/ops/subset.py's cases through kiln, forward.
+"""CI subset of the OpInfo sweep: tests/ops/subset.py's cases through kiln, forward, on both
+CPU backends (kiln.config.cpu_backend: the C++ kernels and the Triton interpreter).
 
 Cases listed in known_failures.py are xfail (strict=False: one that starts passing shows
 as XPASS; shrink the table with the sweep's --update-known-failures). Set
@@ -28,9 +29,13 @@ def _params() -> list:
     return params
 
 
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])  # both CPU backends: C++ and the Triton interpreter
 @pytest.mark.parametrize("case", _params())
-def test_opinfo_forward(case):
-    results = run_case(case, backend=BACKEND, max_samples=SAMPLES_PER_CASE, timeout=SECONDS_PER_SAMPLE)
+def test_opinfo_forward(case, cpu_backend):
+    import kiln
+
+    with kiln.config.patch(cpu_backend=cpu_backend):
+        results = run_case(case, backend=BACKEND, max_samples=SAMPLES_PER_CASE, timeout=SECONDS_PER_SAMPLE)
     failures = [result for result in results if result.outcome in Outcome.FAILURES]
     if failures:
         lines = [f"sample {result.index}: {result.outcome}: {result.message}" for result in failures]
