@@ -173,7 +173,9 @@ class WrapperGenerator:
         args = [self.name(name) for name in source.buffer_args] + [self.py(size) for size in source.size_args]
         if cpp:
             return lines + [source.launch(args)]
-        grid_x = f"cdiv({self.py(source.xnumel)}, {source.xblock})"
+        xnumel = sympy.sympify(source.xnumel)
+        grid_x = str(-(-int(xnumel) // source.xblock)) if xnumel.is_Integer else \
+            f"cdiv({self.py(xnumel)}, {source.xblock})"
         lines.append(f"{kernel.name}({', '.join([grid_x] + args)})")  # kiln/runtime/launch.py
         return lines
 
