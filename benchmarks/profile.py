@@ -66,7 +66,7 @@ def _profile_table(runner, calls: int = 5) -> tuple[str, float]:
     return table, launches
 
 
-def profile_case(name: str, backend: str, out_dir: str) -> str:
+def profile_case(name: str, backend: str, out_dir: str, tag: str = "") -> str:
     workload = workloads.build("models", name, small=False, device="cuda")
     program = compile_program(workload.program, backend, "infer", "kiln")
     runner = Runner(workload, program, "infer", "cuda", use_autocast=True, mark_cudagraph_steps=False)
@@ -82,9 +82,9 @@ def profile_case(name: str, backend: str, out_dir: str) -> str:
     lines = [f"# {name} / {backend}", f"first call {first_call:.1f} s; device {device_ms:.3f} ms/call; "
              f"host (issue only) {host_ms:.3f} ms/call; ~{launches:.0f} device events/call"]
     lines += ["", table]
-    with open(os.path.join(out_dir, f"profile_{name}_{backend}.txt"), "w") as handle:
+    with open(os.path.join(out_dir, f"profile_{name}_{backend}{tag}.txt"), "w") as handle:
         handle.write("\n".join(lines) + "\n")
-    return (f"| {name} | {backend} | {device_ms:.3f} | {host_ms:.3f} | {launches:.0f} | {first_call:.1f} |")
+    return (f"| {name} | {backend}{tag} | {device_ms:.3f} | {host_ms:.3f} | {launches:.0f} | {first_call:.1f} |")
 
 
 def main(argv: list[str]) -> int:
@@ -92,6 +92,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", default="bert,gpt2,llama,resnet50,vit,resnet18")
     parser.add_argument("--backends", default="kiln,inductor")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/out"))
+    parser.add_argument("--tag", default="", help="suffix for the file names (e.g. which kiln options were set)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     rows = ["| model | backend | device ms | host ms | device events/call | first call s |",
@@ -99,13 +100,13 @@ def main(argv: list[str]) -> int:
     for name in args.only.split(","):
         for backend in args.backends.split(","):
             try:
-                rows.append(profile_case(name, backend, args.out))
+                rows.append(profile_case(name, backend, args.out, args.tag))
             except Exception as error:  # a diagnosis run reports every case it can
                 rows.append(f"| {name} | {backend} | error: {type(error).__name__}: {str(error)[:200]} | | | |")
             print(rows[-1], flush=True)
             torch._dynamo.reset()
     summary = "\n".join(rows) + "\n"
-    with open(os.path.join(args.out, "profile_summary.md"), "w") as handle:
+    with open(os.path.join(args.out, f"profile_summary{args.tag}.md"), "w") as handle:
         handle.write(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}\n\n" + summary)
     print(summary)
     return 0
