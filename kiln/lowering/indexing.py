@@ -40,6 +40,9 @@ def gather(ctx, node, x, dim, index, sparse_grad=False):
     dim = dim % max(x.ndim, 1)
     if x.ndim == 0:
         raise Unsupported("gather of a scalar")
+    if index.ndim != x.ndim:  # torch allows it for an empty index only: nothing to read
+        meta = meta_of(node)
+        return ctx.pointwise([0], lambda body, zero: zero, meta=meta, compute_dtype=compute_dtype_for(meta.dtype))
 
     def compute(body, out_index):
         position = _wrapped_index(body, index.load(body, out_index), x.shape[dim])
