@@ -330,8 +330,9 @@ class CppKernelGenerator:
             return f"{LOW_PRECISION_ROUND[target]}((float){value})"
         return f"static_cast<{VALUE_TYPES[target]}>({value})"
 
-    def _offset(self, position: int, op, name: str) -> str:
-        """The storage offset of a load or store; gathered dims are bounds-checked first."""
+    def _offset(self, position: int, op, name: str, mask: str | None = None) -> str:
+        """The storage offset of a load or store; gathered dims are bounds-checked first
+        (where `mask` holds: a masked-off lane may compute any index, it reads nothing)."""
         layout = self.graph.buffers[op.buffer].layout
         index = [sympy.sympify(expr).xreplace(self.mappings[position]) for expr in op.index]
         for dim, expr in enumerate(index):
@@ -340,7 +341,8 @@ class CppKernelGenerator:
             checked = f"{name}_i{dim}"
             size = self.index(layout.size[dim])
             self.out.add(f"int64_t {checked} = {self.index(expr)};")
-            self.out.add(f"if ({checked} < 0 || {checked} >= {size}) "
+            outside = f"{checked} < 0 || {checked} >= {size}"
+            self.out.add(f"if ({f'{mask} && ({outside})' if mask else outside}) "
                          f"{{ __atomic_store_n(&kiln_status, 1, __ATOMIC_RELAXED); {checked} = 0; }}")
             self.local_symbols.add(checked)
             index[dim] = sympy.Symbol(checked, integer=True, nonnegative=True)
@@ -357,14 +359,14 @@ class CppKernelGenerator:
                 return self.define(name, dtype, f"{self.scratch[op.buffer]}[{self._column_flat_index()}]")
         if op.buffer in self.kernel.local_buffers:
             raise AssertionError(f"local buffer {op.buffer} read where no loop holds it")
-        access = f"{self.pointer(op.buffer)}[{self._offset(position, op, name)}]"
+        mask = self.value(position, op.operands[0]) if op.operands else None
+        access = f"{self.pointer(op.buffer)}[{self._offset(position, op, name, mask)}]"
         if dtype == torch.bfloat16:
             access = f"kiln_from_bf16({access})"
         elif dtype == torch.float16:
             access = f"(float){access}"
-        if op.operands:  # masked: lanes outside the mask read nothing and yield 0
-            return self.define(name, dtype, f"({self.value(position, op.operands[0])} ? {access} : "
-                                            f"({VALUE_TYPES[dtype]})0)")
+        if mask is not None:  # masked: lanes outside the mask read nothing and yield 0
+            return self.define(name, dtype, f"({mask} ? {access} : ({VALUE_TYPES[dtype]})0)")
         return self.define(name, dtype, access)
 
     def _store(self, position: int, op) -> None:

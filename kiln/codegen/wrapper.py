@@ -216,8 +216,11 @@ class WrapperGenerator:
                 buffer = self.graph.buffers[name]
                 stride = self.py_tuple(buffer.layout.stride)
                 size = self.py_tuple(buffer.layout.size)
-                lines.append(f"if {name} is not None and {name}.stride() != {stride}: "
-                             f"{name} = restride({name}, {size}, {stride})")
+                dtype = f"torch.{buffer.dtype}".replace("torch.torch.", "torch.")
+                # The dtype too: C++ kernels read an extern's result as the IR's dtype says
+                # (_batch_norm_with_update returns bf16 running stats its meta calls float32).
+                lines.append(f"if {name} is not None and ({name}.stride() != {stride} or {name}.dtype != {dtype}): "
+                             f"{name} = restride({name}, {size}, {stride}, {dtype})")
         return lines
 
     def _view(self, arg: TensorArg) -> str:

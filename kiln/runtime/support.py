@@ -10,9 +10,10 @@ def cdiv(numerator: int, denominator: int) -> int:
     return -(-numerator // denominator)
 
 
-def restride(tensor: torch.Tensor, size, stride) -> torch.Tensor:
-    """A copy of `tensor` laid out with `stride` (an extern returned another layout than its meta)."""
-    result = torch.empty_strided(size, stride, dtype=tensor.dtype, device=tensor.device)
+def restride(tensor: torch.Tensor, size, stride, dtype=None) -> torch.Tensor:
+    """A copy of `tensor` laid out with `stride` and of `dtype` (an extern returned another layout
+    or dtype than its meta)."""
+    result = torch.empty_strided(size, stride, dtype=dtype or tensor.dtype, device=tensor.device)
     result.copy_(tensor)
     return result
 
