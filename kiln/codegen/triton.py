@@ -342,11 +342,13 @@ class TritonKernelGenerator:
                 value = float(value)
             else:
                 value = int(value)
-            self.out.line(f"{name} = tl.full([1], {python_constant(value)}, {TRITON_DTYPES[op.dtype]})")
+            shape = self._scalar_shape()
+            self.out.line(f"{name} = tl.full({shape}, {python_constant(value)}, {TRITON_DTYPES[op.dtype]})")
         elif op.name == "index_expr":
             expr = simplify_index(sympy.sympify(op.attr).xreplace(self._mapping), self._ranges_dict())
             source = self.index_source(expr)
-            self.out.line(f"{name} = (tl.zeros([1], tl.int64) + {source}).to({TRITON_DTYPES[op.dtype]})")
+            shape = self._scalar_shape()
+            self.out.line(f"{name} = (tl.zeros({shape}, tl.int64) + {source}).to({TRITON_DTYPES[op.dtype]})")
         elif op.name == "to_dtype":
             if op.dtype == torch.bool:
                 self.out.line(f"{name} = {args[0]} != 0")
@@ -375,6 +377,10 @@ class TritonKernelGenerator:
             self.out.line(f"{name} = {args[0]}_{op.attr}")
         else:
             raise NotImplementedError(f"Triton codegen for op {op.name}")
+
+    def _scalar_shape(self) -> str:
+        """A constant's block shape: of the kernel's rank, so `tl.broadcast_to` a [XBLOCK, RBLOCK] tile works."""
+        return "[1, 1]" if self.kernel.is_reduction else "[1]"
 
     def _emit_persistent_reduce(self, op, name: str, value: str, mask: str) -> None:
         kind = op.attr
