@@ -14,7 +14,8 @@ import torch
 
 from kiln import _torch
 from kiln.ir import FloorDiv, Graph, GraphInput, TensorArg, verify
-from kiln.lowering import creation, effects, indexing, matmul, pointwise, reductions, views  # noqa: F401  (register rules)
+# imported to register their rules
+from kiln.lowering import creation, effects, indexing, matmul, pointwise, reductions, views  # noqa: F401
 from kiln.lowering.context import (BufferValue, LoweringContext, TensorValue, Unsupported, layout_of,
                                    meta_of)
 from kiln.lowering.registry import EXTERN_OPS, LOWERINGS

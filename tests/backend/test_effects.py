@@ -19,7 +19,8 @@ def _compile(fn, *inputs):
         return compile_graph(torch.fx.symbolic_trace(fn), list(inputs))
 
 
-@pytest.mark.parametrize("fn", [lambda a: (torch.linalg.inv(a),), lambda a: (torch.linalg.cholesky(a @ a.mT + 4 * torch.eye(4)),)])
+@pytest.mark.parametrize("fn", [lambda a: (torch.linalg.inv(a),),
+                                lambda a: (torch.linalg.cholesky(a @ a.mT + 4 * torch.eye(4)),)])
 def test_checked_linalg_matches_eager(fn):
     a = torch.randn(2, 4, 4)
     compiled = _compile(fn, a)
