@@ -6,8 +6,9 @@ For each program (tests/frontend/corpus_basic.py, corpus_objects.py) the checker
 3. the second call does not run the program's Python body (no frame from a corpus
    file starts while it runs: watched with sys.settrace, so it sees any Python,
    including side-effect-free code that a counter could not observe);
-4. a change that does not affect what the trace read (by default: new tensor values)
-   reuses the entry;
+4. a change that does not affect what the trace read reuses the entry: the program's
+   own `stable` change (by default: new tensor values), then, for every program, a
+   global of its module that it never reads is added and rebound;
 5. a change to a guarded value (by default: the first tensor becomes float64)
    recompiles exactly once, and the new entry is right too.
 """
@@ -117,6 +118,15 @@ def test_program(program):
     finally:
         if undo:
             undo()
+
+    module_globals = program.fn.__globals__
+    try:
+        for value in (1, 2.5, "rebound"):  # unrelated outside state: no guard may read it
+            module_globals["UNRELATED_GLOBAL"] = value
+            run_and_compare(compiled, program, args)
+        assert len(compiled.entries) == 1, compiled.entries[0].guard(*args)
+    finally:
+        module_globals.pop("UNRELATED_GLOBAL", None)
 
     changed_args, undo = program.guarded(args)
     try:
