@@ -103,6 +103,9 @@ class GuardBuilder:
         self.add(source, f"len({{}}) != {size}", f"length changed from {size}")
 
     def keys(self, source: Source, keys: tuple) -> None:
+        if not keys:  # the common `**kwargs` left empty: a truth test is the cheapest check
+            self.add(source, "{}", "keys changed from ()")
+            return
         self.add(source, f"tuple({{}}) != {self.constant(keys)}", f"keys changed from {keys!r}")
 
     def contains(self, source: Source, key: Any, present: bool) -> None:
@@ -120,8 +123,10 @@ class GuardBuilder:
         """Static metadata: everything the trace could have specialized on, in one line."""
         self.type_is(source, type(tensor))
         shape, stride = tuple(tensor.shape), tuple(tensor.stride())
+        # `is_cpu` (a flag) costs half of building and comparing a torch.device; CPU has no index.
+        device = "not {}.is_cpu" if tensor.device.type == "cpu" else f"{{}}.device != {self.constant(tensor.device)}"
         failure = (f"{{}}.dtype is not {self.constant(tensor.dtype)} or {{}}.shape != {shape!r} or "
-                   f"{{}}.stride() != {stride!r} or {{}}.device != {self.constant(tensor.device)} or "
+                   f"{{}}.stride() != {stride!r} or {device} or "
                    f"{{}}.requires_grad is not {tensor.requires_grad}")
         self.add(source, failure, f"tensor metadata changed from {str(tensor.dtype).replace('torch.', '')}"
                                   f"{list(shape)} stride {stride} on {tensor.device}, "
@@ -148,8 +153,12 @@ class GuardBuilder:
         """The guard function and its source text."""
         renderer = SourceRenderer([check.source for check in self.checks if check.source is not None
                                    for _ in range(check.failure.count("{}"))])
+        implied = {(LocalSource(name), f"type({{}}) is not {self._constant_names.get(id(cls))}")
+                   for name, cls in signature.implied_types()}
         body: list[str] = []
         for check in self.checks:
+            if (check.source, check.failure) in implied:
+                continue  # `type(kwargs) is not dict` for the **kwargs parameter cannot fail
             if check.source is None:
                 condition = check.failure
                 label = "global state"
@@ -208,6 +217,12 @@ class FrameSignature:
     text: str
     namespace: dict
     parameter_names: tuple[str, ...]
+    var_positional: str | None = None
+    var_keyword: str | None = None
+
+    def implied_types(self) -> list[tuple[str, type]]:
+        """(parameter, type) the signature itself guarantees: *args is a tuple, **kwargs a dict."""
+        return [(name, cls) for name, cls in ((self.var_positional, tuple), (self.var_keyword, dict)) if name]
 
     @classmethod
     def of(cls, fn: Callable) -> "FrameSignature":
@@ -237,7 +252,11 @@ class FrameSignature:
             previous_kind = kind
         if previous_kind == inspect.Parameter.POSITIONAL_ONLY:
             parts.append("/")
-        return cls(", ".join(parts), namespace, tuple(names))
+        var_positional = next((p.name for p in signature.parameters.values()
+                               if p.kind == inspect.Parameter.VAR_POSITIONAL), None)
+        var_keyword = next((p.name for p in signature.parameters.values()
+                            if p.kind == inspect.Parameter.VAR_KEYWORD), None)
+        return cls(", ".join(parts), namespace, tuple(names), var_positional, var_keyword)
 
 
 def compile_function(source_text: str, name: str, namespace: dict, filename: str) -> Callable:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib
 import os
 import types
+import warnings
 
 import pytest
 
@@ -75,7 +76,8 @@ def test_round_trip_over_every_source_file(package):
     files = codes = 0
     for path in _source_files(root):
         try:
-            with open(path, encoding="utf-8") as handle:
+            with open(path, encoding="utf-8") as handle, warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # test data full of deliberate oddities
                 module_code = compile(handle.read(), path, "exec", dont_inherit=True)
         except (SyntaxError, UnicodeDecodeError, ValueError):
             continue  # test data with deliberately bad syntax or encodings
