@@ -65,7 +65,7 @@ UNARY = {
     "lgamma": "std::lgamma({0})", "sigmoid": "(({T})1 / (({T})1 + std::exp(-{0})))",
     "floor": "std::floor({0})", "ceil": "std::ceil({0})", "round": "std::nearbyint({0})",
     "trunc": "std::trunc({0})", "reciprocal": "(({T})1 / {0})", "logical_not": "({0} == 0)",
-    "isnan": "({0} != {0})", "isinf": "std::isinf({0})", "signbit": "std::signbit({0})",
+    "isnan": "({0} != {0})", "isinf": "std::isinf({0})", "signbit": "kiln_signbit({0})",
     "relu": "({0} < 0 ? ({T})0 : {0})", "frac": "({0} - std::trunc({0}))", "square": "({0} * {0})",
     "sign": "kiln_sign<{T}>({0})",
 }

@@ -51,6 +51,19 @@ static inline uint16_t kiln_to_bf16(float value) {
 static inline float kiln_round_bf16(float value) { return kiln_from_bf16(kiln_to_bf16(value)); }
 static inline float kiln_round_f16(float value) { return (float)(_Float16)value; }
 
+// The sign bit from the bits (GCC 12 fails on a vectorized std::signbit: "unrecognizable insn").
+static inline bool kiln_signbit(float value) {
+    uint32_t word;
+    std::memcpy(&word, &value, 4);
+    return (word >> 31) != 0;
+}
+static inline bool kiln_signbit(double value) {
+    uint64_t word;
+    std::memcpy(&word, &value, 8);
+    return (word >> 63) != 0;
+}
+template <typename T> static inline bool kiln_signbit(T value) { return value < 0; }  // integers
+
 template <typename T> static inline T kiln_maximum(T a, T b) { return (a > b || a != a) ? a : b; }
 template <typename T> static inline T kiln_minimum(T a, T b) { return (a < b || a != a) ? a : b; }
 
