@@ -2,9 +2,11 @@
 
     python -m benchmarks.launch_overhead          # on a GPU machine
 
-A chain of 8 small pointwise kernels (each a separate kernel: a reduction sits between
-them) on 10k elements: the GPU work is a few microseconds, so the time per call is the
-host's: the generated wrapper, the launches, the allocations. Printed for
+A chain of 8 small kernels on a [100, 100] tensor (each step a row sum and a pointwise
+epilogue, so each step is one persistent-reduction kernel and the next step must wait
+for it): the GPU work is a few microseconds per kernel, so the time per call is the
+host's: the generated wrapper, the launches, the allocations. (A first version summed
+the whole tensor, one row of 10k: a single-program looped reduction, GPU-bound.) Printed for
 `fast_launch` True and False, each in a fresh compile, with the same inputs.
 """
 from __future__ import annotations
@@ -18,7 +20,7 @@ import kiln
 
 def program(x):
     for _ in range(8):
-        x = torch.sin(x) + x.sum()  # the sum forces a kernel boundary: 8 reductions + 8 pointwise
+        x = torch.sin(x) + x.sum(1, keepdim=True)  # reads whole rows of the previous step: a new kernel
     return x
 
 
@@ -26,7 +28,7 @@ def host_us_per_call(fast_launch: bool, calls: int = 2000) -> float:
     torch._dynamo.reset()
     with kiln.config.patch(fast_launch=fast_launch, strict=True):
         compiled = kiln.compile(program)
-        x = torch.randn(10_000, device="cuda")
+        x = torch.randn(100, 100, device="cuda")
         expected = program(x)
         assert kiln.testing.compare(compiled(x), expected), "kiln result differs from eager"
         for _ in range(50):
@@ -41,13 +43,13 @@ def host_us_per_call(fast_launch: bool, calls: int = 2000) -> float:
 
 def main() -> None:
     eager_begin = time.perf_counter()
-    x = torch.randn(10_000, device="cuda")
+    x = torch.randn(100, 100, device="cuda")
     for _ in range(2000):
         program(x)
     torch.cuda.synchronize()
     eager = (time.perf_counter() - eager_begin) / 2000 * 1e6
     slow, fast = host_us_per_call(False), host_us_per_call(True)
-    print(f"launch-bound chain (8 reductions + 8 pointwise, 10k fp32), us per call: eager {eager:.1f}, "
+    print(f"launch-bound chain (8 row-sum kernels, 100x100 fp32), us per call: eager {eager:.1f}, "
           f"kiln with Triton's launch {slow:.1f}, kiln with kiln's launcher {fast:.1f}")
 
 
