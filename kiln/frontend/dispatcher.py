@@ -81,6 +81,9 @@ class Dispatcher:
 
     def __init__(self, fn: Callable, graph_compiler: Callable, *, fullgraph: bool = False):
         bound_self = None
+        self.binds_like_a_function = not isinstance(fn, staticmethod)
+        if isinstance(fn, staticmethod):  # `@kiln.compile` above `@staticmethod`
+            fn = fn.__func__
         if isinstance(fn, torch.nn.Module):
             bound_self, fn = fn, _call_module
         elif isinstance(fn, types.MethodType):
@@ -105,6 +108,12 @@ class Dispatcher:
             if entry.guard(*args, **kwargs) is None:
                 return entry.entry(*args, **kwargs)
         return self._miss(args, kwargs)
+
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
+        """A compiled plain function binds like a function: `@kiln.compile` works on methods."""
+        if instance is None or self.bound_self is not None or not self.binds_like_a_function:
+            return self
+        return types.MethodType(self, instance)
 
     @property
     def entries(self) -> list[CacheEntry]:
