@@ -53,6 +53,7 @@ OPTIONS = [
     Option("max_fusion_ops", int, 400, "largest body (in ops) a fused kernel may grow to"),
     Option("inline_max_ops", int, 40, "a pointwise producer read by several consumers is inlined "
                                       "into each when its body has at most this many ops"),
+    Option("inline_max_reads", int, 3, "... and reads at most this many distinct buffers"),
     Option("persistent_reduction_max", int, 8192, "rows up to this length stay in registers"),
     Option("check_extern_strides", bool, True, "re-stride an extern's output when it differs from its meta"),
     Option("frontend", str, "kiln", "graph capture for kiln.compile: 'kiln' (kiln/frontend, bytecode capture) "

@@ -67,7 +67,14 @@ def _can_inline(node: Pointwise, uses: list) -> bool:
         return False
     consumers = _unique(user for user, _ in uses)
     load_count = len(uses)
-    return load_count == 1 or len(node.body.ops) <= config.inline_max_ops or len(consumers) == 1 and load_count <= 2
+    if load_count == 1 or len(consumers) == 1 and load_count <= 2:
+        return True
+    # Read by several consumers: each recomputes it. Cheap when the body is small and reads
+    # little; a body that reads many buffers (a layer norm's output: x, mean, rstd, weight,
+    # bias) would make every consumer read them all, and a residual stream inlined layer
+    # after layer grows without bound, so it is written to memory once instead.
+    distinct_reads = {op.buffer for op in node.body.reads()}
+    return len(node.body.ops) <= config.inline_max_ops and len(distinct_reads) <= config.inline_max_reads
 
 
 def substitute_loads(body: Body, producer: LoopNode) -> Body:

@@ -82,6 +82,22 @@ def test_layer_norm_feeding_a_matmul_is_one_kernel_past_an_unrelated_node():
     assert "cols=[48] persistent" in graphs[0].scheduled.format()
 
 
+def test_a_residual_stream_is_not_recomputed_layer_after_layer():
+    # Each norm's output has two readers (the "attention" and the residual add); inlining it into
+    # both made every layer's kernel recompute all earlier layers from the embedding.
+    def fn(x, w, b, weight):
+        for _ in range(4):
+            normalized = torch.nn.functional.layer_norm(x, (32,), w, b)
+            x = x + normalized + (normalized @ weight)
+        return x
+
+    graphs = assert_matches(fn, torch.randn(16, 32), torch.randn(32), torch.randn(32), torch.randn(32, 32) / 8)
+    reads_per_kernel = [len({op.buffer for node in kernel.nodes for op in node.body.reads()})
+                        for kernel in graphs[0].scheduled.kernels]
+    half = len(reads_per_kernel) // 2
+    assert max(reads_per_kernel[half:]) <= max(reads_per_kernel[:half]), reads_per_kernel  # no growth
+
+
 def test_softmax_is_one_kernel_persistent_and_looped():
     for columns in (100, 9000):
         graphs = assert_matches(lambda x: torch.softmax(x, -1), torch.randn(4, columns))
