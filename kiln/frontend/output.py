@@ -348,7 +348,8 @@ def _convert(variable: Any) -> tuple[Any, Any]:
     if isinstance(variable, TensorVariable):
         return variable.node, variable.fake
     if isinstance(variable, ConstantVariable):
-        return variable.value, variable.value
+        value = _python_scalar(variable.value)
+        return value, value
     if isinstance(variable, (TupleVariable, ListVariable)):
         pairs = [_convert(item) for item in variable.items]
         kind = list if isinstance(variable, ListVariable) else tuple
@@ -363,11 +364,23 @@ def _convert(variable: Any) -> tuple[Any, Any]:
         pairs = {key: _convert(value) for key, (_, value) in variable.entries.items()}
         return {key: pair[0] for key, pair in pairs.items()}, {key: pair[1] for key, pair in pairs.items()}
     if isinstance(variable, Variable):
+        from kiln.frontend.variables.objects import UserObjectVariable
+
+        if isinstance(variable, UserObjectVariable):  # guarded by type only: its value must not be baked in
+            raise Unsupported(f"passing {variable.describe()} to a torch function (kiln does not guard its value)")
         value = variable.as_constant()
         if isinstance(value, (torch.nn.Module,)):
             raise Unsupported(f"passing {variable.describe()} to a torch function")
+        value = _python_scalar(value)
         return value, value
     return variable, variable
+
+
+def _python_scalar(value: Any) -> Any:
+    """A NumPy scalar as the Python number torch treats it as (the graph's code can spell that)."""
+    if type(value).__module__ == "numpy" and hasattr(value, "item") and getattr(value, "ndim", None) == 0:
+        return value.item()
+    return value
 
 
 def _convert_all(values):

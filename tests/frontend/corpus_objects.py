@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import sys
 
+import numpy
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -720,6 +721,11 @@ def new_shape_same_program(x, y):
 @program(args=with_values(1), guarded=replace_arg(1, 2))
 def int_argument_in_shape(x, repeats):
     return x.repeat(repeats, 1)
+
+
+@program(args=with_values(numpy.float32(2.5)), guarded=replace_arg(1, numpy.float32(-1.0)))
+def numpy_scalar_argument(x, scale):
+    return x * scale + float(scale), torch.full((2,), scale)
 
 
 @program(guarded=set_attribute(this_module, "CONFIG", Config(scale=9.0)))

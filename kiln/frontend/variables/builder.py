@@ -15,6 +15,7 @@ import enum
 import functools
 import logging
 import os
+import sys
 import types
 from typing import Any
 
@@ -55,7 +56,13 @@ def wrap(tx, value: Any, source: Source | None, guard: bool = True) -> Variable:
 def _is_constant(value: Any) -> bool:
     if is_constant_value(value) or isinstance(value, torch.Size):
         return True
-    return isinstance(value, enum.Enum)
+    return isinstance(value, enum.Enum) or _is_numpy_scalar(value)
+
+
+def _is_numpy_scalar(value: Any) -> bool:
+    """np.float32(2.0) and friends: immutable numbers, guarded by type and value like Python's."""
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, numpy.generic)
 
 
 def _make(tx, value: Any, source: Source | None, guards) -> Variable:
