@@ -513,7 +513,7 @@ class Frame:
     def FORMAT_VALUE(self, instruction):
         flags = instruction.arg
         spec = self.pop().as_constant() if flags & 0x04 else ""
-        value = self.pop().as_constant()
+        value = _formattable(self.pop())
         conversion = flags & 0x03
         if conversion == 1:
             value = str(value)
@@ -524,14 +524,14 @@ class Frame:
         self.push(ConstantVariable(format(value, spec)))
 
     def FORMAT_SIMPLE(self, instruction):
-        self.push(ConstantVariable(format(self.pop().as_constant())))
+        self.push(ConstantVariable(format(_formattable(self.pop()))))
 
     def FORMAT_WITH_SPEC(self, instruction):
         spec = self.pop().as_constant()
-        self.push(ConstantVariable(format(self.pop().as_constant(), spec)))
+        self.push(ConstantVariable(format(_formattable(self.pop()), spec)))
 
     def CONVERT_VALUE(self, instruction):
-        value = self.pop().as_constant()
+        value = _formattable(self.pop())
         self.push(ConstantVariable({1: str, 2: repr, 3: ascii}[instruction.arg](value)))
 
     # -- opcodes: calls and functions -----------------------------------------------------------------------
@@ -675,6 +675,19 @@ def _is_library_globals(fn_globals: dict) -> bool:
     from kiln.frontend.variables.modules import _TRUSTED_MODULE_ROOTS
 
     return str(fn_globals.get("__name__", "")).split(".")[0] in _TRUSTED_MODULE_ROOTS
+
+
+def _formattable(variable: Variable) -> Any:
+    """The value an f-string formats: never an object guarded only by its type.
+
+    Formatting such an object runs its `__str__`/`__format__` for real and bakes the text
+    into the trace, though the guards would not notice its attributes changing.
+    """
+    from kiln.frontend.variables.objects import UserObjectVariable
+
+    if isinstance(variable, UserObjectVariable):
+        raise Unsupported(f"formatting {variable.describe()} into a string (its text is not guarded)")
+    return variable.as_constant()
 
 
 def _note_location(error: Exception, location: str) -> None:

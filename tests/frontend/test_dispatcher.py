@@ -208,3 +208,26 @@ def test_compile_as_a_method_decorator_binds_like_a_function():
     torch.testing.assert_close(_WithCompiledMethods.shift(x), x + 1)
     assert type(_WithCompiledMethods.__dict__["forward"]).__name__ == "Dispatcher"
     assert _WithCompiledMethods.__dict__["forward"].entries[0].eager_reason is None
+
+
+class _Settings:
+    def __init__(self, name):
+        self.name = name
+
+    def __str__(self):
+        return self.name
+
+
+def _uses_settings_text(x, settings):
+    return x * 2 if f"{settings}" == "double" else x
+
+
+def test_object_text_is_not_baked_into_a_trace():
+    # str(settings) depends on an attribute the type guard would not watch: run eagerly instead.
+    compiled = compile_function(_uses_settings_text, _counting()[1])
+    x = torch.ones(2)
+    settings = _Settings("double")
+    torch.testing.assert_close(compiled(x, settings), x * 2)
+    settings.name = "same"
+    torch.testing.assert_close(compiled(x, settings), x)
+    assert "formatting" in compiled.entries[0].eager_reason
