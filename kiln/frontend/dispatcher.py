@@ -175,8 +175,9 @@ class Dispatcher:
         """An entry that runs the frame eagerly, guarded by what the trace read before it stopped."""
         if self.fullgraph or config.strict:
             flag = "fullgraph=True" if self.fullgraph else "strict mode (KILN_STRICT=1)"
+            hint = HOW_TO_FIX if self.fullgraph else HOW_TO_FIX.replace("fullgraph=True", "strict mode")
             raise FullgraphError(f"kiln.compile with {flag} cannot capture {self._name()}: "
-                                 f"{error.describe()}\n  ({HOW_TO_FIX})") from None
+                                 f"{error.describe()}\n  ({hint})") from None
         stats.eager_frames += 1
         if error.describe() not in self._warned:  # once per reason, not once per recompile
             self._warned.add(error.describe())
