@@ -34,21 +34,27 @@ def inline_pointwise(graph: Graph) -> Graph:
             new_bodies = {id(consumer): substitute_loads(consumer.body, node) for consumer in consumers}
             if all(len(body.ops) <= config.max_fusion_ops for body in new_bodies.values()):
                 for consumer in consumers:
+                    _forget_uses(uses, consumer)
                     consumer.body = new_bodies[id(consumer)]
+                    _record_uses(uses, consumer)
+                _forget_uses(uses, node)
                 del graph.buffers[node.outputs[0]]
-                uses = buffer_uses(_Partial(graph, kept, node))
                 continue
         kept.append(node)
     graph.nodes = kept
     return graph
 
 
-class _Partial(Graph):
-    """The graph with `removed` gone, for recounting uses mid-pass."""
+def _forget_uses(uses: dict, node: LoopNode) -> None:
+    """Drop `node`'s reads from the use table (its body is about to change, or it is gone)."""
+    for op in node.body.reads():
+        users = uses.get(op.buffer, [])
+        users[:] = [(user, kind) for user, kind in users if user is not node]
 
-    def __init__(self, graph: Graph, kept: list, removed):
-        super().__init__(graph.inputs, graph.buffers, [n for n in graph.nodes if n is not removed],
-                         graph.outputs, graph.constants)
+
+def _record_uses(uses: dict, node: LoopNode) -> None:
+    for op in node.body.reads():
+        uses.setdefault(op.buffer, []).append((node, "masked_load" if op.operands else "load"))
 
 
 def _unique(items):
