@@ -8,6 +8,7 @@ ladder (`eager`, `aot_eager`, `kiln`) bisects a wrong answer: the same capture, 
 from __future__ import annotations
 
 import functools
+import logging
 from typing import Any, Callable
 
 import torch
@@ -15,12 +16,20 @@ import torch
 from kiln import backend as _backend
 from kiln.config import config
 
+log = logging.getLogger("kiln")
 MODES = ("default", "reduce-overhead", "max-autotune")
 
 
 def list_backends() -> list[str]:
     """The backend ladder, least to most of kiln: a wrong answer is bisected down it."""
     return list(_backend.LADDER)
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_mode_not_implemented(mode: str) -> None:
+    """Once per mode: CUDA graphs ("reduce-overhead") and autotuning ("max-autotune") are not built yet."""
+    log.warning("kiln.compile(mode=%r): not implemented yet; kiln compiles as in mode='default' "
+                "(correct results, without CUDA graphs or autotuning)", mode)
 
 
 def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = False,
@@ -38,6 +47,8 @@ def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = False
         raise ValueError(f"kiln.compile: unknown mode {mode!r}; choose one of {MODES}")
     if backend not in _backend.LADDER:
         raise ValueError(f"kiln.compile: unknown backend {backend!r}; choose one of {list_backends()}")
+    if mode != "default":
+        _warn_mode_not_implemented(mode)
     graph_compiler = _backend.graph_compiler(backend, mode=mode, fullgraph=fullgraph)
     if isinstance(fn_or_module, torch.nn.Module):
         compiled = _capture(fn_or_module, graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
