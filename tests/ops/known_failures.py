@@ -15,9 +15,9 @@ passes as an "unexpected pass"; the pytest subset (test_opinfo.py) marks entries
 
 KNOWN_FAILURES: dict[tuple[str, str, str, str], str] = {
     ('sparse.mm', 'reduce', 'bfloat16', 'forward'):
-        "[aot_eager] compile error (16/16 samples): AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.crow_indices.default(tensor(crow_indices=tensor([...]), col_indices=tensor([...]), values=tensor([...]), size=(5, 5), nnz=5, dty...",
+        "a sparse CSR input: AOTAutograd's fake-tensor conversion does not convert sparse compressed tensors, so the real tensor reaches FakeTensorMode in aten.crow_indices (fails on aot_eager too, not kiln's codegen); fix: compile_graph refuses graphs with sparse inputs up front and runs them eagerly",
     ('sparse.mm', 'reduce', 'float32', 'forward'):
-        "[aot_eager] compile error (16/16 samples): AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.crow_indices.default(tensor(crow_indices=tensor([...]), col_indices=tensor([...]), values=tensor([...]), size=(5, 5), nnz=5, lay...",
+        "a sparse CSR input: AOTAutograd's fake-tensor conversion does not convert sparse compressed tensors, so the real tensor reaches FakeTensorMode in aten.crow_indices (fails on aot_eager too, not kiln's codegen); fix: compile_graph refuses graphs with sparse inputs up front and runs them eagerly",
     ('sparse.sampled_addmm', '', 'float32', 'forward'):
-        "[aot_eager] compile error (8/8 samples): AssertionError: Please convert all Tensors to FakeTensors first or instantiate FakeTensorMode with 'allow_non_fake_inputs'. Found in aten.crow_indices.default(tensor(crow_indices=tensor([...]), col_indices=tensor([], size=(0,)), values=tensor([], size=(0,)), size=(0, ...",
+        "a sparse CSR input: AOTAutograd's fake-tensor conversion does not convert sparse compressed tensors, so the real tensor reaches FakeTensorMode in aten.crow_indices (fails on aot_eager too, not kiln's codegen); fix: compile_graph refuses graphs with sparse inputs up front and runs them eagerly",
 }
