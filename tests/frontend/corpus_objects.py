@@ -385,6 +385,21 @@ def _module_program(module: nn.Module, make_args, eval_mode: bool = True, **chan
     return module
 
 
+class SetsPlainAttributes(nn.Module):
+    """Stores plain values on itself each call (as transformers' Swin layers do) and reads them back."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(3, 3)
+
+    def forward(self, x):
+        self.mode = "scaled" if x.shape[0] > 2 else "plain"
+        self.last_batch = x.shape[0]
+        if self.mode == "scaled":
+            return self.linear(x) * 2, self.last_batch
+        return self.linear(x), self.last_batch
+
+
 class CallOverride(nn.Module):
     """A layer class that wraps nn.Module.__call__ (as transformers' GradientCheckpointingLayer does)."""
 
@@ -422,6 +437,7 @@ _module_program(LoopOverList(), tensors((4, 3)))
 _module_program(DictOfModules(), tensors((4, 3)))
 _TRAINING = _module_program(TrainingBranch(), tensors((4, 3)))
 _module_program(Derived(), tensors((4, 3)))
+_module_program(SetsPlainAttributes(), tensors((4, 3)), guarded=lambda args: ((torch.randn(2, 3),), None))
 _module_program(StackOfCallOverrides(), tensors((4, 3)),
                 guarded=set_attribute(CallOverride, "scale", 2.0))
 _module_program(ConvBlock(), tensors((2, 3, 8, 8)))

@@ -231,3 +231,39 @@ def test_object_text_is_not_baked_into_a_trace():
     settings.name = "same"
     torch.testing.assert_close(compiled(x, settings), x)
     assert "formatting" in compiled.entries[0].eager_reason
+
+
+class _RemembersBatch(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(3, 3)
+
+    def forward(self, x):
+        self.batch = x.shape[0]
+        return self.linear(x) * self.batch
+
+
+def test_plain_module_attribute_stores_are_replayed_after_the_graph():
+    graphs, backend = _counting()
+    model = _RemembersBatch()
+    compiled = compile_function(model, backend)
+    for rows in (2, 2, 5):
+        x = torch.randn(rows, 3)
+        torch.testing.assert_close(compiled(x), model.linear(x) * rows)
+        assert model.batch == rows and "batch" in model.__dict__
+    assert len(graphs) == 2 and all(entry.eager_reason is None for entry in compiled.entries)
+
+
+class _StoresATensor(torch.nn.Module):
+    def forward(self, x):
+        self.cache = x * 2
+        return self.cache + 1
+
+
+def test_storing_a_tensor_on_a_module_runs_eagerly():
+    model = _StoresATensor()
+    compiled = compile_function(model, _counting()[1])
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), x * 2 + 1)
+    torch.testing.assert_close(model.cache, x * 2)
+    assert "only plain values" in compiled.entries[0].eager_reason

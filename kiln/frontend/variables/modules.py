@@ -41,6 +41,7 @@ class ModuleVariable(Variable):
     def __init__(self, module: torch.nn.Module, source=None):
         self.value = module
         self.source = source
+        self.pending: dict[str, Variable] = {}  # plain attributes assigned during the trace
 
     def describe(self) -> str:
         return f"module {type(self.value).__qualname__}"
@@ -63,6 +64,8 @@ class ModuleVariable(Variable):
         return ItemSource(AttrSource(self.source, table), name) if self.source is not None else None
 
     def getattr(self, tx, name: str) -> Variable:
+        if name in self.pending:
+            return self.pending[name]
         if _falls_back(self.value, name):
             return self._table_lookup(tx, name)
         return object_getattr(tx, self, self.value, name)
@@ -76,6 +79,8 @@ class ModuleVariable(Variable):
         raise AttributeFailure(f"{type(module).__qualname__} has no attribute {name!r}")
 
     def has_attribute(self, tx, name: str) -> bool:
+        if name in self.pending:
+            return True
         try:
             self.getattr(tx, name)
             return True
@@ -86,7 +91,23 @@ class ModuleVariable(Variable):
         return call_module(tx, self, args, kwargs)
 
     def setattr(self, tx, name: str, value: Variable) -> None:
-        raise Unsupported(f"setting attribute {name!r} on {self.describe()} inside a compiled function")
+        """`module.name = value` for a plain value (a number, a string, None, a tuple of them...).
+
+        Later reads in the trace see it; the entry function replays it after the graph runs
+        (nn.Module.__setattr__ stores a plain value in the instance __dict__). Tensors,
+        parameters, submodules and names of the module's tables change its structure and
+        are unsupported, and so is a class with its own __setattr__.
+        """
+        module = self.value
+        setter, _ = lookup_class_attribute(type(module), "__setattr__")
+        if setter is not torch.nn.Module.__setattr__:
+            raise Unsupported(f"setting attribute {name!r} on {self.describe()}, whose class defines __setattr__")
+        if not value.is_constant() or isinstance(value.as_constant(), (torch.Tensor, torch.nn.Module)) or \
+                name in _module_tables(module) or self.source is None:
+            raise Unsupported(f"setting attribute {name!r} on {self.describe()} to {value.describe()} "
+                              "inside a compiled function (only plain values are supported)")
+        self.pending[name] = value
+        tx.output.side_effects.mutated_object(self)
 
     # -- container modules ---------------------------------------------------------------------
 
