@@ -174,16 +174,20 @@ def test_callable_objects_and_partials_are_compiled():
 
 
 def test_default_frontend_is_kiln_and_dynamo_stays_selectable():
+    from kiln.config import OPTIONS
+
     x = torch.randn(3)
-    assert kiln.config.frontend == "kiln"
-    assert type(kiln.compile(scale_by, backend="eager")).__name__ == "Dispatcher"
+    assert next(option for option in OPTIONS if option.name == "frontend").default == "kiln"
+    with kiln.config.patch(frontend="kiln"):
+        assert type(kiln.compile(scale_by, backend="eager")).__name__ == "Dispatcher"
     with kiln.config.patch(frontend="dynamo"):
         torch._dynamo.reset()
         compiled = kiln.compile(scale_by, backend="eager")
         assert type(compiled).__name__ != "Dispatcher"
         torch.testing.assert_close(compiled(x, 2), x * 2)
     # dynamic=True wants shape-generic graphs from the start: Dynamo provides them.
-    assert type(kiln.compile(scale_by, backend="eager", dynamic=True)).__name__ != "Dispatcher"
+    with kiln.config.patch(frontend="kiln"):
+        assert type(kiln.compile(scale_by, backend="eager", dynamic=True)).__name__ != "Dispatcher"
 
 
 class _WithCompiledMethods(torch.nn.Module):
