@@ -190,28 +190,33 @@ def test_default_frontend_is_kiln_and_dynamo_stays_selectable():
         assert type(kiln.compile(scale_by, backend="eager", dynamic=True)).__name__ != "Dispatcher"
 
 
-class _WithCompiledMethods(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.linear = torch.nn.Linear(3, 3)
+def _class_with_compiled_methods():
+    class WithCompiledMethods(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = torch.nn.Linear(3, 3)
 
-    @kiln.compile(backend="eager")
-    def forward(self, x):
-        return self.linear(x).relu()
+        @kiln.compile(backend="eager")
+        def forward(self, x):
+            return self.linear(x).relu()
 
-    @kiln.compile(backend="eager")
-    @staticmethod
-    def shift(x):
-        return x + 1
+        @kiln.compile(backend="eager")
+        @staticmethod
+        def shift(x):
+            return x + 1
+
+    return WithCompiledMethods
 
 
 def test_compile_as_a_method_decorator_binds_like_a_function():
-    model, x = _WithCompiledMethods(), torch.randn(2, 3)
+    with kiln.config.patch(frontend="kiln"):
+        cls = _class_with_compiled_methods()
+    model, x = cls(), torch.randn(2, 3)
     torch.testing.assert_close(model(x), model.linear(x).relu())
     torch.testing.assert_close(model.shift(x), x + 1)
-    torch.testing.assert_close(_WithCompiledMethods.shift(x), x + 1)
-    assert type(_WithCompiledMethods.__dict__["forward"]).__name__ == "Dispatcher"
-    assert _WithCompiledMethods.__dict__["forward"].entries[0].eager_reason is None
+    torch.testing.assert_close(cls.shift(x), x + 1)
+    assert type(cls.__dict__["forward"]).__name__ == "Dispatcher"
+    assert cls.__dict__["forward"].entries[0].eager_reason is None
 
 
 class _Settings:
