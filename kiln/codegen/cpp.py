@@ -192,6 +192,7 @@ class CppKernelGenerator:
         self.conversions = 0  # stored values converted to their buffer's dtype (numbers their locals)
         self.out = _Lines()
         self.scopes: list[_Scope] = []
+        self._position: int | None = None  # the node whose ops are being emitted (for `ind<k>` symbols)
         self.mappings = [var_map(node, role, kernel.row_ranges, kernel.col_ranges)
                          for node, role in zip(kernel.nodes, kernel.roles)]
         self.groups = self._groups()
@@ -224,7 +225,7 @@ class CppKernelGenerator:
         for position, node in enumerate(self.kernel.nodes):
             for op in node.body.reads():
                 if op.buffer in producer_group and producer_group[op.buffer] != group_of[position]:
-                    scratch[op.buffer] = f"scratch_{len(scratch)}"
+                    scratch.setdefault(op.buffer, f"scratch_{len(scratch)}")
         return scratch
 
     @staticmethod
@@ -274,8 +275,7 @@ class CppKernelGenerator:
         """The C++ name of SSA value %op_index of node `position`, emitted here if not in scope."""
         found = self.lookup((position, op_index))
         if found is None:
-            saved = getattr(self, "_position", None)
-            self._position = position
+            saved, self._position = self._position, position
             found = self._emit_op(position, op_index)
             self._position = saved
             self.scopes[-1].values[(position, op_index)] = found

@@ -204,3 +204,16 @@ def test_the_triton_interpreter_stays_selectable():
     with kiln.config.patch(cpu_backend="triton"):
         graphs = assert_matches(lambda x: torch.softmax(x, -1), torch.randn(4, 50))
     assert "tl.store" in next(iter(graphs[0].module_source.kernels.values()))
+
+
+def test_column_values_read_by_a_later_loop_go_through_a_scratch_row():
+    # Without inlining, y = exp(x - max) * 2 is a "full" node of the max's kernel whose values the
+    # sum and the division (later loops of that persistent kernel) read: a per-thread scratch row.
+    def fn(x):
+        y = torch.exp(x - x.amax(-1, keepdim=True)) * 2
+        return y / y.sum(-1, keepdim=True)
+
+    with kiln.config.patch(inline_max_ops=0):
+        graphs = assert_matches(fn, torch.randn(6, 300))
+    sources = [kernel.source for kernel in graphs[0].module_source.kernel_sources]
+    assert any("scratch_0" in source for source in sources)
