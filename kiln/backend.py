@@ -35,7 +35,25 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str =
     """kiln's backend: compile one torch-level FX graph into a callable."""
     from kiln.aot import aot_compile
 
-    return aot_compile(gm, example_inputs, functools.partial(compile_aten_graph, mode=mode, fullgraph=fullgraph))
+    try:
+        _check_supported_inputs(example_inputs)
+        return aot_compile(gm, example_inputs, functools.partial(compile_aten_graph, mode=mode, fullgraph=fullgraph))
+    except KilnCompileError:
+        raise
+    except Exception as error:  # AOTAutograd itself failed: the graph runs as captured
+        if config.strict or fullgraph:
+            raise KilnCompileError(f"kiln could not trace the graph to ATen: {error}") from error
+        reason = "".join(traceback.format_exception_only(type(error), error)).strip()
+        log.warning("kiln: a graph runs eagerly (AOTAutograd could not trace it): %s (set KILN_STRICT=1 to raise)",
+                    reason)
+        return gm.forward
+
+
+def _check_supported_inputs(example_inputs: list) -> None:
+    """Refuse, with a reason, inputs the pipeline cannot trace (AOTAutograd's fake tensors reject them)."""
+    for position, value in enumerate(example_inputs):
+        if isinstance(value, torch.Tensor) and value.layout != torch.strided:
+            raise NotImplementedError(f"input {position} has layout {value.layout}: kiln compiles strided tensors only")
 
 
 def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str = "default",

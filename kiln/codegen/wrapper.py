@@ -195,7 +195,13 @@ class WrapperGenerator:
                     else f"torch.device('{value}')"
             if isinstance(value, float):
                 return repr(value) if value == value and abs(value) != float("inf") else f"float('{value}')"
-            return repr(value)
+            if value is None or isinstance(value, (bool, int, str)):
+                return repr(value)
+            # Anything else (an op, a function, an enum): bound into the wrapper's namespace by name,
+            # since its repr is not Python that rebuilds it.
+            name = f"_const{len(module.constants)}"
+            module.constants[name] = value
+            return name
 
         args = [arg_source(value) for value in extern.args]
         args += [f"{key}={arg_source(value)}" for key, value in extern.kwargs.items()]

@@ -15,9 +15,9 @@ passes as an "unexpected pass"; the pytest subset (test_opinfo.py) marks entries
 
 KNOWN_FAILURES: dict[tuple[str, str, str, str], str] = {
     ('sparse.mm', 'reduce', 'bfloat16', 'forward'):
-        "a sparse CSR input: AOTAutograd's fake-tensor conversion does not convert sparse compressed tensors, so the real tensor reaches FakeTensorMode in aten.crow_indices (fails on aot_eager too, not kiln's codegen); fix: compile_graph refuses graphs with sparse inputs up front and runs them eagerly",
+        "a sparse CSR input: AOTAutograd cannot trace sparse compressed tensors (its fake-tensor conversion leaves them real; aot_eager fails the same way), so compile_graph refuses non-strided inputs: a compile error under strict mode (the sweep), the graph runs eagerly otherwise. Fix: sparse support in kiln/aot or a sparse-aware capture.",
     ('sparse.mm', 'reduce', 'float32', 'forward'):
-        "a sparse CSR input: AOTAutograd's fake-tensor conversion does not convert sparse compressed tensors, so the real tensor reaches FakeTensorMode in aten.crow_indices (fails on aot_eager too, not kiln's codegen); fix: compile_graph refuses graphs with sparse inputs up front and runs them eagerly",
+        "a sparse CSR input: AOTAutograd cannot trace sparse compressed tensors (its fake-tensor conversion leaves them real; aot_eager fails the same way), so compile_graph refuses non-strided inputs: a compile error under strict mode (the sweep), the graph runs eagerly otherwise. Fix: sparse support in kiln/aot or a sparse-aware capture.",
     ('sparse.sampled_addmm', '', 'float32', 'forward'):
-        "a sparse CSR input: AOTAutograd's fake-tensor conversion does not convert sparse compressed tensors, so the real tensor reaches FakeTensorMode in aten.crow_indices (fails on aot_eager too, not kiln's codegen); fix: compile_graph refuses graphs with sparse inputs up front and runs them eagerly",
+        "a sparse CSR input: AOTAutograd cannot trace sparse compressed tensors (its fake-tensor conversion leaves them real; aot_eager fails the same way), so compile_graph refuses non-strided inputs: a compile error under strict mode (the sweep), the graph runs eagerly otherwise. Fix: sparse support in kiln/aot or a sparse-aware capture.",
 }
