@@ -135,7 +135,14 @@ def sweep_meta(backend: str, dtypes: list[str], command: str, **settings) -> dic
     return {"backend": backend, "dtypes": dtypes, "command": command,
             "date": datetime.datetime.now().isoformat(timespec="seconds"),
             "torch": torch.__version__, "triton": triton_version, "python": platform.python_version(),
-            **settings}
+            "cpu_backend": _cpu_backend(), **settings}
+
+
+def _cpu_backend() -> str:
+    """Which kernels ran the CPU samples (workers read KILN_CPU_BACKEND like this process)."""
+    from kiln.config import config
+
+    return config.cpu_backend
 
 
 def write_report(report: dict, out_dir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
@@ -162,6 +169,7 @@ def render_markdown(report: dict) -> str:
     lines = [f"# OpInfo sweep: backend `{meta['backend']}`, {meta['date']}", "",
              f"`{meta['command']}`", "",
              f"torch {meta['torch']}, triton {meta['triton']}, Python {meta['python']}; "
+             f"CPU kernels: {meta.get('cpu_backend', 'not recorded')}; "
              f"dtypes {', '.join(meta['dtypes'])}; at most {meta.get('max_samples') or 'all'} samples per case; "
              f"{meta.get('timeout')} s per sample; {meta.get('jobs')} workers; {meta.get('seconds', 0):.0f} s in all.",
              "", "## Totals", "", "| | count |", "|---|---:|"]
