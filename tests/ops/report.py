@@ -140,9 +140,11 @@ def sweep_meta(backend: str, dtypes: list[str], command: str, **settings) -> dic
 
 def _cpu_backend() -> str:
     """Which kernels ran the CPU samples (workers read KILN_CPU_BACKEND like this process)."""
+    import os
+
     from kiln.config import config
 
-    return config.cpu_backend
+    return os.environ.get("KILN_CPU_BACKEND", config.cpu_backend)
 
 
 def write_report(report: dict, out_dir: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
