@@ -134,15 +134,20 @@ def render(rows: list, meta: dict) -> str:
              "| workload | shape | eager ms | inductor ms | kiln ms | kiln vs eager | kiln vs inductor | "
              "inductor compile s | kiln compile s | accuracy (inductor / kiln) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    # Times are "median (min)": on a shared machine the minimum shows the code, the median the wait.
     by_case = {(row["workload"], row["backend"]): row for row in rows}
     for name in meta["workloads"]:
         eager, inductor, kiln = (by_case.get((name, backend), {}) for backend in BACKENDS)
 
         def ms(row):
-            return f"{row['median_ms']:.2f}" if "median_ms" in row else ("error" if row.get("error") else "-")
+            if "median_ms" not in row:
+                return "error" if row.get("error") else "-"
+            return f"{row['median_ms']:.2f} ({row['min_ms']:.2f})"
 
         def ratio(a, b):
-            return f"{a['median_ms'] / b['median_ms']:.2f}x" if "median_ms" in a and "median_ms" in b else "-"
+            if "median_ms" not in a or "median_ms" not in b:
+                return "-"
+            return f"{a['median_ms'] / b['median_ms']:.2f}x ({a['min_ms'] / b['min_ms']:.2f}x)"
 
         def first(row):
             return f"{row['first_call_s']:.1f}" if "first_call_s" in row else "-"
@@ -154,8 +159,9 @@ def render(rows: list, meta: dict) -> str:
         lines.append(f"| {name} | {shape} | {ms(eager)} | {ms(inductor)} | {ms(kiln)} | {ratio(eager, kiln)} | "
                      f"{ratio(inductor, kiln)} | {first(inductor)} | {first(kiln)} | "
                      f"{accuracy(inductor)} / {accuracy(kiln)} |")
-    lines += ["", "Ratios are speedups (>1: kiln faster). Compile s = wall time of the first call, cold caches "
-              "(includes graph capture)."]
+    lines += ["", "Times: median (min) of the timed calls. Ratios: speedups of kiln (>1: kiln faster), of the "
+              "medians (of the minimums). Compile s = wall time of the first call with cold caches (includes "
+              "graph capture)."]
     errors = [row for row in rows if row.get("error")]
     if errors:
         lines += ["", "## Errors", ""] + [f"- {row['workload']} / {row['backend']}: "

@@ -41,8 +41,8 @@ OPTIONS = [
     Option("logs", str, "", "comma-separated focused logs: graph_breaks,recompiles,guards,kernels,perf"),
     Option("cache_dir", str, os.path.join(os.path.expanduser("~"), ".cache", "kiln"),
            "on-disk cache of generated kernels"),
-    Option("cpu_backend", str, "triton", "kernels for CPU tensors: 'cpp' (C++/OpenMP, kiln/codegen/cpp.py) "
-                                         "or 'triton' (the same Triton kernels under Triton's interpreter)"),
+    Option("cpu_backend", str, "cpp", "kernels for CPU tensors: 'cpp' (C++/OpenMP, kiln/codegen/cpp.py) "
+                                      "or 'triton' (the same Triton kernels under Triton's interpreter)"),
     Option("cpp_compiler", str, "", "C++ compiler for CPU kernels; empty: the first of g++, c++, clang++ on PATH"),
     Option("cpp_openmp", bool, True, "C++ kernels run their outer loops on OpenMP threads (when the compiler has it)"),
     Option("cpp_parallel_min", int, 32768, "C++ kernels over fewer elements than this run on one thread"),
