@@ -739,6 +739,12 @@ def int_argument_in_shape(x, repeats):
     return x.repeat(repeats, 1)
 
 
+@program(args=lambda: (torch.randn(4, 3), torch.tensor([0, 1, 2, 0])))
+def loss_modules_created_inside(logits, labels):
+    smooth = nn.SmoothL1Loss(beta=0.5)
+    return nn.CrossEntropyLoss(ignore_index=2)(logits, labels), smooth(logits, logits.flip(0)), smooth.beta
+
+
 @program(args=with_values(numpy.float32(2.5)), guarded=replace_arg(1, numpy.float32(-1.0)))
 def numpy_scalar_argument(x, scale):
     return x * scale + float(scale), torch.full((2,), scale)

@@ -276,3 +276,17 @@ def test_storing_a_tensor_on_a_module_runs_eagerly():
     torch.testing.assert_close(compiled(x), x * 2 + 1)
     torch.testing.assert_close(model.cache, x * 2)
     assert "only plain values" in compiled.entries[0].eager_reason
+
+
+def _makes_a_linear(x):
+    return torch.nn.Linear(3, 3)(x)
+
+
+def test_creating_a_module_with_parameters_runs_eagerly_without_touching_the_rng():
+    compiled = compile_function(_makes_a_linear, _counting()[1])
+    x = torch.randn(2, 3)
+    torch.manual_seed(0)
+    expected = _makes_a_linear(x)
+    torch.manual_seed(0)
+    torch.testing.assert_close(compiled(x), expected)  # the failed trace drew no random numbers
+    assert "parameters or buffers" in compiled.entries[0].eager_reason

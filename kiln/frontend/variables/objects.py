@@ -279,7 +279,7 @@ def construct_object(tx, class_variable: ClassVariable, args, kwargs) -> Variabl
     import torch
 
     if issubclass(cls, torch.nn.Module):
-        raise Unsupported(f"creating module {cls.__qualname__} inside a compiled function")
+        return _construct_torch_module(tx, cls, args, kwargs)
     if issubclass(cls, BaseException):
         return ExceptionVariable(cls, args)
     if cls.__new__ is not object.__new__ or type(cls) is not type:
@@ -291,6 +291,30 @@ def construct_object(tx, class_variable: ClassVariable, args, kwargs) -> Variabl
     elif args or kwargs:
         raise Unsupported(f"{cls.__qualname__}() takes no arguments")
     return instance
+
+
+def _construct_torch_module(tx, cls: type, args, kwargs) -> Variable:
+    """`nn.CrossEntropyLoss(ignore_index=-1)` inside the trace: made for real, if it holds no tensors.
+
+    Only torch.nn's own classes (trusted library code, no side effects) with constant
+    arguments; a module with parameters or buffers would bring tensors from nowhere into
+    the graph, so those stay unsupported. The module lives for the trace only: calling it
+    inlines its forward like any module's.
+    """
+    import torch
+
+    from kiln.frontend.variables.modules import ModuleVariable
+
+    described = f"creating module {cls.__qualname__} inside a compiled function"
+    if not cls.__module__.startswith("torch.nn."):
+        raise Unsupported(f"{described} (only torch.nn's own modules, without parameters)")
+    if not all(arg.is_constant() for arg in [*args, *kwargs.values()]):
+        raise Unsupported(f"{described} from values not known at trace time")
+    with torch.device("meta"):  # a module with parameters must not draw random numbers here
+        module = cls(*[arg.as_constant() for arg in args], **{key: arg.as_constant() for key, arg in kwargs.items()})
+    if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
+        raise Unsupported(f"{described} (it has parameters or buffers)")
+    return ModuleVariable(module, None)
 
 
 class NewObjectVariable(Variable):
