@@ -46,3 +46,25 @@ def fake_mode_of(example_inputs):
     from torch._guards import detect_fake_mode
 
     return detect_fake_mode(example_inputs)
+
+
+def tensor_metadata_checker(tensors: list, names: list[str]):
+    """One C++ check of many tensors' static metadata (TorchDynamo's TensorGuards), or None.
+
+    `checker.check(*values)` is True when every value is a tensor of exactly the same
+    Python type, dispatch keys, dtype, device, sizes, strides and requires_grad as the
+    example at its position; `checker.check_verbose(*values, tensor_check_names=names)`
+    says which differs. None where this torch lacks it or it does not accept the examples
+    (kiln's frontend then checks each tensor in Python).
+    """
+    try:
+        from torch._C._dynamo.guards import TensorGuards
+
+        checker = TensorGuards(*tensors, dynamic_dims_sizes=[list(tensor.shape) for tensor in tensors],
+                               dynamic_dims_strides=[list(tensor.stride()) for tensor in tensors],
+                               tensor_check_names=list(names))
+        if checker.check(*tensors) is not True:
+            return None
+        return checker
+    except Exception:
+        return None

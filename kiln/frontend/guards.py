@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import torch
 
+from kiln import _torch
 from kiln.frontend.sources import LocalSource, NamedSource, Source, chain
 
 _LITERAL_TYPES = (int, float, str, bool, type(None), bytes)
@@ -52,6 +53,8 @@ class GuardBuilder:
         self._seen: set[tuple] = set()
         self.constants: dict[str, Any] = {}
         self._constant_names: dict[int, str] = {}
+        self._tensors: dict[Source, torch.Tensor] = {}  # tensor guards, checked together when torch can
+        self._tensor_lines: set[tuple] = set()  # (source, failure) of their per-tensor Python lines
 
     def constant(self, value: Any) -> str:
         """A name under which the guard function holds `value` (equal hashable values share one)."""
@@ -120,7 +123,14 @@ class GuardBuilder:
         self.add(source, "{}", "is no longer empty")
 
     def tensor(self, source: Source, tensor: torch.Tensor) -> None:
-        """Static metadata: everything the trace could have specialized on, in one line."""
+        """Static metadata: everything the trace could have specialized on.
+
+        Written as Python lines (type, then one line of metadata); `build` replaces all of
+        them by one C++ check of every tensor at the end when torch provides one.
+        """
+        if source not in self._tensors:
+            self._tensors[source] = tensor
+        before = len(self.checks)
         self.type_is(source, type(tensor))
         shape, stride = tuple(tensor.shape), tuple(tensor.stride())
         # `is_cpu` (a flag) costs half of building and comparing a torch.device; CPU has no index.
@@ -131,6 +141,7 @@ class GuardBuilder:
         self.add(source, failure, f"tensor metadata changed from {str(tensor.dtype).replace('torch.', '')}"
                                   f"{list(shape)} stride {stride} on {tensor.device}, "
                                   f"requires_grad={tensor.requires_grad}")
+        self._tensor_lines.update((check.source, check.failure) for check in self.checks[before:])
 
     def no_hooks(self, source: Source, tables: tuple[str, ...]) -> None:
         """The module at `source` still has no hooks in any of `tables`."""
@@ -151,14 +162,21 @@ class GuardBuilder:
 
     def build(self, signature: "FrameSignature", extra_namespace: dict) -> tuple[Callable, str]:
         """The guard function and its source text."""
-        renderer = SourceRenderer([check.source for check in self.checks if check.source is not None
-                                   for _ in range(check.failure.count("{}"))])
         implied = {(LocalSource(name), f"type({{}}) is not {self._constant_names.get(id(cls))}")
                    for name, cls in signature.implied_types()}
+        tensor_sources = list(self._tensors)
+        checker = _torch.tensor_metadata_checker([self._tensors[source] for source in tensor_sources],
+                                                 [source.expr() for source in tensor_sources]) \
+            if tensor_sources else None
+        skipped = implied | (self._tensor_lines if checker is not None else set())
+        rendered = [check.source for check in self.checks
+                    if check.source is not None and (check.source, check.failure) not in skipped
+                    for _ in range(check.failure.count("{}"))]
+        renderer = SourceRenderer(rendered + (tensor_sources if checker is not None else []))
         body: list[str] = []
         for check in self.checks:
-            if (check.source, check.failure) in implied:
-                continue  # `type(kwargs) is not dict` for the **kwargs parameter cannot fail
+            if (check.source, check.failure) in skipped:
+                continue  # implied by the signature (`type(kwargs) is not dict`), or in the C++ check below
             if check.source is None:
                 condition = check.failure
                 label = "global state"
@@ -167,13 +185,21 @@ class GuardBuilder:
                 condition = check.failure.replace("{}", text)
                 label = check.source.expr()
             body.append(f"if {condition}: return {label + ': ' + check.reason!r}")
+        namespace = dict(signature.namespace)
+        if checker is not None:
+            # Last, so every object on the way to a tensor has passed its own checks.
+            values = ", ".join(renderer.render(source, body) for source in tensor_sources)
+            body.append(f"if __tensors.check({values}) is not True: "
+                        f"return 'tensor metadata changed: ' + str(__tensors.check_verbose({values}, "
+                        f"tensor_check_names=__tensor_names))")
+            namespace["__tensors"] = checker
+            namespace["__tensor_names"] = [source.expr() for source in tensor_sources]
         lines = [f"def __guard({signature.text}):", "    try:"]
         lines += ["        " + line for line in body] or ["        pass"]
         lines += ["    except Exception as __error:",
                   "        return 'guard raised ' + repr(__error)",
                   "    return None"]
         source_text = "\n".join(lines)
-        namespace = dict(signature.namespace)
         namespace.update(self.constants)
         namespace.update(extra_namespace)
         return compile_function(source_text, "__guard", namespace, "kiln_guard"), source_text

@@ -290,3 +290,26 @@ def test_creating_a_module_with_parameters_runs_eagerly_without_touching_the_rng
     torch.manual_seed(0)
     torch.testing.assert_close(compiled(x), expected)  # the failed trace drew no random numbers
     assert "parameters or buffers" in compiled.entries[0].eager_reason
+
+
+@pytest.mark.parametrize("checker", ["torch", "python"])
+def test_tensor_guards_notice_every_metadata_change(checker, monkeypatch):
+    # One C++ check of all tensors when torch provides it, per-tensor Python lines otherwise.
+    from kiln import _torch
+
+    if checker == "python":
+        monkeypatch.setattr(_torch, "tensor_metadata_checker", lambda tensors, names: None)
+    model = torch.nn.Linear(3, 3)
+    compiled = compile_function(model, _counting()[1])
+    x = torch.randn(4, 3)
+    compiled(x)
+    guard = compiled.entries[0].guard
+    assert ("__tensors.check(" in compiled.entries[0].guard_source) == (checker == "torch")
+    assert guard(model, x) is None and guard(model, torch.randn(4, 3)) is None
+    changed = [x.double(), torch.randn(5, 3), torch.randn(3, 4).t(), x.clone().requires_grad_(),
+               torch.nn.Parameter(x.clone()), "not a tensor"]
+    for value in changed:
+        assert guard(model, value) is not None, value
+    with torch.no_grad():
+        model.weight.data = model.weight.data.double()
+    assert "weight" in guard(model, x)
