@@ -82,6 +82,10 @@ BINARY = {
     "right_shift": "kiln_right_shift<{T}>({0}, {1})", "copysign": "std::copysign({0}, {1})",
     "hypot": "std::hypot({0}, {1})", "nextafter": "std::nextafter({0}, {1})",
 }
+# Values worth keeping in a row array rather than computing twice (see `_reused_values`).
+EXPENSIVE_OPS = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
+                 "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "lgamma",
+                 "sigmoid", "pow", "atan2"}
 # How one reduction kind folds a value into an accumulator (also how two lanes merge).
 COMBINE = {
     "sum": "({0} + {1})", "prod": "({0} * {1})", "max": "kiln_maximum<{T}>({0}, {1})",
@@ -198,6 +202,11 @@ class CppKernelGenerator:
         self.groups = self._groups()
         self.scratch = self._scratch_buffers()
         self.gathers = any(self._is_gather(op) for node in kernel.nodes for op in node.body.reads())
+        # (reduction position, op index) -> row array it is saved to; (position, op index) -> array it is read from
+        self.reuse_saves: dict = {}
+        self.reuse_loads: dict = {}
+        if kernel.is_reduction and kernel.persistent:
+            self._reused_values()
 
     # ---- set-up -------------------------------------------------------------------------
     def _groups(self) -> list:
@@ -227,6 +236,66 @@ class CppKernelGenerator:
                 if op.buffer in producer_group and producer_group[op.buffer] != group_of[position]:
                     scratch.setdefault(op.buffer, f"scratch_{len(scratch)}")
         return scratch
+
+    def _value_keys(self, position: int) -> list:
+        """Per op of node `position`: (structural key in kernel variables, expensive?), or None.
+
+        Two values with one key compute the same thing at the same row and column.
+        """
+        node = self.kernel.nodes[position]
+        keys: list = []
+        for op in node.body.ops:
+            operands = [keys[operand] for operand in op.operands]
+            if op.name in ("store", "reduce", "getitem") or any(key is None for key in operands):
+                keys.append(None)
+                continue
+            mapped = None
+            if op.name == "load":
+                if self._is_gather(op):
+                    keys.append(None)
+                    continue
+                index = [sympy.sympify(expr).xreplace(self.mappings[position]) for expr in op.index]
+                layout = self.graph.buffers[op.buffer].layout
+                mapped = (op.buffer, str(simplify_index(sympy.expand(layout.offset_of(index)), self._ranges())))
+            elif op.name == "index_expr":
+                mapped = str(simplify_index(sympy.sympify(op.attr).xreplace(self.mappings[position]), self._ranges()))
+            key = (op.name, op.dtype, repr(op.attr) if mapped is None else mapped,
+                   tuple(operand[0] for operand in operands))
+            keys.append((key, op.name in EXPENSIVE_OPS or any(operand[1] for operand in operands)))
+        return keys
+
+    def _reused_values(self) -> None:
+        """Expensive column values a reduction computes and a later loop recomputes (softmax's
+        exp(x - max), summed, then divided): the reduction saves them in a per-thread row array
+        and the later loop reads them back instead of computing them twice."""
+        computed: dict = {}  # key -> (reduction position, op index) computing it before its reduce
+        for position, (node, role) in enumerate(zip(self.kernel.nodes, self.kernel.roles)):
+            keys = self._value_keys(position)
+            if role == "full" and computed:
+                visited: set = set()
+
+                def visit(op_index: int) -> None:
+                    if op_index in visited:
+                        return
+                    visited.add(op_index)
+                    entry = keys[op_index]
+                    if entry is not None and entry[1] and entry[0] in computed:
+                        source = computed[entry[0]]
+                        if source not in self.reuse_saves:
+                            self.reuse_saves[source] = f"reuse_{len(self.reuse_saves)}"
+                        self.reuse_loads[(position, op_index)] = self.reuse_saves[source]
+                        return
+                    for operand in node.body.ops[op_index].operands:
+                        visit(operand)
+
+                for op_index, op in enumerate(node.body.ops):
+                    if op.name == "store":
+                        visit(op_index)
+            if role == "reduction":
+                reduce_index = next(k for k, op in enumerate(node.body.ops) if op.name == "reduce")
+                for op_index in range(reduce_index):
+                    if keys[op_index] is not None and keys[op_index][1]:
+                        computed.setdefault(keys[op_index][0], (position, op_index))
 
     @staticmethod
     def _is_gather(op) -> bool:
@@ -274,7 +343,12 @@ class CppKernelGenerator:
     def value(self, position: int, op_index: int) -> str:
         """The C++ name of SSA value %op_index of node `position`, emitted here if not in scope."""
         found = self.lookup((position, op_index))
-        if found is None:
+        if found is None and (position, op_index) in self.reuse_loads:
+            array = self.reuse_loads[(position, op_index)]
+            found = self.define(f"n{position}_{op_index}", self.kernel.nodes[position].body.ops[op_index].dtype,
+                                f"{array}[{self._column_flat_index()}]")
+            self.scopes[-1].values[(position, op_index)] = found
+        elif found is None:
             saved, self._position = self._position, position
             found = self._emit_op(position, op_index)
             self._position = saved
@@ -450,8 +524,11 @@ class CppKernelGenerator:
         if rows:
             self.out.add(f"#pragma omp parallel {self._parallel_clause(self.kernel.row_numel * self.kernel.col_numel)}")
         self.out.open("")
-        for buffer_name, array in self.scratch.items():
-            value_type = VALUE_TYPES[self.graph.buffers[buffer_name].dtype]
+        arrays = {array: self.graph.buffers[buffer_name].dtype for buffer_name, array in self.scratch.items()}
+        arrays.update({array: self.kernel.nodes[position].body.ops[op_index].dtype
+                       for (position, op_index), array in self.reuse_saves.items()})
+        for array, dtype in arrays.items():
+            value_type = VALUE_TYPES[dtype]
             self.out.add(f"std::unique_ptr<{value_type}[]> {array}_owner(new {value_type}"
                          f"[{self.index(self.kernel.col_numel)}]);")
             self.out.add(f"{value_type}* {array} = {array}_owner.get();")
@@ -509,7 +586,7 @@ class CppKernelGenerator:
             self.define(f"{name}_0", input_dtype, f"{total} / {count}")
             deviation = f"(({{1}} - {name}_0) * ({{1}} - {name}_0))"
             self._lane_reduction(position, reduce_op, "sum", f"{name}_1", input_dtype, input_dtype,
-                                 fold="({0} + " + deviation + ")")
+                                 fold="({0} + " + deviation + ")", save_reused=False)
             self.define(f"{name}_2", input_dtype, count)
         else:
             accumulate = torch.bool if kind in ("any", "all") else input_dtype
@@ -518,7 +595,7 @@ class CppKernelGenerator:
         self._emit_stores(position, start=reduce_index + 1)
 
     def _lane_reduction(self, position: int, reduce_op, kind: str, name: str, accumulate: torch.dtype,
-                        result_dtype: torch.dtype, fold: str | None = None) -> str:
+                        result_dtype: torch.dtype, fold: str | None = None, save_reused: bool = True) -> str:
         """Fold the reduce's operand over the columns into LANES accumulators, merge them into `name`.
 
         The innermost column loop runs in chunks of LANES, one lane per element of a chunk
@@ -546,11 +623,11 @@ class CppKernelGenerator:
             self.out.add(self._simd())
         self._open_scope(f"for (int64_t lane = 0; lane < {LANES}; lane++)")
         self.out.add(f"int64_t r{last} = {name}_base + lane;")
-        self._fold(position, reduce_op, kind, name, "lane", value_type, fold)
+        self._fold(position, reduce_op, kind, name, "lane", value_type, fold, save_reused)
         self._close_scope()
         self.out.close()
         self._open_scope(f"for (int64_t r{last} = {name}_end; r{last} < {extent}; r{last}++)")
-        self._fold(position, reduce_op, kind, name, "0", value_type, fold)
+        self._fold(position, reduce_op, kind, name, "0", value_type, fold, save_reused)
         self._close_scope()
         self._close_outer_columns()
 
@@ -567,8 +644,12 @@ class CppKernelGenerator:
         return self.define(name, result_dtype, f"{name}_index[0]" if arg else f"{name}_acc[0]")
 
     def _fold(self, position: int, reduce_op, kind: str, name: str, lane: str, value_type: str,
-              fold: str | None) -> None:
+              fold: str | None, save_reused: bool) -> None:
         value = self.value(position, reduce_op.operands[0])
+        if save_reused:
+            for (source, op_index), array in self.reuse_saves.items():
+                if source == position:
+                    self.out.add(f"{array}[{self._column_flat_index()}] = {self.value(position, op_index)};")
         accumulator = f"{name}_acc[{lane}]"
         if kind in ("argmax", "argmin"):
             column = self._column_flat_index()

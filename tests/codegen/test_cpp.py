@@ -217,3 +217,12 @@ def test_column_values_read_by_a_later_loop_go_through_a_scratch_row():
         graphs = assert_matches(fn, torch.randn(6, 300))
     sources = [kernel.source for kernel in graphs[0].module_source.kernel_sources]
     assert any("scratch_0" in source for source in sources)
+
+
+def test_softmax_computes_each_exp_once():
+    # exp(x - max) is summed by the reduction and divided by the epilogue: the reduction keeps it
+    # in a row array the epilogue reads (a per-thread "reuse" array), so std::exp appears once.
+    graphs = assert_matches(lambda x: torch.softmax(x, -1), torch.randn(8, 500))
+    kernel = graphs[0].module_source.kernel_sources[0].source.split('extern "C"')[-1]
+    assert kernel.count("std::exp(") == kernel.count("reuse_0[r0] = ") == 2  # lane loop and tail loop
+    assert_matches(lambda x: torch.log_softmax(x, -1) * torch.softmax(x, -1), torch.randn(8, 500))
