@@ -98,6 +98,12 @@ def run_one(name: str, backend: str, warmup: int, iterations: int) -> dict:
     return row
 
 
+def _load_average() -> float:
+    """The 1-minute load average: other work on the machine shows in the medians."""
+    with open("/proc/loadavg") as handle:
+        return float(handle.read().split()[0])
+
+
 def _run_in_subprocess(name: str, backend: str, args) -> dict:
     with tempfile.TemporaryDirectory(prefix="kiln-bench-") as caches:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
@@ -108,7 +114,7 @@ def _run_in_subprocess(name: str, backend: str, args) -> dict:
         done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
     for line in reversed(done.stdout.splitlines()):
         if line.startswith("{"):
-            return json.loads(line)
+            return {**json.loads(line), "load_average_after": _load_average()}
     return {"workload": name, "backend": backend, "error": (done.stderr or done.stdout)[-600:]}
 
 
@@ -132,8 +138,8 @@ def render(rows: list, meta: dict) -> str:
              f"torch {meta['torch']}, Python {meta['python']}, {meta['compiler']}; commit {meta['commit']}.", "",
              meta["method"], "",
              "| workload | shape | eager ms | inductor ms | kiln ms | kiln vs eager | kiln vs inductor | "
-             "inductor compile s | kiln compile s | accuracy (inductor / kiln) |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+             "inductor compile s | kiln compile s | accuracy (inductor / kiln) | load avg (e / i / k) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     # Times are "median (min)": on a shared machine the minimum shows the code, the median the wait.
     by_case = {(row["workload"], row["backend"]): row for row in rows}
     for name in meta["workloads"]:
@@ -152,16 +158,20 @@ def render(rows: list, meta: dict) -> str:
         def first(row):
             return f"{row['first_call_s']:.1f}" if "first_call_s" in row else "-"
 
+        def load(row):
+            return f"{row['load_average_after']:.1f}" if "load_average_after" in row else "-"
+
         def accuracy(row):
             return "ok" if row.get("accuracy_ok") else (row.get("accuracy") or row.get("error", "-"))[:80]
 
         shape = (eager or kiln).get("shape", "")
         lines.append(f"| {name} | {shape} | {ms(eager)} | {ms(inductor)} | {ms(kiln)} | {ratio(eager, kiln)} | "
                      f"{ratio(inductor, kiln)} | {first(inductor)} | {first(kiln)} | "
-                     f"{accuracy(inductor)} / {accuracy(kiln)} |")
+                     f"{accuracy(inductor)} / {accuracy(kiln)} | {load(eager)} / {load(inductor)} / {load(kiln)} |")
     lines += ["", "Times: median (min) of the timed calls. Ratios: speedups of kiln (>1: kiln faster), of the "
               "medians (of the minimums). Compile s = wall time of the first call with cold caches (includes "
-              "graph capture)."]
+              "graph capture). Load avg: the machine's 1-minute load average after each case (2 cores: above 2 means "
+              "other work competed for them)."]
     errors = [row for row in rows if row.get("error")]
     if errors:
         lines += ["", "## Errors", ""] + [f"- {row['workload']} / {row['backend']}: "
