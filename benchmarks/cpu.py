@@ -98,13 +98,43 @@ def run_one(name: str, backend: str, warmup: int, iterations: int) -> dict:
     return row
 
 
+def run_interleaved(name: str, backends: list, warmup: int, iterations: int) -> list:
+    """All backends in this one process, timed in turns (eager, inductor, kiln, eager, ...), so
+    other work on a shared machine slows each of them alike."""
+    import time
+
+    workload = cpu_workload(name)
+    eager = Runner(workload, workload.program, "infer", "cpu", use_autocast=False, mark_cudagraph_steps=False)
+    rows, runners = [], []
+    for backend in backends:
+        program = compile_program(workload.program, backend, "infer", "kiln")
+        runner = Runner(workload, program, "infer", "cpu", use_autocast=False, mark_cudagraph_steps=False)
+        row = {"workload": name, "backend": backend, "shape": workload.shape, "interleaved": True}
+        row["first_call_s"] = round(timing.time_first_call(runner, "cpu")[0], 3)
+        if backend != "eager":
+            row.update(check_accuracy(workload, runner, eager, "infer"))
+        for _ in range(warmup):
+            runner()
+        rows.append(row)
+        runners.append(runner)
+    times: list = [[] for _ in backends]
+    for _ in range(iterations):
+        for position, runner in enumerate(runners):
+            start = time.perf_counter()
+            runner()
+            times[position].append((time.perf_counter() - start) * 1000.0)
+    for row, backend_times in zip(rows, times):
+        row.update(timing.summarize(backend_times))
+    return rows
+
+
 def _load_average() -> float:
     """The 1-minute load average: other work on the machine shows in the medians."""
     with open("/proc/loadavg") as handle:
         return float(handle.read().split()[0])
 
 
-def _run_in_subprocess(name: str, backend: str, args) -> dict:
+def _run_in_subprocess(name: str, backend: str, args) -> list:
     with tempfile.TemporaryDirectory(prefix="kiln-bench-") as caches:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
                    KILN_CACHE_DIR=os.path.join(caches, "kiln"), TRITON_CACHE_DIR=os.path.join(caches, "triton"))
@@ -112,10 +142,9 @@ def _run_in_subprocess(name: str, backend: str, args) -> dict:
         command = [sys.executable, "-m", "benchmarks.cpu", "--case", name, backend,
                    "--warmup", str(args.warmup), "--iterations", str(args.iterations)]
         done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
-    for line in reversed(done.stdout.splitlines()):
-        if line.startswith("{"):
-            return {**json.loads(line), "load_average_after": _load_average()}
-    return {"workload": name, "backend": backend, "error": (done.stderr or done.stdout)[-600:]}
+    rows = [{**json.loads(line), "load_average_after": _load_average()}
+            for line in done.stdout.splitlines() if line.startswith("{")]
+    return rows or [{"workload": name, "backend": backend, "error": (done.stderr or done.stdout)[-600:]}]
 
 
 def _hardware() -> dict:
@@ -188,14 +217,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per case")
     parser.add_argument("--label", default="cpu")
+    parser.add_argument("--interleaved", action="store_true",
+                        help="per workload, one process compiles all backends and times them in turns "
+                             "(fairer on a machine shared with other work)")
     parser.add_argument("--case", nargs=2, metavar=("WORKLOAD", "BACKEND"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.case:
+        name, backend = args.case
         try:
-            row = run_one(*args.case, args.warmup, args.iterations)
+            if "," in backend:
+                rows = run_interleaved(name, backend.split(","), args.warmup, args.iterations)
+            else:
+                rows = [run_one(name, backend, args.warmup, args.iterations)]
         except Exception as error:  # recorded in the table, never hidden
-            row = {"workload": args.case[0], "backend": args.case[1], "error": error_summary(error)}
-        print(json.dumps(row))
+            rows = [{"workload": name, "backend": backend, "error": error_summary(error)}]
+        for row in rows:
+            print(json.dumps(row))
         return 0
 
     from kiln.runtime.cpp_build import toolchain
@@ -207,18 +244,20 @@ def main(argv: list[str] | None = None) -> int:
     meta = {"date": date, "command": "python -m benchmarks.cpu " + " ".join(map(shlex.quote, argv or sys.argv[1:])),
             "hardware": hardware, "torch": torch.__version__, "python": platform.python_version(),
             "compiler": toolchain().version, "commit": _commit(), "workloads": names,
-            "method": f"fp32 inference under torch.no_grad(); each case in its own process with empty kiln and "
-                      f"Inductor caches; first call = compile (wall); {args.warmup} warm-up calls, "
-                      f"{args.iterations} timed calls (time.perf_counter), median; torch threads: "
+            "method": f"fp32 inference under torch.no_grad(); "
+                      + ("per workload one process compiles eager, Inductor and kiln and times them in turns"
+                         if args.interleaved else "each case in its own process")
+                      + f", with empty kiln and Inductor caches; first call = compile (wall); {args.warmup} warm-up "
+                      f"calls, {args.iterations} timed calls (time.perf_counter), median; torch threads: "
                       f"{torch.get_num_threads()}."}
     stem = os.path.join(REPO_ROOT, "benchmarks", "results",
                         f"{date[:10]}_{args.label}_{hardware['cpu'].lower().replace(' ', '-')}-{hardware['cpus']}core")
     rows = []
     for name in names:
-        for backend in backends:
-            row = _run_in_subprocess(name, backend, args)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        for group in ([",".join(backends)] if args.interleaved else backends):
+            for row in _run_in_subprocess(name, group, args):
+                rows.append(row)
+                print(json.dumps(row), flush=True)
             with open(stem + ".json", "w") as handle:
                 json.dump({"meta": meta, "rows": rows}, handle, indent=1)
             with open(stem + ".md", "w") as handle:
