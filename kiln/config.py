@@ -54,6 +54,9 @@ OPTIONS = [
     Option("inline_max_ops", int, 40, "a pointwise producer read by several consumers is inlined "
                                       "into each when its body has at most this many ops"),
     Option("inline_max_reads", int, 3, "... and reads at most this many distinct buffers"),
+    Option("split_reduction_max_rows", int, 32, "reductions with at most this many rows are split in two stages..."),
+    Option("split_reduction_min_columns", int, 8192, "... when a row has at least this many columns"),
+    Option("split_reduction_target_programs", int, 256, "... into chunks so that rows x chunks is about this"),
     Option("persistent_reduction_max", int, 8192, "rows up to this length stay in registers"),
     Option("check_extern_strides", bool, True, "re-stride an extern's output when it differs from its meta"),
     Option("frontend", str, "kiln", "graph capture for kiln.compile: 'kiln' (kiln/frontend, bytecode capture) "

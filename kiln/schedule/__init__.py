@@ -1,12 +1,14 @@
 """kiln/schedule: decide the kernels.
 
-    schedule_graph(graph) = group_kernels(inline_pointwise(graph))
+    schedule_graph(graph) = group_kernels(split_reductions(inline_pointwise(graph)))
 
 1. `inline_pointwise` substitutes each pointwise producer into its consumers' bodies
    (a chain of pointwise ops becomes one body) unless that would recompute a large
    body several times, grow a body past `max_fusion_ops`, or the value must exist in
    memory (graph outputs, extern inputs, masked reads).
-2. `group_kernels` walks the nodes in order and fuses each into the open kernel when
+2. `split_reductions` splits a reduction with few, long rows (`x.sum()`) into two
+   stages, so that many programs share its columns.
+3. `group_kernels` walks the nodes in order and fuses each into the open kernel when
    it iterates over the same rows (and columns): reductions over the same rows share
    one kernel, pointwise epilogues join the reduction that feeds them. A value
    produced and consumed inside one kernel never touches memory.
@@ -15,14 +17,16 @@ Buffers are freed after their last use by the wrapper (kiln/codegen/wrapper.py).
 from kiln.schedule.fusion import group_kernels
 from kiln.schedule.inline import inline_pointwise
 from kiln.schedule.kernel import Kernel, ScheduledGraph
+from kiln.schedule.split import split_reductions
 
 
 def schedule_graph(graph) -> ScheduledGraph:
     from kiln.ir import verify
 
     inlined = inline_pointwise(graph)
-    verify(inlined)
-    return group_kernels(inlined)
+    split = split_reductions(inlined)
+    verify(split)
+    return group_kernels(split)
 
 
 __all__ = ["Kernel", "ScheduledGraph", "schedule_graph"]

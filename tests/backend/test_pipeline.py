@@ -98,9 +98,22 @@ def test_a_residual_stream_is_not_recomputed_layer_after_layer():
     assert max(reads_per_kernel[half:]) <= max(reads_per_kernel[:half]), reads_per_kernel  # no growth
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_few_long_rows_are_reduced_in_two_stages(dtype):
+    # x.sum() is one row: without the split, one program loops over every element.
+    x, y = torch.randn(4096, dtype=dtype), torch.randn(4, 3, 1024, dtype=dtype)
+    fn = lambda x, y: (x.sum(), x.mean(), x.amax(), y.sum((1, 2)), (y * 2).amin((0, 2)))  # noqa: E731
+    with kiln.config.patch(split_reduction_min_columns=2048):  # small sizes keep the interpreter quick
+        graphs = assert_matches(fn, x, y)
+    text = graphs[0].scheduled.format()
+    assert text.count("_stage1 (reduction)") == 5 and text.count("_stage2 (reduction)") == 5
+    assert "kernel k0: rows=[4] cols=[1024]" in text  # x's three reductions: 4 chunks of 1024, one kernel
+
+
 def test_softmax_is_one_kernel_persistent_and_looped():
     for columns in (100, 9000):
-        graphs = assert_matches(lambda x: torch.softmax(x, -1), torch.randn(4, columns))
+        # 40 rows: more than split_reduction_max_rows, so the rows stay whole (see the two-stage test)
+        graphs = assert_matches(lambda x: torch.softmax(x, -1), torch.randn(40, columns))
         assert graphs[0].kernel_count == 1
         text = graphs[0].scheduled.format()
         assert ("persistent" if columns == 100 else "looped") in text

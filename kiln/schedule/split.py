@@ -1,0 +1,132 @@
+"""Split reductions with few rows and long columns into two stages (LoopIR -> LoopIR).
+
+A kernel runs one program per row (or block of rows). `x.sum()` over 16M elements is
+one row: one program on one SM (or one CPU thread) loops over everything while the
+rest of the machine idles. Splitting the columns into S chunks makes stage 1 reduce
+rows x S chunks in parallel into a small partial buffer, and stage 2 reduce the S
+partials of each row and finish as the original node did:
+
+    sum over [R]            ->   stage 1: ranges [S] cols [R / S]  -> partial [S] (fp32)
+                                 stage 2: cols [S]                 -> the original output
+
+Only sum, prod, max and min are split (argmax/argmin would carry indices, welford
+three values), only static sizes, and only when S divides the columns exactly (no
+masks). What follows the reduce in the body (a mean's division, a cast) must depend
+on the reduced value and constants only; it moves to stage 2.
+"""
+from __future__ import annotations
+
+import sympy
+
+from kiln.config import config
+from kiln.ir import Body, Buffer, Graph, Layout, LoopNode, Op, Reduction
+from kiln.ir.indexing import contiguous_strides, index_var, product, unravel
+from kiln.ir.nodes import indirect_value
+
+SPLITTABLE = ("sum", "prod", "max", "min")
+
+
+def split_reductions(graph: Graph) -> Graph:
+    nodes = []
+    for node in graph.nodes:
+        stages = _split(node, graph) if isinstance(node, LoopNode) and node.is_reduction else None
+        nodes += stages if stages else [node]
+    graph.nodes = nodes
+    return graph
+
+
+def split_count(rows: int, columns: int) -> int:
+    """How many chunks to split each row into (1: do not split)."""
+    if rows > config.split_reduction_max_rows or columns < config.split_reduction_min_columns:
+        return 1
+    target = max(2, config.split_reduction_target_programs // rows)
+    for count in range(min(target, columns // 1024), 1, -1):
+        if columns % count == 0:
+            return count
+    return 1
+
+
+def _split(node: LoopNode, graph: Graph) -> list | None:
+    sizes = [*node.ranges, *node.reduction_ranges]
+    if not all(sympy.sympify(size).is_Integer for size in sizes):
+        return None
+    reduces = [position for position, op in enumerate(node.body.ops) if op.name == "reduce"]
+    if len(reduces) != 1 or node.body.ops[reduces[0]].attr not in SPLITTABLE:
+        return None
+    position = reduces[0]
+    carried = _constants_used_after(node.body, position)
+    if carried is None:
+        return None
+    rows, columns = int(product(node.ranges)), int(product(node.reduction_ranges))
+    count = split_count(rows, columns)
+    if count == 1:
+        return None
+    reduce_op = node.body.ops[position]
+    output = graph.buffers[node.outputs[0]]
+    partial_sizes = [sympy.Integer(int(size)) for size in node.ranges] + [sympy.Integer(count)]
+    partial = Buffer(f"{node.name}_partial", output.device, reduce_op.dtype,
+                     Layout(tuple(partial_sizes), tuple(contiguous_strides(partial_sizes))))
+    graph.buffers[partial.name] = partial
+    return [_first_stage(node, position, partial, count, columns),
+            _second_stage(node, position, partial, count, carried)]
+
+
+def _constants_used_after(body: Body, position: int) -> set | None:
+    """The constants that ops after the reduce read (None if they read any other earlier value,
+    or index through a gathered value, whose SSA number would change)."""
+    carried = set()
+    for op in body.ops[position + 1:]:
+        if op.index is not None and any(indirect_value(symbol) is not None for expr in op.index
+                                        for symbol in sympy.sympify(expr).free_symbols):
+            return None
+        for operand in op.operands:
+            if operand < position:
+                if body.ops[operand].name != "constant":
+                    return None
+                carried.add(operand)
+    return carried
+
+
+def _first_stage(node: LoopNode, position: int, partial: Buffer, count: int, columns: int) -> Reduction:
+    """Each (row, chunk) reduces columns [chunk * width, (chunk + 1) * width)."""
+    width = columns // count
+    chunk = index_var("i", len(node.ranges))
+    column = index_var("r", 0)
+    flat = chunk * width + column
+    reduction_vars = [index_var("r", k) for k in range(len(node.reduction_ranges))]
+    original = dict(zip(reduction_vars, unravel(flat, list(node.reduction_ranges))))
+    body = Body()
+    for op in node.body.ops[:position + 1]:
+        body.ops.append(_substituted(op, original))
+    row_vars = [index_var("i", k) for k in range(len(node.ranges))]
+    body.store(partial, row_vars + [chunk], position)
+    return Reduction(f"{node.name}_stage1", [*node.ranges, sympy.Integer(count)], body, [partial.name],
+                     reduction_ranges=[sympy.Integer(width)])
+
+
+def _second_stage(node: LoopNode, position: int, partial: Buffer, count: int, carried: set) -> Reduction:
+    """Reduce each row's partials, then finish as the original body did after its reduce."""
+    body = Body()
+    renumber = {}
+    for operand in sorted(carried):
+        body.ops.append(node.body.ops[operand])
+        renumber[operand] = len(body.ops) - 1
+    row_vars = [index_var("i", k) for k in range(len(node.ranges))]
+    loaded = body.load(partial, row_vars + [index_var("r", 0)])
+    reduce_op = node.body.ops[position]
+    renumber[position] = body.emit("reduce", (loaded,), reduce_op.dtype, attr=reduce_op.attr)
+    for offset, op in enumerate(node.body.ops[position + 1:], start=position + 1):
+        body.ops.append(Op(op.name, tuple(renumber[operand] for operand in op.operands), op.dtype, op.buffer,
+                           op.index, op.attr))
+        renumber[offset] = len(body.ops) - 1
+    return Reduction(f"{node.name}_stage2", list(node.ranges), body, list(node.outputs),
+                     reduction_ranges=[sympy.Integer(count)])
+
+
+def _substituted(op: Op, mapping: dict) -> Op:
+    index = None if op.index is None else tuple(sympy.sympify(expr).xreplace(mapping) for expr in op.index)
+    attr = sympy.sympify(op.attr).xreplace(mapping) if op.name == "index_expr" else op.attr
+    return Op(op.name, op.operands, op.dtype, op.buffer, index, attr)
+
+
+__all__ = ["split_count", "split_reductions"]
