@@ -139,6 +139,8 @@ def _run_in_subprocess(name: str, backend: str, args) -> list:
         env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=os.path.join(caches, "inductor"),
                    KILN_CACHE_DIR=os.path.join(caches, "kiln"), TRITON_CACHE_DIR=os.path.join(caches, "triton"))
         env.setdefault("KILN_CPU_BACKEND", "cpp")
+        if args.threads:
+            env["OMP_NUM_THREADS"] = str(args.threads)  # torch's, Inductor's and kiln's kernels alike
         command = [sys.executable, "-m", "benchmarks.cpu", "--case", name, backend,
                    "--warmup", str(args.warmup), "--iterations", str(args.iterations)]
         done = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=args.timeout)
@@ -217,6 +219,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per case")
     parser.add_argument("--label", default="cpu")
+    parser.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS for every case (0: the default)")
     parser.add_argument("--interleaved", action="store_true",
                         help="per workload, one process compiles all backends and times them in turns "
                              "(fairer on a machine shared with other work)")
@@ -249,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
                          if args.interleaved else "each case in its own process")
                       + f", with empty kiln and Inductor caches; first call = compile (wall); {args.warmup} warm-up "
                       f"calls, {args.iterations} timed calls (time.perf_counter), median; torch threads: "
-                      f"{torch.get_num_threads()}."}
+                      f"{args.threads or torch.get_num_threads()}."}
     stem = os.path.join(REPO_ROOT, "benchmarks", "results",
                         f"{date[:10]}_{args.label}_{hardware['cpu'].lower().replace(' ', '-')}-{hardware['cpus']}core")
     rows = []
