@@ -348,7 +348,7 @@ class TritonKernelGenerator:
             expr = simplify_index(sympy.sympify(op.attr).xreplace(self._mapping), self._ranges_dict())
             source = self.index_source(expr)
             shape = self._scalar_shape()
-            self.out.line(f"{name} = (tl.zeros({shape}, tl.int64) + {source}).to({TRITON_DTYPES[op.dtype]})")
+            self.out.line(f"{name} = (tl.full({shape}, 0, tl.int64) + {source}).to({TRITON_DTYPES[op.dtype]})")
         elif op.name == "to_dtype":
             if op.dtype == torch.bool:
                 self.out.line(f"{name} = {args[0]} != 0")
@@ -387,12 +387,13 @@ class TritonKernelGenerator:
         source_dtype = self._current_node.body.ops[op.operands[0]].dtype
         identity = _identity(kind, source_dtype)
         self.out.line(f"{name}_in = tl.broadcast_to({value}, [XBLOCK, RBLOCK])")
-        if kind == "welford":
+        if kind == "welford":  # two passes over the row in registers: sum, then squared deviations
+            self.helpers.add("sum")
             count = self.index_source(self.kernel.col_numel)
-            self.out.line(f"{name}_0 = tl.sum(tl.where({mask}, {name}_in, 0.0), 1)[:, None] / {count}")
+            self.out.line(f"{name}_0 = tl.reduce(tl.where({mask}, {name}_in, 0.0), 1, _sum_combine)[:, None] / {count}")
             self.out.line(f"{name}_d = tl.where({mask}, {name}_in - {name}_0, 0.0)")
-            self.out.line(f"{name}_1 = tl.sum({name}_d * {name}_d, 1)[:, None]")
-            self.out.line(f"{name}_2 = tl.zeros([XBLOCK, 1], tl.float32) + {count}")
+            self.out.line(f"{name}_1 = tl.reduce({name}_d * {name}_d, 1, _sum_combine)[:, None]")
+            self.out.line(f"{name}_2 = tl.full([XBLOCK, 1], 0, tl.float32) + {count}")
             return
         if kind in ("argmax", "argmin"):
             self.helpers.add(kind)
@@ -421,11 +422,11 @@ class TritonKernelGenerator:
         identity = _identity(kind, input_dtype)
         if kind == "welford":
             for part in ("mean", "m2", "weight"):
-                self.out.line(f"{name}_{part} = tl.zeros([XBLOCK, RBLOCK], tl.float32)")
+                self.out.line(f"{name}_{part} = tl.full([XBLOCK, RBLOCK], 0, tl.float32)")
         else:
             self.out.line(f"{name}_acc = tl.full([XBLOCK, RBLOCK], {identity}, {accumulate})")
             if kind in ("argmax", "argmin"):
-                self.out.line(f"{name}_accidx = tl.zeros([XBLOCK, RBLOCK], tl.int64)")
+                self.out.line(f"{name}_accidx = tl.full([XBLOCK, RBLOCK], 0, tl.int64)")
         self._open_column_loop()
         self._mapping = mapping
         self._emit_node(node, "reduction", position, "xmask & rmask", stop_at_reduce=True)

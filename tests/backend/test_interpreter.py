@@ -90,3 +90,24 @@ def test_bfloat16_arange_and_eye_through_kernels():
 
 def test_lgamma_kernel_at_poles():
     _compiled_matches(lambda x: (torch.lgamma(x),), torch.tensor([0.0, -1.0, -2.5, 1.0, 4.5]))
+
+
+def test_triton_cpu_backend_works_without_triton_interpret_set():
+    # A user choosing KILN_CPU_BACKEND=triton does not set TRITON_INTERPRET=1 before Triton's import:
+    # then Triton's own @jit helpers (tl.zeros, combine functions) are compiled JITFunctions, which the
+    # interpreter refuses to call ("Cannot call @triton.jit'd outside of the scope of a kernel").
+    import os
+    import subprocess
+    import sys
+
+    program = (
+        "import torch, kiln\n"
+        "import torch.nn.functional as F\n"
+        "def f(x, w, b):\n"
+        "    return x.sum(), F.layer_norm(x, (3,), w, b), torch.var_mean(x, 1), x.argmax(1), (x == 0).float()\n"
+        "x, w, b = torch.randn(2, 3), torch.randn(3), torch.randn(3)\n"
+        "with kiln.config.patch(cpu_backend='triton', strict=True):\n"
+        "    assert kiln.testing.compare(kiln.compile(f)(x, w, b), f(x, w, b))\n")
+    env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
