@@ -9,7 +9,8 @@ partials of each row and finish as the original node did:
     sum over [R]            ->   stage 1: ranges [S] cols [R / S]  -> partial [S] (fp32)
                                  stage 2: cols [S]                 -> the original output
 
-Only sum, prod, max and min are split (argmax/argmin would carry indices, welford
+Reductions of several rows whose result feeds a loop over their whole input (softmax,
+norms) are left whole: they fuse with it into one kernel. A single row is always split. Only sum, prod, max and min are split (argmax/argmin would carry indices, welford
 three values), only static sizes, and only when S divides the columns exactly (no
 masks). What follows the reduce in the body (a mean's division, a cast) must depend
 on the reduced value and constants only; it moves to stage 2.
@@ -22,17 +23,35 @@ from kiln.config import config
 from kiln.ir import Body, Buffer, Graph, Layout, LoopNode, Op, Reduction
 from kiln.ir.indexing import contiguous_strides, index_var, product, unravel
 from kiln.ir.nodes import indirect_value
+from kiln.schedule.inline import buffer_uses
 
 SPLITTABLE = ("sum", "prod", "max", "min")
 
 
 def split_reductions(graph: Graph) -> Graph:
+    uses = buffer_uses(graph)
     nodes = []
     for node in graph.nodes:
-        stages = _split(node, graph) if isinstance(node, LoopNode) and node.is_reduction else None
+        stages = None
+        if isinstance(node, LoopNode) and node.is_reduction and \
+                (product(node.ranges) == 1 or not _feeds_its_rows(node, uses)):
+            stages = _split(node, graph)
         nodes += stages if stages else [node]
     graph.nodes = nodes
     return graph
+
+
+def _feeds_its_rows(node: LoopNode, uses: dict) -> bool:
+    """Whether a consumer iterates the reduction's whole input space (softmax's max feeding
+    exp(x - max), a norm's statistics feeding the normalization): those fuse with the reduction
+    into one kernel over whole rows, which splitting would break into several."""
+    total = product([*node.ranges, *node.reduction_ranges])
+    for name in node.outputs:
+        for user, _ in uses.get(name, []):
+            if isinstance(user, LoopNode) and \
+                    sympy.expand(product([*user.ranges, *user.reduction_ranges]) - total) == 0:
+                return True
+    return False
 
 
 def split_count(rows: int, columns: int) -> int:
