@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 import kiln
+from benchmarks.workloads import BasicBlock  # the benchmarks' residual block, one definition
 from kiln.testing import compare, to_float64
 
 transformers = pytest.importorskip("transformers")
@@ -93,26 +94,6 @@ def tiny_llama():
                                       num_key_value_heads=2, intermediate_size=176, vocab_size=VOCAB,
                                       max_position_embeddings=64, attention_dropout=0.0, use_cache=False)
     return transformers.LlamaForCausalLM(config)
-
-
-class BasicBlock(torch.nn.Module):
-    """conv-bn-relu-conv-bn with a residual (a strided 1x1 conv when the shape changes), then relu."""
-
-    def __init__(self, in_channels: int, out_channels: int, stride: int):
-        super().__init__()
-        self.conv1 = torch.nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
-        self.bn1 = torch.nn.BatchNorm2d(out_channels)
-        self.conv2 = torch.nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
-        self.bn2 = torch.nn.BatchNorm2d(out_channels)
-        self.shortcut = torch.nn.Identity()
-        if stride != 1 or in_channels != out_channels:
-            self.shortcut = torch.nn.Sequential(torch.nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
-                                                torch.nn.BatchNorm2d(out_channels))
-
-    def forward(self, x):
-        out = F.relu(self.bn1(self.conv1(x)))
-        out = self.bn2(self.conv2(out))
-        return F.relu(out + self.shortcut(x))
 
 
 class TinyResNet(torch.nn.Module):
