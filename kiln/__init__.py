@@ -8,6 +8,7 @@ from kiln.api import OptimizedModule, compile, list_backends
 from kiln.backend import KilnCompileError, compile_graph, register as _register
 from kiln.config import config
 from kiln import testing  # noqa: F401  (kiln.testing.compare is public)
+from kiln.debug.explain import explain
 
 
 def reset() -> None:
@@ -19,5 +20,5 @@ def reset() -> None:
 
 _register()
 
-__all__ = ["compile", "compile_graph", "config", "list_backends", "reset", "OptimizedModule", "KilnCompileError"]
+__all__ = ["compile", "compile_graph", "config", "explain", "list_backends", "reset", "OptimizedModule", "KilnCompileError"]
 __version__ = "0.1.0"

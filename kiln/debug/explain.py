@@ -1,0 +1,137 @@
+"""`kiln.explain(fn, *args, **kwargs)`: what kiln did with one call, as a report.
+
+It compiles `fn` (a function or module) with kiln, calls it once with the arguments,
+and records, without changing what runs:
+- the frames kiln's frontend traced: each cache entry's guard function, or why the frame
+  runs eagerly (the unsupported construct and its source line);
+- every graph the backend compiled: ATen nodes, kernels, externs (and which ATen ops),
+  the time of each stage, or the reason it fell back to running eagerly;
+- every warning kiln logged meanwhile (fallbacks, recompiles).
+
+    report = kiln.explain(model, input_ids)
+    print(report)              # readable text; fields are plain data for tools
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+
+@dataclass
+class GraphReport:
+    name: str
+    aten_nodes: int
+    kernels: int | None = None  # None: the graph runs eagerly (see fallback)
+    externs: int | None = None
+    extern_ops: dict = field(default_factory=dict)  # ATen op -> calls
+    stage_seconds: dict = field(default_factory=dict)
+    fallback: str | None = None
+
+    def lines(self) -> list[str]:
+        head = f"graph {self.name}: {self.aten_nodes} ATen nodes"
+        if self.fallback is not None:
+            return [head + f", runs eagerly: {self.fallback}"]
+        lines = [head + f" -> {self.kernels} kernels, {self.externs} externs"]
+        if self.extern_ops:
+            lines.append("  externs: " + ", ".join(f"{op} x{count}" for op, count in sorted(self.extern_ops.items())))
+        if self.stage_seconds:
+            lines.append("  stages: " + ", ".join(f"{stage} {seconds * 1000:.0f} ms"
+                                                   for stage, seconds in self.stage_seconds.items()))
+        return lines
+
+
+@dataclass
+class FrameReport:
+    guard_source: str | None
+    eager_reason: str | None
+
+    def lines(self) -> list[str]:
+        if self.eager_reason is not None:
+            return [f"frame runs eagerly: {self.eager_reason}"]
+        guard = (self.guard_source or "").strip().splitlines()
+        return ["frame captured; guard function:"] + ["  " + line for line in guard]
+
+
+@dataclass
+class ExplainReport:
+    frames: list = field(default_factory=list)  # FrameReport
+    graphs: list = field(default_factory=list)  # GraphReport
+    warnings: list = field(default_factory=list)  # str
+    first_call_seconds: float = 0.0
+
+    @property
+    def graph_count(self) -> int:
+        return len(self.graphs)
+
+    def __str__(self) -> str:
+        lines = [f"kiln.explain: {len(self.frames)} frame(s), {len(self.graphs)} graph(s), "
+                 f"first call {self.first_call_seconds:.2f} s"]
+        for frame in self.frames:
+            lines += frame.lines()
+        for graph in self.graphs:
+            lines += graph.lines()
+        if self.warnings:
+            lines.append("warnings:")
+            lines += ["  " + warning for warning in self.warnings]
+        return "\n".join(lines)
+
+
+class _WarningRecorder(logging.Handler):
+    def __init__(self, sink: list):
+        super().__init__(logging.WARNING)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.sink.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _recording(report: ExplainReport):
+    from kiln import backend
+
+    original = backend._compile_aten_graph
+
+    def recording(gm, example_inputs, dump, mode):
+        graph = GraphReport(dump.name, sum(1 for node in gm.graph.nodes if node.op == "call_function"))
+        report.graphs.append(graph)
+        try:
+            compiled = original(gm, example_inputs, dump, mode)
+        except Exception as error:
+            graph.fallback = f"{type(error).__name__}: {error}"
+            raise
+        graph.kernels, graph.externs = compiled.kernel_count, compiled.extern_count
+        for extern in compiled.scheduled.externs if compiled.scheduled is not None else []:
+            graph.extern_ops[str(extern.op)] = graph.extern_ops.get(str(extern.op), 0) + 1
+        graph.stage_seconds = dict(dump.timings)
+        return compiled
+
+    handler = _WarningRecorder(report.warnings)
+    logger = logging.getLogger("kiln")
+    logger.addHandler(handler)
+    backend._compile_aten_graph = recording
+    try:
+        yield
+    finally:
+        backend._compile_aten_graph = original
+        logger.removeHandler(handler)
+
+
+def explain(fn, *args, **kwargs) -> ExplainReport:
+    """Compile `fn` with kiln, call it once with these arguments, and report what happened."""
+    import kiln
+
+    report = ExplainReport()
+    with _recording(report):
+        compiled = kiln.compile(fn)
+        start = time.perf_counter()
+        compiled(*args, **kwargs)
+        report.first_call_seconds = time.perf_counter() - start
+    dispatcher = getattr(compiled, "_compiled_call", compiled)
+    for entry in getattr(dispatcher, "entries", []):
+        report.frames.append(FrameReport(entry.guard_source, entry.eager_reason))
+    return report
+
+
+__all__ = ["ExplainReport", "FrameReport", "GraphReport", "explain"]
