@@ -8,6 +8,8 @@ accumulators. fp16/bf16 are loaded and stored in their own dtype; the body's exp
 """
 from __future__ import annotations
 
+import hashlib
+
 from dataclasses import dataclass, field
 
 import sympy
@@ -113,6 +115,7 @@ class KernelSource:
     num_warps: int
     device_type: str
     skip: bool = False  # empty iteration space: allocate only, never launch
+    function_name: str = ""  # the Triton function in `source` (shared by identical kernels)
 
 
 def _next_power_of_2(value: int) -> int:
@@ -167,7 +170,7 @@ class TritonKernelGenerator:
 
     def pointer(self, buffer_name: str) -> str:
         if buffer_name not in self.pointer_names:
-            self.pointer_names[buffer_name] = f"ptr{len(self.pointer_names)}_{buffer_name}"
+            self.pointer_names[buffer_name] = f"ptr{len(self.pointer_names)}"  # no buffer name: see generate()
         return self.pointer_names[buffer_name]
 
     def index_source(self, expr) -> str:
@@ -203,13 +206,17 @@ class TritonKernelGenerator:
         params = [self.pointer_names[name] for name in self.pointer_names] + [str(s) for s in size_args]
         params += ["xnumel"] + (["rnumel"] if kernel.is_reduction else [])
         params += ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if kernel.is_reduction else [])
-        header = [f"def {kernel.name}({', '.join(params)}):"]
+        # The function is named after its own text, and nothing in it names a buffer, so the
+        # same kernel in every layer of a model is one source: compiled once, cached once.
+        body = "\n".join(self.out.lines)
+        function_name = "kernel_" + hashlib.sha256(f"{params}{body}".encode()).hexdigest()[:12]
+        header = [f"def {function_name}({', '.join(params)}):"]
         helpers = "".join(HELPERS[name] for name in sorted(self.helpers))
         source = ("import triton\nimport triton.language as tl\nfrom triton.language.extra.cuda import libdevice\n"
                   + helpers + "\n\n" + "\n".join(header + self.out.lines) + "\n")
         sizes = list(size_args) + [xnumel] + ([rnumel] if kernel.is_reduction else [])
         return KernelSource(kernel.name, source, list(self.pointer_names), sizes, xnumel, xblock, rblock,
-                            num_warps, self.device_type, skip)
+                            num_warps, self.device_type, skip, function_name)
 
     def _reduction_blocks(self, rnumel):
         if self.kernel.persistent:

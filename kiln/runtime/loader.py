@@ -34,7 +34,7 @@ def _launcher(kernel):
     constexprs = {"XBLOCK": kernel.xblock}
     if kernel.rblock:
         constexprs["RBLOCK"] = kernel.rblock
-    return make_launcher(load_kernel(kernel.name, kernel.source, kernel.device_type), kernel.device_type,
+    return make_launcher(load_kernel(kernel.function_name, kernel.source, kernel.device_type), kernel.device_type,
                          name=kernel.name, pointer_count=len(kernel.buffer_args), int_count=len(kernel.size_args),
                          constexprs=constexprs, num_warps=kernel.num_warps)
 

@@ -110,6 +110,19 @@ def test_few_long_rows_are_reduced_in_two_stages(dtype):
     assert "kernel k0: rows=[4] cols=[1024]" in text  # x's three reductions: 4 chunks of 1024, one kernel
 
 
+def test_the_same_kernel_in_every_layer_is_one_source():
+    # A model's layers repeat their kernels; named after their own text, with no buffer names
+    # inside, they are compiled (and cached) once, however many layers there are.
+    def fn(x, w, b, weight):
+        for _ in range(3):
+            x = torch.nn.functional.gelu(torch.nn.functional.layer_norm(x, (48,), w, b)) @ weight
+        return x
+
+    graphs = assert_matches(fn, torch.randn(6, 48), torch.randn(48), torch.randn(48), torch.randn(48, 48) / 7)
+    sources = [getattr(kernel, "source", None) or kernel.listing for kernel in graphs[0].module_source.kernel_sources]
+    assert len(sources) >= 3 and len(set(sources)) < len(sources)
+
+
 def test_softmax_is_one_kernel_persistent_and_looped():
     for columns in (100, 9000):
         graphs = assert_matches(lambda x: torch.softmax(x, -1), torch.randn(4, columns))
