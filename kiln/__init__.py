@@ -12,7 +12,11 @@ from kiln.debug.explain import explain
 
 
 def reset() -> None:
-    """Forget every compiled graph (the on-disk kernel cache stays)."""
+    """Forget TorchDynamo's compiled graphs (`frontend="dynamo"`, `torch.compile(backend="kiln")`).
+
+    kiln's own frontend keeps its cache in each `kiln.compile(...)` result: compiling again
+    starts fresh. The on-disk kernel cache always stays.
+    """
     from kiln import _torch
 
     _torch.dynamo_reset()
