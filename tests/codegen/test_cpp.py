@@ -226,3 +226,11 @@ def test_softmax_computes_each_exp_once():
     kernel = graphs[0].module_source.kernel_sources[0].source.split('extern "C"')[-1]
     assert kernel.count("std::exp(") == kernel.count("reuse_0[r0] = ") == 2  # lane loop and tail loop
     assert_matches(lambda x: torch.log_softmax(x, -1) * torch.softmax(x, -1), torch.randn(8, 500))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_small_integer_powers_are_products(dtype):
+    fn = lambda x: (torch.pow(x, 3.0) * 0.044715 + x, x ** 2, torch.pow(x.abs(), 2.5))  # noqa: E731
+    graphs = assert_matches(fn, torch.randn(300, dtype=dtype) * 3)
+    source = "".join(kernel.source.split('extern "C"')[-1] for kernel in graphs[0].module_source.kernel_sources)
+    assert source.count("std::pow(") == 1  # only x ** 2.5
