@@ -526,8 +526,6 @@ class ContextVarVariable(Variable):
         if name == "get":
             if self.current:
                 return self.current[-1]
-            import contextvars
-
             marker = object()
             real = self.value.get(marker) if not args else self.value.get(args[0].as_constant())
             if real is marker:
