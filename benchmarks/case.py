@@ -155,8 +155,17 @@ def check_accuracy(workload: Workload, compiled_runner: Runner, eager_runner: Ru
     return {"accuracy_ok": bool(verdict.ok), "accuracy": verdict.message}
 
 
-def dynamo_counts() -> dict:
-    """Graphs and graph breaks seen by TorchDynamo (the capture for inductor, and for kiln today)."""
+def capture_counts(backend: str) -> dict:
+    """Graphs captured and graph breaks: kiln's frontend's counters for kiln (unless it was told to
+    use Dynamo), TorchDynamo's for inductor."""
+    if backend == "kiln":
+        from kiln.config import config
+
+        if config.frontend == "kiln":
+            from kiln.frontend.dispatcher import stats
+
+            # kiln's frontend has no graph breaks yet: a frame it cannot capture runs eagerly.
+            return {"graphs": stats.graphs, "graph_breaks": 0, "eager_frames": stats.eager_frames}
     try:
         from torch._dynamo.utils import counters
 
@@ -212,7 +221,7 @@ def run_case(spec: dict) -> dict:
     if backend != "eager" and spec.get("check", True):
         eager_runner = Runner(workload, workload.program, mode, device, use_autocast, mark_cudagraph_steps=False)
         result.update(check_accuracy(workload, runner, eager_runner, mode))
-    result.update(dynamo_counts() if backend != "eager" else {})
+    result.update(capture_counts(backend) if backend != "eager" else {})
     if backend == "kiln":
         result["kiln_warnings"] = kiln_log.count
         result["kiln_first_warnings"] = kiln_log.first

@@ -233,7 +233,8 @@ def _details(cases) -> list[str]:
             f"{c['p20_ms']:.4g}-{c['p80_ms']:.4g}" if ok else "",
             f"{c['first_call_s']:.2f}" if ok else "",
             f"{c['peak_gib']:.2f}" if ok and c.get("peak_gib") is not None else "",
-            f"{c['graphs']} / {c['graph_breaks']}" if "graphs" in c else "",
+            (f"{c['graphs']} / {c['graph_breaks']}" + (f" (+{c['eager_frames']} eager frames)"
+                                                        if c.get("eager_frames") else "")) if "graphs" in c else "",
             (c.get("accuracy", "") if ok else c.get("error", "")).replace("|", "/")[:160],
         ]) + " |")
     return lines
