@@ -47,8 +47,8 @@ OPTIONS = [
     Option("cpp_openmp", bool, True, "C++ kernels run their outer loops on OpenMP threads (when the compiler has it)"),
     Option("cpp_parallel_min", int, 32768, "C++ kernels over fewer elements than this run on one thread"),
     Option("compile_workers", int, 0, "kernels compiled at once (0: one per CPU core)"),
-    Option("fast_launch", bool, True, "CUDA kernels launched by kiln's launcher (kiln/runtime/launch.py), "
-                                      "not through Triton's per-call specialization"),
+    Option("fast_launch", bool, False, "CUDA kernels launched by kiln's launcher (kiln/runtime/launch.py), "
+                                       "not through Triton's per-call specialization (off until run on a GPU)"),
     Option("fusion_window", int, 6, "a node may join a kernel up to this many steps back (not only the last)"),
     Option("max_fusion_ops", int, 400, "largest body (in ops) a fused kernel may grow to"),
     Option("inline_max_ops", int, 40, "a pointwise producer read by several consumers is inlined "

@@ -10,10 +10,15 @@ being 1, its divisibility by 16 and whether it needs 64 bits) call the compiled
 kernel's launcher directly. A changed property takes Triton's path again, so a
 kernel is never run with a specialization its arguments do not satisfy.
 
+Off by default (`KILN_FAST_LAUNCH=1` turns it on): its direct path has not run on a GPU
+yet. Until 2026-11-30 it checked `launch_enter_hook is None`, which Triton 3.6 never
+is (an empty hook chain), so every launch took Triton's path; checked here on CPU with
+a stand-in kernel only.
+
 This is the one place in kiln that touches Triton's launch internals
 (`JITFunction.run(warmup=False)` returning the `CompiledKernel`, its `run`,
 `function` and `packed_metadata`, `driver.active`, `knobs.runtime`); they change
-between Triton releases. `config.fast_launch=False` uses `kernel[grid](...)` always.
+between Triton releases. With `config.fast_launch=False` every launch is `kernel[grid](...)`.
 Under the interpreter (CPU), kernels are always launched through Triton.
 """
 from __future__ import annotations
@@ -38,6 +43,12 @@ def _triton_launcher(kernel, constexprs: dict, num_warps: int) -> Callable:
     return launch
 
 
+def _hooked(hook) -> bool:
+    """Whether a launch hook would do anything: Triton 3.6 keeps an always-present HookChain
+    (a hook list, empty unless a profiler adds one); older releases keep None or a callable."""
+    return bool(getattr(hook, "calls", hook))
+
+
 def _fast_launcher(kernel, name: str, pointer_count: int, int_count: int, constexprs: dict,
                    num_warps: int) -> Callable:
     """Generated straight-line code: one specialization key, one dict lookup, one launch."""
@@ -53,17 +64,16 @@ def _fast_launcher(kernel, name: str, pointer_count: int, int_count: int, conste
     call_args = ", ".join(pointers + ints + [repr(value) for value in constexprs.values()])
     source = f"""
 def launch_{name}({params}):
-    entry = compiled.get({key})
+    key = {key}
+    entry = compiled.get(key)
     if entry is None:
-        compiled[{key}] = first_launch(grid_x, {', '.join(pointers + ints)})
+        compiled[key] = first_launch(grid_x, {', '.join(pointers + ints)})
         return
     run, function, metadata = entry
-    enter_hook = runtime_knobs.launch_enter_hook
-    if enter_hook is None:
-        run(grid_x, 1, 1, current_stream(current_device()), function, metadata, None, None,
-            runtime_knobs.launch_exit_hook, {call_args})
+    if hooked(runtime_knobs.launch_enter_hook) or hooked(runtime_knobs.launch_exit_hook):
+        slow_launch(grid_x, {', '.join(pointers + ints)})  # a profiler's hooks want Triton's own path
     else:
-        slow_launch(grid_x, {', '.join(pointers + ints)})
+        run(grid_x, 1, 1, current_stream(current_device()), function, metadata, None, None, None, {call_args})
 """
 
     def first_launch(grid_x, *args):
@@ -72,11 +82,9 @@ def launch_{name}({params}):
             compiled_kernel = compiled_kernel.result()
         return compiled_kernel.run, compiled_kernel.function, compiled_kernel.packed_metadata
 
-    def slow_launch(grid_x, *args):
-        kernel[(grid_x,)](*args, **constexprs, num_warps=num_warps)
-
-    namespace = {"compiled": {}, "first_launch": first_launch, "slow_launch": slow_launch,
-                 "runtime_knobs": knobs.runtime, "current_stream": driver.active.get_current_stream,
+    namespace = {"compiled": {}, "first_launch": first_launch,
+                 "slow_launch": _triton_launcher(kernel, constexprs, num_warps),
+                 "runtime_knobs": knobs.runtime, "hooked": _hooked, "current_stream": driver.active.get_current_stream,
                  "current_device": driver.active.get_current_device}
     exec(compile(source, f"<kiln launcher {name}>", "exec"), namespace)
     return namespace[f"launch_{name}"]
