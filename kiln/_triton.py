@@ -127,21 +127,8 @@ _interpreter._patch_lang = _patch_lang_with_libdevice
 def jit_for_device(function, device_type: str):
     """A Triton kernel object for `function`: compiled for CUDA, interpreted for CPU."""
     if device_type == "cpu":
-        _interpret_helpers(function.__globals__)
         return _interpreter.InterpretedFunction(function)
     return triton.jit(function)
-
-
-def _interpret_helpers(namespace: dict) -> None:
-    """Helpers a kernel calls (`@triton.jit` combine functions) must be interpreted too.
-
-    With TRITON_INTERPRET=1 set before Triton's import, `triton.jit` already returns
-    interpreted functions; without it (a user choosing KILN_CPU_BACKEND=triton), the
-    helpers would be compiled JITFunctions, which the interpreter refuses to call.
-    """
-    for name, value in list(namespace.items()):
-        if isinstance(value, triton.runtime.JITFunction):
-            namespace[name] = _interpreter.InterpretedFunction(value.fn)
 
 
 def is_interpreted(kernel) -> bool:
