@@ -222,7 +222,7 @@ class WrapperGenerator:
                 buffer = self.graph.buffers[name]
                 stride = self.py_tuple(buffer.layout.stride)
                 size = self.py_tuple(buffer.layout.size)
-                dtype = f"torch.{buffer.dtype}".replace("torch.torch.", "torch.")
+                dtype = str(buffer.dtype)  # "torch.float32"
                 # The dtype too: C++ kernels read an extern's result as the IR's dtype says
                 # (_batch_norm_with_update returns bf16 running stats its meta calls float32).
                 lines.append(f"if {name} is not None and ({name}.stride() != {stride} or {name}.dtype != {dtype}): "

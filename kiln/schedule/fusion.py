@@ -22,7 +22,6 @@ def group_kernels(graph: Graph) -> ScheduledGraph:
     steps: list = []
     produced_at: dict[str, int] = {}  # buffer -> index of the step that writes it
     for node in graph.nodes:
-        position = None
         if isinstance(node, Extern):
             steps.append(node)
             position = len(steps) - 1

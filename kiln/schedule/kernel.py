@@ -37,7 +37,8 @@ def node_role(node: LoopNode, row: list, col: list) -> str | None:
     if node.is_reduction:
         fits = _same_numel(ranges, row) and _same_numel(nonunit(node.reduction_ranges), col)
         return "reduction" if fits else None
-    if _split_point(ranges, row) is not None and _same_numel(ranges[_split_point(ranges, row):], col):
+    split = _split_point(ranges, row)
+    if split is not None and _same_numel(ranges[split:], col):
         return "full"
     if col and _same_numel(ranges, row):
         return "row"
