@@ -428,8 +428,11 @@ class CppKernelGenerator:
             size = self.index(layout.size[dim])
             self.out.add(f"int64_t {checked} = {self.index(expr)};")
             outside = f"{checked} < 0 || {checked} >= {size}"
-            self.out.add(f"if ({f'{mask} && ({outside})' if mask else outside}) "
-                         f"{{ __atomic_store_n(&kiln_status, 1, __ATOMIC_RELAXED); {checked} = 0; }}")
+            outside = f"{mask} && ({outside})" if mask else outside
+            # No branch and no atomic: the loop stays a simd loop (kiln_status is an OpenMP `|` reduction).
+            self.out.add(f"bool {checked}_outside = {outside};")
+            self.out.add(f"kiln_status |= {checked}_outside;")
+            self.out.add(f"{checked} = {checked}_outside ? 0 : {checked};")
             self.local_symbols.add(checked)
             index[dim] = sympy.Symbol(checked, integer=True, nonnegative=True)
         offset = simplify_index(sympy.expand(layout.offset_of(index)), self._ranges())
@@ -485,9 +488,12 @@ class CppKernelGenerator:
                 self._store(position, op)
 
     # ---- loops ------------------------------------------------------------------------
+    def _status_reduction(self) -> str:
+        """The clause that combines the threads' and lanes' out-of-bounds flags, when indices are checked."""
+        return " reduction(|:kiln_status)" if self.gathers else ""
+
     def _simd(self) -> str:
-        # A gather's bounds check writes the status flag: keep those loops scalar.
-        return "" if self.gathers else "#pragma omp simd"
+        return "#pragma omp simd" + self._status_reduction()
 
     def _open_scope(self, header: str | None = None) -> None:
         if header is not None:
@@ -516,12 +522,11 @@ class CppKernelGenerator:
             return
         parallel = self._parallel_clause(self.kernel.row_numel)
         if len(rows) == 1:
-            simd = " simd" if not self.gathers else ""
-            self.out.add(f"#pragma omp parallel for{simd} {parallel}")
+            self.out.add(f"#pragma omp parallel for simd {parallel}{self._status_reduction()}")
         else:
-            self.out.add(f"#pragma omp parallel for collapse({len(rows) - 1}) {parallel}")
+            self.out.add(f"#pragma omp parallel for collapse({len(rows) - 1}) {parallel}{self._status_reduction()}")
         for dim, extent in enumerate(rows):
-            if dim == len(rows) - 1 and len(rows) > 1 and self._simd():
+            if dim == len(rows) - 1 and len(rows) > 1:
                 self.out.add(self._simd())
             self.out.open(self._loop(f"x{dim}", extent))
         self._open_scope()
@@ -545,7 +550,7 @@ class CppKernelGenerator:
                          f"[{self.index(self.kernel.col_numel)}]);")
             self.out.add(f"{value_type}* {array} = {array}_owner.get();")
         if rows:
-            self.out.add(f"#pragma omp for collapse({len(rows)})")
+            self.out.add(f"#pragma omp for collapse({len(rows)}){self._status_reduction()}")
         for dim, extent in enumerate(rows):
             self.out.open(self._loop(f"x{dim}", extent))
         self._open_scope()
@@ -573,8 +578,7 @@ class CppKernelGenerator:
         """Consecutive full nodes: one loop over the row's columns, innermost simd."""
         self._open_outer_columns()
         last = len(self.kernel.col_ranges) - 1
-        if self._simd():
-            self.out.add(self._simd())
+        self.out.add(self._simd())
         self._open_scope(self._loop(f"r{last}", self.kernel.col_ranges[last]))
         for position in positions:
             self._emit_stores(position)
@@ -631,8 +635,7 @@ class CppKernelGenerator:
         self._open_outer_columns()
         self.out.add(f"int64_t {name}_end = {extent} - {extent} % {LANES};")
         self.out.open(f"for (int64_t {name}_base = 0; {name}_base < {name}_end; {name}_base += {LANES})")
-        if self._simd():
-            self.out.add(self._simd())
+        self.out.add(self._simd())
         self._open_scope(f"for (int64_t lane = 0; lane < {LANES}; lane++)")
         self.out.add(f"int64_t r{last} = {name}_base + lane;")
         self._fold(position, reduce_op, kind, name, "lane", value_type, fold, save_reused)

@@ -125,7 +125,7 @@ class WrapperGenerator:
 
     def _header(self, module: ModuleSource) -> list[str]:
         lines = ["# kiln generated wrapper", "import torch", "from kiln.runtime.support import empty_strided, "
-                 "restride, view_at, cdiv, flatten_result as _flatten_result", ""]
+                 "empty_strided_huge, restride, view_at, cdiv, flatten_result as _flatten_result", ""]
         return lines
 
     def _last_uses(self) -> dict:
@@ -151,8 +151,23 @@ class WrapperGenerator:
         self.allocated.add(buffer_name)
         sizes = self.py_tuple(buffer.layout.size)
         strides = self.py_tuple(buffer.layout.stride)
+        if self._wants_huge_pages(buffer):
+            return f"{buffer_name} = empty_strided_huge({sizes}, {strides}, {buffer.dtype})"
         return (f"{buffer_name} = empty_strided({sizes}, {strides}, device='{buffer.device}', "
                 f"dtype={buffer.dtype})")
+
+    @staticmethod
+    def _wants_huge_pages(buffer) -> bool:
+        """A large CPU buffer of static size: allocated with huge pages (kiln/runtime/host_memory.py)."""
+        from kiln.config import config
+
+        if buffer.device.type != "cpu" or config.cpu_huge_pages_min_bytes <= 0:
+            return False
+        layout = buffer.layout
+        elements = sympy.sympify(1 + sum((size - 1) * stride for size, stride in zip(layout.size, layout.stride)))
+        if not elements.is_Integer or any(sympy.sympify(size) == 0 for size in layout.size):
+            return False
+        return int(elements) * buffer.dtype.itemsize >= config.cpu_huge_pages_min_bytes
 
     def _kernel_call(self, kernel: Kernel, module: ModuleSource) -> list[str]:
         from kiln.config import config

@@ -6,12 +6,17 @@ H200: 3.3 ms instead of 0.45 ms for [4096, 768] x [768, 50257] in bf16). kiln
 allocates such an output with its row stride rounded up and calls the op's `out=`
 variant, which writes rows at that stride: the same values, an aligned layout.
 Consumers read buffers through their strides, so nothing else changes.
+
+On the CPU, a large product's output is also allocated by kiln and passed as `out=`,
+so that it gets huge pages (kiln/runtime/host_memory.py) instead of a page fault per
+4 KiB on its first write.
 """
 from __future__ import annotations
 
 import sympy
 
 from kiln import _torch
+from kiln.config import config
 from kiln.ir import Layout
 from kiln.lowering.context import Unsupported, meta_of
 from kiln.lowering.registry import lowering
@@ -36,17 +41,26 @@ def padded_layout(meta) -> Layout | None:
     return Layout((rows, columns), (sympy.Integer(stride), sympy.Integer(1)))
 
 
+def output_layout(meta) -> Layout:
+    """The layout kiln allocates a product's output with; Unsupported when ATen's own is as good."""
+    layout = padded_layout(meta)
+    if layout is not None:
+        return layout
+    if meta.device.type == "cpu" and meta.is_contiguous() and 0 < config.cpu_huge_pages_min_bytes \
+            <= meta.numel() * meta.element_size():
+        sizes = [_torch.sym_expr(size) for size in meta.shape]
+        if all(size.is_Integer for size in sizes):
+            return Layout(tuple(sizes), tuple(sympy.Integer(stride) for stride in meta.stride()))
+    raise Unsupported("an aligned product that ATen allocates as well: the plain extern")
+
+
 @lowering(aten.mm.default)
 def mm(ctx, node, a, b):
-    layout = padded_layout(meta_of(node))
-    if layout is None:
-        raise Unsupported("aligned product: the plain extern")
+    layout = output_layout(meta_of(node))
     return ctx.extern_into(aten.mm.out, (a, b), {}, [layout], meta_of(node))
 
 
 @lowering(aten.addmm.default)
 def addmm(ctx, node, bias, a, b, *, beta=1, alpha=1):
-    layout = padded_layout(meta_of(node))
-    if layout is None:
-        raise Unsupported("aligned product: the plain extern")
+    layout = output_layout(meta_of(node))
     return ctx.extern_into(aten.addmm.out, (bias, a, b), {"beta": beta, "alpha": alpha}, [layout], meta_of(node))

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import torch
 
+from kiln.runtime.host_memory import empty_strided_huge  # noqa: F401 (generated wrappers import it)
+
 empty_strided = torch.empty_strided
 
 

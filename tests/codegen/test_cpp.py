@@ -234,3 +234,18 @@ def test_small_integer_powers_are_products(dtype):
     graphs = assert_matches(fn, torch.randn(300, dtype=dtype) * 3)
     source = "".join(kernel.source.split('extern "C"')[-1] for kernel in graphs[0].module_source.kernel_sources)
     assert source.count("std::pow(") == 1  # only x ** 2.5
+
+
+def test_a_gather_loop_stays_vectorized():
+    # The bounds check is branch-free and reported through an OpenMP `|` reduction, so a gather
+    # (an embedding, then RMS-normalized as Llama does) does not keep its loop from being simd.
+    weight, scale = torch.randn(50, 64), torch.randn(64)
+
+    def fn(w, i, scale):
+        hidden = torch.nn.functional.embedding(i, w)
+        return hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + 1e-6) * scale
+
+    (graph,) = assert_matches(fn, weight, torch.randint(0, 50, (4, 9)), scale)
+    listing = "\n".join(graph.module_source.kernels.values())
+    assert "reduction(|:kiln_status)" in listing and "#pragma omp simd" in listing
+    assert "__atomic" not in listing
