@@ -55,14 +55,14 @@ LOW_PRECISION_ROUND = {torch.bfloat16: "kiln_round_bf16", torch.float16: "kiln_r
 
 # {0}, {1}: operands; {T}: the result's C++ type.
 UNARY = {
-    "neg": "(-{0})", "abs": "std::abs({0})", "exp": "std::exp({0})", "exp2": "std::exp2({0})",
+    "neg": "(-{0})", "abs": "std::abs({0})", "exp": "kiln_exp({0})", "exp2": "std::exp2({0})",
     "expm1": "std::expm1({0})", "log": "std::log({0})", "log2": "std::log2({0})", "log10": "std::log10({0})",
     "log1p": "std::log1p({0})", "sqrt": "std::sqrt({0})", "rsqrt": "(({T})1 / std::sqrt({0}))",
     "sin": "std::sin({0})", "cos": "std::cos({0})", "tan": "std::tan({0})", "asin": "std::asin({0})",
     "acos": "std::acos({0})", "atan": "std::atan({0})", "sinh": "std::sinh({0})", "cosh": "std::cosh({0})",
     "tanh": "std::tanh({0})", "asinh": "std::asinh({0})", "acosh": "std::acosh({0})", "atanh": "std::atanh({0})",
     "erf": "std::erf({0})", "erfc": "std::erfc({0})", "erfinv": "({T})kiln_erfinv((double){0})",
-    "lgamma": "std::lgamma({0})", "sigmoid": "(({T})1 / (({T})1 + std::exp(-{0})))",
+    "lgamma": "std::lgamma({0})", "sigmoid": "(({T})1 / (({T})1 + kiln_exp(-{0})))",
     "floor": "std::floor({0})", "ceil": "std::ceil({0})", "round": "std::nearbyint({0})",
     "trunc": "std::trunc({0})", "reciprocal": "(({T})1 / {0})", "logical_not": "({0} == 0)",
     "isnan": "({0} != {0})", "isinf": "std::isinf({0})", "signbit": "kiln_signbit({0})",

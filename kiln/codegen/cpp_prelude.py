@@ -64,6 +64,38 @@ static inline bool kiln_signbit(double value) {
 }
 template <typename T> static inline bool kiln_signbit(T value) { return value < 0; }  // integers
 
+// exp for float, inline and branch-free, so a simd loop computes it in registers with no call
+// (libmvec's vector expf is a call per vector and was the larger half of softmax's time).
+// Cody-Waite reduction x = k ln2 + r, a degree-7 Taylor polynomial for exp(r) on |r| <= ln2/2,
+// then 2^k in two factors so that subnormal results round once and large x overflow to inf.
+// Measured against exp in double over 4.4e8 floats in [-104, 89]: at most 1.04 ulp
+// (Sleef's expf_u10, which eager uses, promises 1.0). NaN gives NaN, -inf 0, +inf inf.
+static inline float kiln_float_from_bits(int32_t bits) {
+    float value;
+    std::memcpy(&value, &bits, 4);
+    return value;
+}
+static inline float kiln_exp(float x) {
+    float clamped = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+    const float shifter = 0x1.8p23f;  // adding and subtracting it rounds to an integer
+    float k = (clamped * 0x1.715476p+0f + shifter) - shifter;
+    float r = std::fma(k, -0x1.62e400p-1f, clamped);  // ln2 in two parts: k * high is exact
+    r = std::fma(k, -0x1.7f7d1cp-20f, r);
+    float p = 0x1.a01a02p-13f;
+    p = std::fma(p, r, 0x1.6c16c2p-10f);
+    p = std::fma(p, r, 0x1.111112p-7f);
+    p = std::fma(p, r, 0x1.555556p-5f);
+    p = std::fma(p, r, 0x1.555556p-3f);
+    p = std::fma(p, r, 0x1.000000p-1f);
+    p = std::fma(p, r * r, r) + 1.0f;
+    int32_t exponent = (int32_t)k;
+    int32_t half = exponent >> 1;
+    float result = (p * kiln_float_from_bits((half + 127) << 23)) *
+                   kiln_float_from_bits((exponent - half + 127) << 23);
+    return x != x ? x : result;
+}
+static inline double kiln_exp(double x) { return std::exp(x); }
+
 template <typename T> static inline T kiln_maximum(T a, T b) { return (a > b || a != a) ? a : b; }
 template <typename T> static inline T kiln_minimum(T a, T b) { return (a < b || a != a) ? a : b; }
 

@@ -221,10 +221,10 @@ def test_column_values_read_by_a_later_loop_go_through_a_scratch_row():
 
 def test_softmax_computes_each_exp_once():
     # exp(x - max) is summed by the reduction and divided by the epilogue: the reduction keeps it
-    # in a row array the epilogue reads (a per-thread "reuse" array), so std::exp appears once.
+    # in a row array the epilogue reads (a per-thread "reuse" array), so kiln_exp appears once.
     graphs = assert_matches(lambda x: torch.softmax(x, -1), torch.randn(8, 500))
     kernel = graphs[0].module_source.kernel_sources[0].source.split('extern "C"')[-1]
-    assert kernel.count("std::exp(") == kernel.count("reuse_0[r0] = ") == 2  # lane loop and tail loop
+    assert kernel.count("kiln_exp(") == kernel.count("reuse_0[r0] = ") == 2  # lane loop and tail loop
     assert_matches(lambda x: torch.log_softmax(x, -1) * torch.softmax(x, -1), torch.randn(8, 500))
 
 
@@ -249,3 +249,24 @@ def test_a_gather_loop_stays_vectorized():
     listing = "\n".join(graph.module_source.kernels.values())
     assert "reduction(|:kiln_status)" in listing and "#pragma omp simd" in listing
     assert "__atomic" not in listing
+
+
+def test_exp_is_within_one_ulp_everywhere():
+    # kiln_exp (cpp_prelude.py) is kiln's own inline expf: check it over the whole float range
+    # that does not overflow or vanish, in ulp of the float64 result, and at the special values.
+    x = torch.cat([torch.linspace(-104.0, 89.0, 1 << 20), torch.randn(1 << 16) * 10,
+                   torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, 88.72, 88.73, -87.33,
+                                 -103.9, -103.98, -200.0, 1e-30])])
+    fn = lambda x: (torch.exp(x), torch.sigmoid(x))  # noqa: E731
+    (graph,) = assert_matches(fn, x)
+    assert "kiln_exp(" in "\n".join(graph.module_source.kernels.values())
+    result, _ = compiled_graphs(fn, x)
+    exact = torch.exp(x.double())
+    rounded = exact.float()
+    finite = torch.isfinite(rounded) & (rounded != 0)
+    ulp = (torch.nextafter(rounded.abs(), torch.tensor(float("inf"))) - rounded.abs()).double()
+    error_ulp = ((result[0].double() - exact).abs() / ulp)[finite]
+    assert float(error_ulp.max()) <= 1.1
+    special = ~finite
+    assert torch.equal(result[0][special].isnan(), rounded[special].isnan())
+    assert torch.equal(result[0][special & ~rounded.isnan()], rounded[special & ~rounded.isnan()])
