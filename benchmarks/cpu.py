@@ -20,6 +20,7 @@ import json
 import os
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -158,6 +159,8 @@ def _hardware() -> dict:
 
 
 def _commit() -> str:
+    if os.environ.get("KILN_GIT_COMMIT"):  # a snapshot without .git (git archive)
+        return os.environ["KILN_GIT_COMMIT"]
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
                           text=True).stdout.strip()
 
@@ -172,9 +175,29 @@ def render(rows: list, meta: dict) -> str:
              "inductor compile s | kiln compile s | accuracy (inductor / kiln) | load avg (e / i / k) |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
     # Times are "median (min)": on a shared machine the minimum shows the code, the median the wait.
-    by_case = {(row["workload"], row["backend"]): row for row in rows}
+    # With several rounds, a case's row is the median over rounds of each process's median (and the
+    # least minimum), and the last column lists kiln vs Inductor round by round.
+    by_case: dict = {}
+    for row in rows:
+        by_case.setdefault((row["workload"], row["backend"]), []).append(row)
+    rounds = max((row.get("round", 0) for row in rows), default=0) + 1
+    if rounds > 1:
+        lines[-2] = lines[-2].rstrip() + " kiln vs inductor, each round |"
+        lines[-1] += "---|"
+
+    def combined(case_rows: list) -> dict:
+        timed = [row for row in case_rows if "median_ms" in row]
+        if not timed:
+            return case_rows[0] if case_rows else {}
+        row = dict(timed[0])
+        row["median_ms"] = statistics.median(r["median_ms"] for r in timed)
+        row["min_ms"] = min(r["min_ms"] for r in timed)
+        row["first_call_s"] = statistics.median(r["first_call_s"] for r in timed)
+        row["accuracy_ok"] = all(r.get("accuracy_ok", True) for r in timed)
+        return row
+
     for name in meta["workloads"]:
-        eager, inductor, kiln = (by_case.get((name, backend), {}) for backend in BACKENDS)
+        eager, inductor, kiln = (combined(by_case.get((name, backend), [])) for backend in BACKENDS)
 
         def ms(row):
             if "median_ms" not in row:
@@ -199,6 +222,13 @@ def render(rows: list, meta: dict) -> str:
         lines.append(f"| {name} | {shape} | {ms(eager)} | {ms(inductor)} | {ms(kiln)} | {ratio(eager, kiln)} | "
                      f"{ratio(inductor, kiln)} | {first(inductor)} | {first(kiln)} | "
                      f"{accuracy(inductor)} / {accuracy(kiln)} | {load(eager)} / {load(inductor)} / {load(kiln)} |")
+        if rounds > 1:
+            per_round = []
+            for number in range(rounds):
+                pair = [next((row for row in by_case.get((name, backend), []) if row.get("round", 0) == number
+                              and "median_ms" in row), None) for backend in ("inductor", "kiln")]
+                per_round.append(f"{pair[0]['median_ms'] / pair[1]['median_ms']:.2f}" if all(pair) else "-")
+            lines[-1] += " " + ", ".join(per_round) + " |"
     lines += ["", "Times: median (min) of the timed calls. Ratios: speedups of kiln (>1: kiln faster), of the "
               "medians (of the minimums). Compile s = wall time of the first call with cold caches (includes "
               "graph capture). Load avg: the machine's 1-minute load average after each case (2 cores: above 2 means "
@@ -223,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--interleaved", action="store_true",
                         help="per workload, one process compiles all backends and times them in turns "
                              "(fairer on a machine shared with other work)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run every case this many times, each in a fresh process, the backends' order "
+                             "rotated each round; the table gives the median over rounds")
     parser.add_argument("--case", nargs=2, metavar=("WORKLOAD", "BACKEND"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.case:
@@ -250,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
             "method": f"fp32 inference under torch.no_grad(); "
                       + ("per workload one process compiles eager, Inductor and kiln and times them in turns"
                          if args.interleaved else "each case in its own process")
+                      + (f", {args.rounds} rounds (backend order rotated)" if args.rounds > 1 else "")
                       + f", with empty kiln and Inductor caches; first call = compile (wall); {args.warmup} warm-up "
                       f"calls, {args.iterations} timed calls (time.perf_counter), median; torch threads: "
                       f"{args.threads or torch.get_num_threads()}."}
@@ -257,14 +291,17 @@ def main(argv: list[str] | None = None) -> int:
                         f"{date[:10]}_{args.label}_{hardware['cpu'].lower().replace(' ', '-')}-{hardware['cpus']}core")
     rows = []
     for name in names:
-        for group in ([",".join(backends)] if args.interleaved else backends):
-            for row in _run_in_subprocess(name, group, args):
-                rows.append(row)
+        for number in range(args.rounds):
+            order = backends[number % len(backends):] + backends[:number % len(backends)]
+            for group in ([",".join(order)] if args.interleaved else order):
+                for row in _run_in_subprocess(name, group, args):
+                    rows.append({**row, "round": number})
+                    print(json.dumps(rows[-1]), flush=True)
                 print(json.dumps(row), flush=True)
-            with open(stem + ".json", "w") as handle:
-                json.dump({"meta": meta, "rows": rows}, handle, indent=1)
-            with open(stem + ".md", "w") as handle:
-                handle.write(render(rows, meta))
+                with open(stem + ".json", "w") as handle:
+                    json.dump({"meta": meta, "rows": rows}, handle, indent=1)
+                with open(stem + ".md", "w") as handle:
+                    handle.write(render(rows, meta))
     print(f"wrote {stem}.md and {stem}.json")
     return 0
 
