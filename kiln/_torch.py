@@ -68,3 +68,9 @@ def tensor_metadata_checker(tensors: list, names: list[str]):
         return checker
     except Exception:
         return None
+
+
+def storage_use_count(handle: int) -> int:
+    """How many tensors hold the storage whose `untyped_storage()._cdata` is `handle` (CUDA graphs'
+    check that no result of the previous replay is still alive)."""
+    return torch._C._storage_Use_Count(handle)

@@ -27,16 +27,19 @@ def list_backends() -> list[str]:
 
 @functools.lru_cache(maxsize=None)
 def _warn_mode_not_implemented(mode: str) -> None:
-    """Once per mode: CUDA graphs ("reduce-overhead") and autotuning ("max-autotune") are not built yet."""
+    """Once: autotuning ("max-autotune") is not built yet."""
     log.warning("kiln.compile(mode=%r): not implemented yet; kiln compiles as in mode='default' "
-                "(correct results, without CUDA graphs or autotuning)", mode)
+                "(correct results, without autotuning)", mode)
 
 
 def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = False,
             backend: str = "kiln", dynamic: bool | None = None):
     """Compile a function or module with kiln; usable as `@kiln.compile` or `@kiln.compile(...)`.
 
-    mode: "default", "reduce-overhead" (CUDA graphs) or "max-autotune".
+    mode: "default"; "reduce-overhead": inference graphs on CUDA replay through CUDA graphs
+        (kiln/runtime/cudagraphs.py: a result stays valid until the next call, which first checks
+        that no earlier result is still referenced, else runs without the graph);
+        "max-autotune": not built yet, runs as "default".
     fullgraph: raise instead of running unsupported code eagerly.
     backend: one of `kiln.list_backends()`.
     dynamic: None (static first, dynamic after a shape change), True or False.
@@ -47,7 +50,7 @@ def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = False
         raise ValueError(f"kiln.compile: unknown mode {mode!r}; choose one of {MODES}")
     if backend not in _backend.LADDER:
         raise ValueError(f"kiln.compile: unknown backend {backend!r}; choose one of {list_backends()}")
-    if mode != "default":
+    if mode == "max-autotune":
         _warn_mode_not_implemented(mode)
     graph_compiler = _backend.graph_compiler(backend, mode=mode, fullgraph=fullgraph)
     if isinstance(fn_or_module, torch.nn.Module):

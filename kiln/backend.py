@@ -37,7 +37,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str =
 
     try:
         _check_supported_inputs(example_inputs)
-        return aot_compile(gm, example_inputs, functools.partial(compile_aten_graph, mode=mode, fullgraph=fullgraph))
+        compile_aten = functools.partial(compile_aten_graph, mode=mode, fullgraph=fullgraph)
+        return aot_compile(gm, example_inputs, compile_aten, functools.partial(compile_aten, inference=True))
     except KilnCompileError:
         raise
     except Exception as error:  # AOTAutograd itself failed: the graph runs as captured
@@ -57,13 +58,18 @@ def _check_supported_inputs(example_inputs: list) -> None:
 
 
 def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str = "default",
-                       fullgraph: bool = False) -> Callable:
-    """Compile one functional ATen graph (from kiln/aot) into kernels and a wrapper."""
+                       fullgraph: bool = False, inference: bool = False) -> Callable:
+    """Compile one functional ATen graph (from kiln/aot) into kernels and a wrapper; with
+    mode="reduce-overhead", an inference graph on CUDA replays through a CUDA graph."""
     from kiln.debug import GraphDump
+    from kiln.runtime import cudagraphs
 
     dump = GraphDump.new(gm)
     try:
-        return _compile_aten_graph(gm, example_inputs, dump, mode)
+        compiled = _compile_aten_graph(gm, example_inputs, dump, mode)
+        if mode == "reduce-overhead":
+            compiled = cudagraphs.wrap(compiled, dump.name, example_inputs, inference=inference)
+        return compiled
     except Exception as error:
         if config.strict or fullgraph:
             raise KilnCompileError(f"kiln could not compile graph {dump.name}: {error}") from error

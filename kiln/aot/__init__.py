@@ -6,20 +6,23 @@ resulting ATen graph (forward, and backward when training) to `compile_aten`.
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 from kiln import _torch
 from kiln.aot.decompositions import decomposition_table
 
 
-def aot_compile(gm, example_inputs, compile_aten: Callable) -> Callable:
-    """Trace `gm` to ATen with AOTAutograd and compile every graph it yields with `compile_aten`."""
+def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: Callable | None = None) -> Callable:
+    """Trace `gm` to ATen with AOTAutograd and compile every graph it yields with `compile_aten`
+    (an inference graph, one with no backward, with `compile_inference` when given)."""
 
-    def boxed(aten_gm, aten_inputs):
-        compiled = compile_aten(aten_gm, aten_inputs)
+    def boxed(aten_gm, aten_inputs, compile_one=compile_aten):
+        compiled = compile_one(aten_gm, aten_inputs)
         if getattr(compiled, "_boxed_call", False):
             return compiled
         return _torch.make_boxed_func(compiled)
 
+    inference = functools.partial(boxed, compile_one=compile_inference or compile_aten)
     return _torch.aot_module_simplified(gm, example_inputs, fw_compiler=boxed, bw_compiler=boxed,
-                                        decompositions=decomposition_table())
+                                        inference_compiler=inference, decompositions=decomposition_table())

@@ -1,0 +1,232 @@
+"""CUDA graphs for `mode="reduce-overhead"`: record a compiled inference graph once, replay it.
+
+kiln's generated wrapper issues one kernel launch or extern call per step from Python; a
+transformer layer stack is hundreds of steps, and on a GPU the host then takes longer to
+issue the work than the GPU takes to do it. A CUDA graph records the launches once and
+replays them with one call.
+
+How one compiled graph is used (`CudaGraphRunner`):
+1. first call: the wrapper runs normally, on a side stream (lazy initializations, cuBLAS
+   workspaces and Triton's kernel loads happen outside any capture);
+2. second call: inputs still at the address they had in the first call (parameters,
+   buffers, caches) are read in place; every other input is copied into a buffer kiln
+   owns. The wrapper is captured into a graph with its own memory pool, then replayed for
+   this call's results;
+3. later calls: check that each in-place input is still where it was, copy the others in,
+   replay, and return fresh aliases of the graph's output buffers.
+
+Correctness first. A replay writes its results into the same memory as the previous one,
+so before replaying, the runner checks (by the output storages' use counts) that nothing
+from the previous call's results is still alive; if something is, this call runs the
+wrapper without the graph (correct, slower; logged once). An in-place input that moved
+(reassigned weights) makes the runner record again, up to `MAX_RECORDINGS` times; a
+non-tensor input that changed, or a capture that fails (a host synchronization, a CPU
+tensor), makes calls run without the graph, with the reason logged.
+
+`capture` is a parameter so that tests can drive the same logic on a CPU with a
+stand-in recording (tests/runtime/test_cudagraphs.py); on a GPU it is `cuda_capture`.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Callable
+
+import torch
+
+from kiln import _torch
+
+log = logging.getLogger("kiln")
+
+MAX_RECORDINGS = 3
+
+
+class CudaCapture:
+    """One recorded CUDA graph: `replay()` reruns the launches `run` issued while recording."""
+
+    def __init__(self, run: Callable[[], list], stream) -> None:
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph, stream=stream):
+            self.outputs = run()
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+def cuda_capture(run: Callable[[], list], stream) -> CudaCapture:
+    return CudaCapture(run, stream)
+
+
+def side_stream():
+    """A stream for the warm-up run and the capture, ordered after the current one."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    return stream
+
+
+class CudaGraphRunner:
+    """A boxed compiled graph (`runner(list_of_inputs) -> outputs`) replayed through a CUDA graph."""
+
+    _boxed_call = True
+
+    def __init__(self, compiled, name: str, *, capture: Callable = cuda_capture,
+                 make_stream: Callable = side_stream, stream_context: Callable = torch.cuda.stream) -> None:
+        self.compiled = compiled
+        self.name = name
+        self._capture, self._make_stream, self._stream_context = capture, make_stream, stream_context
+        self.kernel_count = getattr(compiled, "kernel_count", 0)
+        self.extern_count = getattr(compiled, "extern_count", 0)
+        self.module_source = getattr(compiled, "module_source", None)
+        self.recordings = 0
+        self.disabled_reason: str | None = None
+        self.replays = 0
+        self.plain_calls = 0
+        self._reset()
+
+    def _reset(self) -> None:
+        self.recording = None
+        self.first_call: list | None = None  # per input: data_ptr of a tensor, or the value itself
+        self.in_place: list = []  # (position, data_ptr) read where they are
+        self.copied: list = []  # (position, static buffer) copied into before each replay
+        self.constants: list = []  # (position, value) non-tensor inputs the recording assumed
+        self.outputs: list = []  # per output: ("pool", tensor) | ("input", tensor) | ("clone", tensor) | ("value", v)
+        self.storages: list = []  # (storage handle, use count when no result is alive)
+
+    # ---- calling ---------------------------------------------------------------------------------
+    def __call__(self, args: list):
+        if self.disabled_reason is not None:
+            return self._plain(args)
+        if self.recording is None:
+            if self.first_call is None:
+                return self._warm_up(args)
+            return self._record(args)
+        reason = self._replay_blocker(args)
+        if reason == "moved":  # weights reassigned: warm up and record again with the new addresses
+            self._reset()
+            return self._warm_up(args)
+        if reason is not None:
+            self._note_plain(reason)
+            return self._plain(args)
+        for position, static in self.copied:
+            static.copy_(args[position])
+        self.recording.replay()
+        self.replays += 1
+        args.clear()
+        return [self._result(kind, value) for kind, value in self.outputs]
+
+    def _plain(self, args: list):
+        self.plain_calls += 1
+        return self.compiled(args)
+
+    def _warm_up(self, args: list):
+        self.first_call = [value.data_ptr() if isinstance(value, torch.Tensor) else value for value in args]
+        stream = self._make_stream()
+        with self._stream_context(stream):
+            outputs = self.compiled(args)
+        _wait_for(stream)
+        return outputs
+
+    # ---- recording -------------------------------------------------------------------------------
+    def _record(self, args: list):
+        if self.recordings >= MAX_RECORDINGS:
+            return self._disable(f"inputs read in place moved {self.recordings} times", args)
+        static_args = []
+        for position, (value, first) in enumerate(zip(args, self.first_call)):
+            if not isinstance(value, torch.Tensor):
+                self.constants.append((position, value))
+                static_args.append(value)
+            elif value.data_ptr() == first:
+                self.in_place.append((position, value.data_ptr()))
+                static_args.append(value)
+            else:
+                static = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device)
+                static.copy_(value)
+                self.copied.append((position, static))
+                static_args.append(static)
+        stream = self._make_stream()
+        try:
+            recording = self._capture(lambda: list(self.compiled(list(static_args))), stream)
+        except Exception as error:  # a host sync, an unsupported op: run without graphs from now on
+            self._reset()
+            return self._disable(f"recording failed: {type(error).__name__}: {error}", args)
+        self.recordings += 1
+        self.recording = recording
+        self._classify_outputs(recording.outputs, static_args)
+        recording.replay()
+        self.replays += 1
+        args.clear()
+        return [self._result(kind, value) for kind, value in self.outputs]
+
+    def _classify_outputs(self, outputs: list, static_args: list) -> None:
+        """Which outputs live in the graph's pool (aliased out, liveness-checked), which are inputs'
+        memory (returned as they are) and which alias kiln's copied-in buffers (cloned)."""
+        input_storages = {_storage_handle(static_args[position]) for position, _ in self.in_place}
+        copied_storages = {_storage_handle(static) for _, static in self.copied}
+        self.outputs, handles = [], {}
+        for value in outputs:
+            if not isinstance(value, torch.Tensor):
+                self.outputs.append(("value", value))
+                continue
+            handle = _storage_handle(value)
+            if handle in input_storages:
+                self.outputs.append(("input", value))
+            elif handle in copied_storages:
+                self.outputs.append(("clone", value))
+            else:
+                self.outputs.append(("pool", value))
+                handles[handle] = None
+        del outputs
+        self.storages = [(handle, _torch.storage_use_count(handle)) for handle in handles]
+
+    def _disable(self, reason: str, args: list):
+        self.disabled_reason = reason
+        log.warning("kiln: CUDA graphs off for graph %s: %s; it runs without them", self.name, reason)
+        return self._plain(args)
+
+    # ---- replaying -------------------------------------------------------------------------------
+    def _replay_blocker(self, args: list) -> str | None:
+        """None when the recording may replay for `args`; "moved" when an in-place input moved."""
+        for position, address in self.in_place:
+            if args[position].data_ptr() != address:
+                return "moved"
+        for position, value in self.constants:
+            if args[position] != value:
+                return f"input {position} is {args[position]!r}, the recording assumed {value!r}"
+        for handle, count in self.storages:
+            if _torch.storage_use_count(handle) > count:
+                return "a result of the previous call is still referenced (its memory would be overwritten)"
+        return None
+
+    def _note_plain(self, reason: str) -> None:
+        if self.plain_calls == 0:
+            log.warning("kiln: graph %s ran without its CUDA graph: %s. Release the previous results (or "
+                        "keep a .clone()) to replay it", self.name, reason)
+
+    @staticmethod
+    def _result(kind: str, value):
+        if kind == "pool":
+            return value.detach()  # a new tensor on the same memory: its use count shows it is alive
+        if kind == "clone":
+            return value.clone()
+        return value
+
+
+def _storage_handle(tensor: torch.Tensor) -> int:
+    return tensor.untyped_storage()._cdata
+
+
+def _wait_for(stream) -> None:
+    if hasattr(stream, "synchronize") and torch.cuda.is_available():
+        torch.cuda.current_stream().wait_stream(stream)
+
+
+def wrap(compiled, name: str, example_inputs: list, *, inference: bool):
+    """`compiled` behind a CudaGraphRunner when CUDA graphs apply to it, else `compiled` (logged why)."""
+    tensors = [value for value in example_inputs if isinstance(value, torch.Tensor)]
+    if not inference:
+        reason = "kiln records inference graphs only (this one is part of a training step)"
+    elif not tensors or not all(value.is_cuda for value in tensors):
+        reason = "its inputs are not all CUDA tensors"
+    else:
+        return CudaGraphRunner(compiled, name)
+    log.info("kiln: mode='reduce-overhead': graph %s runs without CUDA graphs: %s", name, reason)
+    return compiled

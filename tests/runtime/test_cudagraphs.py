@@ -1,0 +1,155 @@
+"""CUDA graphs' bookkeeping (kiln/runtime/cudagraphs.py), driven on a CPU with a stand-in recording.
+
+A real CUDA graph replays the recorded launches into the same memory; `RerunRecording`
+does the same on a CPU: it reruns the recorded function on the recorded (static) inputs
+and writes the results into the recording's outputs. So these tests check what the
+runner decides (which inputs are read in place, which are copied, when it must not
+replay, when it records again) and that every call's results are right; the GPU check
+(benchmarks/gpu_smoke.py) runs the same runner with real graphs.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import pytest
+import torch
+
+import kiln
+from kiln.runtime import cudagraphs
+
+
+class RerunRecording:
+    def __init__(self, run, stream):
+        self.run = run
+        self.outputs = run()
+
+    def replay(self):
+        for static, fresh in zip(self.outputs, self.run()):
+            if isinstance(static, torch.Tensor):
+                static.copy_(fresh)
+
+
+def graph_function(args):
+    """A boxed compiled graph: (x @ w + b, x.sum() * scale), consuming its argument list."""
+    w, b, x, scale = args
+    args.clear()
+    return [x @ w + b, x.sum() * scale]
+
+
+def expected(w, b, x, scale):
+    return [x @ w + b, x.sum() * scale]
+
+
+def runner_for(function=graph_function, capture=RerunRecording):
+    return cudagraphs.CudaGraphRunner(function, "g0", capture=capture, make_stream=lambda: None,
+                                      stream_context=lambda stream: contextlib.nullcontext())
+
+
+def check(results, w, b, x, scale):
+    for got, want in zip(results, expected(w, b, x, scale)):
+        torch.testing.assert_close(got, want)
+
+
+def test_parameters_are_read_in_place_activations_copied_and_every_call_is_right():
+    w, b = torch.randn(8, 4), torch.randn(4)
+    runner = runner_for()
+    for call in range(6):
+        x = torch.randn(5, 8)
+        results = runner([w, b, x, 2.0])
+        check(results, w, b, x, 2.0)
+        del results  # the caller is done with them: the next call may replay into their memory
+    assert [position for position, _ in runner.in_place] == [0, 1]
+    assert [position for position, _ in runner.copied] == [2]
+    assert runner.replays == 5 and runner.plain_calls == 0 and runner.recordings == 1
+
+
+def test_a_result_still_referenced_is_never_overwritten(caplog):
+    w, b = torch.randn(8, 4), torch.randn(4)
+    runner = runner_for()
+    runner([w, b, torch.randn(5, 8), 1.0])
+    runner([w, b, torch.randn(5, 8), 1.0])  # recorded
+    x_kept = torch.randn(5, 8)
+    kept = runner([w, b, x_kept, 1.0])[0]
+    view_kept = kept[1:3]  # a view keeps the memory alive as well
+    del kept
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        x = torch.randn(5, 8)
+        check(runner([w, b, x, 1.0]), w, b, x, 1.0)
+    assert runner.plain_calls == 1 and "still referenced" in caplog.text
+    torch.testing.assert_close(view_kept, (x_kept @ w + b)[1:3])
+    del view_kept
+    x = torch.randn(5, 8)
+    check(runner([w, b, x, 1.0]), w, b, x, 1.0)
+    assert runner.plain_calls == 1  # replayed again once nothing was kept
+
+
+def test_moved_weights_are_recorded_again_and_a_changed_constant_runs_plain():
+    w, b = torch.randn(8, 4), torch.randn(4)
+    runner = runner_for()
+    for _ in range(3):
+        runner([w, b, torch.randn(5, 8), 1.0])
+    w = torch.randn(8, 4)  # reassigned weights: another address
+    for _ in range(3):
+        x = torch.randn(5, 8)
+        check(runner([w, b, x, 1.0]), w, b, x, 1.0)
+    assert runner.recordings == 2
+    x = torch.randn(5, 8)
+    check(runner([w, b, x, 3.0]), w, b, x, 3.0)
+    assert runner.plain_calls == 1
+
+
+def test_a_failed_recording_turns_graphs_off_with_the_reason(caplog):
+    def failing_capture(run, stream):
+        raise RuntimeError("operation not permitted when stream is capturing")
+
+    w, b = torch.randn(8, 4), torch.randn(4)
+    runner = runner_for(capture=failing_capture)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        for _ in range(3):
+            x = torch.randn(5, 8)
+            check(runner([w, b, x, 1.0]), w, b, x, 1.0)
+    assert runner.disabled_reason.startswith("recording failed: RuntimeError")
+    assert "CUDA graphs off for graph g0" in caplog.text
+
+
+def test_outputs_that_are_inputs_are_returned_as_they_are_and_copied_ones_cloned():
+    def function(args):
+        w, x = args
+        args.clear()
+        return [w, x, x * 2]
+
+    w = torch.randn(3)
+    runner = runner_for(function)
+    for _ in range(4):
+        x = torch.randn(3)
+        w_out, x_out, doubled = runner([w, x])
+        assert w_out is w
+        torch.testing.assert_close(x_out, x)
+        torch.testing.assert_close(doubled, x * 2)
+    assert [kind for kind, _ in runner.outputs] == ["input", "clone", "pool"]
+
+
+def test_wrap_applies_to_cuda_inference_graphs_only():
+    compiled = object()
+    assert cudagraphs.wrap(compiled, "g", [torch.randn(2)], inference=True) is compiled
+    assert cudagraphs.wrap(compiled, "g", [torch.randn(2)], inference=False) is compiled
+
+
+def test_reduce_overhead_mode_on_a_cpu_runs_and_does_not_warn(caplog):
+    fn = lambda x: torch.relu(x) * 2  # noqa: E731
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        compiled = kiln.compile(fn, mode="reduce-overhead")
+        x = torch.randn(10)
+        torch.testing.assert_close(compiled(x), fn(x))
+    assert "not implemented" not in caplog.text
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_a_real_cuda_graph_replays_with_the_right_results():
+    w, b = torch.randn(8, 4, device="cuda"), torch.randn(4, device="cuda")
+    runner = cudagraphs.CudaGraphRunner(graph_function, "g0")
+    for _ in range(5):
+        x = torch.randn(5, 8, device="cuda")
+        check(runner([w, b, x, 2.0]), w, b, x, 2.0)
+    assert runner.replays == 4
