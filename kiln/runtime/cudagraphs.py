@@ -8,10 +8,10 @@ replays them with one call.
 How one compiled graph is used (`CudaGraphRunner`):
 1. first call: the wrapper runs normally, on a side stream (lazy initializations, cuBLAS
    workspaces and Triton's kernel loads happen outside any capture);
-2. second call: inputs still at the address they had in the first call (parameters,
-   buffers, caches) are read in place; every other input is copied into a buffer kiln
-   owns. The wrapper is captured into a graph with its own memory pool, then replayed for
-   this call's results;
+2. second call: parameters, and other inputs still at the address they had in the first
+   call (buffers, caches), are read in place; every other input is copied into a buffer
+   kiln owns. The wrapper is captured into a graph with its own memory pool, then
+   replayed for this call's results;
 3. later calls: check that each in-place input is still where it was, copy the others in,
    replay, and return fresh aliases of the graph's output buffers.
 
@@ -19,7 +19,9 @@ Correctness first. A replay writes its results into the same memory as the previ
 so before replaying, the runner checks (by the output storages' use counts) that nothing
 from the previous call's results is still alive; if something is, this call runs the
 wrapper without the graph (correct, slower; logged once). An in-place input that moved
-(reassigned weights) makes the runner record again, up to `MAX_RECORDINGS` times; a
+makes the runner record again, up to `MAX_RECORDINGS` times: a parameter is read in
+place again (reassigned weights), any other input is copied in from then on (an
+activation that the allocator happened to place at the same address twice); a
 non-tensor input that changed, or a capture that fails (a host synchronization, a CPU
 tensor), makes calls run without the graph, with the reason logged.
 
@@ -77,6 +79,7 @@ class CudaGraphRunner:
         self.extern_count = getattr(compiled, "extern_count", 0)
         self.module_source = getattr(compiled, "module_source", None)
         self.recordings = 0
+        self.moved: set = set()  # positions of non-parameter inputs that moved: always copied in
         self.disabled_reason: str | None = None
         self.replays = 0
         self.plain_calls = 0
@@ -100,7 +103,9 @@ class CudaGraphRunner:
                 return self._warm_up(args)
             return self._record(args)
         reason = self._replay_blocker(args)
-        if reason == "moved":  # weights reassigned: warm up and record again with the new addresses
+        if reason == "moved":  # warm up and record again, with the new addresses
+            self.moved |= {position for position, address in self.in_place
+                           if args[position].data_ptr() != address and not isinstance(args[position], torch.nn.Parameter)}
             self._reset()
             return self._warm_up(args)
         if reason is not None:
@@ -134,7 +139,7 @@ class CudaGraphRunner:
             if not isinstance(value, torch.Tensor):
                 self.constants.append((position, value))
                 static_args.append(value)
-            elif value.data_ptr() == first:
+            elif isinstance(value, torch.nn.Parameter) or (value.data_ptr() == first and position not in self.moved):
                 self.in_place.append((position, value.data_ptr()))
                 static_args.append(value)
             else:

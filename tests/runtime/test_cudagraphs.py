@@ -51,11 +51,16 @@ def check(results, w, b, x, scale):
         torch.testing.assert_close(got, want)
 
 
+def inputs(count: int) -> list:
+    """`count` activations alive at once: each at its own address (an allocator may give a freed
+    tensor's address to the next one, which these tests must not depend on)."""
+    return [torch.randn(5, 8) for _ in range(count)]
+
+
 def test_parameters_are_read_in_place_activations_copied_and_every_call_is_right():
     w, b = torch.randn(8, 4), torch.randn(4)
     runner = runner_for()
-    for call in range(6):
-        x = torch.randn(5, 8)
+    for x in inputs(6):
         results = runner([w, b, x, 2.0])
         check(results, w, b, x, 2.0)
         del results  # the caller is done with them: the next call may replay into their memory
@@ -64,39 +69,57 @@ def test_parameters_are_read_in_place_activations_copied_and_every_call_is_right
     assert runner.replays == 5 and runner.plain_calls == 0 and runner.recordings == 1
 
 
+def test_an_activation_at_the_same_address_twice_is_copied_in_once_it_moves():
+    w, b = torch.randn(8, 4), torch.randn(4)
+    x = torch.randn(5, 8)
+    runner = runner_for()
+    for _ in range(3):  # the same address in calls 1 and 2: read in place
+        x.normal_()
+        check(runner([w, b, x, 1.0]), w, b, x, 1.0)
+    assert [position for position, _ in runner.in_place] == [0, 1, 2]
+    for x in inputs(5):  # it moves: recorded again, copied in from then on
+        check(runner([w, b, x, 1.0]), w, b, x, 1.0)
+    assert [position for position, _ in runner.copied] == [2] and runner.recordings == 2
+    assert runner.replays == 2 + 4  # the moved call warms up; the next records and replays
+
+
+def test_a_moved_parameter_is_read_in_place_again():
+    w, b = torch.nn.Parameter(torch.randn(8, 4)), torch.randn(4)
+    runner = runner_for()
+    for x in inputs(3):
+        runner([w, b, x, 1.0])
+    w = torch.nn.Parameter(torch.randn(8, 4))
+    for x in inputs(3):
+        check(runner([w, b, x, 1.0]), w, b, x, 1.0)
+    assert [position for position, _ in runner.in_place] == [0, 1] and runner.recordings == 2
+
+
 def test_a_result_still_referenced_is_never_overwritten(caplog):
     w, b = torch.randn(8, 4), torch.randn(4)
+    x1, x2, x_kept, x4, x5 = inputs(5)
     runner = runner_for()
-    runner([w, b, torch.randn(5, 8), 1.0])
-    runner([w, b, torch.randn(5, 8), 1.0])  # recorded
-    x_kept = torch.randn(5, 8)
+    runner([w, b, x1, 1.0])
+    runner([w, b, x2, 1.0])  # recorded
     kept = runner([w, b, x_kept, 1.0])[0]
     view_kept = kept[1:3]  # a view keeps the memory alive as well
     del kept
     with caplog.at_level(logging.WARNING, logger="kiln"):
-        x = torch.randn(5, 8)
-        check(runner([w, b, x, 1.0]), w, b, x, 1.0)
+        check(runner([w, b, x4, 1.0]), w, b, x4, 1.0)
     assert runner.plain_calls == 1 and "still referenced" in caplog.text
     torch.testing.assert_close(view_kept, (x_kept @ w + b)[1:3])
     del view_kept
-    x = torch.randn(5, 8)
-    check(runner([w, b, x, 1.0]), w, b, x, 1.0)
-    assert runner.plain_calls == 1  # replayed again once nothing was kept
+    check(runner([w, b, x5, 1.0]), w, b, x5, 1.0)
+    assert runner.plain_calls == 1 and runner.replays == 3  # replayed again once nothing was kept
 
 
-def test_moved_weights_are_recorded_again_and_a_changed_constant_runs_plain():
+def test_a_changed_constant_runs_plain():
     w, b = torch.randn(8, 4), torch.randn(4)
     runner = runner_for()
-    for _ in range(3):
-        runner([w, b, torch.randn(5, 8), 1.0])
-    w = torch.randn(8, 4)  # reassigned weights: another address
-    for _ in range(3):
-        x = torch.randn(5, 8)
-        check(runner([w, b, x, 1.0]), w, b, x, 1.0)
-    assert runner.recordings == 2
-    x = torch.randn(5, 8)
-    check(runner([w, b, x, 3.0]), w, b, x, 3.0)
-    assert runner.plain_calls == 1
+    xs = inputs(4)
+    for x in xs[:3]:
+        runner([w, b, x, 1.0])
+    check(runner([w, b, xs[3], 3.0]), w, b, xs[3], 3.0)
+    assert runner.plain_calls == 1 and runner.replays == 2
 
 
 def test_a_failed_recording_turns_graphs_off_with_the_reason(caplog):
@@ -106,8 +129,7 @@ def test_a_failed_recording_turns_graphs_off_with_the_reason(caplog):
     w, b = torch.randn(8, 4), torch.randn(4)
     runner = runner_for(capture=failing_capture)
     with caplog.at_level(logging.WARNING, logger="kiln"):
-        for _ in range(3):
-            x = torch.randn(5, 8)
+        for x in inputs(3):
             check(runner([w, b, x, 1.0]), w, b, x, 1.0)
     assert runner.disabled_reason.startswith("recording failed: RuntimeError")
     assert "CUDA graphs off for graph g0" in caplog.text
@@ -121,8 +143,7 @@ def test_outputs_that_are_inputs_are_returned_as_they_are_and_copied_ones_cloned
 
     w = torch.randn(3)
     runner = runner_for(function)
-    for _ in range(4):
-        x = torch.randn(3)
+    for x in [torch.randn(3) for _ in range(4)]:
         w_out, x_out, doubled = runner([w, x])
         assert w_out is w
         torch.testing.assert_close(x_out, x)
