@@ -7,6 +7,13 @@ allocates such an output with its row stride rounded up and calls the op's `out=
 variant, which writes rows at that stride: the same values, an aligned layout.
 Consumers read buffers through their strides, so nothing else changes.
 
+Padding the output alone was not enough: the profile of GPT-2 on the H200 still showed an
+align1 CUTLASS kernel for the LM head (3.36 ms against Inductor's 0.45 ms), because the
+product's N (50257) stays odd. So on CUDA, a half-precision product with N not a multiple
+of 8 computes with N rounded up: kiln writes the second operand into a buffer with zero
+columns added (one pointwise kernel; under autocast it is the bf16 cast kiln writes anyway),
+multiplies into an output of N_pad columns and reads its first N (`pad_product_columns`).
+
 On the CPU, a large product's output is also allocated by kiln and passed as `out=`,
 so that it gets huge pages (kiln/runtime/host_memory.py) instead of a page fault per
 4 KiB on its first write.
@@ -15,10 +22,13 @@ from __future__ import annotations
 
 import sympy
 
+import torch
+
 from kiln import _torch
 from kiln.config import config
-from kiln.ir import Layout
-from kiln.lowering.context import Unsupported, meta_of
+from kiln.ir import Body, Layout, Pointwise
+from kiln.ir.indexing import range_vars
+from kiln.lowering.context import BufferValue, Unsupported, ViewValue, meta_of
 from kiln.lowering.registry import lowering
 
 aten = _torch.aten
@@ -54,8 +64,46 @@ def output_layout(meta) -> Layout:
     raise Unsupported("an aligned product that ATen allocates as well: the plain extern")
 
 
+PAD_DEVICE_TYPES = ("cuda",)  # where operands are padded (tests add "cpu" to check the values)
+MIN_PADDED_ROWS = 256  # fewer rows: copying the operand would cost more than the product saves
+
+
+def pad_product_columns(ctx, meta, a, b):
+    """`a @ b` computed with b's columns padded to a multiple of 8 (see the module docstring),
+    as a view of the first N columns; None when that does not apply."""
+    if meta.device.type not in PAD_DEVICE_TYPES or meta.dtype not in (torch.bfloat16, torch.float16) \
+            or meta.dim() != 2:
+        return None
+    rows, columns = (_torch.sym_expr(size) for size in meta.shape)
+    inner = sympy.sympify(b.shape[0])
+    if not (rows.is_Integer and inner.is_Integer and columns.is_Integer) or int(rows) < MIN_PADDED_ROWS:
+        return None
+    multiple = ROW_ALIGNMENT_BYTES // 2
+    if int(columns) % multiple == 0 or int(rows) * int(columns) < MIN_PADDED_ELEMENTS:
+        return None
+    padded = -(-int(columns) // multiple) * multiple
+    # b padded, stored as a [padded, inner] row-major buffer read transposed (nn.Linear's layout).
+    storage = ctx.new_buffer(meta.device, meta.dtype, Layout((sympy.Integer(padded), inner),
+                                                             (inner, sympy.Integer(1))))
+    column, k = range_vars(2)
+    body = Body()
+    inside = body.emit("lt", (body.index_expr(column, torch.int64), body.index_expr(columns, torch.int64)),
+                       torch.bool)
+    loaded = body.to_dtype(b.load(body, [k, column], mask=inside), torch.float32)
+    value = body.emit("where", (inside, loaded, body.constant(0.0, torch.float32)), torch.float32)
+    body.store(storage, [column, k], body.to_dtype(value, meta.dtype))
+    ctx.graph.nodes.append(Pointwise(ctx._node_name(), [sympy.Integer(padded), inner], body, [storage.name]))
+    b_padded = ViewValue(BufferValue(storage), [inner, sympy.Integer(padded)], lambda index: [index[1], index[0]])
+    product = ctx.extern_into(aten.mm.out, (a, b_padded), {},
+                              [Layout((rows, sympy.Integer(padded)), (sympy.Integer(padded), sympy.Integer(1)))], meta)
+    return ViewValue(product, [rows, columns], lambda index: index)
+
+
 @lowering(aten.mm.default)
 def mm(ctx, node, a, b):
+    padded = pad_product_columns(ctx, meta_of(node), a, b)
+    if padded is not None:
+        return padded
     layout = output_layout(meta_of(node))
     return ctx.extern_into(aten.mm.out, (a, b), {}, [layout], meta_of(node))
 
