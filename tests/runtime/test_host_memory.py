@@ -39,9 +39,17 @@ def test_a_large_buffer_is_advised_huge_and_a_small_one_is_left_alone():
     assert not host_memory.advise_huge_pages(torch.empty(1000))  # no whole 2 MiB page inside
 
 
+@linux_only
+def test_memory_already_in_use_is_not_advised():
+    # Touched pages (a buffer glibc hands back from its heap) would only be collapsed into huge
+    # pages by khugepaged in the background: they are left alone.
+    touched = torch.empty(3 << 20).fill_(1.0)  # 12 MiB, every page written
+    assert not host_memory.advise_huge_pages(touched)
+
+
 def test_large_outputs_of_kernels_and_products_are_allocated_with_huge_pages():
     fn = lambda x, w: (torch.sin(x) + 1, x @ w)  # noqa: E731
-    x, w = torch.randn(1024, 1024), torch.randn(1024, 2048)  # 4 MiB and 8 MiB outputs
+    x, w = torch.randn(1024, 1024), torch.randn(1024, 2048)  # 4 MiB and 8 MiB outputs (fresh memory here)
     with kiln.config.patch(cpu_huge_pages_min_bytes=4 << 20):
         (graph,) = assert_matches(fn, x, w)
     assert graph.module_source.wrapper.count("empty_strided_huge(") == 2
