@@ -7,18 +7,17 @@ took 18 ms on the 2-core benchmark machine, and 4.5 ms once the range was
 advised MADV_HUGEPAGE (2 MiB pages, 512 times fewer faults). Linux's default
 transparent-huge-page mode, "madvise", only gives huge pages to ranges that ask.
 
-Only memory not yet touched: glibc may hand back a buffer from its heap, already faulted
-in (a model's buffers are often reused call after call); advising such a range made
-Linux's khugepaged collapse it into huge pages in the background, copying memory on the
-2-core machine while kiln ran. Whether a 16 MiB buffer is a fresh mapping or reused heap
-memory depends on glibc's state, which differs from one process to the next: softmax on
-2048 x 2048 ran at 1.7 ms in some processes and 2.6 ms in others, for eager, Inductor and
-kiln alike. So `empty_strided_huge` (for CPU buffers of at least
-`config.cpu_huge_pages_min_bytes`) asks `mincore` whether the first whole 2 MiB page of the
-buffer is resident: if not, the range is fresh and one `madvise` covers the whole 2 MiB
-pages inside the buffer before anything touches them; if so, it is left alone. Advice
-changes no contents, so either way the buffer is ordinary memory; where madvise or mincore
-is missing (not Linux) the helper is torch.empty_strided.
+Only large, untouched memory. Below glibc's largest mmap threshold (32 MiB) a buffer may
+come back from its heap already faulted in (a model's buffers are reused call after call):
+advising such ranges made Linux's khugepaged collapse them in the background, and with a
+4 MiB threshold the C++ kernel benchmarks ran slower in 2 of 3 processes (layer_norm
+2048 x 2048: 1.9 ms against 0.95 ms with 32 MiB; benchmarks/results/
+2026-11-30_cpu-final-rounds3-c and -kernels-32mib-check). So `empty_strided_huge` serves
+CPU buffers of at least `config.cpu_huge_pages_min_bytes` (32 MiB), and also asks `mincore`
+whether the first whole 2 MiB page is resident: only an untouched range is advised, with
+one `madvise` over the whole 2 MiB pages inside the buffer, before anything touches them.
+Advice changes no contents, so either way the buffer is ordinary memory; where madvise or
+mincore is missing (not Linux) the helper is torch.empty_strided.
 """
 from __future__ import annotations
 
