@@ -1,6 +1,7 @@
 """Large CPU buffers with transparent huge pages (kiln/runtime/host_memory.py)."""
 from __future__ import annotations
 
+import mmap
 import sys
 
 import pytest
@@ -29,15 +30,25 @@ def _vm_flags_at(address: int) -> list:
 
 
 @linux_only
-def test_a_large_buffer_is_advised_huge_and_a_small_one_is_left_alone():
-    # 40 MiB: above glibc's largest mmap threshold (32 MiB), so always a fresh, untouched mapping
-    tensor = host_memory.empty_strided_huge((10, 1 << 20), (1 << 20, 1), torch.float32)
-    assert tensor.shape == (10, 1 << 20) and tensor.stride() == (1 << 20, 1) and tensor.dtype == torch.float32
+def test_untouched_memory_is_advised_huge_and_a_small_buffer_is_left_alone():
+    # A fresh anonymous mapping is untouched memory, whatever state glibc's heap is in (an
+    # allocation of any size may be served from a free heap chunk, already touched).
+    region = mmap.mmap(-1, 12 << 20)
+    tensor = torch.frombuffer(region, dtype=torch.float32)
+    assert host_memory.advise_huge_pages(tensor)
     first_huge_page = (tensor.data_ptr() + host_memory.HUGE_PAGE_BYTES - 1) & ~(host_memory.HUGE_PAGE_BYTES - 1)
     assert "hg" in _vm_flags_at(first_huge_page)
     tensor.fill_(2.5)  # the memory is ordinary memory
-    assert float(tensor.sum()) == 2.5 * 10 * (1 << 20)
+    assert float(tensor.sum()) == 2.5 * 3 * (1 << 20)
     assert not host_memory.advise_huge_pages(torch.empty(1000))  # no whole 2 MiB page inside
+    del tensor
+
+
+def test_empty_strided_huge_is_an_ordinary_tensor():
+    tensor = host_memory.empty_strided_huge((10, 1 << 20), (1 << 20, 1), torch.float32)
+    assert tensor.shape == (10, 1 << 20) and tensor.stride() == (1 << 20, 1) and tensor.dtype == torch.float32
+    tensor.fill_(2.5)
+    assert float(tensor.sum()) == 2.5 * 10 * (1 << 20)
 
 
 @linux_only
