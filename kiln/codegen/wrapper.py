@@ -163,11 +163,8 @@ class WrapperGenerator:
 
         if buffer.device.type != "cpu" or config.cpu_huge_pages_min_bytes <= 0:
             return False
-        layout = buffer.layout
-        elements = sympy.sympify(1 + sum((size - 1) * stride for size, stride in zip(layout.size, layout.stride)))
-        if not elements.is_Integer or any(sympy.sympify(size) == 0 for size in layout.size):
-            return False
-        return int(elements) * buffer.dtype.itemsize >= config.cpu_huge_pages_min_bytes
+        elements = sympy.sympify(buffer.layout.storage_span())
+        return elements.is_Integer and int(elements) * buffer.dtype.itemsize >= config.cpu_huge_pages_min_bytes
 
     def _kernel_call(self, kernel: Kernel, module: ModuleSource) -> list[str]:
         from kiln.config import config

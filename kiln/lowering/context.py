@@ -164,9 +164,10 @@ class LoweringContext:
         self.graph.nodes.append(Pointwise(self._node_name(), shape, body, [out.name]))
         return BufferValue(out)
 
-    def pointwise_indexed(self, meta: torch.Tensor, compute: Callable) -> BufferValue:
-        """A Pointwise node whose `compute(body, index)` loads its inputs itself (gathers, cat, pad)."""
-        out = self.buffer_for(meta)
+    def pointwise_indexed(self, meta: torch.Tensor, compute: Callable, layout: Layout | None = None) -> BufferValue:
+        """A Pointwise node whose `compute(body, index)` loads its inputs itself (gathers, cat, pad);
+        its buffer is laid out as `meta`, or as `layout` (with meta's dtype and device) when given."""
+        out = self.buffer_for(meta) if layout is None else self.new_buffer(meta.device, meta.dtype, layout)
         index = range_vars(len(out.layout.size))
         body = Body()
         body.store(out, index, body.to_dtype(compute(body, index), meta.dtype))

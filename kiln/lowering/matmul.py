@@ -26,9 +26,8 @@ import torch
 
 from kiln import _torch
 from kiln.config import config
-from kiln.ir import Body, Layout, Pointwise
-from kiln.ir.indexing import range_vars
-from kiln.lowering.context import BufferValue, Unsupported, ViewValue, meta_of
+from kiln.ir import Layout
+from kiln.lowering.context import Unsupported, ViewValue, layout_of, meta_of
 from kiln.lowering.registry import lowering
 
 aten = _torch.aten
@@ -58,9 +57,9 @@ def output_layout(meta) -> Layout:
         return layout
     if meta.device.type == "cpu" and meta.is_contiguous() and 0 < config.cpu_huge_pages_min_bytes \
             <= meta.numel() * meta.element_size():
-        sizes = [_torch.sym_expr(size) for size in meta.shape]
-        if all(size.is_Integer for size in sizes):
-            return Layout(tuple(sizes), tuple(sympy.Integer(stride) for stride in meta.stride()))
+        layout = layout_of(meta, with_offset=False)
+        if all(size.is_Integer for size in layout.size):
+            return layout
     raise Unsupported("an aligned product that ATen allocates as well: the plain extern")
 
 
@@ -81,21 +80,20 @@ def pad_product_columns(ctx, meta, a, b):
     multiple = ROW_ALIGNMENT_BYTES // 2
     if int(columns) % multiple == 0 or int(rows) * int(columns) < MIN_PADDED_ELEMENTS:
         return None
-    padded = -(-int(columns) // multiple) * multiple
+    padded = sympy.Integer(-(-int(columns) // multiple) * multiple)
+
+    def padded_column(body, index):  # index = [column, k] of b transposed, zero past its columns
+        column, k = index
+        inside = body.emit("lt", (body.index_expr(column, torch.int64), body.index_expr(columns, torch.int64)),
+                           torch.bool)
+        loaded = body.to_dtype(b.load(body, [k, column], mask=inside), torch.float32)
+        return body.emit("where", (inside, loaded, body.constant(0.0, torch.float32)), torch.float32)
+
     # b padded, stored as a [padded, inner] row-major buffer read transposed (nn.Linear's layout).
-    storage = ctx.new_buffer(meta.device, meta.dtype, Layout((sympy.Integer(padded), inner),
-                                                             (inner, sympy.Integer(1))))
-    column, k = range_vars(2)
-    body = Body()
-    inside = body.emit("lt", (body.index_expr(column, torch.int64), body.index_expr(columns, torch.int64)),
-                       torch.bool)
-    loaded = body.to_dtype(b.load(body, [k, column], mask=inside), torch.float32)
-    value = body.emit("where", (inside, loaded, body.constant(0.0, torch.float32)), torch.float32)
-    body.store(storage, [column, k], body.to_dtype(value, meta.dtype))
-    ctx.graph.nodes.append(Pointwise(ctx._node_name(), [sympy.Integer(padded), inner], body, [storage.name]))
-    b_padded = ViewValue(BufferValue(storage), [inner, sympy.Integer(padded)], lambda index: [index[1], index[0]])
-    product = ctx.extern_into(aten.mm.out, (a, b_padded), {},
-                              [Layout((rows, sympy.Integer(padded)), (sympy.Integer(padded), sympy.Integer(1)))], meta)
+    b_rows = ctx.pointwise_indexed(meta, padded_column, layout=Layout((padded, inner), (inner, sympy.Integer(1))))
+    b_padded = ViewValue(b_rows, [inner, padded], lambda index: [index[1], index[0]])
+    product = ctx.extern_into(aten.mm.out, (a, b_padded), {}, [Layout((rows, padded), (padded, sympy.Integer(1)))],
+                              meta)
     return ViewValue(product, [rows, columns], lambda index: index)
 
 

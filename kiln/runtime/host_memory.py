@@ -11,7 +11,7 @@ Only large, untouched memory. Below glibc's largest mmap threshold (32 MiB) a bu
 come back from its heap already faulted in (a model's buffers are reused call after call):
 advising such ranges made Linux's khugepaged collapse them in the background, and with a
 4 MiB threshold the C++ kernel benchmarks ran slower in 2 of 3 processes (layer_norm
-2048 x 2048: 1.9 ms against 0.95 ms with 32 MiB; benchmarks/results/
+2048 x 2048: medians of 1.9 ms against 1.05 ms with 32 MiB; benchmarks/results/
 2026-11-30_cpu-final-rounds3-c and -kernels-32mib-check). So `empty_strided_huge` serves
 CPU buffers of at least `config.cpu_huge_pages_min_bytes` (32 MiB), and also asks `mincore`
 whether the first whole 2 MiB page is resident: only an untouched range is advised, with

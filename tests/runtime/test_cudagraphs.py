@@ -152,9 +152,14 @@ def test_outputs_that_are_inputs_are_returned_as_they_are_and_copied_ones_cloned
 
 
 def test_wrap_applies_to_cuda_inference_graphs_only():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():  # example inputs as AOTAutograd passes them; no GPU needed
+        cuda_inputs = [torch.empty(2, device="cuda")]
     compiled = object()
-    assert cudagraphs.wrap(compiled, "g", [torch.randn(2)], inference=True) is compiled
-    assert cudagraphs.wrap(compiled, "g", [torch.randn(2)], inference=False) is compiled
+    assert isinstance(cudagraphs.wrap(compiled, "g", cuda_inputs, inference=True), cudagraphs.CudaGraphRunner)
+    assert cudagraphs.wrap(compiled, "g", cuda_inputs, inference=False) is compiled  # a training step
+    assert cudagraphs.wrap(compiled, "g", [torch.randn(2)], inference=True) is compiled  # CPU inputs
 
 
 def test_reduce_overhead_mode_on_a_cpu_runs_and_does_not_warn(caplog):
