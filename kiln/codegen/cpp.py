@@ -67,7 +67,7 @@ UNARY = {
     "trunc": "std::trunc({0})", "reciprocal": "(({T})1 / {0})", "logical_not": "({0} == 0)",
     "isnan": "({0} != {0})", "isinf": "std::isinf({0})", "signbit": "kiln_signbit({0})",
     "relu": "({0} < 0 ? ({T})0 : {0})", "frac": "({0} - std::trunc({0}))", "square": "({0} * {0})",
-    "sign": "kiln_sign<{T}>({0})",
+    "sign": "kiln_sign<{T}>({0})", "normal_cdf": "kiln_normal_cdf({0})",
 }
 BINARY = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
@@ -85,7 +85,7 @@ BINARY = {
 # Values worth keeping in a row array rather than computing twice (see `_reused_values`).
 EXPENSIVE_OPS = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
                  "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "lgamma",
-                 "sigmoid", "pow", "atan2"}
+                 "sigmoid", "pow", "atan2", "normal_cdf"}
 # How one reduction kind folds a value into an accumulator (also how two lanes merge).
 COMBINE = {
     "sum": "({0} + {1})", "prod": "({0} * {1})", "max": "kiln_maximum<{T}>({0}, {1})",

@@ -71,15 +71,24 @@ template <typename T> static inline bool kiln_signbit(T value) { return value < 
 // factors so that subnormal results round once and large x overflow to inf. Measured against
 // exp in double over 4.4e8 floats in [-104, 89]: at most 1.01 ulp (Sleef's expf_u10, which
 // eager uses, promises 1.0). NaN gives NaN, -inf 0, +inf inf.
+// The clamp is a max and a min, and k's integer is read from the shifted sum's low bits rather
+// than converted: 30 instructions per vector instead of 38, softmax 2048^2 1.51 ms -> 1.34 ms.
 static inline float kiln_float_from_bits(int32_t bits) {
     float value;
     std::memcpy(&value, &bits, 4);
     return value;
 }
+static inline int32_t kiln_bits_from_float(float value) {
+    int32_t bits;
+    std::memcpy(&bits, &value, 4);
+    return bits;
+}
 static inline float kiln_exp(float x) {
-    float clamped = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
-    const float shifter = 0x1.8p23f;  // adding and subtracting it rounds to an integer
-    float k = (clamped * 0x1.715476p+0f + shifter) - shifter;
+    float low = x > -104.0f ? x : -104.0f;
+    float clamped = low < 89.0f ? low : 89.0f;
+    const float shifter = 0x1.8p23f;  // adding it rounds to an integer, kept in the low mantissa bits
+    float shifted = std::fma(clamped, 0x1.715476p+0f, shifter);
+    float k = shifted - shifter;
     float r = std::fma(k, -0x1.62e400p-1f, clamped);  // ln2 in two parts: k * high is exact
     r = std::fma(k, -0x1.7f7d1cp-20f, r);
     float p = 0x1.687c22p-10f;
@@ -88,13 +97,33 @@ static inline float kiln_exp(float x) {
     p = std::fma(p, r, 0x1.55548ep-3f);
     p = std::fma(p, r, 0x1.fffff8p-2f);
     p = std::fma(p, r * r, r) + 1.0f;
-    int32_t exponent = (int32_t)k;
+    int32_t exponent = kiln_bits_from_float(shifted) - 0x4B400000;  // the bits of 1.5 * 2^23
     int32_t half = exponent >> 1;
     float result = (p * kiln_float_from_bits((half + 127) << 23)) *
                    kiln_float_from_bits((exponent - half + 127) << 23);
     return x != x ? x : result;
 }
 static inline double kiln_exp(double x) { return std::exp(x); }
+
+// Phi(x), the standard normal CDF, for gelu(x) = x * Phi(x). With z = -x / sqrt(2), Phi(x) =
+// erfc(z) / 2, and erfc(|z|) = t P(t) exp(-z^2) with t = 1 / (1 + 0.4 |z|): one division, a
+// degree-5 P fitted (minimax by Lawson's weights) for least absolute error of erfc over |z| <= 9.2
+// (5e-8 in exact arithmetic), and kiln_exp. x >= 0 takes 1 - the tail, x < 0 the tail itself, so
+// negative x has no 1 + erf(..) cancellation. Measured in float over every float in [-14, 6]:
+// absolute error at most 2.5e-7, relative error at most 1.2e-5 where Phi >= 1e-3. Eager's gelu uses
+// Abramowitz-Stegun 7.1.26 for erf (Inductor's too); on 1.9e7 points kiln's gelu is closer to
+// float64 than eager's in max absolute error (3.8e-7 vs 1.3e-6), max error / |x| (2.5e-7 vs 3.8e-7)
+// and max relative error where |gelu| > 1e-3 (2.2e-5 vs 1.0e-3). gelu(x + b) on 2048^2, timed in
+// one process (2-core EPYC): 1.36 ms, against 1.57 ms for torch.compile (kiln with libmvec's erf:
+// 1.62 ms).
+static inline float kiln_normal_cdf(float x) {
+    float z = x * -0x1.6a09e6p-1f;
+    float a = std::fabs(z);
+    float t = 1.0f / std::fma(0x1.99999ap-2f, a, 1.0f);
+    float tail = 0.5f * t * std::fma(std::fma(std::fma(std::fma(std::fma(-0x1.9a21cep-3f, t, 0x1.6b15a8p-1f), t, -0x1.7bd03ep-2f), t, 0x1.df8408p-2f), t, 0x1.4b698ap-3f), t, 0x1.dafa12p-3f) * kiln_exp(-(a * a));
+    return z > 0.0f ? tail : 1.0f - tail;
+}
+static inline double kiln_normal_cdf(double x) { return 0.5 * std::erfc(x * -0.70710678118654752440); }
 
 template <typename T> static inline T kiln_maximum(T a, T b) { return (a > b || a != a) ? a : b; }
 template <typename T> static inline T kiln_minimum(T a, T b) { return (a < b || a != a) ? a : b; }

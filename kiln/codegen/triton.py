@@ -38,6 +38,7 @@ UNARY = {
     "logical_not": "({0} == 0)", "isnan": "({0} != {0})", "isinf": "(tl.abs({0}) == float(\"inf\"))",
     "signbit": "(libdevice.signbit({0}) != 0)", "relu": "tl.where({0} < 0, 0, {0})",
     "frac": "({0} - libdevice.trunc({0}))", "square": "({0} * {0})",
+    "normal_cdf": "(0.5 * libdevice.erfc({0} * -0.7071067811865476))",
 }
 BINARY = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",

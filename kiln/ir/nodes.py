@@ -31,7 +31,7 @@ UNARY_OPS = {
     "neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos",
     "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc",
     "sigmoid", "floor", "ceil", "round", "trunc", "sign", "reciprocal", "logical_not", "bitwise_not",
-    "isnan", "isinf", "signbit", "lgamma", "erfinv", "relu", "frac", "square",
+    "isnan", "isinf", "signbit", "lgamma", "erfinv", "relu", "frac", "square", "normal_cdf",
 }
 BINARY_OPS = {
     "add", "sub", "mul", "truediv", "floordiv", "truncdiv", "remainder", "fmod", "pow", "maximum",

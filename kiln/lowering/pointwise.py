@@ -197,12 +197,12 @@ def gelu(ctx, node, x, approximate="none"):
         def op(name, *operands):
             return body.emit(name, operands, dtype)
 
-        half_x = op("mul", v, const(0.5))
         if approximate == "tanh":
             cube = op("mul", op("mul", v, v), v)
             inner = op("mul", const(math.sqrt(2 / math.pi)), op("add", v, op("mul", cube, const(0.044715))))
-            return op("mul", half_x, op("add", const(1.0), op("tanh", inner)))
-        return op("mul", half_x, op("add", const(1.0), op("erf", op("mul", v, const(1 / math.sqrt(2))))))
+            return op("mul", op("mul", v, const(0.5)), op("add", const(1.0), op("tanh", inner)))
+        # x * Phi(x): the same value as 0.5 x (1 + erf(x / sqrt 2)), with no cancellation for x < 0.
+        return op("mul", v, op("normal_cdf", v))
 
     return ctx.pointwise([x], compute, meta=meta)
 

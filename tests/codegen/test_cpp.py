@@ -270,3 +270,33 @@ def test_exp_is_within_one_ulp_everywhere():
     special = ~finite
     assert torch.equal(result[0][special].isnan(), rounded[special].isnan())
     assert torch.equal(result[0][special & ~rounded.isnan()], rounded[special & ~rounded.isnan()])
+
+
+def test_gelu_is_closer_to_float64_than_eager():
+    # gelu is x * kiln_normal_cdf(x) (cpp_prelude.py), a fitted approximation: on a dense grid over
+    # the range where gelu is not 0 or x in float, kiln must be no farther from float64 than eager
+    # (whose gelu uses Abramowitz-Stegun's erf) by each measure, and Phi's own error stays small.
+    x = torch.cat([torch.linspace(-14.0, 6.0, 1 << 20), torch.linspace(-0.05, 0.05, 1 << 16),
+                   torch.randn(1 << 16) * 3])
+    fn = torch.nn.functional.gelu
+    (graph,) = assert_matches(fn, x)
+    assert "kiln_normal_cdf(" in "\n".join(graph.module_source.kernels.values())
+    result, _ = compiled_graphs(fn, x)
+    exact = fn(x.double())
+
+    def errors(value):
+        error = (value.double() - exact).abs()
+        visible = exact.abs() > 1e-3
+        return (float(error.max()), float((error / x.double().abs().clamp_min(1e-30)).max()),
+                float((error / exact.abs())[visible].max()), float(error.mean()))
+
+    kiln_errors, eager_errors = errors(result), errors(fn(x))
+    assert all(ours <= theirs for ours, theirs in zip(kiln_errors, eager_errors)), (kiln_errors, eager_errors)
+    assert kiln_errors[1] < 3e-7 and kiln_errors[2] < 3e-5  # Phi's absolute and relative error
+    # Special values as float64 has them (eager's float32 gelu gives nan at +inf).
+    special = torch.tensor([float("nan"), float("inf"), -float("inf"), 0.0, -0.0, -20.0, 20.0])
+    expected = fn(special.double()).float()
+    got = compiled_graphs(fn, special)[0]
+    assert torch.equal(got.isnan(), expected.isnan())
+    assert torch.equal(got[~expected.isnan()], expected[~expected.isnan()])
+    assert torch.equal(got.signbit()[~expected.isnan()], expected.signbit()[~expected.isnan()])
