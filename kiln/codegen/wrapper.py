@@ -67,6 +67,7 @@ class WrapperGenerator:
                       if graph_input.kind == "tensor"}
         self.symbols = _symbol_sources(self.graph)
         self.allocated: set[str] = set()  # buffers allocated here: storage offset 0
+        self.scratch: dict = {}  # buffer name -> its view's index in the scratch block (_plan_scratch)
 
     def py(self, expr) -> str:
         expr = sympy.sympify(expr)
@@ -95,6 +96,7 @@ class WrapperGenerator:
             if str(symbol) not in input_names:
                 body.append(f"{symbol} = {self.symbols[symbol]}")
         last_use = self._last_uses()
+        self.scratch = self._plan_scratch(last_use, module)
         for step_index, step in enumerate(self.scheduled.steps):
             if isinstance(step, Kernel):
                 body += self._kernel_call(step, module)
@@ -104,6 +106,9 @@ class WrapperGenerator:
             if dead:
                 body.append(f"del {', '.join(sorted(dead))}")
         body.append(f"return ({''.join(self._output(output) + ', ' for output in graph.outputs)})")
+        if self.scratch:
+            body = (["_scratch = _arena.acquire()", "try:"] + ["    " + line for line in body]
+                    + ["finally:", "    _arena.release(_scratch)"])
         self.lines += ["    " + line for line in body]
         module.wrapper = "\n".join(self._header(module) + self.lines) + "\n"
         module.kernel_count = len([k for k in module.kernel_sources if not k.skip])
@@ -146,9 +151,50 @@ class WrapperGenerator:
         local = {name for step in self.scheduled.kernels for name in step.local_buffers}
         return {name: index for name, index in last.items() if name not in keep and name not in local}
 
+    def _plan_scratch(self, last_use: dict, module: ModuleSource) -> dict:
+        """Buffer name -> index into the graph's scratch views (kiln/runtime/scratch.py): the CPU
+        intermediates this wrapper allocates, of static size, that no output aliases and no extern
+        that may return a view of its inputs reads."""
+        from kiln.config import config
+        from kiln.runtime.scratch import ScratchArena, plan_offsets
+
+        if self.device_type != "cpu" or not config.cpu_scratch_arena:
+            return {}
+        escaping = {output.buffer for output in self.graph.outputs if isinstance(output, TensorArg)}
+        first_step: dict = {}
+        for step_index, step in enumerate(self.scheduled.steps):
+            if isinstance(step, Kernel):
+                written = [name for node in step.nodes for name in node.outputs if name not in step.local_buffers]
+            else:
+                written = list(step.outputs) if step.writes_into_outputs else []
+                if not _returns_fresh_tensors(step.op):
+                    escaping |= {arg.buffer for arg in step.tensor_args()} | set(step.outputs)
+            for name in written:
+                first_step.setdefault(name, step_index)
+        candidates = []
+        for name, first in first_step.items():
+            buffer = self.graph.buffers[name]
+            span = sympy.sympify(buffer.layout.storage_span())
+            if (name in escaping or name in self.names or name not in last_use or not span.is_Integer
+                    or buffer.device.type != "cpu"):
+                continue
+            candidates.append((name, int(span) * buffer.dtype.itemsize, first, last_use[name]))
+        if not candidates:
+            return {}
+        offsets, total = plan_offsets(candidates)
+        names = sorted(offsets, key=lambda name: first_step[name])
+        layouts = [(offsets[name], tuple(int(size) for size in self.graph.buffers[name].layout.size),
+                    tuple(int(stride) for stride in self.graph.buffers[name].layout.stride),
+                    self.graph.buffers[name].dtype) for name in names]
+        module.constants["_arena"] = ScratchArena(total, layouts)
+        return {name: index for index, name in enumerate(names)}
+
     def _allocate(self, buffer_name: str) -> str:
         buffer = self.graph.buffers[buffer_name]
         self.allocated.add(buffer_name)
+        if buffer_name in self.scratch:
+            self.allocated.discard(buffer_name)  # a view into the block: its storage offset is not 0
+            return f"{buffer_name} = _scratch[{self.scratch[buffer_name]}]"
         sizes = self.py_tuple(buffer.layout.size)
         strides = self.py_tuple(buffer.layout.stride)
         if self._wants_huge_pages(buffer):
@@ -264,6 +310,15 @@ class WrapperGenerator:
         if isinstance(output, sympy.Basic):
             return self.py(output)
         return repr(output)
+
+
+def _returns_fresh_tensors(op) -> bool:
+    """Whether an extern's results are never views of its arguments: its schema marks no returned
+    alias, except the written `out=` tensors of an out variant, which are its own outputs."""
+    schema = getattr(op, "_schema", None)
+    if schema is None:
+        return False
+    return all(result.alias_info is None or result.alias_info.is_write for result in schema.returns)
 
 
 def _flatten_structure(structure) -> list:

@@ -14,9 +14,10 @@ of 8 computes with N rounded up: kiln writes the second operand into a buffer wi
 columns added (one pointwise kernel; under autocast it is the bf16 cast kiln writes anyway),
 multiplies into an output of N_pad columns and reads its first N (`pad_product_columns`).
 
-On the CPU, a large product's output is also allocated by kiln and passed as `out=`,
-so that it gets huge pages (kiln/runtime/host_memory.py) instead of a page fault per
-4 KiB on its first write.
+On the CPU, a product's output of static size is also allocated by kiln and passed as
+`out=`: an intermediate then lives in the graph's scratch block (kiln/runtime/scratch.py),
+reused by every call, and a large one gets huge pages (kiln/runtime/host_memory.py), instead
+of a page fault per 4 KiB on each call's first write.
 """
 from __future__ import annotations
 
@@ -55,8 +56,8 @@ def output_layout(meta) -> Layout:
     layout = padded_layout(meta)
     if layout is not None:
         return layout
-    if meta.device.type == "cpu" and meta.is_contiguous() and 0 < config.cpu_huge_pages_min_bytes \
-            <= meta.numel() * meta.element_size():
+    large = 0 < config.cpu_huge_pages_min_bytes <= meta.numel() * meta.element_size()
+    if meta.device.type == "cpu" and meta.is_contiguous() and (large or config.cpu_scratch_arena):
         layout = layout_of(meta, with_offset=False)
         if all(size.is_Integer for size in layout.size):
             return layout

@@ -1,0 +1,86 @@
+"""The scratch block of a compiled CPU graph (kiln/runtime/scratch.py): the plan never lets two
+live buffers share bytes, calls never see each other's values, outputs never live in it."""
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+import kiln
+from kiln.runtime.scratch import ALIGNMENT, ScratchArena, plan_offsets
+from tests.backend.test_pipeline import compiled_graphs
+
+
+def test_plan_shares_bytes_only_between_buffers_that_are_never_live_together():
+    generator = random.Random(0)
+    for _ in range(200):
+        buffers = []
+        for index in range(generator.randint(1, 12)):
+            first = generator.randint(0, 20)
+            buffers.append((f"buf{index}", generator.randint(1, 5000), first, first + generator.randint(0, 6)))
+        offsets, total = plan_offsets(buffers)
+        for name, nbytes, first, last in buffers:
+            assert offsets[name] % ALIGNMENT == 0 and offsets[name] + nbytes <= total
+        for a_name, a_bytes, a_first, a_last in buffers:
+            for b_name, b_bytes, b_first, b_last in buffers:
+                if a_name >= b_name or a_last < b_first or b_last < a_first:
+                    continue  # the same buffer, or lifetimes apart: sharing is allowed
+                a_start, b_start = offsets[a_name], offsets[b_name]
+                assert a_start + a_bytes <= b_start or b_start + b_bytes <= a_start, (buffers, offsets)
+
+
+def test_plan_reuses_the_bytes_of_dead_buffers():
+    # A chain a -> b -> c -> d where each buffer dies when the next one is written: two slots.
+    buffers = [("a", 4096, 0, 1), ("b", 4096, 1, 2), ("c", 4096, 2, 3), ("d", 4096, 3, 4)]
+    offsets, total = plan_offsets(buffers)
+    assert total == 2 * 4096 and offsets["a"] == offsets["c"] and offsets["b"] == offsets["d"]
+
+
+def test_a_call_that_starts_while_another_holds_the_block_gets_its_own():
+    arena = ScratchArena(256, [(0, (8,), (1,), torch.float32), (64, (4, 4), (4, 1), torch.float64)])
+    first, second = arena.acquire(), arena.acquire()
+    assert first[0].data_ptr() != second[0].data_ptr()
+    assert first[1].shape == (4, 4) and first[1].dtype == torch.float64
+    assert first[1].data_ptr() - first[0].data_ptr() == 64
+    arena.release(first)
+    assert arena.acquire() is first
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_compiled_graph_keeps_intermediates_in_its_block_and_outputs_outside(cpu_backend):
+    weight = torch.randn(48, 48)
+
+    def fn(x):
+        hidden = torch.relu(x @ weight) * 2  # a product and a kernel output: intermediates
+        hidden = torch.softmax(hidden @ weight, -1)
+        return hidden.sum(-1), torch.tanh(hidden) + 1
+
+    x = torch.randn(16, 48)
+    with kiln.config.patch(cpu_backend=cpu_backend):
+        _, (graph,) = compiled_graphs(fn, x)
+        wrapper = graph.module_source.wrapper
+        assert "_arena.acquire()" in wrapper and "_scratch[" in wrapper
+        outputs = []
+        for _ in range(3):  # new values each call: a value left over from the last call shows
+            x = torch.randn(16, 48)
+            result = graph([x, weight])  # the graph's inputs: x, then the lifted global
+            expected = fn(x)
+            for got, want in zip(result, expected):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+            outputs.append((result, expected))
+        for result, expected in outputs:  # later calls did not write into earlier outputs
+            for got, want in zip(result, expected):
+                torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        block = graph.module_source.constants["_arena"]
+        views = block.acquire()
+        block_start = views[0].untyped_storage().data_ptr()
+        for got in outputs[-1][0]:
+            assert not block_start <= got.data_ptr() < block_start + block.nbytes
+        block.release(views)
+
+
+def test_scratch_arena_can_be_turned_off():
+    with kiln.config.patch(cpu_scratch_arena=False):
+        _, (graph,) = compiled_graphs(lambda x: torch.relu(x * 2).sum(0) + 1, torch.randn(64, 64))
+    assert "_arena" not in graph.module_source.wrapper
