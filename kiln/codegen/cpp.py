@@ -39,7 +39,7 @@ from kiln.codegen.printing import expr_to_source
 from kiln.config import config
 from kiln.ir import Graph
 from kiln.ir.indexing import contiguous_strides, index_var, simplify_index
-from kiln.ir.nodes import dtype_name, indirect_value
+from kiln.ir.nodes import EXPENSIVE_OPS, dtype_name, indirect_value
 from kiln.runtime.cpp_build import KERNEL_SYMBOL, KernelSignature
 from kiln.schedule.kernel import Kernel, var_map
 
@@ -82,10 +82,6 @@ BINARY = {
     "right_shift": "kiln_right_shift<{T}>({0}, {1})", "copysign": "std::copysign({0}, {1})",
     "hypot": "std::hypot({0}, {1})", "nextafter": "std::nextafter({0}, {1})",
 }
-# Values worth keeping in a row array rather than computing twice (see `_reused_values`).
-EXPENSIVE_OPS = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
-                 "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "lgamma",
-                 "sigmoid", "pow", "atan2", "normal_cdf"}
 # How one reduction kind folds a value into an accumulator (also how two lanes merge).
 COMBINE = {
     "sum": "({0} + {1})", "prod": "({0} * {1})", "max": "kiln_maximum<{T}>({0}, {1})",

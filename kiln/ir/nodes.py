@@ -39,6 +39,12 @@ BINARY_OPS = {
     "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "copysign", "hypot",
     "nextafter", "fmax", "fmin",
 }
+# Ops that cost far more than a load or an add (a libm call or a long polynomial): a value
+# computed with them is not recomputed per element of a broadcast (schedule/inline.py), and the
+# C++ backend keeps it in a row array rather than computing it twice (codegen/cpp.py).
+EXPENSIVE_OPS = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
+                 "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "lgamma",
+                 "sigmoid", "pow", "atan2", "normal_cdf"}
 REDUCTION_KINDS = {"sum", "prod", "max", "min", "argmax", "argmin", "welford", "any", "all"}
 OTHER_OPS = {"load", "store", "constant", "index_expr", "to_dtype", "where", "reduce", "getitem"}
 ALL_OPS = UNARY_OPS | BINARY_OPS | OTHER_OPS

@@ -5,7 +5,7 @@ import sympy
 
 from kiln.config import config
 from kiln.ir import Body, Extern, Graph, LoopNode, Op, Pointwise, TensorArg, range_vars
-from kiln.ir.nodes import indirect_symbol, indirect_value
+from kiln.ir.nodes import EXPENSIVE_OPS, indirect_symbol, indirect_value
 
 
 def buffer_uses(graph: Graph) -> dict:
@@ -72,6 +72,8 @@ def _can_inline(node: Pointwise, uses: list) -> bool:
     if any(kind != "load" for _, kind in uses):
         return False
     consumers = _unique(user for user, _ in uses)
+    if _recomputes_expensive_work(node, consumers):
+        return False
     load_count = len(uses)
     if load_count == 1 or len(consumers) == 1 and load_count <= 2:
         return True
@@ -81,6 +83,21 @@ def _can_inline(node: Pointwise, uses: list) -> bool:
     # after layer grows without bound, so it is written to memory once instead.
     distinct_reads = {op.buffer for op in node.body.reads()}
     return len(node.body.ops) <= config.inline_max_ops and len(distinct_reads) <= config.inline_max_reads
+
+
+def _recomputes_expensive_work(node: Pointwise, consumers: list) -> bool:
+    """Whether inlining would compute an expensive op (EXPENSIVE_OPS) more often than once per
+    element: a consumer that iterates over more elements than `node` has reads it broadcast.
+    Llama's rotary cos(position * inv_freq), [1, 128, 64], inlined into q and k of every layer
+    and head, ran 32 cos per value; written once, it is read instead."""
+    if not any(op.name in EXPENSIVE_OPS for op in node.body.ops):
+        return False
+    produced = sympy.prod(node.ranges)
+    for consumer in consumers:
+        ratio = sympy.simplify(sympy.prod([*consumer.ranges, *consumer.reduction_ranges]) / produced)
+        if ratio.is_number and ratio > 1:
+            return True
+    return False
 
 
 def substitute_loads(body: Body, producer: LoopNode) -> Body:

@@ -98,6 +98,23 @@ def test_a_residual_stream_is_not_recomputed_layer_after_layer():
     assert max(reads_per_kernel[half:]) <= max(reads_per_kernel[:half]), reads_per_kernel  # no growth
 
 
+def test_an_expensive_value_read_broadcast_is_computed_once():
+    # Llama's rotary embedding: cos/sin of a [seq, dim] table, read by q and k of every head.
+    # Inlined, each of the 8 heads x 2 consumers would compute its own cos; written once, it is read.
+    def fn(positions, q, k):
+        cos, sin = positions.cos(), positions.sin()
+        return q * cos + q.flip(-1) * sin, k * cos - k.flip(-1) * sin
+
+    positions, q, k = torch.randn(16, 8), torch.randn(2, 4, 16, 8), torch.randn(2, 4, 16, 8)
+    graphs = assert_matches(fn, positions, q, k)
+    counts = [sum(op.name in ("cos", "sin") for node in kernel.nodes for op in node.body.ops)
+              for kernel in graphs[0].scheduled.kernels]
+    assert sum(counts) == 2, graphs[0].scheduled.format()  # one cos and one sin, in the table's kernel
+    # Read element for element (no broadcast), an expensive value is still inlined into its reader.
+    graphs = assert_matches(lambda x: torch.sin(x) * 2 + 1, torch.randn(64))
+    assert graphs[0].kernel_count == 1
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_few_long_rows_are_reduced_in_two_stages(dtype):
     # x.sum() is one row: without the split, one program loops over every element.
