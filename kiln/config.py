@@ -46,9 +46,8 @@ OPTIONS = [
     Option("cpp_compiler", str, "", "C++ compiler for CPU kernels; empty: the first of g++, c++, clang++ on PATH"),
     Option("cpp_openmp", bool, True, "C++ kernels run their outer loops on OpenMP threads (when the compiler has it)"),
     Option("cpp_parallel_min", int, 32768, "C++ kernels over fewer elements than this run on one thread"),
-    Option("cpu_scratch_arena", bool, False, "a compiled CPU graph's intermediates live in one block, allocated at its "
-                                             "first call and reused by later calls (kiln/runtime/scratch.py); off: "
-                                             "Llama-4L measured 2.5% slower with it"),
+    Option("cpu_scratch_arena", bool, True, "a compiled CPU graph's intermediates live in one block, allocated at its "
+                                            "first call and reused by later calls (kiln/runtime/scratch.py)"),
     Option("cpu_huge_pages_min_bytes", int, 32 << 20, "CPU buffers kiln allocates of at least this size ask for "
                                                        "transparent huge pages, when their memory is untouched (kiln/runtime/host_memory.py); 0: never"),
     Option("compile_workers", int, 0, "kernels compiled at once (0: one per CPU core)"),

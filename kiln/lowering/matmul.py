@@ -15,7 +15,7 @@ columns added (one pointwise kernel; under autocast it is the bf16 cast kiln wri
 multiplies into an output of N_pad columns and reads its first N (`pad_product_columns`).
 
 On the CPU, a product's output of static size is also allocated by kiln and passed as
-`out=` when the scratch block is on (config.cpu_scratch_arena): an intermediate then lives
+`out=` (with the scratch block on, config.cpu_scratch_arena): an intermediate then lives
 in the graph's block (kiln/runtime/scratch.py), reused by every call. A large one always
 does, for huge pages (kiln/runtime/host_memory.py), instead
 of a page fault per 4 KiB on each call's first write.

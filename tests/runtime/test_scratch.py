@@ -12,13 +12,6 @@ from kiln.runtime.scratch import ALIGNMENT, ScratchArena, plan_offsets
 from tests.backend.test_pipeline import compiled_graphs
 
 
-@pytest.fixture(autouse=True)
-def scratch_on():
-    """The block is off by default (config.cpu_scratch_arena); these tests turn it on."""
-    with kiln.config.patch(cpu_scratch_arena=True):
-        yield
-
-
 def test_plan_shares_bytes_only_between_buffers_that_are_never_live_together():
     generator = random.Random(0)
     for _ in range(200):
