@@ -93,9 +93,11 @@ def _recomputes_expensive_work(node: Pointwise, consumers: list) -> bool:
     if not any(op.name in EXPENSIVE_OPS for op in node.body.ops):
         return False
     produced = sympy.prod(node.ranges)
+    if produced == 0:
+        return False  # an empty tensor: nothing is computed at all
     for consumer in consumers:
         ratio = sympy.simplify(sympy.prod([*consumer.ranges, *consumer.reduction_ranges]) / produced)
-        if ratio.is_number and ratio > 1:
+        if ratio.is_number and ratio.is_finite and ratio > 1:
             return True
     return False
 

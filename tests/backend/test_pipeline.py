@@ -113,6 +113,8 @@ def test_an_expensive_value_read_broadcast_is_computed_once():
     # Read element for element (no broadcast), an expensive value is still inlined into its reader.
     graphs = assert_matches(lambda x: torch.sin(x) * 2 + 1, torch.randn(64))
     assert graphs[0].kernel_count == 1
+    # Empty tensors (the OpInfo sweep's softmax and logspace samples) compute nothing: no ratio.
+    assert_matches(lambda x, y: (x.exp() * y).sum(-1), torch.randn(0, 1), torch.randn(0, 4))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
