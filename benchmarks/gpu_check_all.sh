@@ -15,7 +15,7 @@ PYTHON="${PYTHON:-python3}"
 "$PYTHON" -m pip install -e . --no-deps -q >/dev/null 2>&1 || true
 for fast in 0 1; do
     echo "== KILN_FAST_LAUNCH=$fast" >> "$OUT_DIR/smoke.txt"
-    KILN_FAST_LAUNCH=$fast PYTHONPATH=. timeout 120 "$PYTHON" benchmarks/gpu_smoke.py >> "$OUT_DIR/smoke.txt" 2>&1
+    KILN_FAST_LAUNCH=$fast timeout 180 "$PYTHON" -m benchmarks.gpu_smoke >> "$OUT_DIR/smoke.txt" 2>&1
     echo "gpu_smoke.py (KILN_FAST_LAUNCH=$fast) exit $?" | tee -a "$OUT_DIR/smoke.txt"
 done
 timeout 60 "$PYTHON" -m benchmarks.launch_overhead >> "$OUT_DIR/smoke.txt" 2>&1
