@@ -51,8 +51,8 @@ OPTIONS = [
     Option("cpu_huge_pages_min_bytes", int, 32 << 20, "CPU buffers kiln allocates of at least this size ask for "
                                                        "transparent huge pages, when their memory is untouched (kiln/runtime/host_memory.py); 0: never"),
     Option("compile_workers", int, 0, "kernels compiled at once (0: one per CPU core)"),
-    Option("fast_launch", bool, False, "CUDA kernels launched by kiln's launcher (kiln/runtime/launch.py), "
-                                       "not through Triton's per-call specialization (off until run on a GPU)"),
+    Option("fast_launch", bool, True, "CUDA kernels launched by kiln's launcher (kiln/runtime/launch.py), "
+                                      "not through Triton's per-call specialization"),
     Option("fusion_window", int, 6, "a node may join a kernel up to this many steps back (not only the last)"),
     Option("max_fusion_ops", int, 400, "largest body (in ops) a fused kernel may grow to"),
     Option("inline_max_ops", int, 40, "a pointwise producer read by several consumers is inlined "
