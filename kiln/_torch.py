@@ -74,3 +74,14 @@ def storage_use_count(handle: int) -> int:
     """How many tensors hold the storage whose `untyped_storage()._cdata` is `handle` (CUDA graphs'
     check that no result of the previous replay is still alive)."""
     return torch._C._storage_Use_Count(handle)
+
+
+def reinterpret_tensor():
+    """torch's C++ `_reinterpret_tensor(tensor, size, stride, offset)` (Inductor's wrappers use it):
+    a view whose offset counts from the tensor's own storage offset, in about half the time of
+    `Tensor.as_strided` from Python. None where this torch lacks it."""
+    try:
+        from torch._C._dynamo.guards import _reinterpret_tensor
+    except ImportError:
+        return None
+    return _reinterpret_tensor

@@ -66,7 +66,6 @@ class WrapperGenerator:
         self.names = {graph_input.buffer.name: graph_input.name for graph_input in self.graph.inputs
                       if graph_input.kind == "tensor"}
         self.symbols = _symbol_sources(self.graph)
-        self.allocated: set[str] = set()  # buffers allocated here: storage offset 0
         self.scratch: dict = {}  # buffer name -> its view's index in the scratch block (_plan_scratch)
 
     def py(self, expr) -> str:
@@ -191,9 +190,7 @@ class WrapperGenerator:
 
     def _allocate(self, buffer_name: str) -> str:
         buffer = self.graph.buffers[buffer_name]
-        self.allocated.add(buffer_name)
         if buffer_name in self.scratch:
-            self.allocated.discard(buffer_name)  # a view into the block: its storage offset is not 0
             return f"{buffer_name} = _scratch[{self.scratch[buffer_name]}]"
         sizes = self.py_tuple(buffer.layout.size)
         strides = self.py_tuple(buffer.layout.stride)
@@ -290,18 +287,16 @@ class WrapperGenerator:
     def _view(self, arg: TensorArg) -> str:
         """Source for a view of a buffer with the arg's layout.
 
-        `torch.as_strided`'s offset counts from the start of the storage, not of the
-        tensor: buffers this wrapper allocates start at offset 0, but graph inputs and
-        extern results may themselves be views (a split's second part), so their own
-        storage offset is added at run time.
+        `view_at` counts the offset from the tensor's own start (`torch.as_strided` counts
+        from the storage's): graph inputs, extern results and scratch views may themselves
+        be views (a split's second part) with a storage offset of their own. It is torch's
+        C++ `_reinterpret_tensor` where torch has it (kiln/runtime/support.py).
         """
         buffer = self.graph.buffers[arg.buffer]
         if arg.layout == buffer.layout:
             return self.name(arg.buffer)
         size, stride = self.py_tuple(arg.layout.size), self.py_tuple(arg.layout.stride)
         offset = self.py(arg.layout.offset)
-        if arg.buffer in self.allocated:
-            return f"torch.as_strided({arg.buffer}, {size}, {stride}, {offset})"
         return f"view_at({self.name(arg.buffer)}, {size}, {stride}, {offset})"
 
     def _output(self, output) -> str:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import torch
 
+from kiln import _torch
 from kiln.runtime.host_memory import empty_strided_huge  # noqa: F401 (generated wrappers import it)
 
 empty_strided = torch.empty_strided
@@ -20,9 +21,12 @@ def restride(tensor: torch.Tensor, size, stride, dtype=None) -> torch.Tensor:
     return result
 
 
-def view_at(tensor: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
+def _view_at(tensor: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
     """A view of `tensor` at `offset` elements from its own start (as_strided counts from the storage's)."""
     return tensor.as_strided(size, stride, tensor.storage_offset() + offset)
+
+
+view_at = _torch.reinterpret_tensor() or _view_at  # the same view, built in C++ where torch has it
 
 
 def flatten_result(value) -> list:

@@ -84,3 +84,15 @@ def test_scratch_arena_can_be_turned_off():
     with kiln.config.patch(cpu_scratch_arena=False):
         _, (graph,) = compiled_graphs(lambda x: torch.relu(x * 2).sum(0) + 1, torch.randn(64, 64))
     assert "_arena" not in graph.module_source.wrapper
+
+
+def test_view_at_counts_the_offset_from_the_tensors_own_start():
+    # The wrappers' view_at is torch's C++ _reinterpret_tensor where torch has it: it must build
+    # the same view as the Python definition, for tensors that are themselves offset views.
+    from kiln.runtime.support import _view_at, view_at
+
+    base = torch.arange(40.0)[7:]
+    for size, stride, offset in [((2, 3), (3, 1), 3), ((5,), (2,), 0), ((2, 2), (1, 2), 1)]:
+        got, want = view_at(base, size, stride, offset), _view_at(base, size, stride, offset)
+        assert got.storage_offset() == want.storage_offset() and got.stride() == want.stride()
+        assert torch.equal(got, want)
