@@ -172,19 +172,19 @@ class WrapperGenerator:
                 first_step.setdefault(name, step_index)
         candidates = []
         for name, first in first_step.items():
-            buffer = self.graph.buffers[name]
-            span = sympy.sympify(buffer.layout.storage_span())
-            if (name in escaping or name in self.names or name not in last_use or not span.is_Integer
-                    or buffer.device.type != "cpu"):
+            layout = self.graph.buffers[name].layout
+            static = all(sympy.sympify(value).is_Integer for value in (*layout.size, *layout.stride, layout.offset))
+            if name in escaping or name in self.names or name not in last_use or not static:
                 continue
-            candidates.append((name, int(span) * buffer.dtype.itemsize, first, last_use[name]))
+            nbytes = int(layout.storage_span()) * self.graph.buffers[name].dtype.itemsize
+            candidates.append((name, nbytes, first, last_use[name]))
         if not candidates:
             return {}
         offsets, total = plan_offsets(candidates)
         names = sorted(offsets, key=lambda name: first_step[name])
-        layouts = [(offsets[name], tuple(int(size) for size in self.graph.buffers[name].layout.size),
-                    tuple(int(stride) for stride in self.graph.buffers[name].layout.stride),
-                    self.graph.buffers[name].dtype) for name in names]
+        layouts = [(offsets[name], tuple(map(int, self.graph.buffers[name].layout.size)),
+                    tuple(map(int, self.graph.buffers[name].layout.stride)), self.graph.buffers[name].dtype)
+                   for name in names]
         module.constants["_arena"] = ScratchArena(total, layouts)
         return {name: index for index, name in enumerate(names)}
 

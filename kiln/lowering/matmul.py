@@ -17,8 +17,8 @@ multiplies into an output of N_pad columns and reads its first N (`pad_product_c
 On the CPU, a product's output of static size is also allocated by kiln and passed as
 `out=` (with the scratch block on, config.cpu_scratch_arena): an intermediate then lives
 in the graph's block (kiln/runtime/scratch.py), reused by every call. A large one always
-does, for huge pages (kiln/runtime/host_memory.py), instead
-of a page fault per 4 KiB on each call's first write.
+does, for huge pages (kiln/runtime/host_memory.py): either way, no page fault per 4 KiB on
+each call's first write.
 """
 from __future__ import annotations
 
@@ -57,10 +57,11 @@ def output_layout(meta) -> Layout:
     layout = padded_layout(meta)
     if layout is not None:
         return layout
-    large = 0 < config.cpu_huge_pages_min_bytes <= meta.numel() * meta.element_size()
-    if meta.device.type == "cpu" and meta.is_contiguous() and (large or config.cpu_scratch_arena):
+    if meta.device.type == "cpu" and meta.is_contiguous():
         layout = layout_of(meta, with_offset=False)
-        if all(size.is_Integer for size in layout.size):
+        static = all(size.is_Integer for size in layout.size)
+        if static and (config.cpu_scratch_arena or
+                       0 < config.cpu_huge_pages_min_bytes <= meta.numel() * meta.element_size()):
             return layout
     raise Unsupported("an aligned product that ATen allocates as well: the plain extern")
 
