@@ -85,3 +85,13 @@ def reinterpret_tensor():
     except ImportError:
         return None
     return _reinterpret_tensor
+
+
+def onednn_linear():
+    """oneDNN's linear, `mkldnn::_linear_pointwise(x, weight[N, K], bias?, "none", [], "")`, a
+    private op of torch's CPU build (Inductor calls it for linears it packs under freezing).
+    None where this torch has no oneDNN."""
+    if not torch.backends.mkldnn.is_available():
+        return None
+    packet = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
+    return None if packet is None else packet.default

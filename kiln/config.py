@@ -50,6 +50,8 @@ OPTIONS = [
                                             "first call and reused by later calls (kiln/runtime/scratch.py)"),
     Option("cpu_huge_pages_min_bytes", int, 32 << 20, "CPU buffers kiln allocates of at least this size ask for "
                                                        "transparent huge pages, when their memory is untouched (kiln/runtime/host_memory.py); 0: never"),
+    Option("cpu_gemm", str, "onednn", "fp32 CPU products of nn.Linear's layout: 'onednn' (oneDNN's linear, "
+                                      "kiln/lowering/matmul.py) or 'aten' (aten.mm/addmm, MKL's sgemm)"),
     Option("compile_workers", int, 0, "kernels compiled at once (0: one per CPU core)"),
     Option("fast_launch", bool, True, "CUDA kernels launched by kiln's launcher (kiln/runtime/launch.py), "
                                       "not through Triton's per-call specialization"),
