@@ -156,20 +156,37 @@ def constant_source(value, dtype: torch.dtype) -> str:
 
 
 class _Scope:
-    """C++ locals visible at one loop depth: SSA values and buffer values kept in registers."""
+    """C++ locals visible at one loop depth: SSA values and buffer values kept in registers.
 
-    def __init__(self):
+    `variables` are the loop variables this scope's loops bind; `preheader`, when set, is the
+    block just before those loops (in the enclosing scope) where values that do not depend on
+    them are defined instead, once per enclosing iteration (set only where the loops run at
+    least once: a hoisted load must not run when the loop would not have)."""
+
+    def __init__(self, variables=(), preheader: "_Lines | None" = None):
         self.values: dict = {}  # (node position, op index) -> C++ name
         self.buffers: dict = {}  # buffer name -> C++ name holding the value stored in this scope
+        self.checks: dict = {}  # (gathered index, size, mask) -> the checked index's C++ name
+        self.variables = set(variables)
+        self.preheader = preheader
 
 
 @dataclass
 class _Lines:
-    lines: list = field(default_factory=list)
+    lines: list = field(default_factory=list)  # text, or a nested block written later
     depth: int = 1
 
     def add(self, text: str) -> None:
         self.lines.append("    " * self.depth + text)
+
+    def block(self) -> "_Lines":
+        """A block at this point, at this depth, that can still be written after later lines."""
+        nested = _Lines(depth=self.depth)
+        self.lines.append(nested)
+        return nested
+
+    def flat(self) -> list:
+        return [line for item in self.lines for line in (item.flat() if isinstance(item, _Lines) else [item])]
 
     def open(self, text: str) -> None:
         self.add(f"{text} {{" if text else "{")
@@ -195,6 +212,7 @@ class CppKernelGenerator:
         self._position: int | None = None  # the node whose ops are being emitted (for `ind<k>` symbols)
         self.mappings = [var_map(node, role, kernel.row_ranges, kernel.col_ranges)
                          for node, role in zip(kernel.nodes, kernel.roles)]
+        self.written = {name for node in kernel.nodes for name in node.outputs}  # loads of these stay in place
         self.groups = self._groups()
         self.scratch = self._scratch_buffers()
         self.gathers = any(self._is_gather(op) for node in kernel.nodes for op in node.body.reads())
@@ -345,11 +363,72 @@ class CppKernelGenerator:
                                 f"{array}[{self._column_flat_index()}]")
             self.scopes[-1].values[(position, op_index)] = found
         elif found is None:
-            saved, self._position = self._position, position
-            found = self._emit_op(position, op_index)
-            self._position = saved
-            self.scopes[-1].values[(position, op_index)] = found
+            target = self._target_scope(self._level(position, op_index, {}))
+            saved = self._position, self.out
+            self._position = position
+            if target < len(self.scopes) - 1:
+                self.out = self.scopes[target + 1].preheader
+            try:
+                found = self._emit_op(position, op_index)
+            finally:
+                self._position, self.out = saved
+            self.scopes[target].values[(position, op_index)] = found
         return found
+
+    def _target_scope(self, level: int) -> int:
+        """The scope a value of `level` is defined in: its own, unless a loop in between may not run."""
+        target = len(self.scopes) - 1
+        while target > level and self.scopes[target].preheader is not None:
+            target -= 1
+        return target
+
+    def _level(self, position: int, op_index: int, memo: dict) -> int:
+        """The outermost open scope where value %op_index of node `position` can be computed:
+        the innermost scope binding a loop variable it depends on (loop-invariant code motion).
+        Values read from this kernel's own stores, row arrays and reused values stay innermost."""
+        key = (position, op_index)
+        if key in memo:
+            return memo[key]
+        innermost = len(self.scopes) - 1
+        for level, scope in enumerate(self.scopes):
+            if key in scope.values:
+                memo[key] = level
+                return level
+        op = self.kernel.nodes[position].body.ops[op_index]
+        level = 0
+        if op.name in ("reduce", "store") or key in self.reuse_loads:
+            level = innermost
+        elif op.name == "load" and (op.buffer in self.written or op.buffer in self.scratch):
+            found = [depth for depth, scope in enumerate(self.scopes) if op.buffer in scope.buffers]
+            level = found[-1] if found and not op.operands else innermost
+        else:
+            symbols = set()
+            if op.name == "load":
+                symbols = {symbol for expr in op.index for symbol in sympy.sympify(expr).xreplace(
+                    self.mappings[position]).free_symbols}
+            elif op.name == "index_expr":
+                symbols = sympy.sympify(op.attr).xreplace(self.mappings[position]).free_symbols
+            level = self._symbols_level(position, symbols, memo)
+            for operand in op.operands:
+                level = max(level, self._level(position, operand, memo))
+        memo[key] = min(level, innermost)
+        return memo[key]
+
+    def _symbols_level(self, position: int, symbols, memo: dict) -> int:
+        """The innermost scope binding a loop variable among `symbols` (kernel variables, sizes and
+        gathered values of node `position`), 0 when none is bound."""
+        level = 0
+        for symbol in symbols:
+            gathered = indirect_value(symbol)
+            if gathered is not None:
+                level = max(level, self._level(position, gathered, memo))
+                continue
+            bound = [depth for depth, scope in enumerate(self.scopes) if str(symbol) in scope.variables]
+            if bound:
+                level = max(level, bound[-1])
+            elif str(symbol)[0] in "xr" and str(symbol)[1:].isdigit():
+                level = len(self.scopes) - 1  # a loop variable no scope binds (an outer column loop's)
+        return level
 
     def define(self, name: str, dtype: torch.dtype, expression: str) -> str:
         self.out.add(f"{VALUE_TYPES[dtype]} {name} = {expression};")
@@ -420,16 +499,27 @@ class CppKernelGenerator:
         for dim, expr in enumerate(index):
             if not any(indirect_value(symbol) is not None for symbol in expr.free_symbols):
                 continue
-            checked = f"{name}_i{dim}"
             size = self.index(layout.size[dim])
-            self.out.add(f"int64_t {checked} = {self.index(expr)};")
-            outside = f"{checked} < 0 || {checked} >= {size}"
-            outside = f"{mask} && ({outside})" if mask else outside
-            # No branch and no atomic: the loop stays a simd loop (kiln_status is an OpenMP `|` reduction).
-            self.out.add(f"bool {checked}_outside = {outside};")
-            self.out.add(f"kiln_status |= {checked}_outside;")
-            self.out.add(f"{checked} = {checked}_outside ? 0 : {checked};")
-            self.local_symbols.add(checked)
+            # Checked once in the outermost scope its index and mask allow (an embedding's row
+            # index once per row, not per column), and shared by the loads of the same index.
+            level = self._symbols_level(position, expr.free_symbols, {})
+            if mask:
+                level = max(level, self._level(position, op.operands[0], {}))
+            target = self._target_scope(level)
+            key = (self.index(expr), size, mask)
+            checked = self.lookup(key, "checks")
+            if checked is None:
+                checked = f"{name}_i{dim}"
+                lines = self.out if target == len(self.scopes) - 1 else self.scopes[target + 1].preheader
+                lines.add(f"int64_t {checked} = {key[0]};")
+                outside = f"{checked} < 0 || {checked} >= {size}"
+                outside = f"{mask} && ({outside})" if mask else outside
+                # No branch and no atomic: the loop stays a simd loop (kiln_status is an OpenMP `|` reduction).
+                lines.add(f"bool {checked}_outside = {outside};")
+                lines.add(f"kiln_status |= {checked}_outside;")
+                lines.add(f"{checked} = {checked}_outside ? 0 : {checked};")
+                self.local_symbols.add(checked)
+                self.scopes[target].checks[key] = checked
             index[dim] = sympy.Symbol(checked, integer=True, nonnegative=True)
         offset = simplify_index(sympy.expand(layout.offset_of(index)), self._ranges())
         return self.index(offset)
@@ -491,10 +581,17 @@ class CppKernelGenerator:
     def _simd(self) -> str:
         return "#pragma omp simd" + self._status_reduction()
 
-    def _open_scope(self, header: str | None = None) -> None:
+    def _open_scope(self, header: str | None = None, variables=(), preheader: _Lines | None = None) -> None:
         if header is not None:
             self.out.open(header)
-        self.scopes.append(_Scope())
+        self.scopes.append(_Scope(variables, preheader))
+
+    def _preheader(self, extents) -> _Lines | None:
+        """A block before loops over `extents` for the values they do not change; None unless
+        every extent is a known positive number."""
+        if all(sympy.sympify(extent).is_Integer and int(extent) > 0 for extent in extents):
+            return self.out.block()
+        return None
 
     def _close_scope(self, braces: bool = True) -> None:
         self.scopes.pop()
@@ -519,18 +616,22 @@ class CppKernelGenerator:
         parallel = self._parallel_clause(self.kernel.row_numel)
         if len(rows) == 1:
             self.out.add(f"#pragma omp parallel for simd {parallel}{self._status_reduction()}")
+            self._open_scope(self._loop("x0", rows[0]), ["x0"])
         else:
             self.out.add(f"#pragma omp parallel for collapse({len(rows) - 1}) {parallel}{self._status_reduction()}")
-        for dim, extent in enumerate(rows):
-            if dim == len(rows) - 1 and len(rows) > 1:
-                self.out.add(self._simd())
-            self.out.open(self._loop(f"x{dim}", extent))
-        self._open_scope()
+            for dim, extent in enumerate(rows[:-1]):
+                self.out.open(self._loop(f"x{dim}", extent))
+            self._open_scope(None, [f"x{dim}" for dim in range(len(rows) - 1)])
+            preheader = self._preheader(rows[-1:])  # per outer row: what the simd loop does not change
+            self.out.add(self._simd())
+            self._open_scope(self._loop(f"x{len(rows) - 1}", rows[-1]), [f"x{len(rows) - 1}"], preheader)
         for position in positions:
             self._emit_stores(position)
-        self._close_scope(braces=False)
-        for _ in rows:
-            self.out.close()
+        self._close_scope()
+        if len(rows) > 1:
+            self._close_scope(braces=False)
+            for _ in rows[:-1]:
+                self.out.close()
 
     def _reduction_kernel(self) -> None:
         rows = self.kernel.row_ranges
@@ -549,7 +650,7 @@ class CppKernelGenerator:
             self.out.add(f"#pragma omp for collapse({len(rows)}){self._status_reduction()}")
         for dim, extent in enumerate(rows):
             self.out.open(self._loop(f"x{dim}", extent))
-        self._open_scope()
+        self._open_scope(None, [f"x{dim}" for dim in range(len(rows))])
         for role, positions in self.groups:
             if role == "full":
                 self._column_group(positions)
@@ -562,6 +663,9 @@ class CppKernelGenerator:
             self.out.close()
         self.out.close()
 
+    def _column_variables(self) -> list:
+        return [f"r{dim}" for dim in range(len(self.kernel.col_ranges))]
+
     def _open_outer_columns(self) -> None:
         for dim, extent in enumerate(self.kernel.col_ranges[:-1]):
             self.out.open(self._loop(f"r{dim}", extent))
@@ -572,10 +676,11 @@ class CppKernelGenerator:
 
     def _column_group(self, positions: list) -> None:
         """Consecutive full nodes: one loop over the row's columns, innermost simd."""
+        preheader = self._preheader(self.kernel.col_ranges)
         self._open_outer_columns()
         last = len(self.kernel.col_ranges) - 1
         self.out.add(self._simd())
-        self._open_scope(self._loop(f"r{last}", self.kernel.col_ranges[last]))
+        self._open_scope(self._loop(f"r{last}", self.kernel.col_ranges[last]), self._column_variables(), preheader)
         for position in positions:
             self._emit_stores(position)
         self._close_scope()
@@ -628,16 +733,18 @@ class CppKernelGenerator:
 
         last = len(self.kernel.col_ranges) - 1
         extent = self.index(self.kernel.col_ranges[last])
+        preheader = self._preheader(self.kernel.col_ranges)  # before both loops: together they run
         self._open_outer_columns()
         self.out.add(f"int64_t {name}_end = {extent} - {extent} % {LANES};")
         self.out.open(f"for (int64_t {name}_base = 0; {name}_base < {name}_end; {name}_base += {LANES})")
         self.out.add(self._simd())
-        self._open_scope(f"for (int64_t lane = 0; lane < {LANES}; lane++)")
+        self._open_scope(f"for (int64_t lane = 0; lane < {LANES}; lane++)", self._column_variables(), preheader)
         self.out.add(f"int64_t r{last} = {name}_base + lane;")
         self._fold(position, reduce_op, kind, name, "lane", value_type, fold, save_reused)
         self._close_scope()
         self.out.close()
-        self._open_scope(f"for (int64_t r{last} = {name}_end; r{last} < {extent}; r{last}++)")
+        self._open_scope(f"for (int64_t r{last} = {name}_end; r{last} < {extent}; r{last}++)",
+                         self._column_variables(), preheader)
         self._fold(position, reduce_op, kind, name, "0", value_type, fold, save_reused)
         self._close_scope()
         self._close_outer_columns()
@@ -685,7 +792,7 @@ class CppKernelGenerator:
             storage = STORAGE_TYPES[self.graph.buffers[buffer_name].dtype]
             parameters.append(f"{'' if buffer_name in self.stored else 'const '}{storage}* {pointer}")
         parameters += [f"int64_t {symbol}" for symbol in sizes]
-        body = "\n".join(self.out.lines)
+        body = "\n".join(self.out.flat())
         source = (PRELUDE + f'\nextern "C" int {KERNEL_SYMBOL}({", ".join(parameters)}) {{\n'
                   f"    int kiln_status = 0;\n{body}\n    return kiln_status;\n}}\n")
         rows = sympy.sympify(kernel.row_numel)

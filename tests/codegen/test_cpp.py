@@ -300,3 +300,64 @@ def test_gelu_is_closer_to_float64_than_eager():
     assert torch.equal(got.isnan(), expected.isnan())
     assert torch.equal(got[~expected.isnan()], expected[~expected.isnan()])
     assert torch.equal(got.signbit()[~expected.isnan()], expected.signbit()[~expected.isnan()])
+
+
+def loop_body(source: str, variable: str) -> str:
+    """The lines inside every C++ loop that binds `variable` (`for (int64_t <variable> = ...`)."""
+    lines, inside, depth = source.splitlines(), [], 0
+    for line in lines:
+        if depth:
+            depth += line.count("{") - line.count("}")
+            if depth > 0:
+                inside.append(line)
+        elif f"for (int64_t {variable} = " in line:
+            depth = 1
+    return "\n".join(inside)
+
+
+def kernel_text(graph) -> str:
+    return "\n".join(source.split('extern "C"')[-1] for source in graph.module_source.kernels.values())
+
+
+def test_row_values_are_computed_once_per_row():
+    # An embedding's row index, its bounds check and rsqrt(mean + eps) depend on the row only:
+    # they are computed before the column loops, which keep one contiguous load each.
+    weight, scale = torch.randn(50, 64), torch.randn(64)
+
+    def fn(w, i, scale):
+        hidden = torch.nn.functional.embedding(i, w)
+        return hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + 1e-6) * scale
+
+    (graph,) = assert_matches(fn, weight, torch.randint(0, 50, (4, 9)), scale)
+    source = kernel_text(graph)
+    columns = loop_body(source, "r0") + loop_body(source, "lane")
+    assert "kiln_status |=" in source and "kiln_status |=" not in columns
+    assert "std::sqrt" in source and "std::sqrt" not in columns
+    compiled = torch.compile(fn, backend="kiln", dynamic=False)
+    torch._dynamo.reset()
+    with pytest.raises(IndexError):  # the check still runs, hoisted
+        compiled(weight, torch.tensor([[3, 50]]), scale)
+
+
+def test_pointwise_values_of_the_outer_rows_leave_the_simd_loop():
+    fn = lambda x, y: x * (y * 2 + 1).unsqueeze(1)  # noqa: E731
+    (graph,) = assert_matches(fn, torch.randn(6, 40), torch.randn(6))
+    source = kernel_text(graph)
+    inner = loop_body(source, "x1")
+    assert "ptr1[x0]" in source and "ptr1" not in inner and "0x1" not in inner  # y * 2 + 1 is computed per row
+
+
+def test_hoisting_with_symbolic_and_zero_column_counts():
+    # A symbolic column count may be 0, and a value hoisted before the loop would then be computed
+    # where the loop computes nothing: only loops of a known positive extent give values up.
+    def fn(w, i):
+        return torch.nn.functional.embedding(i, w).sum(-1)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="kiln", dynamic=True)
+    with kiln.config.patch(strict=True):
+        for rows, columns in ((30, 16), (20, 0), (25, 7)):
+            w, i = torch.randn(rows, columns), torch.randint(0, rows, (3, 5))
+            verdict = kiln.testing.compare(compiled(w, i), fn(w, i), fn(w.double(), i))
+            assert verdict, verdict.message
+    assert_matches(fn, torch.randn(20, 0), torch.randint(0, 20, (3, 5)))  # a static 0 columns
