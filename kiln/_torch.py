@@ -95,3 +95,11 @@ def onednn_linear():
         return None
     packet = getattr(torch.ops.mkldnn, "_linear_pointwise", None)
     return None if packet is None else packet.default
+
+
+def onednn_linear_binary():
+    """`mkldnn::_linear_pointwise.binary(x, other, weight, bias?, attr)`: the linear, then
+    `attr` ("mul", "add", ...) with `other` applied as it stores. None where torch lacks it."""
+    if onednn_linear() is None:
+        return None
+    return getattr(torch.ops.mkldnn._linear_pointwise, "binary", None)

@@ -24,13 +24,16 @@ from kiln.lowering.registry import EXTERN_OPS, LOWERINGS
 def lower_graph(gm: torch.fx.GraphModule, example_inputs) -> Graph:
     graph = Graph()
     ctx = LoweringContext(graph)
-    values: dict = {}
+    values = ctx.values
     for fx_node in gm.graph.nodes:
         ctx.current_fx_node = fx_node
         if fx_node.op == "placeholder":
             values[fx_node] = _lower_placeholder(ctx, fx_node)
         elif fx_node.op == "get_attr":
             values[fx_node] = _lower_constant(ctx, fx_node, getattr(gm, fx_node.target))
+        elif fx_node.op == "call_function" and fx_node in ctx.folded:
+            values[fx_node] = values[ctx.folded.pop(fx_node)]  # computed by a product (a post-op)
+            ctx.lowered_ops[str(fx_node.target)] = ctx.lowered_ops.get(str(fx_node.target), 0) + 1
         elif fx_node.op == "call_function":
             values[fx_node] = _lower_call(ctx, fx_node, values)
         elif fx_node.op == "output":

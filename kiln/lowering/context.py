@@ -106,6 +106,10 @@ class LoweringContext:
         self.lowered_ops: dict[str, int] = {}
         self.extern_ops: dict[str, int] = {}
         self.current_fx_node = None
+        self.values: dict = {}  # FX node -> its lowered value, as lower_graph fills it in
+        # FX node -> the FX node whose value already holds its result: an elementwise op that a
+        # product computed as its oneDNN post-op (lowering/matmul.py) is not lowered again.
+        self.folded: dict = {}
 
     # ---- naming -------------------------------------------------------------------
     def new_buffer(self, device, dtype, layout: Layout, prefix: str = "buf") -> Buffer:

@@ -28,6 +28,10 @@ addmm has one; config.cpu_gemm='aten' turns it off). aten.mm calls MKL's sgemm, 
 weight read as it is stored, no packing and no cache. Its sums run in another order: the
 relative RMS error against float64 was 4.1e-7 against MKL's 2.4e-7 (K = 512). It takes no
 `out=`, so its outputs are allocated per call, not in the scratch block.
+
+A product's only elementwise consumer (gelu, silu, relu, or a product with a tensor of its
+size) is oneDNN's post-op: applied to the values as they are stored, so no kernel reads the
+product back (`_post_op`).
 """
 from __future__ import annotations
 
@@ -37,7 +41,7 @@ import torch
 
 from kiln import _torch
 from kiln.config import config
-from kiln.ir import Layout
+from kiln.ir import Layout, TensorArg
 from kiln.lowering.context import Unsupported, ViewValue, layout_of, meta_of
 from kiln.lowering.registry import lowering
 
@@ -131,7 +135,69 @@ def onednn_linear(ctx, meta, a, b, bias=None):
         bias = ctx.realize(bias)
         if bias.layout.stride[0] != 1:
             return None
-    return ctx.extern(op, (x, weight, bias, "none", [], ""), {}, meta)
+    epilogue = _post_op(ctx, ctx.current_fx_node, meta)
+    if epilogue is None:
+        return ctx.extern(op, (x, weight, bias, "none", [], ""), {}, meta)
+    consumer, end, attr, algorithm, other = epilogue
+    if other is None:
+        result = ctx.extern(op, (x, weight, bias, attr, [], algorithm), {}, meta)
+    else:
+        result = ctx.extern(_torch.onednn_linear_binary(), (x, other, weight, bias, attr), {}, meta)
+    ctx.folded[consumer] = end
+    return result
+
+
+UNARY_POST_OPS = {aten.relu.default: "relu", aten.silu.default: "swish", aten.gelu.default: "gelu"}
+RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+
+
+def _product_end(fx_node):
+    """The last of the product's single-use reshapes (the product itself when there are none)."""
+    while len(fx_node.users) == 1:
+        (user,) = fx_node.users
+        if user.target not in RESHAPES or user.args[0] is not fx_node:
+            break
+        fx_node = user
+    return fx_node
+
+
+def _post_op(ctx, fx_node, meta):
+    """The elementwise op oneDNN can apply to a product's values as it stores them, when it is
+    the product's only consumer (through reshapes, which a contiguous output keeps views):
+    (consumer FX node, the product's last reshape, attr, algorithm, other operand or None), or None.
+
+    gelu (exact or tanh), silu and relu are unary post-ops; `product * other` is a binary one
+    (Llama's silu(gate) * up: up's product multiplies by the silu its gate product computed)
+    when `other` is lowered already and is a contiguous float32 tensor of the product's size.
+    The consumer is then not lowered (LoweringContext.folded): its value is the product's."""
+    if not config.cpu_gemm_post_ops or _torch.onednn_linear_binary() is None or fx_node is None:
+        return None
+    end = _product_end(fx_node)
+    if len(end.users) != 1:
+        return None
+    (consumer,) = end.users
+    result, end_meta = consumer.meta.get("val"), end.meta.get("val")
+    if not isinstance(result, torch.Tensor) or not isinstance(end_meta, torch.Tensor) or \
+            result.dtype != torch.float32 or tuple(result.shape) != tuple(end_meta.shape):
+        return None
+    if consumer.target in UNARY_POST_OPS and consumer.args[0] is end and len(consumer.args) == 1:
+        algorithm = consumer.kwargs.get("approximate", "none") if consumer.target == aten.gelu.default else ""
+        return consumer, end, UNARY_POST_OPS[consumer.target], algorithm, None
+    if consumer.target != aten.mul.Tensor or consumer.kwargs or len(consumer.args) != 2 or \
+            list(consumer.args).count(end) != 1:
+        return None
+    other_node = consumer.args[1] if consumer.args[0] is end else consumer.args[0]
+    other_meta = other_node.meta.get("val") if isinstance(other_node, torch.fx.Node) else None
+    if other_node not in ctx.values or not isinstance(other_meta, torch.Tensor) or \
+            other_meta.dtype != torch.float32 or tuple(other_meta.shape) != tuple(result.shape):
+        return None
+    other = ctx.realize(ctx.values[other_node])
+    rows, columns = (sympy.sympify(size) for size in meta.shape)
+    if tuple(other.layout.stride) != tuple(sympy.sympify(s) for s in layout_of(other_meta).stride) or \
+            not other_meta.is_contiguous():
+        return None
+    return consumer, end, "mul", "", TensorArg(other.buffer, Layout((rows, columns), (columns, sympy.Integer(1)),
+                                                                    other.layout.offset))
 
 
 @lowering(aten.mm.default)

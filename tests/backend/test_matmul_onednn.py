@@ -81,3 +81,56 @@ def test_onednn_error_is_an_fp32_products_error():
     result = _torch.onednn_linear()(x, w, None, "none", [], "").double()
     relative_rms = ((result - reference).pow(2).mean() / reference.pow(2).mean()).sqrt().item()
     assert relative_rms < 8 * torch.finfo(torch.float32).eps
+
+
+def externs_and_kernels(graph) -> tuple[list, int]:
+    return sorted(str(op) for op in graph.module_source.externs.values()), graph.kernel_count
+
+
+@pytest.mark.parametrize("activation", ["gelu", "gelu_tanh", "silu", "relu"])
+def test_an_activation_of_a_linear_is_its_post_op(activation):
+    fn = {"gelu": torch.nn.functional.gelu, "silu": torch.nn.functional.silu, "relu": torch.relu,
+          "gelu_tanh": lambda y: torch.nn.functional.gelu(y, approximate="tanh")}[activation]
+    x, w, b = torch.randn(2, 30, 48), torch.randn(40, 48), torch.randn(40)
+    (graph,) = assert_matches(lambda x, w, b: fn(torch.nn.functional.linear(x, w, b)), x, w, b)
+    assert externs_and_kernels(graph) == (["mkldnn._linear_pointwise.default"], 0)
+    attr = {"gelu": "'gelu'", "gelu_tanh": "'tanh'", "silu": "'swish'", "relu": "'relu'"}[activation]
+    assert attr in graph.module_source.wrapper
+
+
+def test_swiglu_is_two_products_and_no_kernel():
+    # Llama's MLP: silu(x @ gate.t()) * (x @ up.t()); the gate product applies silu, the up
+    # product multiplies by it as it stores.
+    x, gate, up = torch.randn(2, 30, 48), torch.randn(40, 48), torch.randn(40, 48)
+    fn = lambda x, g, u: torch.nn.functional.silu(x @ g.t()) * (x @ u.t())  # noqa: E731
+    (graph,) = assert_matches(fn, x, gate, up)
+    assert externs_and_kernels(graph) == (["mkldnn._linear_pointwise.binary", "mkldnn._linear_pointwise.default"], 0)
+
+
+@pytest.mark.parametrize("case", ["two_users", "broadcast_other", "output_too", "integer_scale"])
+def test_post_ops_only_for_a_single_elementwise_consumer(case):
+    x, w, v = torch.randn(30, 48), torch.randn(40, 48), torch.randn(40)
+    if case == "two_users":
+        fn = lambda x, w, v: torch.relu(y := x @ w.t()) + y.sum()  # noqa: E731
+    elif case == "broadcast_other":
+        fn = lambda x, w, v: (x @ w.t()) * v  # noqa: E731
+    elif case == "output_too":
+        fn = lambda x, w, v: (torch.relu(y := x @ w.t()), y)  # noqa: E731
+    else:
+        fn = lambda x, w, v: (x @ w.t()) * 3  # noqa: E731
+    (graph,) = assert_matches(fn, x, w, v)
+    assert graph.kernel_count >= 1  # the consumer is a kernel of its own
+    assert "'relu'" not in graph.module_source.wrapper and "binary" not in str(externs_and_kernels(graph)[0])
+
+
+def test_post_op_values_match_float64_like_eager():
+    """oneDNN's gelu and swish post-ops against float64, beside eager's own error."""
+    torch.manual_seed(0)
+    x, w, b = torch.randn(256, 128), torch.randn(320, 128) * 0.2, torch.randn(320)
+    reference = torch.nn.functional.linear(x.double(), w.double(), b.double())
+    for attr, algorithm, fn in (("gelu", "none", torch.nn.functional.gelu), ("swish", "", torch.nn.functional.silu),
+                                ("gelu", "tanh", lambda y: torch.nn.functional.gelu(y, approximate="tanh"))):
+        fused = _torch.onednn_linear()(x, w, b, attr, [], algorithm).double()
+        eager = fn(torch.nn.functional.linear(x, w, b)).double()
+        error, eager_error = (fused - fn(reference)).abs().max().item(), (eager - fn(reference)).abs().max().item()
+        assert error <= 4 * eager_error + 1e-6, (attr, algorithm, error, eager_error)
