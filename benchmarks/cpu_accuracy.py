@@ -18,7 +18,7 @@ import sys
 
 import torch
 
-from benchmarks.case import Runner, compile_program
+from benchmarks.case import compile_program
 from benchmarks.cpu import MODELS, _commit, _hardware, cpu_workload
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
