@@ -42,6 +42,7 @@ import torch
 from kiln import _torch
 from kiln.config import config
 from kiln.ir import Layout, TensorArg
+from kiln.ir.indexing import contiguous_strides
 from kiln.lowering.context import Unsupported, ViewValue, layout_of, meta_of
 from kiln.lowering.registry import lowering
 
@@ -151,6 +152,11 @@ UNARY_POST_OPS = {aten.relu.default: "relu", aten.silu.default: "swish", aten.ge
 RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
+def _shape(meta) -> list:
+    """A fake tensor's sizes as sympy expressions (compared without guarding on SymInts)."""
+    return [_torch.sym_expr(size) for size in meta.shape]
+
+
 def _product_end(fx_node):
     """The last of the product's single-use reshapes (the product itself when there are none)."""
     while len(fx_node.users) == 1:
@@ -178,7 +184,7 @@ def _post_op(ctx, fx_node, meta):
     (consumer,) = end.users
     result, end_meta = consumer.meta.get("val"), end.meta.get("val")
     if not isinstance(result, torch.Tensor) or not isinstance(end_meta, torch.Tensor) or \
-            result.dtype != torch.float32 or tuple(result.shape) != tuple(end_meta.shape):
+            result.dtype != torch.float32 or _shape(result) != _shape(end_meta):
         return None
     if consumer.target in UNARY_POST_OPS and consumer.args[0] is end and len(consumer.args) == 1:
         algorithm = consumer.kwargs.get("approximate", "none") if consumer.target == aten.gelu.default else ""
@@ -189,13 +195,14 @@ def _post_op(ctx, fx_node, meta):
     other_node = consumer.args[1] if consumer.args[0] is end else consumer.args[0]
     other_meta = other_node.meta.get("val") if isinstance(other_node, torch.fx.Node) else None
     if other_node not in ctx.values or not isinstance(other_meta, torch.Tensor) or \
-            other_meta.dtype != torch.float32 or tuple(other_meta.shape) != tuple(result.shape):
+            other_meta.dtype != torch.float32 or _shape(other_meta) != _shape(result):
         return None
     other = ctx.realize(ctx.values[other_node])
-    rows, columns = (sympy.sympify(size) for size in meta.shape)
-    if tuple(other.layout.stride) != tuple(sympy.sympify(s) for s in layout_of(other_meta).stride) or \
-            not other_meta.is_contiguous():
-        return None
+    expected = contiguous_strides(other.layout.size)
+    if any(size != 1 and sympy.expand(stride - want) != 0
+           for size, stride, want in zip(other.layout.size, other.layout.stride, expected)):
+        return None  # oneDNN reads `other` as a dense [rows, columns] matrix
+    rows, columns = _shape(meta)
     return consumer, end, "mul", "", TensorArg(other.buffer, Layout((rows, columns), (columns, sympy.Integer(1)),
                                                                     other.layout.offset))
 

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import kiln
+import kiln.testing
 from kiln import _torch
 from tests.backend.test_pipeline import assert_matches
 
@@ -134,3 +135,26 @@ def test_post_op_values_match_float64_like_eager():
         eager = fn(torch.nn.functional.linear(x, w, b)).double()
         error, eager_error = (fused - fn(reference)).abs().max().item(), (eager - fn(reference)).abs().max().item()
         assert error <= 4 * eager_error + 1e-6, (attr, algorithm, error, eager_error)
+
+
+def test_post_ops_with_dynamic_rows():
+    def fn(x, gate, up, w, b):
+        return torch.nn.functional.silu(x @ gate.t()) * (x @ up.t()), torch.nn.functional.gelu(
+            torch.nn.functional.linear(x, w, b))
+
+    weights = torch.randn(40, 48), torch.randn(40, 48), torch.randn(24, 48), torch.randn(24)
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="kiln", dynamic=True)
+    with kiln.config.patch(strict=True):
+        for rows in (7, 33, 64):
+            x = torch.randn(rows, 48)
+            args64 = [tensor.double() for tensor in (x, *weights)]
+            verdict = kiln.testing.compare(compiled(x, *weights), fn(x, *weights), fn(*args64))
+            assert verdict, verdict.message
+
+
+def test_a_strided_other_operand_stays_a_kernel():
+    x, w = torch.randn(40, 48), torch.randn(40, 48)
+    fn = lambda x, w, o: (x @ w.t()) * o.t()  # noqa: E731  (o.t(): a transposed [40, 40])
+    (graph,) = assert_matches(fn, x, w, torch.randn(40, 40))
+    assert "binary" not in str(externs_and_kernels(graph)[0]) and graph.kernel_count == 1

@@ -236,16 +236,16 @@ def test_small_integer_powers_are_products(dtype):
     assert source.count("std::pow(") == 1  # only x ** 2.5
 
 
+def embedding_rms_norm(w, i, scale):
+    hidden = torch.nn.functional.embedding(i, w)
+    return hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + 1e-6) * scale
+
+
 def test_a_gather_loop_stays_vectorized():
     # The bounds check is branch-free and reported through an OpenMP `|` reduction, so a gather
     # (an embedding, then RMS-normalized as Llama does) does not keep its loop from being simd.
     weight, scale = torch.randn(50, 64), torch.randn(64)
-
-    def fn(w, i, scale):
-        hidden = torch.nn.functional.embedding(i, w)
-        return hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + 1e-6) * scale
-
-    (graph,) = assert_matches(fn, weight, torch.randint(0, 50, (4, 9)), scale)
+    (graph,) = assert_matches(embedding_rms_norm, weight, torch.randint(0, 50, (4, 9)), scale)
     listing = "\n".join(graph.module_source.kernels.values())
     assert "reduction(|:kiln_status)" in listing and "#pragma omp simd" in listing
     assert "__atomic" not in listing
@@ -323,17 +323,12 @@ def test_row_values_are_computed_once_per_row():
     # An embedding's row index, its bounds check and rsqrt(mean + eps) depend on the row only:
     # they are computed before the column loops, which keep one contiguous load each.
     weight, scale = torch.randn(50, 64), torch.randn(64)
-
-    def fn(w, i, scale):
-        hidden = torch.nn.functional.embedding(i, w)
-        return hidden * torch.rsqrt(hidden.pow(2).mean(-1, keepdim=True) + 1e-6) * scale
-
-    (graph,) = assert_matches(fn, weight, torch.randint(0, 50, (4, 9)), scale)
+    (graph,) = assert_matches(embedding_rms_norm, weight, torch.randint(0, 50, (4, 9)), scale)
     source = kernel_text(graph)
     columns = loop_body(source, "r0") + loop_body(source, "lane")
     assert "kiln_status |=" in source and "kiln_status |=" not in columns
     assert "std::sqrt" in source and "std::sqrt" not in columns
-    compiled = torch.compile(fn, backend="kiln", dynamic=False)
+    compiled = torch.compile(embedding_rms_norm, backend="kiln", dynamic=False)
     torch._dynamo.reset()
     with pytest.raises(IndexError):  # the check still runs, hoisted
         compiled(weight, torch.tensor([[3, 50]]), scale)
