@@ -209,6 +209,8 @@ class CppKernelGenerator:
         self.conversions = 0  # stored values converted to their buffer's dtype (numbers their locals)
         self.out = _Lines()
         self.scopes: list[_Scope] = []
+        # (node position, op index) -> its level (_level) under the open scopes; reset when they change
+        self.levels: dict = {}
         self._position: int | None = None  # the node whose ops are being emitted (for `ind<k>` symbols)
         self.mappings = [var_map(node, role, kernel.row_ranges, kernel.col_ranges)
                          for node, role in zip(kernel.nodes, kernel.roles)]
@@ -363,7 +365,7 @@ class CppKernelGenerator:
                                 f"{array}[{self._column_flat_index()}]")
             self.scopes[-1].values[(position, op_index)] = found
         elif found is None:
-            target = self._target_scope(self._level(position, op_index, {}))
+            target = self._target_scope(self._level(position, op_index, self.levels))
             saved = self._position, self.out
             self._position = position
             if target < len(self.scopes) - 1:
@@ -502,9 +504,9 @@ class CppKernelGenerator:
             size = self.index(layout.size[dim])
             # Checked once in the outermost scope its index and mask allow (an embedding's row
             # index once per row, not per column), and shared by the loads of the same index.
-            level = self._symbols_level(position, expr.free_symbols, {})
+            level = self._symbols_level(position, expr.free_symbols, self.levels)
             if mask:
-                level = max(level, self._level(position, op.operands[0], {}))
+                level = max(level, self._level(position, op.operands[0], self.levels))
             target = self._target_scope(level)
             key = (self.index(expr), size, mask)
             checked = self.lookup(key, "checks")
@@ -585,6 +587,7 @@ class CppKernelGenerator:
         if header is not None:
             self.out.open(header)
         self.scopes.append(_Scope(variables, preheader))
+        self.levels = {}
 
     def _preheader(self, extents) -> _Lines | None:
         """A block before loops over `extents` for the values they do not change; None unless
@@ -595,6 +598,7 @@ class CppKernelGenerator:
 
     def _close_scope(self, braces: bool = True) -> None:
         self.scopes.pop()
+        self.levels = {}
         if braces:
             self.out.close()
 
