@@ -43,7 +43,7 @@ from kiln import _torch
 from kiln.config import config
 from kiln.ir import Layout, TensorArg
 from kiln.ir.indexing import contiguous_strides
-from kiln.lowering.context import Unsupported, ViewValue, layout_of, meta_of
+from kiln.lowering.context import TensorValue, Unsupported, ViewValue, layout_of, meta_of
 from kiln.lowering.registry import lowering
 
 aten = _torch.aten
@@ -114,36 +114,34 @@ def pad_product_columns(ctx, meta, a, b):
     return ViewValue(product, [rows, columns], lambda index: index)
 
 
-def onednn_linear(ctx, meta, a, b, bias=None):
+def onednn_linear(ctx, meta, a: TensorArg, b: TensorArg, bias: TensorArg | None = None):
     """`a @ b (+ bias)` as oneDNN's linear of a and the weight b.t() (see the module docstring),
     or None when it does not apply: only fp32 CPU products, on layouts the op is exact for."""
     op = _torch.onednn_linear()
     if config.cpu_gemm != "onednn" or op is None or meta.device.type != "cpu" or meta.dtype != torch.float32 \
-            or meta.dim() != 2 or a.dtype != torch.float32 or b.dtype != torch.float32:
+            or meta.dim() != 2:
+        return None  # (aten's products take operands of the result's dtype only)
+    if not (isinstance(a, TensorArg) and isinstance(b, TensorArg)):
         return None
-    inner, columns = (sympy.sympify(size) for size in b.shape)
+    inner, columns = b.layout.size
     if not (inner.is_Integer and columns.is_Integer and int(inner) > 1 and int(columns) > 0):
         return None  # the op rejects K = 0; K = 1 leaves no unit stride to check
-    x = ctx.realize(a)
-    weight = ctx.realize(ViewValue(b, [columns, inner], lambda index: [index[1], index[0]]))
-    # Measured (tests/lowering/test_matmul.py): rows of x must be unit-stride (a column-major x is
-    # rejected), the weight may be either way round, and a strided bias gives wrong values.
-    if x.layout.stride[1] != 1 or 1 not in weight.layout.stride or 0 in weight.layout.stride:
+    weight = TensorArg(b.buffer, Layout((columns, inner), tuple(reversed(b.layout.stride)), b.layout.offset))
+    # Measured (tests/backend/test_matmul_onednn.py): rows of x must be unit-stride (a column-major
+    # x is rejected), the weight may be either way round, and a strided bias gives wrong values.
+    if a.layout.stride[1] != 1 or 1 not in weight.layout.stride or 0 in weight.layout.stride:
         return None
-    if bias is not None:
-        if bias.dtype != torch.float32 or len(bias.shape) != 1 or sympy.sympify(bias.shape[0]) != columns:
-            return None
-        bias = ctx.realize(bias)
-        if bias.layout.stride[0] != 1:
-            return None
+    if bias is not None and (not isinstance(bias, TensorArg) or len(bias.layout.size) != 1 or
+                             bias.layout.size[0] != columns or bias.layout.stride[0] != 1):
+        return None
     epilogue = _post_op(ctx, ctx.current_fx_node, meta)
     if epilogue is None:
-        return ctx.extern(op, (x, weight, bias, "none", [], ""), {}, meta)
+        return ctx.extern(op, (a, weight, bias, "none", [], ""), {}, meta)
     consumer, end, attr, algorithm, other = epilogue
     if other is None:
-        result = ctx.extern(op, (x, weight, bias, attr, [], algorithm), {}, meta)
+        result = ctx.extern(op, (a, weight, bias, attr, [], algorithm), {}, meta)
     else:
-        result = ctx.extern(_torch.onednn_linear_binary(), (x, other, weight, bias, attr), {}, meta)
+        result = ctx.extern(_torch.onednn_linear_binary(), (a, other, weight, bias, attr), {}, meta)
     ctx.folded[consumer] = end
     return result
 
@@ -207,11 +205,17 @@ def _post_op(ctx, fx_node, meta):
                                                                     other.layout.offset))
 
 
+def _realized(ctx, value):
+    """A tensor operand as the strided view the extern reads (other values as they are)."""
+    return ctx.realize(value) if isinstance(value, TensorValue) else value
+
+
 @lowering(aten.mm.default)
 def mm(ctx, node, a, b):
     padded = pad_product_columns(ctx, meta_of(node), a, b)
     if padded is not None:
         return padded
+    a, b = _realized(ctx, a), _realized(ctx, b)  # once, for whichever op takes them
     linear = onednn_linear(ctx, meta_of(node), a, b)
     if linear is not None:
         return linear
@@ -221,6 +225,7 @@ def mm(ctx, node, a, b):
 
 @lowering(aten.addmm.default)
 def addmm(ctx, node, bias, a, b, *, beta=1, alpha=1):
+    bias, a, b = _realized(ctx, bias), _realized(ctx, a), _realized(ctx, b)  # once, for whichever op takes them
     if beta == 1 and alpha == 1:
         linear = onednn_linear(ctx, meta_of(node), a, b, bias)
         if linear is not None:
