@@ -174,7 +174,7 @@ def _post_op(ctx, fx_node, meta):
     (Llama's silu(gate) * up: up's product multiplies by the silu its gate product computed)
     when `other` is lowered already and is a contiguous float32 tensor of the product's size.
     The consumer is then not lowered (LoweringContext.folded): its value is the product's."""
-    if not config.cpu_gemm_post_ops or _torch.onednn_linear_binary() is None or fx_node is None:
+    if not config.cpu_gemm_post_ops or fx_node is None:
         return None
     end = _product_end(fx_node)
     if len(end.users) != 1:
@@ -188,7 +188,7 @@ def _post_op(ctx, fx_node, meta):
         algorithm = consumer.kwargs.get("approximate", "none") if consumer.target == aten.gelu.default else ""
         return consumer, end, UNARY_POST_OPS[consumer.target], algorithm, None
     if consumer.target != aten.mul.Tensor or consumer.kwargs or len(consumer.args) != 2 or \
-            list(consumer.args).count(end) != 1:
+            list(consumer.args).count(end) != 1 or _torch.onednn_linear_binary() is None:
         return None
     other_node = consumer.args[1] if consumer.args[0] is end else consumer.args[0]
     other_meta = other_node.meta.get("val") if isinstance(other_node, torch.fx.Node) else None

@@ -355,4 +355,7 @@ def test_hoisting_with_symbolic_and_zero_column_counts():
             w, i = torch.randn(rows, columns), torch.randint(0, rows, (3, 5))
             verdict = kiln.testing.compare(compiled(w, i), fn(w, i), fn(w.double(), i))
             assert verdict, verdict.message
-    assert_matches(fn, torch.randn(20, 0), torch.randint(0, 20, (3, 5)))  # a static 0 columns
+    (graph,) = assert_matches(fn, torch.randn(20, 0), torch.randint(0, 20, (3, 5)))  # a static 0 columns
+    source = kernel_text(graph)
+    columns = loop_body(source, "r0") + loop_body(source, "lane")
+    assert source.count("kiln_status |=") == columns.count("kiln_status |=") > 0  # the check stays in its loop
