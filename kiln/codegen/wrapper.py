@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
+from kiln import _torch
 from kiln.codegen.printing import expr_to_source
 from kiln.codegen.triton import KernelSource, generate_kernel
 from kiln.ir import Extern, TensorArg
@@ -104,6 +105,7 @@ class WrapperGenerator:
             dead = [self.name(name) for name, last in last_use.items() if last == step_index]
             if dead:
                 body.append(f"del {', '.join(sorted(dead))}")
+        body += self._index_status_check(module)
         body.append(f"return ({''.join(self._output(output) + ', ' for output in graph.outputs)})")
         if self.scratch:
             body = (["_scratch = _arena.acquire()", "try:"] + ["    " + line for line in body]
@@ -113,6 +115,28 @@ class WrapperGenerator:
         module.kernel_count = len([k for k in module.kernel_sources if not k.skip])
         module.extern_count = len(module.externs)
         return module
+
+    def _index_status_check(self, module: ModuleSource) -> list[str]:
+        """Triton kernels flag out-of-range gather indices (check_index) in one int32 the module
+        owns; the wrapper reads it once, after its last kernel, and raises IndexError. (C++ kernels
+        return their flag instead: CppKernelSource.launch.) On CUDA the read is a host sync, made
+        only by graphs that gather, unless config.gpu_index_checks is off."""
+        from kiln.codegen.triton import INDEX_STATUS
+        from kiln.config import config
+
+        checking = [source for source in module.kernel_sources
+                    if isinstance(source, KernelSource) and source.checks_indices and not source.skip]
+        if not checking:
+            return []
+        device = {self.graph.buffers[name].device for source in checking for name in source.buffer_args
+                  if name in self.graph.buffers}
+        (device,) = device
+        with _torch.real_tensors():
+            module.constants[INDEX_STATUS] = torch.zeros(1, dtype=torch.int32, device=device)
+        if device.type == "cuda" and not config.gpu_index_checks:
+            return []
+        names = ", ".join(source.name for source in checking)
+        return [f"check_index_status({INDEX_STATUS}, {f'kernel {names}'!r})"]
 
     def _used_symbols(self) -> set:
         used = set()
@@ -129,7 +153,8 @@ class WrapperGenerator:
 
     def _header(self, module: ModuleSource) -> list[str]:
         lines = ["# kiln generated wrapper", "import torch", "from kiln.runtime.support import empty_strided, "
-                 "empty_strided_huge, restride, view_at, cdiv, flatten_result as _flatten_result", ""]
+                 "empty_strided_huge, restride, view_at, cdiv, flatten_result as _flatten_result, raise_index_error, "
+                 "check_index_status", ""]
         return lines
 
     def _last_uses(self) -> dict:
