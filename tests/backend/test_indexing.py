@@ -189,12 +189,12 @@ INDEX_KINDS = {
     # any input, wrapped into range: [-n, 0) where negative indices wrap (eager's rule), else [0, n)
     "wrapped": (lambda i, n, wraps: torch.remainder(i, n) - (n if wraps else 0), lambda low, high: (-5 * high, 5 * high)),
 }
-BAD_POSITIONS = ("past the end", "far past the end", "before -n", "-1", "-n")
+BAD_POSITIONS = ("past the end", "before -n", "-1")
 
 
 def _generated_case(source_name: str, gather_name: str):
-    """fn(x, *inputs): one output per index kind; sample(kind, bad) its inputs, all in range, or with
-    one element of `kind`'s input giving the out-of-range (for some ops) position `bad`."""
+    """fn(x, *inputs): one output per index kind; sample(generator, bad) its inputs: in range, except
+    one element of the input of each kind in `bad`, which gives that kind's bad position there."""
     source_fn = SOURCES[source_name]
     gather_fn, dim, index_shape, wraps = GATHERS[gather_name]
     shape = source_fn(torch.zeros(6, 8)).shape
@@ -206,19 +206,26 @@ def _generated_case(source_name: str, gather_name: str):
         inputs = (positive, negative, plus_one, times_two_minus_three, wrapped)
         return tuple(gather_fn(source, position(i)) for position, i in zip(positions, inputs))
 
-    def sample(generator, bad_kind=None, bad=None):
+    def sample(generator, bad=None):
         inputs = []
         for kind, (position_of, input_range) in INDEX_KINDS.items():
             i = torch.randint(*input_range(-n if wraps else 0, n), index_shape(shape), generator=generator)
-            if kind == bad_kind:
-                target = {"past the end": n, "far past the end": n + 3, "before -n": -n - 1, "-1": -1, "-n": -n}[bad]
-                # the input that gives `target` through the kind's arithmetic (odd targets only for 2i - 3)
-                source = {"plus_one": target - 1, "times_two_minus_three": (target + 3) // 2}.get(kind, target)
-                i.view(-1)[0] = source
+            if kind in (bad or {}):
+                target = {"past the end": n, "before -n": -n - 1, "-1": -1}[bad[kind]]
+                # the input that gives `target` through the kind's arithmetic (for 2i - 3: the nearest
+                # odd position farther out of range)
+                halved = -(-(target + 3) // 2) if target >= 0 else (target + 3) // 2
+                i.view(-1)[0] = {"plus_one": target - 1, "times_two_minus_three": halved}.get(kind, target)
             inputs.append(i)
         return inputs
 
     return fn, sample
+
+
+CHECKED_KINDS = [kind for kind in INDEX_KINDS if kind != "wrapped"]  # "wrapped" is always in range
+# Out of range: each kind alone (the positions taking turns), then every kind at once at each position.
+BAD_INPUTS = [{kind: BAD_POSITIONS[turn % len(BAD_POSITIONS)]} for turn, kind in enumerate(CHECKED_KINDS)] + \
+    [{kind: bad for kind in CHECKED_KINDS} for bad in BAD_POSITIONS]
 
 
 @pytest.mark.parametrize("gather_name", list(GATHERS))
@@ -229,24 +236,18 @@ def test_generated_gathers(source_name, gather_name):
     x = torch.randn(6, 8, generator=generator)
     inputs = sample(generator)
     compiled = _compile(fn, x, *inputs)
-    for _ in range(2):  # fresh indices, same graph
-        verdict = kiln.testing.compare(compiled(x, *inputs), fn(x, *inputs), fn(x.double(), *inputs))
-        assert verdict, f"{source_name} x {gather_name}: {verdict.message}"
-        inputs = sample(generator)
-    # One kind's index out of range at a time: kiln raises exactly where eager does.
+    verdict = kiln.testing.compare(compiled(x, *inputs), fn(x, *inputs), fn(x.double(), *inputs))
+    assert verdict, f"{source_name} x {gather_name}: {verdict.message}"
     raised = 0
-    for kind in INDEX_KINDS:
-        if kind == "wrapped":
-            continue  # always in range
-        for bad in BAD_POSITIONS:
-            bad_inputs = sample(generator, kind, bad)
-            try:
-                expected = fn(x, *bad_inputs)
-            except (IndexError, RuntimeError):
-                raised += 1
-                with pytest.raises(IndexError, match="out of range"):
-                    compiled(x, *bad_inputs)
-            else:
-                verdict = kiln.testing.compare(compiled(x, *bad_inputs), expected)
-                assert verdict, f"{source_name} x {gather_name}, {kind} {bad}: {verdict.message}"
-    assert raised >= 8  # past the end, for each kind
+    for bad in BAD_INPUTS:  # kiln raises exactly where eager does, and is right where it does not
+        bad_inputs = sample(generator, bad)
+        try:
+            expected = fn(x, *bad_inputs)
+        except (IndexError, RuntimeError):
+            raised += 1
+            with pytest.raises(IndexError, match="out of range"):
+                compiled(x, *bad_inputs)
+        else:
+            verdict = kiln.testing.compare(compiled(x, *bad_inputs), expected)
+            assert verdict, f"{source_name} x {gather_name}, out of range {bad}: {verdict.message}"
+    assert raised >= 5  # the positions past the end and before -n, alone and at once (and -1 without wrapping)
