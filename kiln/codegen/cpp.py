@@ -758,7 +758,8 @@ class CppKernelGenerator:
               fold: str | None, save_reused: bool) -> None:
         value = self.value(position, reduce_op.operands[0])
         ops = self.kernel.nodes[position].body.ops
-        for op_index in range(ops.index(reduce_op)):
+        reduce_index = next(k for k, op in enumerate(ops) if op.name == "reduce")
+        for op_index in range(reduce_index):
             if ops[op_index].name == "check_index":  # emitted even where the reduced value does not read it
                 self.value(position, op_index)
         if save_reused:

@@ -22,7 +22,7 @@ from kiln.ir.nodes import indirect_value
 from kiln.schedule.kernel import Kernel, var_map
 
 INT32_LIMIT = 2**31 - 1
-# The pseudo-buffer a kernel with check_index ops takes as its last pointer: the graph's one-int32
+# The pseudo-buffer a kernel with check_index ops takes as one of its pointers: the graph's one-int32
 # index-error flag, allocated by the wrapper (codegen/wrapper.py).
 INDEX_STATUS = "_index_status"
 

@@ -1,8 +1,10 @@
 """Rules that read their inputs at computed positions: gather, index_select, index
 (advanced indexing), embedding, cat and constant padding.
 
-Gathers load an index tensor, wrap and bounds-check it (`_gathered_position`: eager's rules, once for
-every gather), then use that value inside another load's index (an `ind<k>` symbol). cat and padding use masked loads so no lane reads out of bounds.
+Gathers load an index tensor, turn it into a checked position (`_gathered_position`: eager's
+rules, once for every gather; docs/design/indexing.md), then use that value inside another
+load's index (an `ind<k>` symbol). cat and padding use masked loads so no lane reads out of
+bounds.
 """
 from __future__ import annotations
 

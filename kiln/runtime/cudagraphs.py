@@ -169,9 +169,9 @@ class CudaGraphRunner:
         from kiln.config import config
         from kiln.runtime.support import check_index_status
 
-        status = getattr(self.compiled, "index_status", None)
-        if status is not None and config.gpu_index_checks:
-            check_index_status(status, f"graph {self.name}")
+        if config.gpu_index_checks:
+            for status in getattr(self.compiled, "index_status", ()):
+                check_index_status(status, f"graph {self.name}")
 
     def _classify_outputs(self, outputs: list, static_args: list) -> None:
         """Which outputs live in the graph's pool (aliased out, liveness-checked), which are inputs'

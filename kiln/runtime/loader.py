@@ -44,11 +44,11 @@ class CompiledGraph:
 
     _boxed_call = True
 
-    def __init__(self, call, module_source, scheduled=None, index_status=None):
+    def __init__(self, call, module_source, scheduled=None, index_status=()):
         self._call = call
-        # The Triton kernels' index-error flag (codegen/wrapper.py), read by the CUDA-graph runner
-        # after a replay, which runs no wrapper code; None when no kernel checks an index.
-        self.index_status = index_status
+        # The Triton kernels' index-error flags (codegen/wrapper.py), one per device, read by the
+        # CUDA-graph runner after a replay, which runs no wrapper code.
+        self.index_status = list(index_status)
         self.module_source = module_source
         self.scheduled = scheduled
         self.kernel_count = module_source.kernel_count
@@ -73,4 +73,5 @@ def load_module(module_source, *, mode: str = "default", scheduled=None) -> Comp
     path = cache_path("wrappers", module_source.wrapper)
     linecache.cache[path] = (len(module_source.wrapper), None, module_source.wrapper.splitlines(True), path)
     exec(compile(module_source.wrapper, path, "exec"), namespace)
-    return CompiledGraph(namespace["call"], module_source, scheduled, namespace.get("_index_status"))
+    return CompiledGraph(namespace["call"], module_source, scheduled,
+                         [namespace[name] for name in module_source.index_status])

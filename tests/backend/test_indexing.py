@@ -125,9 +125,25 @@ def test_an_out_of_range_index_raises(name, fn, index):
     assert verdict, verdict.message
 
 
-def test_negative_indices_wrap_for_advanced_indexing_only():
+def test_negative_indices_wrap_in_advanced_indexing():
     x = torch.randn(3, 4)
     _check(lambda x, i: (x[i], x[:, i]), x, torch.tensor([-1, -3, 2]))
+
+
+VIEWED_INDICES = [
+    ("transposed", lambda x, i: (x[i.view(2, 3).t()],)),
+    ("sliced with a step", lambda x, i: (x[i[::2] - 1],)),
+    ("flipped", lambda x, i: (torch.index_select(x, 0, i.flip(0)),)),
+    ("expanded", lambda x, i: (torch.gather(x, 1, i[:4].view(1, 4).expand(5, 4) % 4),)),
+    ("two broadcast index tensors", lambda x, i: (x[i.view(6, 1) - 2, i[:4] % 4],)),
+    ("index tensors apart, a slice between", lambda x, i: (x.view(5, 2, 2)[i, :, i % 2 - 2],)),
+    ("int32 and bfloat16", lambda x, i: (F.embedding(i.int().view(3, 2), x.bfloat16()),)),
+]
+
+
+@pytest.mark.parametrize("name, fn", VIEWED_INDICES, ids=[case[0] for case in VIEWED_INDICES])
+def test_views_of_the_index_tensor(name, fn):
+    _check(fn, torch.randn(5, 4), torch.tensor([0, 4, 2, 3, 1, 2]))
 
 
 def test_an_out_of_range_index_in_a_reduction_raises():
