@@ -71,11 +71,12 @@ def _verify_loop(node: LoopNode, graph: Graph, defined: set, size_symbols: set) 
                      if not (indirect_value(symbol) is not None and indirect_value(symbol) < position)}
             if extra:
                 problems.append(f"{where}: index uses {sorted(map(str, extra))} outside the node's loops")
+            # Every gathered position passes the one bounds rule: an `ind<k>` names a check_index
+            # value (which also catches an SSA number left stale when one body is inlined into another).
             unchecked = sorted(str(symbol) for symbol in sympy.sympify(expr).free_symbols
-                               if op.name in ("load", "store") and indirect_value(symbol) is not None
-                               and indirect_value(symbol) < position
+                               if indirect_value(symbol) is not None and indirect_value(symbol) < position
                                and node.body.ops[indirect_value(symbol)].name != "check_index")
-            if unchecked:  # every gathered position passes the one bounds rule (check_index)
+            if unchecked:
                 problems.append(f"{where}: index uses {unchecked}, values no check_index bounds")
             if op.name == "check_index" and sympy.sympify(expr).free_symbols - size_symbols:
                 problems.append(f"{where}: checks against a size that is not a size expression")

@@ -11,6 +11,7 @@ wrapped), in range and out of it.
 from __future__ import annotations
 
 import pytest
+import sympy
 import torch
 import torch.nn.functional as F
 
@@ -267,3 +268,29 @@ def test_generated_gathers(source_name, gather_name):
             verdict = kiln.testing.compare(compiled(x, *bad_inputs), expected)
             assert verdict, f"{source_name} x {gather_name}, out of range {bad}: {verdict.message}"
     assert raised >= 5  # the positions past the end and before -n, alone and at once (and -1 without wrapping)
+
+
+def test_inlining_keeps_each_gathered_value_named_right():
+    # The pad's range test `index_expr ind<k>` kept the number <k> had before the index (i + 1) was
+    # inlined ahead of it, naming another value: the verifier now rejects such a body.
+    from kiln.ir import verify
+    from kiln.ir.nodes import indirect_value
+    from kiln.lowering import lower_graph
+    from kiln.schedule import schedule_graph
+
+    graphs = []
+
+    def record(aten_gm, aten_inputs):
+        graphs.append(lower_graph(aten_gm, aten_inputs))
+        return aten_gm
+
+    fn = lambda x, i: (F.pad(x, (0, 0, 2, 1))[i + 1],)  # noqa: E731
+    aot_compile(torch.fx.symbolic_trace(fn), [ROWS, POSITIONS], record)
+    (graph,) = graphs
+    scheduled = schedule_graph(graph)
+    verify(scheduled.graph)
+    (body,) = [node.body for kernel in scheduled.kernels for node in kernel.nodes
+               if any(op.name == "check_index" for op in node.body.ops)]
+    named = [indirect_value(symbol) for op in body.ops if op.name == "index_expr"
+             for symbol in sympy.sympify(op.attr).free_symbols if indirect_value(symbol) is not None]
+    assert named and all(body.ops[value].name == "check_index" for value in named)
