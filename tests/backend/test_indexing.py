@@ -5,8 +5,8 @@ lowering (`_gathered_position`) and rendered by each backend from one LoopIR op 
 advanced indexing wraps negative indices, the others do not, and any index outside its range
 raises IndexError (eager raises IndexError or RuntimeError) instead of reading other memory.
 `test_generated_gathers` checks the cross product of computed sources (pad, cat, stack, flip,
-permute, slice with a step, expand), gather kinds and index kinds (positive, negative, computed,
-wrapped), in range and out of it.
+permute, slice with a step, expand, reshape), gather kinds and index kinds (positive, negative,
+computed, wrapped), in range and out of it.
 """
 from __future__ import annotations
 
@@ -186,6 +186,7 @@ SOURCES = {  # x: [6, 8] -> a computed 2-d tensor
     "permute": lambda x: (x * 2).permute(1, 0),
     "slice_step": lambda x: (x * 2)[::2, 1::3],
     "expand": lambda x: (x[:1] * 2).expand(5, 8),
+    "reshape": lambda x: (x * 2).t().reshape(4, 12),  # a gathered row or column unravelled by div and mod
 }
 
 # op: (gather of `source` at `position`, the dim it indexes, the index tensor's shape for a source
