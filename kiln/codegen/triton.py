@@ -247,9 +247,11 @@ class TritonKernelGenerator:
             running = running * size
         strides.reverse()
         for position, (size, stride) in enumerate(zip(ranges, strides)):
-            value = flat if stride == 1 else f"({flat} // {self.index_source(stride)})"
+            # Parenthesized: a symbolic stride or size prints as a product (`s1*s2`), and
+            # `x // s1*s2` is `(x // s1) * s2` in Python.
+            value = flat if stride == 1 else f"({flat} // ({self.index_source(stride)}))"
             if position > 0:
-                value = f"({value} % {self.index_source(size)})"
+                value = f"({value} % ({self.index_source(size)}))"
             self.out.line(f"{prefix}{position} = {value}")
 
     def _pointwise_body(self) -> None:

@@ -295,3 +295,21 @@ def test_inlining_keeps_each_gathered_value_named_right():
     named = [indirect_value(symbol) for op in body.ops if op.name == "index_expr"
              for symbol in sympy.sympify(op.attr).free_symbols if indirect_value(symbol) is not None]
     assert named and all(body.ops[value].name == "check_index" for value in named)
+
+
+def test_symbolic_sizes_bound_the_index():
+    # The checked size is a size symbol: the same compiled code raises past each call's own size.
+    def fn(w, i):
+        return F.embedding(i, w) * 2, w[i - w.shape[0]]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="kiln", dynamic=True)
+    with kiln.config.patch(strict=True):
+        for rows in (30, 20, 25):
+            w, i = torch.randn(rows, 6), torch.randint(0, rows, (3, 5))
+            verdict = kiln.testing.compare(compiled(w, i), fn(w, i), fn(w.double(), i))
+            assert verdict, verdict.message
+        with pytest.raises(IndexError, match="out of range"):
+            compiled(torch.randn(20, 6), torch.tensor([[3, 20]]))
+        with pytest.raises(IndexError, match="out of range"):
+            compiled(torch.randn(20, 6), torch.tensor([[3, -1]]))
