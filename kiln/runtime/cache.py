@@ -29,6 +29,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 from typing import Callable
 
 from kiln.config import config
@@ -37,6 +38,7 @@ log = logging.getLogger("kiln")
 
 _fallback_roots: dict = {}  # configured cache dir that could not be written -> this process's stand-in
 _warned: set = set()  # what has been warned about (a warning is logged once per process)
+_lock = threading.RLock()  # guards both: libraries are built (and stored) on a pool of threads
 
 
 def source_hash(text: str) -> str:
@@ -46,9 +48,11 @@ def source_hash(text: str) -> str:
 
 def warn_once(topic, message: str, *args) -> None:
     """Log `message` unless a warning on `topic` (any hashable) was already logged in this process."""
-    if topic not in _warned:
+    with _lock:
+        if topic in _warned:
+            return
         _warned.add(topic)
-        log.warning(message, *args)
+    log.warning(message, *args)
 
 
 def entry_name(kind: str, digest: str, suffix: str) -> str:
@@ -87,17 +91,26 @@ def store(relative: str, data: bytes) -> str:
     """Write `data` as the entry `relative` atomically; its path. A cache dir that cannot be
     written is replaced, for this process, by a private temporary folder (one warning)."""
     configured = config.cache_dir
-    if configured not in _fallback_roots:
+    fallback = _fallback_roots.get(configured)
+    if fallback is None:
         try:
             return _write_atomically(os.path.join(configured, relative), data)
         except OSError as error:
-            _fallback_roots[configured] = tempfile.mkdtemp(prefix="kiln-cache-")
-            atexit.register(shutil.rmtree, _fallback_roots[configured], True)
+            fallback = _fallback_root(configured, error)
+    return _write_atomically(os.path.join(fallback, relative), data)
+
+
+def _fallback_root(configured: str, error: OSError) -> str:
+    """This process's stand-in for the cache dir `configured`, made (and warned about) once."""
+    with _lock:
+        if configured not in _fallback_roots:
+            fallback = tempfile.mkdtemp(prefix="kiln-cache-")
+            atexit.register(shutil.rmtree, fallback, True)
+            _fallback_roots[configured] = fallback
             warn_once(("unwritable", configured),
                       "kiln: cannot write the cache dir %s (%s: %s); this process keeps its cache in %s instead "
-                      "(set KILN_CACHE_DIR to a writable folder)", configured, type(error).__name__, error,
-                      _fallback_roots[configured])
-    return _write_atomically(os.path.join(_fallback_roots[configured], relative), data)
+                      "(set KILN_CACHE_DIR to a writable folder)", configured, type(error).__name__, error, fallback)
+        return _fallback_roots[configured]
 
 
 def _write_atomically(path: str, data: bytes) -> str:
