@@ -91,6 +91,7 @@ def invalid_entry_warnings(records) -> list:
 def filled_cache(tmp_path_factory):
     """A cache that PROGRAMS filled on both backends (each test tampers with a copy of it)."""
     folder = tmp_path_factory.mktemp("filled") / "cache"
+    forget_loaded()  # so the toolchain record is written there too, whatever ran before
     run_programs(folder)
     return folder
 
