@@ -135,7 +135,7 @@ def _make(tx, value: Any, source: Source | None, guards) -> Variable:
     if isinstance(value, contextvars.ContextVar):
         return ContextVarVariable(value, source)
     if isinstance(value, (logging.Logger, logging.LoggerAdapter)):
-        return torch_special.IgnoredCallsVariable(value, source)
+        return torch_special.LoggerVariable(value, source)
     if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
         raise Unsupported(f"calling builtin {getattr(value, '__qualname__', value)!r} which kiln does not model")
     if guards is not None:

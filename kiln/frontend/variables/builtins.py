@@ -22,8 +22,9 @@ from kiln.frontend.errors import Unsupported
 from kiln.frontend.operations import (BINARY_OPERATORS, COMPARE_OPERATORS, binary_op, compare_op, contains, is_same,
                                       unary_op)
 from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
-from kiln.frontend.variables.containers import (BaseListVariable, DictVariable, IteratorVariable, ListVariable,
-                                                SliceVariable, TupleVariable)
+from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, DictVariable, IteratorVariable,
+                                                LazyIteratorVariable, ListVariable, SliceVariable, TupleVariable,
+                                                iterate)
 from kiln.frontend.variables.tensor import TensorVariable
 
 
@@ -190,28 +191,63 @@ def _iterable_items(tx, variable: Variable) -> list[Variable]:
 
 def _enumerate(tx, args, kwargs):
     start = (args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))).as_constant()
-    return IteratorVariable([TupleVariable([ConstantVariable(index + start), item])
-                             for index, item in enumerate(_iterable_items(tx, args[0]))])
+    source = iterate(tx, args[0])
+    counter = itertools.count(start)
+
+    def step(tx):
+        item = source.next_item(tx)
+        return None if item is None else TupleVariable([ConstantVariable(next(counter)), item])
+
+    return LazyIteratorVariable("enumerate", step)
 
 
 def _zip(tx, args, kwargs):
     strict = kwargs.get("strict", ConstantVariable(False)).as_constant()
-    columns = [_iterable_items(tx, arg) for arg in args]
-    if strict and len({len(column) for column in columns}) > 1:
-        raise Unsupported("zip(strict=True) over iterables of different lengths (the program raises ValueError)")
-    return IteratorVariable([TupleVariable(list(row)) for row in zip(*columns)])
+    sources = [iterate(tx, arg) for arg in args]
+
+    def step(tx):
+        if not sources:
+            return None
+        row = []
+        for position, source in enumerate(sources):  # in order, like CPython: later ones are not advanced
+            item = source.next_item(tx)
+            if item is None:
+                if strict and (position > 0 or any(other.next_item(tx) is not None for other in sources[1:])):
+                    raise Unsupported("zip(strict=True) over iterables of different lengths "
+                                      "(the program raises ValueError)")
+                return None
+            row.append(item)
+        return TupleVariable(row)
+
+    return LazyIteratorVariable("zip", step)
 
 
 def _map(tx, args, kwargs):
-    function, iterables = args[0], [_iterable_items(tx, arg) for arg in args[1:]]
-    return IteratorVariable([function.call(tx, list(row), {}) for row in zip(*iterables)])
+    function, sources = args[0], [iterate(tx, arg) for arg in args[1:]]
+
+    def step(tx):
+        row = []
+        for source in sources:
+            item = source.next_item(tx)
+            if item is None:
+                return None
+            row.append(item)
+        return function.call(tx, row, {})
+
+    return LazyIteratorVariable("map", step)
 
 
 def _filter(tx, args, kwargs):
-    function, items = args[0], _iterable_items(tx, args[1])
-    if isinstance(function, ConstantVariable) and function.value is None:
-        return IteratorVariable([item for item in items if item.truth(tx)])
-    return IteratorVariable([item for item in items if function.call(tx, [item], {}).truth(tx)])
+    function, source = args[0], iterate(tx, args[1])
+    keeps_truthy = isinstance(function, ConstantVariable) and function.value is None
+
+    def step(tx):
+        while True:
+            item = source.next_item(tx)
+            if item is None or (item.truth(tx) if keeps_truthy else function.call(tx, [item], {}).truth(tx)):
+                return item
+
+    return LazyIteratorVariable("filter", step)
 
 
 def _reversed(tx, args, kwargs):
@@ -219,16 +255,16 @@ def _reversed(tx, args, kwargs):
 
 
 def _iter(tx, args, kwargs):
-    if isinstance(args[0], IteratorVariable):
-        return args[0]
-    return IteratorVariable(_iterable_items(tx, args[0]))
+    if len(args) != 1:
+        raise Unsupported("iter(callable, sentinel)")
+    return iterate(tx, args[0])
 
 
 def _next(tx, args, kwargs):
     iterator = args[0]
-    if not isinstance(iterator, IteratorVariable):
-        raise Unsupported(f"next() on {iterator.describe()}")
-    item = iterator.next()
+    if not isinstance(iterator, BaseIteratorVariable):
+        raise Unsupported(f"next() on {iterator.describe()} (the program raises TypeError unless it is an iterator)")
+    item = iterator.next_item(tx)
     if item is None:
         if len(args) > 1:
             return args[1]
@@ -337,9 +373,16 @@ def _sum(tx, args, kwargs):
 
 
 def _any_all(fn):
+    """any/all stop at the first item that decides, as in Python (a generator runs only that far)."""
     def handler(tx, args, kwargs):
-        truths = (item.truth(tx) for item in _iterable_items(tx, args[0]))
-        return ConstantVariable(fn(truths))
+        source = iterate(tx, args[0])
+        deciding = fn is any
+        while True:
+            item = source.next_item(tx)
+            if item is None:
+                return ConstantVariable(not deciding)
+            if item.truth(tx) == deciding:
+                return ConstantVariable(deciding)
 
     return handler
 
@@ -386,7 +429,22 @@ def _super(tx, args, kwargs):
 
 
 def _print(tx, args, kwargs):
-    raise Unsupported("print() inside a compiled function (graph breaks are not supported yet)")
+    """print(...) is replayed after the graph (kiln/frontend/replay.py), with its arguments as they are now."""
+    from kiln.frontend import replay
+
+    unknown = set(kwargs) - {"sep", "end", "file", "flush"}
+    if unknown:
+        raise Unsupported(f"print() with keyword arguments {sorted(unknown)} (the program raises TypeError)")
+    held = [replay.snapshot(arg, "print()") for arg in args]
+    options: dict[str, Variable] = {key: replay.snapshot(kwargs[key], "print()")
+                                    for key in ("sep", "end", "flush") if key in kwargs}
+    stream = kwargs.get("file", NONE)
+    if not (isinstance(stream, ConstantVariable) and stream.value is None):
+        if stream.source is None:
+            raise Unsupported(f"print(file={stream.describe()}): a stream made inside the compiled function")
+        options["file"] = stream  # read when the entry prints, like sys.stdout would be
+    tx.output.side_effects.replay_call(builtins.print, held, options)
+    return NONE
 
 
 def _id(tx, args, kwargs):
@@ -464,7 +522,21 @@ def _reduce(tx, args, kwargs):
 
 
 def _chain(tx, args, kwargs):
-    return IteratorVariable([item for arg in args for item in _iterable_items(tx, arg)])
+    pending = list(args)
+    current: list[BaseIteratorVariable] = []
+
+    def step(tx):
+        while True:
+            if not current:
+                if not pending:
+                    return None
+                current.append(iterate(tx, pending.pop(0)))  # like chain: each input is iterated when reached
+            item = current[0].next_item(tx)
+            if item is not None:
+                return item
+            current.clear()
+
+    return LazyIteratorVariable("chain", step)
 
 
 def _product(tx, args, kwargs):

@@ -108,7 +108,8 @@ class TupleVariable(BaseListVariable):
         return self.tuple_type(values)
 
     def rebuild(self, items) -> Variable:
-        return TupleVariable(items)
+        # Slicing gives a plain tuple for namedtuples and structseqs, but torch.Size slices are Sizes.
+        return TupleVariable(items, tuple_type=torch_size() if issubclass(self.tuple_type, torch_size()) else tuple)
 
     def getattr(self, tx, name: str) -> Variable:
         fields = _field_names(self.tuple_type)
@@ -117,12 +118,20 @@ class TupleVariable(BaseListVariable):
         return super().getattr(tx, name)
 
     def reconstruct(self, codegen) -> str:
+        if self.source is not None:  # the outside tuple itself
+            return codegen.source(self.source)
         inner = ", ".join(codegen.value(item) for item in self.items)
         if self.tuple_type is tuple:
             return f"({inner}{',' if len(self.items) == 1 else ''})"
         if hasattr(self.tuple_type, "_fields"):
             return f"{codegen.constant(self.tuple_type)}({inner})"
         return f"{codegen.constant(self.tuple_type)}(({inner}{',' if len(self.items) == 1 else ''}))"
+
+
+def torch_size() -> type:
+    import torch
+
+    return torch.Size
 
 
 def _field_names(tuple_type: type) -> list[str]:
@@ -198,6 +207,12 @@ class ListVariable(BaseListVariable):
         return NONE
 
     def reconstruct(self, codegen) -> str:
+        if self.source is not None:  # the outside list itself (its mutations are replayed in place)
+            return codegen.source(self.source)
+        return self.display(codegen)
+
+    def display(self, codegen) -> str:
+        """A list display of the current items."""
         return "[" + ", ".join(codegen.value(item) for item in self.items) + "]"
 
 
@@ -322,6 +337,12 @@ class DictVariable(Variable):
                 self.entries[hashable_key(tx, key)] = (key, value)
 
     def reconstruct(self, codegen) -> str:
+        if self.source is not None:  # the outside dict itself (its mutations are replayed in place)
+            return codegen.source(self.source)
+        return self.display(codegen)
+
+    def display(self, codegen) -> str:
+        """A dict (of `dict_type`) holding the current entries."""
         inner = ", ".join(f"{codegen.value(key)}: {codegen.value(value)}" for key, value in self.entries.values())
         if self.dict_type is dict:
             return "{" + inner + "}"
@@ -413,12 +434,21 @@ class ListIteratorLike(BaseListVariable):
                 "dict_items": type({}.items())}.get(self.kind, list)
 
 
-class IteratorVariable(Variable):
-    """An iterator over a known list of trackers (what GET_ITER makes of any iterable)."""
+MAX_ITERATION_STEPS = 10_000
+"""How many items the trace takes from one lazy iterator (a generator, zip, map...) before it gives up.
 
-    def __init__(self, items: list[Variable]):
-        self.items = list(items)
-        self.position = 0
+An iterator that never ends would otherwise hang the tracer; past this many items the
+frame runs eagerly instead (eager Python, of course, loops as long as the program says).
+"""
+
+
+class BaseIteratorVariable(Variable):
+    """An iterator: `next_item(tx)` gives the next tracker, or None once it is exhausted.
+
+    Iteration is lazy, as in Python: a consumer that stops early (a `for` loop that
+    breaks, `any`, `next`, `zip` over a shorter iterable) takes only the items it needs,
+    so a generator or a `map` runs its code (and its side effects) only that far.
+    """
 
     def describe(self) -> str:
         return "iterator"
@@ -426,7 +456,44 @@ class IteratorVariable(Variable):
     def python_type(self) -> type:
         return type(iter([]))
 
-    def next(self) -> Variable | None:
+    def next_item(self, tx) -> Variable | None:
+        raise NotImplementedError
+
+    def take(self, tx, count: int | None = None) -> list[Variable]:
+        """Up to `count` more items (all of them when None), bounded by MAX_ITERATION_STEPS."""
+        items: list[Variable] = []
+        while count is None or len(items) < count:
+            if len(items) >= MAX_ITERATION_STEPS:
+                raise Unsupported(f"{self.describe()} gave more than {MAX_ITERATION_STEPS} items while the trace "
+                                  "consumed it (an endless iterator?)")
+            item = self.next_item(tx)
+            if item is None:
+                break
+            items.append(item)
+        return items
+
+    def unpack(self, tx) -> list[Variable]:
+        return self.take(tx)
+
+    def call_method(self, tx, name, args, kwargs) -> Variable:
+        if name == "__next__":
+            item = self.next_item(tx)
+            if item is None:
+                raise Unsupported("next() on an exhausted iterator (StopIteration)")
+            return item
+        if name == "__iter__":
+            return self
+        return super().call_method(tx, name, args, kwargs)
+
+
+class IteratorVariable(BaseIteratorVariable):
+    """An iterator over a known list of trackers (what GET_ITER makes of a list, tuple, dict...)."""
+
+    def __init__(self, items: list[Variable]):
+        self.items = list(items)
+        self.position = 0
+
+    def next_item(self, tx) -> Variable | None:
         if self.position >= len(self.items):
             return None
         item = self.items[self.position]
@@ -438,15 +505,47 @@ class IteratorVariable(Variable):
         self.position = len(self.items)
         return rest
 
-    def call_method(self, tx, name, args, kwargs) -> Variable:
-        if name == "__next__":
-            item = self.next()
-            if item is None:
-                raise Unsupported("next() on an exhausted iterator (StopIteration)")
-            return item
-        if name == "__iter__":
-            return self
-        return super().call_method(tx, name, args, kwargs)
+
+class LazyIteratorVariable(BaseIteratorVariable):
+    """An iterator whose items are computed one `next()` at a time (zip, map, filter, enumerate, chain).
+
+    `step(tx)` returns the next item or None; once it has returned None it is not called again,
+    like CPython's builtins, which drop their inputs when exhausted.
+    """
+
+    def __init__(self, kind: str, step):
+        self.kind = kind
+        self.step = step
+        self.exhausted = False
+        self.steps = 0
+
+    def describe(self) -> str:
+        return f"{self.kind} iterator"
+
+    def python_type(self) -> type:
+        return _ITERATOR_TYPES.get(self.kind, type(iter([])))
+
+    def next_item(self, tx) -> Variable | None:
+        if self.exhausted:
+            return None
+        self.steps += 1
+        if self.steps > MAX_ITERATION_STEPS:
+            raise Unsupported(f"{self.describe()} stepped more than {MAX_ITERATION_STEPS} times during the trace "
+                              "(an endless iterator?)")
+        item = self.step(tx)
+        if item is None:
+            self.exhausted = True
+        return item
+
+
+_ITERATOR_TYPES = {"zip": zip, "map": map, "filter": filter, "enumerate": enumerate}
+
+
+def iterate(tx, variable: Variable) -> BaseIteratorVariable:
+    """`iter(variable)`: an iterator is itself; anything else iterates over its items."""
+    if isinstance(variable, BaseIteratorVariable):
+        return variable
+    return IteratorVariable(variable.unpack(tx))
 
 
 class SliceVariable(Variable):
