@@ -29,7 +29,7 @@ from kiln.frontend.sources import ItemSource, Source
 from kiln.frontend.variables.base import NONE, NULL, ConstantVariable, Variable
 from kiln.frontend.variables.containers import (MAX_ITERATION_STEPS, BaseIteratorVariable, DictVariable,
                                                 ExternalDictVariable, ListVariable, SliceVariable, TupleVariable,
-                                                hashable_key, iterate)
+                                                hashable_key, iterate, unpack_iterable)
 from kiln.frontend.variables.functions import BaseFunctionVariable, CellVariable, NestedFunctionVariable
 from kiln.frontend.variables.objects import ClassVariable, bind_class_attribute
 
@@ -505,7 +505,7 @@ class Frame:
             self.pop()
 
     def GET_ITER(self, instruction):
-        self.push(iterate_object(self, self.pop()))
+        self.push(iterate(self, self.pop()))
 
     def FOR_ITER(self, instruction):
         iterator = self.stack[-1]
@@ -570,11 +570,11 @@ class Frame:
 
     def LIST_EXTEND(self, instruction):
         iterable = self.pop()
-        self.stack[-instruction.arg].items.extend(iterable.unpack(self))
+        self.stack[-instruction.arg].items.extend(unpack_iterable(self, iterable))
 
     def SET_UPDATE(self, instruction):
         iterable = self.pop()
-        self.stack[-instruction.arg].call_method(self, "update", [TupleVariable(iterable.unpack(self))], {})
+        self.stack[-instruction.arg].call_method(self, "update", [TupleVariable(unpack_iterable(self, iterable))], {})
 
     def DICT_UPDATE(self, instruction):
         mapping = self.pop()
@@ -595,17 +595,14 @@ class Frame:
             raise Unsupported(f"CALL_INTRINSIC_1 {name}")
 
     def UNPACK_SEQUENCE(self, instruction):
-        iterable = self.pop()
-        # From an iterator Python takes one item more than the targets, to check it is exhausted.
-        items = iterable.take(self, instruction.arg + 1) if isinstance(iterable, BaseIteratorVariable) \
-            else iterable.unpack(self)
+        items = unpack_iterable(self, self.pop(), instruction.arg + 1)
         if len(items) != instruction.arg:
             raise Unsupported(f"unpacking {len(items)} values into {instruction.arg} (the program raises ValueError)")
         self.stack.extend(reversed(items))
 
     def UNPACK_EX(self, instruction):
         before, after = instruction.arg & 0xFF, instruction.arg >> 8
-        items = self.pop().unpack(self)
+        items = unpack_iterable(self, self.pop())
         if len(items) < before + after:
             raise Unsupported("not enough values to unpack (the program raises ValueError)")
         middle = ListVariable(items[before:len(items) - after])
@@ -658,7 +655,7 @@ class Frame:
 
     def CALL_FUNCTION_EX(self, instruction):
         kwargs_variable = self.pop() if instruction.arg & 1 else None
-        args = self.pop().unpack(self)
+        args = unpack_iterable(self, self.pop())
         kwargs = {}
         if kwargs_variable is not None:
             if isinstance(kwargs_variable, ExternalDictVariable):
@@ -788,19 +785,6 @@ class GeneratorVariable(BaseIteratorVariable):
             self.finished = True
             return NONE
         return super().call_method(tx, name, args, kwargs)
-
-
-def iterate_object(tx: Frame, iterable: Variable) -> BaseIteratorVariable:
-    """GET_ITER: `iter(iterable)`, calling a user class's own `__iter__` (a generator method, usually)."""
-    from kiln.frontend.operations import has_python_method
-
-    if not isinstance(iterable, BaseIteratorVariable) and has_python_method(iterable, "__iter__"):
-        iterator = iterable.call_method(tx, "__iter__", [], {})
-        if not isinstance(iterator, BaseIteratorVariable):
-            raise Unsupported(f"__iter__ of {iterable.describe()} returned {iterator.describe()}, not an iterator "
-                              "kiln can step")
-        return iterator
-    return iterate(tx, iterable)
 
 
 class ContextExitVariable(Variable):

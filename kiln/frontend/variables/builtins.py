@@ -24,7 +24,7 @@ from kiln.frontend.operations import (BINARY_OPERATORS, COMPARE_OPERATORS, binar
 from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
 from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, DictVariable, IteratorVariable,
                                                 LazyIteratorVariable, ListVariable, SliceVariable, TupleVariable,
-                                                iterate)
+                                                iterate, unpack_iterable)
 from kiln.frontend.variables.tensor import TensorVariable
 
 
@@ -186,7 +186,7 @@ def _range(tx, args, kwargs):
 
 
 def _iterable_items(tx, variable: Variable) -> list[Variable]:
-    return variable.unpack(tx)
+    return unpack_iterable(tx, variable)
 
 
 def _enumerate(tx, args, kwargs):

@@ -542,10 +542,29 @@ _ITERATOR_TYPES = {"zip": zip, "map": map, "filter": filter, "enumerate": enumer
 
 
 def iterate(tx, variable: Variable) -> BaseIteratorVariable:
-    """`iter(variable)`: an iterator is itself; anything else iterates over its items."""
+    """`iter(variable)`: an iterator is itself; a user class's own `__iter__` is called (a generator
+    method, usually); anything else iterates over its items."""
+    from kiln.frontend.operations import has_python_method
+
     if isinstance(variable, BaseIteratorVariable):
         return variable
+    if has_python_method(variable, "__iter__"):
+        iterator = variable.call_method(tx, "__iter__", [], {})
+        if not isinstance(iterator, BaseIteratorVariable):
+            raise Unsupported(f"__iter__ of {variable.describe()} returned {iterator.describe()}, not an iterator "
+                              "kiln can step")
+        return iterator
     return IteratorVariable(variable.unpack(tx))
+
+
+def unpack_iterable(tx, variable: Variable, count: int | None = None) -> list[Variable]:
+    """The items of `variable`; from an iterator only `count` of them (unpacking takes one more than its
+    targets, to check that it is exhausted)."""
+    from kiln.frontend.operations import has_python_method
+
+    if isinstance(variable, BaseIteratorVariable) or has_python_method(variable, "__iter__"):
+        return iterate(tx, variable).take(tx, count)
+    return variable.unpack(tx)
 
 
 class SliceVariable(Variable):

@@ -1,0 +1,492 @@
+"""Side effects of compiled frames, checked against eager Python beyond what the corpus can see.
+
+- globals: the value left in each module's dict after the call (any module, any frame);
+- generators and lazy iterators: how much of them runs, endless ones, abandoned ones;
+- identity: outside containers and tensors come back as themselves, mutated in place;
+  a new object held in two places is one object;
+- warnings, logging and print: made after the graph, with the location, registry,
+  level and order that eager Python gives them.
+
+Every test compiles with strict mode (a capture failure raises) unless it checks a fallback.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+
+import pytest
+import torch
+
+import kiln
+from kiln.backend import graph_compiler
+from kiln.frontend import FullgraphError, compile_function
+from tests.frontend import effects_helper_module
+
+
+def _compiled(fn):
+    graphs = []
+    eager_rung = graph_compiler("eager")
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return eager_rung(gm, example_inputs)
+
+    return compile_function(fn, backend), graphs
+
+
+def _captured(compiled, graphs, count=1):
+    assert compiled.entries and compiled.entries[0].eager_reason is None, compiled.entries[0].eager_reason
+    assert len(graphs) == count
+
+
+# ---------------------------------------------------------------- globals
+
+MODE = 1.0
+COUNT = 0
+DOOMED = "present"
+
+
+def _set_mode(value):
+    global MODE
+    MODE = value
+
+
+def _bump():
+    global COUNT
+    COUNT = COUNT + 1
+
+
+def scaled_by_mode(t):
+    _set_mode(3.0)
+    return t * MODE
+
+
+def counts_from_two_frames(t):
+    global COUNT
+    COUNT = 5
+    _bump()
+    return t + COUNT
+
+
+def writes_another_module(t):
+    effects_helper_module.set_level(2.0)
+    effects_helper_module.LEVEL = effects_helper_module.LEVEL + 1.0
+    return effects_helper_module.scaled(t)
+
+
+def deletes_a_global(t):
+    global DOOMED
+    del DOOMED
+    return t + 1
+
+
+def test_global_written_in_a_helper_is_read_back_and_stored():
+    global MODE
+    MODE = 1.0
+    compiled, graphs = _compiled(scaled_by_mode)
+    x = torch.randn(3)
+    with kiln.config.patch(strict=True):
+        for _ in range(2):
+            MODE = 1.0
+            torch.testing.assert_close(compiled(x), x * 3.0)
+            assert MODE == 3.0
+    _captured(compiled, graphs)
+
+
+def test_global_written_from_two_frames_keeps_both_writes():
+    global COUNT
+    COUNT = 0
+    compiled, graphs = _compiled(counts_from_two_frames)
+    x = torch.zeros(2)
+    with kiln.config.patch(strict=True):
+        torch.testing.assert_close(compiled(x), x + 6)
+    assert COUNT == 6
+    assert "COUNT'] = 6" in compiled.entries[0].entry_source
+    _captured(compiled, graphs)
+
+
+def test_globals_of_another_module_are_written_to_that_module():
+    effects_helper_module.LEVEL = 1.0
+    compiled, graphs = _compiled(writes_another_module)
+    x = torch.randn(3)
+    try:
+        with kiln.config.patch(strict=True):
+            torch.testing.assert_close(compiled(x), x * 3.0)
+        assert effects_helper_module.LEVEL == 3.0
+        assert "LEVEL" not in globals()
+    finally:
+        effects_helper_module.LEVEL = 1.0
+    _captured(compiled, graphs)
+
+
+def test_del_of_a_global_is_replayed():
+    global DOOMED
+    compiled, graphs = _compiled(deletes_a_global)
+    with kiln.config.patch(strict=True):
+        compiled(torch.randn(2))
+    assert "DOOMED" not in globals()
+    DOOMED = "present"
+    compiled(torch.randn(2))
+    assert "DOOMED" not in globals()
+    _captured(compiled, graphs)
+
+
+# ---------------------------------------------------------------- generators and lazy iterators
+
+CALLS: list = []
+
+
+def _check(t):
+    CALLS.append(t)
+    return True
+
+
+def any_over_generator(t):
+    return t * any(_check(u) for u in (t, t + 1, t + 2))
+
+
+def next_of_generator(t):
+    return next(u * 2 for u in (t, t + 1, t + 2) if _check(u))
+
+
+def _forever(t):
+    step = 0
+    while True:
+        yield t + step
+        step += 1
+
+
+def zips_endless_generator(t):
+    return [a * b for a, b in zip(_forever(t), [1.0, 2.0])]
+
+
+def _steps():
+    step = 0
+    while True:
+        yield step
+        step += 1
+
+
+def lists_endless_generator(t):
+    return t * len(list(_steps()))
+
+
+def _with_cleanup(t):
+    try:
+        yield t
+        yield t + 1
+    finally:
+        CALLS.append("cleanup")
+
+
+def abandons_generator_in_try(t):
+    return next(_with_cleanup(t)) * 2
+
+
+def finishes_generator_in_try(t):
+    return sum(_with_cleanup(t))
+
+
+def test_any_over_a_generator_stops_at_the_first_true():
+    CALLS.clear()
+    compiled, graphs = _compiled(any_over_generator)
+    x = torch.randn(3)
+    with kiln.config.patch(strict=True):
+        torch.testing.assert_close(compiled(x), x)
+    assert len(CALLS) == 1  # as eager: any() stops after the first item
+    _captured(compiled, graphs)
+
+
+def test_next_of_a_generator_expression_evaluates_one_element():
+    CALLS.clear()
+    compiled, graphs = _compiled(next_of_generator)
+    x = torch.randn(3)
+    with kiln.config.patch(strict=True):
+        torch.testing.assert_close(compiled(x), x * 2)
+    assert len(CALLS) == 1
+    _captured(compiled, graphs)
+
+
+def test_endless_generator_zipped_with_a_list_does_not_hang():
+    compiled, graphs = _compiled(zips_endless_generator)
+    x = torch.randn(3)
+    result = []
+    # On a tracer that runs generators to completion this never returns: run it where it can be abandoned.
+    worker = threading.Thread(target=lambda: result.append(compiled(x)), daemon=True)
+    with kiln.config.patch(strict=True):
+        worker.start()
+        worker.join(timeout=60)
+    assert not worker.is_alive(), "the trace of zip(endless generator, list) hangs"
+    assert len(result[0]) == 2
+    torch.testing.assert_close(result[0][1], (x + 1) * 2.0)
+    _captured(compiled, graphs)
+
+
+def test_endless_generator_drained_is_refused_not_hung():
+    compiled, _ = _compiled(lists_endless_generator)
+    with kiln.config.patch(strict=True), pytest.raises(FullgraphError, match="endless"):
+        compiled(torch.randn(2))
+
+
+def test_generator_abandoned_inside_try_runs_eagerly_with_its_cleanup():
+    CALLS.clear()
+    compiled, graphs = _compiled(abandons_generator_in_try)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), x * 2)
+    assert "suspended inside a try/with" in compiled.entries[0].eager_reason
+    assert CALLS == ["cleanup"]  # the eager run dropped the generator: its finally ran
+    assert graphs == []
+
+
+def test_generator_finished_inside_try_is_compiled():
+    compiled, graphs = _compiled(finishes_generator_in_try)
+    x = torch.randn(3)
+    with kiln.config.patch(strict=True):
+        for _ in range(2):
+            CALLS.clear()
+            torch.testing.assert_close(compiled(x), x + x + 1)
+            assert CALLS == ["cleanup"]  # the finally's append, replayed on the real list
+    _captured(compiled, graphs)
+
+
+# ---------------------------------------------------------------- identity and output types
+
+
+class Holder:
+    pass
+
+
+def returns_mutated_input(items, t):
+    items.append(t * 2)
+    return items
+
+
+def reorders_nested_lists(outer, t):
+    outer.insert(0, t)
+    outer[1].append(t + 1)  # the inner list that was outer[0] before the insert
+    return outer
+
+
+def stores_new_list_twice(holder, t):
+    fresh = [t + 1]
+    holder.items = fresh
+    return fresh, holder
+
+
+def returns_input_tensor(t, u):
+    return t, u * 2
+
+
+def size_arithmetic(t):
+    return t.shape[:-1] + (5,)
+
+
+def test_returned_input_list_is_the_same_object_mutated():
+    compiled, graphs = _compiled(returns_mutated_input)
+    x = torch.randn(3)
+    items = [torch.randn(3)]
+    with kiln.config.patch(strict=True):
+        result = compiled(items, x)
+    assert result is items and len(items) == 2
+    torch.testing.assert_close(items[1], x * 2)
+    _captured(compiled, graphs)
+
+
+def test_nested_input_lists_are_mutated_where_they_were():
+    compiled, graphs = _compiled(reorders_nested_lists)
+    x = torch.randn(3)
+    inner = []
+    outer = [inner]
+    with kiln.config.patch(strict=True):
+        result = compiled(outer, x)
+    assert result is outer and outer[0] is x and outer[1] is inner
+    assert len(inner) == 1
+    torch.testing.assert_close(inner[0], x + 1)
+    _captured(compiled, graphs)
+
+
+def test_a_new_list_held_in_two_places_is_one_object():
+    compiled, graphs = _compiled(stores_new_list_twice)
+    holder = Holder()
+    holder.items = None
+    with kiln.config.patch(strict=True):
+        fresh, returned_holder = compiled(holder, torch.randn(2))
+    assert returned_holder is holder and holder.items is fresh
+    _captured(compiled, graphs)
+
+
+def test_returned_input_tensor_is_the_same_object():
+    compiled, graphs = _compiled(returns_input_tensor)
+    x, y = torch.randn(3), torch.randn(3)
+    with kiln.config.patch(strict=True):
+        same, doubled = compiled(x, y)
+    assert same is x
+    torch.testing.assert_close(doubled, y * 2)
+    _captured(compiled, graphs)
+
+
+def test_size_arithmetic_returns_a_size():
+    compiled, _ = _compiled(size_arithmetic)
+    with kiln.config.patch(strict=True):
+        result = compiled(torch.randn(2, 3, 4))
+    assert type(result) is torch.Size and result == (2, 3, 5)
+
+
+# ---------------------------------------------------------------- warnings, logging, print
+
+logger = logging.getLogger("kiln.tests.side_effects")
+
+
+def _deprecated(t):
+    warnings.warn("old helper", FutureWarning, stacklevel=2)
+    return t + 1
+
+
+def warns_directly(t):
+    warnings.warn("careful")
+    return t * 2
+
+
+def warns_from_helper(t):
+    return _deprecated(t) * 3
+
+
+def warns_from_outside(t):
+    warnings.warn("caller's fault", stacklevel=2)
+    return t
+
+
+def logs(t):
+    logger.warning("shape %s, %d items", t.shape, t.numel())
+    logger.info("not shown at WARNING level")
+    return t + 1
+
+
+def branches_on_level(t):
+    if logger.isEnabledFor(logging.DEBUG):
+        return t * 10
+    return t + 1
+
+
+def prints_in_order(t):
+    print("first", t.shape)
+    warnings.warn("between")
+    print("second", t.dtype, sep="|")
+    return t - 1
+
+
+def _record_warnings(fn, *args, action="always"):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter(action)
+        fn(*args)
+    return [(str(w.message), w.category, w.filename, w.lineno) for w in caught]
+
+
+@pytest.mark.parametrize("fn", [warns_directly, warns_from_helper], ids=["stacklevel 1", "stacklevel 2"])
+def test_warnings_are_made_as_eager_makes_them(fn):
+    compiled, graphs = _compiled(fn)
+    x = torch.randn(3)
+    expected = _record_warnings(fn, x)
+    with kiln.config.patch(strict=True):
+        assert _record_warnings(compiled, x) == expected  # the first call traces, then replays
+        assert _record_warnings(compiled, x) == expected
+    assert len(expected) == 1
+    _captured(compiled, graphs)
+
+
+def test_default_filter_warns_once_per_location_across_calls():
+    compiled, graphs = _compiled(warns_directly)
+    x = torch.randn(3)
+    globals().pop("__warningregistry__", None)
+    with kiln.config.patch(strict=True), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        for _ in range(3):
+            compiled(x)
+        warns_directly(x)  # same location as the compiled call's: already shown
+    assert [str(w.message) for w in caught] == ["careful"]
+    _captured(compiled, graphs)
+
+
+def test_warning_naming_the_compiled_functions_caller_runs_eagerly():
+    compiled, graphs = _compiled(warns_from_outside)
+    x = torch.randn(3)
+    assert [warning[:2] for warning in _record_warnings(compiled, x)] == [("caller's fault", UserWarning)]
+    assert "stacklevel=2" in compiled.entries[0].eager_reason
+    assert graphs == []
+
+
+class _Records(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.records = []
+
+    def emit(self, record):
+        self.records.append((record.levelname, record.getMessage(), record.pathname, record.lineno, record.funcName))
+
+
+@pytest.fixture
+def records():
+    handler = _Records()
+    logger.addHandler(handler)
+    logger.setLevel(logging.WARNING)
+    logger.propagate = False
+    try:
+        yield handler.records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(logging.NOTSET)
+        logger.propagate = True
+
+
+def test_logging_is_replayed_with_the_callers_location(records):
+    compiled, graphs = _compiled(logs)
+    x = torch.randn(2, 3)
+    logs(x)
+    expected = list(records)
+    records.clear()
+    with kiln.config.patch(strict=True):
+        compiled(x)
+        compiled(x)
+    assert records == expected * 2 and expected[0][1] == "shape torch.Size([2, 3]), 6 items"
+    logger.setLevel(logging.ERROR)  # the level is checked when the entry logs, as the call would
+    compiled(x)
+    assert len(records) == 2
+    _captured(compiled, graphs)
+
+
+def test_level_checks_are_guarded(records):
+    compiled, graphs = _compiled(branches_on_level)
+    x = torch.randn(3)
+    with kiln.config.patch(strict=True):
+        torch.testing.assert_close(compiled(x), x + 1)
+        logger.setLevel(logging.DEBUG)
+        torch.testing.assert_close(compiled(x), x * 10)
+    assert len(graphs) == 2
+
+
+def test_print_is_replayed_in_program_order(capsys):
+    compiled, graphs = _compiled(prints_in_order)
+    x = torch.randn(3)
+    prints_in_order(x)
+    expected = capsys.readouterr().out
+    with kiln.config.patch(strict=True), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        compiled(x)
+        assert capsys.readouterr().out == expected == "first torch.Size([3])\nsecond|torch.float32\n"
+        compiled(x)
+        assert capsys.readouterr().out == expected
+    _captured(compiled, graphs)
+
+
+def test_print_of_a_tensor_runs_eagerly(capsys):
+    def prints_tensor(t):
+        print(t)
+        return t + 1
+
+    compiled, graphs = _compiled(prints_tensor)
+    x = torch.randn(2)
+    compiled(x)
+    assert "tensor argument" in compiled.entries[0].eager_reason
+    assert capsys.readouterr().out == f"{x}\n"
+    assert graphs == []
