@@ -407,7 +407,10 @@ class Frame:
     def DELETE_SUBSCR(self, instruction):
         key = self.pop()
         container = self.pop()
-        if isinstance(container, DictVariable):
+        if isinstance(container, ExternalDictVariable):
+            container.call_method(self, "__delitem__", [key], {})
+        elif isinstance(container, DictVariable):
+            container.getitem(self, key)  # a missing key raises, as `del` would
             container.call_method(self, "pop", [key], {})
         elif isinstance(container, ListVariable):
             del container.items[key.as_constant()]

@@ -63,12 +63,15 @@ def binary_op(tx, symbol: str, left: Variable, right: Variable) -> Variable:
         if result is not None:
             return result
     if base == "|" and isinstance(left, (DictVariable, ExternalDictVariable)):
+        if inplace:  # `d |= other` updates d itself
+            if isinstance(left, ExternalDictVariable):
+                left.update_in_place(tx, right)
+            else:
+                left.call_method(tx, "update", [right], {})
+            return left
         merged = DictVariable(dict_type=dict)
         merged.update_from(tx, left)
         merged.update_from(tx, right)
-        if inplace and isinstance(left, DictVariable):
-            left.entries = merged.entries
-            return left
         return merged
     return _dunder(tx, base, inplace, left, right)
 

@@ -219,8 +219,8 @@ def generator_send_and_first_value(x, y):
 
 @program()
 def size_arithmetic_keeps_size(x, y):
-    head = x.shape[:-1]
-    return head + (5,), (2,) + x.shape, x.shape * 2, x.reshape(head + (3,)), x.shape[1:]
+    head, width = x.shape[:-1], y.shape[-1]
+    return head + (width + 2,), (width,) + x.shape, x.shape * 2, x.reshape(head + (width,)), x.shape[1:]
 
 
 @program(args=lambda: (torch.randn(4, 3), [torch.randn(4, 3), 2]))
@@ -228,6 +228,14 @@ def input_list_mutated_and_returned(x, items):
     items.append(x * items[1])
     items[0] = items[0] + 1
     return items, x
+
+
+@program(args=lambda: (torch.randn(4, 3), {"scale": 2, "scratch": None}))
+def input_dict_mutated_and_returned(x, options):
+    options["out"] = x * options.pop("scale")
+    del options["scratch"]
+    options.setdefault("count", len(options))
+    return options
 
 
 # ---------------------------------------------------------------- warnings, logging, print

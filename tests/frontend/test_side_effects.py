@@ -274,12 +274,20 @@ def stores_new_list_twice(holder, t):
     return fresh, holder
 
 
+def mutates_input_dict(options, t):
+    options["out"] = t * options["scale"]
+    del options["scratch"]
+    options |= {"done": True}
+    return options
+
+
 def returns_input_tensor(t, u):
     return t, u * 2
 
 
 def size_arithmetic(t):
-    return t.shape[:-1] + (5,)
+    width = t.shape[-1] + 1
+    return t.shape[:-1] + (width,), (width,) + t.shape[1:], t.shape[1:] * 2
 
 
 def test_returned_input_list_is_the_same_object_mutated():
@@ -316,6 +324,18 @@ def test_a_new_list_held_in_two_places_is_one_object():
     _captured(compiled, graphs)
 
 
+def test_input_dict_is_mutated_in_place_and_returned():
+    compiled, graphs = _compiled(mutates_input_dict)
+    x = torch.randn(3)
+    for _ in range(2):
+        options = {"scale": 2.0, "scratch": [1]}
+        with kiln.config.patch(strict=True):
+            result = compiled(options, x)
+        assert result is options and list(options) == ["scale", "out", "done"] and options["done"] is True
+        torch.testing.assert_close(options["out"], x * 2.0)
+    _captured(compiled, graphs)
+
+
 def test_returned_input_tensor_is_the_same_object():
     compiled, graphs = _compiled(returns_input_tensor)
     x, y = torch.randn(3), torch.randn(3)
@@ -330,7 +350,8 @@ def test_size_arithmetic_returns_a_size():
     compiled, _ = _compiled(size_arithmetic)
     with kiln.config.patch(strict=True):
         result = compiled(torch.randn(2, 3, 4))
-    assert type(result) is torch.Size and result == (2, 3, 5)
+    assert [type(size) for size in result] == [torch.Size] * 3
+    assert result == ((2, 3, 5), (5, 3, 4), (3, 4, 3, 4))
 
 
 # ---------------------------------------------------------------- warnings, logging, print
@@ -403,6 +424,7 @@ def test_default_filter_warns_once_per_location_across_calls():
         warnings.simplefilter("default")
         for _ in range(3):
             compiled(x)
+        assert [str(w.message) for w in caught] == ["careful"]
         warns_directly(x)  # same location as the compiled call's: already shown
     assert [str(w.message) for w in caught] == ["careful"]
     _captured(compiled, graphs)

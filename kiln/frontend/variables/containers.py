@@ -349,12 +349,21 @@ class DictVariable(Variable):
         return f"{codegen.constant(self.dict_type)}({{{inner}}})"
 
 
+_DICT_MUTATORS = frozenset({"__setitem__", "__delitem__", "pop", "popitem", "setdefault", "update", "clear"})
+
+
 class ExternalDictVariable(Variable):
-    """A dict from outside the trace, read lazily: only the entries read are wrapped and guarded."""
+    """A dict from outside the trace, read lazily: only the entries read are wrapped and guarded.
+
+    The first mutation turns it into a `DictVariable` of every entry (all of them read and
+    guarded, since the replay rewrites the whole dict): later reads and writes go to that,
+    and the real dict is updated in place after the graph runs.
+    """
 
     def __init__(self, value: dict, source):
         self.value = value
         self.source = source
+        self.materialized: DictVariable | None = None
 
     def describe(self) -> str:
         return f"dict at {self.source}"
@@ -365,17 +374,33 @@ class ExternalDictVariable(Variable):
     def identity(self) -> Any:
         return self.value
 
+    def _materialize(self, tx) -> DictVariable:
+        if self.materialized is None:
+            import os
+
+            if isinstance(self.value, os._Environ):
+                raise Unsupported("mutating os.environ inside a compiled function")
+            entries = {key: (ConstantVariable(key), self.item(tx, key)) for key in self.keys(tx)}
+            self.materialized = DictVariable(entries, self.source, type(self.value))
+        return self.materialized
+
     def keys(self, tx) -> list:
+        if self.materialized is not None:
+            return list(self.materialized.entries)
         keys = tuple(self.value)
         tx.output.guards.keys(self.source, keys)
         return list(keys)
 
     def item(self, tx, key) -> Variable:
+        if self.materialized is not None:
+            return self.materialized.entries[key][1]
         if not is_literal_key(key):
             raise Unsupported(f"reading key {key!r} of an outside dict (only str/int keys are guarded)")
         return tx.wrap(self.value[key], ItemSource(self.source, key))
 
     def contains(self, tx, key: Variable) -> bool:
+        if self.materialized is not None:
+            return self.materialized.contains(tx, key)
         python_key = hashable_key(tx, key)
         present = python_key in self.value
         tx.output.guards.contains(self.source, python_key, present)
@@ -388,6 +413,8 @@ class ExternalDictVariable(Variable):
         return len(self.keys(tx))
 
     def unpack(self, tx) -> list[Variable]:
+        if self.materialized is not None:
+            return self.materialized.unpack(tx)
         return [ConstantVariable(key) for key in self.keys(tx)]
 
     def getitem(self, tx, key: Variable) -> Variable:
@@ -396,7 +423,26 @@ class ExternalDictVariable(Variable):
             raise Unsupported(f"key {python_key!r} missing from {self.describe()} (the program raises KeyError)")
         return self.item(tx, python_key)
 
+    def setitem(self, tx, key: Variable, value: Variable) -> None:
+        self._materialize(tx).setitem(tx, key, value)
+
+    def update_in_place(self, tx, other: Variable) -> None:
+        """`d |= other`."""
+        self._materialize(tx).call_method(tx, "update", [other], {})
+
     def call_method(self, tx, name, args, kwargs) -> Variable:
+        if name in _DICT_MUTATORS or self.materialized is not None:
+            materialized = self._materialize(tx)
+            if name == "__delitem__":
+                materialized.getitem(tx, args[0])  # a missing key raises, as `del` would
+                return materialized.call_method(tx, "pop", args, {})
+            if name == "popitem":
+                if not materialized.entries:
+                    raise Unsupported(f"popitem() on empty {self.describe()} (the program raises KeyError)")
+                key, (key_variable, value) = list(materialized.entries.items())[-1]
+                materialized.call_method(tx, "pop", [key_variable], {})
+                return TupleVariable([key_variable, value])
+            return materialized.call_method(tx, name, args, kwargs)
         if name in ("get", "__getitem__") and args:
             if self.contains(tx, args[0]):
                 return self.item(tx, hashable_key(tx, args[0]))
@@ -416,7 +462,7 @@ class ExternalDictVariable(Variable):
             return DictVariable({key: (ConstantVariable(key), self.item(tx, key)) for key in self.keys(tx)})
         if name == "__len__":
             return ConstantVariable(self.length(tx))
-        raise Unsupported(f"dict.{name} on {self.describe()} (mutating an outside dict is not supported)")
+        raise Unsupported(f"dict.{name} on {self.describe()}")
 
 
 class ListIteratorLike(BaseListVariable):
@@ -544,11 +590,9 @@ _ITERATOR_TYPES = {"zip": zip, "map": map, "filter": filter, "enumerate": enumer
 def iterate(tx, variable: Variable) -> BaseIteratorVariable:
     """`iter(variable)`: an iterator is itself; a user class's own `__iter__` is called (a generator
     method, usually); anything else iterates over its items."""
-    from kiln.frontend.operations import has_python_method
-
     if isinstance(variable, BaseIteratorVariable):
         return variable
-    if has_python_method(variable, "__iter__"):
+    if _iterates_in_python(variable):
         iterator = variable.call_method(tx, "__iter__", [], {})
         if not isinstance(iterator, BaseIteratorVariable):
             raise Unsupported(f"__iter__ of {variable.describe()} returned {iterator.describe()}, not an iterator "
@@ -560,11 +604,22 @@ def iterate(tx, variable: Variable) -> BaseIteratorVariable:
 def unpack_iterable(tx, variable: Variable, count: int | None = None) -> list[Variable]:
     """The items of `variable`; from an iterator only `count` of them (unpacking takes one more than its
     targets, to check that it is exhausted)."""
-    from kiln.frontend.operations import has_python_method
-
-    if isinstance(variable, BaseIteratorVariable) or has_python_method(variable, "__iter__"):
+    if isinstance(variable, BaseIteratorVariable) or _iterates_in_python(variable):
         return iterate(tx, variable).take(tx, count)
     return variable.unpack(tx)
+
+
+def _iterates_in_python(variable: Variable) -> bool:
+    """An object whose class defines `__iter__` in Python (inlined); a builtin base's slot is not."""
+    import types
+
+    from kiln.frontend.operations import has_python_method
+    from kiln.frontend.variables.objects import NewObjectVariable, lookup_class_attribute
+
+    if not has_python_method(variable, "__iter__"):
+        return False
+    cls = variable.cls if isinstance(variable, NewObjectVariable) else type(variable.value)
+    return isinstance(lookup_class_attribute(cls, "__iter__")[0], types.FunctionType)
 
 
 class SliceVariable(Variable):
