@@ -11,8 +11,8 @@ from __future__ import annotations
 import operator
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.variables.base import ConstantVariable, Variable
-from kiln.frontend.variables.containers import (BaseListVariable, DictVariable, ExternalDictVariable, ListVariable,
-                                                TupleVariable)
+from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, DictVariable,
+                                                ExternalDictVariable, ListVariable, TupleVariable)
 from kiln.frontend.variables.tensor import TensorVariable
 
 BINARY_OPERATORS = {
@@ -228,6 +228,13 @@ def contains(tx, container: Variable, item: Variable) -> bool:
 
     if isinstance(container, (DictVariable, ExternalDictVariable)):
         return container.contains(tx, item)
+    if isinstance(container, BaseIteratorVariable):  # consumes the iterator up to the first match, as Python does
+        while True:
+            element = container.next_item(tx)
+            if element is None:
+                return False
+            if compare_equal(tx, element, item):
+                return True
     if isinstance(container, ModelOutputVariable):
         return item.as_constant() in container.present()
     if isinstance(container, ConstantVariable):

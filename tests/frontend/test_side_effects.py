@@ -172,6 +172,10 @@ def lists_endless_generator(t):
     return t * len(list(_steps()))
 
 
+def membership_in_generator(t):
+    return t * (2 in (_check(i) and i for i in range(10))), t.sum()
+
+
 def _with_cleanup(t):
     try:
         yield t
@@ -205,6 +209,16 @@ def test_next_of_a_generator_expression_evaluates_one_element():
     with kiln.config.patch(strict=True):
         torch.testing.assert_close(compiled(x), x * 2)
     assert len(CALLS) == 1
+    _captured(compiled, graphs)
+
+
+def test_membership_in_a_generator_stops_at_the_match():
+    CALLS.clear()
+    compiled, graphs = _compiled(membership_in_generator)
+    x = torch.randn(3)
+    with kiln.config.patch(strict=True):
+        torch.testing.assert_close(compiled(x)[0], x)
+    assert len(CALLS) == 3  # 0, 1, 2: found
     _captured(compiled, graphs)
 
 
@@ -285,6 +299,10 @@ def returns_input_tensor(t, u):
     return t, u * 2
 
 
+def returns_input_tuple(t, pair, size):
+    return pair, size, t + pair[0]
+
+
 def size_arithmetic(t):
     width = t.shape[-1] + 1
     return t.shape[:-1] + (width,), (width,) + t.shape[1:], t.shape[1:] * 2
@@ -343,6 +361,15 @@ def test_returned_input_tensor_is_the_same_object():
         same, doubled = compiled(x, y)
     assert same is x
     torch.testing.assert_close(doubled, y * 2)
+    _captured(compiled, graphs)
+
+
+def test_returned_input_tuples_are_the_same_objects():
+    compiled, graphs = _compiled(returns_input_tuple)
+    pair, size = (1, 2.5), torch.Size([7, 8])
+    with kiln.config.patch(strict=True):
+        returned_pair, returned_size, _ = compiled(torch.randn(3), pair, size)
+    assert returned_pair is pair and returned_size is size
     _captured(compiled, graphs)
 
 
