@@ -167,6 +167,8 @@ class Frame:
                 return None
             frame = frame.parent
             levels -= 1
+        if frame is not None and frame.parent is None and frame.fn_globals.get("__name__") == "kiln.frontend.dispatcher":
+            return None  # kiln's own frame for a compiled module or callable object: eager has the user's caller there
         return frame
 
     def suspended_in_cleanup_block(self) -> bool:

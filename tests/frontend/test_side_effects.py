@@ -539,3 +539,32 @@ def test_print_of_a_tensor_runs_eagerly(capsys):
     assert "tensor argument" in compiled.entries[0].eager_reason
     assert capsys.readouterr().out == f"{x}\n"
     assert graphs == []
+
+
+class _WarnsOnCall:
+    def __call__(self, t):
+        warnings.warn("called", stacklevel=2)
+        return t + 1
+
+
+class _WarnsInForward(torch.nn.Module):
+    def forward(self, t):
+        warnings.warn("in forward")
+        _deprecated(t)  # stacklevel=2 names this line of forward
+        return t * 2
+
+
+def test_warning_location_in_a_module_forward_matches_eager():
+    module = _WarnsInForward()
+    compiled, graphs = _compiled(module)
+    x = torch.randn(3)
+    with kiln.config.patch(strict=True):
+        assert _record_warnings(compiled, x) == _record_warnings(module, x)
+    _captured(compiled, graphs)
+
+
+def test_warning_naming_a_callable_objects_caller_runs_eagerly():
+    compiled, graphs = _compiled(_WarnsOnCall())
+    compiled(torch.randn(3))
+    assert "stacklevel=2" in compiled.entries[0].eager_reason
+    assert graphs == []
