@@ -8,6 +8,7 @@ the call), so eager and compiled calls can alternate.
 """
 from __future__ import annotations
 
+import itertools
 import logging
 import sys
 import warnings
@@ -182,6 +183,19 @@ def zip_stops_at_the_shortest(x, y):
             step += 1
 
     return [a * b for a, b in zip(endless(), [y, y * 2])], len(pulled)
+
+
+@program()
+def islice_and_count_are_lazy(x, y):
+    pulled = []
+
+    def numbers():
+        for i in range(20):
+            pulled.append(i)
+            yield x * i
+
+    picked = list(itertools.islice(numbers(), 1, 7, 2))
+    return picked, len(pulled), [i for i, _ in zip(itertools.count(3), (x, y))]
 
 
 class _Pair:

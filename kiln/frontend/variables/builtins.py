@@ -224,6 +224,8 @@ def _zip(tx, args, kwargs):
 
 def _map(tx, args, kwargs):
     function, sources = args[0], [iterate(tx, arg) for arg in args[1:]]
+    if not sources:
+        raise Unsupported("map() with no iterable (the program raises TypeError)")
 
     def step(tx):
         row = []
@@ -539,6 +541,45 @@ def _chain(tx, args, kwargs):
     return LazyIteratorVariable("chain", step)
 
 
+def _islice(tx, args, kwargs):
+    """itertools.islice(iterable, stop) / (iterable, start, stop[, step]): takes only what it yields."""
+    if kwargs or not 2 <= len(args) <= 4:
+        raise Unsupported("itertools.islice with these arguments (the program raises TypeError)")
+    source = iterate(tx, args[0])
+    bounds = slice(*[arg.as_constant() for arg in args[1:]])
+    start, stop, step = bounds.start or 0, bounds.stop, bounds.step or 1
+    if any(not isinstance(value, int) or value < 0 for value in (start, step)) or step == 0 or \
+            (stop is not None and (not isinstance(stop, int) or stop < 0)):
+        raise Unsupported(f"itertools.islice bounds {bounds} (the program raises ValueError)")
+    state = {"consumed": 0, "next": start}
+
+    def step_fn(tx):  # CPython's islice_next, step for step: the items it consumes are the ones eager consumes
+        while state["consumed"] < state["next"]:
+            if source.next_item(tx) is None:
+                return None
+            state["consumed"] += 1
+        if stop is not None and state["consumed"] >= stop:
+            return None
+        item = source.next_item(tx)
+        if item is None:
+            return None
+        state["consumed"] += 1
+        state["next"] += step
+        if stop is not None and state["next"] > stop:
+            state["next"] = stop
+        return item
+
+    return LazyIteratorVariable("islice", step_fn)
+
+
+def _count(tx, args, kwargs):
+    """itertools.count(start=0, step=1) of constants."""
+    values = [arg.as_constant() for arg in args]
+    keywords = {key: arg.as_constant() for key, arg in kwargs.items()}
+    counter = _run(itertools.count, values, keywords)
+    return LazyIteratorVariable("count", lambda tx: ConstantVariable(next(counter)))
+
+
 def _product(tx, args, kwargs):
     columns = [_iterable_items(tx, arg) for arg in args]
     return IteratorVariable([TupleVariable(list(row)) for row in itertools.product(*columns)])
@@ -564,7 +605,8 @@ _HANDLERS: dict[Any, Callable] = {
     operator.pos: _unary(operator.pos), operator.invert: _unary(operator.invert),
     operator.truth: _bool, operator.index: _numeric(operator.index),
     dataclasses.fields: _fields, dataclasses.is_dataclass: _is_dataclass, functools.partial: _partial,
-    functools.reduce: _reduce, itertools.chain: _chain, itertools.product: _product,
+    functools.reduce: _reduce, itertools.chain: _chain, itertools.product: _product, itertools.islice: _islice,
+    itertools.count: _count,
 }
 for _symbol, _fn in BINARY_OPERATORS.items():
     _HANDLERS[_fn] = _operator_binary(_symbol)

@@ -584,7 +584,14 @@ class LazyIteratorVariable(BaseIteratorVariable):
         return item
 
 
-_ITERATOR_TYPES = {"zip": zip, "map": map, "filter": filter, "enumerate": enumerate}
+def _iterator_types() -> dict[str, type]:
+    import itertools
+
+    return {"zip": zip, "map": map, "filter": filter, "enumerate": enumerate, "chain": itertools.chain,
+            "islice": itertools.islice, "count": itertools.count}
+
+
+_ITERATOR_TYPES = _iterator_types()
 
 
 def iterate(tx, variable: Variable) -> BaseIteratorVariable:
