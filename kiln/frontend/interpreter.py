@@ -6,7 +6,9 @@ one; each opcode is one method named after it (`LOAD_FAST`, `CALL`, ...). Calls 
 Python functions are inlined by running a child `Frame`; tensor operations reach
 the `OutputGraph` through the trackers. Conditional jumps need the condition's
 value at trace time: constants, shapes and Python containers are fine; a tensor
-condition is data-dependent and unsupported.
+condition is data-dependent and unsupported. Calling a generator function makes a
+`GeneratorVariable` whose frame is resumed to its next `yield` on each `next()`
+(`Frame.resume`), so generators run exactly as far as their consumers ask.
 
 Adding an opcode: write a method with its normalized name. Adding a variable
 kind: see kiln/frontend/variables/ and `variables.builder.wrap`.

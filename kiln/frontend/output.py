@@ -313,8 +313,12 @@ class EntryCodegen:
             return source.expr()  # a name the entry holds: nothing can rebind it
         name = self._read.get(source)
         if name is None:
-            name = f"__r{len(self._read)}"
-            self.lines.append(f"{name} = {self.renderer.render(source, self.lines)}")
+            text = self.renderer.render(source, self.lines)
+            if text.isidentifier():  # already read into a local (a hoisted shared prefix)
+                name = text
+            else:
+                name = f"__r{len(self._read)}"
+                self.lines.append(f"{name} = {text}")
             self._read[source] = name
         return name
 
