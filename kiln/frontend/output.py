@@ -377,6 +377,9 @@ class SideEffects:
         stored = self.globals.get((id(fn_globals), name))
         return stored[2] if stored is not None else None
 
+    def stores_globals_into(self, fn_globals: dict) -> bool:
+        return any(key[0] == id(fn_globals) for key in self.globals)
+
     def replay_call(self, function: Callable, args: list[Variable], kwargs: dict[str, Variable]) -> None:
         self.calls.append(ReplayedCall(function, list(args), dict(kwargs)))
 

@@ -81,6 +81,38 @@ def deletes_a_global(t):
     return t + 1
 
 
+def reads_module_dict_after_a_store(t):
+    effects_helper_module.set_level(2.0)
+    value = effects_helper_module.__dict__["LEVEL"]
+    effects_helper_module.set_level(1.0)
+    return t * value
+
+
+def writes_module_dict(t):
+    effects_helper_module.__dict__["LEVEL"] = 5.0
+    return t * effects_helper_module.LEVEL
+
+
+def test_a_modules_dict_reads_the_globals_the_trace_stored():
+    compiled, graphs = _compiled(reads_module_dict_after_a_store)
+    x = torch.randn(3)
+    with kiln.config.patch(strict=True):
+        torch.testing.assert_close(compiled(x), x * 2.0)
+    assert effects_helper_module.LEVEL == 1.0
+    _captured(compiled, graphs)
+
+
+def test_writing_a_modules_dict_directly_runs_eagerly():
+    compiled, graphs = _compiled(writes_module_dict)
+    x = torch.randn(3)
+    try:
+        torch.testing.assert_close(compiled(x), x * 5.0)
+        assert "module's globals dict" in compiled.entries[0].eager_reason
+    finally:
+        effects_helper_module.LEVEL = 1.0
+    assert graphs == []
+
+
 def test_global_written_in_a_helper_is_read_back_and_stored():
     global MODE
     MODE = 1.0

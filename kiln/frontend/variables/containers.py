@@ -380,6 +380,9 @@ class ExternalDictVariable(Variable):
 
             if isinstance(self.value, os._Environ):
                 raise Unsupported("mutating os.environ inside a compiled function")
+            if _is_module_namespace(self.value):
+                raise Unsupported(f"assigning into a module's globals dict ({self.describe()}); assign the global "
+                                  "itself (`global NAME` or `module.NAME = ...`), which kiln tracks")
             entries = {key: (ConstantVariable(key), self.item(tx, key)) for key in self.keys(tx)}
             self.materialized = DictVariable(entries, self.source, type(self.value))
         return self.materialized
@@ -387,6 +390,8 @@ class ExternalDictVariable(Variable):
     def keys(self, tx) -> list:
         if self.materialized is not None:
             return list(self.materialized.entries)
+        if tx.output.side_effects.stores_globals_into(self.value):
+            raise Unsupported(f"listing {self.describe()}, a module's globals, after the trace assigned one of them")
         keys = tuple(self.value)
         tx.output.guards.keys(self.source, keys)
         return list(keys)
@@ -394,6 +399,11 @@ class ExternalDictVariable(Variable):
     def item(self, tx, key) -> Variable:
         if self.materialized is not None:
             return self.materialized.entries[key][1]
+        stored = tx.output.side_effects.stored_global(self.value, key)  # a module's globals dict, read after a store
+        if stored is not None:
+            if not isinstance(stored, Variable):
+                raise Unsupported(f"reading {key!r} from {self.describe()} after `del` (the program raises KeyError)")
+            return stored
         if not is_literal_key(key):
             raise Unsupported(f"reading key {key!r} of an outside dict (only str/int keys are guarded)")
         return tx.wrap(self.value[key], ItemSource(self.source, key))
@@ -402,6 +412,9 @@ class ExternalDictVariable(Variable):
         if self.materialized is not None:
             return self.materialized.contains(tx, key)
         python_key = hashable_key(tx, key)
+        stored = tx.output.side_effects.stored_global(self.value, python_key)
+        if stored is not None:
+            return isinstance(stored, Variable)
         present = python_key in self.value
         tx.output.guards.contains(self.source, python_key, present)
         return present
@@ -582,6 +595,14 @@ class LazyIteratorVariable(BaseIteratorVariable):
         if item is None:
             self.exhausted = True
         return item
+
+
+def _is_module_namespace(value: dict) -> bool:
+    """Whether `value` is some module's `__dict__` (the globals of the functions defined in it)."""
+    import sys
+
+    module = sys.modules.get(value.get("__name__")) if isinstance(value.get("__name__"), str) else None
+    return module is not None and getattr(module, "__dict__", None) is value
 
 
 def _iterator_types() -> dict[str, type]:
