@@ -618,3 +618,19 @@ def test_warning_naming_a_callable_objects_caller_runs_eagerly():
     compiled(torch.randn(3))
     assert "stacklevel=2" in compiled.entries[0].eager_reason
     assert graphs == []
+
+
+class _Items(list):
+    pass
+
+
+def measures_list_subclass(t, items):
+    return t + len(items)
+
+
+def test_builtin_method_on_a_subclass_instance_is_refused_not_a_recursion():
+    compiled, graphs = _compiled(measures_list_subclass)
+    x = torch.randn(2)
+    torch.testing.assert_close(compiled(x, _Items([1, 2])), x + 2)
+    reason = compiled.entries[0].eager_reason
+    assert "list.__len__ on _Items object" in reason and "RecursionError" not in reason
