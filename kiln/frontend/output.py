@@ -335,21 +335,38 @@ DELETED_GLOBAL = object()  # what `del NAME` stores for a global until the entry
 
 
 @dataclass
+class OutsideState:
+    """The outside world as the trace has changed it so far: what the entry must have written by then.
+
+    `attributes`: (id of the object's tracker, name) -> (tracker, name, value or DELETED);
+    `containers`: id of the tracker -> (tracker, its items or entries then);
+    `globals`: as `SideEffects.globals`.
+    """
+
+    attributes: dict[tuple[int, str], tuple[Variable, str, Any]]
+    containers: dict[int, tuple[Variable, Any]]
+    globals: dict[tuple[int, str], tuple[NamedSource, str, Any]]
+
+
+@dataclass
 class ReplayedCall:
     """A call made for its effect on the world outside the graph (print, warnings.warn, logging), made again
-    after the graph with the same (constant) arguments."""
+    after the graph with the same (constant) arguments, once the state it saw is written back."""
 
     function: Callable
     args: list[Variable]
     kwargs: dict[str, Variable]
+    state: OutsideState
 
 
 class SideEffects:
-    """Mutations of the outside world made by the trace, replayed after the graph runs.
+    """Mutations of the outside world made by the trace, replayed after the graph runs, in program order.
 
-    State (attributes, containers, globals) is replayed as its final value; calls made
-    for their output are replayed in program order, before the state (their arguments
-    are constants captured when the call was traced, so the order does not change them).
+    State (attributes of outside objects, outside lists and dicts, globals) is written back
+    as the trace left it; a call made for its output (print, warnings.warn, logging) is
+    made after the state it saw has been written, and before what the program changed
+    after it, so a warning filter, a log handler or an error it raises meets the world
+    as eager's call would.
     """
 
     def __init__(self) -> None:
@@ -381,45 +398,80 @@ class SideEffects:
         return any(key[0] == id(fn_globals) for key in self.globals)
 
     def replay_call(self, function: Callable, args: list[Variable], kwargs: dict[str, Variable]) -> None:
-        self.calls.append(ReplayedCall(function, list(args), dict(kwargs)))
+        self.calls.append(ReplayedCall(function, list(args), dict(kwargs), self.current_state()))
+
+    def current_state(self) -> OutsideState:
+        attributes = {(id(variable), name): (variable, name, value)
+                      for variable in self.objects for name, value in variable.pending.items()}
+        containers = {id(variable): (variable, list(variable.items) if isinstance(variable, ListVariable)
+                                     else dict(variable.entries))
+                      for variable in self.containers}
+        return OutsideState(attributes, containers, dict(self.globals))
 
     def codegen(self, codegen: EntryCodegen) -> list[str]:
-        from kiln.frontend.variables.objects import DELETED
-
-        lines = []
         for variable in self.context_vars:
             if variable.current:
                 raise Unsupported(f"{variable.describe()} set and not reset inside the compiled function")
+        lines: list[str] = []
+        written = OutsideState({}, {}, {})
         for call in self.calls:
+            lines += _write_state(codegen, call.state, written)
+            written = call.state
             arguments = [codegen.value(arg) for arg in call.args]
             arguments += [f"{key}={codegen.value(arg)}" for key, arg in call.kwargs.items()]
             lines.append(f"{codegen.constant(call.function)}({', '.join(arguments)})")
-        for variable in self.objects:
-            target = codegen.source(variable.source)
-            for name, value in variable.pending.items():
-                original = getattr(variable.value, name, _ABSENT)
-                if value is DELETED:
-                    if original is not _ABSENT:
-                        lines.append(f"delattr({target}, {name!r})")
-                    continue
-                if isinstance(value, ConstantVariable) and original is not _ABSENT and \
-                        type(original) is type(value.value) and original == value.value:
-                    continue  # restored to what it was: nothing to replay
-                lines.append(f"setattr({target}, {name!r}, {codegen.value(value)})")
-        for variable in self.containers:
-            target = codegen.source(variable.source)
-            if isinstance(variable, ListVariable):
-                lines.append(f"{target}[:] = {variable.display(codegen)}")
-            elif isinstance(variable, DictVariable):
-                lines.append(f"{target}.clear()")
-                lines.append(f"{target}.update({variable.display(codegen)})")
-        for globals_source, name, value in self.globals.values():
-            namespace = codegen.source(globals_source)
-            if value is DELETED_GLOBAL:
-                lines.append(f"del {namespace}[{name!r}]")
-            else:
-                lines.append(f"{namespace}[{name!r}] = {codegen.value(value)}")
+        lines += _write_state(codegen, self.current_state(), written)
         return lines
+
+
+def _write_state(codegen: EntryCodegen, state: OutsideState, written: OutsideState) -> list[str]:
+    """Lines that bring the outside world from `written` (what the entry wrote so far) to `state`."""
+    from kiln.frontend.variables.objects import DELETED
+
+    lines = []
+    for key, (variable, name, value) in state.attributes.items():
+        previous = written.attributes.get(key)
+        if previous is not None and previous[2] is value:
+            continue
+        target = codegen.source(variable.source)
+        if previous is None:  # the object still holds its original attribute
+            original = getattr(variable.value, name, _ABSENT)
+            if value is DELETED and original is _ABSENT:
+                continue
+            if isinstance(value, ConstantVariable) and original is not _ABSENT and \
+                    type(original) is type(value.value) and original == value.value:
+                continue  # restored to what it was: nothing to replay
+        if value is DELETED:
+            lines.append(f"delattr({target}, {name!r})")
+        else:
+            lines.append(f"setattr({target}, {name!r}, {codegen.value(value)})")
+    for key, (variable, contents) in state.containers.items():
+        previous = written.containers.get(key)
+        if previous is not None and _same_contents(previous[1], contents):
+            continue
+        target = codegen.source(variable.source)
+        if isinstance(variable, ListVariable):
+            lines.append(f"{target}[:] = {ListVariable(contents).display(codegen)}")
+        else:
+            lines.append(f"{target}.clear()")
+            lines.append(f"{target}.update({DictVariable(contents, dict_type=dict).display(codegen)})")
+    for key, (globals_source, name, value) in state.globals.items():
+        previous = written.globals.get(key)
+        if previous is not None and previous[2] is value:
+            continue
+        namespace = codegen.source(globals_source)
+        if value is DELETED_GLOBAL:
+            lines.append(f"del {namespace}[{name!r}]")
+        else:
+            lines.append(f"{namespace}[{name!r}] = {codegen.value(value)}")
+    return lines
+
+
+def _same_contents(before: Any, after: Any) -> bool:
+    """Items (a list) or entries (a dict) holding the same trackers in the same order."""
+    if isinstance(before, list):
+        return len(before) == len(after) and all(a is b for a, b in zip(before, after))
+    return list(before) == list(after) and all(before[key][1] is after[key][1] for key in before)
 
 
 _ABSENT = object()

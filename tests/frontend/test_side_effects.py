@@ -634,3 +634,47 @@ def test_builtin_method_on_a_subclass_instance_is_refused_not_a_recursion():
     torch.testing.assert_close(compiled(x, _Items([1, 2])), x + 2)
     reason = compiled.entries[0].eager_reason
     assert "list.__len__ on _Items object" in reason and "RecursionError" not in reason
+
+
+def logs_between_mutations(holder, t):
+    holder.value = 1
+    STATE_SEEN.append("one")
+    logger.warning("first")
+    holder.value = 2
+    STATE_SEEN.append("two")
+    warnings.warn("second")
+    holder.value = 3
+    return t + 1
+
+
+STATE_SEEN: list = []
+
+
+class _SeesHolder(logging.Handler):
+    def __init__(self, holder):
+        super().__init__()
+        self.holder = holder
+        self.seen = []
+
+    def emit(self, record):
+        self.seen.append((self.holder.value, list(STATE_SEEN)))
+
+
+def test_replayed_calls_see_the_state_the_program_had_at_that_point(records):
+    holder = Holder()
+    watcher = _SeesHolder(holder)
+    logger.addHandler(watcher)
+    compiled, graphs = _compiled(logs_between_mutations)
+    try:
+        for run in (logs_between_mutations, compiled, compiled):
+            holder.value = 0
+            STATE_SEEN.clear()
+            watcher.seen.clear()
+            with warnings.catch_warnings(), kiln.config.patch(strict=True):
+                warnings.simplefilter("error")  # the warning raises: what happened before it stays done
+                with pytest.raises(UserWarning, match="second"):
+                    run(holder, torch.randn(2))
+            assert watcher.seen == [(1, ["one"])] and holder.value == 2 and STATE_SEEN == ["one", "two"], run
+    finally:
+        logger.removeHandler(watcher)
+    _captured(compiled, graphs)
