@@ -4,7 +4,9 @@ Each builtin is one handler `(tx, args, kwargs) -> Variable` in `_HANDLERS`. A
 builtin on constants runs for real; on containers it works item by item; on
 tensors it becomes a graph node (abs, min/max of tensors via torch) or is refused
 when it would need tensor data. `operator` and `math` functions are handled the
-same way.
+same way. The iterator builtins (zip, map, filter, enumerate, iter, next, any, all,
+itertools.chain/islice/count) step their inputs lazily, as CPython does; `print` is
+recorded and replayed after the graph (kiln/frontend/replay.py).
 """
 from __future__ import annotations
 

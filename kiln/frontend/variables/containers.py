@@ -5,11 +5,17 @@ trackers and are mutated in place by list/dict methods. Containers read from the
 outside world are wrapped item by item with `ItemSource`s (and a type and length
 or keys guard); large outside dicts use `ExternalDictVariable`, which wraps only
 the entries the trace reads and guards just those. Mutating an outside container
-is recorded and replayed after the graph runs (`SideEffects`).
+is recorded and replayed after the graph runs (`SideEffects`), on the object itself.
+
+Iterators are lazy (`BaseIteratorVariable.next_item`): a list iterator, the lazy
+builtins (zip, map, filter, enumerate, chain, islice, count) and, in interpreter.py,
+generators; each takes at most MAX_ITERATION_STEPS items per trace.
 """
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.sources import ItemSource, is_literal_key
@@ -109,7 +115,7 @@ class TupleVariable(BaseListVariable):
 
     def rebuild(self, items) -> Variable:
         # Slicing gives a plain tuple for namedtuples and structseqs, but torch.Size slices are Sizes.
-        return TupleVariable(items, tuple_type=torch_size() if issubclass(self.tuple_type, torch_size()) else tuple)
+        return TupleVariable(items, tuple_type=torch.Size if issubclass(self.tuple_type, torch.Size) else tuple)
 
     def getattr(self, tx, name: str) -> Variable:
         fields = _field_names(self.tuple_type)
@@ -126,12 +132,6 @@ class TupleVariable(BaseListVariable):
         if hasattr(self.tuple_type, "_fields"):
             return f"{codegen.constant(self.tuple_type)}({inner})"
         return f"{codegen.constant(self.tuple_type)}(({inner}{',' if len(self.items) == 1 else ''}))"
-
-
-def torch_size() -> type:
-    import torch
-
-    return torch.Size
 
 
 def _field_names(tuple_type: type) -> list[str]:
