@@ -678,3 +678,37 @@ def test_replayed_calls_see_the_state_the_program_had_at_that_point(records):
     finally:
         logger.removeHandler(watcher)
     _captured(compiled, graphs)
+
+
+ALLOWED = {1}
+
+
+def reads_a_global_set(t):
+    return t * (2 in ALLOWED), isinstance(ALLOWED, set), ALLOWED
+
+
+def adds_to_an_input_set(t, seen):
+    seen.add(3)
+    return t + len(seen)
+
+
+def test_an_outside_set_is_a_set_guarded_by_its_contents():
+    compiled, graphs = _compiled(reads_a_global_set)
+    x = torch.randn(2)
+    ALLOWED.clear()
+    ALLOWED.add(1)
+    with kiln.config.patch(strict=True):
+        scaled, is_set, returned = compiled(x)
+        torch.testing.assert_close(scaled, x * 0)
+        assert is_set is True and returned is ALLOWED
+        ALLOWED.add(2)  # the guard compares with what the trace saw, not with the live set itself
+        torch.testing.assert_close(compiled(x)[0], x)
+    assert len(graphs) == 2
+
+
+def test_mutating_an_outside_set_runs_eagerly():
+    compiled, graphs = _compiled(adds_to_an_input_set)
+    seen = {1}
+    x = torch.randn(2)
+    torch.testing.assert_close(compiled(x, seen), x + 2)
+    assert seen == {1, 3} and "mutating an outside set" in compiled.entries[0].eager_reason

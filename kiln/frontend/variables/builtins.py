@@ -304,14 +304,23 @@ def _set(kind):
     return handler
 
 
-class SetVariable(Variable):
-    """A set of constants made during the trace."""
+_SET_MUTATORS = frozenset({"add", "update", "discard", "remove", "pop", "clear", "difference_update",
+                           "intersection_update", "symmetric_difference_update"})
 
-    def __init__(self, values):
+
+class SetVariable(Variable):
+    """A set of constants: made during the trace, or an outside one (`source`), read only."""
+
+    def __init__(self, values, source=None, real: set | None = None):
         self.values = set(values)
+        self.source = source
+        self.real = real  # the outside set itself
 
     def describe(self) -> str:
-        return "set"
+        return "set" if self.source is None else f"set at {self.source}"
+
+    def identity(self) -> Any:
+        return self.real if self.real is not None else self
 
     def python_type(self) -> type:
         return set
@@ -329,6 +338,8 @@ class SetVariable(Variable):
         return bool(self.values)
 
     def call_method(self, tx, name, args, kwargs):
+        if self.source is not None and name in _SET_MUTATORS:
+            raise Unsupported(f"set.{name} on {self.describe()} (mutating an outside set is not supported)")
         if name == "add":
             self.values.add(args[0].as_constant())
             return NONE
@@ -344,6 +355,8 @@ class SetVariable(Variable):
         return SetVariable(result) if isinstance(result, set) else ConstantVariable(result)
 
     def reconstruct(self, codegen) -> str:
+        if self.source is not None:  # the outside set itself
+            return codegen.source(self.source)
         return codegen.constant(set(self.values)) + ".copy()"
 
 
