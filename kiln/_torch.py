@@ -41,6 +41,14 @@ def is_fake(value) -> bool:
     return isinstance(value, FakeTensor)
 
 
+def real_tensors():
+    """A context where new tensors are real even while a compile's fake mode is active (a compiled
+    module's own state, such as its index-error flag)."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    return unset_fake_temporarily()
+
+
 def fake_mode_of(example_inputs):
     """The FakeTensorMode of the example inputs, if they are fake."""
     from torch._guards import detect_fake_mode

@@ -66,6 +66,9 @@ OPTIONS = [
     Option("split_reduction_min_columns", int, 8192, "... when a row has at least this many columns"),
     Option("split_reduction_target_programs", int, 256, "... into chunks so that rows x chunks is about this"),
     Option("persistent_reduction_max", int, 8192, "rows up to this length stay in registers"),
+    Option("gpu_index_checks", bool, True, "a CUDA graph that gathers (index, gather, embedding) reads its "
+                                           "kernels' out-of-range-index flag after each call and raises IndexError "
+                                           "(one host sync per call); off: such an index reads element 0, silently"),
     Option("check_extern_strides", bool, True, "re-stride an extern's output when it differs from its meta"),
     Option("frontend", str, "kiln", "graph capture for kiln.compile: 'kiln' (kiln/frontend, bytecode capture) "
                                      "or 'dynamo' (TorchDynamo)"),

@@ -13,7 +13,7 @@ EXTRA_DECOMPOSITIONS = [
     aten._softmax, aten._log_softmax, aten.native_layer_norm, aten.native_group_norm,
     aten._native_batch_norm_legit_no_training, aten._native_batch_norm_legit_functional,
     aten._native_batch_norm_legit,
-    aten.embedding, aten.addcmul, aten.addcdiv,
+    aten.addcmul, aten.addcdiv,
     aten._softmax_backward_data, aten._log_softmax_backward_data, aten.native_layer_norm_backward,
     aten.gelu_backward, aten.tanh_backward, aten.sigmoid_backward, aten.threshold_backward,
     aten.silu_backward, aten.embedding_dense_backward,
@@ -28,6 +28,7 @@ KEEP = [
     aten._scaled_dot_product_flash_attention_for_cpu, aten.eye,
     aten.gelu, aten.silu, aten.sigmoid, aten.tanh, aten.var_mean, aten.var, aten.std,
     aten.clamp, aten.where, aten.hardtanh, aten.mean,
+    aten.embedding,  # its decomposition (aten.index) accepts negative indices, which eager's embedding rejects
 ]
 
 

@@ -22,7 +22,7 @@ Semantics follow triton.py and torch: fp16/bf16 values are held as float (loaded
 exactly, rounded to nearest even by `to_dtype` and on store); max/min propagate NaN;
 argmax/argmin pick the first index; integer ops wrap (-fwrapv) and divide like
 Python; index math is int64; masked loads read nothing outside the mask; gathered
-indices are checked against the tensor's size (the kernel returns 1 and the wrapper
+positions are checked by their `check_index` op (the kernel returns 1 and the wrapper
 raises IndexError).
 """
 from __future__ import annotations
@@ -102,7 +102,7 @@ class CppKernelSource:
     buffer_args: list  # buffer names, in parameter order (passed as data pointers)
     size_args: list  # sympy expressions passed as int64
     signature: KernelSignature
-    checks_bounds: bool  # the kernel returns 1 when a gathered index was out of bounds
+    checks_bounds: bool  # the kernel returns 1 when a gathered index was out of range (check_index)
     skip: bool = False  # empty iteration space: allocate only, never call
     device_type: str = "cpu"
     listing: str = ""
@@ -113,8 +113,7 @@ class CppKernelSource:
         pointers = [f"{name}.data_ptr()" for name in argument_sources[:len(self.buffer_args)]]
         call = f"{self.name}({', '.join(pointers + argument_sources[len(self.buffer_args):])})"
         if self.checks_bounds:
-            return (f"if {call}: raise IndexError('kiln: kernel {self.name} read an index out of bounds "
-                    f"(a gather or embedding index outside its tensor)')")
+            return f"if {call}: raise_index_error({'kernel ' + self.name!r})"
         return call
 
 
@@ -166,7 +165,6 @@ class _Scope:
     def __init__(self, variables=(), preheader: "_Lines | None" = None):
         self.values: dict = {}  # (node position, op index) -> C++ name
         self.buffers: dict = {}  # buffer name -> C++ name holding the value stored in this scope
-        self.checks: dict = {}  # (gathered index, size, mask) -> the checked index's C++ name
         self.variables = set(variables)
         self.preheader = preheader
 
@@ -217,7 +215,7 @@ class CppKernelGenerator:
         self.written = {name for node in kernel.nodes for name in node.outputs}  # loads of these stay in place
         self.groups = self._groups()
         self.scratch = self._scratch_buffers()
-        self.gathers = any(self._is_gather(op) for node in kernel.nodes for op in node.body.reads())
+        self.gathers = any(op.name == "check_index" for node in kernel.nodes for op in node.body.ops)
         # (reduction position, op index) -> row array it is saved to; (position, op index) -> array it is read from
         self.reuse_saves: dict = {}
         self.reuse_loads: dict = {}
@@ -449,6 +447,8 @@ class CppKernelGenerator:
             raise AssertionError(f"{node.name}: a reduce is emitted by its loop, not on demand")
         if op.name == "constant":
             return self.define(name, op.dtype, constant_source(op.attr, op.dtype))
+        if op.name == "check_index":
+            return self._check_index(position, op, name)
         if op.name == "index_expr":
             expression = simplify_index(sympy.sympify(op.attr).xreplace(self.mappings[position]), self._ranges())
             return self.define(name, op.dtype, f"static_cast<{VALUE_TYPES[op.dtype]}>({self.index(expression)})")
@@ -493,38 +493,23 @@ class CppKernelGenerator:
             return f"{LOW_PRECISION_ROUND[target]}((float){value})"
         return f"static_cast<{VALUE_TYPES[target]}>({value})"
 
-    def _offset(self, position: int, op, name: str, mask: str | None = None) -> str:
-        """The storage offset of a load or store; gathered dims are bounds-checked first
-        (where `mask` holds: a masked-off lane may compute any index, it reads nothing)."""
+    def _offset(self, position: int, op) -> str:
+        """The storage offset of a load or store (gathered positions were checked by check_index)."""
         layout = self.graph.buffers[op.buffer].layout
         index = [sympy.sympify(expr).xreplace(self.mappings[position]) for expr in op.index]
-        for dim, expr in enumerate(index):
-            if not any(indirect_value(symbol) is not None for symbol in expr.free_symbols):
-                continue
-            size = self.index(layout.size[dim])
-            # Checked once in the outermost scope its index and mask allow (an embedding's row
-            # index once per row, not per column), and shared by the loads of the same index.
-            level = self._symbols_level(position, expr.free_symbols, self.levels)
-            if mask:
-                level = max(level, self._level(position, op.operands[0], self.levels))
-            target = self._target_scope(level)
-            key = (self.index(expr), size, mask)
-            checked = self.lookup(key, "checks")
-            if checked is None:
-                checked = f"{name}_i{dim}"
-                lines = self.out if target == len(self.scopes) - 1 else self.scopes[target + 1].preheader
-                lines.add(f"int64_t {checked} = {key[0]};")
-                outside = f"{checked} < 0 || {checked} >= {size}"
-                outside = f"{mask} && ({outside})" if mask else outside
-                # No branch and no atomic: the loop stays a simd loop (kiln_status is an OpenMP `|` reduction).
-                lines.add(f"bool {checked}_outside = {outside};")
-                lines.add(f"kiln_status |= {checked}_outside;")
-                lines.add(f"{checked} = {checked}_outside ? 0 : {checked};")
-                self.local_symbols.add(checked)
-                self.scopes[target].checks[key] = checked
-            index[dim] = sympy.Symbol(checked, integer=True, nonnegative=True)
         offset = simplify_index(sympy.expand(layout.offset_of(index)), self._ranges())
         return self.index(offset)
+
+    def _check_index(self, position: int, op, name: str) -> str:
+        """check_index: an out-of-range position sets the kernel's status (the wrapper raises
+        IndexError) and reads 0 instead. No branch and no atomic: the loop stays a simd loop
+        (kiln_status is an OpenMP `|` reduction). Like any value, it is defined in the outermost
+        scope its operand allows: an embedding's row index is checked once per row, not per column."""
+        value = self.value(position, op.operands[0])
+        size = self.index(op.attr)
+        self.out.add(f"bool {name}_outside = {value} < 0 || {value} >= {size};")
+        self.out.add(f"kiln_status |= {name}_outside;")
+        return self.define(name, torch.int64, f"{name}_outside ? (int64_t)0 : {value}")
 
     def _load(self, position: int, op, name: str) -> str:
         dtype = self.graph.buffers[op.buffer].dtype
@@ -537,7 +522,7 @@ class CppKernelGenerator:
         if op.buffer in self.kernel.local_buffers:
             raise AssertionError(f"local buffer {op.buffer} read where no loop holds it")
         mask = self.value(position, op.operands[0]) if op.operands else None
-        access = f"{self.pointer(op.buffer)}[{self._offset(position, op, name, mask)}]"
+        access = f"{self.pointer(op.buffer)}[{self._offset(position, op)}]"
         if dtype == torch.bfloat16:
             access = f"kiln_from_bf16({access})"
         elif dtype == torch.float16:
@@ -567,13 +552,17 @@ class CppKernelGenerator:
             stored = f"(_Float16){value}"
         else:
             stored = value
-        self.out.add(f"{self.pointer(op.buffer)}[{self._offset(position, op, f'n{position}_store')}] = {stored};")
+        self.out.add(f"{self.pointer(op.buffer)}[{self._offset(position, op)}] = {stored};")
 
     def _emit_stores(self, position: int, start: int = 0) -> None:
-        """Every store of node `position` from op `start` on, with the values they need."""
-        for op in self.kernel.nodes[position].body.ops[start:]:
+        """Every store of node `position` from op `start` on, with the values they need, and every
+        index check (values are emitted on demand, and a checked position that no load reads, as
+        under an expand, must still raise)."""
+        for op_index, op in enumerate(self.kernel.nodes[position].body.ops[start:], start=start):
             if op.name == "store":
                 self._store(position, op)
+            elif op.name == "check_index":
+                self.value(position, op_index)
 
     # ---- loops ------------------------------------------------------------------------
     def _status_reduction(self) -> str:
@@ -768,6 +757,11 @@ class CppKernelGenerator:
     def _fold(self, position: int, reduce_op, kind: str, name: str, lane: str, value_type: str,
               fold: str | None, save_reused: bool) -> None:
         value = self.value(position, reduce_op.operands[0])
+        ops = self.kernel.nodes[position].body.ops
+        reduce_index = next(k for k, op in enumerate(ops) if op.name == "reduce")
+        for op_index in range(reduce_index):
+            if ops[op_index].name == "check_index":  # emitted even where the reduced value does not read it
+                self.value(position, op_index)
         if save_reused:
             for (source, op_index), array in self.reuse_saves.items():
                 if source == position:

@@ -22,6 +22,9 @@ from kiln.ir.nodes import indirect_value
 from kiln.schedule.kernel import Kernel, var_map
 
 INT32_LIMIT = 2**31 - 1
+# The pseudo-buffer a kernel with check_index ops takes as one of its pointers: the graph's one-int32
+# index-error flag, allocated by the wrapper (codegen/wrapper.py).
+INDEX_STATUS = "_index_status"
 
 UNARY = {
     "neg": "-{0}", "abs": "tl.abs({0})", "exp": "tl.exp({0})", "exp2": "libdevice.exp2({0})",
@@ -117,6 +120,11 @@ class KernelSource:
     device_type: str
     skip: bool = False  # empty iteration space: allocate only, never launch
     function_name: str = ""  # the Triton function in `source` (shared by identical kernels)
+
+    @property
+    def checks_indices(self) -> bool:
+        """Whether the kernel reports out-of-range gather indices into the graph's status flag."""
+        return INDEX_STATUS in self.buffer_args
 
 
 def _next_power_of_2(value: int) -> int:
@@ -239,9 +247,11 @@ class TritonKernelGenerator:
             running = running * size
         strides.reverse()
         for position, (size, stride) in enumerate(zip(ranges, strides)):
-            value = flat if stride == 1 else f"({flat} // {self.index_source(stride)})"
+            # Parenthesized: a symbolic stride or size prints as a product (`s1*s2`), and
+            # `x // s1*s2` is `(x // s1) * s2` in Python.
+            value = flat if stride == 1 else f"({flat} // ({self.index_source(stride)}))"
             if position > 0:
-                value = f"({value} % {self.index_source(size)})"
+                value = f"({value} % ({self.index_source(size)}))"
             self.out.line(f"{prefix}{position} = {value}")
 
     def _pointwise_body(self) -> None:
@@ -364,6 +374,8 @@ class TritonKernelGenerator:
                 self.out.line(f"{name} = {args[0]}.to({TRITON_DTYPES[op.dtype]})")
         elif op.name == "where":
             self.out.line(f"{name} = tl.where({args[0]}, {args[1]}, {args[2]})")
+        elif op.name == "check_index":
+            self._emit_check_index(op, name, args[0], mask)
         elif op.name == "sign":
             self.out.line(f"{name} = ({args[0]} > 0).to({TRITON_DTYPES[op.dtype]}) - "
                           f"({args[0]} < 0).to({TRITON_DTYPES[op.dtype]})")
@@ -385,6 +397,17 @@ class TritonKernelGenerator:
             self.out.line(f"{name} = {args[0]}_{op.attr}")
         else:
             raise NotImplementedError(f"Triton codegen for op {op.name}")
+
+    def _emit_check_index(self, op, name: str, value: str, mask: str) -> None:
+        """check_index: a lane whose position is outside [0, size) reads position 0 instead (never
+        memory outside the tensor, on any device) and sets the graph's status flag, a one-int32
+        buffer the wrapper reads after the kernels and raises IndexError for (runtime/support.py).
+        Lanes outside the block's mask (tails) compute any value and report nothing."""
+        status = self.pointer(INDEX_STATUS)
+        self.out.line(f"{name}_outside = ({value} < 0) | ({value} >= {self.index_source(op.attr)})")
+        self.out.line(f"{name} = tl.where({name}_outside, 0, {value})")
+        self.out.line(f"{name}_flag = ({name}_outside & ({mask})).to(tl.int32)")
+        self.out.line(f"tl.store({status} + 0 * {name}_flag, {name}_flag, {name}_flag != 0)")
 
     def _scalar_shape(self) -> str:
         """A constant's block shape: of the kernel's rank, so `tl.broadcast_to` a [XBLOCK, RBLOCK] tile works."""

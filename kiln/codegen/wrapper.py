@@ -12,8 +12,9 @@ from dataclasses import dataclass, field
 import sympy
 import torch
 
+from kiln import _torch
 from kiln.codegen.printing import expr_to_source
-from kiln.codegen.triton import KernelSource, generate_kernel
+from kiln.codegen.triton import INDEX_STATUS, KernelSource, generate_kernel
 from kiln.ir import Extern, TensorArg
 from kiln.schedule import Kernel, ScheduledGraph
 
@@ -29,6 +30,7 @@ class ModuleSource:
     externs: dict = field(default_factory=dict)  # name -> ATen op
     kernel_count: int = 0
     extern_count: int = 0
+    index_status: list = field(default_factory=list)  # names of the kernels' index-error flags (constants)
 
 
 def _graph_device_type(scheduled: ScheduledGraph) -> str:
@@ -67,6 +69,7 @@ class WrapperGenerator:
                       if graph_input.kind == "tensor"}
         self.symbols = _symbol_sources(self.graph)
         self.scratch: dict = {}  # buffer name -> its view's index in the scratch block (_plan_scratch)
+        self.index_status_kernels: dict = {}  # index-error flag's name -> the kernels that set it
 
     def py(self, expr) -> str:
         expr = sympy.sympify(expr)
@@ -104,6 +107,7 @@ class WrapperGenerator:
             dead = [self.name(name) for name, last in last_use.items() if last == step_index]
             if dead:
                 body.append(f"del {', '.join(sorted(dead))}")
+        body += self._index_status_checks()
         body.append(f"return ({''.join(self._output(output) + ', ' for output in graph.outputs)})")
         if self.scratch:
             body = (["_scratch = _arena.acquire()", "try:"] + ["    " + line for line in body]
@@ -113,6 +117,32 @@ class WrapperGenerator:
         module.kernel_count = len([k for k in module.kernel_sources if not k.skip])
         module.extern_count = len(module.externs)
         return module
+
+    def _index_status_for(self, kernel: Kernel, module: ModuleSource) -> str:
+        """The wrapper's name of the index-error flag of `kernel`'s device, allocated on first use:
+        Triton kernels flag out-of-range gather indices (check_index) in one int32 per device that
+        the module owns. (C++ kernels return their flag instead: CppKernelSource.launch.)"""
+        device = self.graph.buffers[kernel.nodes[0].outputs[0]].device
+        name = f"{INDEX_STATUS}_{device.type}{device.index if device.index is not None else ''}"
+        if name not in module.constants:
+            with _torch.real_tensors():  # compiling runs under the fake mode of the graph's inputs
+                module.constants[name] = torch.zeros(1, dtype=torch.int32, device=device)
+            module.index_status.append(name)
+        self.index_status_kernels.setdefault(name, []).append(kernel.name)
+        return name
+
+    def _index_status_checks(self) -> list[str]:
+        """After the last kernel: raise IndexError when a kernel flagged an index (support.py). On
+        CUDA the read is a host sync, made only by graphs that gather, unless config.gpu_index_checks
+        is off (then an out-of-range index reads element 0, silently)."""
+        from kiln.config import config
+
+        lines = []
+        for name, kernels in self.index_status_kernels.items():
+            if name.startswith(f"{INDEX_STATUS}_cuda") and not config.gpu_index_checks:
+                continue
+            lines.append(f"check_index_status({name}, {'kernel ' + ', '.join(kernels)!r})")
+        return lines
 
     def _used_symbols(self) -> set:
         used = set()
@@ -129,7 +159,8 @@ class WrapperGenerator:
 
     def _header(self, module: ModuleSource) -> list[str]:
         lines = ["# kiln generated wrapper", "import torch", "from kiln.runtime.support import empty_strided, "
-                 "empty_strided_huge, restride, view_at, cdiv, flatten_result as _flatten_result", ""]
+                 "empty_strided_huge, restride, view_at, cdiv, flatten_result as _flatten_result, raise_index_error, "
+                 "check_index_status", ""]
         return lines
 
     def _last_uses(self) -> dict:
@@ -225,7 +256,9 @@ class WrapperGenerator:
                  if name not in kernel.local_buffers]
         if source.skip:
             return lines
-        args = [self.name(name) for name in source.buffer_args] + [self.py(size) for size in source.size_args]
+        buffers = [self._index_status_for(kernel, module) if name == INDEX_STATUS else self.name(name)
+                   for name in source.buffer_args]
+        args = buffers + [self.py(size) for size in source.size_args]
         if cpp:
             return lines + [source.launch(args)]
         xnumel = sympy.sympify(source.xnumel)

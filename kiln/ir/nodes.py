@@ -15,6 +15,9 @@ Ops (name: operands -> result):
     unary math  x                                  (see UNARY_OPS)
     binary math x, y                               (see BINARY_OPS)
     where       cond, x, y
+    check_index x, size (attr)                     a gathered position: x when 0 <= x < size; otherwise
+                                                   the kernel reports an IndexError (the host raises) and
+                                                   continues with 0, so no lane reads outside a tensor
     reduce      x, kind (attr)                     reduction over the node's reduction ranges;
                                                    welford yields (mean, m2, count): use getitem
     getitem     x, position (attr)
@@ -46,7 +49,7 @@ EXPENSIVE_OPS = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin",
                  "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "lgamma",
                  "sigmoid", "pow", "atan2", "normal_cdf"}
 REDUCTION_KINDS = {"sum", "prod", "max", "min", "argmax", "argmin", "welford", "any", "all"}
-OTHER_OPS = {"load", "store", "constant", "index_expr", "to_dtype", "where", "reduce", "getitem"}
+OTHER_OPS = {"load", "store", "constant", "index_expr", "to_dtype", "where", "reduce", "getitem", "check_index"}
 ALL_OPS = UNARY_OPS | BINARY_OPS | OTHER_OPS
 
 
@@ -122,6 +125,10 @@ class Body:
     def indirect(self, value: int) -> sympy.Symbol:
         """A symbol standing for SSA value `value` inside an index (gather, embedding)."""
         return indirect_symbol(value)
+
+    def check_index(self, value: int, size: sympy.Expr) -> int:
+        """`value` (int64) checked to lie in [0, size): the one bounds rule every backend renders."""
+        return self.emit("check_index", (value,), torch.int64, attr=size)
 
     def store(self, buffer: "Buffer", index: Sequence[sympy.Expr], value: int) -> int:
         return self.emit("store", (value,), None, buffer=buffer.name, index=index)

@@ -12,7 +12,7 @@ def format_body(body: Body, indent: str = "  ") -> list[str]:
             text = f"%{position} = load {op.buffer}[{_index(op.index)}]"
         elif op.name == "store":
             text = f"store {op.buffer}[{_index(op.index)}] {operands}"
-        elif op.name in ("constant", "index_expr", "reduce", "getitem"):
+        elif op.name in ("constant", "index_expr", "reduce", "getitem", "check_index"):
             text = f"%{position} = {op.name} {operands + ' ' if operands else ''}{op.attr}"
         else:
             text = f"%{position} = {op.name} {operands}"

@@ -3,7 +3,7 @@
 Catches a malformed graph at the pass that made it: unknown ops, reads of values or
 buffers not yet defined, index arity that does not match the buffer, index variables
 outside the node's loops, reductions without exactly one `reduce`, stores to buffers
-the node does not own.
+the node does not own, gathered positions (`ind<k>`) that no `check_index` bounds.
 """
 from __future__ import annotations
 
@@ -64,13 +64,22 @@ def _verify_loop(node: LoopNode, graph: Graph, defined: set, size_symbols: set) 
             if op.attr not in REDUCTION_KINDS:
                 problems.append(f"{where}: unknown reduction {op.attr!r}")
         exprs = list(op.index or ())
-        if op.name == "index_expr":
+        if op.name in ("index_expr", "check_index"):
             exprs.append(op.attr)
         for expr in exprs:
             extra = {symbol for symbol in sympy.sympify(expr).free_symbols - allowed
                      if not (indirect_value(symbol) is not None and indirect_value(symbol) < position)}
             if extra:
                 problems.append(f"{where}: index uses {sorted(map(str, extra))} outside the node's loops")
+            # Every gathered position passes the one bounds rule: an `ind<k>` names a check_index
+            # value (which also catches an SSA number left stale when one body is inlined into another).
+            unchecked = sorted(str(symbol) for symbol in sympy.sympify(expr).free_symbols
+                               if indirect_value(symbol) is not None and indirect_value(symbol) < position
+                               and node.body.ops[indirect_value(symbol)].name != "check_index")
+            if unchecked:
+                problems.append(f"{where}: index uses {unchecked}, values no check_index bounds")
+            if op.name == "check_index" and sympy.sympify(expr).free_symbols - size_symbols:
+                problems.append(f"{where}: checks against a size that is not a size expression")
             if after_reduce and sympy.sympify(expr).free_symbols & reduction_vars:
                 problems.append(f"{where}: after the reduce but indexes reduction variables")
         if op.name in ("load", "store"):

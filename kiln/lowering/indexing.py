@@ -1,8 +1,10 @@
 """Rules that read their inputs at computed positions: gather, index_select, index
-(advanced indexing; what embedding decomposes to), cat and constant padding.
+(advanced indexing), embedding, cat and constant padding.
 
-Gathers load an index tensor, then use that value inside another load's index (an
-`ind<k>` symbol). cat and padding use masked loads so no lane reads out of bounds.
+Gathers load an index tensor, turn it into a checked position (`_gathered_position`: eager's
+rules, once for every gather; docs/design/indexing.md), then use that value inside another
+load's index (an `ind<k>` symbol). cat and padding use masked loads so no lane reads out of
+bounds.
 """
 from __future__ import annotations
 
@@ -17,13 +19,27 @@ from kiln.lowering.registry import lowering
 aten = _torch.aten
 
 
-def _wrapped_index(body, value, size):
-    """An index value with negative positions wrapped (x[-1] is the last element)."""
-    value = body.to_dtype(value, torch.int64)
-    size_value = body.index_expr(as_expr(size), torch.int64)
-    negative = body.emit("lt", (value, body.constant(0, torch.int64)), torch.bool)
-    wrapped = body.emit("add", (value, size_value), torch.int64)
-    return body.indirect(body.emit("where", (negative, wrapped, value), torch.int64))
+def _gathered_position(body, value, size, *, negative_wraps: bool):
+    """The position an index tensor's element selects along a dim of `size`, as an `ind<k>` symbol.
+
+    Eager's rules, one place for every gather: advanced indexing (aten.index) takes a value in
+    [-size, size), negative ones counting from the end (x[-1] is the last element); gather,
+    index_select and embedding take [0, size) only (a negative index raises in eager). Any other
+    value is an error: one `check_index` op, which every backend renders (the kernel reports it,
+    the host raises IndexError, and no lane reads outside the tensor meanwhile). The size is the
+    logical size of the indexed dim, so no view under the gather (expand, reshape, slice) can
+    turn a bad index into a valid address.
+    """
+    size = as_expr(size)
+    if size == 0:
+        raise Unsupported("a gather from an empty dim (every index is out of range: eager raises)")
+    position = body.to_dtype(value, torch.int64)
+    if negative_wraps:
+        size_value = body.index_expr(size, torch.int64)
+        negative = body.emit("lt", (position, body.constant(0, torch.int64)), torch.bool)
+        wrapped = body.emit("add", (position, size_value), torch.int64)
+        position = body.emit("where", (negative, wrapped, position), torch.int64)
+    return body.indirect(body.check_index(position, size))
 
 
 def _check_kernel_dtypes(*values):
@@ -45,7 +61,7 @@ def gather(ctx, node, x, dim, index, sparse_grad=False):
         return ctx.pointwise([0], lambda body, zero: zero, meta=meta, compute_dtype=compute_dtype_for(meta.dtype))
 
     def compute(body, out_index):
-        position = _wrapped_index(body, index.load(body, out_index), x.shape[dim])
+        position = _gathered_position(body, index.load(body, out_index), x.shape[dim], negative_wraps=False)
         source = list(out_index)
         source[dim] = position
         return x.load(body, source)
@@ -61,7 +77,8 @@ def index_select(ctx, node, x, dim, index):
     dim = dim % x.ndim
 
     def compute(body, out_index):
-        position = _wrapped_index(body, index.load(body, [out_index[dim]] if index.ndim else []), x.shape[dim])
+        position = _gathered_position(body, index.load(body, [out_index[dim]] if index.ndim else []), x.shape[dim],
+                                      negative_wraps=False)
         source = list(out_index)
         source[dim] = position
         return x.load(body, source)
@@ -91,13 +108,29 @@ def index(ctx, node, x, indices):
             if dim in indexed_dims:
                 value = dict(tensors)[dim]
                 value_index = _broadcast_index(broadcast_index, broadcast_shape, value.shape)
-                source.append(_wrapped_index(body, value.load(body, value_index), x.shape[dim]))
+                source.append(_gathered_position(body, value.load(body, value_index), x.shape[dim],
+                                                 negative_wraps=True))
             else:
                 source.append(next(rest))
         return x.load(body, source)
 
     assert out_rank == x.ndim - len(indexed_dims) + broadcast_rank
     return ctx.pointwise_indexed(meta, compute)
+
+
+@lowering(aten.embedding.default)
+def embedding(ctx, node, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """out[..., j] = weight[indices[...], j]; kept whole (not decomposed to aten.index, which would
+    accept negative indices that eager's embedding rejects). padding_idx only changes the backward."""
+    _check_kernel_dtypes(weight)
+    if weight.ndim != 2:
+        raise Unsupported("embedding of a weight that is not 2-d")
+
+    def compute(body, out_index):
+        row = _gathered_position(body, indices.load(body, out_index[:-1]), weight.shape[0], negative_wraps=False)
+        return weight.load(body, [row, out_index[-1]])
+
+    return ctx.pointwise_indexed(meta_of(node), compute)
 
 
 def _broadcast_index(index, shape, value_shape):

@@ -115,6 +115,7 @@ class CudaGraphRunner:
             static.copy_(args[position])
         self.recording.replay()
         self.replays += 1
+        self._check_indices()
         args.clear()
         return [self._result(kind, value) for kind, value in self.outputs]
 
@@ -158,8 +159,19 @@ class CudaGraphRunner:
         self._classify_outputs(recording.outputs, static_args)
         recording.replay()
         self.replays += 1
+        self._check_indices()
         args.clear()
         return [self._result(kind, value) for kind, value in self.outputs]
+
+    def _check_indices(self) -> None:
+        """A replay runs no wrapper code, so the kernels' out-of-range-index flag, which the wrapper
+        reads after an ordinary call, is read here (raises IndexError; runtime/support.py)."""
+        from kiln.config import config
+        from kiln.runtime.support import check_index_status
+
+        if config.gpu_index_checks:
+            for status in getattr(self.compiled, "index_status", ()):
+                check_index_status(status, f"graph {self.name}")
 
     def _classify_outputs(self, outputs: list, static_args: list) -> None:
         """Which outputs live in the graph's pool (aliased out, liveness-checked), which are inputs'

@@ -54,8 +54,11 @@ class CompiledGraph:
 
     _boxed_call = True
 
-    def __init__(self, call, module_source, scheduled=None):
+    def __init__(self, call, module_source, scheduled=None, index_status=()):
         self._call = call
+        # The Triton kernels' index-error flags (codegen/wrapper.py), one per device, read by the
+        # CUDA-graph runner after a replay, which runs no wrapper code.
+        self.index_status = list(index_status)
         self.module_source = module_source
         self.scheduled = scheduled
         self.kernel_count = module_source.kernel_count
@@ -78,4 +81,5 @@ def load_module(module_source, *, mode: str = "default", scheduled=None) -> Comp
     namespace.update(module_source.constants)
     namespace.update(module_source.externs)
     _execute(module_source.wrapper, "wrappers", namespace)
-    return CompiledGraph(namespace["call"], module_source, scheduled)
+    return CompiledGraph(namespace["call"], module_source, scheduled,
+                         [namespace[name] for name in module_source.index_status])

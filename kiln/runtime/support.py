@@ -29,6 +29,27 @@ def _view_at(tensor: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
 view_at = _torch.reinterpret_tensor() or _view_at  # the same view, built in C++ where torch has it
 
 
+def raise_index_error(where: str) -> None:
+    """What a kernel's failed `check_index` (an out-of-range gather index) becomes on the host."""
+    raise IndexError(f"kiln: {where}: an index is out of range for the dim it indexes (gather, index_select "
+                     f"and embedding take [0, size), advanced indexing [-size, size))")
+
+
+def check_index_status(status: torch.Tensor, kernels: str) -> None:
+    """Raise IndexError when a Triton kernel of this graph flagged an out-of-range index in
+    `status` (one int32, set by check_index); reset it first, so the graph stays usable.
+
+    On CUDA this reads one int from the device: a host sync, once per call of a graph that
+    gathers. Not while a CUDA graph records (a sync would break the capture): the runner checks
+    after each replay instead (runtime/cudagraphs.py).
+    """
+    if status.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
+    if status.item():
+        status.zero_()
+        raise_index_error(kernels)
+
+
 def flatten_result(value) -> list:
     if isinstance(value, (list, tuple)):
         return [leaf for item in value for leaf in flatten_result(item)]

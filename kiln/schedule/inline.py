@@ -110,9 +110,10 @@ def substitute_loads(body: Body, producer: LoopNode) -> Body:
     mapping: dict[int, int] = {}
     for position, op in enumerate(body.ops):
         if op.name == "load" and op.buffer == target:
-            substitution = dict(zip(loop_vars, op.index))
-            substitution.update(_indirect_renames(op.index, mapping))
-            mapping[position] = _copy_producer(new, producer.body, substitution)
+            # The consumer's index, its `ind<k>` renumbered into `new` first: the producer's loop
+            # variables then stand for expressions over `new`'s values only.
+            index = [_renumbered(expr, mapping, {}) for expr in op.index]
+            mapping[position] = _copy_producer(new, producer.body, dict(zip(loop_vars, index)))
         else:
             mapping[position] = _copy_op(new, op, mapping, {})
     return new
@@ -127,24 +128,26 @@ def _copy_producer(new: Body, producer_body: Body, substitution: dict) -> int:
     raise AssertionError("pointwise body without a store")
 
 
-def _indirect_renames(index, mapping: dict) -> dict:
-    renames = {}
-    for expr in index:
-        for symbol in sympy.sympify(expr).free_symbols:
-            value = indirect_value(symbol)
-            if value is not None:
-                renames[symbol] = indirect_symbol(mapping[value])
-    return renames
+def _renumbered(expr, mapping: dict, substitution: dict):
+    """`expr` of the body being copied, in the new body: each `ind<k>` (value k of the copied body)
+    becomes `ind<mapping[k]>` and each loop variable its `substitution`, in one simultaneous
+    replacement, so a substituted expression (which already names the new body's values) is
+    never renamed a second time."""
+    expr = sympy.sympify(expr)
+    renames = {symbol: indirect_symbol(mapping[indirect_value(symbol)]) for symbol in expr.free_symbols
+               if indirect_value(symbol) is not None}
+    renames.update(substitution)
+    return expr.xreplace(renames)
 
 
 def _copy_op(new: Body, op: Op, mapping: dict, substitution: dict) -> int:
+    """Append `op` to `new`: operands through `mapping`, indices (and an index_expr's expression,
+    which may name gathered values too) through `_renumbered`."""
     index = op.index
     if index is not None:
-        renames = dict(substitution)
-        renames.update(_indirect_renames(index, mapping))
-        index = tuple(sympy.sympify(expr).xreplace(renames) for expr in index)
+        index = tuple(_renumbered(expr, mapping, substitution) for expr in index)
     attr = op.attr
     if op.name == "index_expr":
-        attr = sympy.sympify(attr).xreplace(substitution)
+        attr = _renumbered(attr, mapping, substitution)
     new.ops.append(Op(op.name, tuple(mapping[operand] for operand in op.operands), op.dtype, op.buffer, index, attr))
     return len(new.ops) - 1

@@ -95,8 +95,8 @@ def _constants_used_after(body: Body, position: int) -> set | None:
     or index through a gathered value, whose SSA number would change)."""
     carried = set()
     for op in body.ops[position + 1:]:
-        if op.index is not None and any(indirect_value(symbol) is not None for expr in op.index
-                                        for symbol in sympy.sympify(expr).free_symbols):
+        exprs = list(op.index or ()) + ([op.attr] if op.name == "index_expr" else [])
+        if any(indirect_value(symbol) is not None for expr in exprs for symbol in sympy.sympify(expr).free_symbols):
             return None
         for operand in op.operands:
             if operand < position:

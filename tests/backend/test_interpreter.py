@@ -111,3 +111,18 @@ def test_triton_cpu_backend_works_without_triton_interpret_set():
     env = {key: value for key, value in os.environ.items() if key != "TRITON_INTERPRET"}
     result = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_symbolic_strides_unravel_with_the_right_precedence():
+    # A 3-d kernel's row index is `xindex // (s1*s2)`; printed as `xindex // s1*s2` it was
+    # `(xindex // s1) * s2`: wrong rows, and stores past the end of the output.
+    def fn(x, y):
+        return (x.permute(2, 0, 1) + y.unsqueeze(0),)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="kiln", dynamic=True)
+    with kiln.config.patch(strict=True, cpu_backend="triton"):
+        for shape in ((3, 4, 5), (4, 5, 6)):
+            x, y = torch.randn(*shape), torch.randn(shape[0], shape[1])
+            verdict = kiln.testing.compare(compiled(x, y), fn(x, y))
+            assert verdict, verdict.message

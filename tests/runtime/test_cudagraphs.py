@@ -179,3 +179,25 @@ def test_a_real_cuda_graph_replays_with_the_right_results():
         x = torch.randn(5, 8, device="cuda")
         check(runner([w, b, x, 2.0]), w, b, x, 2.0)
     assert runner.replays == 4
+
+
+def test_a_replay_raises_when_a_kernel_flagged_an_out_of_range_index():
+    # A replay runs no wrapper code, so the runner reads the kernels' index-error flag itself.
+    status = torch.zeros(1, dtype=torch.int32)
+
+    def graph(args):  # its kernel flags a negative index, as check_index does (the wrapper's read skipped)
+        (x,) = args
+        args.clear()
+        status.fill_(int(bool((x < 0).any())))
+        return [x * 2]
+
+    graph.index_status = [status]
+    runner = runner_for(graph)
+    for _ in range(3):  # warm up, record, replay
+        x = torch.rand(4)
+        torch.testing.assert_close(runner([x])[0], x * 2)
+    with pytest.raises(IndexError, match="out of range"):
+        runner([-torch.rand(4)])
+    assert runner.replays == 3 and status.item() == 0  # reset: the next replay is clean
+    x = torch.rand(4)
+    torch.testing.assert_close(runner([x])[0], x * 2)
