@@ -66,7 +66,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
 
     dump = GraphDump.new(gm)
     try:
-        compiled = _compile_aten_graph(gm, example_inputs, dump, mode)
+        compiled = _compile_aten_graph(gm, example_inputs, dump, mode, fullgraph)
         if mode == "reduce-overhead":
             compiled = cudagraphs.wrap(compiled, dump.name, example_inputs, inference=inference)
         return compiled
@@ -79,7 +79,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
         return _torch.make_boxed_func(gm)
 
 
-def _compile_aten_graph(gm, example_inputs, dump, mode):
+def _compile_aten_graph(gm, example_inputs, dump, mode, fullgraph=False):
     from kiln.codegen.wrapper import generate_wrapper
     from kiln.lowering import lower_graph
     from kiln.runtime.loader import load_module
@@ -99,7 +99,9 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
         suffix = getattr(kernel, "file_suffix", ".py")  # C++ kernels are dumped as .cpp
         dump.write(f"kernel_{kernel.name}{suffix}", module_source.kernels[kernel.name])
     with dump.stage("load"):
-        compiled = load_module(module_source, mode=mode, scheduled=scheduled)
+        # Triton compiles at a kernel's first launch: a failure there runs this same eager fallback.
+        compiled = load_module(module_source, mode=mode, scheduled=scheduled, name=dump.name,
+                               fallback=_torch.make_boxed_func(gm), strict=config.strict or fullgraph)
     dump.finish()
     return compiled
 
