@@ -308,3 +308,22 @@ def _eager_reduction(function, x):
         return function(x)
     except (RuntimeError, TypeError, NotImplementedError):
         return None
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_sign_of_bool_and_of_nan_through_lowering(backend):
+    # torch.sign of a bool tensor crashed Triton's kernel ("numpy boolean subtract"), and
+    # sign(NaN) was NaN on both backends where torch gives 0.
+    def fn(flags, x):
+        return torch.sign(flags), torch.sign(x), torch.sgn(x)
+
+    flags = torch.rand(40) < 0.5
+    x = torch.randn(40)
+    x[::5] = math.nan
+    x[1::7] = -0.0
+    with kiln.config.patch(cpu_backend=backend, strict=True):
+        compiled = compile_graph(torch.fx.symbolic_trace(fn), [flags, x])
+        result = compiled(flags, x)
+    assert compiled.kernel_count >= 1 and compiled.extern_count == 0
+    verdict = kiln.testing.compare(result, fn(flags, x))
+    assert verdict, verdict.message
