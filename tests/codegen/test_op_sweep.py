@@ -31,7 +31,7 @@ from kiln.lowering.context import compute_dtype_for
 from kiln.runtime.loader import load_module
 from kiln.schedule import schedule_graph
 
-DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.int8,
+DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.int16, torch.int8,
           torch.uint8, torch.bool]
 BACKENDS = ["cpp", "triton"]
 
