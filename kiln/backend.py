@@ -66,7 +66,9 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
 
     dump = GraphDump.new(gm)
     try:
-        compiled = _compile_aten_graph(gm, example_inputs, dump, mode, fullgraph)
+        compiled = _compile_aten_graph(gm, example_inputs, dump, mode)
+        if fullgraph and hasattr(compiled, "strict"):  # a kernel failing at its first launch raises too
+            compiled.strict = True
         if mode == "reduce-overhead":
             compiled = cudagraphs.wrap(compiled, dump.name, example_inputs, inference=inference)
         return compiled
@@ -79,7 +81,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
         return _torch.make_boxed_func(gm)
 
 
-def _compile_aten_graph(gm, example_inputs, dump, mode, fullgraph=False):
+def _compile_aten_graph(gm, example_inputs, dump, mode):
     from kiln.codegen.wrapper import generate_wrapper
     from kiln.lowering import lower_graph
     from kiln.runtime.loader import load_module
@@ -101,7 +103,7 @@ def _compile_aten_graph(gm, example_inputs, dump, mode, fullgraph=False):
     with dump.stage("load"):
         # Triton compiles at a kernel's first launch: a failure there runs this same eager fallback.
         compiled = load_module(module_source, mode=mode, scheduled=scheduled, name=dump.name,
-                               fallback=_torch.make_boxed_func(gm), strict=config.strict or fullgraph)
+                               fallback=_torch.make_boxed_func(gm), strict=config.strict)
     dump.finish()
     return compiled
 

@@ -59,7 +59,8 @@ BINARY = {
 }
 # Integer (and bool) renderings where the float one does not apply: libdevice has no integer
 # rounding, fmod, pow or signbit, and `//`, `%` are C's truncating ones. Division by zero gives 0
-# (torch raises; a GPU's is undefined), min // -1 wraps.
+# (torch raises; a GPU's is undefined), min // -1 wraps. Helpers return their operand's dtype
+# (a Python int constant in tl.where widens int8 to int32).
 INTEGER_UNARY = {
     "floor": "{0}", "ceil": "{0}", "round": "{0}", "trunc": "{0}", "signbit": "({0} < 0)",
 }
@@ -100,13 +101,13 @@ def _floordiv_integer(a, b):
     divisor = tl.where((b == 0) | (b == -1), 1, b)
     quotient = a // divisor
     quotient = tl.where(((a % divisor) != 0) & ((a < 0) != (divisor < 0)), quotient - 1, quotient)
-    return tl.where(b == 0, 0, tl.where(b == -1, -a, quotient))
+    return tl.where(b == 0, 0, tl.where(b == -1, -a, quotient)).to(a.dtype)
 """,
     "truncdiv_integer": """
 @triton.jit
 def _truncdiv_integer(a, b):
     divisor = tl.where((b == 0) | (b == -1), 1, b)
-    return tl.where(b == 0, 0, tl.where(b == -1, -a, a // divisor))
+    return tl.where(b == 0, 0, tl.where(b == -1, -a, a // divisor)).to(a.dtype)
 """,
     "remainder_integer": """
 @triton.jit
@@ -114,13 +115,13 @@ def _remainder_integer(a, b):
     divisor = tl.where((b == 0) | (b == -1), 1, b)
     rest = a % divisor
     rest = tl.where((rest != 0) & ((rest < 0) != (divisor < 0)), rest + divisor, rest)
-    return tl.where((b == 0) | (b == -1), 0, rest)
+    return tl.where((b == 0) | (b == -1), 0, rest).to(a.dtype)
 """,
     "fmod_integer": """
 @triton.jit
 def _fmod_integer(a, b):
     divisor = tl.where((b == 0) | (b == -1), 1, b)
-    return tl.where((b == 0) | (b == -1), 0, a % divisor)
+    return tl.where((b == 0) | (b == -1), 0, a % divisor).to(a.dtype)
 """,
     "nextafter_16": """
 @triton.jit
@@ -146,7 +147,7 @@ def _pow_integer(base, exponent):
         rest = rest >> 1
     negative = tl.where(base == 1, 1, tl.where((base + 1 == 0) & ((exponent & 1) != 0), base, 0))
     negative = tl.where((base + 1 == 0) & ((exponent & 1) == 0), 1, negative)
-    return tl.where(exponent < 0, negative, result)
+    return tl.where(exponent < 0, negative, result).to(base.dtype)
 """,
     "max": """
 @triton.jit
@@ -473,6 +474,8 @@ class TritonKernelGenerator:
         elif op.name in UNARY or op.name in BINARY:
             self.out.line(f"{name} = {self._math_source(op, args)}")
         elif op.name == "reduce":
+            if not self.kernel.is_reduction:  # its RBLOCK and rindex exist only in reduction kernels
+                raise AssertionError(f"{self._current_node.name}: a reduce in pointwise kernel {self.kernel.name}")
             self._emit_persistent_reduce(op, name, args[0], mask)
         elif op.name == "getitem":
             self.out.line(f"{name} = {args[0]}_{op.attr}")

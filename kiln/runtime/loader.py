@@ -66,7 +66,8 @@ class CompiledGraph:
         self.extern_count = module_source.extern_count
         self.name = name
         self.fallback_reason: str | None = None  # why the graph runs eagerly, once it does
-        self._fallback, self._strict = fallback, strict
+        self._fallback = fallback
+        self.strict = strict  # raise KilnCompileError rather than run eagerly (strict mode, fullgraph=True)
         self._first_call = True
 
     def __call__(self, args):
@@ -90,7 +91,7 @@ class CompiledGraph:
         """From now on run the graph eagerly (or raise, under strict mode or without a fallback)."""
         from kiln.config import config
 
-        if self._fallback is None or self._strict or config.strict:
+        if self._fallback is None or self.strict or config.strict:
             raise _compile_error(f"kiln could not compile graph {self.name}: {error}") from error
         log.warning("kiln: graph %s runs eagerly: %s (set KILN_STRICT=1 to raise)", self.name, error)
         self.fallback_reason = str(error)
