@@ -51,7 +51,7 @@ def _numpy_function(symbol: str):
     name = symbol.removeprefix("__nv_")
     if name in _NUMPY_LIBDEVICE:
         return _NUMPY_LIBDEVICE[name]
-    if name.endswith("f") and name[:-1] in _NUMPY_LIBDEVICE:
+    if name[-1] in "fd" and name[:-1] in _NUMPY_LIBDEVICE:  # float and double variants (signbitd)
         return _NUMPY_LIBDEVICE[name[:-1]]
     raise NotImplementedError(f"kiln: libdevice {symbol} has no interpreter implementation")
 

@@ -67,6 +67,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
     dump = GraphDump.new(gm)
     try:
         compiled = _compile_aten_graph(gm, example_inputs, dump, mode)
+        if fullgraph and hasattr(compiled, "strict"):  # a kernel failing at its first launch raises too
+            compiled.strict = True
         if mode == "reduce-overhead":
             compiled = cudagraphs.wrap(compiled, dump.name, example_inputs, inference=inference)
         return compiled
@@ -99,7 +101,9 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
         suffix = getattr(kernel, "file_suffix", ".py")  # C++ kernels are dumped as .cpp
         dump.write(f"kernel_{kernel.name}{suffix}", module_source.kernels[kernel.name])
     with dump.stage("load"):
-        compiled = load_module(module_source, mode=mode, scheduled=scheduled)
+        # Triton compiles at a kernel's first launch: a failure there runs this same eager fallback.
+        compiled = load_module(module_source, mode=mode, scheduled=scheduled, name=dump.name,
+                               fallback=_torch.make_boxed_func(gm), strict=config.strict)
     dump.finish()
     return compiled
 

@@ -72,7 +72,7 @@ UNARY = {
 BINARY = {
     "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
     "floordiv": "kiln_floordiv<{T}>({0}, {1})", "truncdiv": "kiln_truncdiv<{T}>({0}, {1})",
-    "remainder": "kiln_remainder<{T}>({0}, {1})", "fmod": "std::fmod({0}, {1})", "pow": "std::pow({0}, {1})",
+    "remainder": "kiln_remainder<{T}>({0}, {1})", "fmod": "kiln_fmod<{T}>({0}, {1})", "pow": "std::pow({0}, {1})",
     "maximum": "kiln_maximum<{T}>({0}, {1})", "minimum": "kiln_minimum<{T}>({0}, {1})",
     "fmax": "std::fmax({0}, {1})", "fmin": "std::fmin({0}, {1})", "atan2": "std::atan2({0}, {1})",
     "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})", "gt": "({0} > {1})",
@@ -461,6 +461,12 @@ class CppKernelGenerator:
             expression = f"({args[0]} ? ({value_type}){args[1]} : ({value_type}){args[2]})"
         elif op.name == "bitwise_not":
             expression = f"(!{args[0]})" if op.dtype == torch.bool else f"(~{args[0]})"
+        elif op.name in ("floor", "ceil", "round", "trunc") and not op.dtype.is_floating_point:
+            expression = args[0]  # integers are already whole (std::floor would go through double)
+        elif op.name == "nextafter" and op.dtype in LOW_PRECISION_ROUND:  # a step of the 16-bit format
+            expression = f"kiln_nextafter_{dtype_name(op.dtype)}({args[0]}, {args[1]})"
+        elif op.name == "pow" and not op.dtype.is_floating_point:
+            expression = f"kiln_integer_pow<{value_type}>({args[0]}, {args[1]})"
         elif op.name == "pow" and self._small_integer_exponent(node, op) is not None:
             # x ** 2 and x ** 3 as products, as ATen's pow does (GPT-2's gelu cubes): far cheaper than powf.
             expression = "(" + " * ".join([args[0]] * self._small_integer_exponent(node, op)) + ")"

@@ -128,10 +128,8 @@ static inline double kiln_normal_cdf(double x) { return 0.5 * std::erfc(x * -0.7
 template <typename T> static inline T kiln_maximum(T a, T b) { return (a > b || a != a) ? a : b; }
 template <typename T> static inline T kiln_minimum(T a, T b) { return (a < b || a != a) ? a : b; }
 
-template <typename T> static inline T kiln_sign(T a) {
-    T sign = (T)((a > 0) - (a < 0));
-    return a != a ? a : sign;
-}
+// torch's sign: (0 < a) - (a < 0), so sign(NaN) is 0 (and sign of a bool is itself).
+template <typename T> static inline T kiln_sign(T a) { return (T)((a > 0) - (a < 0)); }
 
 template <typename T> static inline T kiln_remainder(T a, T b) {
     if constexpr (std::is_floating_point_v<T>) {
@@ -144,9 +142,17 @@ template <typename T> static inline T kiln_remainder(T a, T b) {
     }
 }
 
+// Floor division as torch's div_floor_floating computes it (c10/util/generic_math.h): from the
+// remainder, not floor(a / b), which rounds a / b first (floordiv(inf, 1) is NaN, as in torch).
 template <typename T> static inline T kiln_floordiv(T a, T b) {
     if constexpr (std::is_floating_point_v<T>) {
-        return std::floor(a / b);
+        if (b == 0) return a / b;
+        T rest = std::fmod(a, b);
+        T quotient = (a - rest) / b;
+        if (rest != 0 && ((b < 0) != (rest < 0))) quotient -= (T)1;
+        if (quotient == 0) return std::copysign((T)0, a / b);
+        T floored = std::floor(quotient);
+        return quotient - floored > (T)0.5 ? floored + (T)1 : floored;
     } else {
         if (b == 0) return 0;
         if (b == -1) return (T)(-a);
@@ -163,6 +169,56 @@ template <typename T> static inline T kiln_truncdiv(T a, T b) {
         if (b == -1) return (T)(-a);
         return (T)(a / b);
     }
+}
+
+// Integer fmod is C's %, with 0 where torch raises (x % 0) and for min % -1 (which traps).
+template <typename T> static inline T kiln_fmod(T a, T b) {
+    if constexpr (std::is_floating_point_v<T>) {
+        return std::fmod(a, b);
+    } else {
+        if (b == 0 || (std::is_signed_v<T> && b == (T)-1)) return 0;
+        return (T)(a % b);
+    }
+}
+
+// Integer powers exactly, wrapping like torch's (by squaring); a negative exponent gives
+// what torch's tensor ** tensor gives: 1 for 1, +-1 for -1, else 0.
+template <typename T> static inline T kiln_integer_pow(T base, T exponent) {
+    if constexpr (std::is_same_v<T, bool>) {
+        return base || !exponent;
+    } else {
+        if constexpr (std::is_signed_v<T>) {
+            if (exponent < 0) return base == 1 ? (T)1 : base == (T)-1 ? (T)((exponent & 1) ? -1 : 1) : (T)0;
+        }
+        using Unsigned = std::make_unsigned_t<T>;
+        Unsigned result = 1, square = (Unsigned)base;
+        for (Unsigned rest = (Unsigned)exponent; rest != 0; rest >>= 1) {
+            if (rest & 1) result = (Unsigned)(result * square);
+            square = (Unsigned)(square * square);
+        }
+        return (T)result;
+    }
+}
+
+// nextafter of a bf16/fp16 value (held as a float, exactly): one step of the 16-bit format.
+static inline uint16_t kiln_step_16(uint16_t bits, float a, float b) {
+    if (a == 0) return (uint16_t)((b < 0 ? 0x8000u : 0u) | 1u);  // the smallest subnormal toward b
+    return (uint16_t)(((a < b) == (a > 0)) ? bits + 1 : bits - 1);
+}
+static inline float kiln_nextafter_bf16(float a, float b) {
+    if (a != a || b != b) return a + b;
+    if (a == b) return b;
+    return kiln_from_bf16(kiln_step_16(kiln_to_bf16(a), a, b));
+}
+static inline float kiln_nextafter_f16(float a, float b) {
+    if (a != a || b != b) return a + b;
+    if (a == b) return b;
+    _Float16 half = (_Float16)a;
+    uint16_t bits;
+    std::memcpy(&bits, &half, 2);
+    bits = kiln_step_16(bits, a, b);
+    std::memcpy(&half, &bits, 2);
+    return (float)half;
 }
 
 // Shifts by the width or more give 0 (left) or the sign (right), as torch's do.

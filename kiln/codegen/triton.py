@@ -55,9 +55,103 @@ BINARY = {
     "bitwise_xor": "({0} ^ {1})", "left_shift": "({0} << {1})", "right_shift": "({0} >> {1})",
     "copysign": "libdevice.copysign({0}, {1})", "hypot": "libdevice.hypot({0}, {1})",
     "nextafter": "libdevice.nextafter({0}, {1})", "fmod": "libdevice.fmod({0}, {1})",
+    "floordiv": "_floordiv_float({0}, {1})", "truncdiv": "libdevice.trunc({0} / {1})",
+    "remainder": "_remainder_float({0}, {1})",
+    # fmax/fmin: NaN loses (maximum/minimum: NaN wins)
+    "fmax": "tl.where(({0} > {1}) | ({1} != {1}), {0}, {1})", "fmin": "tl.where(({0} < {1}) | ({1} != {1}), {0}, {1})",
 }
+# Integer (and bool) renderings where the float one does not apply: libdevice has no integer
+# rounding, fmod, pow or signbit, and `//`, `%` are C's truncating ones. Division by zero gives 0
+# (torch raises; a GPU's is undefined), min // -1 wraps. Helpers return their operand's dtype
+# (a Python int constant in tl.where widens int8 to int32).
+INTEGER_UNARY = {
+    "floor": "{0}", "ceil": "{0}", "round": "{0}", "trunc": "{0}", "signbit": "({0} < 0)",
+}
+SIGNED_BINARY = {
+    "floordiv": "_floordiv_integer({0}, {1})", "truncdiv": "_truncdiv_integer({0}, {1})",
+    "remainder": "_remainder_integer({0}, {1})", "fmod": "_fmod_integer({0}, {1})", "pow": "_pow_integer({0}, {1})",
+}
+UNSIGNED_BINARY = {
+    "floordiv": "tl.where({1} == 0, 0, {0} // tl.where({1} == 0, 1, {1}))",
+    "remainder": "tl.where({1} == 0, 0, {0} % tl.where({1} == 0, 1, {1}))", "pow": "_pow_integer({0}, {1})",
+}
+# fp16/bf16 ops (math otherwise runs in fp32): nextafter steps by the 16-bit format's ulp.
+LOW_PRECISION_BINARY = {"nextafter": "_nextafter_16({0}, {1})"}
+UNSIGNED_BINARY.update(truncdiv=UNSIGNED_BINARY["floordiv"], fmod=UNSIGNED_BINARY["remainder"])
 
 HELPERS = {
+    "floordiv_float": """
+@triton.jit
+def _floordiv_float(a, b):
+    # torch's div_floor_floating: from the remainder, so floordiv(inf, 1) is NaN as in torch
+    rest = libdevice.fmod(a, b)
+    quotient = (a - rest) / b
+    quotient = tl.where((rest != 0) & ((b < 0) != (rest < 0)), quotient - 1.0, quotient)
+    floored = libdevice.floor(quotient)
+    floored = tl.where(quotient - floored > 0.5, floored + 1.0, floored)
+    floored = tl.where(quotient == 0, libdevice.copysign(quotient * 0.0, a / b), floored)
+    return tl.where(b == 0, a / b, floored)
+""",
+    "remainder_float": """
+@triton.jit
+def _remainder_float(a, b):
+    rest = libdevice.fmod(a, b)
+    return tl.where((rest != 0) & ((rest < 0) != (b < 0)), rest + b, rest)
+""",
+    "floordiv_integer": """
+@triton.jit
+def _floordiv_integer(a, b):
+    divisor = tl.where((b == 0) | (b == -1), 1, b)
+    quotient = a // divisor
+    quotient = tl.where(((a % divisor) != 0) & ((a < 0) != (divisor < 0)), quotient - 1, quotient)
+    return tl.where(b == 0, 0, tl.where(b == -1, -a, quotient)).to(a.dtype)
+""",
+    "truncdiv_integer": """
+@triton.jit
+def _truncdiv_integer(a, b):
+    divisor = tl.where((b == 0) | (b == -1), 1, b)
+    return tl.where(b == 0, 0, tl.where(b == -1, -a, a // divisor)).to(a.dtype)
+""",
+    "remainder_integer": """
+@triton.jit
+def _remainder_integer(a, b):
+    divisor = tl.where((b == 0) | (b == -1), 1, b)
+    rest = a % divisor
+    rest = tl.where((rest != 0) & ((rest < 0) != (divisor < 0)), rest + divisor, rest)
+    return tl.where((b == 0) | (b == -1), 0, rest).to(a.dtype)
+""",
+    "fmod_integer": """
+@triton.jit
+def _fmod_integer(a, b):
+    divisor = tl.where((b == 0) | (b == -1), 1, b)
+    return tl.where((b == 0) | (b == -1), 0, a % divisor).to(a.dtype)
+""",
+    "nextafter_16": """
+@triton.jit
+def _nextafter_16(a, b):
+    # compared in float32 (exact), stepped on the 16 bits; the interpreter compares bf16 by its bits
+    x = a.to(tl.float32)
+    y = b.to(tl.float32)
+    bits = a.to(tl.int16, bitcast=True).to(tl.int32)
+    step = tl.where((x < y) == (x > 0), 1, -1)
+    stepped = tl.where(x == 0, tl.where(y < 0, -32767, 1), bits + step).to(tl.int16).to(a.dtype, bitcast=True)
+    return tl.where((x != x) | (y != y), x + y, tl.where(x == y, y, stepped.to(tl.float32))).to(a.dtype)
+""",
+    "pow_integer": """
+@triton.jit
+def _pow_integer(base, exponent):
+    # by squaring, wrapping like torch; a negative exponent: 1 for 1, +-1 for -1, else 0
+    result = base * 0 + 1
+    square = base
+    rest = exponent
+    for _ in range(64):
+        result = tl.where((rest & 1) != 0, result * square, result)
+        square = square * square
+        rest = rest >> 1
+    negative = tl.where(base == 1, 1, tl.where((base + 1 == 0) & ((exponent & 1) != 0), base, 0))
+    negative = tl.where((base + 1 == 0) & ((exponent & 1) == 0), 1, negative)
+    return tl.where(exponent < 0, negative, result).to(base.dtype)
+""",
     "max": """
 @triton.jit
 def _max_combine(a, b):
@@ -376,22 +470,24 @@ class TritonKernelGenerator:
             self.out.line(f"{name} = tl.where({args[0]}, {args[1]}, {args[2]})")
         elif op.name == "check_index":
             self._emit_check_index(op, name, args[0], mask)
-        elif op.name == "sign":
-            self.out.line(f"{name} = ({args[0]} > 0).to({TRITON_DTYPES[op.dtype]}) - "
-                          f"({args[0]} < 0).to({TRITON_DTYPES[op.dtype]})")
-            if op.dtype.is_floating_point:
-                self.out.line(f"{name} = tl.where({args[0]} != {args[0]}, {args[0]}, {name})")
+        elif op.name == "sign":  # torch's (0 < x) - (x < 0): sign(NaN) is 0, a bool's sign is itself
+            if op.dtype == torch.bool:
+                self.out.line(f"{name} = {args[0]}")
+            else:
+                self.out.line(f"{name} = ({args[0]} > 0).to({TRITON_DTYPES[op.dtype]}) - "
+                              f"({args[0]} < 0).to({TRITON_DTYPES[op.dtype]})")
         elif op.name == "bitwise_not":
-            self.out.line(f"{name} = ({args[0]} == 0)" if op.dtype == torch.bool else f"{name} = ~{args[0]}")
-        elif op.name == "remainder":
-            self.out.line(f"{name} = libdevice.fmod({args[0]}, {args[1]})")
-            self.out.line(f"{name} = tl.where(({name} != 0) & (({name} < 0) != ({args[1]} < 0)), "
-                          f"{name} + {args[1]}, {name})")
-        elif op.name in UNARY:
-            self.out.line(f"{name} = {UNARY[op.name].format(*args)}")
-        elif op.name in BINARY:
-            self.out.line(f"{name} = {BINARY[op.name].format(*args)}")
+            if op.dtype == torch.bool:
+                self.out.line(f"{name} = ({args[0]} == 0)")
+            elif op.dtype == torch.uint8:  # `~` is `^ -1`, which the interpreter cannot make a uint8
+                self.out.line(f"{name} = {args[0]} ^ tl.full({self._scalar_shape()}, 255, tl.uint8)")
+            else:
+                self.out.line(f"{name} = ~{args[0]}")
+        elif op.name in UNARY or op.name in BINARY:
+            self.out.line(f"{name} = {self._math_source(op, args)}")
         elif op.name == "reduce":
+            if not self.kernel.is_reduction:  # its RBLOCK and rindex exist only in reduction kernels
+                raise AssertionError(f"{self._current_node.name}: a reduce in pointwise kernel {self.kernel.name}")
             self._emit_persistent_reduce(op, name, args[0], mask)
         elif op.name == "getitem":
             self.out.line(f"{name} = {args[0]}_{op.attr}")
@@ -409,6 +505,20 @@ class TritonKernelGenerator:
         self.out.line(f"{name}_flag = ({name}_outside & ({mask})).to(tl.int32)")
         self.out.line(f"tl.store({status} + 0 * {name}_flag, {name}_flag, {name}_flag != 0)")
 
+    def _math_source(self, op, args: list) -> str:
+        """A unary or binary op's expression, by the dtype its operands have."""
+        operand_dtype = self._current_node.body.ops[op.operands[0]].dtype
+        template = None
+        if not operand_dtype.is_floating_point:
+            unsigned = operand_dtype in (torch.uint8, torch.bool)
+            template = INTEGER_UNARY.get(op.name) or (UNSIGNED_BINARY if unsigned else SIGNED_BINARY).get(op.name)
+        elif op.dtype in (torch.float16, torch.bfloat16):
+            template = LOW_PRECISION_BINARY.get(op.name)
+        template = template or UNARY.get(op.name) or BINARY[op.name]
+        if template.startswith("_"):  # a helper function (HELPERS)
+            self.helpers.add(template[1:template.index("(")])
+        return template.format(*args)
+
     def _scalar_shape(self) -> str:
         """A constant's block shape: of the kernel's rank, so `tl.broadcast_to` a [XBLOCK, RBLOCK] tile works."""
         return "[1, 1]" if self.kernel.is_reduction else "[1]"
@@ -424,7 +534,7 @@ class TritonKernelGenerator:
             self.out.line(f"{name}_0 = tl.reduce(tl.where({mask}, {name}_in, 0.0), 1, _sum_combine)[:, None] / {count}")
             self.out.line(f"{name}_d = tl.where({mask}, {name}_in - {name}_0, 0.0)")
             self.out.line(f"{name}_1 = tl.reduce({name}_d * {name}_d, 1, _sum_combine)[:, None]")
-            self.out.line(f"{name}_2 = tl.full([XBLOCK, 1], 0, tl.float32) + {count}")
+            self.out.line(f"{name}_2 = tl.full([XBLOCK, 1], 0, {TRITON_DTYPES[source_dtype]}) + {count}")
             return
         if kind in ("argmax", "argmin"):
             self.helpers.add(kind)
@@ -453,7 +563,8 @@ class TritonKernelGenerator:
         identity = _identity(kind, input_dtype)
         if kind == "welford":
             for part in ("mean", "m2", "weight"):
-                self.out.line(f"{name}_{part} = tl.full([XBLOCK, RBLOCK], 0, tl.float32)")
+                # in the operand's dtype: float64 statistics accumulated in float32 lost half their digits
+                self.out.line(f"{name}_{part} = tl.full([XBLOCK, RBLOCK], 0, {accumulate})")
         else:
             self.out.line(f"{name}_acc = tl.full([XBLOCK, RBLOCK], {identity}, {accumulate})")
             if kind in ("argmax", "argmin"):

@@ -76,7 +76,9 @@ def _predicate(ctx, node, x):
                          compute_dtype=dtype)
 
 
-def _binary_rule(name: str, *, compare: bool = False, logical: bool = False, float_only: bool = False):
+def _binary_rule(name: str, *, compare: bool = False, logical: bool = False, float_only: bool = False,
+                 in_storage_dtype: bool = False):
+    """in_storage_dtype: the op runs in fp16/bf16 itself (nextafter steps by the storage type's ulp)."""
     def rule(ctx, node, a, b, alpha=None, **kwargs):
         meta = meta_of(node)
         if kwargs.get("rounding_mode") is not None:
@@ -85,6 +87,8 @@ def _binary_rule(name: str, *, compare: bool = False, logical: bool = False, flo
             dtype = torch.bool
         elif compare:
             dtype = compute_dtype_for(_promoted(a, b))
+        elif in_storage_dtype:
+            dtype = meta.dtype
         else:
             dtype = compute_dtype_for(meta.dtype)
         if float_only and not dtype.is_floating_point:
@@ -118,7 +122,7 @@ lowering(aten.pow.Tensor_Tensor, aten.pow.Tensor_Scalar, aten.pow.Scalar)(_binar
 lowering(aten.remainder.Tensor, aten.remainder.Scalar)(_binary_rule("remainder", float_only=True))
 lowering(aten.copysign.Tensor, aten.copysign.Scalar)(_binary_rule("copysign", float_only=True))
 lowering(aten.hypot)(_binary_rule("hypot", float_only=True))
-lowering(aten.nextafter)(_binary_rule("nextafter", float_only=True))
+lowering(aten.nextafter)(_binary_rule("nextafter", float_only=True, in_storage_dtype=True))
 for _op, _name in [(aten.eq, "eq"), (aten.ne, "ne"), (aten.lt, "lt"), (aten.le, "le"), (aten.gt, "gt"),
                    (aten.ge, "ge")]:
     lowering(_op)(_binary_rule(_name, compare=True))

@@ -19,6 +19,13 @@ Triton; BERT 8x512 inference 5.63 ms (8.15 without it, an earlier process), with
 checked (benchmarks/results/2026-11-30_gpu-fast-launch-3137f32_nvidia-h200.md). On CPU the
 tests check it with a stand-in kernel.
 
+Triton compiles a kernel at its first launch (for each specialization), inside the user's
+call, after the graph's own compile-time fallback has run. So a launcher turns a failure
+there into `KernelCompileError`: any exception at a kernel's first launch (Triton's
+`CompilationError` on a GPU; under the interpreter, which never compiles, the error of its
+first run) and a `TritonError` at any launch (a new specialization's compile, out of
+resources). `CompiledGraph` (kiln/runtime/loader.py) answers it by running that graph eagerly.
+
 This is the one place in kiln that touches Triton's launch internals
 (`JITFunction.run(warmup=False)` returning the `CompiledKernel`, its `run`,
 `function` and `packed_metadata`, `driver.active`, `knobs.runtime`); they change
@@ -27,7 +34,23 @@ Under the interpreter (CPU), kernels are always launched through Triton.
 """
 from __future__ import annotations
 
+import traceback as _traceback
+
 from typing import Callable
+
+try:
+    from triton.errors import TritonError  # the base of compile, out-of-resources and interpreter errors
+except ImportError:  # older Triton: no common base
+    from triton.compiler.errors import CompilationError as TritonError
+
+
+class KernelCompileError(RuntimeError):
+    """A generated Triton kernel failed to compile (or, interpreted, to run) when first launched."""
+
+    def __init__(self, name: str, error: BaseException):
+        reason = "".join(_traceback.format_exception_only(type(error), error)).strip()
+        super().__init__(f"kernel {name} failed to compile at its first launch: {reason}")
+        self.kernel_name = name
 
 
 def make_launcher(kernel, device_type: str, *, name: str, pointer_count: int, int_count: int, constexprs: dict,
@@ -36,13 +59,25 @@ def make_launcher(kernel, device_type: str, *, name: str, pointer_count: int, in
     from kiln.config import config
 
     if device_type != "cuda" or not config.fast_launch:
-        return _triton_launcher(kernel, constexprs, num_warps)
+        return _triton_launcher(kernel, name, constexprs, num_warps)
     return _fast_launcher(kernel, name, pointer_count, int_count, constexprs, num_warps)
 
 
-def _triton_launcher(kernel, constexprs: dict, num_warps: int) -> Callable:
+def _triton_launcher(kernel, name: str, constexprs: dict, num_warps: int) -> Callable:
+    """Triton's own launch path (`kernel[grid](...)`), which compiles each new specialization."""
+    launched = []  # empty until a launch succeeded: a failure before that is the kernel's
+
     def launch(grid_x, *args):
-        kernel[(grid_x,)](*args, **constexprs, num_warps=num_warps)
+        try:
+            kernel[(grid_x,)](*args, **constexprs, num_warps=num_warps)
+        except TritonError as error:
+            raise KernelCompileError(name, error) from error
+        except Exception as error:
+            if launched:
+                raise
+            raise KernelCompileError(name, error) from error
+        if not launched:
+            launched.append(True)
 
     return launch
 
@@ -81,17 +116,21 @@ def launch_{name}({params}):
 """
 
     def first_launch(grid_x, *args):
-        compiled_kernel = kernel.run(*args, grid=(grid_x,), warmup=False, **constexprs, num_warps=num_warps)
-        if hasattr(compiled_kernel, "result"):  # a future when Triton compiles asynchronously
-            compiled_kernel = compiled_kernel.result()
+        """Compile for this specialization (Triton compiles as it launches) and launch."""
+        try:
+            compiled_kernel = kernel.run(*args, grid=(grid_x,), warmup=False, **constexprs, num_warps=num_warps)
+            if hasattr(compiled_kernel, "result"):  # a future when Triton compiles asynchronously
+                compiled_kernel = compiled_kernel.result()
+        except Exception as error:
+            raise KernelCompileError(name, error) from error
         return compiled_kernel.run, compiled_kernel.function, compiled_kernel.packed_metadata
 
     namespace = {"compiled": {}, "first_launch": first_launch,
-                 "slow_launch": _triton_launcher(kernel, constexprs, num_warps),
+                 "slow_launch": _triton_launcher(kernel, name, constexprs, num_warps),
                  "runtime_knobs": knobs.runtime, "hooked": _hooked, "current_stream": driver.active.get_current_stream,
                  "current_device": driver.active.get_current_device}
     exec(compile(source, f"<kiln launcher {name}>", "exec"), namespace)
     return namespace[f"launch_{name}"]
 
 
-__all__ = ["make_launcher"]
+__all__ = ["KernelCompileError", "make_launcher"]

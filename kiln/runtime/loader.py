@@ -11,10 +11,14 @@ or corrupt: the in-memory text is what runs, its cache file is where tracebacks 
 from __future__ import annotations
 
 import linecache
+import logging
 import types
 
 from kiln import _triton
 from kiln.runtime.cache import cache_path, source_hash
+from kiln.runtime.launch import KernelCompileError
+
+log = logging.getLogger("kiln")
 
 _loaded_kernels: dict = {}
 
@@ -50,11 +54,21 @@ def _launcher(kernel):
 
 
 class CompiledGraph:
-    """The boxed callable for one graph: `compiled(list_of_inputs) -> tuple of outputs`."""
+    """The boxed callable for one graph: `compiled(list_of_inputs) -> tuple of outputs`.
+
+    Triton compiles a kernel at its first launch, inside this call, where a failure
+    (`KernelCompileError`) must end like any other compile failure: the graph runs eagerly
+    (`fallback`, the ATen graph run by torch) with a warning, or raises `KilnCompileError`
+    under strict mode. The first call keeps its own list of the inputs (the wrapper clears
+    `args` to free them early) to run them again eagerly; once a call has succeeded, later
+    calls do not, so inputs are still freed early. A later failure (a new specialization's
+    compile) cannot rerun that call: it raises, and the graph runs eagerly from then on.
+    """
 
     _boxed_call = True
 
-    def __init__(self, call, module_source, scheduled=None, index_status=()):
+    def __init__(self, call, module_source, scheduled=None, *, name: str = "", fallback=None,
+                 strict: bool = False, index_status=()):
         self._call = call
         # The Triton kernels' index-error flags (codegen/wrapper.py), one per device, read by the
         # CUDA-graph runner after a replay, which runs no wrapper code.
@@ -63,12 +77,48 @@ class CompiledGraph:
         self.scheduled = scheduled
         self.kernel_count = module_source.kernel_count
         self.extern_count = module_source.extern_count
+        self.name = name
+        self.fallback_reason: str | None = None  # why the graph runs eagerly, once it does
+        self._fallback = fallback
+        self.strict = strict  # raise KilnCompileError rather than run eagerly (strict mode, fullgraph=True)
+        self._first_call = True
 
     def __call__(self, args):
-        return self._call(args)
+        if not self._first_call:
+            try:
+                return self._call(args)
+            except KernelCompileError as error:
+                self._fall_back(error)
+                raise _compile_error(f"kiln: graph {self.name}: {error}; its inputs were already released, "
+                                     f"so this call cannot run eagerly (later calls do)") from error
+        inputs = list(args)
+        try:
+            result = self._call(args)
+        except KernelCompileError as error:
+            self._fall_back(error)
+            return self._call(inputs)
+        self._first_call = False
+        return result
+
+    def _fall_back(self, error: "KernelCompileError") -> None:
+        """From now on run the graph eagerly (or raise, under strict mode or without a fallback)."""
+        from kiln.config import config
+
+        if self._fallback is None or self.strict or config.strict:
+            raise _compile_error(f"kiln could not compile graph {self.name}: {error}") from error
+        log.warning("kiln: graph %s runs eagerly: %s (set KILN_STRICT=1 to raise)", self.name, error)
+        self.fallback_reason = str(error)
+        self._call, self._first_call = self._fallback, False
 
 
-def load_module(module_source, *, mode: str = "default", scheduled=None) -> CompiledGraph:
+def _compile_error(message: str) -> Exception:
+    from kiln.backend import KilnCompileError  # defined with the pipeline, which raises it for every stage
+
+    return KilnCompileError(message)
+
+
+def load_module(module_source, *, mode: str = "default", scheduled=None, name: str = "", fallback=None,
+                strict: bool = False) -> CompiledGraph:
     from kiln.codegen.cpp import CppKernelSource
     from kiln.runtime.cpp_build import compile_kernels
 
@@ -81,5 +131,5 @@ def load_module(module_source, *, mode: str = "default", scheduled=None) -> Comp
     namespace.update(module_source.constants)
     namespace.update(module_source.externs)
     _execute(module_source.wrapper, "wrappers", namespace)
-    return CompiledGraph(namespace["call"], module_source, scheduled,
-                         [namespace[name] for name in module_source.index_status])
+    return CompiledGraph(namespace["call"], module_source, scheduled, name=name, fallback=fallback, strict=strict,
+                         index_status=[namespace[name] for name in module_source.index_status])

@@ -35,7 +35,9 @@ def node_role(node: LoopNode, row: list, col: list) -> str | None:
     """
     ranges = nonunit(node.ranges)
     if node.is_reduction:
-        fits = _same_numel(ranges, row) and _same_numel(nonunit(node.reduction_ranges), col)
+        # Only into a reduction kernel: one over size-1 columns (`x.amax(1)` of [3, 1]) has no
+        # non-unit column left, and in a pointwise kernel (no columns) its reduce had no loop.
+        fits = bool(col) and _same_numel(ranges, row) and _same_numel(nonunit(node.reduction_ranges), col)
         return "reduction" if fits else None
     split = _split_point(ranges, row)
     if split is not None and _same_numel(ranges[split:], col):

@@ -28,3 +28,41 @@ def test_reduction_of_a_constant(columns):
 
     compiled = _check(fn, torch.randn(3, columns))
     assert compiled.extern_count == 0
+
+
+# Reductions whose columns are empty or of size 1 once unit dims go: (input shape, reduced dims).
+DEGENERATE_REDUCTIONS = [((3, 1), (1,)), ((3, 1, 1), (1, 2)), ((1, 1), (0, 1)), ((), ()), ((3, 0), (1,)),
+                         ((2, 0, 1), (1, 2))]
+REDUCTIONS = {
+    "sum": lambda x, dims: x.sum(dims), "prod": lambda x, dims: x.prod(dims[0]) if len(dims) == 1 else x.prod(),
+    "amax": lambda x, dims: x.amax(dims), "amin": lambda x, dims: x.amin(dims),
+    "argmax": lambda x, dims: x.argmax(dims[0]),  # (over several dims kiln calls ATen's)
+    "mean": lambda x, dims: x.mean(dims), "var": lambda x, dims: x.var(dims, correction=0),
+    "any": lambda x, dims: (x > 0).any(dims[0]) if len(dims) == 1 else (x > 0).any(),
+    "all": lambda x, dims: (x > 0).all(dims[0]) if len(dims) == 1 else (x > 0).all(),
+}
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("shape, dims", DEGENERATE_REDUCTIONS, ids=str)
+def test_reductions_over_empty_or_unit_columns_beside_a_pointwise_op(backend, shape, dims):
+    # x.amax(1) of a [3, 1] tensor after a pointwise op over its rows joined that op's pointwise
+    # kernel, where its reduce had no loop: Triton's kernel used RBLOCK and rindex without defining
+    # them (a NameError in the user's call), C++ codegen asserted and the graph ran eagerly.
+    x = torch.randn(shape)
+    rows = torch.randn(REDUCTIONS["sum"](x, dims).shape)
+    kinds = []
+    for kind, reduce in REDUCTIONS.items():
+        try:
+            reduce(x, dims)
+        except (RuntimeError, IndexError):  # torch refuses it (amax of nothing, argmax over two dims)
+            continue
+        kinds.append(kind)
+
+    def fn(x, rows):
+        return (rows.sin(),) + tuple(REDUCTIONS[kind](x, dims) for kind in kinds) + \
+            (REDUCTIONS["sum"](x, dims) * rows,)
+
+    with kiln.config.patch(cpu_backend=backend):
+        compiled = _check(fn, x, rows)
+    assert compiled.kernel_count >= 1 and compiled.extern_count == 0
