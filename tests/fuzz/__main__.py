@@ -108,14 +108,15 @@ def run_regressions(arguments) -> int:
     from tests.fuzz.regressions import check_result, regression_programs
     from tests.fuzz.workers import Task, run_pool
 
-    entries = regression_programs()
+    entries = regression_programs(arguments.backend, arguments.device)
     tasks = [Task(entry.program, arguments.backend, arguments.device) for entry in entries]
+    where = "cuda" if arguments.device == "cuda" else arguments.backend  # the key of `known`
     problems = 0
     for entry, result in zip(entries, run_pool(tasks, jobs=arguments.jobs, timeout=arguments.timeout)):
-        problem = check_result(entry, result, arguments.backend)
+        problem = check_result(entry, result, where)
         problems += bool(problem)
-        status = problem or ("known: " + entry.known_failure(arguments.backend) if entry.known_failure(arguments.backend)
-                             else "ok")
+        known = entry.known_failure(where)
+        status = problem or ("known: " + known if known else "ok")
         print(f"{entry.name:40} {result.outcome:9} {status[:200]}")
     return 1 if problems else 0
 

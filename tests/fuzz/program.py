@@ -34,7 +34,9 @@ class InputSpec:
     """How one input tensor is built: values from a seed, then a layout around them.
 
     values: "randn" (normal times `scale`, a fraction `nonfinite` of nan/+inf/-inf),
-    "randint" (uniform in [low, high)), "bool" (True with probability one half).
+    "randint" (uniform in [low, high)), "bool" (True with probability one half), and for
+    hand-written regressions "uniform" (in [0, scale)), "arange" (low, low + 1, ...) and
+    "full" (every element `scale`).
     layout: see LAYOUTS; `layout_arg` is the layout's detail (the swapped or permuted
     dims, the stepped dim and its step, the expanded dims, the storage offset).
     """
@@ -96,6 +98,13 @@ class InputSpec:
             lines = [f"{self.name} = torch.randint({self.low}, {self.high}, {base}, generator={generator})"]
         elif self.values == "bool":
             lines = [f"{self.name} = torch.rand({base}, generator={generator}) < 0.5"]
+        elif self.values == "uniform":
+            lines = [f"{self.name} = torch.rand({base}, generator={generator}) * {self.scale!r}"]
+        elif self.values == "arange":
+            lines = [f"{self.name} = torch.arange({self.low}, {self.low + math.prod(self.base_shape())})"
+                     f".reshape({base})"]
+        elif self.values == "full":
+            lines = [f"{self.name} = torch.full({base}, {self.scale!r})"]
         else:
             lines = [f"g = {generator}", f"{self.name} = torch.randn({base}, generator=g) * {self.scale!r}"]
             if self.nonfinite:
@@ -130,11 +139,12 @@ class Program:
     inputs: tuple
     statements: tuple
     outputs: tuple
-    note: str = ""  # free text (regression programs: what they exercise)
+    note: str = ""   # free text (regression programs: what they exercise)
+    label: str = ""  # a hand-written program's name (generated ones are named by seed and index)
 
     @property
     def name(self) -> str:
-        return f"seed{self.seed}_prog{self.index}"
+        return self.label or f"seed{self.seed}_prog{self.index}"
 
     def input_names(self) -> list[str]:
         return [spec.name for spec in self.inputs]

@@ -173,3 +173,55 @@ def run_pool(tasks: list[Task], *, jobs: int = 1, timeout: float | None = 60.0, 
             else:
                 worker.kill()
     return [results[task_id] for task_id in sorted(results)]
+
+
+class WorkerSession:
+    """One worker kept alive across tasks that are chosen one after another (the minimizer).
+
+    `run(task)` returns the task's result; a worker that dies or hangs is replaced and
+    the task recorded as a crash or a timeout, as in `run_pool`.
+    """
+
+    def __init__(self, *, timeout: float | None = 60.0, log_path: str | None = None) -> None:
+        self._context = multiprocessing.get_context("spawn")
+        self._args = (timeout, max(1, os.cpu_count() or 1), log_path)
+        self._hard_timeout = (timeout or 600.0) + GRACE_SECONDS
+        self._worker: _Worker | None = None
+
+    def __enter__(self) -> "WorkerSession":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._worker is not None:
+            self._worker.stop()
+            self._worker = None
+
+    def _ready_worker(self) -> _Worker:
+        if self._worker is None:
+            self._worker = _Worker(self._context, self._args)
+        worker = self._worker
+        while not worker.ready:
+            if not worker.connection.poll(max(0.0, worker.deadline - time.monotonic())):
+                worker.kill()
+                self._worker = None
+                raise RuntimeError("fuzz worker did not start")
+            kind, _ = worker.connection.recv()
+            worker.ready = kind == "ready"
+        return worker
+
+    def run(self, task: Task) -> ProgramResult:
+        worker = self._ready_worker()
+        program = task.program
+        worker.connection.send(task)
+        try:
+            if worker.connection.poll(self._hard_timeout):
+                kind, payload = worker.connection.recv()
+                return payload
+            worker.kill()
+            self._worker = None
+            return ProgramResult(program.name, program.seed, program.index, Outcome.TIMEOUT,
+                                 f"worker silent for {self._hard_timeout:.0f} s, killed")
+        except (EOFError, OSError):
+            reason = worker.death_reason()
+            self._worker = None
+            return ProgramResult(program.name, program.seed, program.index, Outcome.CRASH, reason)
