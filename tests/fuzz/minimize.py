@@ -6,7 +6,8 @@ candidates, greedily keeping each one that fails the same way:
 
 1. keep one output (the failing one first);
 2. drop dead statements; drop each statement, its uses replaced by an earlier value of
-   the same shape and dtype (an input or one of its own operands first);
+   the same shape and dtype (an input or one of its own operands first), or by a new
+   input of that shape and dtype;
 3. drop unused inputs; make each input contiguous, finite, unscaled; shrink each
    input dim (to 1, to half, by one).
 
@@ -22,7 +23,9 @@ import time
 from dataclasses import replace
 from typing import Callable, Iterator
 
-from tests.fuzz.program import Program
+import torch
+
+from tests.fuzz.program import DTYPE_NAMES, InputSpec, Program
 from tests.fuzz.runner import Outcome, trace_values
 from tests.fuzz.workers import Task, WorkerSession
 
@@ -80,6 +83,24 @@ def _dead_code_removed(program: Program) -> Program:
     return program.with_changes(statements=tuple(reversed(kept)))
 
 
+def _as_input(program: Program, position: int, shape: tuple, dtype) -> Program:
+    """The program with statement `position`'s value made a new input of its shape and dtype.
+
+    This cuts the statement off from everything that computed it (the new input has
+    fresh random values), so the failure must come from what follows.
+    """
+    used = [int(spec.name[1:]) for spec in program.inputs if spec.name[1:].isdigit()]
+    name = f"x{max(used, default=-1) + 1}"
+    if dtype == torch.bool:
+        spec = InputSpec(name, shape, "bool", "bool", seed=position)
+    elif dtype.is_floating_point:
+        spec = InputSpec(name, shape, DTYPE_NAMES[dtype], "randn", seed=position)
+    else:
+        spec = InputSpec(name, shape, DTYPE_NAMES[dtype], "randint", low=-4, high=5, seed=position)
+    without = _without_statement(program, position, name)
+    return without.with_changes(inputs=program.inputs + (spec,))
+
+
 def candidates(program: Program, failing_output: int | None) -> Iterator[Program]:
     """Smaller variants of `program`, most promising first."""
     if len(program.outputs) > 1:
@@ -110,6 +131,8 @@ def candidates(program: Program, failing_output: int | None) -> Iterator[Program
             candidate = _without_statement(program, position, replacement)
             if candidate is not None:
                 yield candidate
+        if signature is not None:
+            yield _as_input(program, position, *signature)
     text = " ".join(statement.expr for statement in program.statements) + " " + " ".join(program.outputs)
     used = tuple(spec for spec in program.inputs if _uses(text, spec.name))
     if len(used) < len(program.inputs):
