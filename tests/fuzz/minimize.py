@@ -4,7 +4,7 @@
 the exception's type; for a wrong answer the kind of mismatch), then tries smaller
 candidates, greedily keeping each one that fails the same way:
 
-1. keep one output (the failing one first);
+1. keep one output (the failing one first), or return an intermediate instead;
 2. drop dead statements; drop each statement, its uses replaced by an earlier value of
    the same shape and dtype (an input or one of its own operands first), or by a new
    input of that shape and dtype;
@@ -133,6 +133,9 @@ def candidates(program: Program, failing_output: int | None) -> Iterator[Program
                 yield candidate
         if signature is not None:
             yield _as_input(program, position, *signature)
+    for statement in program.statements[:-1]:  # the wrong value may already be an intermediate
+        if statement.target not in program.outputs:
+            yield _dead_code_removed(program.with_changes(outputs=(statement.target,)))
     text = " ".join(statement.expr for statement in program.statements) + " " + " ".join(program.outputs)
     used = tuple(spec for spec in program.inputs if _uses(text, spec.name))
     if len(used) < len(program.inputs):
@@ -158,33 +161,44 @@ def candidates(program: Program, failing_output: int | None) -> Iterator[Program
 
 
 def minimize_program(program: Program, *, backend: str = "cpp", device: str = "cpu", timeout: float = 60.0,
-                     budget_seconds: float = 1200.0, log: Callable[[str], None] = print) -> Program | None:
-    """The smallest variant of `program` found that fails like it does (None: it does not fail)."""
-    started = time.monotonic()
+                     budget_seconds: float = 1200.0, log: Callable[[str], None] = print,
+                     run: Callable[[Program], object] | None = None) -> Program | None:
+    """The smallest variant of `program` found that fails like it does (None: it does not fail).
+
+    `run` (a program -> ProgramResult function) replaces the worker process, for tests.
+    """
+    if run is not None:
+        return _minimize(program, run, backend, device, budget_seconds, log)
     with WorkerSession(timeout=timeout) as session:
-        first = session.run(Task(program, backend, device))
-        if first.outcome not in SHRINKABLE:
-            log(f"{program.name}: {first.outcome} on {backend}: nothing to minimize")
-            return None
-        wanted = failure_signature(first)
-        log(f"{program.name}: {first.outcome}: {first.message or first.stride_message}")
-        log(f"minimizing while the failure stays {wanted} ...")
-        current, last = program, first
-        improved = True
-        runs = 0
-        while improved and time.monotonic() - started < budget_seconds:
-            improved = False
-            for candidate in candidates(current, _failing_output(last)):
-                if time.monotonic() - started > budget_seconds:
-                    log("time budget spent: stopping with what was found")
-                    break
-                result = session.run(Task(candidate, backend, device))
-                runs += 1
-                if failure_signature(result) == wanted:
-                    current, last, improved = candidate, result, True
-                    log(f"  {len(current.statements)} statements, {len(current.inputs)} inputs, "
-                        f"{[spec.shape for spec in current.inputs]}: {result.message[:120]}")
-                    break
+        return _minimize(program, lambda candidate: session.run(Task(candidate, backend, device)),
+                         backend, device, budget_seconds, log)
+
+
+def _minimize(program: Program, run: Callable, backend: str, device: str, budget_seconds: float,
+              log: Callable[[str], None]) -> Program | None:
+    started = time.monotonic()
+    first = run(program)
+    if first.outcome not in SHRINKABLE:
+        log(f"{program.name}: {first.outcome} on {backend}: nothing to minimize")
+        return None
+    wanted = failure_signature(first)
+    log(f"{program.name}: {first.outcome}: {first.message or first.stride_message}")
+    log(f"minimizing while the failure stays {wanted} ...")
+    current, last, runs = program, first, 0
+    improved = True
+    while improved and time.monotonic() - started < budget_seconds:
+        improved = False
+        for candidate in candidates(current, _failing_output(last)):
+            if time.monotonic() - started > budget_seconds:
+                log("time budget spent: stopping with what was found")
+                break
+            result = run(candidate)
+            runs += 1
+            if failure_signature(result) == wanted:
+                current, last, improved = candidate, result, True
+                log(f"  {len(current.statements)} statements, {len(current.inputs)} inputs, "
+                    f"{[spec.shape for spec in current.inputs]}: {result.message[:120]}")
+                break
     log(f"\n# minimal program after {runs} runs ({time.monotonic() - started:.0f} s): "
         f"{last.outcome}: {last.message or last.stride_message}\n")
     log(current.repro_source(backend, device))

@@ -60,6 +60,7 @@ def test_known_fuzz_failures_are_in_the_ci_subset():
             f"({seed}, {index}, {backend}) is not run in CI: minimize it into REGRESSIONS instead"
 
 
+@pytest.mark.filterwarnings("ignore::UserWarning")
 def test_generated_statements_have_the_tracked_shapes_and_dtypes():
     for index in range(60):
         program = generate(1, index)
@@ -102,3 +103,28 @@ def test_compare_strides_ignores_size_one_dims():
     base = torch.randn(3, 4)
     assert compare_strides([base.t().contiguous()], [base.t()]).startswith("output 0: strides")
     assert compare_strides([torch.randn(3, 1)], [torch.randn(1, 3).t()]) == ""
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning")
+def test_minimizer_shrinks_to_the_statement_that_fails():
+    """A stand-in for kiln that 'fails' any program computing a flip: the minimizer keeps only that."""
+    from tests.fuzz.minimize import _dead_code_removed, minimize_program
+    from tests.fuzz.runner import ProgramResult
+
+    program = next(program for program in (generate(2, index) for index in range(200))
+                   if any("flip(" in statement.expr for statement in _dead_code_removed(program).statements)
+                   and len(program.statements) >= 10)
+
+    def fake_run(candidate):
+        try:
+            trace_values(candidate)
+        except Exception as error:
+            return ProgramResult(candidate.name, 0, 0, Outcome.INVALID, str(error))
+        reached = "\n".join(statement.expr for statement in _dead_code_removed(candidate).statements)
+        flipped = "flip(" in reached
+        return ProgramResult(candidate.name, 0, 0, Outcome.WRONG if flipped else Outcome.PASS,
+                             "output 0: max error 1 vs eager's 0" if flipped else "")
+
+    minimal = minimize_program(program, run=fake_run, log=lambda line: None)
+    assert len(minimal.statements) == 1 and "flip(" in minimal.statements[0].expr, minimal.function_source()
+    assert len(minimal.inputs) == 1 and minimal.outputs == (minimal.statements[0].target,)
