@@ -11,7 +11,8 @@ candidates, greedily keeping each one that fails the same way:
 3. drop unused inputs; make each input contiguous, finite, unscaled; shrink each
    input dim (to 1, to half, by one).
 
-A candidate that eager rejects (a shrunk shape a later reshape no longer fits) is
+A program that passes after falling back to eager shrinks while it falls back for the
+same reason. A candidate that eager rejects (a shrunk shape a later reshape no longer fits) is
 `invalid`, which is not the same failure, so it is simply not kept. Every candidate runs
 in one long-lived worker process (tests/fuzz/workers.py), so a crash costs a restart,
 not the minimizer. The result prints as a repro script and as a REGRESSIONS entry.
@@ -26,6 +27,7 @@ from typing import Callable, Iterator
 import torch
 
 from tests.fuzz.program import DTYPE_NAMES, InputSpec, Program
+from tests.fuzz.report import reason_key
 from tests.fuzz.runner import Outcome, trace_values
 from tests.fuzz.workers import Task, WorkerSession
 
@@ -33,8 +35,14 @@ SHRINKABLE = Outcome.FAILURES + (Outcome.STRIDE, Outcome.SENSITIVE)
 
 
 def failure_signature(result) -> tuple:
-    """What must stay the same while shrinking: the outcome and the kind of failure."""
+    """What must stay the same while shrinking: the outcome and the kind of failure.
+
+    A program that passes after a fallback shrinks too, while it falls back for the same
+    reason (numbers and names blurred), so fallbacks can be triaged like failures.
+    """
     message = result.message or result.stride_message
+    if result.outcome == Outcome.PASS and result.fallbacks:
+        return "fallback", reason_key(result.fallbacks[0])
     if result.outcome == Outcome.CRASH:
         return result.outcome, message.split(":", 1)[0]
     if result.outcome == Outcome.WRONG:
@@ -102,7 +110,14 @@ def _as_input(program: Program, position: int, shape: tuple, dtype) -> Program:
 
 
 def candidates(program: Program, failing_output: int | None) -> Iterator[Program]:
-    """Smaller variants of `program`, most promising first."""
+    """Smaller variants of `program`, most promising first (none returns an input itself)."""
+    for candidate in _all_candidates(program, failing_output):
+        # A program returning an input slips into another failure (see BUG_RETURNS_OTHER_INPUT).
+        if candidate != program and not set(candidate.input_names()).intersection(candidate.outputs):
+            yield candidate
+
+
+def _all_candidates(program: Program, failing_output: int | None) -> Iterator[Program]:
     if len(program.outputs) > 1:
         order = list(range(len(program.outputs)))
         if failing_output is not None and failing_output < len(order):
@@ -178,17 +193,21 @@ def _minimize(program: Program, run: Callable, backend: str, device: str, budget
               log: Callable[[str], None]) -> Program | None:
     started = time.monotonic()
     first = run(program)
-    if first.outcome not in SHRINKABLE:
+    if first.outcome not in SHRINKABLE and not first.fallbacks:
         log(f"{program.name}: {first.outcome} on {backend}: nothing to minimize")
         return None
     wanted = failure_signature(first)
-    log(f"{program.name}: {first.outcome}: {first.message or first.stride_message}")
+    log(f"{program.name}: {first.outcome}: {first.message or first.stride_message or first.fallbacks[0]}")
     log(f"minimizing while the failure stays {wanted} ...")
     current, last, runs = program, first, 0
+    seen = {program}  # candidates can lead back to an earlier program (outputs swapped around an in-place write)
     improved = True
     while improved and time.monotonic() - started < budget_seconds:
         improved = False
         for candidate in candidates(current, _failing_output(last)):
+            if candidate in seen:
+                continue
+            seen.add(candidate)
             if time.monotonic() - started > budget_seconds:
                 log("time budget spent: stopping with what was found")
                 break

@@ -64,6 +64,8 @@ def summarize(results: list, *, seed: int, backend: str, device: str, seconds: f
         "seconds": round(seconds, 1),
         "programs_per_second": round(len(results) / seconds, 3) if seconds else None,
         "not_passing": failures,
+        "fell_back_programs": [{"name": result.name, "outcome": result.outcome, "fallbacks": result.fallbacks}
+                               for result in results if result.fallbacks],
     }
 
 
@@ -95,6 +97,9 @@ def markdown(summary: dict) -> str:
     if summary["fallback_reasons"]:
         lines += ["", "## Fallbacks by reason", ""]
         lines += [f"- {count} x `{reason}`" for reason, count in summary["fallback_reasons"].items()]
+    if summary["fell_back_programs"]:
+        lines += ["", "Programs that fell back: " + ", ".join(f"`{entry['name']}`"
+                                                              for entry in summary["fell_back_programs"]) + "."]
     failing = [result for result in summary["not_passing"] if result["outcome"] != Outcome.PASS]
     if failing:
         lines += ["", "## Programs that did not pass", "",
