@@ -128,3 +128,19 @@ def test_minimizer_shrinks_to_the_statement_that_fails():
     minimal = minimize_program(program, run=fake_run, log=lambda line: None)
     assert len(minimal.statements) == 1 and "flip(" in minimal.statements[0].expr, minimal.function_source()
     assert len(minimal.inputs) == 1 and minimal.outputs == (minimal.statements[0].target,)
+
+
+def test_known_failures_must_keep_failing_and_others_must_pass():
+    from tests.fuzz.runner import ProgramResult
+
+    passed = ProgramResult("p", 0, 0, Outcome.PASS, graphs=1, kernels=1)
+    wrong = ProgramResult("p", 0, 0, Outcome.WRONG, "output 0: max error 1", graphs=1, kernels=1)
+    fell_back = ProgramResult("p", 0, 0, Outcome.PASS, graphs=1, fallbacks=["AssertionError: ..."])
+    stride = ProgramResult("p", 0, 0, Outcome.STRIDE, stride_message="output 0: strides", graphs=1)
+    assert check_outcome(passed, None) == "" and check_outcome(wrong, "BUG") == ""
+    assert check_outcome(passed, "BUG").startswith("fixed: remove the entry")
+    assert check_outcome(wrong, None).startswith("p: wrong")
+    assert check_outcome(fell_back, None) == ""  # a sweep program may fall back
+    assert "did not compile" in check_outcome(fell_back, None, must_compile=True)
+    assert check_outcome(fell_back, "BUG", must_compile=True) == ""
+    assert check_outcome(stride, None) == "" and check_outcome(stride, None, strict_strides=True)
