@@ -54,6 +54,10 @@ BUG_GELU_INF = ("F.gelu(+inf) (the erf form) is nan in eager (ATen's CPU kernel)
 BUG_INPLACE_OUTPUT_STRIDES = ("an output written in place (v = x < y; v.masked_fill_(v, True); return v), directly "
                               "or through a permuted view, comes back with other strides than eager's (eager's "
                               "follows its permuted input's layout; kiln's is contiguous, or the view's)")
+BUG_FLOORDIV_POLYNOMIAL = ("kiln falls back to eager (sympy PolynomialError: 'FloorDiv(r0, 6) contains an element of "
+                           "the set of generators') for a log_softmax of a flattened, stepped, in-place-updated view, "
+                           "and for layer_norm of a tensor with a 0-size dim: an index expression with FloorDiv reaches "
+                           "a sympy polynomial routine (both backends)")
 BUG_TRITON_BOOL_SIGN = ("Triton: torch.sign of a bool tensor renders as a subtraction of bools "
                         "(the interpreter raises 'numpy boolean subtract ... is not supported')")
 
@@ -195,6 +199,13 @@ REGRESSIONS: list[Regression] = [
                         "v0 = torch.var(x0, dim=(-4, 1), keepdim=True, correction=1) >= 3.0", ("v0",)),
                "a reduction over 0 elements (see BUG_TRITON_EMPTY_REDUCTION_SLOW: on CPU it would take CI minutes "
                "under the interpreter, so it runs on cpp and CUDA)", backends=("cpp", "cuda")),
+    Regression(explicit("seed1_prog81_min", [spec("x0", (2, 0, 2, 6), seed=1)],
+                        "v0 = F.layer_norm(x0, (6,))", ("v0",)),
+               "layer_norm of a tensor with a 0-size dim compiles", {"*": BUG_FLOORDIV_POLYNOMIAL}),
+    Regression(explicit("seed1_prog172_min", [spec("x0", (2, 5), seed=536474522)],
+                        "v0 = x0.clone()\nv1 = v0[..., ::2].add_(-1.5)\nv2 = v1.flatten(0, 1)\nv3 = v2.add_(-0.25)\n"
+                        "v4 = F.log_softmax(v3, dim=0)", ("v4",)),
+               "log_softmax of a flattened stepped slice written in place compiles", {"*": BUG_FLOORDIV_POLYNOMIAL}),
     Regression(explicit("seed1_prog6_min", [spec("x0", (1, 1), "bool", values="bool")],
                         "v0 = torch.sign(x0)", ("v0",)),
                "sign of a bool tensor alone in a kernel", {"triton": BUG_TRITON_BOOL_SIGN}),
