@@ -1,0 +1,250 @@
+"""Every failure the fuzzer found, and every case the outside review listed, as data.
+
+Two tables:
+
+- `REGRESSIONS`: hand-written (or minimized) programs, each with the bug it exercises
+  and, per backend, the reason it still fails today (`known`). They run in CI on both
+  backends (tests/fuzz/test_fuzz.py) and with `python -m tests.fuzz --regressions`.
+- `KNOWN_FUZZ_FAILURES`: programs of the CI subset (named by seed and index: the
+  generator maps them to the same text forever) that fail today, keyed by
+  (seed, index, backend), with the bug class they hit (one of the `BUG_*` reasons).
+
+A known failure that starts passing fails the test ("fixed: remove the entry"), so the
+fix that closes a bug class removes its entries here (and the `known` reasons of the
+regression programs it fixes) in the same commit. A program not listed must pass: its
+outputs equal eager's under kiln.testing's rule, and a hand-written regression must also
+be compiled by kiln (no graph may fall back to eager).
+
+To add a failure the fuzzer found: minimize it (`python -m tests.fuzz --minimize --seed S
+--index K --backend B`), paste the printed `explicit(...)` entry into REGRESSIONS with the
+bug class, and, if its seed is in the CI subset, list it in KNOWN_FUZZ_FAILURES.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tests.fuzz.program import InputSpec, Program, Statement
+from tests.fuzz.runner import Outcome
+
+BACKENDS = ("cpp", "triton")
+
+# ---------------------------------------------------------------------------- bug classes
+# One line each: what is wrong, where, and the smallest program that shows it (in REGRESSIONS).
+
+BUG_PAD_INDEX = ("indexing into a padded or concatenated value (F.pad / torch.cat / torch.stack, then x[idx] or "
+                 "index_select with a computed index) reads the wrong elements (cpp: or an out-of-bounds index "
+                 "error in the kernel): the gathered index is not remapped through the pad/cat offsets")
+BUG_SIGN_NAN = "torch.sign(nan) is 0 in eager; kiln's sign keeps the nan (both backends)"
+BUG_CONSTANT_ROWS = ("kiln's variance (var / std / layer_norm) is less exact than eager's: rows of equal values give "
+                     "nonzero variance (eager: exactly 0; layer_norm of rows of 0.7 is off by 1.9e-05), and on Triton "
+                     "a var over rows of a product is 50x farther from float64 than eager's")
+BUG_TRITON_EMPTY_REDUCTION_SLOW = ("Triton: a reduction over 0 elements (var over a 0-size dim of a (6, 0, 7, 6) "
+                                   "tensor, 42 outputs) takes 25-50 s per call under the interpreter (cpp: 0.1 ms): "
+                                   "the launch or loop bounds blow up for an empty reduction")
+BUG_REDUCE_SIZE1_BESIDE_POINTWISE = (
+    "a reduction over a dim of size 1 (x.amax(0), x.argmax(0) for x of shape (1, n)) whose operand is a pointwise "
+    "value that is also an output: Triton's kernel uses RBLOCK without defining it (NameError at launch); the C++ "
+    "backend refuses the graph ('a reduce is emitted by its loop, not on demand') and it runs eagerly")
+BUG_RETURNS_OTHER_INPUT = ("kiln's frontend: a function that returns its inputs without computing anything "
+                           "(def f(a, b): return (b,)) returns the first inputs instead (a); the dynamo frontend "
+                           "gets it right, and one tensor op in the function hides it")
+BUG_GELU_INF = ("F.gelu(+inf) (the erf form) is nan in eager (ATen's CPU kernel) and inf in kiln, the "
+                "mathematically right value: kiln must match eager, or the rule must accept it (a decision, not "
+                "a typo); approximate='tanh' agrees")
+BUG_INPLACE_OUTPUT_STRIDES = ("an output written in place (v = x < y; v.masked_fill_(v, True); return v), directly "
+                              "or through a permuted view, comes back with other strides than eager's (eager's "
+                              "follows its permuted input's layout; kiln's is contiguous, or the view's)")
+BUG_FLOORDIV_POLYNOMIAL = ("kiln falls back to eager (sympy PolynomialError: 'FloorDiv(r0, 6) contains an element of "
+                           "the set of generators') for a log_softmax of a flattened, stepped, in-place-updated view, "
+                           "and for layer_norm of a tensor with a 0-size dim: an index expression with FloorDiv reaches "
+                           "a sympy polynomial routine (both backends)")
+BUG_TRITON_BOOL_SIGN = ("Triton: torch.sign of a bool tensor renders as a subtraction of bools "
+                        "(the interpreter raises 'numpy boolean subtract ... is not supported')")
+
+
+@dataclass(frozen=True)
+class Regression:
+    """A program with what it exercises and, per backend ('*': both), why it fails today."""
+
+    program: Program
+    bug: str
+    known: dict = field(default_factory=dict)
+    backends: tuple = ("cpp", "triton", "cuda")  # where it runs ("cuda": Triton on a GPU)
+    needs_graph: bool = True  # kiln must compile it (False: a program without tensor ops)
+
+    @property
+    def name(self) -> str:
+        return self.program.name
+
+    def known_failure(self, backend: str) -> str | None:
+        return self.known.get(backend) or self.known.get("*")
+
+
+def spec(name: str, shape: tuple, dtype: str = "float32", values: str = "randn", **details) -> InputSpec:
+    """An input of a hand-written program (the seed defaults to one per name, so runs repeat)."""
+    details.setdefault("seed", sum(map(ord, name)) * 7919)
+    return InputSpec(name, tuple(shape), dtype, values, **details)
+
+
+def explicit(label: str, inputs: list, body: str, outputs: tuple, note: str = "") -> Program:
+    """A hand-written program: `body` holds one `v = expr` statement per line."""
+    statements = []
+    for line in body.strip().splitlines():
+        target, expr = line.split("=", 1)
+        statements.append(Statement(target.strip(), expr.strip()))
+    return Program(0, 0, tuple(inputs), tuple(statements), tuple(outputs), note=note, label=label)
+
+
+_ARANGE_3x4 = spec("x0", (3, 4), values="arange", low=1)
+_INDEX_0123 = spec("x1", (4,), "int64", values="arange", low=0)
+
+REGRESSIONS: list[Regression] = [
+    # ---- the outside review's cases
+    Regression(explicit("review_pad_then_index", [_ARANGE_3x4, _INDEX_0123],
+                        "v0 = F.pad(x0, (0, 0, 2, 1))[x1 + 1]", ("v0",)),
+               "F.pad(x,(0,0,2,1))[i+1]: rows of a padded value picked by a computed index",
+               {"*": BUG_PAD_INDEX}),
+    Regression(explicit("review_index_select_of_pad", [_ARANGE_3x4, _INDEX_0123],
+                        "v0 = torch.index_select(F.pad(x0, (1, 1)), 1, x1 + 1)", ("v0",)),
+               "index_select of a padded value with a computed index", {"*": BUG_PAD_INDEX}),
+    Regression(explicit("review_cat_then_index", [_ARANGE_3x4, _INDEX_0123],
+                        "v0 = torch.cat([x0, 2 * x0], 0)[x1 + 1]", ("v0",)),
+               "torch.cat([x, 2*x], 0)[i+1]", {"*": BUG_PAD_INDEX}),
+    Regression(explicit("review_stack_then_index", [_ARANGE_3x4, _INDEX_0123],
+                        "v0 = torch.stack([x0, 2 * x0], 0)[(x1 + 1) % 2]\n"
+                        "v1 = torch.stack([x0, x0 + 1], 2).reshape(3, 8)[:, x1 * 2 - 1]\n"
+                        "v2 = torch.index_select(torch.stack([x0, -x0], 1), 1, (x1 + 1) % 2)", ("v0", "v1", "v2")),
+               "torch.stack variants indexed by computed indices", {"*": BUG_PAD_INDEX}),
+    Regression(explicit("review_sign_of_bool", [spec("x0", (3, 5), "bool", values="bool")],
+                        "v0 = torch.sign(x0)\nv1 = torch.sign(x0) & x0", ("v0", "v1")),
+               "torch.sign of a bool tensor (bool result, True -> True)", {"triton": BUG_TRITON_BOOL_SIGN}),
+    Regression(explicit("review_layer_norm_constant_rows", [spec("x0", (4, 7), values="full", scale=0.7)],
+                        "v0 = F.layer_norm(x0, (7,))\n"
+                        "v1 = (x0 - x0.mean(-1, keepdim=True)) / torch.sqrt(x0.var(-1, keepdim=True, correction=0) "
+                        "+ 1e-5)", ("v0", "v1")),
+               "layer_norm of constant rows is exactly 0 (eager's is)", {"*": BUG_CONSTANT_ROWS}),
+    Regression(explicit("review_amax_of_size1_dim_beside_pointwise", [spec("x0", (3, 1))],
+                        "v0 = x0.amax(1)\nv1 = x0 * 2", ("v0", "v1")),
+               "x.amax(1) with x of shape (3, 1) beside a pointwise op"),
+    Regression(explicit("amax_of_size1_dim_of_pointwise_output", [spec("x0", (3, 1))],
+                        "v0 = x0 * 2\nv1 = v0.amax(1)", ("v1", "v0")),
+               "x.amax(1) with x of shape (3, 1) reading a pointwise value that is also returned",
+               {"*": BUG_REDUCE_SIZE1_BESIDE_POINTWISE}),
+    Regression(explicit("seed0_prog87_min", [spec("x0", (1, 1))],
+                        "v0 = x0.bfloat16()\nv1 = v0.argmax(0, True)", ("v1", "v0")),
+               "argmax over a size-1 dim of a returned cast (CI program seed 0 #87, minimized)",
+               {"*": BUG_REDUCE_SIZE1_BESIDE_POINTWISE}),
+    Regression(explicit("review_sign_of_nan", [spec("x0", (4, 6), nonfinite=0.5)],
+                        "v0 = torch.sign(x0)\nv1 = torch.sign(x0) == 0", ("v0", "v1")),
+               "torch.sign(nan) is 0, as in eager", {"*": BUG_SIGN_NAN}),
+    Regression(explicit("review_var_std_constant_rows", [spec("x0", (5, 9), values="full", scale=0.3)],
+                        "v0 = x0.var(-1)\nv1 = x0.std(1, keepdim=True)\nv2 = torch.var(x0, dim=(0, 1), correction=0)",
+                        ("v0", "v1", "v2")),
+               "var and std of constant rows are exactly 0", {"*": BUG_CONSTANT_ROWS}),
+    Regression(explicit("review_rms_norm_of_expanded_compared_cast",
+                        [spec("x0", (3, 1)), spec("x1", (4, 3, 8), layout="expanded", layout_arg=(1, (2,)))],
+                        "v0 = x0.expand(3, 8)\nv1 = (v0 > 0.0).to(torch.float32)\n"
+                        "v2 = v1 * torch.rsqrt(v1.pow(2).mean(-1, keepdim=True) + 1e-6)\n"
+                        "v3 = (x1 > 0.5).float()\nv4 = F.rms_norm(v3, (8,))", ("v2", "v4")),
+               "RMSNorm over an expanded, compared and cast input (sympy PolynomialError in indexing)"),
+    Regression(explicit("review_minimum_of_0dim_results", [spec("x0", (5,))],
+                        "v0 = torch.linalg.vector_norm(x0, dim=0)\nv1 = x0.amax()\nv2 = torch.minimum(v0, v1)",
+                        ("v2",)),
+               "torch.minimum of two 0-dim results (one a vector_norm over the only dim) has shape ()"),
+    Regression(explicit("review_float32_sum_of_2_24_elements", [spec("x0", (1 << 24,), values="uniform", scale=1.0)],
+                        "v0 = x0.sum()\nv1 = (x0 * 2).sum(0)", ("v0", "v1")),
+               "a float32 sum of 2^24 elements is as accurate as eager's (pairwise, not one running sum)",
+               backends=("cpp", "cuda")),  # minutes under the Triton interpreter: the 2^13 one below runs there
+    # ---- found by the fuzzer (minimized; the seed they came from in the name)
+    Regression(explicit("returns_other_input", [spec("x0", (3, 4)), spec("x1", (3, 4))],
+                        "v0 = x1", ("v0",)),
+               "a program that only returns an input", {"*": BUG_RETURNS_OTHER_INPUT}, needs_graph=False),
+    Regression(explicit("returns_inputs_swapped", [spec("x0", (5,)), spec("x1", (5,)), spec("x2", (5,))],
+                        "v0 = x2\nv1 = x0", ("v0", "v1")),
+               "a program that returns inputs in another order", {"*": BUG_RETURNS_OTHER_INPUT}, needs_graph=False),
+    Regression(explicit("seed1_prog141_min", [spec("x0", (2, 5), nonfinite=0.5)],
+                        "v0 = F.gelu(x0)\nv1 = F.gelu(x0, approximate='tanh')", ("v0", "v1")),
+               "gelu of nan and +-inf", {"*": BUG_GELU_INF}),
+    Regression(explicit("seed1_prog47_min", [spec("x0", (1,))],
+                        "v0 = F.gelu(x0)\nv1 = F.layer_norm(v0, (1,))", ("v1",)),
+               "layer_norm over one element is exactly 0", {"cpp": BUG_CONSTANT_ROWS}),
+    Regression(explicit("seed1_prog229_min", [spec("x0", (11, 1), "int64", values="randint", low=0, high=3),
+                                              spec("x1", (3,), "int64", values="arange", low=9)],
+                        "v0 = torch.cat([x0, 2 * x0], 0)\nv1 = v0.index_select(0, 25 - x1)", ("v1",)),
+               "index_select of an int cat with a computed index (rows 14..16: the second part)",
+               {"*": BUG_PAD_INDEX}),
+    Regression(explicit("seed1_prog251_min", [spec("x0", (6,), scale=3.0)],
+                        "v0 = torch.log1p(x0)\nv1 = torch.sign(v0)", ("v1",)),
+               "sign of a computed nan (log1p below -1)", {"*": BUG_SIGN_NAN}),
+    Regression(explicit("seed1_prog255_min", [spec("x0", (2, 3))],
+                        "v0 = x0 > 0.0\nv1 = v0.movedim(1, 0)\nv2 = v1.masked_fill_(v1, True)", ("v0",)),
+               "an output mutated through its permuted view keeps its own strides",
+               {"*": BUG_INPLACE_OUTPUT_STRIDES}),
+    Regression(explicit("seed1_prog279_min", [spec("x0", (2, 1, 3, 1), layout="transposed", layout_arg=(0, 2)),
+                                              spec("x1", (1, 1, 1, 1), "int64", values="randint", low=-4, high=5)],
+                        "v0 = x1 < x0\nv1 = v0.masked_fill_(v0, True)", ("v0",)),
+               "an output of a permuted input, written in place, keeps eager's strides",
+               {"*": BUG_INPLACE_OUTPUT_STRIDES}),
+    Regression(explicit("seed2_prog46_min", [spec("x0", (3, 16), layout="expanded", layout_arg=(1, (1,)),
+                                                  seed=883465091),
+                                             spec("x1", (19, 3), seed=0)],
+                        "v0 = x1 @ x0\nv1 = v0.var(dim=(0, 1), keepdim=True, correction=1)", ("v1",)),
+               "var over all of a product with constant rows is as accurate as eager's", {"triton": BUG_CONSTANT_ROWS}),
+    Regression(explicit("seed2_prog198_min", [spec("x0", (1, 2, 2, 2), seed=372060781),
+                                              spec("x1", (5,), "int64", values="randint", low=-2, high=2)],
+                        "v0 = x0[:, ((x1 * 2 + 1) % 2)]\nv1 = F.pad(v0, (0, -1))\nv2 = v1.transpose(1, 0)\n"
+                        "v3 = torch.var(v2, dim=-4, keepdim=True, correction=1)", ("v3",)),
+               "var over repeated (gathered) rows is exactly 0", {"*": BUG_CONSTANT_ROWS}),
+    Regression(explicit("seed2_prog255_min", [spec("x0", (6, 0, 7, 6))],
+                        "v0 = torch.var(x0, dim=(-4, 1), keepdim=True, correction=1) >= 3.0", ("v0",)),
+               "a reduction over 0 elements (see BUG_TRITON_EMPTY_REDUCTION_SLOW: on CPU it would take CI minutes "
+               "under the interpreter, so it runs on cpp and CUDA)", backends=("cpp", "cuda")),
+    Regression(explicit("seed1_prog81_min", [spec("x0", (2, 0, 2, 6), seed=1)],
+                        "v0 = F.layer_norm(x0, (6,))", ("v0",)),
+               "layer_norm of a tensor with a 0-size dim compiles", {"*": BUG_FLOORDIV_POLYNOMIAL}),
+    Regression(explicit("seed1_prog172_min", [spec("x0", (2, 5), seed=536474522)],
+                        "v0 = x0.clone()\nv1 = v0[..., ::2].add_(-1.5)\nv2 = v1.flatten(0, 1)\nv3 = v2.add_(-0.25)\n"
+                        "v4 = F.log_softmax(v3, dim=0)", ("v4",)),
+               "log_softmax of a flattened stepped slice written in place compiles", {"*": BUG_FLOORDIV_POLYNOMIAL}),
+    Regression(explicit("seed1_prog6_min", [spec("x0", (1, 1), "bool", values="bool")],
+                        "v0 = torch.sign(x0)", ("v0",)),
+               "sign of a bool tensor alone in a kernel", {"triton": BUG_TRITON_BOOL_SIGN}),
+    Regression(explicit("float32_sum_of_2_13_elements", [spec("x0", (1 << 13,), values="uniform", scale=1.0)],
+                        "v0 = x0.sum()\nv1 = (x0 * 2).sum(0)", ("v0", "v1")),
+               "a float32 sum of 2^13 elements (a split reduction) is as accurate as eager's: the review's 2^24 "
+               "case at a size the Triton interpreter runs in seconds", backends=("triton",)),
+]
+
+
+# (seed, index, backend) -> bug class, for the programs of the CI subset that fail today.
+KNOWN_FUZZ_FAILURES: dict[tuple[int, int, str], str] = {
+    (0, 87, "triton"): BUG_REDUCE_SIZE1_BESIDE_POINTWISE,
+    (0, 175, "triton"): BUG_TRITON_BOOL_SIGN,
+}
+
+
+def regression_programs(backend: str | None = None, device: str = "cpu") -> list[Regression]:
+    """The regressions that run on `backend` (on CUDA every one marked 'cuda')."""
+    where = "cuda" if device == "cuda" else backend
+    return [entry for entry in REGRESSIONS if where is None or where in entry.backends]
+
+
+def check_result(entry: Regression, result, backend: str, *, strict_strides: bool = True) -> str:
+    """'' when `result` is what the table says for `entry` on `backend`, else what is wrong."""
+    return check_outcome(result, entry.known_failure(backend), strict_strides=strict_strides,
+                         must_compile=entry.needs_graph)
+
+
+def check_outcome(result, known: str | None, *, strict_strides: bool = False, must_compile: bool = False) -> str:
+    """'' when `result` agrees with its known-failure reason (None: it must pass), else the problem."""
+    failing = result.outcome in Outcome.FAILURES or result.outcome == Outcome.INVALID \
+        or (strict_strides and result.outcome == Outcome.STRIDE) or (must_compile and not result.compiled)
+    if known:
+        if failing:
+            return ""
+        return f"fixed: remove the entry ({result.name} now {result.outcome}; it was listed as: {known[:120]})"
+    if must_compile and not result.compiled and result.outcome not in Outcome.FAILURES:
+        return f"{result.name}: kiln did not compile it: {'; '.join(result.fallbacks) or 'no graph captured'}"
+    if failing:
+        return f"{result.name}: {result.outcome}: {result.message or result.stride_message}"
+    return ""
