@@ -31,6 +31,8 @@ def parse_arguments(argv=None):
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--jobs", type=int, default=1, help="worker processes")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per program")
+    parser.add_argument("--budget", type=float, default=None,
+                        help="seconds: start no program once they are spent (the summary counts what ran)")
     parser.add_argument("--out", help="the JSON summary's path (a .md is written beside it)")
     parser.add_argument("--show", action="store_true", help="print program --index of --seed as a repro script")
     parser.add_argument("--minimize", action="store_true", help="shrink program --index of --seed while it fails")
@@ -89,7 +91,7 @@ def run_sweep(arguments, programs: list) -> int:
 
     tasks = [Task(program, arguments.backend, arguments.device) for program in programs]
     results = run_pool(tasks, jobs=arguments.jobs, timeout=arguments.timeout, log_path=log_path,
-                       on_result=on_result)
+                       on_result=on_result, budget=arguments.budget)
     seconds = time.monotonic() - started
     command_line = " ".join(sys.argv[1:]) if sys.argv[0].endswith("__main__.py") else ""
     summary = summarize(results, seed=arguments.seed, backend=arguments.backend, device=arguments.device,

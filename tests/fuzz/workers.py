@@ -109,8 +109,12 @@ class _Worker:
 
 
 def run_pool(tasks: list[Task], *, jobs: int = 1, timeout: float | None = 60.0, log_path: str | None = None,
-             on_result: Callable[[int, ProgramResult], None] | None = None) -> list[ProgramResult]:
-    """Run every task in `jobs` worker processes; one result per task, in order."""
+             on_result: Callable[[int, ProgramResult], None] | None = None,
+             budget: float | None = None) -> list[ProgramResult]:
+    """Run the tasks in `jobs` worker processes; one result per task run, in order.
+
+    With `budget` (seconds), no task starts once it is spent: the tasks already running
+    finish and the rest are left out, so a run fits a machine's time limit."""
     context = multiprocessing.get_context("spawn")
     threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
     worker_args = (timeout, threads, log_path)
@@ -118,6 +122,7 @@ def run_pool(tasks: list[Task], *, jobs: int = 1, timeout: float | None = 60.0, 
     results: dict[int, ProgramResult] = {}
     pending = collections.deque(range(len(tasks)))
     workers: list[_Worker] = []
+    stop_at = None if budget is None else time.monotonic() + budget
 
     def record(task_id: int, result: ProgramResult) -> None:
         results[task_id] = result
@@ -135,6 +140,11 @@ def run_pool(tasks: list[Task], *, jobs: int = 1, timeout: float | None = 60.0, 
 
     try:
         while pending or any(worker.task_id is not None for worker in workers):
+            if stop_at is not None and pending and time.monotonic() > stop_at:
+                print(f"fuzz run: time budget of {budget:.0f} s spent: {len(pending)} programs not run",
+                      file=sys.stderr, flush=True)
+                pending.clear()
+                continue
             while len(workers) < min(jobs, len(pending) + sum(w.task_id is not None for w in workers)):
                 workers.append(_Worker(context, worker_args))
             for worker in workers:
