@@ -8,6 +8,7 @@ the argument's precision, with IEEE results where a Python `math` function would
 (lgamma at a pole is inf, as on the GPU and in torch). The interpreter's casts to and
 from bfloat16 are replaced too: it truncates float32 to bfloat16 (the GPU rounds to
 nearest even, overflowing to inf) and reinterprets the bits of any other source type.
+Reductions with kiln's `_sum_combine` run as numpy's pairwise sum, as Triton's own do.
 Kernels are loaded as `InterpretedFunction`s for CPU tensors and `triton.jit`
 functions for CUDA tensors, from the same source. The interpreter is not thread-safe: each
 run patches `triton.language` module-wide (`_patch_lang`) and restores it after, so a run on
@@ -127,6 +128,21 @@ def _patch_lang_with_libdevice(fn):
 
 
 _interpreter._patch_lang = _patch_lang_with_libdevice
+_reduce_without_kiln_sum = _interpreter.ReduceOps.apply_impl
+
+
+def _reduce_with_kiln_sum(self, input):
+    """The interpreter sums with numpy (pairwise) only for Triton's own `_sum_combine`; any other
+    combine it folds element by element in Python: slow, and a sequential sum (several times
+    eager's error over long rows). kiln's kernels reduce with their own `_sum_combine` (a GPU
+    tree sum, like tl.sum's): run it as numpy's sum too."""
+    function = getattr(self.combine_fn, "fn", self.combine_fn)
+    if len(input) == 1 and getattr(function, "__name__", "") == "_sum_combine":
+        return self.sum(input[0])
+    return _reduce_without_kiln_sum(self, input)
+
+
+_interpreter.ReduceOps.apply_impl = _reduce_with_kiln_sum
 
 
 _INTERPRETER_LOCK = threading.RLock()  # one interpreted kernel run at a time per process

@@ -44,6 +44,7 @@ from kiln.runtime.cpp_build import KERNEL_SYMBOL, KernelSignature
 from kiln.schedule.kernel import Kernel, var_map
 
 LANES = 16  # vector accumulator lanes of a reduction (one AVX-512 register of float)
+SUM_BLOCK = 16 * LANES  # columns a floating sum adds up in fresh lanes before compensating (_compensated_sum)
 
 VALUE_TYPES = {
     torch.float32: "float", torch.float64: "double", torch.float16: "float", torch.bfloat16: "float",
@@ -694,12 +695,20 @@ class CppKernelGenerator:
         input_dtype = node.body.ops[reduce_op.operands[0]].dtype
         name = f"n{position}_{reduce_index}"
         if kind == "welford":
-            # Two passes, as Triton's persistent kernels do: the mean, then the squared deviations
-            # from it. Exact to a few ulp where one-pass Welford drifts, and no division per element.
+            # Three passes over the row, each a compensated sum: the mean estimate m0 = sum(x / n)
+            # (x / n: no overflow where the sum of x would), its correction mean = m0 +
+            # sum(x - m0) / n, then m2 = sum((x - mean)^2). Eager's Welford combine gives a row
+            # of equal values their exact mean and var 0; the correction does the same here
+            # (x - m0 is exact, so is the corrected mean), where sum / n alone is a few ulp off
+            # and (x - mean) * rsqrt(var + eps) turns that into noise.
             value_type = VALUE_TYPES[input_dtype]
             count = f"({value_type})({self.index(self.kernel.col_numel)})"
-            total = self._lane_reduction(position, reduce_op, "sum", f"{name}_sum", input_dtype, input_dtype)
-            self.define(f"{name}_0", input_dtype, f"{total} / {count}")
+            inverse = self.define(f"{name}_inv", input_dtype, f"({value_type})1 / {count}")
+            estimate = self._lane_reduction(position, reduce_op, "sum", f"{name}_m0", input_dtype, input_dtype,
+                                            fold="({0} + {1} * " + inverse + ")")
+            correction = self._lane_reduction(position, reduce_op, "sum", f"{name}_dev", input_dtype, input_dtype,
+                                              fold="({0} + ({1} - " + estimate + "))", save_reused=False)
+            self.define(f"{name}_0", input_dtype, f"{estimate} + {correction} / {count}")
             deviation = f"(({{1}} - {name}_0) * ({{1}} - {name}_0))"
             self._lane_reduction(position, reduce_op, "sum", f"{name}_1", input_dtype, input_dtype,
                                  fold="({0} + " + deviation + ")", save_reused=False)
@@ -718,8 +727,11 @@ class CppKernelGenerator:
         (a simd loop: the lanes are one vector), then the tail into lane 0; each lane sees its
         columns in increasing order, so ties keep the lower index. `fold` overrides how a
         value enters a lane ({0}: the lane, {1}: the value); lanes always merge by `kind`.
+        Floating sums are blocked (_compensated_sum) to be as accurate as eager's.
         """
         value_type = VALUE_TYPES[accumulate]
+        if kind == "sum" and accumulate.is_floating_point:
+            return self._compensated_sum(position, reduce_op, name, value_type, result_dtype, fold, save_reused)
         self.out.add(f"{value_type} {name}_acc[{LANES}];")
         arg = kind in ("argmax", "argmin")
         if arg:
@@ -739,12 +751,12 @@ class CppKernelGenerator:
         self.out.add(self._simd())
         self._open_scope(f"for (int64_t lane = 0; lane < {LANES}; lane++)", self._column_variables(), preheader)
         self.out.add(f"int64_t r{last} = {name}_base + lane;")
-        self._fold(position, reduce_op, kind, name, "lane", value_type, fold, save_reused)
+        self._fold(position, reduce_op, kind, f"{name}_acc", name, "lane", value_type, fold, save_reused)
         self._close_scope()
         self.out.close()
         self._open_scope(f"for (int64_t r{last} = {name}_end; r{last} < {extent}; r{last}++)",
                          self._column_variables(), preheader)
-        self._fold(position, reduce_op, kind, name, "0", value_type, fold, save_reused)
+        self._fold(position, reduce_op, kind, f"{name}_acc", name, "0", value_type, fold, save_reused)
         self._close_scope()
         self._close_outer_columns()
 
@@ -760,8 +772,81 @@ class CppKernelGenerator:
         self.out.close()
         return self.define(name, result_dtype, f"{name}_index[0]" if arg else f"{name}_acc[0]")
 
-    def _fold(self, position: int, reduce_op, kind: str, name: str, lane: str, value_type: str,
+    def _compensated_sum(self, position: int, reduce_op, name: str, value_type: str, result_dtype: torch.dtype,
+                         fold: str | None, save_reused: bool) -> str:
+        """A floating sum as accurate as eager's blocked (cascade) sum, at the same speed.
+
+        One lane summing n / LANES values in turn loses about sqrt(n) ulp (a 2^24-element
+        fp32 sum: 3-8x eager's error; a variance: far more). So the simd loop sums blocks of
+        SUM_BLOCK columns into fresh lanes (`_part`, short sums: their rounding errors are
+        independent and small), each block is added to the running lanes with Kahan's
+        compensation (`_acc`, `_comp`: once per block, negligible work), and the lanes merge
+        pairwise. A compensation that is not finite (an inf or NaN sum) is dropped, so
+        infinities and NaN propagate as in a plain sum.
+        """
+        self.out.add(f"{value_type} {name}_acc[{LANES}];")
+        self.out.add(f"{value_type} {name}_comp[{LANES}];")
+        self.out.add(f"{value_type} {name}_part[{LANES}];")
+        self.out.open(f"for (int lane = 0; lane < {LANES}; lane++)")
+        self.out.add(f"{name}_acc[lane] = 0; {name}_comp[lane] = 0;")
+        self.out.close()
+
+        def flush(lane: str) -> None:
+            part, acc, comp = f"{name}_part[{lane}]", f"{name}_acc[{lane}]", f"{name}_comp[{lane}]"
+            self.out.add(f"{value_type} {name}_y = {part} - {comp};")
+            self.out.add(f"{value_type} {name}_t = {acc} + {name}_y;")
+            self.out.add(f"{comp} = ({name}_t - {name}_t) == 0 ? ({name}_t - {acc}) - {name}_y : "
+                         f"({value_type})0;")
+            self.out.add(f"{acc} = {name}_t;")
+
+        last = len(self.kernel.col_ranges) - 1
+        extent = self.index(self.kernel.col_ranges[last])
+        preheader = self._preheader(self.kernel.col_ranges)  # before the loops: together they run
+        self._open_outer_columns()
+        self.out.add(f"int64_t {name}_end = {extent} - {extent} % {LANES};")
+        self.out.open(f"for (int64_t {name}_block = 0; {name}_block < {name}_end; {name}_block += {SUM_BLOCK})")
+        self.out.add(f"int64_t {name}_stop = {name}_block + {SUM_BLOCK} < {name}_end ? {name}_block + {SUM_BLOCK} "
+                     f": {name}_end;")
+        self.out.open(f"for (int lane = 0; lane < {LANES}; lane++)")
+        self.out.add(f"{name}_part[lane] = 0;")
+        self.out.close()
+        self.out.open(f"for (int64_t {name}_base = {name}_block; {name}_base < {name}_stop; {name}_base += {LANES})")
+        self.out.add(self._simd())
+        self._open_scope(f"for (int64_t lane = 0; lane < {LANES}; lane++)", self._column_variables(), preheader)
+        self.out.add(f"int64_t r{last} = {name}_base + lane;")
+        self._fold(position, reduce_op, "sum", f"{name}_part", name, "lane", value_type, fold, save_reused)
+        self._close_scope()
+        self.out.close()
+        self.out.add("#pragma omp simd")
+        self.out.open(f"for (int lane = 0; lane < {LANES}; lane++)")
+        flush("lane")
+        self.out.close()
+        self.out.close()
+        self.out.add(f"{name}_part[0] = 0;")
+        self._open_scope(f"for (int64_t r{last} = {name}_end; r{last} < {extent}; r{last}++)",
+                         self._column_variables(), preheader)
+        self._fold(position, reduce_op, "sum", f"{name}_part", name, "0", value_type, fold, save_reused)
+        self._close_scope()
+        self.out.open("")
+        flush("0")
+        self.out.close()
+        self._close_outer_columns()
+
+        self.out.open(f"for (int lane = 0; lane < {LANES}; lane++)")
+        self.out.add(f"{name}_acc[lane] -= {name}_comp[lane];")
+        self.out.close()
+        width = LANES // 2
+        while width:
+            self.out.open(f"for (int lane = 0; lane < {width}; lane++)")
+            self.out.add(f"{name}_acc[lane] = {name}_acc[lane] + {name}_acc[lane + {width}];")
+            self.out.close()
+            width //= 2
+        return self.define(name, result_dtype, f"{name}_acc[0]")
+
+    def _fold(self, position: int, reduce_op, kind: str, accumulators: str, name: str, lane: str, value_type: str,
               fold: str | None, save_reused: bool) -> None:
+        """Fold the reduce's operand at this column into `accumulators[lane]` (argmax/argmin: the
+        indices in `name`_index)."""
         value = self.value(position, reduce_op.operands[0])
         ops = self.kernel.nodes[position].body.ops
         reduce_index = next(k for k, op in enumerate(ops) if op.name == "reduce")
@@ -772,7 +857,7 @@ class CppKernelGenerator:
             for (source, op_index), array in self.reuse_saves.items():
                 if source == position:
                     self.out.add(f"{array}[{self._column_flat_index()}] = {self.value(position, op_index)};")
-        accumulator = f"{name}_acc[{lane}]"
+        accumulator = f"{accumulators}[{lane}]"
         if kind in ("argmax", "argmin"):
             column = self._column_flat_index()
             self.out.add(f"bool {name}_keep = kiln_arg_keep<{value_type}>({accumulator}, {name}_index[{lane}], "

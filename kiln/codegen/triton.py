@@ -188,14 +188,6 @@ def _argmin_combine(value_a, index_a, value_b, index_b):
     pick_a = (value_a < value_b) | (nan_a & ~nan_b) | (((value_a == value_b) | (nan_a & nan_b)) & (index_a < index_b))
     return tl.where(pick_a, value_a, value_b), tl.where(pick_a, index_a, index_b)
 """,
-    "welford": """
-@triton.jit
-def _welford_combine(mean_a, m2_a, weight_a, mean_b, m2_b, weight_b):
-    weight = weight_a + weight_b
-    delta = mean_b - mean_a
-    ratio = tl.where(weight == 0.0, 0.0, weight_b / tl.where(weight == 0.0, 1.0, weight))
-    return mean_a + delta * ratio, m2_a + m2_b + delta * delta * weight_a * ratio, weight
-""",
 }
 
 
@@ -528,12 +520,18 @@ class TritonKernelGenerator:
         source_dtype = self._current_node.body.ops[op.operands[0]].dtype
         identity = _identity(kind, source_dtype)
         self.out.line(f"{name}_in = tl.broadcast_to({value}, [XBLOCK, RBLOCK])")
-        if kind == "welford":  # two passes over the row in registers: sum, then squared deviations
-            self.helpers.add("sum")
+        if kind == "welford":
+            # Three sums over the row in registers: the mean estimate m0 = sum(x / n) (no
+            # overflow where the sum of x would), its correction mean = m0 + sum(x - m0) / n,
+            # then the squared deviations from the mean. As in eager's Welford combine, a row
+            # of equal values gets its exact mean and var 0 (x - m0 is exact, so is the
+            # corrected mean); sum / n alone is a few ulp off.
             count = self.index_source(self.kernel.col_numel)
-            self.out.line(f"{name}_0 = tl.reduce(tl.where({mask}, {name}_in, 0.0), 1, _sum_combine)[:, None] / {count}")
+            self.out.line(f"{name}_m0 = " + self._row_sum(f"tl.where({mask}, {name}_in * (1.0 / {count}), 0.0)"))
+            self.out.line(f"{name}_c = " + self._row_sum(f"tl.where({mask}, {name}_in - {name}_m0, 0.0)"))
+            self.out.line(f"{name}_0 = {name}_m0 + {name}_c / {count}")
             self.out.line(f"{name}_d = tl.where({mask}, {name}_in - {name}_0, 0.0)")
-            self.out.line(f"{name}_1 = tl.reduce({name}_d * {name}_d, 1, _sum_combine)[:, None]")
+            self.out.line(f"{name}_1 = " + self._row_sum(f"{name}_d * {name}_d"))
             self.out.line(f"{name}_2 = tl.full([XBLOCK, 1], 0, {TRITON_DTYPES[source_dtype]}) + {count}")
             return
         if kind in ("argmax", "argmin"):
@@ -561,12 +559,15 @@ class TritonKernelGenerator:
         accumulate = TRITON_DTYPES[input_dtype if kind not in ("any", "all") else torch.int32]
         name = f"n{position}_{reduce_index}"
         identity = _identity(kind, input_dtype)
+        compensated = kind == "sum" and input_dtype.is_floating_point
         if kind == "welford":
-            for part in ("mean", "m2", "weight"):
+            for part in ("mean", "cmean", "m2", "cm2", "weight"):
                 # in the operand's dtype: float64 statistics accumulated in float32 lost half their digits
                 self.out.line(f"{name}_{part} = tl.full([XBLOCK, RBLOCK], 0, {accumulate})")
         else:
             self.out.line(f"{name}_acc = tl.full([XBLOCK, RBLOCK], {identity}, {accumulate})")
+            if compensated:
+                self.out.line(f"{name}_comp = tl.full([XBLOCK, RBLOCK], 0, {accumulate})")
             if kind in ("argmax", "argmin"):
                 self.out.line(f"{name}_accidx = tl.full([XBLOCK, RBLOCK], 0, tl.int64)")
         self._open_column_loop()
@@ -575,14 +576,18 @@ class TritonKernelGenerator:
         value = f"tl.broadcast_to({self._current_names[reduce_op.operands[0]]}, [XBLOCK, RBLOCK])"
         mask = "xmask & rmask"
         if kind == "welford":
+            # Welford's updates per lane (no overflow where a sum would; a row of equal values
+            # keeps its exact mean and m2 0), with mean and m2 each compensated (_kahan_add)
+            # so that long rows stay as accurate as eager's.
             self.out.line(f"{name}_w = tl.where({mask}, {name}_weight + 1.0, {name}_weight)")
             self.out.line(f"{name}_delta = {value} - {name}_mean")
-            self.out.line(f"{name}_newmean = tl.where({mask}, {name}_mean + {name}_delta / "
-                          f"tl.where({name}_w == 0.0, 1.0, {name}_w), {name}_mean)")
-            self.out.line(f"{name}_m2 = tl.where({mask}, {name}_m2 + {name}_delta * ({value} - {name}_newmean), "
-                          f"{name}_m2)")
-            self.out.line(f"{name}_mean = {name}_newmean")
+            self._kahan_add(f"{name}_mean", f"{name}_cmean",
+                            f"tl.where({mask}, {name}_delta / tl.where({name}_w == 0.0, 1.0, {name}_w), 0.0)")
+            self._kahan_add(f"{name}_m2", f"{name}_cm2",
+                            f"tl.where({mask}, {name}_delta * ({value} - {name}_mean), 0.0)")
             self.out.line(f"{name}_weight = {name}_w")
+        elif compensated:
+            self._kahan_add(f"{name}_acc", f"{name}_comp", f"tl.where({mask}, {value}, 0.0)")
         elif kind in ("argmax", "argmin"):
             self.helpers.add(kind)
             self.out.line(f"{name}_v, {name}_i = _{kind}_combine({name}_acc, {name}_accidx, {value}, "
@@ -597,21 +602,47 @@ class TritonKernelGenerator:
             self.out.line(f"{name}_acc = tl.where({mask}, _{combine}_combine({name}_acc, {value}), {name}_acc)")
         self.out.indent -= 1
         if kind == "welford":
-            self.helpers.add("welford")
-            self.out.line(f"{name}_0, {name}_1, {name}_2 = tl.reduce(({name}_mean, {name}_m2, {name}_weight), 1, "
-                          f"_welford_combine)")
-            for part in ("0", "1", "2"):
-                self.out.line(f"{name}_{part} = {name}_{part}[:, None]")
+            # Each lane's (count, mean, m2), then the lanes merged by Chan's formulas written
+            # as tree sums: m0 = sum(mean_l w / n) (no overflow), mean = m0 + sum(w (mean_l - m0)) / n,
+            # m2 = sum(m2_l) + sum(w (mean_l - mean)^2). Lanes with equal means merge exactly.
+            self.out.line(f"{name}_mean = {name}_mean - {name}_cmean")
+            self.out.line(f"{name}_m2 = {name}_m2 - {name}_cm2")
+            self.out.line(f"{name}_2 = " + self._row_sum(f"{name}_weight"))
+            self.out.line(f"{name}_m0 = " + self._row_sum(f"{name}_mean * ({name}_weight / {name}_2)"))
+            self.out.line(f"{name}_0 = {name}_m0 + "
+                          + self._row_sum(f"{name}_weight * ({name}_mean - {name}_m0)") + f" / {name}_2")
+            self.out.line(f"{name}_d = tl.where({name}_weight == 0.0, 0.0, {name}_mean - {name}_0)")
+            self.out.line(f"{name}_1 = " + self._row_sum(f"{name}_m2") + " + "
+                          + self._row_sum(f"{name}_weight * {name}_d * {name}_d"))
         elif kind in ("argmax", "argmin"):
             self.out.line(f"_, {name} = tl.reduce(({name}_acc, {name}_accidx), 1, _{kind}_combine)")
             self.out.line(f"{name} = {name}[:, None]")
         else:
             combine = {"any": "max", "all": "min"}.get(kind, kind)
             suffix = " != 0" if kind in ("any", "all") else ""
-            self.out.line(f"{name} = tl.reduce({name}_acc, 1, _{combine}_combine)[:, None]{suffix}")
+            if compensated:
+                self.out.line(f"{name} = " + self._row_sum(f"{name}_acc - {name}_comp"))
+            else:
+                self.out.line(f"{name} = tl.reduce({name}_acc, 1, _{combine}_combine)[:, None]{suffix}")
         self._current_names[reduce_index] = name
         self._mapping = mapping
         self._emit_node(node, "reduction", position, "xmask", start=reduce_index + 1)
+
+    def _row_sum(self, value: str) -> str:
+        """The [XBLOCK, 1] sum of a [XBLOCK, RBLOCK] value over its row: a tree on the GPU, numpy's
+        pairwise sum under the interpreter (kiln/_triton.py)."""
+        self.helpers.add("sum")
+        return f"tl.reduce({value}, 1, _sum_combine)[:, None]"
+
+    def _kahan_add(self, total: str, compensation: str, value: str) -> None:
+        """total += value per lane with Kahan's compensation: a lane of a looped reduction adds
+        rnumel / RBLOCK values in turn, which alone loses about sqrt(that) ulp (3-8x eager's
+        error over 2^24 elements). A compensation that is not finite (an inf or NaN total) is
+        dropped, so infinities and NaN propagate as in a plain sum."""
+        self.out.line(f"{total}_y = {value} - {compensation}")
+        self.out.line(f"{total}_t = {total} + {total}_y")
+        self.out.line(f"{compensation} = tl.where({total}_t - {total}_t == 0, ({total}_t - {total}) - {total}_y, 0.0)")
+        self.out.line(f"{total} = {total}_t")
 
 
 def generate_kernel(kernel: Kernel, graph: Graph, device_type: str) -> KernelSource:

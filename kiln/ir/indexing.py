@@ -59,7 +59,7 @@ def _split_multiples(expr, divisor):
     """expr = whole * divisor + rest, where whole collects the terms divisible by divisor."""
     whole, rest = sympy.Integer(0), sympy.Integer(0)
     for term in sympy.Add.make_args(sympy.expand(expr)):
-        quotient = sympy.cancel(term / divisor)
+        quotient = term / divisor  # sympy's Mul cancels common factors itself; `cancel` can raise
         if _is_integer_polynomial(quotient):
             whole += quotient
         else:
@@ -68,13 +68,22 @@ def _split_multiples(expr, divisor):
 
 
 def _is_integer_polynomial(expr) -> bool:
-    if expr.is_Integer:
-        return True
-    numerator, denominator = sympy.fraction(sympy.together(expr))
-    if denominator != 1:
-        return False
-    return all(coefficient.is_Integer for coefficient in sympy.Poly(numerator, *numerator.free_symbols).coeffs()) \
-        if numerator.free_symbols else numerator.is_Integer
+    """Whether expr is a sum of integer multiples of products of integer-valued factors.
+
+    Read off the expanded terms, not with `sympy.Poly`: a term such as `x0*FloorDiv(x0, 48)`
+    holds a loop variable both bare and inside a function, which Poly refuses as a
+    generator ("contains an element of the set of generators"). A factor whose integrality
+    sympy cannot prove (a size symbol without assumptions) counts as not divisible.
+    """
+    for term in sympy.Add.make_args(sympy.expand(expr)):
+        coefficient, rest = term.as_coeff_Mul()
+        if not coefficient.is_Integer:
+            return False
+        for factor in sympy.Mul.make_args(rest):
+            base, exponent = factor.as_base_exp()
+            if not (exponent.is_Integer and exponent >= 0 and base.is_integer):
+                return False
+    return True
 
 
 @functools.lru_cache(maxsize=None)

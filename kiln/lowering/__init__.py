@@ -38,7 +38,7 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs) -> Graph:
             values[fx_node] = _lower_call(ctx, fx_node, values)
         elif fx_node.op == "output":
             outputs = fx_node.args[0]
-            graph.outputs = [_lower_output(ctx, _lookup(values, item)) for item in outputs]
+            graph.outputs = [_lower_output(ctx, _lookup(values, item), item) for item in outputs]
         else:
             raise Unsupported(f"FX node kind {fx_node.op}")
     graph.lowered_ops, graph.extern_ops = ctx.lowered_ops, ctx.extern_ops
@@ -98,8 +98,11 @@ def _lower_call(ctx: LoweringContext, fx_node, values):
     return ctx.extern(target, args, kwargs, fx_node.meta.get("val"))
 
 
-def _lower_output(ctx: LoweringContext, value):
+def _lower_output(ctx: LoweringContext, value, fx_item):
     if isinstance(value, TensorValue):
+        meta = fx_item.meta.get("val") if isinstance(fx_item, torch.fx.Node) else None
+        if isinstance(meta, torch.Tensor):
+            return ctx.realize_as(value, meta)  # eager's strides: code downstream may depend on them
         return ctx.realize(value)
     if isinstance(value, torch.SymInt):
         return _torch.sym_expr(value)

@@ -237,6 +237,34 @@ class LoweringContext:
         self.graph.nodes.append(Pointwise(self._node_name(), list(value.shape), body, [out.name]))
         return TensorArg(out.name, out.layout)
 
+    def realize_as(self, value: TensorValue, meta: torch.Tensor) -> TensorArg:
+        """`value` realized with exactly `meta`'s strides (eager's), for a graph output.
+
+        A view keeps its buffer where its layout already addresses the same elements as
+        meta's: strides may differ only in dims of size 1 and in empty tensors, where they
+        address nothing else, and there meta's strides are taken. Any other layout (a copy
+        of a view that no strided view expresses, a padded product) is copied into a buffer
+        laid out as meta. Views of graph inputs always stay views (their layout matches
+        eager's view up to those dims), so outputs that alias inputs still alias them.
+        """
+        arg = self.realize(value)
+        wanted = layout_of(meta, with_offset=False)
+        size, stride = arg.layout.size, arg.layout.stride
+        if tuple(sympy.sympify(s) for s in size) != tuple(wanted.size):
+            return arg  # symbolic sizes spelled differently: the realized layout stands
+        empty = any(sympy.sympify(extent).is_Integer and int(extent) == 0 for extent in size)
+        if all(empty or extent == 1 or sympy.expand(have - want) == 0
+               for extent, have, want in zip(size, stride, wanted.stride)):
+            if tuple(stride) == tuple(wanted.stride):
+                return arg
+            return TensorArg(arg.buffer, Layout(tuple(size), tuple(wanted.stride), arg.layout.offset))
+        out = self.buffer_for(meta)
+        index = range_vars(value.ndim)
+        body = Body()
+        body.store(out, index, value.load(body, index))
+        self.graph.nodes.append(Pointwise(self._node_name(), list(value.shape), body, [out.name]))
+        return TensorArg(out.name, out.layout)
+
     def as_strided_view(self, value: TensorValue) -> TensorArg | None:
         """Express a view as (buffer, size, stride, offset) when its index map is affine."""
         base = value

@@ -189,8 +189,9 @@ def test_products_with_unaligned_rows_write_padded_rows():
     with kiln.config.patch(cpu_gemm="aten"):  # aten's out= variants take the padded layout; oneDNN's linear does not
         result, graphs = compiled_graphs(fn, x, w, b)
     assert kiln.testing.compare(result, fn(x, w, b), fn(x.double(), w.double(), b.double()))
-    assert result[1].stride() == (8 * 2056, 2056, 1) and result[1].view(-1, 2051).shape == (32, 2051)
     assert "aten.mm.out" in graphs[0].scheduled.format()
+    # The padded rows stay inside the graph: its outputs have eager's strides (tests/backend/test_strides.py).
+    assert [out.stride() for out in result] == [out.stride() for out in fn(x, w, b)]
 
 
 def test_changed_dtype_and_shape_recompile_correctly():
