@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import enum
 import inspect
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 
 from kiln import _torch
-from kiln.frontend.sources import LocalSource, NamedSource, Source, chain
+from kiln.frontend.sources import AttrSource, LocalSource, NamedSource, Source, chain
 
 _LITERAL_TYPES = (int, float, str, bool, type(None), bytes)
 
@@ -55,6 +56,7 @@ class GuardBuilder:
         self._constant_names: dict[int, str] = {}
         self._tensors: dict[Source, torch.Tensor] = {}  # tensor guards, checked together when torch can
         self._tensor_lines: set[tuple] = set()  # (source, failure) of their per-tensor Python lines
+        self._storages: list[_TracedStorage] = []  # every tensor input, for the storage aliasing check
 
     def constant(self, value: Any) -> str:
         """A name under which the guard function holds `value` (equal hashable values share one)."""
@@ -100,7 +102,10 @@ class GuardBuilder:
             self.identity(source, value)
             return
         self.type_is(source, type(value))
-        self.add(source, f"{{}} != {self.constant(value)}", f"changed from {_short(value)}")
+        # Compare with a copy made now: the live object (a set) may be changed in place later,
+        # and a guard holding it would compare it with itself.
+        snapshot = frozenset(value) if isinstance(value, (set, frozenset)) else value
+        self.add(source, f"{{}} != {self.constant(snapshot)}", f"changed from {_short(value)}")
 
     def length(self, source: Source, size: int) -> None:
         self.add(source, f"len({{}}) != {size}", f"length changed from {size}")
@@ -142,6 +147,27 @@ class GuardBuilder:
                                   f"{list(shape)} stride {stride} on {tensor.device}, "
                                   f"requires_grad={tensor.requires_grad}")
         self._tensor_lines.update((check.source, check.failure) for check in self.checks[before:])
+
+    def tensor_storage(self, source: Source, tensor: torch.Tensor, fake: torch.Tensor) -> None:
+        """Remember a tensor input and its fake tensor, for `build`'s storage aliasing check.
+
+        The trace sees which inputs share storage (the fake tensors of views of one buffer
+        share one fake storage), and the graph it records is only right for that sharing
+        once an input is mutated. `build` reads the fakes' version counters to find the
+        mutated inputs.
+        """
+        self._storages.append(_TracedStorage(source, tensor, fake, _version(fake)))
+
+    def function(self, source: Source, fn: types.FunctionType) -> None:
+        """A function the trace inlines: its code is still the one traced (identity of the
+        function object does not say so: `__code__` is assignable)."""
+        self.identity(AttrSource(source, "__code__"), fn.__code__)
+
+    def function_defaults(self, source: Source, defaults: tuple) -> None:
+        """How many positional defaults an inlined function has decides which parameters they fill."""
+        defaults_source = AttrSource(source, "__defaults__")
+        self.type_is(defaults_source, tuple)
+        self.length(defaults_source, len(defaults))
 
     def no_hooks(self, source: Source, tables: tuple[str, ...]) -> None:
         """The module at `source` still has no hooks in any of `tables`."""
@@ -194,6 +220,7 @@ class GuardBuilder:
                         f"tensor_check_names=__tensor_names))")
             namespace["__tensors"] = checker
             namespace["__tensor_names"] = [source.expr() for source in tensor_sources]
+        body.extend(self._storage_aliasing_lines(renderer, body))
         lines = [f"def __guard({signature.text}):", "    try:"]
         lines += ["        " + line for line in body] or ["        pass"]
         lines += ["    except Exception as __error:",
@@ -203,6 +230,75 @@ class GuardBuilder:
         namespace.update(self.constants)
         namespace.update(extra_namespace)
         return compile_function(source_text, "__guard", namespace, "kiln_guard"), source_text
+
+
+    def _storage_aliasing_lines(self, renderer: "SourceRenderer", body: list[str]) -> list[str]:
+        """Checks that every mutated input shares storage with exactly the inputs it shared it
+        with in the trace (and only those): the graph's result depends on that sharing.
+
+        Inputs that nothing mutates may alias each other freely, so a frame without input
+        mutation gets no check at all. Otherwise each input's storage address is read once
+        (about 0.2 us a tensor), after the metadata checks (so every value is a tensor).
+        """
+        mutated = [traced for traced in self._storages if traced.mutated()]
+        if not mutated:
+            return []
+        lines: list[str] = []
+        keys: dict[Source, str] = {}
+        for traced in self._storages:
+            keys[traced.source] = f"__storage{len(keys)}"
+            lines.append(f"{keys[traced.source]} = {renderer.render(traced.source, body)}.untyped_storage().data_ptr()")
+        groups: dict[int, list[_TracedStorage]] = {}
+        for traced in self._storages:
+            groups.setdefault(traced.storage_key(), []).append(traced)
+        mutated_keys = list(dict.fromkeys(traced.storage_key() for traced in mutated))
+        representatives = []
+        for key in mutated_keys:
+            first, *rest = groups[key]
+            representatives.append(first)
+            for other in rest:  # traced sharing storage with a mutated input: must still share it
+                lines.append(f"if {keys[other.source]} != {keys[first.source]}: return "
+                             f"{f'{other.source.expr()}: no longer shares storage with {first.source.expr()}, which the graph mutates'!r}")
+        names = ", ".join(first.source.expr() for first in representatives)
+        if len(representatives) > 1:
+            lines.append(f"__mutated = {{{', '.join(keys[first.source] for first in representatives)}}}")
+            lines.append(f"if len(__mutated) != {len(representatives)}: return "
+                         f"{f'mutated inputs ({names}) now share storage with each other'!r}")
+            container = "__mutated"
+        else:
+            container = f"({keys[representatives[0].source]},)"
+        others = [traced for traced in self._storages if traced.storage_key() not in mutated_keys]
+        if others:
+            values = ", ".join(keys[traced.source] for traced in others)
+            lines.append(f"if not {{{values}}}.isdisjoint({container}): return "
+                         f"{f'an input now shares storage with a mutated input ({names})'!r}")
+        return lines
+
+
+@dataclass(frozen=True)
+class _TracedStorage:
+    """A tensor input as the trace saw it: its storage, and its fake's version when the trace began."""
+
+    source: Source
+    tensor: torch.Tensor
+    fake: torch.Tensor
+    initial_version: int | None
+
+    def storage_key(self) -> int:
+        return self.tensor.untyped_storage().data_ptr()
+
+    def mutated(self) -> bool:
+        """Whether the trace wrote to this input (or to a view of it); True when it cannot tell
+        (an inference tensor has no version counter)."""
+        version = _version(self.fake)
+        return version is None or self.initial_version is None or version != self.initial_version
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    try:
+        return tensor._version
+    except RuntimeError:  # inference tensors do not count their versions
+        return None
 
 
 class SourceRenderer:
