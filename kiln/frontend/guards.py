@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import math
 import types
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -97,6 +98,13 @@ class GuardBuilder:
         if type(value) in _LITERAL_TYPES and value == value:  # NaN never equals itself
             self.type_is(source, type(value))
             self.add(source, f"{{}} != {value!r}", f"changed from {value!r}")
+            if type(value) is float and value == 0.0:  # 0.0 == -0.0, but 1 / x or atan2 tell them apart
+                sign = math.copysign(1.0, value)
+                self.add(source, f"{self.constant(math.copysign)}(1.0, {{}}) != {sign!r}", f"changed from {value!r}")
+            return
+        if type(value) is float:  # NaN
+            self.type_is(source, float)
+            self.add(source, "{} == {}", "is no longer nan")
             return
         if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
             self.identity(source, value)

@@ -281,3 +281,86 @@ def test_global_rebound_to_another_torch_function_recompiles():
         _check(compiled, applies_activation, make, 2)
     finally:
         ACTIVATION = torch.relu
+
+
+class _WithClassAttributes:
+    def __init__(self):
+        self._alpha = 2.0
+
+    @property
+    def alpha(self):
+        return self._alpha
+
+    def scale(self, x):
+        return x * 3.0
+
+    @staticmethod
+    def shift(x):
+        return x + 1.0
+
+    @classmethod
+    def offset(cls, x):
+        return x - 4.0
+
+
+def test_rebound_class_attributes_recompile():
+    """A method, property, static or class method rebound on the class (the class stays the same object)."""
+    instance = _WithClassAttributes()
+
+    def reads(x):
+        return instance.offset(instance.shift(instance.scale(x * instance.alpha)))
+
+    compiled = _compiled(reads)
+    _check(compiled, reads, _ones, 1)
+    originals = dict(vars(_WithClassAttributes))
+    replacements = [("alpha", property(lambda self: -self._alpha)), ("scale", lambda self, x: x * 5.0),
+                    ("shift", staticmethod(lambda x: x + 6.0)), ("offset", classmethod(lambda cls, x: x - 7.0))]
+    try:
+        for count, (name, replacement) in enumerate(replacements, start=2):
+            setattr(_WithClassAttributes, name, replacement)
+            _check(compiled, reads, _ones, count)
+    finally:
+        for name, _ in replacements:
+            setattr(_WithClassAttributes, name, originals[name])
+    _check(compiled, reads, _ones, len(replacements) + 1)  # the first entry again, no retrace
+
+
+def test_static_method_does_not_recompile_every_call():
+    instance = _WithClassAttributes()
+
+    def reads(x):
+        return instance.shift(x)
+
+    compiled = _compiled(reads)
+    for _ in range(3):
+        _check(compiled, reads, _ones, 1)
+
+
+ZERO = 0.0
+NOT_A_NUMBER = float("nan")
+
+
+def reciprocal_of_zero(x):
+    return x * torch.full((3,), ZERO).reciprocal().clamp(-1.0, 1.0)
+
+
+def test_signed_zero_global_recompiles():
+    global ZERO
+    compiled = _compiled(reciprocal_of_zero)
+    _check(compiled, reciprocal_of_zero, _ones, 1)
+    ZERO = -0.0
+    try:
+        _check(compiled, reciprocal_of_zero, _ones, 2)
+    finally:
+        ZERO = 0.0
+
+
+def adds_nan(x):
+    return x + NOT_A_NUMBER
+
+
+def test_nan_global_reuses_its_entry():
+    compiled = _compiled(adds_nan)
+    for _ in range(3):
+        result = compiled(torch.ones(3))
+    assert torch.isnan(result).all() and len(compiled.entries) == 1

@@ -165,9 +165,12 @@ class UserFunctionVariable(BaseFunctionVariable):
         from kiln.frontend.sources import ItemSource
 
         # Inlining reads the function's code and defaults: both are assignable, so guard them
-        # (the function's identity alone does not cover them).
+        # (the function's identity alone does not cover them). torch's own functions are
+        # trusted, like its globals.
         function_source = self._function_source(tx)
-        tx.output.guards.function(function_source, self.fn)
+        guarded = not _is_library_function(self.fn)
+        if guarded:
+            tx.output.guards.function(function_source, self.fn)
         defaults = self.fn.__defaults__ or ()
         kwdefaults = self.fn.__kwdefaults__ or {}
 
@@ -175,9 +178,12 @@ class UserFunctionVariable(BaseFunctionVariable):
             if position is None:
                 if name not in kwdefaults:
                     return None
-                return tx.wrap(kwdefaults[name], ItemSource(AttrSource(function_source, "__kwdefaults__"), name))
-            tx.output.guards.function_defaults(function_source, defaults)
-            return tx.wrap(defaults[position], ItemSource(AttrSource(function_source, "__defaults__"), position))
+                return tx.wrap(kwdefaults[name], ItemSource(AttrSource(function_source, "__kwdefaults__"), name),
+                               guard=guarded)
+            if guarded:
+                tx.output.guards.function_defaults(function_source, defaults)
+            return tx.wrap(defaults[position], ItemSource(AttrSource(function_source, "__defaults__"), position),
+                           guard=guarded)
 
         return bind_arguments(self.fn.__code__, args, kwargs, len(defaults), default)
 
@@ -191,6 +197,13 @@ class UserFunctionVariable(BaseFunctionVariable):
         if name == "__get__":
             return MethodBinderVariable(self)
         raise Unsupported(f"attribute {name!r} of {self.describe()}")
+
+
+def _is_library_function(fn: types.FunctionType) -> bool:
+    """A function of torch (or another library kiln trusts not to be monkeypatched)."""
+    from kiln.frontend.variables.modules import _TRUSTED_MODULE_ROOTS
+
+    return str(fn.__globals__.get("__name__", "")).split(".")[0] in _TRUSTED_MODULE_ROOTS
 
 
 class CodeVariable(ConstantVariable):
