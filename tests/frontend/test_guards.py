@@ -365,3 +365,19 @@ def test_nan_global_reuses_its_entry():
     for _ in range(3):
         result = compiled(torch.ones(3))
     assert torch.isnan(result).all() and len(compiled.entries) == 1
+
+
+def test_method_shadowed_by_an_instance_attribute_recompiles():
+    """`module.forward = patched` (accelerate's hooks do this) and the same on a plain object."""
+    module = torch.nn.Linear(3, 3)
+    instance = _WithClassAttributes()
+
+    def calls(x):
+        return module(instance.scale(x))
+
+    compiled = _compiled(calls)
+    _check(compiled, calls, _ones, 1)
+    module.forward = lambda x: x * 7.0
+    _check(compiled, calls, _ones, 2)
+    instance.scale = lambda x: x - 2.0
+    _check(compiled, calls, _ones, 3)

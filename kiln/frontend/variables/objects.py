@@ -185,6 +185,11 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
     if isinstance(instance_dict, dict) and name in instance_dict:
         return tx.wrap(instance_dict[name], AttrSource(source, name) if source is not None else None)
     if raw is not _MISSING:
+        if source is not None and isinstance(instance_dict, dict) and \
+                isinstance(raw, (types.FunctionType, staticmethod, classmethod)):
+            # A method is read through the class; an instance attribute set later
+            # (`module.forward = patched`, as accelerate does) would shadow it.
+            tx.output.guards.contains(AttrSource(source, "__dict__"), name, False)
         return bind_class_attribute(tx, raw, name, variable, cls, _class_source(tx, source))
     if name == "__class__":
         return tx.wrap(cls, TypeSource(source) if source is not None else None)
