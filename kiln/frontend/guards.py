@@ -3,7 +3,7 @@
 While the interpreter traces, every read of the outside world adds a check to the
 `GuardBuilder`: tensor metadata (type, dtype, device, shape, stride, requires_grad),
 the type, identity or value of globals, closure cells and attributes, container
-lengths and keys, and global state (grad mode, autocast). `build()` turns them into
+lengths and keys, and global state (grad mode, default dtype, autocast). `build()` turns them into
 straight-line Python source:
 
     def guard(self, x):
@@ -183,10 +183,13 @@ class GuardBuilder:
         self.add(source, failure, f"hooks were added ({', '.join(tables)})")
 
     def global_state(self) -> None:
-        """Grad mode and autocast as they are now, at the start of the trace."""
+        """Grad mode, the default dtype and autocast as they are now, at the start of the trace."""
         grad = torch.is_grad_enabled()
         self.add(None, f"{self.constant(torch.is_grad_enabled)}() is not {grad}",
                  f"grad mode changed from {'enabled' if grad else 'disabled'}")
+        default_dtype = torch.get_default_dtype()  # `torch.ones(3)` in the trace is baked with it
+        self.add(None, f"{self.constant(torch.get_default_dtype)}() is not {self.constant(default_dtype)}",
+                 f"default dtype changed from {str(default_dtype).replace('torch.', '')}")
         for device_type in ("cpu", "cuda"):
             enabled = torch.is_autocast_enabled(device_type)
             self.add(None, f"{self.constant(torch.is_autocast_enabled)}({device_type!r}) is not {enabled}",

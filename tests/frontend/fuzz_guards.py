@@ -5,7 +5,8 @@ ingredient adds setup code (a global int, set, dict, tensor, list, a closure cel
 function with defaults, a module, a plain object, ...), a few lines of the program's body
 that read it, and the changes that can be made to it between calls. The program always
 has the signature `program(x, w, opts, seq, scale=1.5, *, shift=0.25)`, and the input
-changes (dtype, shape, strides, storage aliasing, requires_grad, grad mode) apply to any
+changes (dtype, shape, strides, storage aliasing, requires_grad, grad mode, inference mode,
+autocast, the default dtype) apply to any
 case. The case's source is executed twice, into two separate namespaces: one side
 compiles `program` with `kiln.compile`, the other runs it eagerly. Both sides then run the
 same sequence on their own state:
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import datetime
 import logging
 import platform
@@ -82,6 +84,8 @@ def cell(fn, name):
     return fn.__closure__[fn.__code__.co_freevars.index(name)]
 ARGS = {"x": rand(4, 3), "w": rand(4, 3), "opts": {"a": 1.5, "b": -0.5}, "seq": [1.0, 2.0]}
 GRAD = True
+MODE = "plain"  # or "inference" (torch.inference_mode) or "autocast" (CPU autocast to bfloat16)
+DEFAULT_DTYPE = torch.float32
 '''
 
 INGREDIENTS: tuple[Ingredient, ...] = (
@@ -131,7 +135,7 @@ INGREDIENTS: tuple[Ingredient, ...] = (
                 "with torch.no_grad():\n    M{i}.lin.weight.add_(1.0)", "M{i}.scale = 3.0",
                 "M{i}.norm = torch.nn.Identity()", "M{i}.lin.register_forward_hook(lambda m, i, o: o * 2)",
                 "M{i}.lin.bias.requires_grad_(False)", "M{i}.use_norm = False", "M{i}.forward = lambda t: t * 7",
-                "M{i}.train(False)\nM{i}.norm.train()"),
+                "M{i}.train(False)\nM{i}.norm.train()", "M{i}.norm.eval()", "M{i}.norm.momentum = 0.5"),
                setup=textwrap.dedent('''\
                    class Net{i}(torch.nn.Module):
                        def __init__(self):
@@ -181,6 +185,7 @@ INGREDIENTS: tuple[Ingredient, ...] = (
                 "Prop{i}.alpha = 4.0"),
                setup="class Prop{i}:\n    def __init__(self):\n        self._alpha = 2.0\n"
                      "    @property\n    def alpha(self):\n        return self._alpha\nP{i} = Prop{i}()"),
+    Ingredient("creates a tensor", "y = y + torch.ones(3) * 0.5", ("DEFAULT_DTYPE = torch.float64",)),
     Ingredient("grad mode read", "if torch.is_grad_enabled():\n    y = y * 2", ("GRAD = not GRAD",)),
     Ingredient("object attributes", "y = y * O{i}.alpha\nif 'x' in O{i}.tags:\n    y = y + 1",
                ("O{i}.alpha = 0.5", "O{i}.tags.remove('x')", "O{i}.tags = []", "O{i}.alpha = 2"),
@@ -207,6 +212,7 @@ INPUT_CHANGES: tuple[str, ...] = (
     "ARGS['x'] = ARGS['x'].double()", "ARGS['x'] = rand(6, 3)", "ARGS['x'] = rand(3, 4).t()",
     "ARGS['x'] = rand(4, 3).requires_grad_()", "GRAD = not GRAD", "ARGS['x'] = rand(4, 3)",
     "ARGS['x'] = ARGS['x'].half()", "ARGS['x'] = rand(4, 6)[:, ::2]", "ARGS['w'] = rand(4, 3).requires_grad_()",
+    "MODE = 'inference'", "MODE = 'autocast'", "DEFAULT_DTYPE = torch.float64",
 )
 
 
@@ -269,15 +275,23 @@ class Outcome:
     entries: int
     detail: str = ""
     fallback_reasons: list[str] = field(default_factory=list)
+    both_raised: int = 0  # calls where eager raised and so did kiln (the same program error)
 
 
 def _call(namespace: dict, fn) -> tuple[object, BaseException | None]:
+    """Call `fn` on the namespace's arguments, in its grad mode, mode and default dtype."""
     args = namespace["ARGS"]
+    mode = {"plain": contextlib.nullcontext(), "inference": torch.inference_mode(),
+            "autocast": torch.autocast("cpu", dtype=torch.bfloat16)}[namespace["MODE"]]
+    previous_dtype = torch.get_default_dtype()
     try:
-        with torch.set_grad_enabled(namespace["GRAD"]):
+        torch.set_default_dtype(namespace["DEFAULT_DTYPE"])
+        with torch.set_grad_enabled(namespace["GRAD"]), mode:
             return fn(args["x"], args["w"], args["opts"], args["seq"]), None
     except Exception as error:  # compared with eager's behaviour below
         return None, error
+    finally:
+        torch.set_default_dtype(previous_dtype)
 
 
 def _state(namespace: dict, names: list[str]) -> list:
@@ -330,6 +344,7 @@ def run_case(case: Case, seed: int, backend: str) -> Outcome:
     compiled_side, eager_side = sides
     compiled = kiln.compile(compiled_side["program"], backend=backend)
     steps = ["first call", f"after change: {case.change!r}", "third call"]
+    both_raised = 0
     for step_index, step in enumerate(steps):
         if step_index == 1:
             for namespace in sides:
@@ -339,6 +354,7 @@ def run_case(case: Case, seed: int, backend: str) -> Outcome:
         if want_error is not None:
             if got_error is None:
                 return _outcome(case, compiled, "wrong", f"{step}: eager raised {want_error!r}, kiln did not")
+            both_raised += 1
             continue  # both raised: the same program error on both sides
         if got_error is not None:
             text = "".join(traceback.format_exception(got_error)[-6:])
@@ -350,15 +366,15 @@ def run_case(case: Case, seed: int, backend: str) -> Outcome:
                 problem = "side effects differ: " + problem
         if problem is not None:
             return _outcome(case, compiled, "wrong", f"{step}: {problem}")
-    return _outcome(case, compiled, "pass")
+    return _outcome(case, compiled, "pass", both_raised=both_raised)
 
 
-def _outcome(case: Case, compiled, status: str, detail: str = "") -> Outcome:
+def _outcome(case: Case, compiled, status: str, detail: str = "", both_raised: int = 0) -> Outcome:
     entries = compiled.entries
     reasons = [entry.eager_reason for entry in entries if entry.eager_reason is not None]
     if compiled._cache.over_limit:
         reasons.append("recompile limit")
-    return Outcome(case, status, not reasons and bool(entries), len(entries), detail, reasons)
+    return Outcome(case, status, not reasons and bool(entries), len(entries), detail, reasons, both_raised)
 
 
 def run(count: int, seed: int, backend: str = "aot_eager", progress: bool = False) -> list[Outcome]:
@@ -392,6 +408,11 @@ def summary(outcomes: list[Outcome], seed: int, backend: str, seconds: float) ->
              "| ---: | ---: | ---: | ---: | ---: |",
              f"| {statuses['pass']} | {statuses['wrong']} | {statuses['crash']} | {compiled} | "
              f"{len(outcomes) - compiled} |", "",
+             f"Calls: {3 * len(outcomes)}, of which {sum(outcome.both_raised for outcome in outcomes)} raised the "
+             "same program error in eager and kiln (a change can make the program invalid, e.g. a float64 input "
+             "to a float32 module). Entries made: "
+             f"{sum(outcome.entries for outcome in outcomes)} ({len(outcomes)} first compiles, the rest recompiles).",
+             "",
              "Changes made, by what they changed: " + ", ".join(f"{name} {count}" for name, count in
                                                                  sorted(changes.items())), ""]
     if reasons:

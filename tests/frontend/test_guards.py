@@ -381,3 +381,20 @@ def test_method_shadowed_by_an_instance_attribute_recompiles():
     _check(compiled, calls, _ones, 2)
     instance.scale = lambda x: x - 2.0
     _check(compiled, calls, _ones, 3)
+
+
+def makes_a_tensor(x):
+    return x.sum() + torch.ones(3)
+
+
+def test_default_dtype_changed_recompiles():
+    compiled = _compiled(makes_a_tensor)
+    x = torch.ones(2)
+    compiled(x)
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        assert compiled(x).dtype == makes_a_tensor(x).dtype == torch.float64
+    finally:
+        torch.set_default_dtype(previous)
+    assert len(compiled.entries) == 2
