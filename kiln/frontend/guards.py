@@ -231,7 +231,7 @@ class GuardBuilder:
                         f"tensor_check_names=__tensor_names))")
             namespace["__tensors"] = checker
             namespace["__tensor_names"] = [source.expr() for source in tensor_sources]
-        body.extend(self._storage_aliasing_lines(renderer, body))
+        body.extend(self._storage_aliasing_lines(renderer, body, namespace))
         lines = [f"def __guard({signature.text}):", "    try:"]
         lines += ["        " + line for line in body] or ["        pass"]
         lines += ["    except Exception as __error:",
@@ -243,46 +243,45 @@ class GuardBuilder:
         return compile_function(source_text, "__guard", namespace, "kiln_guard"), source_text
 
 
-    def _storage_aliasing_lines(self, renderer: "SourceRenderer", body: list[str]) -> list[str]:
+    def _storage_aliasing_lines(self, renderer: "SourceRenderer", body: list[str],
+                                namespace: dict) -> list[str]:
         """Checks that every mutated input shares storage with exactly the inputs it shared it
         with in the trace (and only those): the graph's result depends on that sharing.
 
         Inputs that nothing mutates may alias each other freely, so a frame without input
-        mutation gets no check at all. Otherwise each input's storage address is read once
-        (about 0.2 us a tensor), after the metadata checks (so every value is a tensor).
+        mutation gets no check at all. Otherwise every tensor input's storage identity is
+        read in one call (`_torch.storage_ids`, after the metadata checks, so every value is
+        a tensor), ordered so that the checks are slices: the mutated inputs' storages
+        first (one per storage), then the inputs that shared those in the trace, then the rest.
         """
         mutated = [traced for traced in self._storages if traced.mutated()]
         if not mutated:
             return []
-        lines: list[str] = []
-        keys: dict[Source, str] = {}
-        for traced in self._storages:
-            keys[traced.source] = f"__storage{len(keys)}"
-            lines.append(f"{keys[traced.source]} = {renderer.render(traced.source, body)}.untyped_storage().data_ptr()")
         groups: dict[int, list[_TracedStorage]] = {}
         for traced in self._storages:
             groups.setdefault(traced.storage_key(), []).append(traced)
         mutated_keys = list(dict.fromkeys(traced.storage_key() for traced in mutated))
-        representatives = []
-        for key in mutated_keys:
-            first, *rest = groups[key]
-            representatives.append(first)
-            for other in rest:  # traced sharing storage with a mutated input: must still share it
-                lines.append(f"if {keys[other.source]} != {keys[first.source]}: return "
-                             f"{f'{other.source.expr()}: no longer shares storage with {first.source.expr()}, which the graph mutates'!r}")
-        names = ", ".join(first.source.expr() for first in representatives)
-        if len(representatives) > 1:
-            lines.append(f"__mutated = {{{', '.join(keys[first.source] for first in representatives)}}}")
-            lines.append(f"if len(__mutated) != {len(representatives)}: return "
-                         f"{f'mutated inputs ({names}) now share storage with each other'!r}")
-            container = "__mutated"
-        else:
-            container = f"({keys[representatives[0].source]},)"
+        representatives = [groups[key][0] for key in mutated_keys]
+        sharing = [(traced, index) for index, key in enumerate(mutated_keys) for traced in groups[key][1:]]
         others = [traced for traced in self._storages if traced.storage_key() not in mutated_keys]
+        ordered = representatives + [traced for traced, _ in sharing] + others
+        namespace["__storage_ids"] = _torch.storage_ids
+        values = ", ".join(renderer.render(traced.source, body) for traced in ordered)
+        lines = [f"__storages = __storage_ids({values})"]
+        names = ", ".join(first.source.expr() for first in representatives)
+        count = len(representatives)
+        for position, (traced, group) in enumerate(sharing, start=count):
+            first = representatives[group].source.expr()
+            reason = f"{traced.source.expr()}: no longer shares storage with {first}, which the graph mutates"
+            lines.append(f"if __storages[{position}] != __storages[{group}]: return {reason!r}")
+        if count > 1:
+            lines.append(f"if len(set(__storages[:{count}])) != {count}: return "
+                         f"{f'mutated inputs ({names}) now share storage with each other'!r}")
         if others:
-            values = ", ".join(keys[traced.source] for traced in others)
-            lines.append(f"if not {{{values}}}.isdisjoint({container}): return "
-                         f"{f'an input now shares storage with a mutated input ({names})'!r}")
+            start = count + len(sharing)
+            test = f"__storages[0] in __storages[{start}:]" if count == 1 else \
+                f"not set(__storages[:{count}]).isdisjoint(__storages[{start}:])"
+            lines.append(f"if {test}: return {f'an input now shares storage with a mutated input ({names})'!r}")
         return lines
 
 
@@ -296,7 +295,7 @@ class _TracedStorage:
     initial_version: int | None
 
     def storage_key(self) -> int:
-        return self.tensor.untyped_storage().data_ptr()
+        return _torch.storage_ids(self.tensor)[0]
 
     def mutated(self) -> bool:
         """Whether the trace wrote to this input (or to a view of it); True when it cannot tell

@@ -134,6 +134,33 @@ def test_mutated_input_aliasing_changed_recompiles():
             _check_mutation(compiled, first, len(cases))  # each sharing keeps its entry
 
 
+def mutates_two(a, b, c):
+    a.add_(1)
+    b.mul_(2)
+    return a + b + c
+
+
+def test_two_mutated_inputs_sharing_storage_recompile():
+    def distinct():
+        return torch.ones(3), torch.ones(3), torch.ones(3)
+
+    def mutated_pair_shared():
+        buffer = torch.arange(4.0)
+        return buffer[:3], buffer[1:], torch.ones(3)
+
+    def read_input_shares_with_second():
+        buffer = torch.arange(4.0)
+        return torch.ones(3), buffer[:3], buffer[1:]
+
+    compiled = _compiled(mutates_two)
+    for count, make in enumerate((distinct, mutated_pair_shared, read_input_shares_with_second, distinct), 1):
+        args, expected_args = make(), make()
+        with kiln.config.patch(strict=True):
+            torch.testing.assert_close(compiled(*args), mutates_two(*expected_args))
+        torch.testing.assert_close(args, expected_args)
+        assert len(compiled.entries) == min(count, 3)
+
+
 def test_storage_check_only_where_an_input_is_mutated():
     def pure(a, b):
         return a * 2 + b
@@ -142,11 +169,11 @@ def test_storage_check_only_where_an_input_is_mutated():
     compiled(torch.ones(3), torch.ones(3))
     buffer = torch.arange(4.0)
     torch.testing.assert_close(compiled(buffer[:3], buffer[1:]), pure(buffer[:3], buffer[1:]))
-    assert len(compiled.entries) == 1 and "untyped_storage" not in compiled.entries[0].guard_source
+    assert len(compiled.entries) == 1 and "__storage_ids" not in compiled.entries[0].guard_source
 
     compiled = _compiled(mutates_first_reads_second)
     compiled(torch.ones(3), torch.ones(3))
-    assert "untyped_storage" in compiled.entries[0].guard_source
+    assert "__storage_ids" in compiled.entries[0].guard_source
 
 
 def test_mutated_parameter_aliasing_an_argument_recompiles():

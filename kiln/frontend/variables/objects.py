@@ -43,11 +43,14 @@ def bind_class_attribute(tx, raw: Any, name: str, instance: Variable, cls: type,
     """What `instance.name` is when `name` is found on the class (not the instance)."""
     from kiln.frontend.variables.functions import BoundMethodVariable
 
-    attribute_source = AttrSource(cls_source, name) if cls_source is not None else None
     # A class attribute can be rebound (`Class.method = other`) while the class stays the same
     # object: the function behind a user class's method, static/class method or property is
-    # guarded by identity (torch's own classes are trusted).
-    guard = attribute_source is not None and not _is_library_class(cls)
+    # guarded by identity (torch's own classes are trusted). It is read from the class itself,
+    # which the guard holds, so twelve layers of one class share one check.
+    guard = cls_source is not None and not _is_library_class(cls)
+    if guard:
+        cls_source = tx.output.named_source("__class", cls)
+    attribute_source = AttrSource(cls_source, name) if cls_source is not None else None
     if isinstance(raw, staticmethod):  # `type(obj).name` is the function itself
         return tx.wrap(raw.__func__, attribute_source, guard=guard)
     if isinstance(raw, classmethod):  # `type(obj).name` is a method bound to the class
