@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.fx
 
 from kiln import _torch
 from kiln.frontend.sources import AttrSource, LocalSource, NamedSource, Source, chain
@@ -156,15 +157,16 @@ class GuardBuilder:
                                   f"requires_grad={tensor.requires_grad}")
         self._tensor_lines.update((check.source, check.failure) for check in self.checks[before:])
 
-    def tensor_storage(self, source: Source, tensor: torch.Tensor, fake: torch.Tensor) -> None:
+    def tensor_storage(self, source: Source, tensor: torch.Tensor, fake: torch.Tensor, graph: torch.fx.Graph) -> None:
         """Remember a tensor input and its fake tensor, for `build`'s storage aliasing check.
 
         The trace sees which inputs share storage (the fake tensors of views of one buffer
         share one fake storage), and the graph it records is only right for that sharing
         once an input is mutated. `build` reads the fakes' version counters to find the
-        mutated inputs.
+        mutated inputs (and, for an inference tensor, which has none, looks for in-place
+        ops in `graph`).
         """
-        self._storages.append(_TracedStorage(source, tensor, fake, _version(fake)))
+        self._storages.append(_TracedStorage(source, tensor, fake, _version(fake), graph))
 
     def function(self, source: Source, fn: types.FunctionType) -> None:
         """A function the trace inlines: its code is still the one traced (identity of the
@@ -293,15 +295,43 @@ class _TracedStorage:
     tensor: torch.Tensor
     fake: torch.Tensor
     initial_version: int | None
+    graph: torch.fx.Graph
 
     def storage_key(self) -> int:
         return _torch.storage_ids(self.tensor)[0]
 
     def mutated(self) -> bool:
-        """Whether the trace wrote to this input (or to a view of it); True when it cannot tell
-        (an inference tensor has no version counter)."""
+        """Whether the trace wrote to this input (or to a view of it).
+
+        An inference tensor has no version counter: it counts as mutated when the graph has
+        any in-place op at all (an input made under `torch.inference_mode()` then costs the
+        storage check only in frames that write to some tensor)."""
         version = _version(self.fake)
-        return version is None or self.initial_version is None or version != self.initial_version
+        if version is None or self.initial_version is None:
+            return _has_inplace_op(self.graph)
+        return version != self.initial_version
+
+
+_INPLACE_OPERATORS = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift",
+                      "rshift", "matmul")
+_INPLACE_FUNCTIONS = frozenset({"setitem", "__setitem__", *(f"i{op}" for op in _INPLACE_OPERATORS),
+                                *(f"__i{op}__" for op in _INPLACE_OPERATORS)})
+
+
+def _has_inplace_op(graph: torch.fx.Graph) -> bool:
+    """Whether any node of `graph` may write to a tensor: an in-place method or function
+    (`add_`, `x[i] = v`, `+=`), an `out=` or `inplace=True` argument."""
+    for node in graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+        if (name.endswith("_") and not name.endswith("__")) or name in _INPLACE_FUNCTIONS or \
+                "out" in node.kwargs or node.kwargs.get("inplace") is True:
+            return True
+        parameters = getattr(getattr(node.target, "__code__", None), "co_varnames", ())
+        if "inplace" in parameters and True in node.args[1:]:  # F.relu(x, True)
+            return True
+    return False
 
 
 def _version(tensor: torch.Tensor) -> int | None:

@@ -425,3 +425,17 @@ def test_default_dtype_changed_recompiles():
     finally:
         torch.set_default_dtype(previous)
     assert len(compiled.entries) == 2
+
+
+def test_inference_tensor_inputs_get_the_storage_check_only_with_an_inplace_op():
+    """Inference tensors have no version counter: an in-place op in the graph decides."""
+    def pure(a, b):
+        return a * 2 + b
+
+    with torch.inference_mode():
+        compiled_pure = _compiled(pure)
+        compiled_pure(torch.ones(3), torch.ones(3))
+        assert "__storage_ids" not in compiled_pure.entries[0].guard_source
+        compiled = _compiled(mutates_first_reads_second)
+        _check_mutation(compiled, _aliasing_cases()[0], 1)
+        _check_mutation(compiled, _aliasing_cases()[3], 2)
