@@ -9,7 +9,8 @@ changes (dtype, shape, strides, storage aliasing, requires_grad, grad mode, infe
 autocast, the default dtype) apply to any
 case. The case's source is executed twice, into two separate namespaces: one side
 compiles `program` with `kiln.compile`, the other runs it eagerly. Both sides then run the
-same sequence on their own state:
+same sequence on their own state (and a third copy runs it in float64, the reference for
+kiln.testing's rule):
 
     call; apply the change (the same statement, exec'd in each namespace); call; call again
 
@@ -72,10 +73,11 @@ class Ingredient:
 PRELUDE = '''
 import torch
 G = torch.Generator().manual_seed(SEED)
+RAND_DTYPE = globals().get("RAND_DTYPE", torch.float32)  # float64 in the reference run
 def rand(*shape):
-    return torch.randn(*shape, generator=G)
+    return torch.randn(*shape, generator=G).to(RAND_DTYPE)
 def linear():
-    layer = torch.nn.Linear(3, 3)
+    layer = torch.nn.Linear(3, 3, dtype=RAND_DTYPE)
     with torch.no_grad():
         layer.weight.copy_(rand(3, 3))
         layer.bias.copy_(rand(3))
@@ -185,6 +187,8 @@ INGREDIENTS: tuple[Ingredient, ...] = (
                 "Prop{i}.alpha = 4.0"),
                setup="class Prop{i}:\n    def __init__(self):\n        self._alpha = 2.0\n"
                      "    @property\n    def alpha(self):\n        return self._alpha\nP{i} = Prop{i}()"),
+    Ingredient("builtin", "y = y * abs(-2) + len(seq)",
+               ("abs = lambda value: 10", "len = lambda value: -1", "import builtins\nabs = builtins.abs")),
     Ingredient("creates a tensor", "y = y + torch.ones(3) * 0.5", ("DEFAULT_DTYPE = torch.float64",)),
     Ingredient("grad mode read", "if torch.is_grad_enabled():\n    y = y * 2", ("GRAD = not GRAD",)),
     Ingredient("object attributes", "y = y * O{i}.alpha\nif 'x' in O{i}.tags:\n    y = y + 1",
@@ -308,15 +312,55 @@ def _state(namespace: dict, names: list[str]) -> list:
     return leaves
 
 
-def _agree(actual, eager) -> str | None:
-    """None when `actual` matches `eager` (kiln.testing's rule, plus requires_grad), else why not."""
-    verdict = compare(actual, eager)
-    if not verdict and not compare(_float64_as_float32(actual), _float64_as_float32(eager)):
+def _agree(actual, eager, reference=None) -> str | None:
+    """None when `actual` matches `eager` (kiln.testing's rule against the float64 `reference`,
+    or eager's own result when there is none; plus requires_grad), else why not."""
+    verdict = compare(actual, eager, reference)
+    if not verdict and not compare(_float64_as_float32(actual), _float64_as_float32(eager),
+                                   _float64_as_float32(reference)):
         return verdict.message
     if isinstance(actual, torch.Tensor) and isinstance(eager, torch.Tensor) and \
             actual.requires_grad != eager.requires_grad:
         return f"requires_grad {actual.requires_grad}, eager {eager.requires_grad}"
     return None
+
+
+def _leaves(value) -> list:
+    if isinstance(value, (list, tuple)):
+        return [leaf for item in value for leaf in _leaves(item)]
+    if isinstance(value, dict):
+        return [leaf for key in sorted(value, key=str) for leaf in _leaves(value[key])]
+    return [value]
+
+
+def _same_structure(reference, eager) -> bool:
+    """Whether the reference run's value can serve as the reference for eager's (same leaves)."""
+    pairs = list(zip(_leaves(reference), _leaves(eager)))
+    return len(pairs) == len(_leaves(eager)) == len(_leaves(reference)) and all(
+        isinstance(ref, torch.Tensor) == isinstance(want, torch.Tensor) and
+        (not isinstance(want, torch.Tensor) or ref.shape == want.shape) for ref, want in pairs)
+
+
+def _to_float64(namespace: dict) -> None:
+    """The reference run's state in float64: modules, tensors, and tensors in containers and objects
+    (its `rand` already makes float64 values)."""
+    def convert(value):
+        if isinstance(value, torch.Tensor) and value.dtype == torch.float32:
+            return value.detach().double().requires_grad_(value.requires_grad)
+        if isinstance(value, torch.nn.Module):
+            return value.double()
+        if isinstance(value, list):
+            value[:] = [convert(item) for item in value]
+        elif isinstance(value, dict):
+            value.update({key: convert(item) for key, item in value.items()})
+        elif type(value).__module__ == namespace["__name__"] and hasattr(value, "__dict__") \
+                and not isinstance(value, type):
+            vars(value).update({key: convert(item) for key, item in vars(value).items()})
+        return value
+
+    for name, value in list(namespace.items()):
+        if not name.startswith("__"):
+            namespace[name] = convert(value)
 
 
 def _float64_as_float32(value):
@@ -337,11 +381,12 @@ def run_case(case: Case, seed: int, backend: str) -> Outcome:
     """Run one case on both sides; see the module docstring."""
     source = case.source(seed)
     sides = []
-    for _ in range(2):
-        namespace = {"__name__": f"kiln_fuzz_case_{case.index}"}
+    for rand_dtype in (torch.float32, torch.float32, torch.float64):
+        namespace = {"__name__": f"kiln_fuzz_case_{case.index}", "RAND_DTYPE": rand_dtype}
         exec(compile(source, f"<kiln fuzz case {case.index}>", "exec"), namespace)
         sides.append(namespace)
-    compiled_side, eager_side = sides
+    compiled_side, eager_side, reference_side = sides
+    _to_float64(reference_side)
     compiled = kiln.compile(compiled_side["program"], backend=backend)
     steps = ["first call", f"after change: {case.change!r}", "third call"]
     both_raised = 0
@@ -351,6 +396,9 @@ def run_case(case: Case, seed: int, backend: str) -> Outcome:
                 exec(case.change, namespace)
         got, got_error = _call(compiled_side, compiled)
         want, want_error = _call(eager_side, eager_side["program"])
+        reference, reference_error = _call(reference_side, reference_side["program"])
+        if reference_error is not None or not _same_structure(reference, want):
+            reference = None
         if want_error is not None:
             if got_error is None:
                 return _outcome(case, compiled, "wrong", f"{step}: eager raised {want_error!r}, kiln did not")
@@ -359,9 +407,12 @@ def run_case(case: Case, seed: int, backend: str) -> Outcome:
         if got_error is not None:
             text = "".join(traceback.format_exception(got_error)[-6:])
             return _outcome(case, compiled, "crash", f"{step}: kiln raised, eager did not:\n{text}")
-        problem = _agree(got, want)
+        problem = _agree(got, want, reference)
         if problem is None:
-            problem = _agree(_state(compiled_side, case.state_names()), _state(eager_side, case.state_names()))
+            state, eager_state = _state(compiled_side, case.state_names()), _state(eager_side, case.state_names())
+            reference_state = _state(reference_side, case.state_names())
+            problem = _agree(state, eager_state, reference_state if _same_structure(reference_state, eager_state)
+                             else None)
             if problem is not None:
                 problem = "side effects differ: " + problem
         if problem is not None:

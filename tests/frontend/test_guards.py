@@ -439,3 +439,18 @@ def test_inference_tensor_inputs_get_the_storage_check_only_with_an_inplace_op()
         compiled = _compiled(mutates_first_reads_second)
         _check_mutation(compiled, _aliasing_cases()[0], 1)
         _check_mutation(compiled, _aliasing_cases()[3], 2)
+
+
+def uses_a_builtin(x):
+    return x * abs(-2)
+
+
+def test_global_shadowing_a_builtin_recompiles():
+    compiled = _compiled(uses_a_builtin)
+    _check(compiled, uses_a_builtin, _ones, 1)
+    globals()["abs"] = lambda value: 10
+    try:
+        _check(compiled, uses_a_builtin, _ones, 2)
+    finally:
+        del globals()["abs"]
+    _check(compiled, uses_a_builtin, _ones, 2)
