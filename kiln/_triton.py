@@ -9,9 +9,14 @@ the argument's precision, with IEEE results where a Python `math` function would
 from bfloat16 are replaced too: it truncates float32 to bfloat16 (the GPU rounds to
 nearest even, overflowing to inf) and reinterprets the bits of any other source type.
 Kernels are loaded as `InterpretedFunction`s for CPU tensors and `triton.jit`
-functions for CUDA tensors, from the same source.
+functions for CUDA tensors, from the same source. The interpreter is not thread-safe: each
+run patches `triton.language` module-wide (`_patch_lang`) and restores it after, so a run on
+another thread meanwhile sees half-patched functions and raises `InterpreterError`. Interpreted
+runs therefore hold one process-wide lock; compiled CUDA launches take no lock.
 """
 from __future__ import annotations
+
+import threading
 
 import numpy as np
 import torch
@@ -124,11 +129,25 @@ def _patch_lang_with_libdevice(fn):
 _interpreter._patch_lang = _patch_lang_with_libdevice
 
 
+_INTERPRETER_LOCK = threading.RLock()  # one interpreted kernel run at a time per process
+
+
+class SerializedInterpretedFunction(_interpreter.InterpretedFunction):
+    """An interpreted kernel whose runs (`kernel[grid](...)`) hold the interpreter lock."""
+
+    def run(self, *args, **kwargs):
+        with _INTERPRETER_LOCK:
+            return super().run(*args, **kwargs)
+
+
 def jit_for_device(function, device_type: str):
     """A Triton kernel object for `function`: compiled for CUDA, interpreted for CPU."""
     if device_type == "cpu":
-        return _interpreter.InterpretedFunction(function)
-    return triton.jit(function)
+        return SerializedInterpretedFunction(function)
+    kernel = triton.jit(function)
+    if isinstance(kernel, _interpreter.InterpretedFunction):  # TRITON_INTERPRET=1 interprets CUDA kernels too
+        return SerializedInterpretedFunction(function)
+    return kernel
 
 
 def is_interpreted(kernel) -> bool:

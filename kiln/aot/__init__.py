@@ -3,6 +3,9 @@
 `aot_compile(gm, example_inputs, compile_aten)` functionalizes and decomposes the
 graph with kiln's decomposition table (kiln/aot/decompositions.py) and hands each
 resulting ATen graph (forward, and backward when training) to `compile_aten`.
+AOTAutograd's tracing is not thread-safe (torch.fx's patcher is module state), so the trace
+and every compile it calls back, a backward compiled lazily at its first use included, hold
+the process's compile lock (kiln/runtime/locks.py).
 """
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from typing import Callable
 
 from kiln import _torch
 from kiln.aot.decompositions import decomposition_table
+from kiln.runtime.locks import compile_lock
 
 
 def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: Callable | None = None) -> Callable:
@@ -18,11 +22,13 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
     (an inference graph, one with no backward, with `compile_inference` when given)."""
 
     def boxed(aten_gm, aten_inputs, compile_one=compile_aten):
-        compiled = compile_one(aten_gm, aten_inputs)
+        with compile_lock:
+            compiled = compile_one(aten_gm, aten_inputs)
         if getattr(compiled, "_boxed_call", False):
             return compiled
         return _torch.make_boxed_func(compiled)
 
     inference = functools.partial(boxed, compile_one=compile_inference or compile_aten)
-    return _torch.aot_module_simplified(gm, example_inputs, fw_compiler=boxed, bw_compiler=boxed,
-                                        inference_compiler=inference, decompositions=decomposition_table())
+    with compile_lock:
+        return _torch.aot_module_simplified(gm, example_inputs, fw_compiler=boxed, bw_compiler=boxed,
+                                            inference_compiler=inference, decompositions=decomposition_table())

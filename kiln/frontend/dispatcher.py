@@ -5,7 +5,9 @@ A call runs the cache entries' guard functions newest first; the first that
 returns None has its entry called. On a miss the frame is traced
 (`capture_frame`), which adds an entry; a recompile logs why the previous entries
 failed (logger "kiln", `KILN_LOGS=recompiles`). After `RECOMPILE_LIMIT` entries for
-one code object, misses run eagerly with one warning. A frame the interpreter
+one code object, misses run eagerly with one warning. A miss traces under the
+process's compile lock (kiln/runtime/locks.py) and first looks again, so threads that
+miss at once trace once and share the entry. A frame the interpreter
 cannot capture runs eagerly (its entry's guards cover everything the trace read
 before it stopped, so the same inputs skip the retrace), unless `fullgraph=True`,
 which raises `FullgraphError` naming the construct and its source line.
@@ -32,6 +34,7 @@ from kiln.frontend.interpreter import Frame
 from kiln.frontend.output import OutputGraph
 from kiln.frontend.sources import ClosureCellSource, LocalSource, NamedSource
 from kiln.frontend.variables.functions import CellVariable
+from kiln.runtime.locks import compile_lock
 
 log = logging.getLogger("kiln")
 
@@ -163,14 +166,27 @@ class Dispatcher:
         return self._cache.entries
 
     def _miss(self, args: tuple, kwargs: dict) -> Any:
+        with compile_lock:
+            run = self._entry_added_meanwhile(args, kwargs) or self._compile_miss(args, kwargs)
+        return run(*args, **kwargs)
+
+    def _entry_added_meanwhile(self, args: tuple, kwargs: dict) -> Callable | None:
+        """The entry another thread added for these arguments while this one waited for the lock."""
+        for entry in self._cache.entries:
+            if entry.guard(*args, **kwargs) is None:
+                return entry.entry
+        return None
+
+    def _compile_miss(self, args: tuple, kwargs: dict) -> Callable:
+        """Trace a new entry for these arguments (or give up past the limit); what to run for them."""
         cache = self._cache
         if cache.over_limit:
-            return self.fn(*args, **kwargs)
+            return self.fn
         if len(cache.entries) >= RECOMPILE_LIMIT:
             cache.over_limit = True
             log.warning("kiln: %s hit the recompile limit (%d); it runs eagerly from now on. Last reason: %s",
                         self._name(), RECOMPILE_LIMIT, self._failure_reasons(args, kwargs)[0])
-            return self.fn(*args, **kwargs)
+            return self.fn
         if cache.entries:
             stats.recompiles += 1
             if config.log_enabled("recompiles"):
@@ -178,9 +194,7 @@ class Dispatcher:
                 log.warning("kiln: recompiling %s: %s", self._name(), "; ".join(reasons))
         entry = self._capture(args, kwargs)
         cache.entries.insert(0, entry)
-        if entry.eager_reason is not None:
-            return self.fn(*args, **kwargs)
-        return entry.entry(*args, **kwargs)
+        return self.fn if entry.eager_reason is not None else entry.entry
 
     def _failure_reasons(self, args: tuple, kwargs: dict) -> list[str]:
         return [entry.guard(*args, **kwargs) or "guards pass" for entry in self._cache.entries]

@@ -6,7 +6,9 @@ one; each opcode is one method named after it (`LOAD_FAST`, `CALL`, ...). Calls 
 Python functions are inlined by running a child `Frame`; tensor operations reach
 the `OutputGraph` through the trackers. Conditional jumps need the condition's
 value at trace time: constants, shapes and Python containers are fine; a tensor
-condition is data-dependent and unsupported.
+condition is data-dependent and unsupported. Calling a generator function makes a
+`GeneratorVariable` whose frame is resumed to its next `yield` on each `next()`
+(`Frame.resume`), so generators run exactly as far as their consumers ask.
 
 Adding an opcode: write a method with its normalized name. Adding a variable
 kind: see kiln/frontend/variables/ and `variables.builder.wrap`.
@@ -14,6 +16,7 @@ kind: see kiln/frontend/variables/ and `variables.builder.wrap`.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import functools
 import inspect
 import operator
@@ -23,11 +26,12 @@ from typing import Any
 from kiln.frontend import bytecode, versions
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.operations import binary_op, compare_op, contains, is_same, unary_op
-from kiln.frontend.output import OutputGraph
+from kiln.frontend.output import DELETED_GLOBAL, OutputGraph
 from kiln.frontend.sources import ItemSource, Source
 from kiln.frontend.variables.base import NONE, NULL, ConstantVariable, Variable
-from kiln.frontend.variables.containers import (DictVariable, ExternalDictVariable, IteratorVariable, ListVariable,
-                                                SliceVariable, TupleVariable, hashable_key)
+from kiln.frontend.variables.containers import (MAX_ITERATION_STEPS, BaseIteratorVariable, DictVariable,
+                                                ExternalDictVariable, ListVariable, SliceVariable, TupleVariable,
+                                                hashable_key, iterate, unpack_iterable)
 from kiln.frontend.variables.functions import BaseFunctionVariable, CellVariable, NestedFunctionVariable
 from kiln.frontend.variables.objects import ClassVariable, bind_class_attribute
 
@@ -42,7 +46,33 @@ def _decoded(code: types.CodeType) -> tuple[list[bytecode.Instruction], dict[int
     return instructions, {id(instruction): index for index, instruction in enumerate(instructions)}
 
 
+@functools.lru_cache(maxsize=1024)
+def _cleanup_protected(code: types.CodeType) -> frozenset[int]:
+    """Indices of the instructions inside a `try`/`with` whose handler runs code when the frame is abandoned.
+
+    A generator suspended there and dropped would run that cleanup (GeneratorExit) in
+    Python. The handler 3.12 puts around a whole generator body (turning a stray
+    StopIteration into RuntimeError) runs nothing on GeneratorExit, so it does not count.
+    """
+    decoded = bytecode.decode(code)
+    index_of = {id(instruction): index for index, instruction in enumerate(decoded.instructions)}
+    protected: set[int] = set()
+    for entry in decoded.exception_table:
+        handler = entry.target
+        if handler.opname == "CALL_INTRINSIC_1" and "STOPITERATION" in str(handler.argrepr).upper():
+            continue
+        protected.update(range(index_of[id(entry.start)], index_of[id(entry.end)] + 1))
+    return frozenset(protected)
+
+
 class _Return(Exception):
+    def __init__(self, value: Variable):
+        self.value = value
+
+
+class _Yield(Exception):
+    """A generator frame suspends: YIELD_VALUE hands `value` to whoever resumed it."""
+
     def __init__(self, value: Variable):
         self.value = value
 
@@ -51,7 +81,8 @@ class Frame:
     """One function activation being interpreted symbolically."""
 
     def __init__(self, output: OutputGraph, code: types.CodeType, fn_globals: dict, local_values: dict[str, Variable],
-                 cells: dict[str, CellVariable], parent: "Frame | None" = None, is_generator: bool = False):
+                 cells: dict[str, CellVariable], parent: "Frame | None" = None, is_generator: bool = False,
+                 hidden_callers: int | None = 0):
         self.output = output
         self.code = code
         self.fn_globals = fn_globals
@@ -64,13 +95,41 @@ class Frame:
         self.ip = 0
         self.kw_names: tuple[str, ...] | None = None
         self.is_generator = is_generator
-        self.yielded: list[Variable] = []
+        # Frames Python runs between the parent's call and this one that kiln does not interpret
+        # (nn.Module's call machinery, a decorator's wrapper): None when not known exactly.
+        self.hidden_callers = hidden_callers
+        self._callee_hidden_callers: int | None = 0
         self.current: bytecode.Instruction | None = None
         self.globals_source = output.named_source("__globals", fn_globals)
 
     # -- running ---------------------------------------------------------------------------------
 
     def run(self) -> Variable:
+        """Run to the end and return the frame's result (a generator frame is stepped by `resume`)."""
+        try:
+            self._execute()
+        except _Return as done:
+            return done.value
+        raise AssertionError("a frame that is not a generator yielded")
+
+    def resume(self, caller: "Frame", sent: Variable) -> Variable | None:
+        """Run a generator frame to its next yield (its value) or its end (None); `caller` resumed it."""
+        self.parent = caller  # Python's stack while the generator runs: it is called from its consumer
+        self.hidden_callers = 0
+        self.depth = caller.depth + 1
+        if self.depth >= MAX_INLINE_DEPTH:
+            raise Unsupported(f"inlining deeper than {MAX_INLINE_DEPTH} calls at generator {self.code.co_qualname}")
+        if self.current is not None:  # a suspended YIELD_VALUE evaluates to what was sent
+            self.push(sent)
+        try:
+            self._execute()
+        except _Yield as suspended:
+            return suspended.value
+        except _Return:
+            return None
+        raise AssertionError("a generator frame stopped without yielding or returning")
+
+    def _execute(self) -> None:
         try:
             while True:
                 instruction = self.instructions[self.ip]
@@ -80,10 +139,8 @@ class Frame:
                 if handler is None:
                     raise Unsupported(f"Python bytecode {instruction.opname} ({_describe_opcode(instruction)})")
                 handler(instruction)
-        except _Return as done:
-            if self.is_generator:
-                return IteratorVariable(self.yielded)
-            return done.value
+        except (_Return, _Yield):
+            raise
         except Unsupported as error:
             error.add_location(self.location())
             raise
@@ -92,8 +149,33 @@ class Frame:
             raise
 
     def location(self) -> str:
-        line = self.current.lineno if self.current is not None else self.code.co_firstlineno
-        return f"{self.code.co_filename}:{line} in {self.code.co_qualname}"
+        return f"{self.code.co_filename}:{self.lineno()} in {self.code.co_qualname}"
+
+    def lineno(self) -> int:
+        """The line Python's frame would report now (`f_lineno`): that of the instruction running."""
+        line = self.current.lineno if self.current is not None else None
+        return line if line is not None else self.code.co_firstlineno
+
+    def python_caller(self, levels: int) -> "Frame | None":
+        """The frame `levels` calls up Python's stack from this one (0: this one), as `sys._getframe` sees it.
+
+        None when the answer lies outside the trace (above the compiled frame) or behind
+        calls kiln models without interpreting (nn.Module's call machinery): then the
+        real frame is not known at trace time.
+        """
+        frame: Frame | None = self
+        while levels > 0 and frame is not None:
+            if frame.hidden_callers != 0:
+                return None
+            frame = frame.parent
+            levels -= 1
+        if frame is not None and frame.parent is None and frame.fn_globals.get("__name__") == "kiln.frontend.dispatcher":
+            return None  # kiln's own frame for a compiled module or callable object: eager has the user's caller there
+        return frame
+
+    def suspended_in_cleanup_block(self) -> bool:
+        """A started, unfinished generator paused inside a `try`/`with` (abandoning it would run cleanup)."""
+        return self.current is not None and self.ip - 1 in _cleanup_protected(self.code)
 
     def wrap(self, value: Any, source: Source | None, guard: bool = True) -> Variable:
         from kiln.frontend.variables.builder import wrap
@@ -121,6 +203,16 @@ class Frame:
     def call_function(self, fn: Variable, args: list[Variable], kwargs: dict[str, Variable]) -> Variable:
         return fn.call(self, args, kwargs)
 
+    @contextlib.contextmanager
+    def behind_uninterpreted_frames(self):
+        """Calls inlined inside this block are reached in Python through frames kiln models without
+        interpreting (nn.Module's `__call__`, a decorator's wrapper): their callers are not known exactly."""
+        previous, self._callee_hidden_callers = self._callee_hidden_callers, None
+        try:
+            yield
+        finally:
+            self._callee_hidden_callers = previous
+
     def inline_call(self, function: BaseFunctionVariable, args: list[Variable], kwargs: dict[str, Variable]) -> Variable:
         """Run a Python function's bytecode in a child frame and return its result tracker."""
         code = function.code()
@@ -134,8 +226,13 @@ class Frame:
             cells[name] = CellVariable(bound.pop(name) if name in bound else CellVariable.EMPTY)
         for name, cell in zip(code.co_freevars, function.closure_cells(self)):
             cells[name] = cell
-        child = Frame(self.output, code, function.function_globals(), bound, cells, self,
-                      bool(code.co_flags & _GENERATOR_FLAGS))
+        is_generator = bool(code.co_flags & _GENERATOR_FLAGS)
+        child = Frame(self.output, code, function.function_globals(), bound, cells, self, is_generator,
+                      self._callee_hidden_callers)
+        if is_generator:  # calling a generator function runs none of its body: next() steps it
+            generator = GeneratorVariable(child)
+            self.output.generators.append(generator)
+            return generator
         return child.run()
 
     def make_super(self, args: list[Variable]) -> "SuperVariable":
@@ -241,9 +338,11 @@ class Frame:
             self.push(value)
 
     def _global(self, name: str) -> Variable:
-        stored = self.output.side_effects.globals.get((id(self.globals_source), name))
+        stored = self.output.side_effects.stored_global(self.fn_globals, name)
         if stored is not None:
-            return stored[1]
+            if stored is DELETED_GLOBAL:
+                raise Unsupported(f"name {name!r} is read after `del` (the program raises NameError)")
+            return stored
         if name in self.fn_globals:
             if _is_library_globals(self.fn_globals):
                 return self.wrap(self.fn_globals[name], None, guard=False)
@@ -258,7 +357,16 @@ class Frame:
         self.push(self._global(instruction.argval))
 
     def STORE_GLOBAL(self, instruction):
-        self.output.side_effects.store_global(self.globals_source, instruction.argval, self.pop())
+        self.output.side_effects.store_global(self.fn_globals, self.globals_source, instruction.argval, self.pop())
+
+    def DELETE_GLOBAL(self, instruction):
+        name = instruction.argval
+        stored = self.output.side_effects.stored_global(self.fn_globals, name)
+        if stored is DELETED_GLOBAL or (stored is None and name not in self.fn_globals):
+            raise Unsupported(f"del of global {name!r}, which is not defined (the program raises NameError)")
+        if stored is None:  # it exists now: the entry may delete it only while that still holds
+            self.output.guards.contains(self.globals_source, name, True)
+        self.output.side_effects.store_global(self.fn_globals, self.globals_source, name, DELETED_GLOBAL)
 
     # -- opcodes: attributes and items ----------------------------------------------------------------
 
@@ -305,7 +413,10 @@ class Frame:
     def DELETE_SUBSCR(self, instruction):
         key = self.pop()
         container = self.pop()
-        if isinstance(container, DictVariable):
+        if isinstance(container, ExternalDictVariable):
+            container.call_method(self, "__delitem__", [key], {})
+        elif isinstance(container, DictVariable):
+            container.getitem(self, key)  # a missing key raises, as `del` would
             container.call_method(self, "pop", [key], {})
         elif isinstance(container, ListVariable):
             del container.items[key.as_constant()]
@@ -403,17 +514,13 @@ class Frame:
             self.pop()
 
     def GET_ITER(self, instruction):
-        iterable = self.pop()
-        if isinstance(iterable, IteratorVariable):
-            self.push(iterable)
-        else:
-            self.push(IteratorVariable(iterable.unpack(self)))
+        self.push(iterate(self, self.pop()))
 
     def FOR_ITER(self, instruction):
         iterator = self.stack[-1]
-        if not isinstance(iterator, IteratorVariable):
+        if not isinstance(iterator, BaseIteratorVariable):
             raise Unsupported(f"FOR_ITER over {iterator.describe()}")
-        item = iterator.next()
+        item = iterator.next_item(self)
         if item is not None:
             self.push(item)
             return
@@ -472,11 +579,11 @@ class Frame:
 
     def LIST_EXTEND(self, instruction):
         iterable = self.pop()
-        self.stack[-instruction.arg].items.extend(iterable.unpack(self))
+        self.stack[-instruction.arg].items.extend(unpack_iterable(self, iterable))
 
     def SET_UPDATE(self, instruction):
         iterable = self.pop()
-        self.stack[-instruction.arg].call_method(self, "update", [TupleVariable(iterable.unpack(self))], {})
+        self.stack[-instruction.arg].call_method(self, "update", [TupleVariable(unpack_iterable(self, iterable))], {})
 
     def DICT_UPDATE(self, instruction):
         mapping = self.pop()
@@ -497,14 +604,14 @@ class Frame:
             raise Unsupported(f"CALL_INTRINSIC_1 {name}")
 
     def UNPACK_SEQUENCE(self, instruction):
-        items = self.pop().unpack(self)
+        items = unpack_iterable(self, self.pop(), instruction.arg + 1)
         if len(items) != instruction.arg:
             raise Unsupported(f"unpacking {len(items)} values into {instruction.arg} (the program raises ValueError)")
         self.stack.extend(reversed(items))
 
     def UNPACK_EX(self, instruction):
         before, after = instruction.arg & 0xFF, instruction.arg >> 8
-        items = self.pop().unpack(self)
+        items = unpack_iterable(self, self.pop())
         if len(items) < before + after:
             raise Unsupported("not enough values to unpack (the program raises ValueError)")
         middle = ListVariable(items[before:len(items) - after])
@@ -557,7 +664,7 @@ class Frame:
 
     def CALL_FUNCTION_EX(self, instruction):
         kwargs_variable = self.pop() if instruction.arg & 1 else None
-        args = self.pop().unpack(self)
+        args = unpack_iterable(self, self.pop())
         kwargs = {}
         if kwargs_variable is not None:
             if isinstance(kwargs_variable, ExternalDictVariable):
@@ -592,13 +699,12 @@ class Frame:
         self.push(function)
 
     def RETURN_GENERATOR(self, instruction):
-        self.push(NONE)
+        self.push(NONE)  # what the POP_TOP after it drops: the value the first next() sends
 
     def YIELD_VALUE(self, instruction):
         if not self.is_generator:
             raise Unsupported("yield outside a generator being inlined")
-        self.yielded.append(self.pop())
-        self.push(NONE)
+        raise _Yield(self.pop())
 
     def BEFORE_WITH(self, instruction):
         manager = self.pop()
@@ -626,6 +732,68 @@ class Frame:
 
     def LOAD_BUILD_CLASS(self, instruction):
         raise Unsupported("defining a class inside a compiled function")
+
+
+class GeneratorVariable(BaseIteratorVariable):
+    """A generator made during the trace: its frame runs to the next `yield` on each `next()`.
+
+    Python runs a generator's body only as far as its consumer asks, so stepping it lazily
+    keeps side effects and the values the consumer sees in eager's order; a consumer that
+    stops early (break, any(), next()) leaves the rest of the body unrun.
+    """
+
+    def __init__(self, frame: Frame):
+        self.frame = frame
+        self.finished = False
+        self.running = False
+        self.steps = 0
+
+    def describe(self) -> str:
+        return f"generator {self.frame.code.co_qualname}"
+
+    def python_type(self) -> type:
+        return types.GeneratorType
+
+    def next_item(self, tx) -> Variable | None:
+        return self.send(tx, NONE)
+
+    def send(self, tx, value: Variable) -> Variable | None:
+        if self.finished:
+            return None
+        if self.running:
+            raise Unsupported(f"{self.describe()} resumed while it runs (the program raises ValueError)")
+        if self.frame.current is None and not (isinstance(value, ConstantVariable) and value.value is None):
+            raise Unsupported(f"sending a value to {self.describe()} before it started (the program raises TypeError)")
+        self.steps += 1
+        if self.steps > MAX_ITERATION_STEPS:
+            raise Unsupported(f"{self.describe()} yielded more than {MAX_ITERATION_STEPS} times during the trace "
+                              "(an endless generator?)")
+        self.running = True
+        try:
+            item = self.frame.resume(tx, value)
+        finally:
+            self.running = False
+        if item is None:
+            self.finished = True
+        return item
+
+    def abandoned_with_cleanup(self) -> bool:
+        """Suspended where dropping it would make Python run a `finally` or `__exit__`."""
+        return not self.finished and self.frame.suspended_in_cleanup_block()
+
+    def call_method(self, tx, name, args, kwargs) -> Variable:
+        if name == "send" and len(args) == 1:
+            item = self.send(tx, args[0])
+            if item is None:
+                raise Unsupported(f"{self.describe()}.send(): the generator ended (StopIteration)")
+            return item
+        if name == "close" and not args:
+            if self.frame.current is not None and not self.finished:
+                if self.frame.suspended_in_cleanup_block():
+                    raise Unsupported(f"closing {self.describe()} inside a try/with block (runs its cleanup)")
+            self.finished = True
+            return NONE
+        return super().call_method(tx, name, args, kwargs)
 
 
 class ContextExitVariable(Variable):

@@ -11,8 +11,8 @@ from __future__ import annotations
 import operator
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.variables.base import ConstantVariable, Variable
-from kiln.frontend.variables.containers import (BaseListVariable, DictVariable, ExternalDictVariable, ListVariable,
-                                                TupleVariable)
+from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, DictVariable,
+                                                ExternalDictVariable, ListVariable, TupleVariable)
 from kiln.frontend.variables.tensor import TensorVariable
 
 BINARY_OPERATORS = {
@@ -52,20 +52,46 @@ def binary_op(tx, symbol: str, left: Variable, right: Variable) -> Variable:
     if left.is_constant() and right.is_constant() and isinstance(left, ConstantVariable) \
             and isinstance(right, ConstantVariable):
         return _run_constant(BINARY_OPERATORS[base], left.value, right.value)
+    immutable = _immutable_constants(left, right)
+    if immutable is not None:  # tuples of constants (torch.Size among them): Python's own rules give the type
+        from kiln.frontend.variables.builder import wrap_sourceless
+
+        return wrap_sourceless(tx, _run_constant(BINARY_OPERATORS[base], *immutable).value)
     if isinstance(left, BaseListVariable) or isinstance(right, BaseListVariable) or \
             _is_constant_sequence(left) or _is_constant_sequence(right):
         result = _sequence_op(tx, base, inplace, left, right)
         if result is not None:
             return result
     if base == "|" and isinstance(left, (DictVariable, ExternalDictVariable)):
+        if inplace:  # `d |= other` updates d itself
+            if isinstance(left, ExternalDictVariable):
+                left.update_in_place(tx, right)
+            else:
+                left.call_method(tx, "update", [right], {})
+            return left
         merged = DictVariable(dict_type=dict)
         merged.update_from(tx, left)
         merged.update_from(tx, right)
-        if inplace and isinstance(left, DictVariable):
-            left.entries = merged.entries
-            return left
         return merged
     return _dunder(tx, base, inplace, left, right)
+
+
+def _immutable_constants(left: Variable, right: Variable) -> tuple | None:
+    """Both operands as Python values, when both are immutable constants (no list, no tensor)."""
+    import torch
+
+    from kiln.frontend.variables.base import is_constant_value
+
+    if isinstance(left, ListVariable) or isinstance(right, ListVariable) or not (left.is_constant() and
+                                                                                 right.is_constant()):
+        return None
+    try:
+        values = (left.as_constant(), right.as_constant())
+    except Unsupported:
+        return None
+    if all(is_constant_value(value) or isinstance(value, torch.Size) for value in values):
+        return values
+    return None
 
 
 def _is_constant_sequence(variable: Variable) -> bool:
@@ -96,8 +122,9 @@ def _sequence_op(tx, base, inplace, left, right) -> Variable | None:
             return None
         items = _items(tx, sequence) * count.value
         if sequence.python_type() is list:
-            if inplace and isinstance(sequence, ListVariable):
+            if inplace and isinstance(sequence, ListVariable) and sequence is left:
                 sequence.items = items
+                sequence._mutated(tx)
                 return sequence
             return ListVariable(items)
         return TupleVariable(items)
@@ -109,7 +136,7 @@ def _dunder(tx, base, inplace, left, right) -> Variable:
     attempts = ([(left, f"__i{name}__", right)] if inplace else []) + \
         [(left, f"__{name}__", right), (right, f"__r{name}__", left)]
     for receiver, method, other in attempts:
-        if not _has_python_method(receiver, method):
+        if not has_python_method(receiver, method):
             continue
         result = receiver.call_method(tx, method, [other], {})
         if not (isinstance(result, ConstantVariable) and result.value is NotImplemented):
@@ -117,7 +144,7 @@ def _dunder(tx, base, inplace, left, right) -> Variable:
     raise Unsupported(f"operator {base!r} between {left.describe()} and {right.describe()}")
 
 
-def _has_python_method(variable: Variable, method: str) -> bool:
+def has_python_method(variable: Variable, method: str) -> bool:
     from kiln.frontend.variables.objects import NewObjectVariable, UserObjectVariable, lookup_class_attribute
 
     if isinstance(variable, NewObjectVariable):
@@ -137,7 +164,7 @@ def unary_op(tx, fn, operand: Variable) -> Variable:
     if isinstance(operand, ConstantVariable):
         return _run_constant(fn, operand.value)
     dunder = {operator.neg: "__neg__", operator.pos: "__pos__", operator.invert: "__invert__"}[fn]
-    if _has_python_method(operand, dunder):
+    if has_python_method(operand, dunder):
         return operand.call_method(tx, dunder, [], {})
     raise Unsupported(f"{fn.__name__} of {operand.describe()}")
 
@@ -153,7 +180,7 @@ def compare_op(tx, symbol: str, left: Variable, right: Variable) -> Variable:
         return ConstantVariable(equal if symbol == "==" else not equal)
     if left.is_constant() and right.is_constant():
         return _run_constant(COMPARE_OPERATORS[symbol], left.as_constant(), right.as_constant())
-    if _has_python_method(left, _COMPARE_DUNDERS[symbol]):
+    if has_python_method(left, _COMPARE_DUNDERS[symbol]):
         return left.call_method(tx, _COMPARE_DUNDERS[symbol], [right], {})
     raise Unsupported(f"comparison {symbol!r} between {left.describe()} and {right.describe()}")
 
@@ -179,7 +206,7 @@ def compare_equal(tx, left: Variable, right: Variable) -> bool:
             return bool(left.as_constant() == right.as_constant())
         except Unsupported:
             pass
-    if _has_python_method(left, "__eq__"):
+    if has_python_method(left, "__eq__"):
         return left.call_method(tx, "__eq__", [right], {}).truth(tx)
     return is_same(left, right)
 
@@ -201,6 +228,13 @@ def contains(tx, container: Variable, item: Variable) -> bool:
 
     if isinstance(container, (DictVariable, ExternalDictVariable)):
         return container.contains(tx, item)
+    if isinstance(container, BaseIteratorVariable):  # consumes the iterator up to the first match, as Python does
+        while True:
+            element = container.next_item(tx)
+            if element is None:
+                return False
+            if compare_equal(tx, element, item):
+                return True
     if isinstance(container, ModelOutputVariable):
         return item.as_constant() in container.present()
     if isinstance(container, ConstantVariable):
@@ -211,7 +245,7 @@ def contains(tx, container: Variable, item: Variable) -> bool:
         return any(compare_equal(tx, element, item) for element in container.unpack(tx))
     if isinstance(container, TensorVariable):
         raise Unsupported("`x in tensor` is data-dependent")
-    if _has_python_method(container, "__contains__"):
+    if has_python_method(container, "__contains__"):
         return container.call_method(tx, "__contains__", [item], {}).truth(tx)
     return any(compare_equal(tx, element, item) for element in container.unpack(tx))
 

@@ -6,15 +6,22 @@
 - graph inputs: every tensor read from the outside world (arguments, parameters,
   buffers, globals), deduplicated by identity, each with its `Source`;
 - the `GuardBuilder`, and `SideEffects` to replay after the graph runs (attribute
-  stores on outside objects, mutated outside lists and dicts, global stores);
+  stores on outside objects, mutated outside lists and dicts, global stores in any
+  module, and calls made for their output: print, warnings.warn, logging);
 - `finish()`: compiles the graph with the backend and generates the entry
   function, straight-line Python that extracts the inputs from the frame's
-  arguments, calls the compiled graph, replays side effects, and rebuilds the
-  return value:
+  arguments, calls the compiled graph, reads every outside object the rest needs,
+  builds the new objects the trace made, replays side effects, and returns:
 
-      def __entry(self, x):
+      def __entry(self, lst, x):
           __outs = __compiled(self._modules['fc']._parameters['weight'], x)
-          return (__outs[0], 3)
+          __n0 = [__outs[1]]
+          lst[:] = [__outs[0], __n0]
+          return (__outs[0], lst, __n0)
+
+  Outside objects come back as themselves (a list argument the function returns is the
+  same list, mutated in place), and a new object the trace made is built once, however
+  many places hold it.
 """
 from __future__ import annotations
 
@@ -28,7 +35,7 @@ import torch.fx
 from kiln import _torch
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.guards import FrameSignature, GuardBuilder, SourceRenderer, compile_function
-from kiln.frontend.sources import NamedSource, Source
+from kiln.frontend.sources import LocalSource, NamedSource, Source
 from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
 from kiln.frontend.variables.containers import (DictVariable, ListVariable, SliceVariable, TupleVariable)
 from kiln.frontend.variables.tensor import TensorVariable
@@ -64,6 +71,7 @@ class OutputGraph:
         self._initial_grad = torch.is_grad_enabled()
         self._autocast_exits: list[Callable] = []
         self.compute_nodes = 0
+        self.generators: list[Variable] = []  # every generator made by the trace (interpreter.GeneratorVariable)
 
     # -- names for objects the guard and entry functions hold -------------------------------------
 
@@ -199,6 +207,10 @@ class OutputGraph:
 
     def finish(self, result: Variable, signature: FrameSignature, name: str) -> TracedGraph:
         """Compile the graph and build the guard and entry functions."""
+        for generator in self.generators:
+            if generator.abandoned_with_cleanup():
+                raise Unsupported(f"{generator.describe()} is left suspended inside a try/with block; Python would "
+                                  "run its cleanup (finally/__exit__) when it is dropped")
         codegen = EntryCodegen(self)
         return_expression = codegen.value(result)
         side_effect_lines = self.side_effects.codegen(codegen)
@@ -222,8 +234,14 @@ class OutputGraph:
         else:
             body.append(f"__outs = ({', '.join(input_texts)}{',' if len(input_texts) == 1 else ''})")
         codegen.renderer, codegen.lines = renderer, body
+        # Everything is read from the outside world (into locals) before the first side effect, so a
+        # replayed store can never change what a later line reads: sources describe the world as
+        # the trace saw it, at the call.
+        built = [codegen.finalize(line) for line in codegen.prelude]
         final_return = codegen.finalize(return_expression)
-        body.extend(codegen.finalize(line) for line in side_effect_lines)
+        replayed = [codegen.finalize(line) for line in side_effect_lines]
+        body.extend(built)
+        body.extend(replayed)
         body.append(f"return {final_return}")
         entry_source = "\n".join([f"def __entry({signature.text}):"] + ["    " + line for line in body])
         entry = compile_function(entry_source, "__entry", namespace, f"kiln_entry_{name}")
@@ -247,8 +265,20 @@ class EntryCodegen:
         self.sources_used: list[Source] = []
         self.renderer: SourceRenderer | None = None
         self.lines: list[str] | None = None
+        self.prelude: list[str] = []  # `__nK = <new object>` lines, in the order they must run
+        self._built: dict[int, str] = {}
+        self._read: dict[Source, str] = {}
 
     def value(self, variable: Variable) -> str:
+        """An expression for the tracker's value; a new mutable object is built once, into a local."""
+        if variable.source is None and _is_new_mutable(variable):
+            name = self._built.get(id(variable))
+            if name is None:
+                text = variable.reconstruct(self)
+                name = f"__n{len(self._built)}"
+                self._built[id(variable)] = name
+                self.prelude.append(f"{name} = {text}")
+            return name
         return variable.reconstruct(self)
 
     def tensor(self, variable: TensorVariable) -> str:
@@ -273,21 +303,80 @@ class EntryCodegen:
         return f"\x00{len(self.sources_used) - 1}\x00"
 
     def finalize(self, text: str) -> str:
-        """Replace source placeholders by rendered (hoisted) expressions."""
+        """Replace source placeholders by locals read now (rendered, with shared prefixes hoisted)."""
         parts = text.split("\x00")
         for index in range(1, len(parts), 2):
-            parts[index] = self.renderer.render(self.sources_used[int(parts[index])], self.lines)
+            parts[index] = self._read_now(self.sources_used[int(parts[index])])
         return "".join(parts)
+
+    def _read_now(self, source: Source) -> str:
+        if isinstance(source, (LocalSource, NamedSource)):
+            return source.expr()  # a name the entry holds: nothing can rebind it
+        name = self._read.get(source)
+        if name is None:
+            text = self.renderer.render(source, self.lines)
+            if text.isidentifier():  # already read into a local (a hoisted shared prefix)
+                name = text
+            else:
+                name = f"__r{len(self._read)}"
+                self.lines.append(f"{name} = {text}")
+            self._read[source] = name
+        return name
+
+
+def _is_new_mutable(variable: Variable) -> bool:
+    """A tracker for a mutable object made during the trace: every place holding it must get one object."""
+    from kiln.frontend.variables.builtins import SetVariable
+    from kiln.frontend.variables.objects import ModelOutputVariable, NewObjectVariable
+
+    return isinstance(variable, (ListVariable, DictVariable, SetVariable, NewObjectVariable, ModelOutputVariable))
+
+
+DELETED_GLOBAL = object()  # what `del NAME` stores for a global until the entry deletes it
+
+
+@dataclass
+class OutsideState:
+    """The outside world as the trace has changed it so far: what the entry must have written by then.
+
+    `attributes`: (id of the object's tracker, name) -> (tracker, name, value or DELETED);
+    `containers`: id of the tracker -> (tracker, its items or entries then);
+    `globals`: as `SideEffects.globals`.
+    """
+
+    attributes: dict[tuple[int, str], tuple[Variable, str, Any]]
+    containers: dict[int, tuple[Variable, Any]]
+    globals: dict[tuple[int, str], tuple[NamedSource, str, Any]]
+
+
+@dataclass
+class ReplayedCall:
+    """A call made for its effect on the world outside the graph (print, warnings.warn, logging), made again
+    after the graph with the same (constant) arguments, once the state it saw is written back."""
+
+    function: Callable
+    args: list[Variable]
+    kwargs: dict[str, Variable]
+    state: OutsideState
 
 
 class SideEffects:
-    """Mutations of the outside world made by the trace, replayed after the graph runs."""
+    """Mutations of the outside world made by the trace, replayed after the graph runs, in program order.
+
+    State (attributes of outside objects, outside lists and dicts, globals) is written back
+    as the trace left it; a call made for its output (print, warnings.warn, logging) is
+    made after the state it saw has been written, and before what the program changed
+    after it, so a warning filter, a log handler or an error it raises meets the world
+    as eager's call would.
+    """
 
     def __init__(self) -> None:
         self.objects: list[Variable] = []
         self.containers: list[Variable] = []
-        self.globals: dict[tuple[int, str], tuple[Source, Variable]] = {}
+        # (id of the globals dict, name) -> (that dict's NamedSource, name, tracker or DELETED_GLOBAL)
+        self.globals: dict[tuple[int, str], tuple[NamedSource, str, Any]] = {}
         self.context_vars: set = set()
+        self.calls: list[ReplayedCall] = []
 
     def mutated_object(self, variable: Variable) -> None:
         if variable not in self.objects:
@@ -297,40 +386,93 @@ class SideEffects:
         if variable not in self.containers:
             self.containers.append(variable)
 
-    def store_global(self, globals_source: Source, name: str, value: Variable) -> None:
-        from kiln.frontend.sources import ItemSource
+    def store_global(self, fn_globals: dict, globals_source: NamedSource, name: str, value: Any) -> None:
+        """`global NAME; NAME = value` (or DELETED_GLOBAL) in the module whose globals dict is `fn_globals`."""
+        self.globals[(id(fn_globals), name)] = (globals_source, name, value)
 
-        self.globals[(id(globals_source), name)] = (ItemSource(globals_source, name), value)
+    def stored_global(self, fn_globals: dict, name: str) -> Any:
+        """What the trace last stored into `fn_globals[name]` (a tracker or DELETED_GLOBAL), else None."""
+        stored = self.globals.get((id(fn_globals), name))
+        return stored[2] if stored is not None else None
+
+    def stores_globals_into(self, fn_globals: dict) -> bool:
+        return any(key[0] == id(fn_globals) for key in self.globals)
+
+    def replay_call(self, function: Callable, args: list[Variable], kwargs: dict[str, Variable]) -> None:
+        self.calls.append(ReplayedCall(function, list(args), dict(kwargs), self.current_state()))
+
+    def current_state(self) -> OutsideState:
+        attributes = {(id(variable), name): (variable, name, value)
+                      for variable in self.objects for name, value in variable.pending.items()}
+        containers = {id(variable): (variable, list(variable.items) if isinstance(variable, ListVariable)
+                                     else dict(variable.entries))
+                      for variable in self.containers}
+        return OutsideState(attributes, containers, dict(self.globals))
 
     def codegen(self, codegen: EntryCodegen) -> list[str]:
-        from kiln.frontend.variables.objects import DELETED
-
-        lines = []
         for variable in self.context_vars:
             if variable.current:
                 raise Unsupported(f"{variable.describe()} set and not reset inside the compiled function")
-        for variable in self.objects:
-            target = codegen.source(variable.source)
-            for name, value in variable.pending.items():
-                original = getattr(variable.value, name, _ABSENT)
-                if value is DELETED:
-                    if original is not _ABSENT:
-                        lines.append(f"delattr({target}, {name!r})")
-                    continue
-                if isinstance(value, ConstantVariable) and original is not _ABSENT and \
-                        type(original) is type(value.value) and original == value.value:
-                    continue  # restored to what it was: nothing to replay
-                lines.append(f"setattr({target}, {name!r}, {codegen.value(value)})")
-        for variable in self.containers:
-            target = codegen.source(variable.source)
-            if isinstance(variable, ListVariable):
-                lines.append(f"{target}[:] = {variable.reconstruct(codegen)}")
-            elif isinstance(variable, DictVariable):
-                lines.append(f"{target}.clear()")
-                lines.append(f"{target}.update({variable.reconstruct(codegen)})")
-        for source, value in self.globals.values():
-            lines.append(f"{codegen.source(source)} = {codegen.value(value)}")
+        lines: list[str] = []
+        written = OutsideState({}, {}, {})
+        for call in self.calls:
+            lines += _write_state(codegen, call.state, written)
+            written = call.state
+            arguments = [codegen.value(arg) for arg in call.args]
+            arguments += [f"{key}={codegen.value(arg)}" for key, arg in call.kwargs.items()]
+            lines.append(f"{codegen.constant(call.function)}({', '.join(arguments)})")
+        lines += _write_state(codegen, self.current_state(), written)
         return lines
+
+
+def _write_state(codegen: EntryCodegen, state: OutsideState, written: OutsideState) -> list[str]:
+    """Lines that bring the outside world from `written` (what the entry wrote so far) to `state`."""
+    from kiln.frontend.variables.objects import DELETED
+
+    lines = []
+    for key, (variable, name, value) in state.attributes.items():
+        previous = written.attributes.get(key)
+        if previous is not None and previous[2] is value:
+            continue
+        target = codegen.source(variable.source)
+        if previous is None:  # the object still holds its original attribute
+            original = getattr(variable.value, name, _ABSENT)
+            if value is DELETED and original is _ABSENT:
+                continue
+            if isinstance(value, ConstantVariable) and original is not _ABSENT and \
+                    type(original) is type(value.value) and original == value.value:
+                continue  # restored to what it was: nothing to replay
+        if value is DELETED:
+            lines.append(f"delattr({target}, {name!r})")
+        else:
+            lines.append(f"setattr({target}, {name!r}, {codegen.value(value)})")
+    for key, (variable, contents) in state.containers.items():
+        previous = written.containers.get(key)
+        if previous is not None and _same_contents(previous[1], contents):
+            continue
+        target = codegen.source(variable.source)
+        if isinstance(variable, ListVariable):
+            lines.append(f"{target}[:] = {ListVariable(contents).display(codegen)}")
+        else:
+            lines.append(f"{target}.clear()")
+            lines.append(f"{target}.update({DictVariable(contents, dict_type=dict).display(codegen)})")
+    for key, (globals_source, name, value) in state.globals.items():
+        previous = written.globals.get(key)
+        if previous is not None and previous[2] is value:
+            continue
+        namespace = codegen.source(globals_source)
+        if value is DELETED_GLOBAL:
+            lines.append(f"del {namespace}[{name!r}]")
+        else:
+            lines.append(f"{namespace}[{name!r}] = {codegen.value(value)}")
+    return lines
+
+
+def _same_contents(before: Any, after: Any) -> bool:
+    """Items (a list) or entries (a dict) holding the same trackers in the same order."""
+    if isinstance(before, list):
+        return len(before) == len(after) and all(a is b for a, b in zip(before, after))
+    return list(before) == list(after) and all(before[key][1] is after[key][1] for key in before)
 
 
 _ABSENT = object()

@@ -3,12 +3,16 @@
 What it owns:
 - the toolchain: which C++ compiler exists, whether it has OpenMP and glibc's vector
   math library (libmvec), and the flags that follow (`-O3 -march=native -fopenmp ...`).
-  Detected once per compiler binary and remembered on disk beside the kernels;
+  Detected once per compiler binary and host CPU, and remembered on disk beside the
+  kernels in a record that holds its own key (kiln/runtime/cache.py): a record of another
+  compiler or host, or one without its fields, is detected again, never trusted;
   without OpenMP kernels run on one thread (`-fopenmp-simd` still vectorizes), and
   without a compiler `CppCompileError` says so, which makes the graph run eagerly;
-- the on-disk cache of shared libraries: one per kernel source, keyed by the hash of
-  the source, the compiler's identity and the flags; written atomically (temp file +
-  rename) with a digest beside it, checked on load so a corrupt library is rebuilt;
+- the on-disk cache of shared libraries: one per kernel source, named by the hash of its
+  key (the source, the compiler's identity and version, the flags, the host CPU that
+  `-march=native` resolves to) and sealed with that key's hash and its own
+  (`cache.seal`). A library is checked against its key before `dlopen` ever sees it, so
+  a swapped, truncated or corrupt one is rebuilt, never loaded;
 - compiling a graph's kernels in parallel (a thread pool: each build is a compiler
   process) and loading each library once per process with ctypes, its argument types
   set at load so a call converts plain ints quickly.
@@ -17,9 +21,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import json
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
@@ -27,9 +30,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kiln.config import config
+from kiln.runtime import cache
 from kiln.runtime.cache import source_hash
 
 KERNEL_SYMBOL = "kiln_kernel"  # the extern "C" entry point of every generated library
+LIBRARY_FORMAT = "kiln-cpp-library-2"  # part of every library's key: bump it when a library's layout changes
 COMPILER_CANDIDATES = ("g++", "c++", "clang++")
 BASE_FLAGS = ("-O3", "-march=native", "-fPIC", "-shared", "-std=c++17", "-fno-math-errno", "-fwrapv",
               "-Wno-unknown-pragmas")
@@ -48,11 +53,12 @@ class Toolchain:
     openmp: bool
     vector_math: bool  # glibc's libmvec: vectorized sinf, expf, erff... (the kernel prelude declares them)
     flags: tuple
+    host: str = ""  # the host CPU's fingerprint: what `-march=native` compiles for
 
     @property
     def identity(self) -> str:
         """What a cached library depends on besides its source."""
-        return f"{self.compiler}|{self.version}|{' '.join(self.flags)}"
+        return f"{LIBRARY_FORMAT}|{self.compiler}|{self.version}|{' '.join(self.flags)}|{self.host}"
 
 
 def _find_compiler() -> str:
@@ -94,21 +100,36 @@ def _detect(compiler: str) -> dict:
 
 
 @functools.lru_cache(maxsize=None)
+def host_cpu() -> str:
+    """A fingerprint of this machine's CPU (model and feature flags): `-march=native` builds for it,
+    so a cache dir shared by several machines must not hand one's libraries to another."""
+    try:
+        with open("/proc/cpuinfo") as handle:
+            first = handle.read().split("\n\n")[0]
+        wanted = ("vendor_id", "cpu family", "model", "model name", "flags", "Features", "CPU part")
+        lines = [line for line in first.splitlines() if line.split(":")[0].strip() in wanted]
+        return source_hash("\n".join(lines))[:16]
+    except OSError:
+        return source_hash(f"{platform.machine()}|{platform.processor()}")[:16]
+
+
+_TOOLCHAIN_FIELDS = {"version": str, "openmp": bool, "vector_math": bool}
+
+
+@functools.lru_cache(maxsize=None)
 def _toolchain_for(compiler: str, use_openmp: bool) -> Toolchain:
     stat = os.stat(compiler)
-    key = source_hash(f"{compiler}|{stat.st_size}|{stat.st_mtime_ns}|{' '.join(BASE_FLAGS)}")
-    record_path = os.path.join(config.cache_dir, "cpp", f"toolchain-{key[:24]}.json")
-    try:
-        with open(record_path) as handle:
-            found = json.load(handle)
-    except (OSError, ValueError):
+    key = f"{compiler}|{stat.st_size}|{stat.st_mtime_ns}|{' '.join(BASE_FLAGS)}|{host_cpu()}"
+    record_name = os.path.join("cpp", f"toolchain-{source_hash(key)[:24]}.json")
+    found = cache.load_record(record_name, key, _TOOLCHAIN_FIELDS)
+    if found is None:
         found = _detect(compiler)
-        _write_atomically(record_path, json.dumps(found).encode())
+        cache.store_record(record_name, key, found)
     openmp = found["openmp"] and use_openmp
     flags = [*BASE_FLAGS, "-fopenmp" if openmp else "-fopenmp-simd"]
     if found["vector_math"]:
         flags += ["-DKILN_VECTOR_MATH", "-lmvec"]
-    return Toolchain(compiler, found["version"], openmp, found["vector_math"], tuple(flags))
+    return Toolchain(compiler, found["version"], openmp, found["vector_math"], tuple(flags), host_cpu())
 
 
 def toolchain() -> Toolchain:
@@ -116,42 +137,34 @@ def toolchain() -> Toolchain:
     return _toolchain_for(_find_compiler(), bool(config.cpp_openmp))
 
 
-def _write_atomically(path: str, data: bytes) -> None:
-    folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
-    descriptor, temporary = tempfile.mkstemp(dir=folder, suffix=".tmp")
-    with os.fdopen(descriptor, "wb") as handle:
-        handle.write(data)
-    os.replace(temporary, path)
-
-
-def _file_digest(path: str) -> str:
-    with open(path, "rb") as handle:
-        return hashlib.sha256(handle.read()).hexdigest()
+def library_key(source: str, tools: Toolchain) -> str:
+    """The hash of everything a library is built from: the name of its cache entry and its seal."""
+    return source_hash(tools.identity + "\n" + source)
 
 
 def library_path(source: str, tools: Toolchain) -> str:
-    digest = source_hash(tools.identity + "\n" + source)
-    return os.path.join(config.cache_dir, "cpp", digest[:2], f"k{digest}.so")
+    """Where the library for `source` is cached (in the cache dir; see `build_library`)."""
+    return os.path.join(config.cache_dir, _library_name(library_key(source, tools)))
 
 
-def _verified(path: str) -> bool:
-    """The library exists and matches the digest written beside it when it was built."""
-    try:
-        with open(path + ".sha256") as handle:
-            return handle.read().strip() == _file_digest(path)
-    except OSError:
-        return False
+def _library_name(key: str) -> str:
+    return cache.entry_name("cpp", key, ".so")
+
+
+def cached_library(source: str, tools: Toolchain) -> str | None:
+    """The path of a cached library for `source` that is whole and was built from it, else None.
+    Checked by reading the file, before anything loads it."""
+    key = library_key(source, tools)
+    return cache.lookup(_library_name(key), lambda path: cache.check_sealed(path, key))
 
 
 def build_library(source: str, tools: Toolchain) -> str:
-    """Path of the shared library for `source`, compiled now unless a verified one is cached."""
-    path = library_path(source, tools)
-    if _verified(path):
-        return path
-    folder = os.path.dirname(path)
-    os.makedirs(folder, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder) as scratch:
+    """Path of the shared library for `source`, compiled now unless a valid one is cached."""
+    found = cached_library(source, tools)
+    if found is not None:
+        return found
+    key = library_key(source, tools)
+    with tempfile.TemporaryDirectory(prefix="kiln-cpp-") as scratch:
         source_file = os.path.join(scratch, "kernel.cpp")
         with open(source_file, "w") as handle:
             handle.write(source)
@@ -162,14 +175,22 @@ def build_library(source: str, tools: Toolchain) -> str:
         result = subprocess.run([tools.compiler, *options, source_file, "-o", output, *libraries],
                                 capture_output=True, text=True)
         if result.returncode != 0:
-            kept = os.path.join(folder, f"failed-{os.path.basename(path)[1:17]}.cpp")
-            shutil.copyfile(source_file, kept)
+            kept = cache.store(os.path.join("cpp", key[:2], f"failed-{key[:16]}.cpp"), source.encode())
             raise CppCompileError(f"{tools.compiler} could not compile a kiln kernel (source kept at {kept}):\n"
                                   + result.stderr[-4000:])
-        digest = _file_digest(output)
-        os.replace(output, path)
-    _write_atomically(path + ".sha256", digest.encode())
+        with open(output, "rb") as handle:
+            library = handle.read()
+    path = cache.store(_library_name(key), cache.seal(library, key))
+    _remove_legacy_digest(path)
     return path
+
+
+def _remove_legacy_digest(path: str) -> None:
+    """Kiln before LIBRARY_FORMAT 2 wrote a digest beside each library: it is no evidence of anything."""
+    try:
+        os.unlink(path + ".sha256")
+    except OSError:
+        pass
 
 
 @dataclass(frozen=True)

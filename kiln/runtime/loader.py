@@ -1,14 +1,17 @@
 """Turn a generated ModuleSource into the callable handed back to the frontend.
 
-Triton kernels are imported from their cache files (Triton reads a kernel's source from
-its file), wrapped for the device (compiled for CUDA, interpreted for CPU), kept in an
-in-process cache keyed by source hash; C++ kernels (kiln/codegen/cpp.py) are compiled in
-parallel and loaded by kiln/runtime/cpp_build.py. Both are bound into the wrapper's namespace.
+Triton kernels are compiled from their text under the name of their cache file (Triton reads
+a kernel's source through `inspect`, which finds the same text in `linecache`), wrapped for the
+device (compiled for CUDA, interpreted for CPU), kept in an in-process cache keyed by source
+hash; C++ kernels (kiln/codegen/cpp.py) are compiled in parallel and loaded by
+kiln/runtime/cpp_build.py. Both are bound into the wrapper's namespace. Nothing is imported
+through `importlib`, so no bytecode cache (`__pycache__`) sits beside the entries to go stale
+or corrupt: the in-memory text is what runs, its cache file is where tracebacks point.
 """
 from __future__ import annotations
 
-import importlib.util
 import linecache
+import types
 
 from kiln import _triton
 from kiln.runtime.cache import cache_path, source_hash
@@ -16,13 +19,20 @@ from kiln.runtime.cache import cache_path, source_hash
 _loaded_kernels: dict = {}
 
 
+def _execute(source: str, kind: str, namespace: dict) -> None:
+    """Run generated `source` in `namespace`, under the name of its cache file (kiln/runtime/cache.py)."""
+    path = cache_path(kind, source)
+    linecache.cache[path] = (len(source), None, source.splitlines(True), path)  # no mtime: never evicted
+    namespace["__file__"] = path
+    exec(compile(source, path, "exec"), namespace)
+
+
 def load_kernel(name: str, source: str, device_type: str):
+    """The Triton kernel `name` defined by `source`, for `device_type` (loaded once per process)."""
     key = (source_hash(source), device_type)
     if key not in _loaded_kernels:
-        path = cache_path("triton", source)
-        spec = importlib.util.spec_from_file_location(f"kiln_kernel_{key[0][:16]}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        module = types.ModuleType(f"kiln_kernel_{key[0][:16]}")
+        _execute(source, "triton", module.__dict__)
         _loaded_kernels[key] = _triton.jit_for_device(getattr(module, name), device_type)
     return _loaded_kernels[key]
 
@@ -67,7 +77,5 @@ def load_module(module_source, *, mode: str = "default", scheduled=None) -> Comp
             namespace[kernel.name] = _launcher(kernel)
     namespace.update(module_source.constants)
     namespace.update(module_source.externs)
-    path = cache_path("wrappers", module_source.wrapper)
-    linecache.cache[path] = (len(module_source.wrapper), None, module_source.wrapper.splitlines(True), path)
-    exec(compile(module_source.wrapper, path, "exec"), namespace)
+    _execute(module_source.wrapper, "wrappers", namespace)
     return CompiledGraph(namespace["call"], module_source, scheduled)

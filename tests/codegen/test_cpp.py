@@ -156,14 +156,15 @@ def test_libraries_are_cached_by_source_and_a_corrupt_one_is_rebuilt():
     kernel = graphs[0].module_source.kernel_sources[0]
     tools = cpp_build.toolchain()
     path = cpp_build.library_path(kernel.source, tools)
-    assert os.path.exists(path) and os.path.exists(path + ".sha256")
+    assert cpp_build.cached_library(kernel.source, tools) == path
     built = os.path.getmtime(path)
     assert cpp_build.build_library(kernel.source, tools) == path and os.path.getmtime(path) == built
     with open(path, "r+b") as handle:  # corrupt the cached library
         handle.seek(100)
         handle.write(b"\0garbage\0")
+    assert cpp_build.cached_library(kernel.source, tools) is None
     assert cpp_build.build_library(kernel.source, tools) == path
-    assert cpp_build._verified(path)
+    assert cpp_build.cached_library(kernel.source, tools) == path
 
 
 def test_identical_kernels_share_one_library():

@@ -39,7 +39,7 @@ def test_explain_reports_frames_graphs_kernels_and_fallbacks():
     assert "1 kernels, 1 externs" in str(report)
 
     def prints(x):
-        print("side effect")
+        print("side effect", x)  # a tensor printed: no graph breaks, so the frame runs eagerly
         return x + 1
 
     report = kiln.explain(prints, torch.randn(3))

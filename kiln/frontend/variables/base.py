@@ -202,6 +202,8 @@ class ConstantVariable(Variable):
         return wrap_sourceless(tx, operator.getitem(self.value, key.as_constant()))
 
     def reconstruct(self, codegen) -> str:
+        if self.source is not None and type(self.value) not in (type(None), bool, int):
+            return codegen.source(self.source)  # the outside object itself (`f(t) is t` for a tuple t)
         return codegen.constant(self.value)
 
 

@@ -91,10 +91,17 @@ def _make(tx, value: Any, source: Source | None, guards) -> Variable:
         if guards is not None:
             guards.type_is(source, type(value))
         return ExternalDictVariable(value, source)
-    if isinstance(value, (set, frozenset)) and all(is_constant_value(item) for item in value):
+    if isinstance(value, frozenset) and all(is_constant_value(item) for item in value):
         if guards is not None:
             guards.value(source, value)
-        return ConstantVariable(frozenset(value), source)
+        return ConstantVariable(value, source)
+    if type(value) is set and all(is_constant_value(item) for item in value):
+        from kiln.frontend.variables.builtins import SetVariable
+
+        if guards is not None:  # compared with a snapshot: the live set would always equal itself
+            guards.type_is(source, set)
+            guards.add(source, f"{{}} != {guards.constant(frozenset(value))}", f"changed from {value!r}")
+        return SetVariable(value, source, value)
     special = torch_special.handler_for(value)
     if special is not None or is_torch_function(value):
         if guards is not None:  # torch's own attributes come here unguarded (`guard=False`): this is a user's name
@@ -135,7 +142,7 @@ def _make(tx, value: Any, source: Source | None, guards) -> Variable:
     if isinstance(value, contextvars.ContextVar):
         return ContextVarVariable(value, source)
     if isinstance(value, (logging.Logger, logging.LoggerAdapter)):
-        return torch_special.IgnoredCallsVariable(value, source)
+        return torch_special.LoggerVariable(value, source)
     if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):
         raise Unsupported(f"calling builtin {getattr(value, '__qualname__', value)!r} which kiln does not model")
     if guards is not None:

@@ -4,7 +4,9 @@ Each builtin is one handler `(tx, args, kwargs) -> Variable` in `_HANDLERS`. A
 builtin on constants runs for real; on containers it works item by item; on
 tensors it becomes a graph node (abs, min/max of tensors via torch) or is refused
 when it would need tensor data. `operator` and `math` functions are handled the
-same way.
+same way. The iterator builtins (zip, map, filter, enumerate, iter, next, any, all,
+itertools.chain/islice/count) step their inputs lazily, as CPython does; `print` is
+recorded and replayed after the graph (kiln/frontend/replay.py).
 """
 from __future__ import annotations
 
@@ -22,8 +24,9 @@ from kiln.frontend.errors import Unsupported
 from kiln.frontend.operations import (BINARY_OPERATORS, COMPARE_OPERATORS, binary_op, compare_op, contains, is_same,
                                       unary_op)
 from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
-from kiln.frontend.variables.containers import (BaseListVariable, DictVariable, IteratorVariable, ListVariable,
-                                                SliceVariable, TupleVariable)
+from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, DictVariable, IteratorVariable,
+                                                LazyIteratorVariable, ListVariable, SliceVariable, TupleVariable,
+                                                iterate, unpack_iterable)
 from kiln.frontend.variables.tensor import TensorVariable
 
 
@@ -185,33 +188,70 @@ def _range(tx, args, kwargs):
 
 
 def _iterable_items(tx, variable: Variable) -> list[Variable]:
-    return variable.unpack(tx)
+    return unpack_iterable(tx, variable)
 
 
 def _enumerate(tx, args, kwargs):
     start = (args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))).as_constant()
-    return IteratorVariable([TupleVariable([ConstantVariable(index + start), item])
-                             for index, item in enumerate(_iterable_items(tx, args[0]))])
+    source = iterate(tx, args[0])
+    counter = itertools.count(start)
+
+    def step(tx):
+        item = source.next_item(tx)
+        return None if item is None else TupleVariable([ConstantVariable(next(counter)), item])
+
+    return LazyIteratorVariable("enumerate", step)
 
 
 def _zip(tx, args, kwargs):
     strict = kwargs.get("strict", ConstantVariable(False)).as_constant()
-    columns = [_iterable_items(tx, arg) for arg in args]
-    if strict and len({len(column) for column in columns}) > 1:
-        raise Unsupported("zip(strict=True) over iterables of different lengths (the program raises ValueError)")
-    return IteratorVariable([TupleVariable(list(row)) for row in zip(*columns)])
+    sources = [iterate(tx, arg) for arg in args]
+
+    def step(tx):
+        if not sources:
+            return None
+        row = []
+        for position, source in enumerate(sources):  # in order, like CPython: later ones are not advanced
+            item = source.next_item(tx)
+            if item is None:
+                if strict and (position > 0 or any(other.next_item(tx) is not None for other in sources[1:])):
+                    raise Unsupported("zip(strict=True) over iterables of different lengths "
+                                      "(the program raises ValueError)")
+                return None
+            row.append(item)
+        return TupleVariable(row)
+
+    return LazyIteratorVariable("zip", step)
 
 
 def _map(tx, args, kwargs):
-    function, iterables = args[0], [_iterable_items(tx, arg) for arg in args[1:]]
-    return IteratorVariable([function.call(tx, list(row), {}) for row in zip(*iterables)])
+    function, sources = args[0], [iterate(tx, arg) for arg in args[1:]]
+    if not sources:
+        raise Unsupported("map() with no iterable (the program raises TypeError)")
+
+    def step(tx):
+        row = []
+        for source in sources:
+            item = source.next_item(tx)
+            if item is None:
+                return None
+            row.append(item)
+        return function.call(tx, row, {})
+
+    return LazyIteratorVariable("map", step)
 
 
 def _filter(tx, args, kwargs):
-    function, items = args[0], _iterable_items(tx, args[1])
-    if isinstance(function, ConstantVariable) and function.value is None:
-        return IteratorVariable([item for item in items if item.truth(tx)])
-    return IteratorVariable([item for item in items if function.call(tx, [item], {}).truth(tx)])
+    function, source = args[0], iterate(tx, args[1])
+    keeps_truthy = isinstance(function, ConstantVariable) and function.value is None
+
+    def step(tx):
+        while True:
+            item = source.next_item(tx)
+            if item is None or (item.truth(tx) if keeps_truthy else function.call(tx, [item], {}).truth(tx)):
+                return item
+
+    return LazyIteratorVariable("filter", step)
 
 
 def _reversed(tx, args, kwargs):
@@ -219,16 +259,16 @@ def _reversed(tx, args, kwargs):
 
 
 def _iter(tx, args, kwargs):
-    if isinstance(args[0], IteratorVariable):
-        return args[0]
-    return IteratorVariable(_iterable_items(tx, args[0]))
+    if len(args) != 1:
+        raise Unsupported("iter(callable, sentinel)")
+    return iterate(tx, args[0])
 
 
 def _next(tx, args, kwargs):
     iterator = args[0]
-    if not isinstance(iterator, IteratorVariable):
-        raise Unsupported(f"next() on {iterator.describe()}")
-    item = iterator.next()
+    if not isinstance(iterator, BaseIteratorVariable):
+        raise Unsupported(f"next() on {iterator.describe()} (the program raises TypeError unless it is an iterator)")
+    item = iterator.next_item(tx)
     if item is None:
         if len(args) > 1:
             return args[1]
@@ -264,14 +304,23 @@ def _set(kind):
     return handler
 
 
-class SetVariable(Variable):
-    """A set of constants made during the trace."""
+_SET_MUTATORS = frozenset({"add", "update", "discard", "remove", "pop", "clear", "difference_update",
+                           "intersection_update", "symmetric_difference_update"})
 
-    def __init__(self, values):
+
+class SetVariable(Variable):
+    """A set of constants: made during the trace, or an outside one (`source`), read only."""
+
+    def __init__(self, values, source=None, real: set | None = None):
         self.values = set(values)
+        self.source = source
+        self.real = real  # the outside set itself
 
     def describe(self) -> str:
-        return "set"
+        return "set" if self.source is None else f"set at {self.source}"
+
+    def identity(self) -> Any:
+        return self.real if self.real is not None else self
 
     def python_type(self) -> type:
         return set
@@ -289,6 +338,8 @@ class SetVariable(Variable):
         return bool(self.values)
 
     def call_method(self, tx, name, args, kwargs):
+        if self.source is not None and name in _SET_MUTATORS:
+            raise Unsupported(f"set.{name} on {self.describe()} (mutating an outside set is not supported)")
         if name == "add":
             self.values.add(args[0].as_constant())
             return NONE
@@ -304,6 +355,8 @@ class SetVariable(Variable):
         return SetVariable(result) if isinstance(result, set) else ConstantVariable(result)
 
     def reconstruct(self, codegen) -> str:
+        if self.source is not None:  # the outside set itself
+            return codegen.source(self.source)
         return codegen.constant(set(self.values)) + ".copy()"
 
 
@@ -337,9 +390,16 @@ def _sum(tx, args, kwargs):
 
 
 def _any_all(fn):
+    """any/all stop at the first item that decides, as in Python (a generator runs only that far)."""
     def handler(tx, args, kwargs):
-        truths = (item.truth(tx) for item in _iterable_items(tx, args[0]))
-        return ConstantVariable(fn(truths))
+        source = iterate(tx, args[0])
+        deciding = fn is any
+        while True:
+            item = source.next_item(tx)
+            if item is None:
+                return ConstantVariable(not deciding)
+            if item.truth(tx) == deciding:
+                return ConstantVariable(deciding)
 
     return handler
 
@@ -386,7 +446,22 @@ def _super(tx, args, kwargs):
 
 
 def _print(tx, args, kwargs):
-    raise Unsupported("print() inside a compiled function (graph breaks are not supported yet)")
+    """print(...) is replayed after the graph (kiln/frontend/replay.py), with its arguments as they are now."""
+    from kiln.frontend import replay
+
+    unknown = set(kwargs) - {"sep", "end", "file", "flush"}
+    if unknown:
+        raise Unsupported(f"print() with keyword arguments {sorted(unknown)} (the program raises TypeError)")
+    held = [replay.snapshot(arg, "print()") for arg in args]
+    options: dict[str, Variable] = {key: replay.snapshot(kwargs[key], "print()")
+                                    for key in ("sep", "end", "flush") if key in kwargs}
+    stream = kwargs.get("file", NONE)
+    if not (isinstance(stream, ConstantVariable) and stream.value is None):
+        if stream.source is None:
+            raise Unsupported(f"print(file={stream.describe()}): a stream made inside the compiled function")
+        options["file"] = stream  # read when the entry prints, like sys.stdout would be
+    tx.output.side_effects.replay_call(builtins.print, held, options)
+    return NONE
 
 
 def _id(tx, args, kwargs):
@@ -464,7 +539,60 @@ def _reduce(tx, args, kwargs):
 
 
 def _chain(tx, args, kwargs):
-    return IteratorVariable([item for arg in args for item in _iterable_items(tx, arg)])
+    pending = list(args)
+    current: list[BaseIteratorVariable] = []
+
+    def step(tx):
+        while True:
+            if not current:
+                if not pending:
+                    return None
+                current.append(iterate(tx, pending.pop(0)))  # like chain: each input is iterated when reached
+            item = current[0].next_item(tx)
+            if item is not None:
+                return item
+            current.clear()
+
+    return LazyIteratorVariable("chain", step)
+
+
+def _islice(tx, args, kwargs):
+    """itertools.islice(iterable, stop) / (iterable, start, stop[, step]): takes only what it yields."""
+    if kwargs or not 2 <= len(args) <= 4:
+        raise Unsupported("itertools.islice with these arguments (the program raises TypeError)")
+    source = iterate(tx, args[0])
+    bounds = slice(*[arg.as_constant() for arg in args[1:]])
+    start, stop, step = bounds.start or 0, bounds.stop, bounds.step or 1
+    if any(not isinstance(value, int) or value < 0 for value in (start, step)) or step == 0 or \
+            (stop is not None and (not isinstance(stop, int) or stop < 0)):
+        raise Unsupported(f"itertools.islice bounds {bounds} (the program raises ValueError)")
+    state = {"consumed": 0, "next": start}
+
+    def step_fn(tx):  # CPython's islice_next, step for step: the items it consumes are the ones eager consumes
+        while state["consumed"] < state["next"]:
+            if source.next_item(tx) is None:
+                return None
+            state["consumed"] += 1
+        if stop is not None and state["consumed"] >= stop:
+            return None
+        item = source.next_item(tx)
+        if item is None:
+            return None
+        state["consumed"] += 1
+        state["next"] += step
+        if stop is not None and state["next"] > stop:
+            state["next"] = stop
+        return item
+
+    return LazyIteratorVariable("islice", step_fn)
+
+
+def _count(tx, args, kwargs):
+    """itertools.count(start=0, step=1) of constants."""
+    values = [arg.as_constant() for arg in args]
+    keywords = {key: arg.as_constant() for key, arg in kwargs.items()}
+    counter = _run(itertools.count, values, keywords)
+    return LazyIteratorVariable("count", lambda tx: ConstantVariable(next(counter)))
 
 
 def _product(tx, args, kwargs):
@@ -492,7 +620,8 @@ _HANDLERS: dict[Any, Callable] = {
     operator.pos: _unary(operator.pos), operator.invert: _unary(operator.invert),
     operator.truth: _bool, operator.index: _numeric(operator.index),
     dataclasses.fields: _fields, dataclasses.is_dataclass: _is_dataclass, functools.partial: _partial,
-    functools.reduce: _reduce, itertools.chain: _chain, itertools.product: _product,
+    functools.reduce: _reduce, itertools.chain: _chain, itertools.product: _product, itertools.islice: _islice,
+    itertools.count: _count,
 }
 for _symbol, _fn in BINARY_OPERATORS.items():
     _HANDLERS[_fn] = _operator_binary(_symbol)

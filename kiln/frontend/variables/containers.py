@@ -5,11 +5,17 @@ trackers and are mutated in place by list/dict methods. Containers read from the
 outside world are wrapped item by item with `ItemSource`s (and a type and length
 or keys guard); large outside dicts use `ExternalDictVariable`, which wraps only
 the entries the trace reads and guards just those. Mutating an outside container
-is recorded and replayed after the graph runs (`SideEffects`).
+is recorded and replayed after the graph runs (`SideEffects`), on the object itself.
+
+Iterators are lazy (`BaseIteratorVariable.next_item`): a list iterator, the lazy
+builtins (zip, map, filter, enumerate, chain, islice, count) and, in interpreter.py,
+generators; each takes at most MAX_ITERATION_STEPS items per trace.
 """
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.sources import ItemSource, is_literal_key
@@ -108,7 +114,8 @@ class TupleVariable(BaseListVariable):
         return self.tuple_type(values)
 
     def rebuild(self, items) -> Variable:
-        return TupleVariable(items)
+        # Slicing gives a plain tuple for namedtuples and structseqs, but torch.Size slices are Sizes.
+        return TupleVariable(items, tuple_type=torch.Size if issubclass(self.tuple_type, torch.Size) else tuple)
 
     def getattr(self, tx, name: str) -> Variable:
         fields = _field_names(self.tuple_type)
@@ -117,6 +124,8 @@ class TupleVariable(BaseListVariable):
         return super().getattr(tx, name)
 
     def reconstruct(self, codegen) -> str:
+        if self.source is not None:  # the outside tuple itself
+            return codegen.source(self.source)
         inner = ", ".join(codegen.value(item) for item in self.items)
         if self.tuple_type is tuple:
             return f"({inner}{',' if len(self.items) == 1 else ''})"
@@ -198,6 +207,12 @@ class ListVariable(BaseListVariable):
         return NONE
 
     def reconstruct(self, codegen) -> str:
+        if self.source is not None:  # the outside list itself (its mutations are replayed in place)
+            return codegen.source(self.source)
+        return self.display(codegen)
+
+    def display(self, codegen) -> str:
+        """A list display of the current items."""
         return "[" + ", ".join(codegen.value(item) for item in self.items) + "]"
 
 
@@ -322,18 +337,33 @@ class DictVariable(Variable):
                 self.entries[hashable_key(tx, key)] = (key, value)
 
     def reconstruct(self, codegen) -> str:
+        if self.source is not None:  # the outside dict itself (its mutations are replayed in place)
+            return codegen.source(self.source)
+        return self.display(codegen)
+
+    def display(self, codegen) -> str:
+        """A dict (of `dict_type`) holding the current entries."""
         inner = ", ".join(f"{codegen.value(key)}: {codegen.value(value)}" for key, value in self.entries.values())
         if self.dict_type is dict:
             return "{" + inner + "}"
         return f"{codegen.constant(self.dict_type)}({{{inner}}})"
 
 
+_DICT_MUTATORS = frozenset({"__setitem__", "__delitem__", "pop", "popitem", "setdefault", "update", "clear"})
+
+
 class ExternalDictVariable(Variable):
-    """A dict from outside the trace, read lazily: only the entries read are wrapped and guarded."""
+    """A dict from outside the trace, read lazily: only the entries read are wrapped and guarded.
+
+    The first mutation turns it into a `DictVariable` of every entry (all of them read and
+    guarded, since the replay rewrites the whole dict): later reads and writes go to that,
+    and the real dict is updated in place after the graph runs.
+    """
 
     def __init__(self, value: dict, source):
         self.value = value
         self.source = source
+        self.materialized: DictVariable | None = None
 
     def describe(self) -> str:
         return f"dict at {self.source}"
@@ -344,18 +374,47 @@ class ExternalDictVariable(Variable):
     def identity(self) -> Any:
         return self.value
 
+    def _materialize(self, tx) -> DictVariable:
+        if self.materialized is None:
+            import os
+
+            if isinstance(self.value, os._Environ):
+                raise Unsupported("mutating os.environ inside a compiled function")
+            if _is_module_namespace(self.value):
+                raise Unsupported(f"assigning into a module's globals dict ({self.describe()}); assign the global "
+                                  "itself (`global NAME` or `module.NAME = ...`), which kiln tracks")
+            entries = {key: (ConstantVariable(key), self.item(tx, key)) for key in self.keys(tx)}
+            self.materialized = DictVariable(entries, self.source, type(self.value))
+        return self.materialized
+
     def keys(self, tx) -> list:
+        if self.materialized is not None:
+            return list(self.materialized.entries)
+        if tx.output.side_effects.stores_globals_into(self.value):
+            raise Unsupported(f"listing {self.describe()}, a module's globals, after the trace assigned one of them")
         keys = tuple(self.value)
         tx.output.guards.keys(self.source, keys)
         return list(keys)
 
     def item(self, tx, key) -> Variable:
+        if self.materialized is not None:
+            return self.materialized.entries[key][1]
+        stored = tx.output.side_effects.stored_global(self.value, key)  # a module's globals dict, read after a store
+        if stored is not None:
+            if not isinstance(stored, Variable):
+                raise Unsupported(f"reading {key!r} from {self.describe()} after `del` (the program raises KeyError)")
+            return stored
         if not is_literal_key(key):
             raise Unsupported(f"reading key {key!r} of an outside dict (only str/int keys are guarded)")
         return tx.wrap(self.value[key], ItemSource(self.source, key))
 
     def contains(self, tx, key: Variable) -> bool:
+        if self.materialized is not None:
+            return self.materialized.contains(tx, key)
         python_key = hashable_key(tx, key)
+        stored = tx.output.side_effects.stored_global(self.value, python_key)
+        if stored is not None:
+            return isinstance(stored, Variable)
         present = python_key in self.value
         tx.output.guards.contains(self.source, python_key, present)
         return present
@@ -367,6 +426,8 @@ class ExternalDictVariable(Variable):
         return len(self.keys(tx))
 
     def unpack(self, tx) -> list[Variable]:
+        if self.materialized is not None:
+            return self.materialized.unpack(tx)
         return [ConstantVariable(key) for key in self.keys(tx)]
 
     def getitem(self, tx, key: Variable) -> Variable:
@@ -375,7 +436,26 @@ class ExternalDictVariable(Variable):
             raise Unsupported(f"key {python_key!r} missing from {self.describe()} (the program raises KeyError)")
         return self.item(tx, python_key)
 
+    def setitem(self, tx, key: Variable, value: Variable) -> None:
+        self._materialize(tx).setitem(tx, key, value)
+
+    def update_in_place(self, tx, other: Variable) -> None:
+        """`d |= other`."""
+        self._materialize(tx).call_method(tx, "update", [other], {})
+
     def call_method(self, tx, name, args, kwargs) -> Variable:
+        if name in _DICT_MUTATORS or self.materialized is not None:
+            materialized = self._materialize(tx)
+            if name == "__delitem__":
+                materialized.getitem(tx, args[0])  # a missing key raises, as `del` would
+                return materialized.call_method(tx, "pop", args, {})
+            if name == "popitem":
+                if not materialized.entries:
+                    raise Unsupported(f"popitem() on empty {self.describe()} (the program raises KeyError)")
+                key, (key_variable, value) = list(materialized.entries.items())[-1]
+                materialized.call_method(tx, "pop", [key_variable], {})
+                return TupleVariable([key_variable, value])
+            return materialized.call_method(tx, name, args, kwargs)
         if name in ("get", "__getitem__") and args:
             if self.contains(tx, args[0]):
                 return self.item(tx, hashable_key(tx, args[0]))
@@ -395,7 +475,7 @@ class ExternalDictVariable(Variable):
             return DictVariable({key: (ConstantVariable(key), self.item(tx, key)) for key in self.keys(tx)})
         if name == "__len__":
             return ConstantVariable(self.length(tx))
-        raise Unsupported(f"dict.{name} on {self.describe()} (mutating an outside dict is not supported)")
+        raise Unsupported(f"dict.{name} on {self.describe()}")
 
 
 class ListIteratorLike(BaseListVariable):
@@ -413,12 +493,21 @@ class ListIteratorLike(BaseListVariable):
                 "dict_items": type({}.items())}.get(self.kind, list)
 
 
-class IteratorVariable(Variable):
-    """An iterator over a known list of trackers (what GET_ITER makes of any iterable)."""
+MAX_ITERATION_STEPS = 10_000
+"""How many items the trace takes from one lazy iterator (a generator, zip, map...) before it gives up.
 
-    def __init__(self, items: list[Variable]):
-        self.items = list(items)
-        self.position = 0
+An iterator that never ends would otherwise hang the tracer; past this many items the
+frame runs eagerly instead (eager Python, of course, loops as long as the program says).
+"""
+
+
+class BaseIteratorVariable(Variable):
+    """An iterator: `next_item(tx)` gives the next tracker, or None once it is exhausted.
+
+    Iteration is lazy, as in Python: a consumer that stops early (a `for` loop that
+    breaks, `any`, `next`, `zip` over a shorter iterable) takes only the items it needs,
+    so a generator or a `map` runs its code (and its side effects) only that far.
+    """
 
     def describe(self) -> str:
         return "iterator"
@@ -426,7 +515,44 @@ class IteratorVariable(Variable):
     def python_type(self) -> type:
         return type(iter([]))
 
-    def next(self) -> Variable | None:
+    def next_item(self, tx) -> Variable | None:
+        raise NotImplementedError
+
+    def take(self, tx, count: int | None = None) -> list[Variable]:
+        """Up to `count` more items (all of them when None), bounded by MAX_ITERATION_STEPS."""
+        items: list[Variable] = []
+        while count is None or len(items) < count:
+            if len(items) >= MAX_ITERATION_STEPS:
+                raise Unsupported(f"{self.describe()} gave more than {MAX_ITERATION_STEPS} items while the trace "
+                                  "consumed it (an endless iterator?)")
+            item = self.next_item(tx)
+            if item is None:
+                break
+            items.append(item)
+        return items
+
+    def unpack(self, tx) -> list[Variable]:
+        return self.take(tx)
+
+    def call_method(self, tx, name, args, kwargs) -> Variable:
+        if name == "__next__":
+            item = self.next_item(tx)
+            if item is None:
+                raise Unsupported("next() on an exhausted iterator (StopIteration)")
+            return item
+        if name == "__iter__":
+            return self
+        return super().call_method(tx, name, args, kwargs)
+
+
+class IteratorVariable(BaseIteratorVariable):
+    """An iterator over a known list of trackers (what GET_ITER makes of a list, tuple, dict...)."""
+
+    def __init__(self, items: list[Variable]):
+        self.items = list(items)
+        self.position = 0
+
+    def next_item(self, tx) -> Variable | None:
         if self.position >= len(self.items):
             return None
         item = self.items[self.position]
@@ -438,15 +564,90 @@ class IteratorVariable(Variable):
         self.position = len(self.items)
         return rest
 
-    def call_method(self, tx, name, args, kwargs) -> Variable:
-        if name == "__next__":
-            item = self.next()
-            if item is None:
-                raise Unsupported("next() on an exhausted iterator (StopIteration)")
-            return item
-        if name == "__iter__":
-            return self
-        return super().call_method(tx, name, args, kwargs)
+
+class LazyIteratorVariable(BaseIteratorVariable):
+    """An iterator whose items are computed one `next()` at a time (zip, map, filter, enumerate, chain).
+
+    `step(tx)` returns the next item or None; once it has returned None it is not called again,
+    like CPython's builtins, which drop their inputs when exhausted.
+    """
+
+    def __init__(self, kind: str, step):
+        self.kind = kind
+        self.step = step
+        self.exhausted = False
+        self.steps = 0
+
+    def describe(self) -> str:
+        return f"{self.kind} iterator"
+
+    def python_type(self) -> type:
+        return _ITERATOR_TYPES.get(self.kind, type(iter([])))
+
+    def next_item(self, tx) -> Variable | None:
+        if self.exhausted:
+            return None
+        self.steps += 1
+        if self.steps > MAX_ITERATION_STEPS:
+            raise Unsupported(f"{self.describe()} stepped more than {MAX_ITERATION_STEPS} times during the trace "
+                              "(an endless iterator?)")
+        item = self.step(tx)
+        if item is None:
+            self.exhausted = True
+        return item
+
+
+def _is_module_namespace(value: dict) -> bool:
+    """Whether `value` is some module's `__dict__` (the globals of the functions defined in it)."""
+    import sys
+
+    module = sys.modules.get(value.get("__name__")) if isinstance(value.get("__name__"), str) else None
+    return module is not None and getattr(module, "__dict__", None) is value
+
+
+def _iterator_types() -> dict[str, type]:
+    import itertools
+
+    return {"zip": zip, "map": map, "filter": filter, "enumerate": enumerate, "chain": itertools.chain,
+            "islice": itertools.islice, "count": itertools.count}
+
+
+_ITERATOR_TYPES = _iterator_types()
+
+
+def iterate(tx, variable: Variable) -> BaseIteratorVariable:
+    """`iter(variable)`: an iterator is itself; a user class's own `__iter__` is called (a generator
+    method, usually); anything else iterates over its items."""
+    if isinstance(variable, BaseIteratorVariable):
+        return variable
+    if _iterates_in_python(variable):
+        iterator = variable.call_method(tx, "__iter__", [], {})
+        if not isinstance(iterator, BaseIteratorVariable):
+            raise Unsupported(f"__iter__ of {variable.describe()} returned {iterator.describe()}, not an iterator "
+                              "kiln can step")
+        return iterator
+    return IteratorVariable(variable.unpack(tx))
+
+
+def unpack_iterable(tx, variable: Variable, count: int | None = None) -> list[Variable]:
+    """The items of `variable`; from an iterator only `count` of them (unpacking takes one more than its
+    targets, to check that it is exhausted)."""
+    if isinstance(variable, BaseIteratorVariable) or _iterates_in_python(variable):
+        return iterate(tx, variable).take(tx, count)
+    return variable.unpack(tx)
+
+
+def _iterates_in_python(variable: Variable) -> bool:
+    """An object whose class defines `__iter__` in Python (inlined); a builtin base's slot is not."""
+    import types
+
+    from kiln.frontend.operations import has_python_method
+    from kiln.frontend.variables.objects import NewObjectVariable, lookup_class_attribute
+
+    if not has_python_method(variable, "__iter__"):
+        return False
+    cls = variable.cls if isinstance(variable, NewObjectVariable) else type(variable.value)
+    return isinstance(lookup_class_attribute(cls, "__iter__")[0], types.FunctionType)
 
 
 class SliceVariable(Variable):

@@ -350,6 +350,11 @@ class MethodDescriptorVariable(Variable):
             from kiln.frontend.variables.containers import ExternalDictVariable
 
             receiver = ExternalDictVariable(receiver.value, receiver.source)
+        elif generic:
+            # An instance of a user subclass of a builtin (`class Items(list)`): its own call_method would find
+            # this same descriptor again. kiln does not model the builtin's state inside such an object.
+            raise Unsupported(f"{self.describe()} on {receiver.describe()} (a builtin's method on an instance of "
+                              "a user subclass)")
         return receiver.call_method(tx, self.name, list(args[1:]), kwargs)
 
 

@@ -198,6 +198,13 @@ def call_module(tx, module_variable: ModuleVariable, args: list[Variable], kwarg
     if not own_call and call is not _MISSING and not is_module_call_function(call):
         return bind_class_attribute(tx, call, "__call__", module_variable, type(module),
                                     _type_source(module_variable)).call(tx, args, kwargs)
+    with tx.behind_uninterpreted_frames():  # Python runs nn.Module's call machinery between caller and forward
+        return _call_hooks_and_forward(tx, module_variable, args, kwargs)
+
+
+def _call_hooks_and_forward(tx, module_variable: ModuleVariable, args: list[Variable],
+                            kwargs: dict[str, Variable]) -> Variable:
+    module = module_variable.value
     guard_global_hooks(tx)
     source = module_variable.source
     for table in ("_backward_hooks", "_backward_pre_hooks"):
@@ -276,6 +283,11 @@ class PythonModuleVariable(Variable):
         return self.value
 
     def getattr(self, tx, name: str) -> Variable:
+        stored = tx.output.side_effects.stored_global(self.value.__dict__, name)  # a global the trace assigned
+        if stored is not None:
+            if not isinstance(stored, Variable):
+                raise AttributeFailure(f"module {self.value.__name__} attribute {name!r} read after `del`")
+            return stored
         try:
             value = getattr(self.value, name)
         except AttributeError:
@@ -283,6 +295,13 @@ class PythonModuleVariable(Variable):
         trusted = _is_trusted_module(self.value)
         source = AttrSource(self.source, name) if self.source is not None and not trusted else None
         return tx.wrap(value, source, guard=not trusted)
+
+    def setattr(self, tx, name: str, value: Variable) -> None:
+        """`module.NAME = value` is a store into that module's globals, replayed after the graph."""
+        if _is_trusted_module(self.value):
+            raise Unsupported(f"assigning {name!r} on library module {self.value.__name__}")
+        namespace = self.value.__dict__
+        tx.output.side_effects.store_global(namespace, tx.output.named_source("__globals", namespace), name, value)
 
 
 _TRUSTED_MODULE_ROOTS = frozenset({

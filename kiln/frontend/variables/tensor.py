@@ -89,6 +89,8 @@ class TensorVariable(Variable):
         tx.output.call_tensor_op(tx, "call_function", operator.setitem, [self, key, value], {})
 
     def reconstruct(self, codegen) -> str:
+        if self.source is not None:  # an outside tensor comes back as itself, not as a graph output aliasing it
+            return codegen.source(self.source)
         return codegen.tensor(self)
 
 

@@ -8,12 +8,15 @@
   the trace (so fake tensors see it) and puts the same change into the graph.
 - constant constructors (`torch.Size`, `torch.device`, `torch.finfo`, ...) run at
   trace time on constant arguments.
-- logging and `warnings.warn` are dropped (they print, they do not compute).
+- `warnings.warn`, loggers and the `logging` module's functions are recorded and
+  replayed after the graph, in program order, from the location Python would name
+  (kiln/frontend/replay.py); a logger's level checks are guarded.
 """
 from __future__ import annotations
 
 import contextlib
 import inspect
+import logging
 import typing
 import warnings
 from typing import Any, Callable
@@ -21,7 +24,7 @@ from typing import Any, Callable
 import torch
 
 from kiln.frontend.errors import Unsupported
-from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
+from kiln.frontend.variables.base import NONE, ConstantVariable, TrackerMethod, Variable
 
 
 def _constant(value):
@@ -60,8 +63,66 @@ def _autocast(tx, args, kwargs):
     return AutocastVariable(torch.autocast(*values, **keywords))
 
 
-def _ignored(tx, args, kwargs):
+def _warn(tx, args, kwargs):
+    """warnings.warn(message, category=None, stacklevel=1, source=None, *, skip_file_prefixes=())."""
+    from kiln.frontend import replay
+    from kiln.frontend.variables.objects import ExceptionVariable
+
+    parameters = _bind("warnings.warn", ("message", "category", "stacklevel", "source"), args, kwargs,
+                       ("skip_file_prefixes",))
+    message = parameters["message"]
+    category = parameters.get("category", NONE).as_constant()
+    stacklevel = parameters.get("stacklevel", ConstantVariable(1)).as_constant()
+    if parameters.get("source", NONE).as_constant() is not None or \
+            parameters.get("skip_file_prefixes", ConstantVariable(())).as_constant():
+        raise Unsupported("warnings.warn with source= or skip_file_prefixes=")
+    if isinstance(message, ExceptionVariable) and issubclass(message.cls, Warning):
+        message_value = message.cls(*[replay.snapshot(arg, "warnings.warn").value for arg in message.args])
+    else:
+        message_value = replay.snapshot(message, "warnings.warn").value
+    if isinstance(message_value, Warning):
+        category = type(message_value)
+    elif category is None:
+        category = UserWarning
+    if not (isinstance(category, type) and issubclass(category, Warning)):
+        raise Unsupported(f"warnings.warn with category {category!r}, not a Warning subclass (the program raises "
+                          "TypeError)")
+    if type(stacklevel) is not int:
+        raise Unsupported(f"warnings.warn with stacklevel={stacklevel!r}")
+    filename, lineno, _, module_globals = replay.caller_location(tx, stacklevel, "warnings.warn")
+    held = [replay.HeldValue(value) for value in (message_value, category, filename, lineno, module_globals)]
+    tx.output.side_effects.replay_call(replay.warn, held, {})
     return NONE
+
+
+def _bind(name: str, positional: tuple[str, ...], args, kwargs, keyword_only: tuple[str, ...] = ()) -> dict:
+    """A builtin's arguments by parameter name (refusing what Python would reject)."""
+    if len(args) > len(positional):
+        raise Unsupported(f"{name}() with {len(args)} positional arguments (the program raises TypeError)")
+    bound = dict(zip(positional, args))
+    for key, value in kwargs.items():
+        if key in bound or key not in positional + keyword_only:
+            raise Unsupported(f"{name}() with keyword argument {key!r} (the program raises TypeError)")
+        bound[key] = value
+    if positional and positional[0] not in bound:
+        raise Unsupported(f"{name}() without {positional[0]!r} (the program raises TypeError)")
+    return bound
+
+
+def _get_logger(tx, args, kwargs):
+    """logging.getLogger(name): the logger itself (made now if new, as the call would make it)."""
+    name = args[0].as_constant() if args else kwargs.get("name", NONE).as_constant()
+    if name is not None and not isinstance(name, str):
+        raise Unsupported(f"logging.getLogger({name!r})")
+    return LoggerVariable(logging.getLogger(name))
+
+
+def _logging_function(method: str):
+    """logging.warning(...) and friends: the root logger's method, configuring it first if it has no handler."""
+    def handler(tx, args, kwargs):
+        return LoggerVariable(logging.root).log_call(tx, method, args, kwargs, configure_root=True)
+
+    return handler
 
 
 def _cast(tx, args, kwargs):
@@ -129,11 +190,15 @@ def _build_table() -> dict[Any, Callable]:
         torch.is_autocast_enabled: _constant_call(torch.is_autocast_enabled),
         torch._check: _check,
         torch._assert: _check,
-        warnings.warn: _ignored,
+        warnings.warn: _warn,
+        logging.getLogger: _get_logger,
         typing.cast: _cast,
         contextlib.nullcontext: _nullcontext,
         inspect.signature: _signature,
     }
+    for method in (*_LOG_LEVELS, "log"):
+        if hasattr(logging, method):
+            table[getattr(logging, method)] = _logging_function(method)
     for fn in _MODULE_CALLS:
         table[fn] = _module_call
     fx_tracing = getattr(torch.fx._symbolic_trace, "is_fx_tracing", None)
@@ -245,29 +310,110 @@ class DecoratedFunctionVariable(Variable):
 
     def call(self, tx, args, kwargs) -> Variable:
         self.manager.enter(tx)
-        result = self.function.call(tx, args, kwargs)
+        with tx.behind_uninterpreted_frames():  # Python calls the function from the decorator's wrapper
+            result = self.function.call(tx, args, kwargs)
         self.manager.exit(tx)
         return result
 
 
-class IgnoredCallsVariable(Variable):
-    """A logger: every method call is dropped (logging does not change the computation)."""
+_LOG_LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "warn": logging.WARNING,
+               "error": logging.ERROR, "exception": logging.ERROR, "critical": logging.CRITICAL,
+               "fatal": logging.CRITICAL}
+_LOG_OPTIONS = frozenset({"exc_info", "stack_info", "stacklevel", "extra"})
+
+
+class LoggerVariable(Variable):
+    """A logging.Logger or LoggerAdapter: log calls are replayed after the graph, level checks are guarded.
+
+    `logger.warning("x=%s", 3)` is recorded with its arguments and the file, line and
+    function `findCaller` would report, and made again by the entry function
+    (kiln/frontend/replay.py), which checks the level then, as the call would.
+    `isEnabledFor`/`getEffectiveLevel`/`level`/`disabled` are answered now and guarded,
+    so the trace can branch on them. A method a library added to Logger (transformers'
+    `warning_once`) is called as it is, after the graph. Anything else (adding handlers,
+    changing levels) is refused.
+    """
 
     def __init__(self, value, source=None):
         self.value = value
         self.source = source
 
     def describe(self) -> str:
-        return f"logger {getattr(self.value, 'name', '')}"
+        return f"logger {getattr(self.value, 'name', '')!r}"
+
+    def python_type(self) -> type:
+        return type(self.value)
 
     def identity(self) -> Any:
         return self.value
 
-    def getattr(self, tx, name: str) -> Variable:
-        if name.startswith("is") or name in ("level", "name", "disabled"):
-            return ConstantVariable(getattr(self.value, name)()) if callable(getattr(self.value, name)) \
-                else ConstantVariable(getattr(self.value, name))
-        return IgnoredCallsVariable(None)
+    def _guard_source(self, tx):
+        return self.source if self.source is not None else tx.output.named_source("__logger", self.value)
 
-    def call(self, tx, args, kwargs) -> Variable:
+    def _guarded(self, tx, expression: str, value: Any) -> ConstantVariable:
+        """`logger<expression>` answered now; the entry is reused only while it gives the same answer."""
+        tx.output.guards.add(self._guard_source(tx), f"{{}}{expression} != {value!r}",
+                             f"logger{expression} changed from {value!r}")
+        return ConstantVariable(value)
+
+    def getattr(self, tx, name: str) -> Variable:
+        if name == "name":
+            return ConstantVariable(self.value.name)
+        if name in ("level", "disabled", "propagate") and isinstance(self.value, logging.Logger):
+            return self._guarded(tx, f".{name}", getattr(self.value, name))
+        if name in ("isEnabledFor", "getEffectiveLevel", "log") or name in _LOG_LEVELS or self._library_method(name):
+            return TrackerMethod(self, name)
+        raise Unsupported(f"{name!r} of {self.describe()} (only logging calls and level checks are modelled)")
+
+    def _library_method(self, name: str) -> bool:
+        """A logging method a library patched onto the logger's class (`warning_once`, `info_once`)."""
+        own = name in vars(logging.Logger) or name in vars(logging.LoggerAdapter)
+        return not own and name.startswith(tuple(_LOG_LEVELS)) and callable(getattr(self.value, name, None))
+
+    def call_method(self, tx, name, args, kwargs) -> Variable:
+        if name == "isEnabledFor":
+            level = args[0].as_constant()
+            return self._guarded(tx, f".isEnabledFor({level!r})", self.value.isEnabledFor(level))
+        if name == "getEffectiveLevel":
+            return self._guarded(tx, ".getEffectiveLevel()", self.value.getEffectiveLevel())
+        if name in _LOG_LEVELS or name == "log":
+            return self.log_call(tx, name, args, kwargs)
+        if self._library_method(name):
+            from kiln.frontend import replay
+
+            held = [replay.snapshot(arg, f"{self.describe()}.{name}()") for arg in args]
+            options = {key: replay.snapshot(arg, f"{self.describe()}.{name}()") for key, arg in kwargs.items()}
+            tx.output.side_effects.replay_call(getattr(self.value, name), held, options)
+            return NONE
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+    def log_call(self, tx, method: str, args, kwargs, configure_root: bool = False) -> Variable:
+        """`logger.<method>(...)` recorded for replay with the caller `findCaller` would name."""
+        from kiln.frontend import replay
+
+        what = f"{self.describe()}.{method}()"
+        args = list(args)
+        if method == "log":
+            if not args:
+                raise Unsupported(f"{what} without a level (the program raises TypeError)")
+            level = args.pop(0).as_constant()
+            if not isinstance(level, int):
+                raise Unsupported(f"{what} with level {level!r}")
+        else:
+            level = _LOG_LEVELS[method]
+        if not args:
+            raise Unsupported(f"{what} without a message (the program raises TypeError)")
+        unknown = set(kwargs) - _LOG_OPTIONS
+        if unknown:
+            raise Unsupported(f"{what} with keyword arguments {sorted(unknown)} (the program raises TypeError)")
+        options = {key: replay.snapshot(value, what).value for key, value in kwargs.items()}
+        if method == "exception":
+            options.setdefault("exc_info", True)
+        if options.get("stack_info"):
+            raise Unsupported(f"{what} with stack_info=True (the stack is not known at trace time)")
+        filename, lineno, function, _ = replay.caller_location(tx, options.get("stacklevel", 1), what)
+        message, *values = [replay.snapshot(arg, what).value for arg in args]
+        held = [replay.HeldValue(value) for value in
+                (self.value, level, message, tuple(values), (filename, lineno, function), options, configure_root)]
+        tx.output.side_effects.replay_call(replay.log, held, {})
         return NONE
