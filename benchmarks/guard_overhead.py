@@ -161,6 +161,31 @@ def _deep_model_cases() -> dict:
     }
 
 
+def _decay(buffer, a, b, c, d):
+    """An in-place update of one of five tensor inputs: its guard checks their storage sharing."""
+    buffer.mul_(0.9).add_(a * b + c * d)
+    return buffer
+
+
+def _mutation_cases() -> dict:
+    """The guard of a function that mutates an input (the storage aliasing check: one storage
+    address per tensor input), next to the same function's guard without the mutation."""
+    from kiln.frontend import compile_function
+
+    def pure(buffer, a, b, c, d):
+        return buffer * 0.9 + (a * b + c * d)
+
+    cases = {}
+    for label, fn in (("in-place update of 1 of 5 tensors", _decay), ("same, out of place", pure)):
+        compiled = compile_function(fn, _replay_backend)
+        tensors = [torch.randn(16) for _ in range(5)]
+        compiled(*tensors)
+        entry = compiled.entries[0]
+        assert entry.guard(*tensors) is None and entry.eager_reason is None
+        cases[f"{label}: kiln guard function alone"] = (entry.guard, tensors)
+    return cases
+
+
 def measure(iterations: int, rounds: int) -> dict[str, dict[str, float]]:
     torch.manual_seed(0)
     model = SmallMLP().eval()
@@ -171,6 +196,7 @@ def measure(iterations: int, rounds: int) -> dict[str, dict[str, float]]:
         cases.update(eager_cases)
         replay_cases, _ = _quantities("replay", _replay_backend, _replay_backend, model, x)
         cases.update(replay_cases)
+        cases.update(_mutation_cases())
         cases.update(_deep_model_cases())
         for fn, args in cases.values():  # warm up
             for _ in range(200):

@@ -39,6 +39,7 @@ from kiln.runtime.locks import compile_lock
 log = logging.getLogger("kiln")
 
 RECOMPILE_LIMIT = 8
+_MISSING = object()
 
 
 @dataclass
@@ -59,6 +60,7 @@ class CodeCache:
 
     entries: list[CacheEntry] = field(default_factory=list)
     over_limit: bool = False
+    defaults: tuple | None = None  # (__defaults__, __kwdefaults__ items) the entries were made with
 
 
 @dataclass
@@ -72,6 +74,16 @@ class FrontendStats:
 
 
 stats = FrontendStats()
+
+
+def _same_defaults(first: tuple, second: tuple) -> bool:
+    """Whether two (__defaults__, __kwdefaults__ items) pairs hold the same objects."""
+    (positional, keywords), (other_positional, other_keywords) = first, second
+    if positional is not other_positional or (keywords is None) != (other_keywords is None):
+        return False
+    return keywords is None or (len(keywords) == len(other_keywords) and all(
+        name == other_name and value is other_value
+        for (name, value), (other_name, other_value) in zip(keywords, other_keywords)))
 
 
 def _call_module(module, *args, **kwargs):
@@ -99,14 +111,45 @@ class Dispatcher:
         self.bound_self = bound_self
         self.graph_compiler = graph_compiler
         self.fullgraph = fullgraph
-        self.signature = FrameSignature.of(fn)
         self.caches: dict[types.CodeType, CodeCache] = {}
-        self._cache = self.caches.setdefault(fn.__code__, CodeCache())
         self._warned: set[str] = set()
+        self._use_current_function()
+
+    def _use_current_function(self) -> None:
+        """Take `fn`'s code and defaults as they are now.
+
+        The guard and entry functions bind parameters with the signature's defaults, and a
+        code object's entries were traced from it, so a replaced `__code__`, `__defaults__`
+        or `__kwdefaults__` (or a kw-only default set in place) must be seen before any
+        guard runs: entries made with other defaults are dropped.
+        """
+        fn = self.fn
+        kwdefaults = fn.__kwdefaults__
+        self._traced_code, self._traced_defaults = fn.__code__, fn.__defaults__
+        self._traced_kwdefaults = kwdefaults
+        self._traced_kwdefault_values = tuple(kwdefaults.items()) if kwdefaults is not None else None
+        self.signature = FrameSignature.of(fn)
+        self._cache = self.caches.setdefault(fn.__code__, CodeCache())
+        defaults = (fn.__defaults__, self._traced_kwdefault_values)
+        if self._cache.defaults is not None and not _same_defaults(self._cache.defaults, defaults):
+            self._cache.entries.clear()  # their guards and entries bind the old defaults
+        self._cache.defaults = defaults
+
+    def _function_changed(self) -> bool:
+        fn = self.fn
+        if fn.__code__ is not self._traced_code or fn.__defaults__ is not self._traced_defaults:
+            return True
+        kwdefaults = fn.__kwdefaults__
+        if kwdefaults is not self._traced_kwdefaults:
+            return True
+        return kwdefaults is not None and (len(kwdefaults) != len(self._traced_kwdefault_values) or any(
+            kwdefaults.get(name, _MISSING) is not value for name, value in self._traced_kwdefault_values))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.bound_self is not None:
             args = (self.bound_self, *args)
+        if self._function_changed():
+            self._use_current_function()
         for entry in self._cache.entries:
             if entry.guard(*args, **kwargs) is None:
                 return entry.entry(*args, **kwargs)

@@ -3,7 +3,7 @@
 While the interpreter traces, every read of the outside world adds a check to the
 `GuardBuilder`: tensor metadata (type, dtype, device, shape, stride, requires_grad),
 the type, identity or value of globals, closure cells and attributes, container
-lengths and keys, and global state (grad mode, autocast). `build()` turns them into
+lengths and keys, and global state (grad mode, default dtype, autocast). `build()` turns them into
 straight-line Python source:
 
     def guard(self, x):
@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import enum
 import inspect
+import math
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
+import torch.fx
 
 from kiln import _torch
-from kiln.frontend.sources import LocalSource, NamedSource, Source, chain
+from kiln.frontend.sources import AttrSource, LocalSource, NamedSource, Source, chain
 
 _LITERAL_TYPES = (int, float, str, bool, type(None), bytes)
 
@@ -55,6 +58,7 @@ class GuardBuilder:
         self._constant_names: dict[int, str] = {}
         self._tensors: dict[Source, torch.Tensor] = {}  # tensor guards, checked together when torch can
         self._tensor_lines: set[tuple] = set()  # (source, failure) of their per-tensor Python lines
+        self._storages: list[_TracedStorage] = []  # every tensor input, for the storage aliasing check
 
     def constant(self, value: Any) -> str:
         """A name under which the guard function holds `value` (equal hashable values share one)."""
@@ -95,12 +99,22 @@ class GuardBuilder:
         if type(value) in _LITERAL_TYPES and value == value:  # NaN never equals itself
             self.type_is(source, type(value))
             self.add(source, f"{{}} != {value!r}", f"changed from {value!r}")
+            if type(value) is float and value == 0.0:  # 0.0 == -0.0, but 1 / x or atan2 tell them apart
+                sign = math.copysign(1.0, value)
+                self.add(source, f"{self.constant(math.copysign)}(1.0, {{}}) != {sign!r}", f"changed from {value!r}")
+            return
+        if type(value) is float:  # NaN
+            self.type_is(source, float)
+            self.add(source, "{} == {}", "is no longer nan")
             return
         if isinstance(value, (torch.dtype, torch.layout, torch.memory_format)):
             self.identity(source, value)
             return
         self.type_is(source, type(value))
-        self.add(source, f"{{}} != {self.constant(value)}", f"changed from {_short(value)}")
+        # Compare with a copy made now: the live object (a set) may be changed in place later,
+        # and a guard holding it would compare it with itself.
+        snapshot = frozenset(value) if isinstance(value, (set, frozenset)) else value
+        self.add(source, f"{{}} != {self.constant(snapshot)}", f"changed from {_short(value)}")
 
     def length(self, source: Source, size: int) -> None:
         self.add(source, f"len({{}}) != {size}", f"length changed from {size}")
@@ -143,16 +157,41 @@ class GuardBuilder:
                                   f"requires_grad={tensor.requires_grad}")
         self._tensor_lines.update((check.source, check.failure) for check in self.checks[before:])
 
+    def tensor_storage(self, source: Source, tensor: torch.Tensor, fake: torch.Tensor, graph: torch.fx.Graph) -> None:
+        """Remember a tensor input and its fake tensor, for `build`'s storage aliasing check.
+
+        The trace sees which inputs share storage (the fake tensors of views of one buffer
+        share one fake storage), and the graph it records is only right for that sharing
+        once an input is mutated. `build` reads the fakes' version counters to find the
+        mutated inputs (and, for an inference tensor, which has none, looks for in-place
+        ops in `graph`).
+        """
+        self._storages.append(_TracedStorage(source, tensor, fake, _version(fake), graph))
+
+    def function(self, source: Source, fn: types.FunctionType) -> None:
+        """A function the trace inlines: its code is still the one traced (identity of the
+        function object does not say so: `__code__` is assignable)."""
+        self.identity(AttrSource(source, "__code__"), fn.__code__)
+
+    def function_defaults(self, source: Source, defaults: tuple) -> None:
+        """How many positional defaults an inlined function has decides which parameters they fill."""
+        defaults_source = AttrSource(source, "__defaults__")
+        self.type_is(defaults_source, tuple)
+        self.length(defaults_source, len(defaults))
+
     def no_hooks(self, source: Source, tables: tuple[str, ...]) -> None:
         """The module at `source` still has no hooks in any of `tables`."""
         failure = " or ".join(f"{{}}.{table}" for table in tables)
         self.add(source, failure, f"hooks were added ({', '.join(tables)})")
 
     def global_state(self) -> None:
-        """Grad mode and autocast as they are now, at the start of the trace."""
+        """Grad mode, the default dtype and autocast as they are now, at the start of the trace."""
         grad = torch.is_grad_enabled()
         self.add(None, f"{self.constant(torch.is_grad_enabled)}() is not {grad}",
                  f"grad mode changed from {'enabled' if grad else 'disabled'}")
+        default_dtype = torch.get_default_dtype()  # `torch.ones(3)` in the trace is baked with it
+        self.add(None, f"{self.constant(torch.get_default_dtype)}() is not {self.constant(default_dtype)}",
+                 f"default dtype changed from {str(default_dtype).replace('torch.', '')}")
         for device_type in ("cpu", "cuda"):
             enabled = torch.is_autocast_enabled(device_type)
             self.add(None, f"{self.constant(torch.is_autocast_enabled)}({device_type!r}) is not {enabled}",
@@ -194,6 +233,7 @@ class GuardBuilder:
                         f"tensor_check_names=__tensor_names))")
             namespace["__tensors"] = checker
             namespace["__tensor_names"] = [source.expr() for source in tensor_sources]
+        body.extend(self._storage_aliasing_lines(renderer, body, namespace))
         lines = [f"def __guard({signature.text}):", "    try:"]
         lines += ["        " + line for line in body] or ["        pass"]
         lines += ["    except Exception as __error:",
@@ -203,6 +243,102 @@ class GuardBuilder:
         namespace.update(self.constants)
         namespace.update(extra_namespace)
         return compile_function(source_text, "__guard", namespace, "kiln_guard"), source_text
+
+
+    def _storage_aliasing_lines(self, renderer: "SourceRenderer", body: list[str],
+                                namespace: dict) -> list[str]:
+        """Checks that every mutated input shares storage with exactly the inputs it shared it
+        with in the trace (and only those): the graph's result depends on that sharing.
+
+        Inputs that nothing mutates may alias each other freely, so a frame without input
+        mutation gets no check at all. Otherwise every tensor input's storage identity is
+        read in one call (`_torch.storage_ids`, after the metadata checks, so every value is
+        a tensor), ordered so that the checks are slices: the mutated inputs' storages
+        first (one per storage), then the inputs that shared those in the trace, then the rest.
+        """
+        mutated = [traced for traced in self._storages if traced.mutated()]
+        if not mutated:
+            return []
+        groups: dict[int, list[_TracedStorage]] = {}
+        for traced in self._storages:
+            groups.setdefault(traced.storage_key(), []).append(traced)
+        mutated_keys = list(dict.fromkeys(traced.storage_key() for traced in mutated))
+        representatives = [groups[key][0] for key in mutated_keys]
+        sharing = [(traced, index) for index, key in enumerate(mutated_keys) for traced in groups[key][1:]]
+        others = [traced for traced in self._storages if traced.storage_key() not in mutated_keys]
+        ordered = representatives + [traced for traced, _ in sharing] + others
+        namespace["__storage_ids"] = _torch.storage_ids
+        values = ", ".join(renderer.render(traced.source, body) for traced in ordered)
+        lines = [f"__storages = __storage_ids({values})"]
+        names = ", ".join(first.source.expr() for first in representatives)
+        count = len(representatives)
+        for position, (traced, group) in enumerate(sharing, start=count):
+            first = representatives[group].source.expr()
+            reason = f"{traced.source.expr()}: no longer shares storage with {first}, which the graph mutates"
+            lines.append(f"if __storages[{position}] != __storages[{group}]: return {reason!r}")
+        if count > 1:
+            lines.append(f"if len(set(__storages[:{count}])) != {count}: return "
+                         f"{f'mutated inputs ({names}) now share storage with each other'!r}")
+        if others:
+            start = count + len(sharing)
+            test = f"__storages[0] in __storages[{start}:]" if count == 1 else \
+                f"not set(__storages[:{count}]).isdisjoint(__storages[{start}:])"
+            lines.append(f"if {test}: return {f'an input now shares storage with a mutated input ({names})'!r}")
+        return lines
+
+
+@dataclass(frozen=True)
+class _TracedStorage:
+    """A tensor input as the trace saw it: its storage, and its fake's version when the trace began."""
+
+    source: Source
+    tensor: torch.Tensor
+    fake: torch.Tensor
+    initial_version: int | None
+    graph: torch.fx.Graph
+
+    def storage_key(self) -> int:
+        return _torch.storage_ids(self.tensor)[0]
+
+    def mutated(self) -> bool:
+        """Whether the trace wrote to this input (or to a view of it).
+
+        An inference tensor has no version counter: it counts as mutated when the graph has
+        any in-place op at all (an input made under `torch.inference_mode()` then costs the
+        storage check only in frames that write to some tensor)."""
+        version = _version(self.fake)
+        if version is None or self.initial_version is None:
+            return _has_inplace_op(self.graph)
+        return version != self.initial_version
+
+
+_INPLACE_OPERATORS = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "and", "or", "xor", "lshift",
+                      "rshift", "matmul")
+_INPLACE_FUNCTIONS = frozenset({"setitem", "__setitem__", *(f"i{op}" for op in _INPLACE_OPERATORS),
+                                *(f"__i{op}__" for op in _INPLACE_OPERATORS)})
+
+
+def _has_inplace_op(graph: torch.fx.Graph) -> bool:
+    """Whether any node of `graph` may write to a tensor: an in-place method or function
+    (`add_`, `x[i] = v`, `+=`), an `out=` or `inplace=True` argument."""
+    for node in graph.nodes:
+        if node.op not in ("call_function", "call_method"):
+            continue
+        name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", "")
+        if (name.endswith("_") and not name.endswith("__")) or name in _INPLACE_FUNCTIONS or \
+                "out" in node.kwargs or node.kwargs.get("inplace") is True:
+            return True
+        parameters = getattr(getattr(node.target, "__code__", None), "co_varnames", ())
+        if "inplace" in parameters and True in node.args[1:]:  # F.relu(x, True)
+            return True
+    return False
+
+
+def _version(tensor: torch.Tensor) -> int | None:
+    try:
+        return tensor._version
+    except RuntimeError:  # inference tensors do not count their versions
+        return None
 
 
 class SourceRenderer:

@@ -348,6 +348,8 @@ class Frame:
                 return self.wrap(self.fn_globals[name], None, guard=False)
             return self.wrap(self.fn_globals[name], ItemSource(self.globals_source, name))
         if hasattr(builtins, name):
+            if not _is_library_globals(self.fn_globals):  # a global defined later would shadow the builtin
+                self.output.guards.contains(self.globals_source, name, False)
             return self.wrap(getattr(builtins, name), None, guard=False)
         raise Unsupported(f"name {name!r} is not defined (the program raises NameError)")
 

@@ -117,6 +117,7 @@ class OutputGraph:
             with self.graph.inserting_before(first_compute):
                 node = self.graph.placeholder(self._unique(source.readable_name()))
         fake = self.fake_mode.from_tensor(value, static_shapes=True)
+        self.guards.tensor_storage(source, value, fake, self.graph)
         node.meta["example_value"] = fake
         variable = TensorVariable(node, fake, source, type(value))
         self.inputs.append((source, value, variable))

@@ -104,7 +104,7 @@ def _make(tx, value: Any, source: Source | None, guards) -> Variable:
         return SetVariable(value, source, value)
     special = torch_special.handler_for(value)
     if special is not None or is_torch_function(value):
-        if guards is not None and not _from_torch(value):
+        if guards is not None:  # torch's own attributes come here unguarded (`guard=False`): this is a user's name
             guards.identity(source, value)
         if isinstance(value, type):
             return ClassVariable(value, source)
@@ -165,11 +165,6 @@ def _behaves_as_dict(cls: type) -> bool:
     return all(getattr(cls, name) is getattr(dict, name) or
                any(getattr(cls, name) is getattr(base, name, None) for base in (dict,)) for name in _DICT_METHODS) \
         or cls.__module__ == "collections"
-
-
-def _from_torch(value: Any) -> bool:
-    module = getattr(value, "__module__", None) or ""
-    return module.startswith("torch")
 
 
 def wrap_sourceless(tx, value: Any) -> Variable:

@@ -153,13 +153,24 @@ class UserFunctionVariable(BaseFunctionVariable):
     def closure_cells(self, tx) -> list[CellVariable]:
         cells = self.fn.__closure__ or ()
         # A function reached without a source (e.g. a method found on a class) is held by the guard directly.
-        function_source = self.source if self.source is not None else tx.output.named_source("__function", self.fn)
+        function_source = self._function_source(tx)
         return [CellVariable(real_cell=cell, source=ClosureCellSource(function_source, index))
                 for index, cell in enumerate(cells)]
+
+    def _function_source(self, tx):
+        """Where guards read this function: its source, else the guard holds the function itself."""
+        return self.source if self.source is not None else tx.output.named_source("__function", self.fn)
 
     def bind(self, tx, args, kwargs):
         from kiln.frontend.sources import ItemSource
 
+        # Inlining reads the function's code and defaults: both are assignable, so guard them
+        # (the function's identity alone does not cover them). torch's own functions are
+        # trusted, like its globals.
+        function_source = self._function_source(tx)
+        guarded = not _is_library_function(self.fn)
+        if guarded:
+            tx.output.guards.function(function_source, self.fn)
         defaults = self.fn.__defaults__ or ()
         kwdefaults = self.fn.__kwdefaults__ or {}
 
@@ -167,10 +178,12 @@ class UserFunctionVariable(BaseFunctionVariable):
             if position is None:
                 if name not in kwdefaults:
                     return None
-                source = ItemSource(AttrSource(self.source, "__kwdefaults__"), name) if self.source else None
-                return tx.wrap(kwdefaults[name], source) if source else _sourceless(tx, kwdefaults[name])
-            source = ItemSource(AttrSource(self.source, "__defaults__"), position) if self.source else None
-            return tx.wrap(defaults[position], source) if source else _sourceless(tx, defaults[position])
+                return tx.wrap(kwdefaults[name], ItemSource(AttrSource(function_source, "__kwdefaults__"), name),
+                               guard=guarded)
+            if guarded:
+                tx.output.guards.function_defaults(function_source, defaults)
+            return tx.wrap(defaults[position], ItemSource(AttrSource(function_source, "__defaults__"), position),
+                           guard=guarded)
 
         return bind_arguments(self.fn.__code__, args, kwargs, len(defaults), default)
 
@@ -186,10 +199,11 @@ class UserFunctionVariable(BaseFunctionVariable):
         raise Unsupported(f"attribute {name!r} of {self.describe()}")
 
 
-def _sourceless(tx, value):
-    from kiln.frontend.variables.builder import wrap_sourceless
+def _is_library_function(fn: types.FunctionType) -> bool:
+    """A function of torch (or another library kiln trusts not to be monkeypatched)."""
+    from kiln.frontend.variables.modules import _TRUSTED_MODULE_ROOTS
 
-    return wrap_sourceless(tx, value)
+    return str(fn.__globals__.get("__name__", "")).split(".")[0] in _TRUSTED_MODULE_ROOTS
 
 
 class CodeVariable(ConstantVariable):

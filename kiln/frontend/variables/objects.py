@@ -43,19 +43,26 @@ def bind_class_attribute(tx, raw: Any, name: str, instance: Variable, cls: type,
     """What `instance.name` is when `name` is found on the class (not the instance)."""
     from kiln.frontend.variables.functions import BoundMethodVariable
 
+    # A class attribute can be rebound (`Class.method = other`) while the class stays the same
+    # object: the function behind a user class's method, static/class method or property is
+    # guarded by identity (torch's own classes are trusted). It is read from the class itself,
+    # which the guard holds, so twelve layers of one class share one check.
+    guard = cls_source is not None and not _is_library_class(cls)
+    if guard:
+        cls_source = tx.output.named_source("__class", cls)
     attribute_source = AttrSource(cls_source, name) if cls_source is not None else None
-    if isinstance(raw, staticmethod):
-        return tx.wrap(raw.__func__, AttrSource(attribute_source, "__func__") if attribute_source else None,
-                       guard=False)
-    if isinstance(raw, classmethod):
-        function = tx.wrap(raw.__func__, None, guard=False)
+    if isinstance(raw, staticmethod):  # `type(obj).name` is the function itself
+        return tx.wrap(raw.__func__, attribute_source, guard=guard)
+    if isinstance(raw, classmethod):  # `type(obj).name` is a method bound to the class
+        function = tx.wrap(raw.__func__, AttrSource(attribute_source, "__func__") if guard else None, guard=guard)
         return BoundMethodVariable(function, tx.wrap(cls, cls_source, guard=False))
     if isinstance(raw, types.FunctionType):
-        return BoundMethodVariable(tx.wrap(raw, attribute_source, guard=False), instance)
+        return BoundMethodVariable(tx.wrap(raw, attribute_source, guard=guard), instance)
     if isinstance(raw, property):
         if raw.fget is None:
             raise Unsupported(f"property {name!r} without a getter")
-        return tx.wrap(raw.fget, None, guard=False).call(tx, [instance], {})
+        getter_source = AttrSource(attribute_source, "fget") if guard else None
+        return tx.wrap(raw.fget, getter_source, guard=guard).call(tx, [instance], {})
     if isinstance(raw, (types.MethodDescriptorType, types.WrapperDescriptorType)):
         from kiln.frontend.variables.functions import MethodDescriptorVariable
 
@@ -65,6 +72,12 @@ def bind_class_attribute(tx, raw: Any, name: str, instance: Variable, cls: type,
     if hasattr(type(raw), "__get__") and not isinstance(raw, type):
         raise Unsupported(f"class attribute {name!r} is a descriptor of type {type(raw).__name__}")
     return tx.wrap(raw, AttrSource(instance.source, name) if instance.source is not None else None)
+
+
+def _is_library_class(cls: type) -> bool:
+    from kiln.frontend.variables.modules import _TRUSTED_MODULE_ROOTS
+
+    return str(getattr(cls, "__module__", "")).split(".")[0] in _TRUSTED_MODULE_ROOTS
 
 
 def functools_cached_property():
@@ -175,6 +188,11 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
     if isinstance(instance_dict, dict) and name in instance_dict:
         return tx.wrap(instance_dict[name], AttrSource(source, name) if source is not None else None)
     if raw is not _MISSING:
+        if source is not None and isinstance(instance_dict, dict) and \
+                isinstance(raw, (types.FunctionType, staticmethod, classmethod)):
+            # A method is read through the class; an instance attribute set later
+            # (`module.forward = patched`, as accelerate does) would shadow it.
+            tx.output.guards.contains(AttrSource(source, "__dict__"), name, False)
         return bind_class_attribute(tx, raw, name, variable, cls, _class_source(tx, source))
     if name == "__class__":
         return tx.wrap(cls, TypeSource(source) if source is not None else None)
