@@ -27,12 +27,19 @@ def environment() -> dict:
     except Exception:
         triton_version = None
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    # A device machine gets a copy of the working tree whose .git (if any) is not this checkout's:
+    # the caller names the commit there.
+    commit = os.environ.get("KILN_GIT_COMMIT")
     try:
+        if commit:
+            raise LookupError(commit)
         commit = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True, timeout=10).stdout.strip()
         dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
                                capture_output=True, text=True, timeout=10).stdout.strip()
         commit += "+dirty" if dirty else ""
+    except LookupError:
+        pass
     except Exception:
         commit = "unknown"
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
@@ -54,7 +61,8 @@ def summarize(results: list, *, seed: int, backend: str, device: str, seconds: f
     fallbacks = collections.Counter(reason_key(reason) for result in results for reason in set(result.fallbacks))
     failures = [result.to_json() for result in results if result.outcome not in (Outcome.PASS,)]
     return {
-        "seed": seed, "backend": backend, "device": device, "arguments": arguments,
+        "seed": seed, "backend": "triton" if device == "cuda" else backend,  # CUDA tensors always run Triton
+        "device": device, "arguments": arguments,
         "environment": environment(),
         "programs": len(results),
         "compiled": sum(result.compiled for result in results),
