@@ -36,7 +36,10 @@ def _version(package: str) -> str | None:
 
 
 def git_commit(repo_root: str) -> str:
-    """HEAD (plus '-dirty' when tracked files changed), or $KILN_GIT_COMMIT where there is no .git."""
+    """$KILN_GIT_COMMIT when set (a device machine's copy of the tree may carry a stale .git), else HEAD
+    (plus '-dirty' when tracked files changed)."""
+    if os.environ.get("KILN_GIT_COMMIT"):
+        return os.environ["KILN_GIT_COMMIT"]
     env = dict(os.environ, GIT_OPTIONAL_LOCKS="0")  # read-only: never refresh the index
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo_root, env=env, capture_output=True,

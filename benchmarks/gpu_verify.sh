@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The end-of-session GPU verification at one commit, as two device calls of under 10 minutes each
+# (run them back to back, so the second finds the machine warm):
+#
+#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh checks   # smoke, gather bounds, GPU-semantics
+#                                                                # programs, 0-dim outputs, the kernels
+#                                                                # suite (eager / torch.compile / kiln),
+#                                                                # then the CUDA fuzzer for 120 s
+#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh models   # the six TARGETS models, inference,
+#                                                                # eager / torch.compile / kiln
+# Files land in $OUT (at most 8 come back) and the benchmark results under benchmarks/results/.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PYTHONUNBUFFERED=1
+PYTHON="${PYTHON:-python3}"
+OUT_DIR="${OUT:-benchmarks/results/out}"
+mkdir -p "$OUT_DIR"
+commit="${KILN_GIT_COMMIT:-unknown}"
+case "${1:-checks}" in
+checks)
+    {
+        for check in gpu_smoke gpu_index_check gpu_semantics_check gpu_zerodim_check; do
+            if [ -f "benchmarks/$check.py" ]; then
+                timeout 150 "$PYTHON" -m "benchmarks.$check" 2>&1 | grep -v "FutureWarning\|runners = "
+                echo "$check exit ${PIPESTATUS[0]}"
+            fi
+        done
+    } > "$OUT_DIR/checks.txt" 2>&1
+    grep "exit\|FAIL" "$OUT_DIR/checks.txt"
+    "$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,inductor,kiln --budget 300 \
+        --timeout 60 --label "kernels-$commit" --copy-to "$OUT_DIR" 2>&1 | tail -15
+    timeout 260 "$PYTHON" -m tests.fuzz --device cuda --programs 5000 --seed 202 --jobs 12 --budget 120 \
+        --out "$OUT_DIR/fuzz_cuda_seed202.json" 2>&1 | grep -v "^\[" | tail -12
+    rm -f "$OUT_DIR"/fuzz_cuda_seed202.log "$OUT_DIR"/*.log
+    ;;
+models)
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT_DIR/gpu.txt" 2>&1
+    "$PYTHON" -m benchmarks.run --suite models --modes infer --backends eager,inductor,kiln --budget 530 \
+        --timeout 150 --label "models-$commit" --copy-to "$OUT_DIR" 2>&1 | tail -25
+    rm -f "$OUT_DIR"/*.log
+    ;;
+*) echo "usage: gpu_verify.sh checks|models" >&2; exit 2 ;;
+esac
+ls -la "$OUT_DIR"
