@@ -75,6 +75,9 @@ UNSIGNED_BINARY = {
     "floordiv": "tl.where({1} == 0, 0, {0} // tl.where({1} == 0, 1, {1}))",
     "remainder": "tl.where({1} == 0, 0, {0} % tl.where({1} == 0, 1, {1}))", "pow": "_pow_integer({0}, {1})",
 }
+# bool operands: Triton's int1 add/sub wrap mod 2 on the GPU (True + True = False); torch's bool
+# add is logical or, its bool mul logical and (sub of bools torch refuses).
+BOOL_BINARY = {"add": "({0} | {1})", "sub": "({0} ^ {1})", "mul": "({0} & {1})"}
 # fp16/bf16 ops (math otherwise runs in fp32): nextafter steps by the 16-bit format's ulp.
 LOW_PRECISION_BINARY = {"nextafter": "_nextafter_16({0}, {1})"}
 UNSIGNED_BINARY.update(truncdiv=UNSIGNED_BINARY["floordiv"], fmod=UNSIGNED_BINARY["remainder"])
@@ -501,7 +504,9 @@ class TritonKernelGenerator:
         """A unary or binary op's expression, by the dtype its operands have."""
         operand_dtype = self._current_node.body.ops[op.operands[0]].dtype
         template = None
-        if not operand_dtype.is_floating_point:
+        if operand_dtype == torch.bool and op.dtype == torch.bool:
+            template = BOOL_BINARY.get(op.name)
+        if template is None and not operand_dtype.is_floating_point:
             unsigned = operand_dtype in (torch.uint8, torch.bool)
             template = INTEGER_UNARY.get(op.name) or (UNSIGNED_BINARY if unsigned else SIGNED_BINARY).get(op.name)
         elif op.dtype in (torch.float16, torch.bfloat16):

@@ -1,0 +1,52 @@
+"""Triton on the GPU vs Triton's interpreter: constructs whose compiled (NVIDIA) semantics differ
+from the interpreter's numpy ones. kiln/_triton.py makes the interpreter compute what the GPU
+computes for them, so these CPU tests fail on a rendering that is right only under numpy."""
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+import kiln
+import kiln.testing
+from kiln._triton import jit_for_device
+from kiln.backend import compile_graph
+
+
+def _bool_arithmetic_kernel(a_ptr, b_ptr, sum_ptr, difference_ptr, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    a = tl.load(a_ptr + offsets) != 0
+    b = tl.load(b_ptr + offsets) != 0
+    tl.store(sum_ptr + offsets, a + b)
+    tl.store(difference_ptr + offsets, a - b)
+
+
+def test_the_interpreter_wraps_bool_add_and_sub_mod_2_as_the_gpu_does():
+    a = torch.tensor([False, False, True, True])
+    b = torch.tensor([False, True, False, True])
+    total, difference = torch.empty(4, dtype=torch.bool), torch.empty(4, dtype=torch.bool)
+    jit_for_device(_bool_arithmetic_kernel, "cpu")[(1,)](a, b, total, difference, BLOCK=4)
+    # an i1 add or sub on the GPU is a xor (True + True = False); numpy's bool add is an or
+    assert total.tolist() == [False, True, True, False]
+    assert difference.tolist() == [False, True, True, False]
+
+
+def _compile_and_run(fn, inputs):
+    with kiln.config.patch(cpu_backend="triton", strict=True):
+        compiled = compile_graph(torch.fx.symbolic_trace(fn), inputs)
+        result = compiled(*inputs)
+    assert compiled.kernel_count >= 1 and compiled.extern_count == 0
+    return result
+
+
+def test_bool_add_and_mul_are_torchs_logical_or_and_and():
+    # fuzzer seed101 prog201/458/1931/2795/4427 on CUDA: True + True was False
+    def fn(a, b, x):
+        return a + b, a * b, ~(a + b), (a + b) * x
+
+    generator = torch.Generator().manual_seed(0)
+    a = torch.rand(64, generator=generator) < 0.5
+    b = torch.rand(64, generator=generator) < 0.5
+    x = torch.randn(64, generator=generator)
+    result = _compile_and_run(fn, [a, b, x])
+    verdict = kiln.testing.compare(list(result), list(fn(a, b, x)))
+    assert verdict, verdict.message
