@@ -75,6 +75,10 @@ UNSIGNED_BINARY = {
     "floordiv": "tl.where({1} == 0, 0, {0} // tl.where({1} == 0, 1, {1}))",
     "remainder": "tl.where({1} == 0, 0, {0} % tl.where({1} == 0, 1, {1}))", "pow": "_pow_integer({0}, {1})",
 }
+# Float renderings where the integer one does not apply: Triton's unary minus is `0 - x`, which is
+# +0.0 for x = 0.0 (on the GPU and in the interpreter); torch's neg flips the sign (-0.0), which
+# 1 / x, copysign, signbit and atan2 see. Multiplying by -1 is exact and keeps NaN.
+FLOAT_UNARY = {"neg": "({0} * -1.0)"}
 # bool operands: Triton's int1 add/sub wrap mod 2 on the GPU (True + True = False); torch's bool
 # add is logical or, its bool mul logical and (sub of bools torch refuses).
 BOOL_BINARY = {"add": "({0} | {1})", "sub": "({0} ^ {1})", "mul": "({0} & {1})"}
@@ -506,11 +510,14 @@ class TritonKernelGenerator:
         template = None
         if operand_dtype == torch.bool and op.dtype == torch.bool:
             template = BOOL_BINARY.get(op.name)
-        if template is None and not operand_dtype.is_floating_point:
+        if not operand_dtype.is_floating_point:
             unsigned = operand_dtype in (torch.uint8, torch.bool)
-            template = INTEGER_UNARY.get(op.name) or (UNSIGNED_BINARY if unsigned else SIGNED_BINARY).get(op.name)
-        elif op.dtype in (torch.float16, torch.bfloat16):
-            template = LOW_PRECISION_BINARY.get(op.name)
+            template = template or INTEGER_UNARY.get(op.name) or \
+                (UNSIGNED_BINARY if unsigned else SIGNED_BINARY).get(op.name)
+        else:
+            template = FLOAT_UNARY.get(op.name)
+            if op.dtype in (torch.float16, torch.bfloat16):
+                template = template or LOW_PRECISION_BINARY.get(op.name)
         template = template or UNARY.get(op.name) or BINARY[op.name]
         if template.startswith("_"):  # a helper function (HELPERS)
             self.helpers.add(template[1:template.index("(")])

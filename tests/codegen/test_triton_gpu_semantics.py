@@ -50,3 +50,18 @@ def test_bool_add_and_mul_are_torchs_logical_or_and_and():
     result = _compile_and_run(fn, [a, b, x])
     verdict = kiln.testing.compare(list(result), list(fn(a, b, x)))
     assert verdict, verdict.message
+
+
+def test_neg_of_zero_is_negative_zero():
+    # fuzzer seed101 prog2303: Triton's -x is 0 - x, +0.0 for x = 0.0, so 1 / -x was +inf, not -inf
+    def fn(x, h):
+        return 1.0 / -x, torch.signbit(-x), -h
+
+    x = torch.randn(32, generator=torch.Generator().manual_seed(1))
+    x[::3] = 0.0
+    x[1::5] = -0.0
+    h = x.to(torch.float16)
+    result = _compile_and_run(fn, [x, h])
+    verdict = kiln.testing.compare(list(result), list(fn(x, h)))
+    assert verdict, verdict.message
+    assert torch.equal(torch.signbit(result[2]), torch.signbit(-h))
