@@ -79,6 +79,9 @@ UNSIGNED_BINARY = {
 # +0.0 for x = 0.0 (on the GPU and in the interpreter); torch's neg flips the sign (-0.0), which
 # 1 / x, copysign, signbit and atan2 see. Multiplying by -1 is exact and keeps NaN.
 FLOAT_UNARY = {"neg": "({0} * -1.0)"}
+# float32 `/` on the GPU is Triton's div.full.f32, an approximation (2 ulp); eager's CUDA division
+# is IEEE (div.rn.f32). tl.div_rn is the correctly rounded one (float64's `/` already is).
+FLOAT32_BINARY = {"truediv": "tl.div_rn({0}, {1})"}
 # bool operands: Triton's int1 add/sub wrap mod 2 on the GPU (True + True = False); torch's bool
 # add is logical or, its bool mul logical and (sub of bools torch refuses).
 BOOL_BINARY = {"add": "({0} | {1})", "sub": "({0} ^ {1})", "mul": "({0} & {1})"}
@@ -516,6 +519,8 @@ class TritonKernelGenerator:
                 (UNSIGNED_BINARY if unsigned else SIGNED_BINARY).get(op.name)
         else:
             template = FLOAT_UNARY.get(op.name)
+            if op.dtype == torch.float32 and operand_dtype == torch.float32:
+                template = template or FLOAT32_BINARY.get(op.name)
             if op.dtype in (torch.float16, torch.bfloat16):
                 template = template or LOW_PRECISION_BINARY.get(op.name)
         template = template or UNARY.get(op.name) or BINARY[op.name]

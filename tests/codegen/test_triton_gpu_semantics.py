@@ -65,3 +65,35 @@ def test_neg_of_zero_is_negative_zero():
     verdict = kiln.testing.compare(list(result), list(fn(x, h)))
     assert verdict, verdict.message
     assert torch.equal(torch.signbit(result[2]), torch.signbit(-h))
+
+
+def _compile_capturing_kernels(fn, inputs, monkeypatch):
+    """Compile and run `fn` with the Triton backend; its result and its kernels' sources."""
+    import kiln.codegen.wrapper
+
+    sources = []
+    generate_wrapper = kiln.codegen.wrapper.generate_wrapper
+
+    def capturing(*args, **kwargs):
+        module_source = generate_wrapper(*args, **kwargs)
+        sources.extend(module_source.kernels.values())
+        return module_source
+
+    monkeypatch.setattr(kiln.codegen.wrapper, "generate_wrapper", capturing)
+    return _compile_and_run(fn, inputs), "\n".join(sources)
+
+
+def test_float32_division_is_correctly_rounded(monkeypatch):
+    # fuzzer seed101 prog2190/4495: float32 `/` compiles to div.full.f32 on the GPU (2 ulp, the
+    # interpreter's numpy division is exact, so only the rendering can be checked on CPU)
+    def fn(x, y, d, h):
+        return x / y, d / (d + 1.0), h / (h + 1.0)
+
+    generator = torch.Generator().manual_seed(2)
+    x, y = torch.randn(16, generator=generator), torch.randn(16, generator=generator)
+    d = torch.randn(16, generator=generator, dtype=torch.float64)
+    h = torch.randn(16, generator=generator).half()
+    result, source = _compile_capturing_kernels(fn, [x, y, d, h], monkeypatch)
+    assert source.count("tl.div_rn(") == 2, source  # float32 and float16's float32 math; float64's `/` is IEEE
+    verdict = kiln.testing.compare(list(result), list(fn(x, y, d, h)))
+    assert verdict, verdict.message
