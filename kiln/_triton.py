@@ -8,6 +8,7 @@ the argument's precision, with IEEE results where a Python `math` function would
 (lgamma at a pole is inf, as on the GPU and in torch). The interpreter's casts to and
 from bfloat16 are replaced too: it truncates float32 to bfloat16 (the GPU rounds to
 nearest even, overflowing to inf) and reinterprets the bits of any other source type.
+Bool (int1) add and subtract wrap mod 2, as compiled Triton's do.
 Reductions with kiln's `_sum_combine` run as numpy's pairwise sum, as Triton's own do.
 Kernels are loaded as `InterpretedFunction`s for CPU tensors and `triton.jit`
 functions for CUDA tensors, from the same source. The interpreter is not thread-safe: each
@@ -66,6 +67,21 @@ def _create_extern_elementwise(self, lib_name, lib_path, symbol, arg_list, ret_t
 
 
 _interpreter.InterpreterBuilder.create_extern_elementwise = _create_extern_elementwise
+
+
+_binary_op_with_numpy_bools = _interpreter.InterpreterBuilder.binary_op
+
+
+def _binary_op_wrapping_bools(self, lhs, rhs, op):
+    """Integer add and subtract of int1 (bool) values as the GPU computes them, mod 2 (an i1 add is
+    a xor: True + True = False), where numpy's bool add is logical or and its bool subtract raises.
+    (The interpreter's handle of a comparison keeps its operands' dtype; its data is numpy bool.)"""
+    if op in (np.add, np.subtract) and np.asarray(lhs.data).dtype == np.bool_:
+        op = np.logical_xor
+    return _binary_op_with_numpy_bools(self, lhs, rhs, op)
+
+
+_interpreter.InterpreterBuilder.binary_op = _binary_op_wrapping_bools
 
 
 _TORCH_DTYPES = {

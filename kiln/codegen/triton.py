@@ -75,6 +75,16 @@ UNSIGNED_BINARY = {
     "floordiv": "tl.where({1} == 0, 0, {0} // tl.where({1} == 0, 1, {1}))",
     "remainder": "tl.where({1} == 0, 0, {0} % tl.where({1} == 0, 1, {1}))", "pow": "_pow_integer({0}, {1})",
 }
+# Float renderings where the integer one does not apply: Triton's unary minus is `0 - x`, which is
+# +0.0 for x = 0.0 (on the GPU and in the interpreter); torch's neg flips the sign (-0.0), which
+# 1 / x, copysign, signbit and atan2 see. Multiplying by -1 is exact and keeps NaN.
+FLOAT_UNARY = {"neg": "({0} * -1.0)"}
+# float32 `/` on the GPU is Triton's div.full.f32, an approximation (2 ulp); eager's CUDA division
+# is IEEE (div.rn.f32). tl.div_rn is the correctly rounded one (float64's `/` already is).
+FLOAT32_BINARY = {"truediv": "tl.div_rn({0}, {1})"}
+# bool operands: Triton's int1 add/sub wrap mod 2 on the GPU (True + True = False); torch's bool
+# add is logical or, its bool mul logical and (sub of bools torch refuses).
+BOOL_BINARY = {"add": "({0} | {1})", "sub": "({0} ^ {1})", "mul": "({0} & {1})"}
 # fp16/bf16 ops (math otherwise runs in fp32): nextafter steps by the 16-bit format's ulp.
 LOW_PRECISION_BINARY = {"nextafter": "_nextafter_16({0}, {1})"}
 UNSIGNED_BINARY.update(truncdiv=UNSIGNED_BINARY["floordiv"], fmod=UNSIGNED_BINARY["remainder"])
@@ -501,11 +511,18 @@ class TritonKernelGenerator:
         """A unary or binary op's expression, by the dtype its operands have."""
         operand_dtype = self._current_node.body.ops[op.operands[0]].dtype
         template = None
+        if operand_dtype == torch.bool and op.dtype == torch.bool:
+            template = BOOL_BINARY.get(op.name)
         if not operand_dtype.is_floating_point:
             unsigned = operand_dtype in (torch.uint8, torch.bool)
-            template = INTEGER_UNARY.get(op.name) or (UNSIGNED_BINARY if unsigned else SIGNED_BINARY).get(op.name)
-        elif op.dtype in (torch.float16, torch.bfloat16):
-            template = LOW_PRECISION_BINARY.get(op.name)
+            template = template or INTEGER_UNARY.get(op.name) or \
+                (UNSIGNED_BINARY if unsigned else SIGNED_BINARY).get(op.name)
+        else:
+            template = FLOAT_UNARY.get(op.name)
+            if op.dtype == torch.float32 and operand_dtype == torch.float32:
+                template = template or FLOAT32_BINARY.get(op.name)
+            if op.dtype in (torch.float16, torch.bfloat16):
+                template = template or LOW_PRECISION_BINARY.get(op.name)
         template = template or UNARY.get(op.name) or BINARY[op.name]
         if template.startswith("_"):  # a helper function (HELPERS)
             self.helpers.add(template[1:template.index("(")])

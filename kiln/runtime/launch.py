@@ -63,13 +63,19 @@ def make_launcher(kernel, device_type: str, *, name: str, pointer_count: int, in
     return _fast_launcher(kernel, name, pointer_count, int_count, constexprs, num_warps)
 
 
+# Triton's compile options for every kiln kernel. No FMA contraction: Triton fuses a*b + c by
+# default (and ptxas too), eager's CUDA kernels round each op, so x*y - x*y would be ~1e-17 where
+# eager's is 0. kiln's kernels are memory-bound: separate multiply and add cost nothing measurable.
+COMPILE_OPTIONS = {"enable_fp_fusion": False}
+
+
 def _triton_launcher(kernel, name: str, constexprs: dict, num_warps: int) -> Callable:
     """Triton's own launch path (`kernel[grid](...)`), which compiles each new specialization."""
     launched = []  # empty until a launch succeeded: a failure before that is the kernel's
 
     def launch(grid_x, *args):
         try:
-            kernel[(grid_x,)](*args, **constexprs, num_warps=num_warps)
+            kernel[(grid_x,)](*args, **constexprs, num_warps=num_warps, **COMPILE_OPTIONS)
         except TritonError as error:
             raise KernelCompileError(name, error) from error
         except Exception as error:
@@ -118,7 +124,8 @@ def launch_{name}({params}):
     def first_launch(grid_x, *args):
         """Compile for this specialization (Triton compiles as it launches) and launch."""
         try:
-            compiled_kernel = kernel.run(*args, grid=(grid_x,), warmup=False, **constexprs, num_warps=num_warps)
+            compiled_kernel = kernel.run(*args, grid=(grid_x,), warmup=False, **constexprs, num_warps=num_warps,
+                                         **COMPILE_OPTIONS)
             if hasattr(compiled_kernel, "result"):  # a future when Triton compiles asynchronously
                 compiled_kernel = compiled_kernel.result()
         except Exception as error:

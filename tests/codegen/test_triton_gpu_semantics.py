@@ -1,0 +1,99 @@
+"""Triton on the GPU vs Triton's interpreter: constructs whose compiled (NVIDIA) semantics differ
+from the interpreter's numpy ones. kiln/_triton.py makes the interpreter compute what the GPU
+computes for them, so these CPU tests fail on a rendering that is right only under numpy."""
+from __future__ import annotations
+
+import torch
+import triton.language as tl
+
+import kiln
+import kiln.testing
+from kiln._triton import jit_for_device
+from kiln.backend import compile_graph
+
+
+def _bool_arithmetic_kernel(a_ptr, b_ptr, sum_ptr, difference_ptr, BLOCK: tl.constexpr):
+    offsets = tl.arange(0, BLOCK)
+    a = tl.load(a_ptr + offsets) != 0
+    b = tl.load(b_ptr + offsets) != 0
+    tl.store(sum_ptr + offsets, a + b)
+    tl.store(difference_ptr + offsets, a - b)
+
+
+def test_the_interpreter_wraps_bool_add_and_sub_mod_2_as_the_gpu_does():
+    a = torch.tensor([False, False, True, True])
+    b = torch.tensor([False, True, False, True])
+    total, difference = torch.empty(4, dtype=torch.bool), torch.empty(4, dtype=torch.bool)
+    jit_for_device(_bool_arithmetic_kernel, "cpu")[(1,)](a, b, total, difference, BLOCK=4)
+    # an i1 add or sub on the GPU is a xor (True + True = False); numpy's bool add is an or
+    assert total.tolist() == [False, True, True, False]
+    assert difference.tolist() == [False, True, True, False]
+
+
+def _compile_and_run(fn, inputs):
+    with kiln.config.patch(cpu_backend="triton", strict=True):
+        compiled = compile_graph(torch.fx.symbolic_trace(fn), inputs)
+        result = compiled(*inputs)
+    assert compiled.kernel_count >= 1 and compiled.extern_count == 0
+    return result
+
+
+def test_bool_add_and_mul_are_torchs_logical_or_and_and():
+    # fuzzer seed101 prog201/458/1931/2795/4427 on CUDA: True + True was False
+    def fn(a, b, x):
+        return a + b, a * b, ~(a + b), (a + b) * x
+
+    generator = torch.Generator().manual_seed(0)
+    a = torch.rand(64, generator=generator) < 0.5
+    b = torch.rand(64, generator=generator) < 0.5
+    x = torch.randn(64, generator=generator)
+    result = _compile_and_run(fn, [a, b, x])
+    verdict = kiln.testing.compare(list(result), list(fn(a, b, x)))
+    assert verdict, verdict.message
+
+
+def test_neg_of_zero_is_negative_zero():
+    # fuzzer seed101 prog2303: Triton's -x is 0 - x, +0.0 for x = 0.0, so 1 / -x was +inf, not -inf
+    def fn(x, h):
+        return 1.0 / -x, torch.signbit(-x), -h
+
+    x = torch.randn(32, generator=torch.Generator().manual_seed(1))
+    x[::3] = 0.0
+    x[1::5] = -0.0
+    h = x.to(torch.float16)
+    result = _compile_and_run(fn, [x, h])
+    verdict = kiln.testing.compare(list(result), list(fn(x, h)))
+    assert verdict, verdict.message
+    assert torch.equal(torch.signbit(result[2]), torch.signbit(-h))
+
+
+def _compile_capturing_kernels(fn, inputs, monkeypatch):
+    """Compile and run `fn` with the Triton backend; its result and its kernels' sources."""
+    import kiln.codegen.wrapper
+
+    sources = []
+    generate_wrapper = kiln.codegen.wrapper.generate_wrapper
+
+    def capturing(*args, **kwargs):
+        module_source = generate_wrapper(*args, **kwargs)
+        sources.extend(module_source.kernels.values())
+        return module_source
+
+    monkeypatch.setattr(kiln.codegen.wrapper, "generate_wrapper", capturing)
+    return _compile_and_run(fn, inputs), "\n".join(sources)
+
+
+def test_float32_division_is_correctly_rounded(monkeypatch):
+    # fuzzer seed101 prog2190/4495: float32 `/` compiles to div.full.f32 on the GPU (2 ulp, the
+    # interpreter's numpy division is exact, so only the rendering can be checked on CPU)
+    def fn(x, y, d, h):
+        return x / y, d / (d + 1.0), h / (h + 1.0)
+
+    generator = torch.Generator().manual_seed(2)
+    x, y = torch.randn(16, generator=generator), torch.randn(16, generator=generator)
+    d = torch.randn(16, generator=generator, dtype=torch.float64)
+    h = torch.randn(16, generator=generator).half()
+    result, source = _compile_capturing_kernels(fn, [x, y, d, h], monkeypatch)
+    assert source.count("tl.div_rn(") == 2, source  # float32 and float16's float32 math; float64's `/` is IEEE
+    verdict = kiln.testing.compare(list(result), list(fn(x, y, d, h)))
+    assert verdict, verdict.message
