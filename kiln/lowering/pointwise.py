@@ -205,10 +205,39 @@ def gelu(ctx, node, x, approximate="none"):
             cube = op("mul", op("mul", v, v), v)
             inner = op("mul", const(math.sqrt(2 / math.pi)), op("add", v, op("mul", cube, const(0.044715))))
             return op("mul", op("mul", v, const(0.5)), op("add", const(1.0), op("tanh", inner)))
-        # x * Phi(x): the same value as 0.5 x (1 + erf(x / sqrt 2)), with no cancellation for x < 0.
-        return op("mul", v, op("normal_cdf", v))
+        # x * Phi(x): the same value as 0.5 x (1 + erf(x / sqrt 2)), with no cancellation for x < 0, except
+        # where eager's value is exact: 0 (-0) below eager's cutoff and, on CPU in float, NaN for +inf.
+        below = op("lt", v, const(_GELU_EAGER_ZERO_BELOW[dtype]))
+        phi = body.emit("where", (below, const(0.0), op("normal_cdf", v)), dtype)
+        result = op("mul", v, phi)
+        if meta.device.type == "cpu" and dtype != torch.float64:
+            result = body.emit("where", (op("eq", v, const(math.inf)), const(math.nan), result), dtype)
+        return result
 
     return ctx.pointwise([x], compute, meta=meta)
+
+
+# Where eager's gelu, 0.5 x (1 + erf(x / sqrt 2)) in the compute dtype, is exactly 0: 1 + erf(z) cancels to 0
+# once erf(z) rounds to -1, where kiln's x * Phi(x) is still a tiny nonzero value. Downstream that
+# difference is a NaN or an inf (fmod(y, gelu(x)), y / gelu(x), log(gelu(x))), so kiln flushes Phi to 0 there.
+# With a correctly rounded erf (CUDA's erff, any float64 erf) that is erfc(|z|) < ulp(1) / 2, i.e.
+# Phi(x) < 2^-26 in float (x < -5.542594) and 2^-55 in double (x < -8.3744). ATen's CPU float kernel,
+# with its own erf approximation, is 0 for every float below -5.542593 too (measured), and ragged over
+# [-5.5426, -5.4911] (some 0, some not), where kiln keeps its accurate value. The same CPU kernel gives
+# NaN for gelu(+inf) in float, bfloat16 and half (float64 and CUDA: inf), which the lowering reproduces.
+def _phi_below(bound: float) -> float:
+    """The x < 0 where Phi(x) = erfc(-x / sqrt 2) / 2 falls to `bound` (bisection in float64)."""
+    low, high = -40.0, 0.0
+    for _ in range(200):
+        middle = (low + high) / 2
+        if 0.5 * math.erfc(-middle / math.sqrt(2)) < bound:
+            low = middle
+        else:
+            high = middle
+    return high
+
+
+_GELU_EAGER_ZERO_BELOW = {torch.float32: _phi_below(2.0 ** -26), torch.float64: _phi_below(2.0 ** -55)}
 
 
 @lowering(aten.silu.default)

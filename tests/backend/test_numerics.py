@@ -69,6 +69,24 @@ def test_var_std_mean_of_constant_rows_are_exact(backend, columns):
     assert torch.equal(got[4], x[:, 0]) and torch.equal(got[4], want[4])
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("columns", [2, 768])
+def test_var_of_a_computed_value_of_constant_rows_is_exact(backend, columns):
+    # The operand is recomputed by each pass of the var (mean, then squares): both passes must
+    # give the same bits, or var of equal values is an ulp squared (g++ contracting a * b + c into
+    # an fma differently in each loop: fuzz seed 101 #2148).
+    def fn(x):
+        activated = torch.nn.functional.silu(x)
+        return activated.var(1, correction=0), (x * 1.7 + 0.3).var(1), torch.sigmoid(x).std(1)
+
+    generator = torch.Generator().manual_seed(481762342)
+    x = torch.randn(64, 1, generator=generator).expand(64, columns)
+    got, want = _compile(fn, [x], backend), fn(x)
+    for value, expected in zip(got, want):
+        assert torch.equal(expected, torch.zeros(64))
+        assert torch.equal(value, expected)
+
+
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy's, on inf and NaN under the interpreter
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("columns", [100, 10000])

@@ -112,7 +112,7 @@ def _as_input(program: Program, position: int, shape: tuple, dtype) -> Program:
 def candidates(program: Program, failing_output: int | None) -> Iterator[Program]:
     """Smaller variants of `program`, most promising first (none returns an input itself)."""
     for candidate in _all_candidates(program, failing_output):
-        # A program returning an input slips into another failure (see BUG_RETURNS_OTHER_INPUT).
+        # A program returning an input slips into another failure (the frontend once returned the wrong input).
         if candidate != program and not set(candidate.input_names()).intersection(candidate.outputs):
             yield candidate
 

@@ -31,35 +31,12 @@ BACKENDS = ("cpp", "triton")
 # ---------------------------------------------------------------------------- bug classes
 # One line each: what is wrong, where, and the smallest program that shows it (in REGRESSIONS).
 
-BUG_PAD_INDEX = ("indexing into a padded or concatenated value (F.pad / torch.cat / torch.stack, then x[idx] or "
-                 "index_select with a computed index) reads the wrong elements (cpp: or an out-of-bounds index "
-                 "error in the kernel): the gathered index is not remapped through the pad/cat offsets")
-BUG_SIGN_NAN = "torch.sign(nan) is 0 in eager; kiln's sign keeps the nan (both backends)"
-BUG_CONSTANT_ROWS = ("kiln's variance (var / std / layer_norm) is less exact than eager's: rows of equal values give "
-                     "nonzero variance (eager: exactly 0; layer_norm of rows of 0.7 is off by 1.9e-05), and on Triton "
-                     "a var over rows of a product is 50x farther from float64 than eager's")
 BUG_TRITON_EMPTY_REDUCTION_SLOW = ("Triton: a reduction over 0 elements (var over a 0-size dim of a (6, 0, 7, 6) "
                                    "tensor, 42 outputs) takes 25-50 s per call under the interpreter (cpp: 0.1 ms): "
                                    "the launch or loop bounds blow up for an empty reduction")
-BUG_REDUCE_SIZE1_BESIDE_POINTWISE = (
-    "a reduction over a dim of size 1 (x.amax(0), x.argmax(0) for x of shape (1, n)) whose operand is a pointwise "
-    "value that is also an output: Triton's kernel uses RBLOCK without defining it (NameError at launch); the C++ "
-    "backend refuses the graph ('a reduce is emitted by its loop, not on demand') and it runs eagerly")
-BUG_RETURNS_OTHER_INPUT = ("kiln's frontend: a function that returns its inputs without computing anything "
-                           "(def f(a, b): return (b,)) returns the first inputs instead (a); the dynamo frontend "
-                           "gets it right, and one tensor op in the function hides it")
-BUG_GELU_INF = ("F.gelu(+inf) (the erf form) is nan in eager (ATen's CPU kernel) and inf in kiln, the "
-                "mathematically right value: kiln must match eager, or the rule must accept it (a decision, not "
-                "a typo); approximate='tanh' agrees")
 BUG_INPLACE_OUTPUT_STRIDES = ("an output written in place (v = x < y; v.masked_fill_(v, True); return v), directly "
                               "or through a permuted view, comes back with other strides than eager's (eager's "
                               "follows its permuted input's layout; kiln's is contiguous, or the view's)")
-BUG_FLOORDIV_POLYNOMIAL = ("kiln falls back to eager (sympy PolynomialError: 'FloorDiv(r0, 6) contains an element of "
-                           "the set of generators') for a log_softmax of a flattened, stepped, in-place-updated view, "
-                           "and for layer_norm of a tensor with a 0-size dim: an index expression with FloorDiv reaches "
-                           "a sympy polynomial routine (both backends)")
-BUG_TRITON_BOOL_SIGN = ("Triton: torch.sign of a bool tensor renders as a subtraction of bools "
-                        "(the interpreter raises 'numpy boolean subtract ... is not supported')")
 
 
 @dataclass(frozen=True)
@@ -102,45 +79,42 @@ REGRESSIONS: list[Regression] = [
     # ---- the outside review's cases
     Regression(explicit("review_pad_then_index", [_ARANGE_3x4, _INDEX_0123],
                         "v0 = F.pad(x0, (0, 0, 2, 1))[x1 + 1]", ("v0",)),
-               "F.pad(x,(0,0,2,1))[i+1]: rows of a padded value picked by a computed index",
-               {"*": BUG_PAD_INDEX}),
+               "F.pad(x,(0,0,2,1))[i+1]: rows of a padded value picked by a computed index"),
     Regression(explicit("review_index_select_of_pad", [_ARANGE_3x4, _INDEX_0123],
                         "v0 = torch.index_select(F.pad(x0, (1, 1)), 1, x1 + 1)", ("v0",)),
-               "index_select of a padded value with a computed index", {"*": BUG_PAD_INDEX}),
+               "index_select of a padded value with a computed index"),
     Regression(explicit("review_cat_then_index", [_ARANGE_3x4, _INDEX_0123],
                         "v0 = torch.cat([x0, 2 * x0], 0)[x1 + 1]", ("v0",)),
-               "torch.cat([x, 2*x], 0)[i+1]", {"*": BUG_PAD_INDEX}),
+               "torch.cat([x, 2*x], 0)[i+1]"),
     Regression(explicit("review_stack_then_index", [_ARANGE_3x4, _INDEX_0123],
                         "v0 = torch.stack([x0, 2 * x0], 0)[(x1 + 1) % 2]\n"
                         "v1 = torch.stack([x0, x0 + 1], 2).reshape(3, 8)[:, x1 * 2 - 1]\n"
                         "v2 = torch.index_select(torch.stack([x0, -x0], 1), 1, (x1 + 1) % 2)", ("v0", "v1", "v2")),
-               "torch.stack variants indexed by computed indices", {"*": BUG_PAD_INDEX}),
+               "torch.stack variants indexed by computed indices"),
     Regression(explicit("review_sign_of_bool", [spec("x0", (3, 5), "bool", values="bool")],
                         "v0 = torch.sign(x0)\nv1 = torch.sign(x0) & x0", ("v0", "v1")),
-               "torch.sign of a bool tensor (bool result, True -> True)", {"triton": BUG_TRITON_BOOL_SIGN}),
+               "torch.sign of a bool tensor (bool result, True -> True)"),
     Regression(explicit("review_layer_norm_constant_rows", [spec("x0", (4, 7), values="full", scale=0.7)],
                         "v0 = F.layer_norm(x0, (7,))\n"
                         "v1 = (x0 - x0.mean(-1, keepdim=True)) / torch.sqrt(x0.var(-1, keepdim=True, correction=0) "
                         "+ 1e-5)", ("v0", "v1")),
-               "layer_norm of constant rows is exactly 0 (eager's is)", {"*": BUG_CONSTANT_ROWS}),
+               "layer_norm of constant rows is exactly 0 (eager's is)"),
     Regression(explicit("review_amax_of_size1_dim_beside_pointwise", [spec("x0", (3, 1))],
                         "v0 = x0.amax(1)\nv1 = x0 * 2", ("v0", "v1")),
                "x.amax(1) with x of shape (3, 1) beside a pointwise op"),
     Regression(explicit("amax_of_size1_dim_of_pointwise_output", [spec("x0", (3, 1))],
                         "v0 = x0 * 2\nv1 = v0.amax(1)", ("v1", "v0")),
-               "x.amax(1) with x of shape (3, 1) reading a pointwise value that is also returned",
-               {"*": BUG_REDUCE_SIZE1_BESIDE_POINTWISE}),
+               "x.amax(1) with x of shape (3, 1) reading a pointwise value that is also returned"),
     Regression(explicit("seed0_prog87_min", [spec("x0", (1, 1))],
                         "v0 = x0.bfloat16()\nv1 = v0.argmax(0, True)", ("v1", "v0")),
-               "argmax over a size-1 dim of a returned cast (CI program seed 0 #87, minimized)",
-               {"*": BUG_REDUCE_SIZE1_BESIDE_POINTWISE}),
+               "argmax over a size-1 dim of a returned cast (CI program seed 0 #87, minimized)"),
     Regression(explicit("review_sign_of_nan", [spec("x0", (4, 6), nonfinite=0.5)],
                         "v0 = torch.sign(x0)\nv1 = torch.sign(x0) == 0", ("v0", "v1")),
-               "torch.sign(nan) is 0, as in eager", {"*": BUG_SIGN_NAN}),
+               "torch.sign(nan) is 0, as in eager"),
     Regression(explicit("review_var_std_constant_rows", [spec("x0", (5, 9), values="full", scale=0.3)],
                         "v0 = x0.var(-1)\nv1 = x0.std(1, keepdim=True)\nv2 = torch.var(x0, dim=(0, 1), correction=0)",
                         ("v0", "v1", "v2")),
-               "var and std of constant rows are exactly 0", {"*": BUG_CONSTANT_ROWS}),
+               "var and std of constant rows are exactly 0"),
     Regression(explicit("review_rms_norm_of_expanded_compared_cast",
                         [spec("x0", (3, 1)), spec("x1", (4, 3, 8), layout="expanded", layout_arg=(1, (2,)))],
                         "v0 = x0.expand(3, 8)\nv1 = (v0 > 0.0).to(torch.float32)\n"
@@ -158,24 +132,23 @@ REGRESSIONS: list[Regression] = [
     # ---- found by the fuzzer (minimized; the seed they came from in the name)
     Regression(explicit("returns_other_input", [spec("x0", (3, 4)), spec("x1", (3, 4))],
                         "v0 = x1", ("v0",)),
-               "a program that only returns an input", {"*": BUG_RETURNS_OTHER_INPUT}, needs_graph=False),
+               "a program that only returns an input", needs_graph=False),
     Regression(explicit("returns_inputs_swapped", [spec("x0", (5,)), spec("x1", (5,)), spec("x2", (5,))],
                         "v0 = x2\nv1 = x0", ("v0", "v1")),
-               "a program that returns inputs in another order", {"*": BUG_RETURNS_OTHER_INPUT}, needs_graph=False),
+               "a program that returns inputs in another order", needs_graph=False),
     Regression(explicit("seed1_prog141_min", [spec("x0", (2, 5), nonfinite=0.5)],
                         "v0 = F.gelu(x0)\nv1 = F.gelu(x0, approximate='tanh')", ("v0", "v1")),
-               "gelu of nan and +-inf", {"*": BUG_GELU_INF}),
+               "gelu of nan and +-inf"),
     Regression(explicit("seed1_prog47_min", [spec("x0", (1,))],
                         "v0 = F.gelu(x0)\nv1 = F.layer_norm(v0, (1,))", ("v1",)),
-               "layer_norm over one element is exactly 0", {"cpp": BUG_CONSTANT_ROWS}),
+               "layer_norm over one element is exactly 0"),
     Regression(explicit("seed1_prog229_min", [spec("x0", (11, 1), "int64", values="randint", low=0, high=3),
                                               spec("x1", (3,), "int64", values="arange", low=9)],
                         "v0 = torch.cat([x0, 2 * x0], 0)\nv1 = v0.index_select(0, 25 - x1)", ("v1",)),
-               "index_select of an int cat with a computed index (rows 14..16: the second part)",
-               {"*": BUG_PAD_INDEX}),
+               "index_select of an int cat with a computed index (rows 14..16: the second part)"),
     Regression(explicit("seed1_prog251_min", [spec("x0", (6,), scale=3.0)],
                         "v0 = torch.log1p(x0)\nv1 = torch.sign(v0)", ("v1",)),
-               "sign of a computed nan (log1p below -1)", {"*": BUG_SIGN_NAN}),
+               "sign of a computed nan (log1p below -1)"),
     Regression(explicit("seed1_prog255_min", [spec("x0", (2, 3))],
                         "v0 = x0 > 0.0\nv1 = v0.movedim(1, 0)\nv2 = v1.masked_fill_(v1, True)", ("v0",)),
                "an output mutated through its permuted view keeps its own strides",
@@ -189,26 +162,39 @@ REGRESSIONS: list[Regression] = [
                                                   seed=883465091),
                                              spec("x1", (19, 3), seed=0)],
                         "v0 = x1 @ x0\nv1 = v0.var(dim=(0, 1), keepdim=True, correction=1)", ("v1",)),
-               "var over all of a product with constant rows is as accurate as eager's", {"triton": BUG_CONSTANT_ROWS}),
+               "var over all of a product with constant rows is as accurate as eager's"),
     Regression(explicit("seed2_prog198_min", [spec("x0", (1, 2, 2, 2), seed=372060781),
                                               spec("x1", (5,), "int64", values="randint", low=-2, high=2)],
                         "v0 = x0[:, ((x1 * 2 + 1) % 2)]\nv1 = F.pad(v0, (0, -1))\nv2 = v1.transpose(1, 0)\n"
                         "v3 = torch.var(v2, dim=-4, keepdim=True, correction=1)", ("v3",)),
-               "var over repeated (gathered) rows is exactly 0", {"*": BUG_CONSTANT_ROWS}),
+               "var over repeated (gathered) rows is exactly 0"),
     Regression(explicit("seed2_prog255_min", [spec("x0", (6, 0, 7, 6))],
                         "v0 = torch.var(x0, dim=(-4, 1), keepdim=True, correction=1) >= 3.0", ("v0",)),
                "a reduction over 0 elements (see BUG_TRITON_EMPTY_REDUCTION_SLOW: on CPU it would take CI minutes "
                "under the interpreter, so it runs on cpp and CUDA)", backends=("cpp", "cuda")),
     Regression(explicit("seed1_prog81_min", [spec("x0", (2, 0, 2, 6), seed=1)],
                         "v0 = F.layer_norm(x0, (6,))", ("v0",)),
-               "layer_norm of a tensor with a 0-size dim compiles", {"*": BUG_FLOORDIV_POLYNOMIAL}),
+               "layer_norm of a tensor with a 0-size dim compiles"),
     Regression(explicit("seed1_prog172_min", [spec("x0", (2, 5), seed=536474522)],
                         "v0 = x0.clone()\nv1 = v0[..., ::2].add_(-1.5)\nv2 = v1.flatten(0, 1)\nv3 = v2.add_(-0.25)\n"
                         "v4 = F.log_softmax(v3, dim=0)", ("v4",)),
-               "log_softmax of a flattened stepped slice written in place compiles", {"*": BUG_FLOORDIV_POLYNOMIAL}),
+               "log_softmax of a flattened stepped slice written in place compiles"),
     Regression(explicit("seed1_prog6_min", [spec("x0", (1, 1), "bool", values="bool")],
                         "v0 = torch.sign(x0)", ("v0",)),
-               "sign of a bool tensor alone in a kernel", {"triton": BUG_TRITON_BOOL_SIGN}),
+               "sign of a bool tensor alone in a kernel"),
+    Regression(explicit("seed101_prog1864_min", [spec("x2", (2, 1, 6, 1), scale=3.0, seed=1918626517),
+                                                 spec("x3", (1, 1), seed=0)],
+                        "v1 = F.gelu(x2)\nv3 = torch.fmod(x3, v1)", ("v3",)),
+               "fmod by gelu of x < -5.54, where eager's gelu is exactly 0 (NaN, as in eager)"),
+    Regression(explicit("seed101_prog2148_min", [spec("x1", (2, 1), layout="expanded", layout_arg=(1, ()),
+                                                 seed=481762342)],
+                        "v1 = F.silu(x1)\nv2 = v1.var(dim=(0, -1), correction=0)", ("v2",)),
+               "var of a computed value of equal elements is exactly 0 (cpp: g++'s fma contraction differed "
+               "between the var's passes)"),
+    Regression(explicit("seed101_prog2303_min", [spec("x8", (1, 2), "bool", values="bool")],
+                        "v5 = torch.sin(x8)\nv6 = v5.neg_()\nv8 = torch.reciprocal(v5)\n"
+                        "v20 = v8.nan_to_num(0.0, 100.0, -100.0).clamp(-100, 100).long()", ("v20",)),
+               "-x of +0.0 is -0.0, so its reciprocal is -inf (Triton: -x was 0 - x)"),
     Regression(explicit("float32_sum_of_2_13_elements", [spec("x0", (1 << 13,), values="uniform", scale=1.0)],
                         "v0 = x0.sum()\nv1 = (x0 * 2).sum(0)", ("v0", "v1")),
                "a float32 sum of 2^13 elements (a split reduction) is as accurate as eager's: the review's 2^24 "
@@ -217,10 +203,7 @@ REGRESSIONS: list[Regression] = [
 
 
 # (seed, index, backend) -> bug class, for the programs of the CI subset that fail today.
-KNOWN_FUZZ_FAILURES: dict[tuple[int, int, str], str] = {
-    (0, 87, "triton"): BUG_REDUCE_SIZE1_BESIDE_POINTWISE,
-    (0, 175, "triton"): BUG_TRITON_BOOL_SIGN,
-}
+KNOWN_FUZZ_FAILURES: dict[tuple[int, int, str], str] = {}
 
 
 def regression_programs(backend: str | None = None, device: str = "cpu") -> list[Regression]:

@@ -351,11 +351,20 @@ class MethodDescriptorVariable(Variable):
 
             receiver = ExternalDictVariable(receiver.value, receiver.source)
         elif generic:
-            # An instance of a user subclass of a builtin (`class Items(list)`): its own call_method would find
-            # this same descriptor again. kiln does not model the builtin's state inside such an object.
+            # An instance of a user subclass of a builtin (`class Items(list)`), or of a builtin type kiln does not
+            # model (bytearray, deque, array.array): its own call_method would find this same descriptor again.
+            # kiln does not model the builtin's state inside such an object.
+            if type(receiver.value).__flags__ & _IMMUTABLE_TYPE:  # a C type itself, not a class statement's
+                raise Unsupported(f"{self.describe()} on {receiver.describe()} (kiln does not model objects of "
+                                  f"the builtin type {type(receiver.value).__qualname__})")
             raise Unsupported(f"{self.describe()} on {receiver.describe()} (a builtin's method on an instance of "
                               "a user subclass)")
         return receiver.call_method(tx, self.name, list(args[1:]), kwargs)
+
+
+# Py_TPFLAGS_IMMUTABLETYPE (Python >= 3.10): set on C types (bytearray, deque, array.array), never on a class
+# made by a class statement.
+_IMMUTABLE_TYPE = 1 << 8
 
 
 def _has_generic_access(receiver: Variable) -> bool:
