@@ -478,8 +478,6 @@ class TritonKernelGenerator:
             else:
                 self.out.line(f"{name} = ({args[0]} > 0).to({TRITON_DTYPES[op.dtype]}) - "
                               f"({args[0]} < 0).to({TRITON_DTYPES[op.dtype]})")
-        elif op.name == "neg" and op.dtype.is_floating_point:  # Triton's -x is 0 - x: -(+0.0) would be +0.0
-            self.out.line(f"{name} = {args[0]} * -1.0")
         elif op.name == "bitwise_not":
             if op.dtype == torch.bool:
                 self.out.line(f"{name} = ({args[0]} == 0)")
