@@ -111,3 +111,46 @@ def onednn_linear_binary():
     if onednn_linear() is None:
         return None
     return getattr(torch.ops.mkldnn._linear_pointwise, "binary", None)
+
+
+def _vector_norm_keeps_negative_size1_dims() -> bool:
+    """Whether this torch's shape rule for `linalg_vector_norm` keeps a reduced dim of size 1 that
+    is named by a negative index: vector_norm(x of shape (1,), dim=-1) is (1,) on meta and fake
+    tensors, () in eager. torch 2.11's reference (torch/_refs/linalg, which is the op's Meta kernel,
+    its FakeTensor rule and its decomposition) drops only the dims it finds in `dim` as given;
+    torch 2.13 canonicalizes them first."""
+    probe = torch.linalg.vector_norm(torch.empty(1, 1, device="meta"), dim=(-1, 0))
+    return probe.shape != ()
+
+
+def fix_vector_norm_shape_rule() -> bool:
+    """Where this torch has that bug, make its `linalg_vector_norm` reference canonicalize `dim`
+    before it runs, so graphs traced by kiln's frontend, by Dynamo and by AOTAutograd give eager's
+    shapes (before: a 0-dim norm came back from a compiled graph as shape (1,), and every value
+    computed from it with it). The reference is one function that the Meta kernel, the Python
+    dispatcher's Meta kernel and the decomposition table all hold through `out_wrapper`; its wrapped
+    function is swapped in the wrapper's closure, so each of them is fixed. True when fixed (or
+    nothing to fix)."""
+    if not _vector_norm_keeps_negative_size1_dims():
+        return True
+    import torch._refs.linalg as linalg_refs
+    from torch._prims_common import canonicalize_dims
+
+    wrapper = linalg_refs.vector_norm
+    original = getattr(wrapper, "__wrapped__", None)
+    cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or ()))
+    if original is None or "fn" not in cells or cells["fn"].cell_contents is not original:
+        return False
+
+    def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+        if dim is not None:  # a list: the reference reads `dim == []` as "every dim"
+            dim = list(canonicalize_dims(x.ndim, [dim] if isinstance(dim, int) else dim))
+        return original(x, ord, dim, keepdim, dtype=dtype)
+
+    vector_norm.__wrapped__ = original
+    cells["fn"].cell_contents = vector_norm
+    return not _vector_norm_keeps_negative_size1_dims()
+
+
+fix_vector_norm_shape_rule()
+
