@@ -154,3 +154,16 @@ def fix_vector_norm_shape_rule() -> bool:
 
 fix_vector_norm_shape_rule()
 
+
+def keep_linalg_error_checks() -> None:
+    """Mark `aten._linalg_check_errors` effectful (ordered), as torch 2.13 does, where this torch
+    does not: it returns nothing, so torch 2.11's functionalization dropped it from the ATen graph
+    as dead code and a compiled `torch.linalg.inv` of a singular matrix returned garbage instead of
+    raising LinAlgError. Effectful, it is threaded through `with_effects` (kiln/lowering/effects.py)."""
+    from torch._higher_order_ops.effects import _EffectType, _get_effect, _register_effectful_op
+
+    if _get_effect("aten::_linalg_check_errors") is None:
+        _register_effectful_op("aten::_linalg_check_errors", _EffectType.ORDERED)
+
+
+keep_linalg_error_checks()
