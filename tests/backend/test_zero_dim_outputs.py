@@ -122,3 +122,21 @@ def test_extern_result_of_another_shape_than_its_meta_raises():
     with pytest.raises(RuntimeError, match="shape"):
         restride(torch.tensor(1.0), (1,), (1,), torch.float32)
     assert restride(torch.ones(2, 3).t(), (3, 2), (2, 1)).stride() == (2, 1)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_norms_over_negative_size1_dims_keep_eagers_shape(backend):
+    # Not only 0-dim results: under torch 2.11 a (3, 1) tensor's norm over dim=-1 traced as (3, 1).
+    def fn(x, y):
+        return (torch.linalg.vector_norm(x, dim=-1) * 2, torch.norm(x, p=1, dim=-1) + y,
+                torch.linalg.norm(x.unsqueeze(0), dim=(-1, -3)), x.norm(dim=-1).amax())
+
+    x, y = torch.randn(3, 1), torch.randn(3)
+    report = ExplainReport()
+    with kiln.config.patch(strict=True, cpu_backend=backend), _recording(report):
+        got = kiln.compile(fn)(x, y)
+    _compiled_graphs(report)
+    want = fn(x, y)
+    assert [(g.shape, g.stride(), g.dtype) for g in got] == [(w.shape, w.stride(), w.dtype) for w in want]
+    verdict = kiln.testing.compare(got, want, fn(*kiln.testing.to_float64([x, y])))
+    assert verdict, verdict.message
