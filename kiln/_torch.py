@@ -143,8 +143,9 @@ def fix_vector_norm_shape_rule() -> bool:
         return False
 
     def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
-        if dim is not None:  # a list: the reference reads `dim == []` as "every dim"
-            dim = list(canonicalize_dims(x.ndim, [dim] if isinstance(dim, int) else dim))
+        if dim is not None:  # as a list: the reference reads `dim == []` (not `()`) as "every dim"
+            dims = canonicalize_dims(x.ndim, dim)
+            dim = [dims] if isinstance(dims, (int, torch.SymInt)) else list(dims)
         return original(x, ord, dim, keepdim, dtype=dtype)
 
     vector_norm.__wrapped__ = original
