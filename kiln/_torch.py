@@ -120,3 +120,60 @@ def onednn_linear_binary():
     if onednn_linear() is None:
         return None
     return getattr(torch.ops.mkldnn._linear_pointwise, "binary", None)
+
+
+def _vector_norm_keeps_negative_size1_dims() -> bool:
+    """Whether this torch's shape rule for `linalg_vector_norm` keeps a reduced dim of size 1 that
+    is named by a negative index: vector_norm(x of shape (1,), dim=-1) is (1,) on meta and fake
+    tensors, () in eager. torch 2.11's reference (torch/_refs/linalg, which is the op's Meta kernel,
+    its FakeTensor rule and its decomposition) drops only the dims it finds in `dim` as given;
+    torch 2.13 canonicalizes them first."""
+    probe = torch.linalg.vector_norm(torch.empty(1, 1, device="meta"), dim=(-1, 0))
+    return probe.shape != ()
+
+
+def fix_vector_norm_shape_rule() -> bool:
+    """Where this torch has that bug, make its `linalg_vector_norm` reference canonicalize `dim`
+    before it runs, so graphs traced by kiln's frontend, by Dynamo and by AOTAutograd give eager's
+    shapes (before: a 0-dim norm came back from a compiled graph as shape (1,), and every value
+    computed from it with it). The reference is one function that the Meta kernel, the Python
+    dispatcher's Meta kernel and the decomposition table all hold through `out_wrapper`; its wrapped
+    function is swapped in the wrapper's closure, so each of them is fixed. True when fixed (or
+    nothing to fix)."""
+    if not _vector_norm_keeps_negative_size1_dims():
+        return True
+    import torch._refs.linalg as linalg_refs
+    from torch._prims_common import canonicalize_dims
+
+    wrapper = linalg_refs.vector_norm
+    original = getattr(wrapper, "__wrapped__", None)
+    cells = dict(zip(wrapper.__code__.co_freevars, wrapper.__closure__ or ()))
+    if original is None or "fn" not in cells or cells["fn"].cell_contents is not original:
+        return False
+
+    def vector_norm(x, ord=2, dim=None, keepdim=False, *, dtype=None):
+        if dim is not None:  # as a list: the reference reads `dim == []` (not `()`) as "every dim"
+            dims = canonicalize_dims(x.ndim, dim)
+            dim = [dims] if isinstance(dims, (int, torch.SymInt)) else list(dims)
+        return original(x, ord, dim, keepdim, dtype=dtype)
+
+    vector_norm.__wrapped__ = original
+    cells["fn"].cell_contents = vector_norm
+    return not _vector_norm_keeps_negative_size1_dims()
+
+
+fix_vector_norm_shape_rule()
+
+
+def keep_linalg_error_checks() -> None:
+    """Mark `aten._linalg_check_errors` effectful (ordered), as torch 2.13 does, where this torch
+    does not: it returns nothing, so torch 2.11's functionalization dropped it from the ATen graph
+    as dead code and a compiled `torch.linalg.inv` of a singular matrix returned garbage instead of
+    raising LinAlgError. Effectful, it is threaded through `with_effects` (kiln/lowering/effects.py)."""
+    from torch._higher_order_ops.effects import _EffectType, _get_effect, _register_effectful_op
+
+    if _get_effect("aten::_linalg_check_errors") is None:
+        _register_effectful_op("aten::_linalg_check_errors", _EffectType.ORDERED)
+
+
+keep_linalg_error_checks()

@@ -15,7 +15,11 @@ def cdiv(numerator: int, denominator: int) -> int:
 
 def restride(tensor: torch.Tensor, size, stride, dtype=None) -> torch.Tensor:
     """A copy of `tensor` laid out with `stride` and of `dtype` (an extern returned another layout
-    or dtype than its meta)."""
+    or dtype than its meta). A result of another shape is refused: copying it in would broadcast
+    it (a 0-dim result became the (1,) its meta said) and every later value would be wrong."""
+    if tensor.shape != tuple(size):
+        raise RuntimeError(f"kiln: an extern returned shape {tuple(tensor.shape)} where its meta (torch's shape "
+                           f"rule for the op) says {tuple(size)}")
     result = torch.empty_strided(size, stride, dtype=dtype or tensor.dtype, device=tensor.device)
     result.copy_(tensor)
     return result

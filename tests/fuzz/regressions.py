@@ -125,6 +125,11 @@ REGRESSIONS: list[Regression] = [
                         "v0 = torch.linalg.vector_norm(x0, dim=0)\nv1 = x0.amax()\nv2 = torch.minimum(v0, v1)",
                         ("v2",)),
                "torch.minimum of two 0-dim results (one a vector_norm over the only dim) has shape ()"),
+    Regression(explicit("review_minimum_of_0dim_results_size1_negative_dim", [spec("x0", (1,))],
+                        "v0 = torch.linalg.vector_norm(x0, dim=-1)\nv1 = x0.amax()\nv2 = torch.minimum(v0, v1)",
+                        ("v2", "v0")),
+               "the same with x of shape (1,) and dim=-1: torch 2.11's shape rule for vector_norm kept the size-1 "
+               "dim (shape (1,); kiln/_torch.py fixes the rule)"),
     Regression(explicit("review_float32_sum_of_2_24_elements", [spec("x0", (1 << 24,), values="uniform", scale=1.0)],
                         "v0 = x0.sum()\nv1 = (x0 * 2).sum(0)", ("v0", "v1")),
                "a float32 sum of 2^24 elements is as accurate as eager's (pairwise, not one running sum)",
