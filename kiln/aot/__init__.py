@@ -5,7 +5,8 @@ graph with kiln's decomposition table (kiln/aot/decompositions.py) and hands eac
 resulting ATen graph (forward, and backward when training) to `compile_aten`.
 AOTAutograd's tracing is not thread-safe (torch.fx's patcher is module state), so the trace
 and every compile it calls back, a backward compiled lazily at its first use included, hold
-the process's compile lock (kiln/runtime/locks.py).
+the process's compile lock (kiln/runtime/locks.py). Before compiling, each ATen graph's
+fake metas get eager's strides where torch's meta kernels disagree (kiln/aot/strides.py).
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Callable
 
 from kiln import _torch
 from kiln.aot.decompositions import decomposition_table
+from kiln.aot.strides import restride_to_eager
 from kiln.runtime.locks import compile_lock
 
 
@@ -23,6 +25,7 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
 
     def boxed(aten_gm, aten_inputs, compile_one=compile_aten):
         with compile_lock:
+            restride_to_eager(aten_gm)  # kiln's buffers and output strides follow these metas
             compiled = compile_one(aten_gm, aten_inputs)
         if getattr(compiled, "_boxed_call", False):
             return compiled
