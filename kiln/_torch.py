@@ -177,3 +177,10 @@ def keep_linalg_error_checks() -> None:
 
 
 keep_linalg_error_checks()
+
+
+def suggest_memory_format(tensor) -> torch.memory_format:
+    """The memory format torch's decompositions lay their results out in (channels_last or contiguous)."""
+    from torch._prims_common import suggest_memory_format as suggest
+
+    return suggest(tensor)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import functools
 
+import torch
+
 from kiln import _torch
 
 aten = _torch.aten
@@ -32,6 +34,42 @@ KEEP = [
 ]
 
 
+def fused_rms_norm(input, normalized_shape, weight=None, eps=None):
+    """`aten._fused_rms_norm` (what F.rms_norm calls on CUDA) as eager computes it there.
+
+    torch's decomposition is the CPU formula, x * rsqrt(mean(x^2) + eps), where an inf in a row
+    gives NaN at the inf alone (inf * 0) and 0 elsewhere. Eager's CUDA kernel accumulates the
+    row with Welford's update, so an inf or NaN anywhere in a row makes the whole row NaN
+    (measured on the H200, torch 2.11; a row whose squares overflow to inf is 0, as on the CPU).
+    On CUDA the sum of squares therefore adds x * 0: 0 for a finite x (x*x + 0 is exact), NaN for
+    inf or NaN, so the row's rstd is NaN exactly where eager's is.
+    """
+    return rms_norm_as_eager(input, normalized_shape, weight, eps, nonfinite_rows=input.device.type == "cuda")
+
+
+def rms_norm_as_eager(input, normalized_shape, weight, eps, *, nonfinite_rows: bool):
+    """RMSNorm's result and rstd; nonfinite_rows: a row with an inf or NaN is NaN (eager's CUDA kernel)."""
+    dims = list(range(input.dim() - len(normalized_shape), input.dim()))
+    dtype = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    x = input.to(dtype)
+    if eps is None:
+        eps = torch.finfo(torch.float32 if dtype == torch.float32 else torch.float64).eps
+    squares = x * x
+    if nonfinite_rows:
+        squares = squares + x * 0
+    rstd = torch.rsqrt(aten.add.Scalar(squares.mean(dim=dims, keepdim=True), eps))
+    result = x * rstd
+    if weight is not None:
+        result = result * weight
+    if _torch.suggest_memory_format(input) not in (torch.channels_last, torch.channels_last_3d):
+        result, rstd = result.contiguous(), rstd.contiguous()
+    return result.type_as(input), rstd
+
+
+# kiln's own decompositions, replacing core ATen's for these ops.
+OWN_DECOMPOSITIONS = {aten._fused_rms_norm.default: fused_rms_norm} if hasattr(aten, "_fused_rms_norm") else {}
+
+
 @functools.lru_cache(maxsize=None)
 def decomposition_table() -> dict:
     table = dict(_torch.core_aten_decompositions())
@@ -39,4 +77,5 @@ def decomposition_table() -> dict:
     for packet in KEEP:
         for overload_name in packet.overloads():
             table.pop(getattr(packet, overload_name), None)
+    table.update(OWN_DECOMPOSITIONS)
     return table

@@ -27,8 +27,8 @@ INT32_LIMIT = 2**31 - 1
 INDEX_STATUS = "_index_status"
 
 UNARY = {
-    "neg": "-{0}", "abs": "tl.abs({0})", "exp": "tl.exp({0})", "exp2": "libdevice.exp2({0})",
-    "expm1": "libdevice.expm1({0})", "log": "tl.log({0})", "log2": "libdevice.log2({0})",
+    "neg": "-{0}", "abs": "tl.abs({0})", "exp": "libdevice.exp({0})", "exp2": "libdevice.exp2({0})",
+    "expm1": "libdevice.expm1({0})", "log": "libdevice.log({0})", "log2": "libdevice.log2({0})",
     "log10": "libdevice.log10({0})", "log1p": "libdevice.log1p({0})", "sqrt": "libdevice.sqrt({0})",
     "rsqrt": "libdevice.rsqrt({0})", "sin": "libdevice.sin({0})", "cos": "libdevice.cos({0})",
     "tan": "libdevice.tan({0})", "asin": "libdevice.asin({0})", "acos": "libdevice.acos({0})",
@@ -36,7 +36,7 @@ UNARY = {
     "tanh": "libdevice.tanh({0})", "asinh": "libdevice.asinh({0})", "acosh": "libdevice.acosh({0})",
     "atanh": "libdevice.atanh({0})", "erf": "libdevice.erf({0})", "erfc": "libdevice.erfc({0})",
     "erfinv": "libdevice.erfinv({0})", "lgamma": "libdevice.lgamma({0})",
-    "sigmoid": "(1.0 / (1.0 + tl.exp(-{0})))", "floor": "libdevice.floor({0})", "ceil": "libdevice.ceil({0})",
+    "sigmoid": "(1.0 / (1.0 + libdevice.exp(-{0})))", "floor": "libdevice.floor({0})", "ceil": "libdevice.ceil({0})",
     "round": "libdevice.nearbyint({0})", "trunc": "libdevice.trunc({0})", "reciprocal": "(1.0 / {0})",
     "logical_not": "({0} == 0)", "isnan": "({0} != {0})", "isinf": "(tl.abs({0}) == float(\"inf\"))",
     "signbit": "(libdevice.signbit({0}) != 0)", "relu": "tl.where({0} < 0, 0, {0})",
@@ -80,8 +80,13 @@ UNSIGNED_BINARY = {
 # 1 / x, copysign, signbit and atan2 see. Multiplying by -1 is exact and keeps NaN.
 FLOAT_UNARY = {"neg": "({0} * -1.0)"}
 # float32 `/` on the GPU is Triton's div.full.f32, an approximation (2 ulp); eager's CUDA division
-# is IEEE (div.rn.f32). tl.div_rn is the correctly rounded one (float64's `/` already is).
-FLOAT32_BINARY = {"truediv": "tl.div_rn({0}, {1})"}
+# is IEEE (div.rn.f32). tl.div_rn is the correctly rounded one (float64's `/` already is). Likewise
+# libdevice's sqrtf is sqrt.approx.f32 under Triton (it does not set __CUDA_PREC_SQRT), where
+# eager's is IEEE: sqrt(2) * sqrt(2) then truncates to 1 instead of 2 (fuzzer seed101 #753).
+# (tl.exp / tl.log are ex2/lg2.approx after a multiply, some ulps off and more for large
+# arguments: sin(exp(x)) was 2.6e-4 off; UNARY uses libdevice's expf / logf, as CUDA's eager does.)
+FLOAT32_IEEE = {"truediv": "tl.div_rn({0}, {1})", "reciprocal": "tl.div_rn(1.0, {0})",
+                  "sigmoid": "tl.div_rn(1.0, 1.0 + libdevice.exp(-{0}))", "sqrt": "tl.sqrt_rn({0})"}
 # bool operands: Triton's int1 add/sub wrap mod 2 on the GPU (True + True = False); torch's bool
 # add is logical or, its bool mul logical and (sub of bools torch refuses).
 BOOL_BINARY = {"add": "({0} | {1})", "sub": "({0} ^ {1})", "mul": "({0} & {1})"}
@@ -520,7 +525,7 @@ class TritonKernelGenerator:
         else:
             template = FLOAT_UNARY.get(op.name)
             if op.dtype == torch.float32 and operand_dtype == torch.float32:
-                template = template or FLOAT32_BINARY.get(op.name)
+                template = template or FLOAT32_IEEE.get(op.name)
             if op.dtype in (torch.float16, torch.bfloat16):
                 template = template or LOW_PRECISION_BINARY.get(op.name)
         template = template or UNARY.get(op.name) or BINARY[op.name]
