@@ -28,11 +28,9 @@ def test_checked_linalg_matches_eager(fn):
     assert verdict, verdict.message
 
 
-# torch 2.11's AOTAutograd drops `_linalg_check_errors` from the graph (torch.compile with Inductor
-# returns the singular matrix's inverse without raising there too, checked 2026-12-01); from 2.13 it
-# keeps the check under an effect token, which kiln runs.
-@pytest.mark.skipif(tuple(int(part) for part in torch.__version__.split(".")[:2]) < (2, 13),
-                    reason="this torch's AOTAutograd removes the linalg error check (torch.compile doesn't raise either)")
+# torch 2.11's AOTAutograd dropped `_linalg_check_errors` from the graph (torch.compile with Inductor
+# returns the singular matrix's inverse without raising there); kiln/_torch.py marks it effectful, as
+# torch 2.13 does, so the check stays under an effect token on both versions.
 def test_checked_linalg_still_raises():
     compiled = _compile(lambda a: (torch.linalg.inv(a),), torch.randn(3, 3))
     with pytest.raises(torch.linalg.LinAlgError):
