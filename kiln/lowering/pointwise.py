@@ -38,12 +38,32 @@ def _promoted(*values) -> torch.dtype:
     return result.dtype
 
 
+# The sign of a NaN an op makes is visible (signbit, copysign). Eager's CPU float32/float64 sqrt and logs
+# (MKL's VML) give +NaN for x < 0 at every position, where the hardware's sqrt and the libm logs that kiln's
+# C++ and the Triton interpreter call give the default NaN, sign set; kiln makes those NaNs positive. Eager's
+# fp16/bf16 kernels give the default NaN, as kiln does (measured, torch 2.11 and 2.13); other ops' NaN signs
+# vary with the position or the data in eager (acos, pow's vector body against its scalar tail). CUDA's
+# NaNs are all +NaN (0x7fffffff), which the GPU's sqrt and libdevice logs give too.
+_CPU_POSITIVE_NAN_OPS = {"sqrt", "log", "log2", "log10"}
+
+
 def _unary(*ops, name: str, float_only: bool = False):
     def rule(ctx, node, x):
         meta = meta_of(node)
         if float_only and not meta.dtype.is_floating_point:
             raise Unsupported(f"{name} on {meta.dtype}")
-        return ctx.pointwise([x], lambda body, v: body.emit(name, (v,), body.dtype_of(v)), meta=meta)
+        positive_nan = name in _CPU_POSITIVE_NAN_OPS and meta.device.type == "cpu" and \
+            meta.dtype in (torch.float32, torch.float64)
+
+        def compute(body, v):
+            dtype = body.dtype_of(v)
+            result = body.emit(name, (v,), dtype)
+            if positive_nan:
+                result = body.emit("where", (body.emit("isnan", (result,), torch.bool),
+                                             body.constant(math.nan, dtype), result), dtype)
+            return result
+
+        return ctx.pointwise([x], compute, meta=meta)
 
     lowering(*ops)(rule)
 
