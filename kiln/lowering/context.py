@@ -130,25 +130,39 @@ class LoweringContext:
         return name
 
     # ---- loading --------------------------------------------------------------------
-    def load_broadcast(self, body: Body, value, index: Sequence, shape: Sequence, dtype) -> int:
-        """Load `value` (a TensorValue or Python scalar) broadcast to `shape`, as `dtype`."""
+    def load_broadcast(self, body: Body, value, index: Sequence, shape: Sequence, dtype, through=None) -> int:
+        """Load `value` (a TensorValue or Python scalar) broadcast to `shape`, as `dtype`.
+
+        through: a dtype the value is rounded to first, as eager converts an operand to the
+        op's fp16/bf16 common dtype before math done in float (None: no rounding).
+        """
         if not isinstance(value, TensorValue):
             scalar = _python_scalar(value)
             if isinstance(scalar, sympy.Basic) and not scalar.is_Number:
-                return body.to_dtype(body.index_expr(scalar, torch.int64), dtype)
+                loaded = body.index_expr(scalar, torch.int64)
+                if through is not None:
+                    loaded = body.to_dtype(loaded, through)
+                return body.to_dtype(loaded, dtype)
+            if through is not None and through != dtype:
+                scalar = rounded_scalar(scalar, through)
             return body.constant(scalar, dtype)
         leading = len(shape) - value.ndim
         value_index = [sympy.Integer(0) if size == 1 and shape[leading + position] != 1 else index[leading + position]
                        for position, size in enumerate(value.shape)]
-        return body.to_dtype(value.load(body, value_index), dtype)
+        loaded = value.load(body, value_index)
+        if through is not None and value.dtype != through:
+            loaded = body.to_dtype(loaded, through)
+        return body.to_dtype(loaded, dtype)
 
     # ---- building nodes ---------------------------------------------------------------
     def pointwise(self, inputs: Sequence, compute: Callable, *, meta: torch.Tensor, compute_dtype=None,
-                  input_dtypes: Sequence | None = None) -> BufferValue:
+                  input_dtypes: Sequence | None = None, rounded_through: Sequence | None = None) -> BufferValue:
         """A Pointwise node over `meta`'s shape: load inputs, `compute(body, *values)`, store.
 
         compute_dtype: what inputs are converted to before the math (default: the
         output dtype, fp32 for fp16/bf16). input_dtypes overrides it per input.
+        rounded_through: per input, a dtype it is rounded to before that conversion, or None
+        (see load_broadcast).
         """
         for value in inputs:
             if isinstance(value, TensorValue):
@@ -162,7 +176,9 @@ class LoweringContext:
         body = Body()
         compute_dtype = compute_dtype or compute_dtype_for(meta.dtype)
         dtypes = input_dtypes or [compute_dtype] * len(inputs)
-        loaded = [self.load_broadcast(body, value, index, shape, dtype) for value, dtype in zip(inputs, dtypes)]
+        throughs = rounded_through or [None] * len(inputs)
+        loaded = [self.load_broadcast(body, value, index, shape, dtype, through)
+                  for value, dtype, through in zip(inputs, dtypes, throughs)]
         result = compute(body, *loaded)
         body.store(out, index, body.to_dtype(result, meta.dtype))
         self.graph.nodes.append(Pointwise(self._node_name(), shape, body, [out.name]))
@@ -345,6 +361,13 @@ def _map_values(value, fn):
     if isinstance(value, (list, tuple)):
         return type(value)(_map_values(item, fn) for item in value)
     return fn(value)
+
+
+def rounded_scalar(value, dtype: torch.dtype):
+    """A Python number rounded to `dtype` (round to nearest even, as eager's conversion), as a Python number."""
+    exact_int = not isinstance(value, float) and -2 ** 63 <= value < 2 ** 63
+    rounded = torch.tensor(value, dtype=torch.int64 if exact_int else torch.float64).to(dtype)
+    return rounded.item()
 
 
 def _python_scalar(value):

@@ -13,7 +13,8 @@ import sympy
 import torch
 
 from kiln import _torch
-from kiln.lowering.context import TensorValue, Unsupported, compute_dtype_for, meta_of
+from kiln.lowering.context import (LOW_PRECISION, TensorValue, Unsupported, compute_dtype_for, meta_of,
+                                   rounded_scalar)
 from kiln.lowering.registry import lowering
 
 aten = _torch.aten
@@ -37,12 +38,32 @@ def _promoted(*values) -> torch.dtype:
     return result.dtype
 
 
+# The sign of a NaN an op makes is visible (signbit, copysign). Eager's CPU float32/float64 sqrt and logs
+# (MKL's VML) give +NaN for x < 0 at every position, where the hardware's sqrt and the libm logs that kiln's
+# C++ and the Triton interpreter call give the default NaN, sign set; kiln makes those NaNs positive. Eager's
+# fp16/bf16 kernels give the default NaN, as kiln does (measured, torch 2.11 and 2.13); other ops' NaN signs
+# vary with the position or the data in eager (acos, pow's vector body against its scalar tail). CUDA's
+# NaNs are all +NaN (0x7fffffff), which the GPU's sqrt and libdevice logs give too.
+_CPU_POSITIVE_NAN_OPS = {"sqrt", "log", "log2", "log10"}
+
+
 def _unary(*ops, name: str, float_only: bool = False):
     def rule(ctx, node, x):
         meta = meta_of(node)
         if float_only and not meta.dtype.is_floating_point:
             raise Unsupported(f"{name} on {meta.dtype}")
-        return ctx.pointwise([x], lambda body, v: body.emit(name, (v,), body.dtype_of(v)), meta=meta)
+        positive_nan = name in _CPU_POSITIVE_NAN_OPS and meta.device.type == "cpu" and \
+            meta.dtype in (torch.float32, torch.float64)
+
+        def compute(body, v):
+            dtype = body.dtype_of(v)
+            result = body.emit(name, (v,), dtype)
+            if positive_nan:
+                result = body.emit("where", (body.emit("isnan", (result,), torch.bool),
+                                             body.constant(math.nan, dtype), result), dtype)
+            return result
+
+        return ctx.pointwise([x], compute, meta=meta)
 
     lowering(*ops)(rule)
 
@@ -76,6 +97,47 @@ def _predicate(ctx, node, x):
                          compute_dtype=dtype)
 
 
+# Operand precision on an fp16/bf16 common dtype. kiln does the math in float, as eager's kernels do,
+# but eager first converts its operands to the common dtype: a Python scalar (0.1 -> bf16 0.10009765625)
+# or a 0-dim tensor of a wider dtype is rounded before the math, except where the kernel reads it at
+# float precision. That rounding decides values that jump (remainder(x, 0.1) is 0 at bf16 multiples of
+# bf16(0.1); x == 0.1 holds for x = bf16(0.1)), so kiln repeats it, per device:
+# - CPU (measured, torch 2.11 and 2.13): TensorIterator casts every input to the common dtype before the
+#   kernel; only mul and div read their second operand at float precision when it is a scalar (a Python
+#   number or 0-dim tensor: `original_scalar_value<opmath_t>`). add/sub round the scalar and alpha too.
+# - CUDA (from the kernels' source): a Python scalar is read as the functor's argument type, opmath_t for
+#   add/sub (ufunc codegen, alpha too), mul and div, scalar_t for everything else (remainder, fmod, pow,
+#   atan2, comparisons...: `gpu_kernel_with_scalars` with `scalar_t` lambdas); a tensor of another dtype is
+#   loaded as that argument type too, opmath_t only for mul and div.
+# min/max/clamp/where/copysign need no rounding: they commute with it (monotone, or sign only).
+_CUDA_OPMATH_SCALAR_OPS = {"add", "sub", "mul", "truediv"}
+_OPMATH_SECOND_SCALAR_OPS = {"mul", "truediv"}  # both devices (CPU: scalars only; CUDA: any second operand)
+
+
+def _rounded_operands(name: str, device: torch.device, operands, common_dtype: torch.dtype) -> list:
+    """Per operand of a binary op, the fp16/bf16 dtype eager rounds it to before the math, or None."""
+    if common_dtype not in LOW_PRECISION:
+        return [None] * len(operands)
+    rounded = []
+    for position, operand in enumerate(operands):
+        python_scalar = not isinstance(operand, TensorValue)
+        scalar = python_scalar or operand.ndim == 0
+        if device.type == "cuda":
+            opmath = (python_scalar and name in _CUDA_OPMATH_SCALAR_OPS) or \
+                (position == 1 and name in _OPMATH_SECOND_SCALAR_OPS)
+        else:
+            opmath = position == 1 and scalar and name in _OPMATH_SECOND_SCALAR_OPS
+        rounded.append(None if opmath else common_dtype)
+    return rounded
+
+
+def _eager_alpha(name: str, alpha, device: torch.device, common_dtype: torch.dtype):
+    """add/sub's alpha as eager's kernel uses it: rounded to an fp16/bf16 dtype on CPU (`alpha.to<scalar_t>()`)."""
+    if device.type == "cuda" or common_dtype not in LOW_PRECISION:
+        return alpha
+    return rounded_scalar(alpha, common_dtype)
+
+
 def _binary_rule(name: str, *, compare: bool = False, logical: bool = False, float_only: bool = False,
                  in_storage_dtype: bool = False):
     """in_storage_dtype: the op runs in fp16/bf16 itself (nextafter steps by the storage type's ulp)."""
@@ -83,10 +145,11 @@ def _binary_rule(name: str, *, compare: bool = False, logical: bool = False, flo
         meta = meta_of(node)
         if kwargs.get("rounding_mode") is not None:
             raise Unsupported("division with a rounding mode")
+        common_dtype = _promoted(a, b) if (compare or logical) else meta.dtype
         if logical:
             dtype = torch.bool
         elif compare:
-            dtype = compute_dtype_for(_promoted(a, b))
+            dtype = compute_dtype_for(common_dtype)
         elif in_storage_dtype:
             dtype = meta.dtype
         else:
@@ -94,13 +157,15 @@ def _binary_rule(name: str, *, compare: bool = False, logical: bool = False, flo
         if float_only and not dtype.is_floating_point:
             raise Unsupported(f"{name} on {dtype}")
         result_dtype = torch.bool if (compare or logical) else dtype
+        rounded = _rounded_operands(name, meta.device, (a, b), common_dtype) if not logical else None
 
         def compute(body, x, y):
             if alpha is not None and alpha != 1:
-                y = body.emit("mul", (y, body.constant(alpha, dtype)), dtype)
+                y = body.emit("mul", (y, body.constant(_eager_alpha(name, alpha, meta.device, common_dtype), dtype)),
+                              dtype)
             return body.emit(name, (x, y), result_dtype)
 
-        return ctx.pointwise([a, b], compute, meta=meta, compute_dtype=dtype)
+        return ctx.pointwise([a, b], compute, meta=meta, compute_dtype=dtype, rounded_through=rounded)
 
     return rule
 
@@ -141,7 +206,10 @@ def pow_tensor_scalar(ctx, node, base, exponent):
         return _pow(ctx, node, base, exponent)
     dtype = compute_dtype_for(meta.dtype)
     return ctx.pointwise([base], lambda body, x: POW_BY_ARITHMETIC[exponent](body, x, dtype), meta=meta)
-lowering(aten.remainder.Tensor, aten.remainder.Scalar)(_binary_rule("remainder", float_only=True))
+
+
+lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)(
+    _binary_rule("remainder", float_only=True))
 lowering(aten.copysign.Tensor, aten.copysign.Scalar)(_binary_rule("copysign", float_only=True))
 lowering(aten.hypot)(_binary_rule("hypot", float_only=True))
 lowering(aten.nextafter)(_binary_rule("nextafter", float_only=True, in_storage_dtype=True))
@@ -155,14 +223,16 @@ for _op, _name in [(aten.logical_and, "logical_and"), (aten.logical_or, "logical
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(ctx, node, a, b, alpha=1):
-    dtype = compute_dtype_for(meta_of(node).dtype)
+    meta = meta_of(node)
+    dtype = compute_dtype_for(meta.dtype)
+    rounded = _rounded_operands("sub", meta.device, (b, a), meta.dtype)[::-1]  # eager: sub(b, a, alpha)
 
     def compute(body, x, y):
         if alpha != 1:
-            x = body.emit("mul", (x, body.constant(alpha, dtype)), dtype)
+            x = body.emit("mul", (x, body.constant(_eager_alpha("sub", alpha, meta.device, meta.dtype), dtype)), dtype)
         return body.emit("sub", (y, x), dtype)
 
-    return ctx.pointwise([a, b], compute, meta=meta_of(node))
+    return ctx.pointwise([a, b], compute, meta=meta, rounded_through=rounded)
 
 
 @lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)

@@ -200,6 +200,16 @@ REGRESSIONS: list[Regression] = [
                         "v5 = torch.sin(x8)\nv6 = v5.neg_()\nv8 = torch.reciprocal(v5)\n"
                         "v20 = v8.nan_to_num(0.0, 100.0, -100.0).clamp(-100, 100).long()", ("v20",)),
                "-x of +0.0 is -0.0, so its reciprocal is -inf (Triton: -x was 0 - x)"),
+    Regression(explicit("seed2_remainder_by_scalar_min", [spec("x5", (1, 6, 12), "bfloat16", seed=2)],
+                        "v0 = torch.remainder(x5, 0.1)\nv1 = torch.reciprocal(v0)", ("v1",)),
+               "remainder of bf16 by a Python scalar divides by bf16(0.1), as eager: its zeros (reciprocal's "
+               "infinities) are eager's"),
+    Regression(explicit("cuda_remainder_of_pad_plus_scalar", [spec("x0", (3, 5, 4), "float16", seed=11)],
+                        "v0 = torch.remainder(F.pad(x0, (-1, 0, 3, -1)) + 0.1, 0.1)", ("v0",)),
+               "fp16 remainder by a scalar of padded zeros plus the scalar is 0, as eager (H200: error 0.1)"),
+    Regression(explicit("seed25506151_signbit_of_sqrt_min", [spec("x", (1, 3), seed=25506151)],
+                        "v0 = torch.stack([torch.signbit(torch.sqrt(x)), torch.sqrt(x)], -3)", ("v0",)),
+               "signbit of sqrt's NaN is eager's (+NaN on CPU float32)"),
     Regression(explicit("float32_sum_of_2_13_elements", [spec("x0", (1 << 13,), values="uniform", scale=1.0)],
                         "v0 = x0.sum()\nv1 = (x0 * 2).sum(0)", ("v0", "v1")),
                "a float32 sum of 2^13 elements (a split reduction) is as accurate as eager's: the review's 2^24 "
