@@ -6,6 +6,7 @@
 #                                                                # programs, 0-dim outputs, the kernels
 #                                                                # suite (eager / torch.compile / kiln),
 #                                                                # then the CUDA fuzzer for 120 s
+#                                                                # (seed $FUZZ_SEED, default 202)
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh models   # the six TARGETS models, inference,
 #                                                                # eager / torch.compile / kiln
 # Files land in $OUT (at most 8 come back) and the benchmark results under benchmarks/results/.
@@ -29,9 +30,10 @@ checks)
     grep "exit\|FAIL" "$OUT_DIR/checks.txt"
     "$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,inductor,kiln --budget 300 \
         --timeout 60 --label "kernels-$commit" --copy-to "$OUT_DIR" 2>&1 | tail -15
-    timeout 260 "$PYTHON" -m tests.fuzz --device cuda --programs 5000 --seed 202 --jobs 12 --budget 120 \
-        --out "$OUT_DIR/fuzz_cuda_seed202.json" 2>&1 | grep -v "^\[" | tail -12
-    rm -f "$OUT_DIR"/fuzz_cuda_seed202.log "$OUT_DIR"/*.log
+    seed="${FUZZ_SEED:-202}"
+    timeout 260 "$PYTHON" -m tests.fuzz --device cuda --programs 5000 --seed "$seed" --jobs 12 --budget 120 \
+        --out "$OUT_DIR/fuzz_cuda_seed$seed.json" 2>&1 | grep -v "^\[" | tail -12
+    rm -f "$OUT_DIR"/*.log
     ;;
 models)
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT_DIR/gpu.txt" 2>&1
