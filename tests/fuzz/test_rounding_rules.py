@@ -1,0 +1,130 @@
+"""The runner's float rounding rules (tests/fuzz/runner.py): what is `sensitive`, and what stays `wrong`.
+
+Each rule gets the fuzz program it was made for (seed 3001, minimized), with kiln's
+value stood in for by a value computed the way kiln computes it, so no kiln compile is
+needed; and a deliberately wrong value beside it that must stay `wrong`.
+"""
+from __future__ import annotations
+
+import torch
+
+from kiln.testing import compare, to_float64
+from tests.fuzz.program import InputSpec, Program, Statement
+from tests.fuzz.runner import Outcome, compare_outputs, output_ancestry
+
+
+def make_program(inputs, statements, outputs) -> Program:
+    return Program(seed=0, index=0, inputs=tuple(inputs),
+                   statements=tuple(Statement(target, expr) for target, expr in statements), outputs=tuple(outputs))
+
+
+def eager_and_reference(program):
+    make_inputs, function = program.load()
+    return list(function(*make_inputs())), list(function(*to_float64(make_inputs())))
+
+
+def classify(program, actual):
+    expected, reference = eager_and_reference(program)
+    return compare_outputs(actual, expected, reference, program)
+
+
+# Rule 1 (seed 3001 #381): a sum of normalized O(1) terms that cancels to ~1e-8.
+CANCELLING = make_program([InputSpec("x0", (9,), "float32", seed=2)],
+                          [("v0", "F.layer_norm(x0, (9,))"), ("v1", "torch.sum(v0.unsqueeze(1), dim=0)")], ["v1"])
+
+
+def test_cancelling_sum_is_sensitive_within_a_floor_of_its_terms_magnitude():
+    expected, reference = eager_and_reference(CANCELLING)
+    kiln_like = (reference[0] + 2.4e-7).float()  # kiln's error on this program: 2.4e-7, eager's 6e-8
+    assert not compare(kiln_like, expected[0], reference[0])  # the magnitude-relative floor is ~0 here
+    outcome, message = classify(CANCELLING, [kiln_like])
+    assert outcome == Outcome.SENSITIVE and "largest magnitude it was computed from" in message, message
+    # The floor scales with the terms (~2.4), not without bound: an error of 1e-4 is wrong.
+    assert classify(CANCELLING, [(reference[0] + 1e-4).float()])[0] == Outcome.WRONG
+
+
+def test_off_by_a_row_result_of_a_normalized_chain_is_wrong():
+    program = make_program([InputSpec("x0", (4, 9), "float32", seed=2)],
+                           [("v0", "F.layer_norm(x0, (9,))"), ("v1", "v0[:, :4].sum(-1)")], ["v1"])
+    expected, _ = eager_and_reference(program)
+    assert classify(program, [expected[0].roll(1, 0)])[0] == Outcome.WRONG
+
+
+# Rule 2 (seed 3001 #815): eager's float32 erf rounds to exactly -1.0, so pow(x, -1.0) is
+# finite there; kiln's erf (and float64's) is just above -1.0, and pow is NaN.
+ERF_POW = make_program([InputSpec("x0", (1, 7, 4, 2), "float32", scale=3.0, seed=1360291828)],
+                       [("v0", "torch.erf(x0)"), ("v1", "torch.pow(x0, v0)")], ["v1"])
+
+
+def test_nan_positions_that_agree_with_float64_are_sensitive():
+    expected, reference = eager_and_reference(ERF_POW)
+    kiln_like = reference[0].float()  # NaN exactly where float64 has NaN
+    assert int(kiln_like.isnan().sum()) > int(expected[0].isnan().sum())  # the program still shows the edge
+    outcome, message = classify(ERF_POW, [kiln_like])
+    assert outcome == Outcome.SENSITIVE and "kiln agrees with float64" in message, message
+
+
+def test_nan_where_float64_has_none_is_wrong():
+    expected, reference = eager_and_reference(ERF_POW)
+    finite = torch.nonzero(torch.isfinite(reference[0]).flatten())[0].item()
+    extra_nan = reference[0].float().flatten()
+    extra_nan[finite] = float("nan")
+    assert classify(ERF_POW, [extra_nan.view_as(expected[0])])[0] == Outcome.WRONG
+    # NaN on the edge is excused, a wrong finite value beside it is not.
+    off = reference[0].float().flatten()
+    off[finite] *= 1.01
+    assert classify(ERF_POW, [off.view_as(expected[0])])[0] == Outcome.WRONG
+
+
+# Rule 3 (seed 3001 #1551): an rms norm in float16, cast back to float32. Eager rounds
+# every float16 op; kiln computes in float32 and rounds once.
+def rms_norm_program(cast: str) -> Program:
+    return make_program([InputSpec("x0", (1, 7), "float32", seed=0)],
+                        [("v0", "x0" + cast), ("v1", "v0 * torch.rsqrt(v0.pow(2).mean(-1, keepdim=True) + 1e-6)"),
+                         ("v2", "v1.to(torch.float32)")], ["v2"])
+
+
+def test_float32_output_computed_through_float16_gets_float16s_tolerance():
+    program = rms_norm_program(".half()")
+    expected, reference = eager_and_reference(program)
+    x = program.load()[0]()[0].half().float()
+    kiln_like = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)).half().float()
+    assert not compare(kiln_like, expected[0], reference[0])
+    outcome, message = classify(program, [kiln_like])
+    assert outcome == Outcome.SENSITIVE and "float16's tolerance" in message, message
+    assert classify(program, [expected[0] * 1.05])[0] == Outcome.WRONG  # 50 float16 ulps is not rounding
+
+
+def test_relative_error_of_1e3_in_a_float32_chain_is_wrong():
+    program = rms_norm_program("")
+    expected, _ = eager_and_reference(program)
+    assert classify(program, [expected[0] * (1 + 1e-3)])[0] == Outcome.WRONG
+
+
+def test_ancestry_follows_in_place_writes_and_stops_at_bools():
+    program = make_program(
+        [InputSpec("x0", (3, 4), "float32", seed=1), InputSpec("x1", (3, 4), "float32", seed=2)],
+        [("v0", "x0 * 1000.0"), ("v1", "x1.clone()"), ("v2", "v1[0]"), ("v3", "v2.add_(v0[0])"),
+         ("v4", "v1 * 2"),                                   # reads v1 after the write through its view v2
+         ("v5", "v0 > 0"), ("v6", "torch.where(v5, x1, x1 * 2)"),  # v0 reaches v6 only through a bool
+         ("v7", "x1.half()"), ("v8", "v7.float() + x1")],
+        ["v4", "v6", "v8"])
+    written, through_bool, through_half = output_ancestry(program)
+    x0, x1 = (tensor.double() for tensor in program.load()[0]())
+    v1 = x1.clone()
+    v1[0] += 1000 * x0[0]
+    assert written.magnitude == float(torch.cat([(v1 * 2).flatten(), 1000 * x0.flatten()]).abs().max())
+    assert through_bool.magnitude == float((x1 * 2).abs().max())
+    assert written.lowest == through_bool.lowest == torch.float32 and through_half.lowest == torch.float16
+
+
+def test_compare_keywords_only_loosen_when_asked():
+    reference = torch.tensor([1e-8, -1e-8], dtype=torch.float64)
+    eager, kiln_like = reference.float(), (reference + 1e-6).float()
+    assert not compare(kiln_like, eager, reference)
+    assert compare(kiln_like, eager, reference, scale=1.0)
+    reference = torch.tensor([1.0, -2.0], dtype=torch.float64)
+    eager, kiln_like = reference.float(), (reference * (1 + 1e-4)).float()
+    assert not compare(kiln_like, eager, reference)
+    assert not compare(kiln_like, eager, reference, precision=torch.float64)  # a higher precision is ignored
+    assert compare(kiln_like, eager, reference, precision=torch.float16)
