@@ -10,7 +10,8 @@ eager's are.
 
 Two keywords loosen the floor for a caller that knows how the result was computed
 (the fuzzer does; tests/fuzz/runner.py): `scale`, a magnitude the floor is relative to
-at least (a sum of O(1) terms that cancels to ~0 carries O(1)-sized rounding), and
+at least, per element or for all (a sum of O(1) terms that cancels to ~0 carries
+O(1)-sized rounding), and
 `precision`, a lower float dtype the value passed through (a float32 result computed
 through float16 is as exact as float16). Left out, the rule is as strict as above.
 """
@@ -48,11 +49,12 @@ def _flatten(value) -> list:
     return [value]
 
 
-def compare(actual, eager, reference=None, *, factor: float | None = None, scale: float = 0.0,
+def compare(actual, eager, reference=None, *, factor: float | None = None, scale=0.0,
             precision: torch.dtype | None = None) -> Verdict:
     """Compare a compiled result with eager's (and a float64 reference when given).
 
-    scale: the floor is relative to each element's magnitude or `scale`, whichever is larger.
+    scale: the floor is relative to each element's magnitude or `scale`, whichever is larger
+    (a float, or a tensor of the result's shape; only for a result of one tensor).
     precision: a float dtype whose epsilon and factor set the tolerance when it is lower
     than the output's own (ignored when it is higher).
     """
@@ -101,6 +103,9 @@ def _compare_leaf(got, want, ref, factor, scale=0.0, precision=None) -> Verdict:
         return Verdict(False, "infinities differ from eager's")
     finite = ~(nan_ref | inf_want) & torch.isfinite(reference)
     got64, want64, reference = got64[finite], want64[finite], reference[finite]
+    if isinstance(scale, torch.Tensor):
+        scale = scale.detach().cpu().to(torch.float64)
+        scale = (scale.unsqueeze(-1) if scale.dim() < finite.dim() else scale).expand(finite.shape)[finite]
     if got64.numel() == 0:
         return Verdict(True, "ok")
     tolerance_dtype = got.dtype

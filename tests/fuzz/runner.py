@@ -11,9 +11,30 @@ correct but is recorded as a fallback with its reason), and eagerly on float64 c
   bools exactly, floats no farther from the float64 reference than eager's (dtype-aware);
 - have eager's strides on every dim of size > 1 (reported as its own outcome, `stride`).
 
-An integer or bool output that differs from eager only where the float64 reference says
-the element sits on a rounding edge (kiln agrees with float64, or eager does not) is
-`sensitive`, not wrong: eager rounds each float16 op, kiln rounds once.
+A difference that rounding explains is `sensitive` (reported separately, never a pass),
+by one rule per kind; everything else stays `wrong`:
+
+- an int or bool output differs only where the float64 run says the element sits on a
+  rounding edge (kiln agrees with float64, or eager does not): eager rounds each
+  float16 op, kiln rounds once;
+- a float output differs by at most a few subnormal steps (`_subnormal_difference_only`);
+- NaN/inf on edges: NaN/inf positions differ from eager's only where the same edge rule
+  holds for each element's class (finite, NaN, +inf, -inf), and the other elements pass
+  (as they are, or by one of the two rules below). Eager's float32 erf rounds to exactly -1.0 where
+  kiln's and float64's stay above it, so pow(x, erf(x)) is finite only in eager;
+- lowest precision: the output passes with the tolerance of the lowest float
+  precision among its ancestors (traced by name through float values, `ProgramTrace`):
+  a float32 result of a float16 chain is as exact as float16, and the float64 run goes
+  through the same casts, so it equals eager there;
+- rounding noise: the output passes with its floor relative, per element, to
+  the magnitude whose one unit is its rounding noise: how far it moves when the float64
+  program runs with every value perturbed by one unit of its eager dtype. A sum of O(1)
+  terms that cancels to ~1e-8 carries O(1)-sized rounding; values made small by a
+  normalization carry small noise, however large they were before it.
+
+The float rules trace the program only when an output fails kiln.testing's rule.
+tests/fuzz/test_rounding_rules.py holds each rule's program and a wrong value beside it
+that must stay `wrong`.
 
 Every program ends in exactly one outcome; nothing here raises for a kiln failure.
 """
@@ -36,7 +57,7 @@ class Outcome:
     CRASH = "crash"          # the compiled call raised where eager did not, or the worker died
     TIMEOUT = "timeout"      # past the per-program time limit
     STRIDE = "stride"        # right values, different output strides
-    SENSITIVE = "sensitive"  # int/bool elements differ only on float rounding edges (see module doc)
+    SENSITIVE = "sensitive"  # the difference is a rounding artifact, by a rule of the module doc
     INVALID = "invalid"      # eager raised: a generator bug (programs are valid by construction)
 
     FAILURES = (WRONG, CRASH, TIMEOUT)
@@ -156,8 +177,9 @@ def compare_outputs(actual: list, expected: list, reference: list | None, progra
                     device: str = "cpu") -> tuple[str, str]:
     """(outcome, message) for kiln's outputs against eager's, output by output.
 
-    `program` (what produced them) lets the float rules trace each output's ancestors;
-    without it only the int/bool and subnormal rules can call a difference `sensitive`.
+    `program` (what produced them) lets the float rules trace it (`ProgramTrace`, only
+    once an output needs them); without it only the int/bool and subnormal rules can
+    call a difference `sensitive`.
     """
     from kiln.testing import compare
 
@@ -165,14 +187,12 @@ def compare_outputs(actual: list, expected: list, reference: list | None, progra
         return Outcome.WRONG, f"{len(actual)} outputs, eager has {len(expected)}"
     if reference is not None and len(reference) != len(expected):
         reference = None
-    traced = []  # output_ancestry's answer, computed once and only when a float rule needs it
+    traced = []
 
-    def ancestry(position: int) -> Ancestry | None:
-        if program is None:
-            return None
+    def trace() -> ProgramTrace | None:
         if not traced:
-            traced.append(output_ancestry(program, device))
-        return traced[0][position] if traced[0] is not None else None
+            traced.append(ProgramTrace.trace(program, device) if program is not None else None)
+        return traced[0]
 
     sensitive = ""
     for position, (got, want) in enumerate(zip(actual, expected)):
@@ -187,7 +207,7 @@ def compare_outputs(actual: list, expected: list, reference: list | None, progra
         if _subnormal_difference_only(got, want):
             sensitive = sensitive or f"output {position}: {message} (by at most {SUBNORMAL_FLOOR} subnormal ulps)"
             continue
-        reason = _float_rounding_reason(got, want, ref, lambda: ancestry(position))
+        reason = _float_rounding_reason(got, want, ref, trace, position)
         if reason:
             sensitive = sensitive or f"output {position}: {message} ({reason})"
             continue
@@ -213,14 +233,17 @@ def _differs_only_on_edges(differs, kiln_agrees, eager_disagrees) -> bool:
     return bool(differs.any()) and bool(explained[differs].all())
 
 
-def _float_rounding_reason(got, want, ref, ancestry) -> str:
-    """Why a float output that fails kiln.testing's rule is `sensitive` (rules 2 and 1/3), or ''.
+def _float_rounding_reason(got, want, ref, trace, position: int) -> str:
+    """Why float output `position`, failing kiln.testing's rule, is `sensitive` (the module doc's rules), or ''.
 
-    Rule 2: NaN/inf positions that differ from eager's only on rounding edges (by
+    NaN/inf on edges: positions that differ from eager's only on rounding edges (by
     `_differs_only_on_edges`, on each element's class: finite, NaN, +inf, -inf) are set
-    aside, and the other elements must pass. Rules 1 and 3: the output passes with the
-    floor relative to its ancestors' largest magnitude and the tolerance of the lowest
-    precision they passed through (`ancestry()` gives both, traced on demand).
+    aside, and the other elements must pass, as they are or by the next two rules.
+    Lowest precision: the tolerance of the lowest precision among the output's ancestors.
+    Rounding noise: the floor relative, per element, to the magnitude whose one unit is
+    the output's rounding noise (what rounding every value of the program by one unit
+    moves it by), not to the output's own magnitude, which is ~0 where it cancels.
+    `trace()` gives the ProgramTrace, or None.
     """
     from kiln.testing import compare
 
@@ -229,32 +252,33 @@ def _float_rounding_reason(got, want, ref, ancestry) -> str:
     if not want.is_floating_point() or got.dtype != want.dtype or not (got.shape == want.shape == ref.shape):
         return ""
     got, want, ref = got.detach().cpu(), want.detach().cpu(), ref.detach().cpu()
-    reasons = []
+    reasons, kept = [], torch.ones(got.shape, dtype=torch.bool)
     got_class, want_class, ref_class = _value_class(got), _value_class(want), _value_class(ref)
     differs = got_class != want_class
     if differs.any():
         if not _differs_only_on_edges(differs, got_class == ref_class, want_class != ref_class):
             return ""
-        got, want, ref = got[~differs], want[~differs], ref[~differs]
+        kept = ~differs
         reasons.append(f"NaN/inf differ from eager's in {int(differs.sum())} places, "
                        f"each where kiln agrees with float64 or eager does not")
-        if compare(got, want, ref).ok:
+        if compare(got[kept], want[kept], ref[kept]).ok:
             return "; ".join(reasons)
-    found = ancestry()
-    if found is None:
+    traced = trace()
+    if traced is None:
         return ""
-    scale = found.magnitude if found.magnitude > _finite_magnitude(ref.double()) else 0.0
-    precision = found.lowest if torch.finfo(found.lowest).eps > torch.finfo(got.dtype).eps else None
-    if scale and compare(got, want, ref, scale=scale).ok:
-        reasons.append(f"within the floor of {scale:.3g}, the largest magnitude it was computed from")
-    elif precision is not None and compare(got, want, ref, precision=precision).ok:
-        reasons.append(f"within {str(precision).removeprefix('torch.')}'s tolerance: it was computed through it")
-    elif (scale and precision is not None) and compare(got, want, ref, scale=scale, precision=precision).ok:
-        reasons.append(f"within {str(precision).removeprefix('torch.')}'s tolerance, which it was computed "
-                       f"through, with the floor of {scale:.3g}, the largest magnitude it was computed from")
-    else:
+    lowest = traced.lowest_precision(position)
+    if torch.finfo(lowest).eps > torch.finfo(got.dtype).eps \
+            and compare(got[kept], want[kept], ref[kept], precision=lowest).ok:
+        return "; ".join(reasons + [f"within {str(lowest).removeprefix('torch.')}'s tolerance: "
+                                    f"it was computed through {str(lowest).removeprefix('torch.')}"])
+    noise = traced.rounding_noise(position)
+    if noise is None or noise.shape != got.shape:
         return ""
-    return "; ".join(reasons)
+    scale = noise / torch.finfo(got.dtype).eps
+    if compare(got[kept], want[kept], ref[kept], scale=scale[kept]).ok:
+        return "; ".join(reasons + [f"within the floor of its rounding noise (up to {float(noise.max()):.3g}, "
+                                    f"the most that rounding each value by one unit moved it)"])
+    return ""
 
 
 def _value_class(tensor):
@@ -310,8 +334,12 @@ def trace_values(program, device: str = "cpu") -> dict:
             for name, value, _, _ in _run_line_by_line(program, make_inputs(device))}
 
 
-def _run_line_by_line(program, inputs):
-    """Yield (name, value, names it reads, earlier names it wrote in place) per input and statement."""
+def _run_line_by_line(program, inputs, perturb=None):
+    """Yield (name, value, names it reads, earlier names it wrote in place) per input and statement.
+
+    perturb(node, value), when given, may change each statement's value in place first
+    (node: the value's position, inputs first); the rounding-noise runs use it.
+    """
     import torch.nn.functional as F
 
     namespace = {"torch": torch, "F": F}
@@ -320,8 +348,10 @@ def _run_line_by_line(program, inputs):
         namespace[spec.name] = tensor
         seen[spec.name] = tensor.detach().clone()
         yield spec.name, tensor, (), ()
-    for statement in program.statements:
+    for node, statement in enumerate(program.statements, start=len(program.inputs)):
         value = eval(statement.expr, namespace)
+        if perturb is not None:
+            perturb(node, value)
         namespace[statement.target] = value
         reads = tuple(name for name in dict.fromkeys(_NAME.findall(statement.expr)) if name in seen)
         written = tuple(name for name in seen if not _same_values(namespace[name], seen[name]))
@@ -343,57 +373,98 @@ def _same_values(tensor, before) -> bool:
     return bool(same.all())
 
 
-@dataclass(frozen=True)
-class Ancestry:
-    """What an output's value was computed from: its float ancestors, traced by name.
+NOISE_TRIALS = 4  # rounding-noise runs; the noise is the largest deviation any of them shows
 
-    magnitude: the largest finite |value| among them in the float64 run (what was summed
-    or subtracted; rule 1 of the module doc). lowest: the float dtype of least precision
-    among them in the eager run (rule 3).
+
+class ProgramTrace:
+    """How a program computed its outputs, for the float rules: traced by name, and re-run with noise.
+
+    Built from an eager and a float64 line-by-line run of the program (None from `trace`
+    when the float64 run fails). A statement's parents are the values its expression
+    names; a value written in place (`v8 = v1.mul_(v2)`, or through a view) counts the
+    writing statement among its parents from then on.
     """
 
-    magnitude: float
-    lowest: torch.dtype
+    def __init__(self, program, device: str, eager: list, float64: list):
+        self.program, self.device = program, device
+        self.dtypes = [value.dtype for _, value, _, _ in eager]
+        self.parents, current = [], {}  # node -> parent nodes; name -> the nodes its value now holds
+        for node, (name, _, reads, written) in enumerate(eager):
+            self.parents.append(set().union(*(current[read] for read in reads)))
+            for other in written:
+                current[other] = current[other] | {node}
+            current[name] = {node}
+        self.output_nodes = [current[output] for output in program.outputs]
+        final = {name: value for name, value, _, _ in float64}
+        self.reference = [final[output].detach().clone() for output in program.outputs]
+        self._noise = None
 
+    @classmethod
+    def trace(cls, program, device: str = "cpu") -> "ProgramTrace | None":
+        from kiln.testing import to_float64
 
-def output_ancestry(program, device: str = "cpu") -> list[Ancestry] | None:
-    """One `Ancestry` per output of `program`, or None when the program does not run in float64.
+        make_inputs, _ = program.load()
+        try:
+            eager = list(_run_line_by_line(program, make_inputs(device)))
+            float64 = list(_run_line_by_line(program, to_float64(make_inputs(device))))
+        except Exception:
+            return None
+        return cls(program, device, eager, float64)
 
-    Ancestors are found through names: a statement's parents are the values its
-    expression names, and a value written in place (`v8 = v1.mul_(v2)`, or through a
-    view) counts the writing statement among its parents from then on. The walk goes
-    through float values only: rounding reaches an int or bool only across an edge,
-    which is `_rounding_edge_only`'s case, not a tolerance's.
-    """
-    from kiln.testing import to_float64
+    def lowest_precision(self, position: int) -> torch.dtype:
+        """The float dtype of least precision among output `position`'s ancestors in the eager run.
 
-    make_inputs, _ = program.load()
-    try:
-        eager = list(_run_line_by_line(program, make_inputs(device)))
-        float64 = list(_run_line_by_line(program, to_float64(make_inputs(device))))
-    except Exception:
-        return None
-    parents, current = [], {}  # node -> parent nodes; name -> the nodes its value now holds
-    for node, (name, _, reads, written) in enumerate(eager):
-        parents.append(set().union(*(current[read] for read in reads)))
-        for other in written:
-            current[other] = current[other] | {node}
-        current[name] = {node}
-    ancestries = []
-    for output in program.outputs:
-        reached, pending = set(), list(current[output])
+        The walk goes through float values only: rounding reaches an int or bool only
+        across an edge, which is `_rounding_edge_only`'s case, not a tolerance's.
+        """
+        reached, pending = set(), list(self.output_nodes[position])
         while pending:
             node = pending.pop()
-            if node in reached or not eager[node][1].is_floating_point():
+            if node in reached or not self.dtypes[node].is_floating_point:
                 continue
             reached.add(node)
-            pending += parents[node]
-        magnitude = max((_finite_magnitude(float64[node][1]) for node in reached), default=0.0)
-        dtypes = [eager[node][1].dtype for node in reached] or [torch.float64]
-        ancestries.append(Ancestry(magnitude, max(dtypes, key=lambda dtype: torch.finfo(dtype).eps)))
-    return ancestries
+            pending += self.parents[node]
+        return max((self.dtypes[node] for node in reached), key=lambda dtype: torch.finfo(dtype).eps,
+                   default=torch.float64)
 
+    def rounding_noise(self, position: int) -> torch.Tensor | None:
+        """How far output `position` moves when every value rounds by up to one unit, or None.
 
-def _finite_magnitude(tensor) -> float:
-    finite = tensor.detach()[torch.isfinite(tensor.detach())]
-    return float(finite.abs().max()) if finite.numel() else 0.0
+        The float64 program runs again NOISE_TRIALS times with each statement's float result
+        multiplied in place by 1 + eps * u (u uniform in [-1, 1], eps of the statement's
+        eager dtype): a backward-stable op's rounding is such a perturbation of its operands,
+        so the deviation is what rounding can do to the output here, cancellation included,
+        and it shrinks wherever a normalization makes large values small again.
+        """
+        if self._noise is None:
+            self._noise = self._measure_noise()
+        return self._noise[position] if self._noise else None
+
+    def _measure_noise(self) -> list:
+        from kiln.testing import to_float64
+
+        make_inputs, _ = self.program.load()
+        generator = torch.Generator().manual_seed(0)
+        first_statement = len(self.program.inputs)
+
+        def perturb(node: int, value) -> None:
+            if node < first_statement or not value.is_floating_point() or not self.dtypes[node].is_floating_point:
+                return
+            unit = torch.rand(value.shape, generator=generator, dtype=torch.float64) * 2 - 1
+            try:
+                value.mul_((1 + torch.finfo(self.dtypes[node]).eps * unit).to(value.device, value.dtype))
+            except RuntimeError:  # an expanded value (one element at several places) cannot be written in place
+                pass
+
+        noise = [torch.zeros(reference.shape, dtype=torch.float64) for reference in self.reference]
+        try:
+            for _ in range(NOISE_TRIALS):
+                final = {name: value for name, value, _, _ in
+                         _run_line_by_line(self.program, to_float64(make_inputs(self.device)), perturb)}
+                for position, output in enumerate(self.program.outputs):
+                    moved = (final[output].detach().cpu().double() - self.reference[position].cpu().double()).abs()
+                    # A NaN or inf that noise creates excuses nothing: count it as no noise.
+                    noise[position] = torch.maximum(noise[position], moved.nan_to_num(0.0, 0.0, 0.0))
+        except Exception:
+            return []
+        return noise

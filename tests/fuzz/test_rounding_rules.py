@@ -10,7 +10,7 @@ import torch
 
 from kiln.testing import compare, to_float64
 from tests.fuzz.program import InputSpec, Program, Statement
-from tests.fuzz.runner import Outcome, compare_outputs, output_ancestry
+from tests.fuzz.runner import Outcome, ProgramTrace, compare_outputs
 
 
 def make_program(inputs, statements, outputs) -> Program:
@@ -38,9 +38,19 @@ def test_cancelling_sum_is_sensitive_within_a_floor_of_its_terms_magnitude():
     kiln_like = (reference[0] + 2.4e-7).float()  # kiln's error on this program: 2.4e-7, eager's 6e-8
     assert not compare(kiln_like, expected[0], reference[0])  # the magnitude-relative floor is ~0 here
     outcome, message = classify(CANCELLING, [kiln_like])
-    assert outcome == Outcome.SENSITIVE and "largest magnitude it was computed from" in message, message
-    # The floor scales with the terms (~2.4), not without bound: an error of 1e-4 is wrong.
-    assert classify(CANCELLING, [(reference[0] + 1e-4).float()])[0] == Outcome.WRONG
+    assert outcome == Outcome.SENSITIVE and "rounding noise" in message, message
+    # The floor scales with the rounding of the terms (~1e-7), not without bound: an error of 1e-5 is wrong.
+    assert classify(CANCELLING, [(reference[0] + 1e-5).float()])[0] == Outcome.WRONG
+
+
+def test_large_values_normalized_away_do_not_loosen_the_floor():
+    """exp of 3-sigma values reaches ~1e4; divided by their sum the output is O(0.1), and so is its noise."""
+    program = make_program([InputSpec("x0", (3, 8), "float32", scale=3.0, seed=5)],
+                           [("v0", "torch.exp(x0)"), ("v1", "v0 / v0.sum(-1, keepdim=True)")], ["v1"])
+    expected, reference = eager_and_reference(program)
+    noise = ProgramTrace.trace(program).rounding_noise(0)
+    assert float(noise.max()) < 1e-6 < float(reference[0].abs().max()) * 1e-3
+    assert classify(program, [expected[0] * (1 + 1e-3)])[0] == Outcome.WRONG
 
 
 def test_off_by_a_row_result_of_a_normalized_chain_is_wrong():
@@ -101,21 +111,25 @@ def test_relative_error_of_1e3_in_a_float32_chain_is_wrong():
     assert classify(program, [expected[0] * (1 + 1e-3)])[0] == Outcome.WRONG
 
 
-def test_ancestry_follows_in_place_writes_and_stops_at_bools():
+def test_lowest_precision_follows_in_place_writes_and_stops_at_bools():
     program = make_program(
         [InputSpec("x0", (3, 4), "float32", seed=1), InputSpec("x1", (3, 4), "float32", seed=2)],
-        [("v0", "x0 * 1000.0"), ("v1", "x1.clone()"), ("v2", "v1[0]"), ("v3", "v2.add_(v0[0])"),
+        [("v0", "x0.half()"), ("v1", "x1.clone()"), ("v2", "v1[0]"), ("v3", "v2.add_(v0[0])"),
          ("v4", "v1 * 2"),                                   # reads v1 after the write through its view v2
          ("v5", "v0 > 0"), ("v6", "torch.where(v5, x1, x1 * 2)"),  # v0 reaches v6 only through a bool
-         ("v7", "x1.half()"), ("v8", "v7.float() + x1")],
-        ["v4", "v6", "v8"])
-    written, through_bool, through_half = output_ancestry(program)
-    x0, x1 = (tensor.double() for tensor in program.load()[0]())
-    v1 = x1.clone()
-    v1[0] += 1000 * x0[0]
-    assert written.magnitude == float(torch.cat([(v1 * 2).flatten(), 1000 * x0.flatten()]).abs().max())
-    assert through_bool.magnitude == float((x1 * 2).abs().max())
-    assert written.lowest == through_bool.lowest == torch.float32 and through_half.lowest == torch.float16
+         ("v7", "x1 + 1")],
+        ["v4", "v6", "v7"])
+    trace = ProgramTrace.trace(program)
+    assert [trace.lowest_precision(position) for position in range(3)] == [torch.float16, torch.float32, torch.float32]
+
+
+def test_rounding_noise_is_about_one_unit_per_rounding():
+    program = make_program([InputSpec("x0", (64,), "float32", seed=3)], [("v0", "x0 * 3.0"), ("v1", "v0 + 1.0")],
+                           ["v1"])
+    noise = ProgramTrace.trace(program).rounding_noise(0)
+    v0 = program.load()[0]()[0].double() * 3.0
+    bound = torch.finfo(torch.float32).eps * (v0.abs() + (v0 + 1.0).abs())  # one unit of v0, one of v1
+    assert bool((noise <= bound * (1 + 1e-9)).all()) and float((noise / bound).max()) > 0.5
 
 
 def test_compare_keywords_only_loosen_when_asked():
