@@ -7,13 +7,6 @@ exact where kiln rounds once differently). Both the 2-norm and the max-norm of t
 error are checked, so one wrong element in a large tensor is not averaged away.
 Integer and bool results must equal eager's exactly; NaN and inf must sit where
 eager's are.
-
-Two keywords loosen the floor for a caller that knows how the result was computed
-(the fuzzer does; tests/fuzz/runner.py): `scale`, a magnitude the floor is relative to
-at least, per element or for all (a sum of O(1) terms that cancels to ~0 carries
-O(1)-sized rounding), and
-`precision`, a lower float dtype the value passed through (a float32 result computed
-through float16 is as exact as float16). Left out, the rule is as strict as above.
 """
 from __future__ import annotations
 
@@ -49,27 +42,20 @@ def _flatten(value) -> list:
     return [value]
 
 
-def compare(actual, eager, reference=None, *, factor: float | None = None, scale=0.0,
-            precision: torch.dtype | None = None) -> Verdict:
-    """Compare a compiled result with eager's (and a float64 reference when given).
-
-    scale: the floor is relative to each element's magnitude or `scale`, whichever is larger
-    (a float, or a tensor of the result's shape; only for a result of one tensor).
-    precision: a float dtype whose epsilon and factor set the tolerance when it is lower
-    than the output's own (ignored when it is higher).
-    """
+def compare(actual, eager, reference=None, *, factor: float | None = None) -> Verdict:
+    """Compare a compiled result with eager's (and a float64 reference when given)."""
     actual_leaves, eager_leaves = _flatten(actual), _flatten(eager)
     reference_leaves = _flatten(reference) if reference is not None else [None] * len(eager_leaves)
     if len(actual_leaves) != len(eager_leaves):
         return Verdict(False, f"{len(actual_leaves)} outputs, eager has {len(eager_leaves)}")
     for position, (got, want, ref) in enumerate(zip(actual_leaves, eager_leaves, reference_leaves)):
-        verdict = _compare_leaf(got, want, ref, factor, scale, precision)
+        verdict = _compare_leaf(got, want, ref, factor)
         if not verdict.ok:
             return Verdict(False, f"output {position}: {verdict.message}")
     return Verdict(True, "ok")
 
 
-def _compare_leaf(got, want, ref, factor, scale=0.0, precision=None) -> Verdict:
+def _compare_leaf(got, want, ref, factor) -> Verdict:
     if not isinstance(want, torch.Tensor):
         if isinstance(got, torch.Tensor):
             got = got.item() if got.numel() == 1 else got
@@ -103,17 +89,11 @@ def _compare_leaf(got, want, ref, factor, scale=0.0, precision=None) -> Verdict:
         return Verdict(False, "infinities differ from eager's")
     finite = ~(nan_ref | inf_want) & torch.isfinite(reference)
     got64, want64, reference = got64[finite], want64[finite], reference[finite]
-    if isinstance(scale, torch.Tensor):
-        scale = scale.detach().cpu().to(torch.float64)
-        scale = (scale.unsqueeze(-1) if scale.dim() < finite.dim() else scale).expand(finite.shape)[finite]
     if got64.numel() == 0:
         return Verdict(True, "ok")
-    tolerance_dtype = got.dtype
-    if precision is not None and torch.finfo(precision).eps > torch.finfo(got.dtype).eps:
-        tolerance_dtype = precision
-    factor = factor if factor is not None else ERROR_FACTOR.get(tolerance_dtype, 2.0)
-    eps = torch.finfo(tolerance_dtype).eps
-    magnitude = reference.abs().clamp_min(scale)
+    factor = factor if factor is not None else ERROR_FACTOR.get(got.dtype, 2.0)
+    eps = torch.finfo(got.dtype).eps
+    magnitude = reference.abs()
     floor_max = ULP_FLOOR * eps * float(magnitude.max().clamp_min(1e-30))
     floor_norm = ULP_FLOOR * eps * float(torch.linalg.vector_norm(magnitude).clamp_min(1e-30))
     err_got_max = float((got64 - reference).abs().max())
