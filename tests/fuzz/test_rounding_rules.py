@@ -1,0 +1,152 @@
+"""The runner's float rounding rules (tests/fuzz/runner.py): what is `sensitive`, and what stays `wrong`.
+
+Each rule gets the fuzz program it was made for (seed 3001, minimized), with kiln's
+value stood in for by a value computed the way kiln computes it, so no kiln compile is
+needed; and a deliberately wrong value beside it that must stay `wrong`.
+"""
+from __future__ import annotations
+
+import torch
+
+from kiln.testing import compare, to_float64
+from tests.fuzz.program import InputSpec, Program, Statement
+from tests.fuzz.runner import Outcome, ProgramTrace, compare_outputs
+
+
+def make_program(inputs, statements, outputs) -> Program:
+    return Program(seed=0, index=0, inputs=tuple(inputs),
+                   statements=tuple(Statement(target, expr) for target, expr in statements), outputs=tuple(outputs))
+
+
+def eager_and_reference(program):
+    make_inputs, function = program.load()
+    return list(function(*make_inputs())), list(function(*to_float64(make_inputs())))
+
+
+def classify(program, actual):
+    expected, reference = eager_and_reference(program)
+    return compare_outputs(actual, expected, reference, program)
+
+
+# Seed 3001 #381: a sum of normalized O(1) terms that cancels to ~1e-8 (the rounding-noise rule).
+CANCELLING = make_program([InputSpec("x0", (9,), "float32", seed=2)],
+                          [("v0", "F.layer_norm(x0, (9,))"), ("v1", "torch.sum(v0.unsqueeze(1), dim=0)")], ["v1"])
+
+
+def test_cancelling_sum_is_sensitive_within_its_rounding_noise():
+    expected, reference = eager_and_reference(CANCELLING)
+    kiln_like = (reference[0] + 2.4e-7).float()  # kiln's error on this program: 2.4e-7, eager's 6e-8
+    assert not compare(kiln_like, expected[0], reference[0])  # the magnitude-relative floor is ~0 here
+    outcome, message = classify(CANCELLING, [kiln_like])
+    assert outcome == Outcome.SENSITIVE and "rounding noise" in message, message
+    # The floor scales with the rounding of the terms (~1e-7), not without bound: an error of 1e-5 is wrong.
+    assert classify(CANCELLING, [(reference[0] + 1e-5).float()])[0] == Outcome.WRONG
+
+
+def test_large_values_normalized_away_do_not_loosen_the_floor():
+    """exp of 3-sigma values reaches ~1e4; divided by their sum the output is O(0.1), and so is its noise."""
+    program = make_program([InputSpec("x0", (3, 8), "float32", scale=3.0, seed=5)],
+                           [("v0", "torch.exp(x0)"), ("v1", "v0 / v0.sum(-1, keepdim=True)")], ["v1"])
+    expected, reference = eager_and_reference(program)
+    noise = ProgramTrace.trace(program).rounding_noise(0)
+    assert float(noise.max()) < 1e-6 < float(reference[0].abs().max()) * 1e-3
+    assert classify(program, [expected[0] * (1 + 1e-3)])[0] == Outcome.WRONG
+
+
+def test_off_by_a_row_result_of_a_normalized_chain_is_wrong():
+    program = make_program([InputSpec("x0", (4, 9), "float32", seed=2)],
+                           [("v0", "F.layer_norm(x0, (9,))"), ("v1", "v0[:, :4].sum(-1)")], ["v1"])
+    expected, _ = eager_and_reference(program)
+    assert classify(program, [expected[0].roll(1, 0)])[0] == Outcome.WRONG
+
+
+# Seed 3001 #815 (NaN/inf on edges): eager's float32 erf rounds to exactly -1.0, so pow(x, -1.0) is
+# finite there; kiln's erf (and float64's) is just above -1.0, and pow is NaN.
+ERF_POW = make_program([InputSpec("x0", (1, 7, 4, 2), "float32", scale=3.0, seed=1360291828)],
+                       [("v0", "torch.erf(x0)"), ("v1", "torch.pow(x0, v0)")], ["v1"])
+
+
+def test_nan_positions_that_agree_with_float64_are_sensitive():
+    expected, reference = eager_and_reference(ERF_POW)
+    kiln_like = reference[0].float()  # NaN exactly where float64 has NaN
+    assert int(kiln_like.isnan().sum()) > int(expected[0].isnan().sum())  # the program still shows the edge
+    outcome, message = classify(ERF_POW, [kiln_like])
+    assert outcome == Outcome.SENSITIVE and "kiln agrees with float64" in message, message
+
+
+def test_nan_where_float64_has_none_is_wrong():
+    expected, reference = eager_and_reference(ERF_POW)
+    finite = torch.nonzero(torch.isfinite(reference[0]).flatten())[0].item()
+    extra_nan = reference[0].float().flatten()
+    extra_nan[finite] = float("nan")
+    assert classify(ERF_POW, [extra_nan.view_as(expected[0])])[0] == Outcome.WRONG
+    # NaN on the edge is excused, a wrong finite value beside it is not.
+    off = reference[0].float().flatten()
+    off[finite] *= 1.01
+    assert classify(ERF_POW, [off.view_as(expected[0])])[0] == Outcome.WRONG
+
+
+# Seed 3001 #1551: an rms norm in float16, cast back to float32. Eager rounds every float16
+# op; kiln computes in float32 and rounds once. The rounding-noise rule covers it too: the
+# float16 values are perturbed by float16 units.
+def rms_norm_program(cast: str) -> Program:
+    return make_program([InputSpec("x0", (1, 7), "float32", seed=0)],
+                        [("v0", "x0" + cast), ("v1", "v0 * torch.rsqrt(v0.pow(2).mean(-1, keepdim=True) + 1e-6)"),
+                         ("v2", "v1.to(torch.float32)")], ["v2"])
+
+
+def test_float32_output_computed_through_float16_is_sensitive_within_float16_noise():
+    program = rms_norm_program(".half()")
+    expected, reference = eager_and_reference(program)
+    x = program.load()[0]()[0].half().float()
+    kiln_like = (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)).half().float()
+    assert not compare(kiln_like, expected[0], reference[0])
+    outcome, message = classify(program, [kiln_like])
+    assert outcome == Outcome.SENSITIVE and "rounding noise" in message and "through float16" in message, message
+    assert classify(program, [expected[0] * 1.05])[0] == Outcome.WRONG  # 50 float16 ulps is not rounding
+
+
+def test_float16_side_term_loosens_the_floor_only_as_far_as_it_reaches_the_output():
+    program = make_program([InputSpec("x0", (16,), "float32", seed=4)],
+                           [("v0", "x0.half()"), ("v1", "x0 * 2 + v0.float() * 1e-3")], ["v1"])
+    expected, _ = eager_and_reference(program)
+    assert ProgramTrace.trace(program).lowest_precision(0) == torch.float16
+    assert classify(program, [expected[0] * (1 + 1e-3)])[0] == Outcome.WRONG  # float16's tolerance would pass it
+
+
+def test_relative_error_of_1e3_in_a_float32_chain_is_wrong():
+    program = rms_norm_program("")
+    expected, _ = eager_and_reference(program)
+    assert classify(program, [expected[0] * (1 + 1e-3)])[0] == Outcome.WRONG
+
+
+def test_lowest_precision_follows_in_place_writes_and_stops_at_bools():
+    program = make_program(
+        [InputSpec("x0", (3, 4), "float32", seed=1), InputSpec("x1", (3, 4), "float32", seed=2)],
+        [("v0", "x0.half()"), ("v1", "x1.clone()"), ("v2", "v1[0]"), ("v3", "v2.add_(v0[0])"),
+         ("v4", "v1 * 2"),                                   # reads v1 after the write through its view v2
+         ("v5", "v0 > 0"), ("v6", "torch.where(v5, x1, x1 * 2)"),  # v0 reaches v6 only through a bool
+         ("v7", "x1 + 1")],
+        ["v4", "v6", "v7"])
+    trace = ProgramTrace.trace(program)
+    assert [trace.lowest_precision(position) for position in range(3)] == [torch.float16, torch.float32, torch.float32]
+
+
+def test_rounding_noise_is_about_one_unit_per_rounding():
+    program = make_program([InputSpec("x0", (64,), "float32", seed=3)], [("v0", "x0 * 3.0"), ("v1", "v0 + 1.0")],
+                           ["v1"])
+    noise = ProgramTrace.trace(program).rounding_noise(0)
+    v0 = program.load()[0]()[0].double() * 3.0
+    bound = torch.finfo(torch.float32).eps * (v0.abs() + (v0 + 1.0).abs())  # one unit of v0, one of v1
+    assert bool((noise <= bound * (1 + 1e-9)).all()) and float((noise / bound).max()) > 0.5
+
+
+def test_noise_loosens_only_the_elements_it_moves():
+    """An element on a discontinuity (noise 1) excuses its own difference, not a wrong neighbour's."""
+    from tests.fuzz.runner import _within_rounding_noise
+
+    reference = torch.tensor([1.0, 2.0, 3.0], dtype=torch.float64)
+    eager, noise, kept = reference.float(), torch.tensor([1.0, 0.0, 0.0], dtype=torch.float64), torch.ones(3, dtype=torch.bool)
+    flipped = torch.tensor([2.0, 2.0, 3.0])
+    assert _within_rounding_noise(flipped, eager, reference, noise, kept)
+    assert not _within_rounding_noise(torch.tensor([2.0, 2.01, 3.0]), eager, reference, noise, kept)
