@@ -1,41 +1,36 @@
 """Runs the fuzzer's CUDA-only wrong answers (tests/fuzz/cuda_cases.py) on CUDA through kiln.compile
-(strict: a compile failure or eager fallback is a FAIL) and compares with eager the project's way
-(kiln.testing.compare against a float64 reference). Prints PASS/FAIL per program; the lead runs it on
-the GPU machine: `python benchmarks/gpu_semantics_check.py` (well under 90 s)."""
+(a compile failure or eager fallback is a FAIL) and judges them as the fuzzer does (tests/fuzz/runner.py:
+kiln.testing's rule against a float64 reference, rounding-sensitive cases told apart). Prints PASS/FAIL
+per program; the lead runs it on the GPU machine: `python benchmarks/gpu_semantics_check.py` (well
+under 90 s); `python benchmarks/gpu_semantics_check.py cpu` runs the same programs on the CPU."""
 from __future__ import annotations
 
 import os
 import sys
 import time
-import warnings
 
 # the repository root, not benchmarks/ (its profile.py would shadow the standard library's)
 sys.path[0] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 os.environ.setdefault("TRITON_INTERPRET", "0")
 
-import torch  # noqa: E402
-
-import kiln  # noqa: E402
-import kiln.testing  # noqa: E402
 from tests.fuzz.cuda_cases import CASES, FAILURES  # noqa: E402
+from tests.fuzz.generator import generate  # noqa: E402
+from tests.fuzz.runner import Outcome, run_program  # noqa: E402
 
 
 def check(name: str, source: str, device: str) -> str:
-    scope: dict = {"__name__": f"cuda_case_{name}"}
-    exec(compile(source, name, "exec"), scope)
-    inputs = scope["make_inputs"](device)
-    program = scope["program"]
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        expected = program(*inputs)
-        try:  # as the fuzzer: no float64 reference where the program refuses float64 (bf16 @ float64)
-            reference = list(program(*kiln.testing.to_float64(inputs)))
-        except RuntimeError:
-            reference = None
-        with kiln.config.patch(strict=True):
-            actual = kiln.compile(program)(*inputs)
-    verdict = kiln.testing.compare(list(actual), list(expected), reference)
-    return "PASS" if verdict else f"FAIL {verdict.message}"
+    """The fuzzer's own verdict (tests/fuzz/runner.py: kiln.testing's rule, rounding-sensitive cases
+    told apart) for the program `name` (seed S, index K) regenerated, and refused if it is not `source`."""
+    seed, index = (int(part) for part in name.removeprefix("seed").split("_prog"))
+    program = generate(seed, index)
+    if program.source() != source:
+        return "FAIL the generator no longer makes this program"
+    result = run_program(program, backend="triton", device=device)
+    if result.fallbacks:
+        return f"FAIL ran eagerly: {result.fallbacks[0]}"
+    if result.outcome in (Outcome.PASS, Outcome.SENSITIVE):
+        return "PASS" + (f" (sensitive: {result.message})" if result.outcome == Outcome.SENSITIVE else "")
+    return f"FAIL {result.outcome}: {result.message or result.stride_message}"
 
 
 def main() -> int:
@@ -46,8 +41,8 @@ def main() -> int:
             outcome = check(name, source, device)
         except Exception as error:  # a crash is a failure too, with its reason
             outcome = f"FAIL {type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
-        failures += outcome != "PASS"
-        print(f"{name:18s} {outcome}" + ("" if outcome == "PASS" else f"   (H200 at 8f9bfe2: {FAILURES[name]})"),
+        failures += not outcome.startswith("PASS")
+        print(f"{name:18s} {outcome}" + ("" if outcome.startswith("PASS") else f"   (first seen on the H200: {FAILURES[name]})"),
               flush=True)
     print(f"{len(CASES) - failures}/{len(CASES)} PASS in {time.perf_counter() - start:.1f}s")
     return 1 if failures else 0
