@@ -15,7 +15,6 @@ from __future__ import annotations
 import collections
 import multiprocessing
 import os
-import signal
 import sys
 import time
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from multiprocessing.connection import wait
 from typing import Callable
 
 from tests.fuzz.runner import Outcome, ProgramResult
+from tests.worker_process import WorkerProcess, redirect_output
 
 STARTUP_SECONDS = 300.0   # importing torch and kiln on a loaded machine
 GRACE_SECONDS = 30.0      # past the in-worker alarm before the parent kills the worker
@@ -49,12 +49,7 @@ def worker_main(connection, timeout: float | None, threads: int, log_path: str |
     import logging
     import warnings
 
-    if log_path:  # torch's C++ warnings and crash dumps go to the run's log, not the console
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)
-        sys.stderr = open(2, "w", buffering=1, closefd=False)
+    redirect_output(log_path)
     faulthandler.enable()
     import torch
 
@@ -73,39 +68,13 @@ def worker_main(connection, timeout: float | None, threads: int, log_path: str |
                                                timeout=timeout)))
 
 
-class _Worker:
+class _Worker(WorkerProcess):
+    """A fuzz worker: the program it runs now (`task_id`) and how many it has run."""
+
     def __init__(self, context, worker_args: tuple) -> None:
-        self.connection, child_end = context.Pipe()
-        self.process = context.Process(target=worker_main, args=(child_end, *worker_args), daemon=True)
-        self.process.start()
-        child_end.close()
-        self.ready = False
+        super().__init__(context, worker_main, worker_args, STARTUP_SECONDS)
         self.task_id: int | None = None
         self.done = 0
-        self.deadline = time.monotonic() + STARTUP_SECONDS
-
-    def stop(self) -> None:
-        try:
-            self.connection.send(None)
-        except OSError:
-            pass
-        self.process.join(10)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(10)
-        self.connection.close()
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.join(10)
-        self.connection.close()
-
-    def death_reason(self) -> str:
-        self.process.join(10)
-        code = self.process.exitcode
-        if code is not None and code < 0:
-            return f"worker killed by {signal.Signals(-code).name}"
-        return f"worker exited with code {code}"
 
 
 def run_pool(tasks: list[Task], *, jobs: int = 1, timeout: float | None = 60.0, log_path: str | None = None,

@@ -13,7 +13,6 @@ from __future__ import annotations
 import collections
 import logging
 import multiprocessing
-import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,6 +20,7 @@ from multiprocessing.connection import wait
 from typing import Callable
 
 from tests.ops.harness import Case, Outcome, SampleResult
+from tests.worker_process import WorkerProcess, redirect_output
 
 STARTUP_SECONDS = 300.0    # importing torch and building op_db, on a loaded machine
 GRACE_SECONDS = 60.0       # past the in-worker alarm before the parent kills the worker
@@ -47,17 +47,11 @@ def worker_main(connection, backend: str, max_samples: int | None, timeout: floa
                 log_path: str | None) -> None:
     """Run tasks received on `connection` until told to stop (a None task)."""
     import faulthandler
-    import os
     import warnings
 
     from tests.ops import harness
 
-    if log_path:  # torch's C++ warnings and crash dumps go to the sweep's log, not the console
-        log_fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        os.dup2(log_fd, 1)
-        os.dup2(log_fd, 2)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)
-        sys.stderr = open(2, "w", buffering=1, closefd=False)
+    redirect_output(log_path)
     faulthandler.enable()
 
     logging.getLogger("kiln").setLevel(logging.ERROR)
@@ -85,47 +79,19 @@ def worker_main(connection, backend: str, max_samples: int | None, timeout: floa
         connection.send(("done", None))
 
 
-class _Worker:
-    """One worker process and what the parent knows about it."""
+class _Worker(WorkerProcess):
+    """A sweep worker: the case it runs now, the sample it is on, how many cases it has run."""
 
     def __init__(self, context, worker_args: tuple) -> None:
-        self.connection, child_end = context.Pipe()
-        self.process = context.Process(target=worker_main, args=(child_end, *worker_args), daemon=True)
-        self.process.start()
-        child_end.close()
-        self.ready = False
+        super().__init__(context, worker_main, worker_args, STARTUP_SECONDS)
         self.task: Task | None = None
         self.sample_index: int | None = None
         self.cases_done = 0
-        self.deadline = time.monotonic() + STARTUP_SECONDS
 
     def send(self, task: Task, hard_timeout: float) -> None:
         self.task, self.sample_index = task, None
         self.deadline = time.monotonic() + hard_timeout
         self.connection.send(task)
-
-    def stop(self) -> None:
-        try:
-            self.connection.send(None)
-        except OSError:
-            pass
-        self.process.join(10)
-        if self.process.is_alive():
-            self.process.kill()
-            self.process.join(10)
-        self.connection.close()
-
-    def kill(self) -> None:
-        self.process.kill()
-        self.process.join(10)
-        self.connection.close()
-
-    def death_reason(self) -> str:
-        self.process.join(10)
-        code = self.process.exitcode
-        if code is not None and code < 0:
-            return f"worker killed by {signal.Signals(-code).name}"
-        return f"worker exited with code {code}"
 
 
 def run_pool(cases: list[Case], *, backend: str, jobs: int, max_samples: int | None,
