@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import sympy
 import torch
@@ -742,23 +742,10 @@ class CppKernelGenerator:
             self.out.add(f"{name}_index[lane] = 0;")
         self.out.close()
 
-        last = len(self.kernel.col_ranges) - 1
-        extent = self.index(self.kernel.col_ranges[last])
-        preheader = self._preheader(self.kernel.col_ranges)  # before both loops: together they run
-        self._open_outer_columns()
-        self.out.add(f"int64_t {name}_end = {extent} - {extent} % {LANES};")
-        self.out.open(f"for (int64_t {name}_base = 0; {name}_base < {name}_end; {name}_base += {LANES})")
-        self.out.add(self._simd())
-        self._open_scope(f"for (int64_t lane = 0; lane < {LANES}; lane++)", self._column_variables(), preheader)
-        self.out.add(f"int64_t r{last} = {name}_base + lane;")
-        self._fold(position, reduce_op, kind, f"{name}_acc", name, "lane", value_type, fold, save_reused)
-        self._close_scope()
-        self.out.close()
-        self._open_scope(f"for (int64_t r{last} = {name}_end; r{last} < {extent}; r{last}++)",
-                         self._column_variables(), preheader)
-        self._fold(position, reduce_op, kind, f"{name}_acc", name, "0", value_type, fold, save_reused)
-        self._close_scope()
-        self._close_outer_columns()
+        def fold_into(lane: str) -> None:
+            self._fold(position, reduce_op, kind, f"{name}_acc", name, lane, value_type, fold, save_reused)
+
+        self._column_loops(name, fold_into)
 
         self.out.open(f"for (int lane = 1; lane < {LANES}; lane++)")
         if arg:
@@ -771,6 +758,39 @@ class CppKernelGenerator:
             self.out.add(f"{name}_acc[0] = {merged};")
         self.out.close()
         return self.define(name, result_dtype, f"{name}_index[0]" if arg else f"{name}_acc[0]")
+
+    def _column_loops(self, name: str, fold_into: Callable[[str], None], *, open_block=None, close_block=None,
+                      after_tail=None) -> None:
+        """The column loops every lane reduction runs: the columns but the last as plain loops
+        (`_open_outer_columns`), the last in chunks of LANES as a simd loop with one lane per
+        column (`fold_into("lane")`), then its tail into lane 0 (`fold_into("0")`).
+
+        open_block() -> (start, stop), when given, opens a loop around the simd loop that runs
+        it over [start, stop) (the compensated sum's blocks); close_block() ends that loop, and
+        after_tail() runs after the tail.
+        """
+        last = len(self.kernel.col_ranges) - 1
+        extent = self.index(self.kernel.col_ranges[last])
+        preheader = self._preheader(self.kernel.col_ranges)  # before the loops: together they run
+        self._open_outer_columns()
+        self.out.add(f"int64_t {name}_end = {extent} - {extent} % {LANES};")
+        start, stop = open_block() if open_block is not None else ("0", f"{name}_end")
+        self.out.open(f"for (int64_t {name}_base = {start}; {name}_base < {stop}; {name}_base += {LANES})")
+        self.out.add(self._simd())
+        self._open_scope(f"for (int64_t lane = 0; lane < {LANES}; lane++)", self._column_variables(), preheader)
+        self.out.add(f"int64_t r{last} = {name}_base + lane;")
+        fold_into("lane")
+        self._close_scope()
+        self.out.close()
+        if close_block is not None:
+            close_block()
+        self._open_scope(f"for (int64_t r{last} = {name}_end; r{last} < {extent}; r{last}++)",
+                         self._column_variables(), preheader)
+        fold_into("0")
+        self._close_scope()
+        if after_tail is not None:
+            after_tail()
+        self._close_outer_columns()
 
     def _compensated_sum(self, position: int, reduce_op, name: str, value_type: str, result_dtype: torch.dtype,
                          fold: str | None, save_reused: bool) -> str:
@@ -799,38 +819,32 @@ class CppKernelGenerator:
                          f"({value_type})0;")
             self.out.add(f"{acc} = {name}_t;")
 
-        last = len(self.kernel.col_ranges) - 1
-        extent = self.index(self.kernel.col_ranges[last])
-        preheader = self._preheader(self.kernel.col_ranges)  # before the loops: together they run
-        self._open_outer_columns()
-        self.out.add(f"int64_t {name}_end = {extent} - {extent} % {LANES};")
-        self.out.open(f"for (int64_t {name}_block = 0; {name}_block < {name}_end; {name}_block += {SUM_BLOCK})")
-        self.out.add(f"int64_t {name}_stop = {name}_block + {SUM_BLOCK} < {name}_end ? {name}_block + {SUM_BLOCK} "
-                     f": {name}_end;")
-        self.out.open(f"for (int lane = 0; lane < {LANES}; lane++)")
-        self.out.add(f"{name}_part[lane] = 0;")
-        self.out.close()
-        self.out.open(f"for (int64_t {name}_base = {name}_block; {name}_base < {name}_stop; {name}_base += {LANES})")
-        self.out.add(self._simd())
-        self._open_scope(f"for (int64_t lane = 0; lane < {LANES}; lane++)", self._column_variables(), preheader)
-        self.out.add(f"int64_t r{last} = {name}_base + lane;")
-        self._fold(position, reduce_op, "sum", f"{name}_part", name, "lane", value_type, fold, save_reused)
-        self._close_scope()
-        self.out.close()
-        self.out.add("#pragma omp simd")
-        self.out.open(f"for (int lane = 0; lane < {LANES}; lane++)")
-        flush("lane")
-        self.out.close()
-        self.out.close()
-        self.out.add(f"{name}_part[0] = 0;")
-        self._open_scope(f"for (int64_t r{last} = {name}_end; r{last} < {extent}; r{last}++)",
-                         self._column_variables(), preheader)
-        self._fold(position, reduce_op, "sum", f"{name}_part", name, "0", value_type, fold, save_reused)
-        self._close_scope()
-        self.out.open("")
-        flush("0")
-        self.out.close()
-        self._close_outer_columns()
+        def fold_into(lane: str) -> None:
+            self._fold(position, reduce_op, "sum", f"{name}_part", name, lane, value_type, fold, save_reused)
+
+        def open_block() -> tuple[str, str]:
+            self.out.open(f"for (int64_t {name}_block = 0; {name}_block < {name}_end; {name}_block += {SUM_BLOCK})")
+            self.out.add(f"int64_t {name}_stop = {name}_block + {SUM_BLOCK} < {name}_end ? "
+                         f"{name}_block + {SUM_BLOCK} : {name}_end;")
+            self.out.open(f"for (int lane = 0; lane < {LANES}; lane++)")
+            self.out.add(f"{name}_part[lane] = 0;")
+            self.out.close()
+            return f"{name}_block", f"{name}_stop"
+
+        def close_block() -> None:
+            self.out.add("#pragma omp simd")
+            self.out.open(f"for (int lane = 0; lane < {LANES}; lane++)")
+            flush("lane")
+            self.out.close()
+            self.out.close()
+            self.out.add(f"{name}_part[0] = 0;")
+
+        def after_tail() -> None:
+            self.out.open("")
+            flush("0")
+            self.out.close()
+
+        self._column_loops(name, fold_into, open_block=open_block, close_block=close_block, after_tail=after_tail)
 
         self.out.open(f"for (int lane = 0; lane < {LANES}; lane++)")
         self.out.add(f"{name}_acc[lane] -= {name}_comp[lane];")
