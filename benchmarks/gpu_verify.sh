@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
-# The end-of-session GPU verification at one commit, as two device calls of under 10 minutes each
-# (run them back to back, so the second finds the machine warm):
+# The end-of-session GPU verification at one commit, as three device calls of under 10 minutes each
+# (run them back to back, so each finds the machine warm):
 #
-#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh checks   # smoke, gather bounds, GPU-semantics
-#                                                                # programs, 0-dim outputs, the kernels
-#                                                                # suite (eager / torch.compile / kiln),
-#                                                                # then the CUDA fuzzer for 120 s
-#                                                                # (seed $FUZZ_SEED, default 202)
-#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh models   # the six TARGETS models, inference,
-#                                                                # eager / torch.compile / kiln
+#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh checks    # smoke, gather bounds, GPU-semantics
+#                                                                 # programs, 0-dim outputs, then the
+#                                                                 # CUDA fuzzer for 120 s (seed
+#                                                                 # $FUZZ_SEED, default 202): ~250 s
+#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh kernels   # the kernels suite, eager /
+#                                                                 # torch.compile / kiln, one process per
+#                                                                 # case ($KERNELS_BUDGET s, default 420;
+#                                                                 # 300 s left softmax and RMSNorm out)
+#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh models    # the six TARGETS models, inference,
+#                                                                 # eager / torch.compile / kiln: ~530 s
 # Files land in $OUT (at most 8 come back) and the benchmark results under benchmarks/results/.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -28,11 +31,14 @@ checks)
         done
     } > "$OUT_DIR/checks.txt" 2>&1
     grep "exit\|FAIL" "$OUT_DIR/checks.txt"
-    "$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,inductor,kiln --budget 300 \
-        --timeout 60 --label "kernels-$commit" --copy-to "$OUT_DIR" 2>&1 | tail -15
     seed="${FUZZ_SEED:-202}"
     timeout 260 "$PYTHON" -m tests.fuzz --device cuda --programs 5000 --seed "$seed" --jobs 12 --budget 120 \
         --out "$OUT_DIR/fuzz_cuda_seed$seed.json" 2>&1 | grep -v "^\[" | tail -12
+    rm -f "$OUT_DIR"/*.log
+    ;;
+kernels)
+    "$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,inductor,kiln \
+        --budget "${KERNELS_BUDGET:-420}" --timeout 60 --label "kernels-$commit" --copy-to "$OUT_DIR" 2>&1 | tail -15
     rm -f "$OUT_DIR"/*.log
     ;;
 models)
@@ -41,6 +47,6 @@ models)
         --timeout 150 --label "models-$commit" --copy-to "$OUT_DIR" 2>&1 | tail -25
     rm -f "$OUT_DIR"/*.log
     ;;
-*) echo "usage: gpu_verify.sh checks|models" >&2; exit 2 ;;
+*) echo "usage: gpu_verify.sh checks|kernels|models" >&2; exit 2 ;;
 esac
 ls -la "$OUT_DIR"
