@@ -24,7 +24,8 @@ from kiln.config import OPTIONS
 
 BACKENDS = ("cpp", "triton")  # config.cpu_backend: the C++ kernels, or the Triton kernels (as for a GPU)
 
-# The dump's files that are generated code or IR; aten_graph.py is torch's text, timings.txt is not text.
+# The dump's files a golden text holds, besides kernels (aten_graph.py is torch's text; timings.txt
+# is never read).
 STAGE_FILES = ("loopir_before_fusion.txt", "loopir_after_fusion.txt")
 WRAPPER_FILE = "wrapper.py"
 
@@ -40,7 +41,7 @@ class GraphTexts:
         return {name: text for name, text in self.files.items() if name.startswith("kernel_")}
 
 
-# Options that do not change generated code keep their values from the environment.
+# Options not reset to their defaults: they do not shape generated code, or record_graphs sets them.
 _NOT_CODEGEN_OPTIONS = ("debug", "debug_dir", "logs", "cache_dir", "compile_workers", "strict", "cpu_backend")
 
 
@@ -49,21 +50,31 @@ def _default_options() -> dict:
     return {option.name: option.default for option in OPTIONS if option.name not in _NOT_CODEGEN_OPTIONS}
 
 
-def _codegen_only_load(module_source, *, fallback, **_):
-    return fallback
+LOADER = "kiln.runtime.loader.load_module"  # the one pipeline stage the harness replaces
+
+
+def _codegen_only_loader(calls: list):
+    def load_module(module_source, *, fallback, **_):
+        calls.append(module_source)
+        return fallback  # the graph runs eagerly: nothing compiled, a backward still gets traced
+    return load_module
 
 
 @contextlib.contextmanager
 def record_graphs(backend: str):
     """Within the block every graph kiln compiles (strictly, with default options and `backend`
-    for CPU tensors) is dumped;
-    the list yielded is filled with their `GraphTexts`, in compile order, when the block ends."""
+    for CPU tensors) is dumped, not loaded; the list yielded is filled with their `GraphTexts`,
+    in compile order, when the block ends."""
     graphs: list = []
+    loads: list = []
     with tempfile.TemporaryDirectory(prefix="kiln-golden-") as folder, \
             kiln.config.patch(**_default_options(), debug=True, debug_dir=folder, strict=True, cpu_backend=backend), \
-            mock.patch("kiln.runtime.loader.load_module", _codegen_only_load):
+            mock.patch(LOADER, _codegen_only_loader(loads)):
         yield graphs
         graphs.extend(_read_dumps(folder))
+    if graphs and not loads:  # the pipeline loads elsewhere now: kernels were compiled, slowly
+        raise AssertionError(f"kiln compiled {len(graphs)} graphs without calling {LOADER}: point "
+                             "tests/golden/capture.py's LOADER at the stage that loads generated code")
 
 
 def _read_dumps(folder: str) -> list:
