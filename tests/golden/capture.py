@@ -1,0 +1,137 @@
+"""Record the text kiln generates for a program, stage by stage, without compiling or running kernels.
+
+The texts come from kiln's own debug dump (`KILN_DEBUG`, kiln/debug/dump.py), so they are the
+stages `compile_graph` really runs, in its order, whatever passes it gains: the LoopIR before and
+after fusion, every kernel, the wrapper. The one piece of the pipeline replaced is loading
+(`kiln.runtime.loader.load_module`): each graph gets its eager fallback instead of compiled
+kernels, so no g++ and no Triton run, and a program's backward still gets traced and dumped
+when its forward runs.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import tempfile
+from dataclasses import dataclass, field
+from unittest import mock
+
+import torch
+
+import kiln
+from kiln.backend import compile_graph
+from kiln.config import OPTIONS
+
+BACKENDS = ("cpp", "triton")  # config.cpu_backend: the C++ kernels, or the Triton kernels (as for a GPU)
+
+# The dump's files a golden text holds, besides kernels (aten_graph.py is torch's text; timings.txt
+# is never read).
+STAGE_FILES = ("loopir_before_fusion.txt", "loopir_after_fusion.txt")
+WRAPPER_FILE = "wrapper.py"
+
+
+@dataclass
+class GraphTexts:
+    """One compiled graph's texts: file name in the dump -> text."""
+
+    name: str  # the dump folder's name (graph_<n>), for messages only
+    files: dict = field(default_factory=dict)
+
+    def kernels(self) -> dict:
+        return {name: text for name, text in self.files.items() if name.startswith("kernel_")}
+
+
+# Options not reset to their defaults: they do not shape generated code, or record_graphs sets them.
+_NOT_CODEGEN_OPTIONS = ("debug", "debug_dir", "logs", "cache_dir", "compile_workers", "strict", "cpu_backend")
+
+
+def _default_options() -> dict:
+    """Every option that shapes generated code at its default, whatever KILN_* the environment sets."""
+    return {option.name: option.default for option in OPTIONS if option.name not in _NOT_CODEGEN_OPTIONS}
+
+
+LOADER = "kiln.runtime.loader.load_module"  # the one pipeline stage the harness replaces
+
+
+def _codegen_only_loader(calls: list):
+    def load_module(module_source, *, fallback, **_):
+        calls.append(module_source)
+        return fallback  # the graph runs eagerly: nothing compiled, a backward still gets traced
+    return load_module
+
+
+@contextlib.contextmanager
+def record_graphs(backend: str):
+    """Within the block every graph kiln compiles (strictly, with default options and `backend`
+    for CPU tensors) is dumped, not loaded; the list yielded is filled with their `GraphTexts`,
+    in compile order, when the block ends."""
+    graphs: list = []
+    loads: list = []
+    with tempfile.TemporaryDirectory(prefix="kiln-golden-") as folder, \
+            kiln.config.patch(**_default_options(), debug=True, debug_dir=folder, strict=True, cpu_backend=backend), \
+            mock.patch(LOADER, _codegen_only_loader(loads)):
+        yield graphs
+        graphs.extend(_read_dumps(folder))
+    if graphs and not loads:  # the pipeline loads elsewhere now: kernels were compiled, slowly
+        raise AssertionError(f"kiln compiled {len(graphs)} graphs without calling {LOADER}: point "
+                             "tests/golden/capture.py's LOADER at the stage that loads generated code")
+
+
+def _read_dumps(folder: str) -> list:
+    graph_folders = []
+    for run in os.listdir(folder):
+        for graph in os.listdir(os.path.join(folder, run)):
+            graph_folders.append(os.path.join(folder, run, graph))
+    graph_folders.sort(key=lambda path: int(re.sub(r"\D", "", os.path.basename(path)) or 0))
+    result = []
+    for path in graph_folders:
+        texts = GraphTexts(os.path.basename(path))
+        for filename in sorted(os.listdir(path)):
+            if filename in ("timings.txt",):
+                continue
+            with open(os.path.join(path, filename)) as handle:
+                texts.files[filename] = handle.read()
+        result.append(texts)
+    return result
+
+
+def run_program(program) -> None:
+    """Compile `program` with kiln's graph entry and run it (backward too, when it has one)."""
+    inputs = program.make_inputs(torch.Generator().manual_seed(0))
+    gm = _traced_with_tuple_output(program.fn)
+    compiled = compile_graph(gm, list(inputs))
+    outputs = compiled(*inputs)
+    if program.backward:
+        outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
+        sum(output.sum() for output in outputs).backward()
+
+
+def _traced_with_tuple_output(fn) -> torch.fx.GraphModule:
+    """`fn` traced by torch.fx, returning a tuple as the torch.compile backend contract asks."""
+    gm = torch.fx.symbolic_trace(fn)
+    output = next(node for node in gm.graph.nodes if node.op == "output")
+    if not isinstance(output.args[0], (tuple, list)):
+        output.args = ((output.args[0],),)
+        gm.recompile()
+    return gm
+
+
+def render_program(program, backend: str) -> str:
+    """The golden text of `program` on `backend`: each graph's LoopIR before and after fusion,
+    its kernels and its wrapper, in one file with a header per section."""
+    with record_graphs(backend) as graphs:
+        run_program(program)
+    if not graphs:
+        raise AssertionError(f"{program.name}: kiln compiled no graph")
+    return render_graphs(graphs)
+
+
+def render_graphs(graphs: list) -> str:
+    sections = []
+    for position, graph in enumerate(graphs):
+        names = [name for name in STAGE_FILES if name in graph.files]
+        names += sorted(graph.kernels())
+        names += [WRAPPER_FILE] if WRAPPER_FILE in graph.files else []
+        for name in names:
+            sections.append(f"===== graph {position}: {name}\n{graph.files[name].rstrip()}\n")
+    return "\n".join(sections)
