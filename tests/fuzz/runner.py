@@ -159,10 +159,38 @@ def _run(program, result: ProgramResult, backend: str, device: str) -> None:
     except Exception:  # an op without float64 (or mixing a float64 with a float32): no reference
         reference = None
     result.outcome, result.message = compare_outputs(actual, expected, reference, program, device)
+    if result.outcome == Outcome.WRONG:
+        layout_message = _eager_layout_dependent(function, make_inputs(device), actual, reference, program, device)
+        if layout_message:
+            result.outcome, result.message = Outcome.SENSITIVE, f"{result.message} ({layout_message})"
     if result.outcome == Outcome.PASS:
         result.stride_message = compare_strides(actual, expected)
         if result.stride_message:
             result.outcome = Outcome.STRIDE
+
+
+def _eager_layout_dependent(function, inputs: list, actual: list, reference, program, device: str) -> str:
+    """Why kiln's outputs, wrong against eager's, are eager's own on contiguous copies of the inputs, or ''.
+
+    Eager's CPU kernels take a vectorized path for contiguous data and a scalar one for strided
+    data (and for a vector's tail), and a few ops differ between the two at special values:
+    gelu(+inf) is NaN vectorized and inf scalar (seed 3005 #1171: a stepped input). kiln picks
+    one answer per op; where it is the one eager gives for the same values laid out
+    contiguously, the difference is eager's, and `sensitive`. Programs whose inputs are already
+    contiguous, or that eager cannot run on contiguous copies, get ''.
+    """
+    tensors = [value for value in inputs if isinstance(value, torch.Tensor)]
+    if all(tensor.is_contiguous() for tensor in tensors):
+        return ""
+    try:
+        contiguous = [value.contiguous() if isinstance(value, torch.Tensor) else value for value in inputs]
+        expected = list(function(*contiguous))
+    except Exception:
+        return ""
+    outcome, _ = compare_outputs(actual, expected, reference, program, device)
+    if outcome in (Outcome.PASS, Outcome.SENSITIVE):
+        return "eager gives kiln's values on contiguous copies of the inputs: its result depends on their layout"
+    return ""
 
 
 def fallback_reasons(report, compiled) -> list[str]:

@@ -173,3 +173,24 @@ def test_a_bool_flipped_by_one_ulp_upstream_is_sensitive_and_a_far_one_wrong():
     off_edge = expected[0].clone()
     off_edge[tuple(far.nonzero()[0].tolist())] ^= True
     assert classify(EQUALITY_EDGE, [off_edge])[0] == Outcome.WRONG
+
+
+def test_values_eager_gives_for_contiguous_inputs_are_sensitive_only_for_strided_inputs():
+    """Eager's CPU gelu(+inf) is NaN on its vectorized (contiguous) path and inf on its scalar (strided)
+    one (seed 3005 #1171); kiln's NaN is eager's own answer for the same values laid out contiguously."""
+    from tests.fuzz.runner import _eager_layout_dependent
+
+    def function(x):
+        return (torch.nn.functional.gelu(x),)
+
+    base = torch.tensor([float("inf")] * 48 + [1.0] * 48)
+    strided, contiguous = base[::3], base[::3].contiguous()
+    expected, contiguous_result = function(strided), function(contiguous)
+    if torch.equal(expected[0].isnan(), contiguous_result[0].isnan()):
+        return  # this torch's gelu gives one answer on both paths: nothing to tell apart
+    reference = function(strided.double())
+    assert _eager_layout_dependent(function, [strided], list(contiguous_result), list(reference), None, "cpu")
+    assert not _eager_layout_dependent(function, [contiguous], list(expected), list(reference), None, "cpu")
+    wrong = [contiguous_result[0].clone()]
+    wrong[0][-1] = 5.0  # a finite element off: not what eager gives on either layout
+    assert not _eager_layout_dependent(function, [strided], wrong, list(reference), None, "cpu")
