@@ -6,7 +6,8 @@ resulting ATen graph (forward, and backward when training) to `compile_aten`.
 AOTAutograd's tracing is not thread-safe (torch.fx's patcher is module state), so the trace
 and every compile it calls back, a backward compiled lazily at its first use included, hold
 the process's compile lock (kiln/runtime/locks.py). Before compiling, each ATen graph's
-fake metas get eager's strides where torch's meta kernels disagree (kiln/aot/strides.py).
+fake metas get eager's strides where torch's meta kernels or functionalization's rewrite of
+in-place writes disagree with eager's (kiln/aot/strides.py).
 """
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Callable
 
 from kiln import _torch
 from kiln.aot.decompositions import decomposition_table
-from kiln.aot.strides import restride_to_eager
+from kiln.aot.strides import restride_to_eager, tag_in_place_writes
 from kiln.runtime.locks import compile_lock
 
 
@@ -23,9 +24,12 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
     """Trace `gm` to ATen with AOTAutograd and compile every graph it yields with `compile_aten`
     (an inference graph, one with no backward, with `compile_inference` when given)."""
 
-    def boxed(aten_gm, aten_inputs, compile_one=compile_aten):
+    in_place = tag_in_place_writes(gm)  # before tracing: the ATen nodes inherit the tags
+
+    def boxed(aten_gm, aten_inputs, compile_one=compile_aten, forward=True):
         with compile_lock:
-            restride_to_eager(aten_gm)  # kiln's buffers and output strides follow these metas
+            # kiln's buffers and output strides follow these metas
+            restride_to_eager(aten_gm, in_place if forward else None)
             compiled = compile_one(aten_gm, aten_inputs)
         if getattr(compiled, "_boxed_call", False):
             return compiled
@@ -33,5 +37,6 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
 
     inference = functools.partial(boxed, compile_one=compile_inference or compile_aten)
     with compile_lock:
-        return _torch.aot_module_simplified(gm, example_inputs, fw_compiler=boxed, bw_compiler=boxed,
+        return _torch.aot_module_simplified(gm, example_inputs, fw_compiler=boxed,
+                                            bw_compiler=functools.partial(boxed, forward=False),
                                             inference_compiler=inference, decompositions=decomposition_table())

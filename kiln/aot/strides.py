@@ -1,18 +1,32 @@
-"""Eager's strides for ATen ops whose fake-tensor (meta) kernel lays its result out differently.
+"""Eager's strides where the ATen graph's fake-tensor (meta) layouts differ from eager's.
 
 kiln allocates buffers, and gives graph outputs their strides, from the ATen graph's
-fake-tensor metas. Where torch's meta kernel disagrees with the real kernel's layout the
-compiled graph returns strides eager never would, and the wrong meta spreads to every op
-downstream (a pointwise op follows its input's layout). `restride_to_eager(gm)` replaces
-such metas with the real kernel's layout and re-derives the metas downstream of them.
+fake-tensor metas. Where those disagree with eager's layout the compiled graph returns
+strides eager never would, and the wrong meta spreads to every op downstream (a pointwise
+op follows its input's layout). `restride_to_eager(gm)` replaces such metas with eager's
+layout and re-derives the metas downstream of them. Three rules, each in one function:
 
-One op so far: `aten.index.Tensor`. Eager's kernel (CPU and CUDA) is a TensorIterator
-over the source restrided to the output's shape (stride 0 in the indexed dims) and the
-index tensors broadcast to it, so its result follows the index tensors' layout as well as
-the source's; the meta kernel ignores the index tensors' strides (a transposed index gives
-a row-major result where eager's is column-major).
+- `aten.index.Tensor` (`_index_strides`): eager's kernel (CPU and CUDA) is a TensorIterator
+  over the source restrided to the output's shape (stride 0 in the indexed dims) and the
+  index tensors broadcast and reshaped to it, so its result follows the index tensors'
+  layout as well as the source's; the meta kernel ignores the index tensors' strides (a
+  transposed index gives a row-major result where eager's is column-major).
+- `aten.logical_and/or/xor` (`_tensor_iterator_op_strides`): eager's kernels are
+  TensorIterators over both operands; the meta kernels (torch's refs) order the dims by
+  the first operand alone, even where it is broadcast (a 0-dim or 1-D first operand gives
+  a row-major result beside a transposed second one).
+- In-place writes (`_in_place_strides`): eager's `x.op_(...)` keeps x's layout, but
+  functionalization replaces it with `op(x, ...)`, laid out by op's own rule
+  (masked_fill_ becomes a `where` that follows the mask's layout), and every later read
+  of x, or of a view of it, reads that. The torch-level graph knows which nodes write in
+  place: `tag_in_place_writes` stamps each of its nodes with its name (in meta["custom"],
+  which AOTAutograd copies onto every ATen node traced from it) and returns which node each
+  one writes; the ATen result of a write then takes the layout of the value it replaces.
 """
 from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
 
 import torch
 
@@ -20,22 +34,82 @@ from kiln import _torch
 
 aten = _torch.aten
 
+SOURCE_KEY = "kiln_source"  # meta["custom"][SOURCE_KEY]: the torch-level node an ATen node was traced from
 
-def restride_to_eager(gm: torch.fx.GraphModule) -> bool:
-    """Give every `aten.index.Tensor` node eager's output strides and re-derive the fake metas
-    of the nodes downstream; returns whether any meta changed. Shapes never change."""
+# Python's augmented assignments on tensors write their left operand.
+_AUGMENTED_ASSIGNMENTS = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv,
+                          operator.imod, operator.ipow, operator.iand, operator.ior, operator.ixor,
+                          operator.ilshift, operator.irshift, operator.imatmul}
+
+_TENSOR_ITERATOR_OPS = {aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default}
+
+
+@dataclass(frozen=True)
+class InPlaceWrites:
+    """What the torch-level graph says about in-place writes, for `restride_to_eager`."""
+
+    writes: dict  # name of a node that writes a tensor in place -> name of the node it writes
+    inputs: tuple  # the names of the graph's placeholders, in order
+
+
+def tag_in_place_writes(gm: torch.fx.GraphModule) -> InPlaceWrites:
+    """Stamp every node of the torch-level graph `gm` with its name (meta["custom"][SOURCE_KEY])
+    and say which nodes write which in place."""
+    writes = {}
+    for node in gm.graph.nodes:
+        node.meta["custom"] = {**(node.meta.get("custom") or {}), SOURCE_KEY: node.name}
+        written = _written_operand(node)
+        if isinstance(written, torch.fx.Node):
+            writes[node.name] = written.name
+    return InPlaceWrites(writes, tuple(node.name for node in gm.graph.nodes if node.op == "placeholder"))
+
+
+def _written_operand(node: torch.fx.Node):
+    """The operand `node` writes in place (keeping its layout), or None: `x.add_(y)`, `torch.relu_(x)`,
+    `x += y`, `x[i] = y`, `F.relu(x, inplace=True)`, `torch.add(x, y, out=z)`. In-place view ops
+    (`x.t_()`, `x.unsqueeze_(0)`) change the layout: they are not writes here."""
+    if node.op not in ("call_method", "call_function"):
+        return None
+    if isinstance(node.kwargs.get("out"), torch.fx.Node):
+        return node.kwargs["out"]
+    if not node.args:
+        return None
+    target = node.target
+    if node.kwargs.get("inplace") is True or target in _AUGMENTED_ASSIGNMENTS or target is operator.setitem:
+        return node.args[0]
+    schema = getattr(target, "_schema", None)
+    if schema is not None:  # an ATen overload
+        arguments = schema.arguments
+        writes_self = bool(arguments) and arguments[0].alias_info is not None and arguments[0].alias_info.is_write
+        return node.args[0] if writes_self and torch.Tag.inplace_view not in target.tags else None
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    if not isinstance(name, str) or not name.endswith("_") or name.startswith("_"):
+        return None
+    packet = getattr(aten, name, None)
+    if packet is None or any(torch.Tag.inplace_view in getattr(packet, overload).tags for overload in packet.overloads()):
+        return None
+    return node.args[0]
+
+
+def restride_to_eager(gm: torch.fx.GraphModule, in_place: InPlaceWrites | None = None) -> bool:
+    """Give the nodes of the ATen graph `gm` that the rules above cover eager's output strides and
+    re-derive the fake metas of the nodes downstream; returns whether any meta changed. Shapes
+    never change. `in_place` (`tag_in_place_writes` of the torch-level graph) names the in-place
+    writes; pass it for a forward or inference graph only (a backward's nodes are traced from the
+    forward's torch-level nodes too, but no write of those is the backward's)."""
     fake_mode = _torch.fake_mode_of([node.meta.get("val") for node in gm.graph.nodes if node.op == "placeholder"])
     if fake_mode is None:
         return False
+    replaced_values = _replaced_values(gm, in_place) if in_place is not None else {}
     replaced: set = set()
     with fake_mode:
         for node in gm.graph.nodes:
             if node.op != "call_function":
                 continue
             meta = node.meta.get("val")
-            if node.target is aten.index.Tensor and isinstance(meta, torch.Tensor):
-                strides = _index_strides(node, meta)
-                if strides is not None and tuple(strides) != tuple(meta.stride()):
+            strides = _eager_strides(node, meta, replaced_values) if isinstance(meta, torch.Tensor) else None
+            if strides is not None:
+                if tuple(strides) != tuple(meta.stride()):
                     node.meta["val"] = torch.empty_strided(meta.shape, strides, dtype=meta.dtype, device=meta.device)
                     replaced.add(node)
             elif any(isinstance(arg, torch.fx.Node) and arg in replaced for arg in node.all_input_nodes):
@@ -48,6 +122,113 @@ def restride_to_eager(gm: torch.fx.GraphModule) -> bool:
     return bool(replaced)
 
 
+def _eager_strides(node, meta: torch.Tensor, replaced_values: dict) -> list[int] | None:
+    """Eager's strides for `node`'s result where a rule covers it, else None (its meta's stand)."""
+    if node in replaced_values:
+        return _in_place_strides(meta, replaced_values[node].meta.get("val"))
+    if node.target is aten.index.Tensor:
+        return _index_strides(node, meta)
+    if node.target in _TENSOR_ITERATOR_OPS:
+        return _tensor_iterator_op_strides(node, meta)
+    return None
+
+
+# ---------------------------------------------------------------------------- in-place writes
+def _replaced_values(gm: torch.fx.GraphModule, in_place: InPlaceWrites) -> dict:
+    """{ATen node holding the result of an in-place write: the ATen node of the value it replaces}.
+
+    The written value is the last ATen node traced from its torch-level node (a write's own value
+    is the value it writes, so a chain of writes goes back to the first value), or the graph input
+    of a torch-level placeholder (AOTAutograd puts the lifted parameters first). The write's result
+    is the last ATen node traced from the write that is no view and has the written value's shape
+    and dtype: after it come only the views and scatters that put it back into the written
+    tensor's base and regenerate its views.
+    """
+    traced: dict[str, list] = {}
+    for node in gm.graph.nodes:
+        source = (node.meta.get("custom") or {}).get(SOURCE_KEY)
+        if source is not None and node.op == "call_function" and isinstance(node.meta.get("val"), torch.Tensor):
+            traced.setdefault(source, []).append(node)
+    placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+    lifted = len(placeholders) - len(in_place.inputs)
+
+    def value_of(name: str):
+        for _ in range(len(in_place.writes) + 1):  # follow a chain of writes to the first value
+            if name not in in_place.writes:
+                break
+            name = in_place.writes[name]
+        if name in traced:
+            return traced[name][-1]
+        if name in in_place.inputs and lifted >= 0:
+            return placeholders[lifted + in_place.inputs.index(name)]
+        return None
+
+    replaced_values = {}
+    for write, written in in_place.writes.items():
+        value = value_of(written)
+        value_meta = value.meta.get("val") if value is not None else None
+        if not isinstance(value_meta, torch.Tensor):
+            continue
+        for node in reversed(traced.get(write, [])):
+            meta = node.meta["val"]
+            if not _is_view(node) and meta.shape == value_meta.shape and meta.dtype == value_meta.dtype:
+                replaced_values[node] = value
+                break
+    return replaced_values
+
+
+def _is_view(node) -> bool:
+    """Whether an ATen node's result aliases its input (a view op)."""
+    schema = getattr(node.target, "_schema", None)
+    return schema is not None and any(result.alias_info is not None for result in schema.returns)
+
+
+def _in_place_strides(meta: torch.Tensor, written: torch.Tensor) -> list[int] | None:
+    """The strides of a written tensor after the write: its own where they are dense and do not
+    overlap, else (a strided slice, say) the dense strides in their order, as empty_like's."""
+    values = [*written.shape, *written.stride()]
+    if not all(isinstance(value, int) for value in values) or tuple(meta.shape) != tuple(written.shape):
+        return None
+    if _dense_without_overlap(list(written.shape), list(written.stride())):
+        return list(written.stride())
+    return _tensor_iterator_strides(list(written.shape), [list(written.stride())])
+
+
+def _dense_without_overlap(shape: list[int], strides: list[int]) -> bool:
+    """Whether the layout addresses exactly numel consecutive elements (a permuted contiguous one)."""
+    step = 1
+    for extent, stride in sorted((pair for pair in zip(shape, strides) if pair[0] != 1), key=lambda pair: pair[1]):
+        if stride != step:
+            return False
+        step *= extent
+    return True
+
+
+# ---------------------------------------------------------------------------- TensorIterator ops
+def _tensor_iterator_op_strides(node, meta: torch.Tensor) -> list[int] | None:
+    """The strides of a pointwise TensorIterator op's result: its tensor operands, broadcast to the
+    result's shape, order the dims."""
+    operands = [arg.meta.get("val") for arg in node.args if isinstance(arg, torch.fx.Node)]
+    if not all(isinstance(operand, torch.Tensor) for operand in operands):
+        return None
+    shape = list(meta.shape)
+    values = list(shape)
+    for operand in operands:
+        values += [*operand.shape, *operand.stride()]
+    if not all(isinstance(value, int) for value in values):
+        return None
+    return _tensor_iterator_strides(shape, [_broadcast_strides(operand.shape, operand.stride(), shape)
+                                            for operand in operands])
+
+
+def _broadcast_strides(size, stride, shape: list[int]) -> list[int]:
+    """An operand's strides as TensorIterator sees it over `shape`: 0 where it broadcasts."""
+    leading = len(shape) - len(size)
+    return [0] * leading + [0 if extent == 1 and shape[leading + dim] != 1 else step
+                            for dim, (extent, step) in enumerate(zip(size, stride))]
+
+
+# ---------------------------------------------------------------------------- aten.index
 def _index_strides(node, meta: torch.Tensor) -> list[int] | None:
     """The strides of eager's `aten.index.Tensor` result, or None where kiln does not model
     them (boolean masks, symbolic sizes or strides, indices separated by a full slice)."""
@@ -68,14 +249,15 @@ def _index_strides(node, meta: torch.Tensor) -> list[int] | None:
         return None
     before, after = present[0], source.dim() - present[-1] - 1
     replacement = list(meta.shape[before:meta.dim() - after])
-    # The TensorIterator's inputs, as element strides over the output's shape.
+    # The TensorIterator's inputs, as element strides over the output's shape: the source with
+    # stride 0 in the indexed dims, each index expanded to the indices' common shape and reshaped
+    # with size-1 dims before and after it (eager's expand_outplace and reshape_indexer; the
+    # reshape's strides in those size-1 dims break ties where the output's dim has size 1 too).
     operands = [list(source.stride()[:before]) + [0] * len(replacement) + list(source.stride()[source.dim() - after:])]
     for index in index_metas:
         if index is not None:
-            leading = len(replacement) - index.dim()
-            index_strides = [0] * leading + [0 if extent == 1 else stride
-                                             for extent, stride in zip(index.shape, index.stride())]
-            operands.append([0] * before + index_strides + [0] * after)
+            indexer = index.expand(replacement).reshape([1] * before + replacement + [1] * after)
+            operands.append(_broadcast_strides(indexer.shape, indexer.stride(), list(meta.shape)))
     return _tensor_iterator_strides(list(meta.shape), operands)
 
 

@@ -34,9 +34,6 @@ BACKENDS = ("cpp", "triton")
 BUG_TRITON_EMPTY_REDUCTION_SLOW = ("Triton: a reduction over 0 elements (var over a 0-size dim of a (6, 0, 7, 6) "
                                    "tensor, 42 outputs) takes 25-50 s per call under the interpreter (cpp: 0.1 ms): "
                                    "the launch or loop bounds blow up for an empty reduction")
-BUG_INPLACE_OUTPUT_STRIDES = ("an output written in place (v = x < y; v.masked_fill_(v, True); return v), directly "
-                              "or through a permuted view, comes back with other strides than eager's (eager's "
-                              "follows its permuted input's layout; kiln's is contiguous, or the view's)")
 
 
 @dataclass(frozen=True)
@@ -156,13 +153,22 @@ REGRESSIONS: list[Regression] = [
                "sign of a computed nan (log1p below -1)"),
     Regression(explicit("seed1_prog255_min", [spec("x0", (2, 3))],
                         "v0 = x0 > 0.0\nv1 = v0.movedim(1, 0)\nv2 = v1.masked_fill_(v1, True)", ("v0",)),
-               "an output mutated through its permuted view keeps its own strides",
-               {"*": BUG_INPLACE_OUTPUT_STRIDES}),
+               "an output mutated through its permuted view keeps its own strides"),
     Regression(explicit("seed1_prog279_min", [spec("x0", (2, 1, 3, 1), layout="transposed", layout_arg=(0, 2)),
                                               spec("x1", (1, 1, 1, 1), "int64", values="randint", low=-4, high=5)],
                         "v0 = x1 < x0\nv1 = v0.masked_fill_(v0, True)", ("v0",)),
-               "an output of a permuted input, written in place, keeps eager's strides",
-               {"*": BUG_INPLACE_OUTPUT_STRIDES}),
+               "an output of a permuted input, written in place, keeps eager's strides"),
+    Regression(explicit("seed3001_prog1102_masked_fill_of_transposed_isnan",
+                        [spec("x1", (3, 2, 2), layout="permuted", layout_arg=(1, 2, 0)),
+                         spec("x2", (3, 2, 2), "bool", values="bool")],
+                        "v1 = torch.isnan(x1)\nv2 = v1.transpose(1, 2)\nv5 = v2.masked_fill_(x2, True)\nv7 = v5 < 2",
+                        ("v7", "v5")),
+               "masked_fill_ on a transposed view of an intermediate: the output is eager's view (seed 3001 #1102)"),
+    Regression(explicit("seed3002_prog403_logical_xor_0dim_first",
+                        [spec("x3", (16,), "int64", values="randint", low=-3, high=11),
+                         spec("x2", (11, 8, 8), layout="transposed", layout_arg=(0, 2))],
+                        "v2 = x3.amin(dim=0)\nv7 = torch.logical_xor(v2, x2)", ("v7",)),
+               "logical_xor of a 0-dim and a transposed tensor follows the transposed one (seed 3002 #403)"),
     Regression(explicit("seed2_prog46_min", [spec("x0", (3, 16), layout="expanded", layout_arg=(1, (1,)),
                                                   seed=883465091),
                                              spec("x1", (19, 3), seed=0)],
