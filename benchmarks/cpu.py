@@ -57,17 +57,15 @@ def cpu_workload(name: str) -> Workload:
         return _kernel_workload(name, softmax_last, torch.randn(2048, 2048))
     if name == "bert":
         config = transformers.BertConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4,
-                                         intermediate_size=1024, hidden_dropout_prob=0.0,
-                                         attention_probs_dropout_prob=0.0)
+                                         intermediate_size=1024)
         model, batch, seq = transformers.BertModel(config), 4, 128
     elif name == "gpt2":
-        config = transformers.GPT2Config(n_layer=4, n_embd=384, n_head=6, vocab_size=8192, n_positions=256,
-                                         resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False)
+        config = transformers.GPT2Config(n_layer=4, n_embd=384, n_head=6, vocab_size=8192, n_positions=256)
         model, batch, seq = transformers.GPT2LMHeadModel(config), 4, 256
     elif name == "llama":
         config = transformers.LlamaConfig(num_hidden_layers=4, hidden_size=512, num_attention_heads=8,
                                           num_key_value_heads=4, intermediate_size=1376, vocab_size=8192,
-                                          max_position_embeddings=256, use_cache=False)
+                                          max_position_embeddings=256)
         model, batch, seq = transformers.LlamaForCausalLM(config), 4, 128
     else:
         raise KeyError(f"unknown workload {name!r}; choose from {KERNELS + MODELS}")

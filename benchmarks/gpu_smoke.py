@@ -58,8 +58,7 @@ def _small_models():
     import transformers
 
     config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=256, num_attention_heads=4,
-                                      num_key_value_heads=2, intermediate_size=512, vocab_size=1000,
-                                      use_cache=False)
+                                      num_key_value_heads=2, intermediate_size=512, vocab_size=1000)
     llama = transformers.LlamaForCausalLM(config).cuda().eval()
     resnet = torchvision.models.resnet18(num_classes=10).cuda().eval()
     return [("llama", lambda m, ids: m(input_ids=ids).logits, llama, lambda: (torch.randint(0, 1000, (2, 64)),)),

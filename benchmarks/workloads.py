@@ -74,7 +74,6 @@ def bert(small: bool, device: str) -> Workload:
     else:
         config = transformers.BertConfig()  # bert-base: 12 layers, hidden 768, 12 heads
         batch, seq = 8, 512
-    config.hidden_dropout_prob = config.attention_probs_dropout_prob = 0.0
     model = transformers.BertModel(config).to(device)
     input_ids = _token_batch(config.vocab_size, batch, seq, device)
     target = torch.randn(batch, seq, config.hidden_size, device=device)
@@ -92,8 +91,6 @@ def gpt2(small: bool, device: str) -> Workload:
     else:
         config = transformers.GPT2Config()  # gpt2: 12 layers, hidden 768, 12 heads
         batch, seq = 8, 512
-    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.0
-    config.use_cache = False
     model = transformers.GPT2LMHeadModel(config).to(device)
     input_ids = _token_batch(config.vocab_size, batch, seq, device)
     return Workload("gpt2", f"{batch} x {seq} tokens", model, infer_kwargs={"input_ids": input_ids},
@@ -113,8 +110,6 @@ def llama(small: bool, device: str) -> Workload:
                                           num_key_value_heads=8, intermediate_size=2816, vocab_size=32000,
                                           max_position_embeddings=2048)
         batch, seq = 4, 1024
-    config.attention_dropout = 0.0
-    config.use_cache = False
     model = transformers.LlamaForCausalLM(config).to(device)
     input_ids = _token_batch(config.vocab_size, batch, seq, device)
     return Workload("llama", f"{batch} x {seq} tokens", model, infer_kwargs={"input_ids": input_ids},

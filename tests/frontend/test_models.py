@@ -25,13 +25,13 @@ def tiny_bert():
 def tiny_gpt2():
     config = transformers.GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=4, n_positions=64,
                                      bos_token_id=0, eos_token_id=0)
-    return transformers.GPT2LMHeadModel(config), {"use_cache": False}
+    return transformers.GPT2LMHeadModel(config), {}
 
 
 def tiny_llama():
     config = transformers.LlamaConfig(vocab_size=100, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                                       num_key_value_heads=2, intermediate_size=128, max_position_embeddings=64)
-    return transformers.LlamaForCausalLM(config), {"use_cache": False}
+    return transformers.LlamaForCausalLM(config), {}
 
 
 class BasicBlock(nn.Module):

@@ -1,7 +1,9 @@
 """Tiny real models compiled end to end: transformers' BERT, GPT-2 and Llama, and a ResNet.
 
-Each model is built from a small config with random weights (no downloads), compiled
-whole with `kiln.compile(model, backend=BACKEND)` and checked with kiln's accuracy rule:
+Each model is built from a small config with random weights (no downloads; GPT-2 and Llama with
+their default cache, so the forward builds a DynamicCache), compiled
+whole with `kiln.compile(model, backend=BACKEND)`, asserted to be compiled (no frame or graph
+run eagerly: a fallback is not a pass), and checked with kiln's accuracy rule:
 the compiled result must be no farther from a float64 reference (the same model in
 float64 on the same inputs) than eager's result is. Training tests check the loss and
 every parameter's gradient, and the BatchNorm running statistics a training step updates.
@@ -12,6 +14,7 @@ that the file runs in minutes with Triton kernels under the interpreter on a CPU
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 
@@ -21,6 +24,7 @@ import torch.nn.functional as F
 
 import kiln
 from benchmarks.workloads import BasicBlock  # the benchmarks' residual block, one definition
+from kiln.debug.explain import ExplainReport, _recording
 from kiln.testing import compare, to_float64
 
 transformers = pytest.importorskip("transformers")
@@ -33,6 +37,23 @@ BATCH, SEQ, VOCAB = 2, 16, 100
 
 # --------------------------------------------------------------------------- checks
 
+@contextlib.contextmanager
+def compiles_whole(model: torch.nn.Module):
+    """A fallback is not a pass: the block must compile the model as one graph per frame, no frame or
+    graph run eagerly, and (on the full backend) with kernels generated."""
+    report = ExplainReport()
+    with _recording(report):
+        yield
+    name = type(model).__name__
+    eager = [warning for warning in report.warnings if "runs eagerly" in warning]
+    assert not eager, f"{name}: {eager[0][:500]}"
+    assert report.graphs, f"{name}: no graph was captured"
+    fallbacks = [graph.fallback for graph in report.graphs if graph.fallback is not None]
+    assert not fallbacks, f"{name}: a graph ran eagerly: {fallbacks[0][:500]}"
+    if BACKEND == "kiln":
+        assert sum(graph.kernels or 0 for graph in report.graphs) > 0, f"{name}: no kernel was generated"
+
+
 def assert_inference_matches(model: torch.nn.Module, *args, **kwargs) -> None:
     """Compiled inference == eager, judged against a float64 copy of the model."""
     model.eval()
@@ -40,7 +61,8 @@ def assert_inference_matches(model: torch.nn.Module, *args, **kwargs) -> None:
     compiled = kiln.compile(model, backend=BACKEND)
     with torch.no_grad():
         eager = model(*args, **kwargs)
-        actual = compiled(*args, **kwargs)
+        with compiles_whole(model):
+            actual = compiled(*args, **kwargs)
         reference = reference_model(*to_float64(args), **to_float64(kwargs))
     verdict = compare(actual, eager, reference)
     assert verdict, f"{type(model).__name__} inference with backend={BACKEND!r}: {verdict.message}"
@@ -62,7 +84,8 @@ def assert_training_matches(model: torch.nn.Module, loss_of, *args, **kwargs) ->
     eager_model, compiled_model, reference_model = model, copy.deepcopy(model), copy.deepcopy(model).double()
     compiled = kiln.compile(compiled_model, backend=BACKEND)
     eager = _loss_and_gradients(eager_model, eager_model, args, kwargs, loss_of)
-    actual = _loss_and_gradients(compiled_model, compiled, args, kwargs, loss_of)
+    with compiles_whole(model):
+        actual = _loss_and_gradients(compiled_model, compiled, args, kwargs, loss_of)
     reference = _loss_and_gradients(reference_model, reference_model, to_float64(args), to_float64(kwargs), loss_of)
     for part, position in (("loss", 0), ("gradients", 1), ("buffers", 2)):
         verdict = compare(actual[position], eager[position], reference[position])
@@ -84,7 +107,7 @@ def tiny_bert():
 
 def tiny_gpt2():
     config = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64,
-                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+                                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                                      bos_token_id=VOCAB - 1, eos_token_id=VOCAB - 1)
     return transformers.GPT2LMHeadModel(config)
 
@@ -92,7 +115,7 @@ def tiny_gpt2():
 def tiny_llama():
     config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=64, num_attention_heads=4,
                                       num_key_value_heads=2, intermediate_size=176, vocab_size=VOCAB,
-                                      max_position_embeddings=64, attention_dropout=0.0, use_cache=False)
+                                      max_position_embeddings=64, attention_dropout=0.0)
     return transformers.LlamaForCausalLM(config)
 
 

@@ -20,7 +20,7 @@ import types
 from typing import Any
 
 from kiln.frontend.errors import AttributeFailure, Unsupported
-from kiln.frontend.sources import AttrSource, TypeSource
+from kiln.frontend.sources import AttrSource, ItemSource, TypeSource
 from kiln.frontend.variables.base import NONE, ConstantVariable, TrackerMethod, Variable
 
 _MISSING = object()
@@ -172,6 +172,23 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
     cls = type(value)
     source = variable.source
     raw_getattribute, _ = lookup_class_attribute(cls, "__getattribute__")
+    if isinstance(raw_getattribute, types.FunctionType) and _is_model_config(cls) and source is not None \
+            and not generic:
+        # A transformers config reads its values through a Python __getattribute__ (per-layer views of
+        # heterogeneous configs, a warning at most): side-effect-free data, so the value is read for real
+        # and guarded like any other read, instead of tracing the library's machinery (which builds
+        # objects kiln cannot create, and made every default-config GPT-2 / Llama forward run eagerly).
+        # Methods are bound as usual (a bound method is a new object per read: no value to guard);
+        # the config's __getattribute__ leaves them to object.__getattribute__ anyway.
+        raw, _ = lookup_class_attribute(cls, name)
+        if isinstance(raw, (types.FunctionType, staticmethod, classmethod)) and name not in vars(value):
+            return object_getattr(tx, variable, value, name, generic=True)
+        try:
+            found = getattr(value, name)
+        except AttributeError:
+            tx.output.guards.has_attr(source, name, False)
+            raise AttributeFailure(f"{cls.__qualname__} object has no attribute {name!r}") from None
+        return _wrap_config_value(tx, found, AttrSource(source, name))
     if isinstance(raw_getattribute, types.FunctionType) and not _is_module(value) and not generic:
         raw = raw_getattribute
         return bind_class_attribute(tx, raw, "__getattribute__", variable, cls, _class_source(tx, source)) \
@@ -275,6 +292,29 @@ class ClassVariable(Variable):
         return construct_object(tx, self, args, kwargs)
 
 
+def _wrap_config_value(tx, value: Any, source) -> Variable:
+    """A value read from a transformers config. Its own sequence views (`config.per_layer_config`,
+    which iterates by __getitem__ until IndexError) are read for real too, element by element under
+    a length guard, as a tuple of their elements: the views are read-only, side-effect-free data."""
+    import collections.abc
+
+    view = isinstance(value, collections.abc.Sequence) and not isinstance(value, (list, tuple, str, bytes)) and \
+        type(value).__module__.startswith("transformers")
+    if not view:
+        return tx.wrap(value, source)
+    from kiln.frontend.variables.containers import TupleVariable
+
+    tx.output.guards.length(source, len(value))
+    return TupleVariable([_wrap_config_value(tx, value[index], ItemSource(source, index))
+                          for index in range(len(value))])
+
+
+def _is_model_config(cls: type) -> bool:
+    """A transformers model config (PreTrainedConfig, PretrainedConfig in older releases)."""
+    return any(klass.__name__ in ("PreTrainedConfig", "PretrainedConfig") and klass.__module__.startswith("transformers")
+               for klass in cls.__mro__)
+
+
 def _is_model_output(cls: type) -> bool:
     return any(klass.__name__ == "ModelOutput" and klass.__module__.startswith("transformers")
                for klass in cls.__mro__)
@@ -300,8 +340,13 @@ def construct_object(tx, class_variable: ClassVariable, args, kwargs) -> Variabl
         return _construct_torch_module(tx, cls, args, kwargs)
     if issubclass(cls, BaseException):
         return ExceptionVariable(cls, args)
-    if cls.__new__ is not object.__new__ or type(cls) is not type:
+    import abc
+
+    # ABCMeta adds only the abstract-method check to creating an instance (transformers' cache layers).
+    if cls.__new__ is not object.__new__ or type(cls) not in (type, abc.ABCMeta):
         raise Unsupported(f"creating {cls.__qualname__} (custom __new__ or metaclass)")
+    if getattr(cls, "__abstractmethods__", None):
+        raise Unsupported(f"creating {cls.__qualname__}, which has abstract methods")
     instance = NewObjectVariable(cls)
     init, _ = lookup_class_attribute(cls, "__init__")
     if init is not object.__init__:
@@ -390,13 +435,25 @@ class NewObjectVariable(Variable):
 
     def reconstruct(self, codegen) -> str:
         if not dataclasses.is_dataclass(self.cls):
-            raise Unsupported(f"returning a {self.cls.__qualname__} object created inside the compiled function "
-                              "(only dataclasses and ModelOutputs can be rebuilt)")
+            # A plain object (object.__new__, no __slots__): made without running __init__ again, its
+            # attributes set as the trace left them (transformers' DynamicCache and its layers).
+            if "__slots__" in vars(self.cls) or not hasattr(self.cls, "__dict__"):
+                raise Unsupported(f"returning a {self.cls.__qualname__} object created inside the compiled function "
+                                  "(its class has __slots__)")
+            inner = ", ".join(f"{name!r}: {codegen.value(value)}" for name, value in self.attributes.items())
+            return f"{codegen.constant(rebuild_object)}({codegen.constant(self.cls)}, {{{inner}}})"
         fields = [field.name for field in dataclasses.fields(self.cls) if field.init]
         if set(self.attributes) != {field.name for field in dataclasses.fields(self.cls)}:
             raise Unsupported(f"returning {self.cls.__qualname__}: attributes beyond its dataclass fields")
         inner = ", ".join(f"{name}={codegen.value(self.attributes[name])}" for name in fields)
         return f"{codegen.constant(self.cls)}({inner})"
+
+
+def rebuild_object(cls: type, attributes: dict) -> Any:
+    """An instance of `cls` with these attributes, made as the trace made it but without its __init__."""
+    instance = object.__new__(cls)
+    instance.__dict__.update(attributes)
+    return instance
 
 
 class ModelOutputVariable(Variable):
