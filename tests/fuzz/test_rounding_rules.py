@@ -6,6 +6,7 @@ needed; and a deliberately wrong value beside it that must stay `wrong`.
 """
 from __future__ import annotations
 
+import pytest
 import torch
 
 from kiln.testing import compare, to_float64
@@ -187,7 +188,7 @@ def test_values_eager_gives_for_contiguous_inputs_are_sensitive_only_for_strided
     strided, contiguous = base[::3], base[::3].contiguous()
     expected, contiguous_result = function(strided), function(contiguous)
     if torch.equal(expected[0].isnan(), contiguous_result[0].isnan()):
-        return  # this torch's gelu gives one answer on both paths: nothing to tell apart
+        pytest.skip("this torch's CPU gelu(+inf) is the same on both paths: nothing to tell apart")
     reference = function(strided.double())
     assert _eager_layout_dependent(function, [strided], list(contiguous_result), list(reference), None, "cpu")
     assert not _eager_layout_dependent(function, [contiguous], list(expected), list(reference), None, "cpu")
