@@ -188,14 +188,23 @@ lowering(aten.pow.Tensor_Tensor, aten.pow.Scalar)(_pow)
 # Exponents eager's pow(tensor, scalar) computes with plain arithmetic on CPU and CUDA alike
 # (pow_tensor_scalar_optimized_kernel / pow_tensor_scalar_kernel), not with pow(): x * x is exact
 # where libdevice's powf(x, 2) is not (cos(trunc(x) ** 2) was 3.6e-6 off on the H200).
+# pow with these exponents is arithmetic in eager's kernels, and kiln repeats that arithmetic. On an
+# fp16/bf16 tensor eager may round the square to the storage dtype before the next step (measured on CPU,
+# torch 2.11 and 2.13: bf16 rounds it, fp16 computes in float; from the CUDA kernel's source: `base * base
+# * base` on c10::Half / c10::BFloat16, each product rounded). `square(x)` below is that square.
 POW_BY_ARITHMETIC = {
-    2: lambda body, x, t: body.emit("mul", (x, x), t),
-    3: lambda body, x, t: body.emit("mul", (body.emit("mul", (x, x), t), x), t),
-    -1: lambda body, x, t: body.emit("truediv", (body.constant(1.0, t), x), t),
-    -2: lambda body, x, t: body.emit("truediv", (body.constant(1.0, t), body.emit("mul", (x, x), t)), t),
-    0.5: lambda body, x, t: body.emit("sqrt", (x,), t),
-    -0.5: lambda body, x, t: body.emit("rsqrt", (x,), t),
+    2: lambda body, x, t, square: square(x),
+    3: lambda body, x, t, square: body.emit("mul", (square(x), x), t),
+    -1: lambda body, x, t, square: body.emit("truediv", (body.constant(1.0, t), x), t),
+    -2: lambda body, x, t, square: body.emit("truediv", (body.constant(1.0, t), square(x)), t),
+    0.5: lambda body, x, t, square: body.emit("sqrt", (x,), t),
+    -0.5: lambda body, x, t, square: body.emit("rsqrt", (x,), t),
 }
+
+
+def _pow_rounds_square(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether eager's pow(x, 3 or -2) rounds x * x to x's fp16/bf16 dtype before the next step."""
+    return dtype == torch.bfloat16 or (dtype == torch.float16 and device.type == "cuda")
 
 
 @lowering(aten.pow.Tensor_Scalar)
@@ -205,7 +214,16 @@ def pow_tensor_scalar(ctx, node, base, exponent):
     if not (special and meta.dtype.is_floating_point and isinstance(base, TensorValue)):
         return _pow(ctx, node, base, exponent)
     dtype = compute_dtype_for(meta.dtype)
-    return ctx.pointwise([base], lambda body, x: POW_BY_ARITHMETIC[exponent](body, x, dtype), meta=meta)
+    rounds = _pow_rounds_square(meta.device, meta.dtype)
+
+    def compute(body, x):
+        def square(v):
+            product = body.emit("mul", (v, v), dtype)
+            return body.to_dtype(body.to_dtype(product, meta.dtype), dtype) if rounds else product
+
+        return POW_BY_ARITHMETIC[exponent](body, x, dtype, square)
+
+    return ctx.pointwise([base], compute, meta=meta)
 
 
 lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)(

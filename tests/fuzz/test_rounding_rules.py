@@ -195,3 +195,67 @@ def test_values_eager_gives_for_contiguous_inputs_are_sensitive_only_for_strided
     wrong = [contiguous_result[0].clone()]
     wrong[0][-1] = 5.0  # a finite element off: not what eager gives on either layout
     assert not _eager_layout_dependent(function, [strided], wrong, list(reference), None, "cpu")
+
+
+# Seed 3006 #139: signbit of pow's NaNs, whose sign eager's CPU kernel picks by code path.
+NAN_SIGN = make_program([InputSpec("x0", (64,), "float32", seed=5), InputSpec("x1", (64,), "float32", seed=6)],
+                        [("v0", "torch.pow(x0, x1)"), ("v1", "torch.signbit(v0)"),
+                         ("v2", "torch.logical_or(v1, v1.flip(0))")], ["v2"])
+
+
+def test_a_bool_decided_by_a_nans_sign_is_sensitive_and_any_other_flip_wrong():
+    expected, _ = eager_and_reference(NAN_SIGN)
+    make_inputs, _ = NAN_SIGN.load()
+    x0, x1 = make_inputs()
+    nan = torch.isnan(torch.pow(x0, x1))
+    decided_by_nan = nan | nan.flip(0)
+    assert decided_by_nan.any() and (~decided_by_nan).any()
+    power = torch.pow(x0, x1)
+    other_sign = torch.signbit(torch.where(nan, -power, power))  # a pow whose NaNs have the other sign
+    flipped_nan_sign = [other_sign | other_sign.flip(0)]
+    assert not torch.equal(flipped_nan_sign[0], expected[0])
+    outcome, message = classify(NAN_SIGN, flipped_nan_sign)
+    assert outcome == Outcome.SENSITIVE and "NaN's sign" in message, message
+    off = expected[0].clone()
+    off[(~decided_by_nan).nonzero()[0]] ^= True
+    assert classify(NAN_SIGN, [off])[0] == Outcome.WRONG
+
+
+# Seed 3006 #2564 (minimized): the float64 copies cannot run (a float64 input cast to fp16 beside fp16
+# weights), so the reference widens every value as it is made.
+CAST_BESIDE_WEIGHTS = make_program(
+    [InputSpec("x2", (1,), "float16", seed=50303846), InputSpec("x3", (1,), "float16", seed=1600942266),
+     InputSpec("x4", (1, 1, 1, 1), "float32", seed=1)],
+    [("v5", "x4.half()"), ("v11", "F.layer_norm(v5, (1,))"), ("v15", "F.layer_norm(v5, (1,), x2, x3)")], ["v11"])
+
+
+def test_a_program_float64_copies_cannot_run_gets_a_widened_reference():
+    from tests.fuzz.runner import float64_reference
+
+    make_inputs, function = CAST_BESIDE_WEIGHTS.load()
+    with pytest.raises(RuntimeError):
+        function(*to_float64(make_inputs()))
+    reference = float64_reference(CAST_BESIDE_WEIGHTS)
+    assert reference is not None and reference[0].dtype == torch.float64
+    expected = list(function(*make_inputs()))
+    exact = [torch.zeros_like(expected[0])]  # layer_norm over one element is 0; eager's CPU fp16 kernel is 1e-7 off
+    assert compare_outputs(exact, expected, reference, CAST_BESIDE_WEIGHTS)[0] == Outcome.PASS
+    assert compare_outputs([exact[0] + 0.5], expected, reference, CAST_BESIDE_WEIGHTS)[0] == Outcome.WRONG
+
+
+# Seed 3005 #3042 (minimized): eager's fp16 prod of 128 values overflows and underflows in its float
+# partials (0 * inf = NaN) where the exact product, 3.8e-265, is 0 in fp16.
+OVERFLOWING_PROD = make_program(
+    [InputSpec("x0", (1, 16, 4), "float32", scale=0.1, seed=1112318117),
+     InputSpec("x1", (1, 16, 4), "float32", scale=3.0, seed=852960991)],
+    [("v0", "torch.cat([x0, x1], dim=2)"), ("v4", "v0.pow(2).to(torch.float16)"),
+     ("v6", "v4.expand(2, 16, -1).prod()")], ["v6"])
+
+
+def test_eagers_nan_where_the_exact_math_is_finite_is_sensitive_only_for_the_exact_value():
+    expected, reference = eager_and_reference(OVERFLOWING_PROD)
+    if not torch.isnan(expected[0]):
+        pytest.skip("this torch's fp16 prod does not overflow here")
+    outcome, message = classify(OVERFLOWING_PROD, [torch.zeros_like(expected[0])])
+    assert outcome == Outcome.SENSITIVE and "exact math" in message, message
+    assert classify(OVERFLOWING_PROD, [torch.ones_like(expected[0])])[0] == Outcome.WRONG
