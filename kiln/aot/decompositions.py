@@ -66,8 +66,42 @@ def rms_norm_as_eager(input, normalized_shape, weight, eps, *, nonfinite_rows: b
     return result.type_as(input), rstd
 
 
+@functools.lru_cache(maxsize=None)
+def _torchs_decomposition(op):
+    return _torch.get_decompositions([op])[op]
+
+
+_EAGER_SOFTMAX_VECTOR = 16  # fp16/bf16 elements per vector of eager's CPU kernels (AVX2; 32 with AVX512)
+
+
+def softmax(x, dim, half_to_float):
+    """`aten._softmax` as eager computes it: torch's decomposition, except where eager's CPU kernel
+    for fp16/bf16 rounds twice. Over a dim that is not the last, that kernel (`_vec_softmax`) takes
+    a scalar path for the inner positions a full vector does not cover, which stores exp(x - max) in
+    the output's dtype, sums the unrounded exps in float and divides the stored, rounded exp by that
+    sum (68 of 325 fp16 elements were 1 ulp off eager's with one rounding; an fmod by the softmax
+    made it 0.015: fuzz seed 3007 #1749). kiln repeats it where every position takes that path: an
+    inner size (the product of the sizes after `dim`) under one vector. Above that, which positions
+    take it depends on how eager splits the work among its threads, and kiln rounds once, as eager's
+    vector path does.
+    """
+    ndim = max(x.dim(), 1)
+    inner = 1
+    for size in x.shape[dim % ndim + 1:]:
+        inner = inner * size
+    if (x.device.type != "cpu" or x.dtype not in (torch.float16, torch.bfloat16) or half_to_float
+            or dim % ndim == ndim - 1 or not isinstance(inner, int) or inner >= _EAGER_SOFTMAX_VECTOR):
+        return _torchs_decomposition(aten._softmax.default)(x, dim, half_to_float)
+    computed = x.contiguous().float()
+    unnormalized = torch.exp(computed - computed.amax(dim, keepdim=True))
+    stored = unnormalized.to(x.dtype).float()
+    return (stored / unnormalized.sum(dim, keepdim=True)).to(x.dtype)
+
+
 # kiln's own decompositions, replacing core ATen's for these ops.
-OWN_DECOMPOSITIONS = {aten._fused_rms_norm.default: fused_rms_norm} if hasattr(aten, "_fused_rms_norm") else {}
+OWN_DECOMPOSITIONS = {aten._softmax.default: softmax}
+if hasattr(aten, "_fused_rms_norm"):
+    OWN_DECOMPOSITIONS[aten._fused_rms_norm.default] = fused_rms_norm
 
 
 @functools.lru_cache(maxsize=None)

@@ -9,6 +9,7 @@ accumulators. fp16/bf16 are loaded and stored in their own dtype; the body's exp
 from __future__ import annotations
 
 import hashlib
+import math
 
 from dataclasses import dataclass, field
 
@@ -462,7 +463,10 @@ class TritonKernelGenerator:
             else:
                 value = int(value)
             shape = self._scalar_shape()
-            self.out.line(f"{name} = tl.full({shape}, {python_constant(value)}, {TRITON_DTYPES[op.dtype]})")
+            full = f"tl.full({shape}, {python_constant(value)}, {TRITON_DTYPES[op.dtype]})"
+            if isinstance(value, float) and value == 0 and math.copysign(1.0, value) < 0:
+                full = f"({full} * -1.0)"  # tl.full(shape, -0.0) is +0.0: clamp_max(x, -0.0) must give -0.0
+            self.out.line(f"{name} = {full}")
         elif op.name == "index_expr":
             expr = simplify_index(sympy.sympify(op.attr).xreplace(self._mapping), self._ranges_dict())
             source = self.index_source(expr)

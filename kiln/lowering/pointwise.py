@@ -288,12 +288,25 @@ def clamp(ctx, node, x, low=None, high=None):
     dtype = compute_dtype_for(meta.dtype)
     operands = [x] + [bound for bound in (low, high) if bound is not None]
 
+    # Eager's CPU kernel for a number bound keeps x where x equals it, on its vectorized and scalar
+    # paths alike: clamp_max(-0.0, 0.0) is -0.0 (fuzz seed 3008 #1972: its signbit). With tensor
+    # bounds the tie's sign depends on the path, and maximum/minimum give the bound, as its vector path.
+    keeps_ties = meta.device.type == "cpu" and all(not isinstance(bound, TensorValue) for bound in (low, high))
+
+    def bounded(body, value, bound, beyond: str, fallback: str):
+        if not keeps_ties:
+            return body.emit(fallback, (value, bound), dtype)
+        # NaN in x propagates (no comparison holds); a NaN bound gives NaN (torch's rule)
+        replace = body.emit("logical_or", (body.emit(beyond, (value, bound), torch.bool),
+                                           body.emit("ne", (bound, bound), torch.bool)), torch.bool)
+        return body.emit("where", (replace, bound, value), dtype)
+
     def compute(body, value, *bounds):
         bounds = list(bounds)
-        if low is not None:  # NaN in x propagates; a NaN bound gives NaN (torch's rule)
-            value = body.emit("maximum", (value, bounds.pop(0)), dtype)
+        if low is not None:
+            value = bounded(body, value, bounds.pop(0), "lt", "maximum")
         if high is not None:
-            value = body.emit("minimum", (value, bounds.pop(0)), dtype)
+            value = bounded(body, value, bounds.pop(0), "gt", "minimum")
         return value
 
     return ctx.pointwise(operands, compute, meta=meta)
