@@ -79,6 +79,7 @@ def _find_compiler() -> str:
                           "install g++ or set KILN_CPP_COMPILER, or use KILN_CPU_BACKEND=triton")
 
 
+_PROBE_PLAIN = "extern \"C\" int probe() { return 0; }\n"
 _PROBE_OPENMP = "#include <omp.h>\nextern \"C\" int probe() { return omp_get_max_threads(); }\n"
 _PROBE_VECTOR_MATH = ("extern \"C\" {\n#pragma omp declare simd notinbranch\nfloat erfcf(float);\n}\n"
                       "extern \"C\" void probe(float* x, long n) {\n#pragma omp simd\n"
@@ -95,12 +96,20 @@ def _compiles(compiler: str, source: str, flags: list) -> bool:
         return result.returncode == 0
 
 
+# g++ 12 on a CPU with AVX512-FP16 (Sapphire Rapids) emits a masked `vmovsh` that binutils 2.40 rejects
+# ("unsupported masking for `vmovsh'"), so a kernel with fp16 stores failed to build and its graph ran
+# eagerly (fuzz seed 3007 #5530). kiln does fp16 math in float and needs no FP16 instructions; where the
+# compiler takes the flag (x86), they are turned off.
+NO_FP16_INSTRUCTIONS = "-mno-avx512fp16"
+
+
 def _detect(compiler: str) -> dict:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     openmp = _compiles(compiler, _PROBE_OPENMP, [*BASE_FLAGS, "-fopenmp"])
     simd_flag = "-fopenmp" if openmp else "-fopenmp-simd"
     vector_math = _compiles(compiler, _PROBE_VECTOR_MATH, [*BASE_FLAGS, simd_flag, "-lmvec"])
-    return {"version": version, "openmp": openmp, "vector_math": vector_math}
+    no_fp16 = _compiles(compiler, _PROBE_PLAIN, [*BASE_FLAGS, simd_flag, NO_FP16_INSTRUCTIONS])
+    return {"version": version, "openmp": openmp, "vector_math": vector_math, "no_fp16": no_fp16}
 
 
 @functools.lru_cache(maxsize=None)
@@ -117,7 +126,7 @@ def host_cpu() -> str:
         return source_hash(f"{platform.machine()}|{platform.processor()}")[:16]
 
 
-_TOOLCHAIN_FIELDS = {"version": str, "openmp": bool, "vector_math": bool}
+_TOOLCHAIN_FIELDS = {"version": str, "openmp": bool, "vector_math": bool, "no_fp16": bool}
 
 
 @functools.lru_cache(maxsize=None)
@@ -131,6 +140,8 @@ def _toolchain_for(compiler: str, use_openmp: bool) -> Toolchain:
         cache.store_record(record_name, key, found)
     openmp = found["openmp"] and use_openmp
     flags = [*BASE_FLAGS, "-fopenmp" if openmp else "-fopenmp-simd"]
+    if found["no_fp16"]:
+        flags.append(NO_FP16_INSTRUCTIONS)
     if found["vector_math"]:
         flags += ["-DKILN_VECTOR_MATH", "-lmvec"]
     return Toolchain(compiler, found["version"], openmp, found["vector_math"], tuple(flags), host_cpu())
