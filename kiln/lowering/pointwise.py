@@ -187,11 +187,10 @@ _pow = _binary_rule("pow", float_only=True)
 lowering(aten.pow.Tensor_Tensor, aten.pow.Scalar)(_pow)
 # Exponents eager's pow(tensor, scalar) computes with plain arithmetic on CPU and CUDA alike
 # (pow_tensor_scalar_optimized_kernel / pow_tensor_scalar_kernel), not with pow(): x * x is exact
-# where libdevice's powf(x, 2) is not (cos(trunc(x) ** 2) was 3.6e-6 off on the H200).
-# pow with these exponents is arithmetic in eager's kernels, and kiln repeats that arithmetic. On an
-# fp16/bf16 tensor eager may round the square to the storage dtype before the next step (measured on CPU,
+# where libdevice's powf(x, 2) is not (cos(trunc(x) ** 2) was 3.6e-6 off on the H200). On an fp16/bf16
+# tensor eager may also round the square to the storage dtype before the next step (measured on CPU,
 # torch 2.11 and 2.13: bf16 rounds it, fp16 computes in float; from the CUDA kernel's source: `base * base
-# * base` on c10::Half / c10::BFloat16, each product rounded). `square(x)` below is that square.
+# * base` on c10::Half / c10::BFloat16, each product rounded): `square(x)` below is eager's square.
 POW_BY_ARITHMETIC = {
     2: lambda body, x, t, square: square(x),
     3: lambda body, x, t, square: body.emit("mul", (square(x), x), t),
