@@ -37,6 +37,7 @@ checks)
     rm -f "$OUT_DIR"/*.log
     ;;
 kernels)
+    "$PYTHON" -m benchmarks.gpu_clamp_ties 2>&1 | tail -6
     "$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,inductor,kiln \
         --budget "${KERNELS_BUDGET:-420}" --timeout 60 --label "kernels-$commit" --copy-to "$OUT_DIR" 2>&1 | tail -15
     rm -f "$OUT_DIR"/*.log

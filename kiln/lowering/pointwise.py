@@ -287,10 +287,11 @@ def clamp(ctx, node, x, low=None, high=None):
     dtype = compute_dtype_for(meta.dtype)
     operands = [x] + [bound for bound in (low, high) if bound is not None]
 
-    # Eager's CPU kernel for a number bound keeps x where x equals it, on its vectorized and scalar
-    # paths alike: clamp_max(-0.0, 0.0) is -0.0 (fuzz seed 3008 #1972: its signbit). With tensor
-    # bounds the tie's sign depends on the path, and maximum/minimum give the bound, as its vector path.
-    keeps_ties = meta.device.type == "cpu" and all(not isinstance(bound, TensorValue) for bound in (low, high))
+    # Eager's kernels for a number bound keep x where x equals it: clamp_max(-0.0, 0.0) is -0.0 (fuzz
+    # seed 3008 #1972: its signbit), on CPU (measured, vectorized and scalar paths alike) and CUDA
+    # (measured on the H200, torch 2.11). With tensor bounds the CPU tie's sign depends on the path, and
+    # maximum/minimum give the bound, as its vector path does.
+    keeps_ties = all(not isinstance(bound, TensorValue) for bound in (low, high))
 
     def bounded(body, value, bound, beyond: str, fallback: str):
         if not keeps_ties:
