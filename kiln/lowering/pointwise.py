@@ -287,18 +287,26 @@ def clamp(ctx, node, x, low=None, high=None):
     dtype = compute_dtype_for(meta.dtype)
     operands = [x] + [bound for bound in (low, high) if bound is not None]
 
-    # Eager's kernels for a number bound keep x where x equals it: clamp_max(-0.0, 0.0) is -0.0 (fuzz
-    # seed 3008 #1972: its signbit), on CPU (measured, vectorized and scalar paths alike) and CUDA
-    # (measured on the H200, torch 2.11). With tensor bounds the CPU tie's sign depends on the path, and
-    # maximum/minimum give the bound, as its vector path does.
-    keeps_ties = all(not isinstance(bound, TensorValue) for bound in (low, high))
+    # Ties (x equal to a number bound) as eager's kernels break them, which decides the sign of a zero
+    # result (fuzz seed 3008 #1972: signbit of clamp_max(-0.0, 0.0)). CPU (measured, vectorized and
+    # scalar paths alike): x is kept. CUDA (measured on the H200, torch 2.11; its kernel is
+    # ::min(::max(x, low), high)): -0.0 counts as less than +0.0, so max(-0.0, +0.0) is +0.0 and
+    # min(-0.0, +0.0) is -0.0 in either order. With tensor bounds the CPU tie's sign depends on the
+    # path, and maximum/minimum give the bound, as its vector path does.
+    number_bounds = all(not isinstance(bound, TensorValue) for bound in (low, high))
+    signed_zeros = meta.device.type == "cuda"
 
     def bounded(body, value, bound, beyond: str, fallback: str):
-        if not keeps_ties:
+        if not number_bounds:
             return body.emit(fallback, (value, bound), dtype)
         # NaN in x propagates (no comparison holds); a NaN bound gives NaN (torch's rule)
         replace = body.emit("logical_or", (body.emit(beyond, (value, bound), torch.bool),
                                            body.emit("ne", (bound, bound), torch.bool)), torch.bool)
+        if signed_zeros:  # at a tie of zeros the low bound replaces -0.0, the high bound is kept if -0.0
+            negative = value if beyond == "lt" else bound
+            tie = body.emit("logical_and", (body.emit("eq", (value, bound), torch.bool),
+                                            body.emit("signbit", (negative,), torch.bool)), torch.bool)
+            replace = body.emit("logical_or", (replace, tie), torch.bool)
         return body.emit("where", (replace, bound, value), dtype)
 
     def compute(body, value, *bounds):
