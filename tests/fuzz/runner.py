@@ -214,21 +214,42 @@ def _eager_layout_dependent(function, inputs: list, actual: list, reference, pro
     data (and for a vector's tail), and a few ops differ between the two at special values:
     gelu(+inf) is NaN vectorized and inf scalar (seed 3005 #1171: a stepped input). kiln picks
     one answer per op; where it is the one eager gives for the same values laid out
-    contiguously, the difference is eager's, and `sensitive`. Programs whose inputs are already
-    contiguous, or that eager cannot run on contiguous copies, get ''.
+    contiguously, the difference is eager's, and `sensitive`: on contiguous copies of the inputs,
+    or, for a program without in-place writes, with every value made contiguous as it is made
+    (`_eager_on_contiguous_values`: a permuted input cast to bf16 is permuted, and gelu takes the
+    scalar path on it: seed 3009 #7571). Otherwise ''.
     """
     tensors = [value for value in inputs if isinstance(value, torch.Tensor)]
-    if all(tensor.is_contiguous() for tensor in tensors):
-        return ""
-    try:
-        contiguous = [value.contiguous() if isinstance(value, torch.Tensor) else value for value in inputs]
-        expected = list(function(*contiguous))
-    except Exception:
-        return ""
-    outcome, _ = compare_outputs(actual, expected, reference, program, device)
-    if outcome in (Outcome.PASS, Outcome.SENSITIVE):
-        return "eager gives kiln's values on contiguous copies of the inputs: its result depends on their layout"
+    if not all(tensor.is_contiguous() for tensor in tensors):
+        try:
+            contiguous = [value.contiguous() if isinstance(value, torch.Tensor) else value for value in inputs]
+            expected = list(function(*contiguous))
+        except Exception:
+            expected = None
+        if expected is not None and compare_outputs(actual, expected, reference, program, device)[0] in \
+                (Outcome.PASS, Outcome.SENSITIVE):
+            return "eager gives kiln's values on contiguous copies of the inputs: its result depends on their layout"
+    expected = _eager_on_contiguous_values(program, device) if program is not None else None
+    if expected is not None and compare_outputs(actual, expected, reference, program, device)[0] in \
+            (Outcome.PASS, Outcome.SENSITIVE):
+        return "eager gives kiln's values with every value made contiguous: its result depends on their layout"
     return ""
+
+
+def _eager_on_contiguous_values(program, device: str) -> list | None:
+    """The outputs of an eager line-by-line run in which every input and statement value is made
+    contiguous before later statements read it (a permuted bf16 cast then gelu: seed 3009 #7571), or
+    None for a program that writes in place (a contiguous copy would not see the write) or that fails."""
+    make_inputs, _ = program.load()
+    try:
+        plain = list(_run_line_by_line(program, make_inputs(device)))
+        if any(written for _, _, _, written in plain):
+            return None
+        final = {name: value for name, value, _, _ in
+                 _run_line_by_line(program, [value.contiguous() for value in make_inputs(device)], contiguous=True)}
+        return [final[output] for output in program.outputs]
+    except Exception:
+        return None
 
 
 def fallback_reasons(report, compiled) -> list[str]:
@@ -546,12 +567,13 @@ def trace_values(program, device: str = "cpu") -> dict:
             for name, value, _, _ in _run_line_by_line(program, make_inputs(device))}
 
 
-def _run_line_by_line(program, inputs, perturb=None, widen: bool = False):
+def _run_line_by_line(program, inputs, perturb=None, widen: bool = False, contiguous: bool = False):
     """Yield (name, value, names it reads, earlier names it wrote in place) per input and statement.
 
     perturb(node, value), when given, may change each statement's value in place first
     (node: the value's position, inputs first); the rounding-noise runs use it. widen:
-    each statement's float tensor of another dtype is replaced by a float64 copy.
+    each statement's float tensor of another dtype is replaced by a float64 copy. contiguous: each
+    statement's tensor by a contiguous one.
     """
     import torch.nn.functional as F
 
@@ -565,6 +587,8 @@ def _run_line_by_line(program, inputs, perturb=None, widen: bool = False):
         value = eval(statement.expr, namespace)
         if widen and isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != torch.float64:
             value = value.double()
+        if contiguous and isinstance(value, torch.Tensor):
+            value = value.contiguous()
         if perturb is not None:
             perturb(node, value)
         namespace[statement.target] = value

@@ -278,3 +278,29 @@ def test_a_cancelling_mean_of_inputs_carries_the_terms_rounding_and_a_far_value_
     outcome, message = classify(CANCELLING_MEAN, [kilns_mean])
     assert outcome == Outcome.SENSITIVE and "rounding noise" in message, message
     assert classify(CANCELLING_MEAN, [kilns_mean * 1.0001])[0] == Outcome.WRONG  # 1e-4 off: not rounding
+
+
+# Seed 3009 #7571 (minimized by hand): a permuted input cast to bf16 stays permuted, and eager's CPU gelu
+# of it takes its scalar path, where gelu(+inf) is inf; kiln gives the vector path's NaN.
+PERMUTED_GELU = make_program([InputSpec("x1", (7, 7, 11), "float32", nonfinite=0.3, layout="transposed",
+                                        layout_arg=(0, 2), seed=7571)],
+                             [("v3", "x1.permute(0, 2, 1)"), ("v8", "v3.to(torch.bfloat16)"), ("v9", "F.gelu(v8)")],
+                             ["v9"])
+
+
+def test_values_eager_gives_with_every_value_contiguous_are_sensitive():
+    make_inputs, _ = PERMUTED_GELU.load()
+    (x1,) = make_inputs()
+    vector_path = [torch.nn.functional.gelu(x1.permute(0, 2, 1).to(torch.bfloat16).contiguous())]
+    expected, _ = eager_and_reference(PERMUTED_GELU)
+    if torch.equal(expected[0].isnan(), vector_path[0].isnan()):
+        pytest.skip("this torch's CPU gelu(+inf) is the same on both paths: nothing to tell apart")
+    from tests.fuzz.runner import _eager_layout_dependent
+
+    _, function = PERMUTED_GELU.load()
+    reference = list(function(*to_float64(make_inputs())))
+    assert "every value made contiguous" in _eager_layout_dependent(function, make_inputs(), vector_path, reference,
+                                                                   PERMUTED_GELU, "cpu")
+    wrong = [vector_path[0].clone()]
+    wrong[0][torch.isfinite(wrong[0])] += 1.0  # finite elements off: eager gives that on no layout
+    assert not _eager_layout_dependent(function, make_inputs(), wrong, reference, PERMUTED_GELU, "cpu")
