@@ -182,13 +182,20 @@ def float64_reference(program, function=None, device: str = "cpu") -> list | Non
     from a bool or int, `torch.sin(mask)`, then meets a float64 input in a matmul; an fp16
     weight of layer_norm beside its input cast to fp16 again), the program runs line by
     line with every float value widened to float64 as it is made: the same math, with no
-    rounding anywhere, casts included.
+    rounding anywhere, casts included. Both runs give dtype-dependent defaults eager's values
+    (`_EagerDefaults`): rms_norm's eps is its input's eps in eager, 1.2e-7 for float32, where a
+    float64 copy would take 2.2e-16.
     """
     from kiln.testing import to_float64
 
     make_inputs, loaded = program.load()
+    dtypes = eager_dtypes(program, device)
     try:
-        return list((function or loaded)(*to_float64(make_inputs(device))))
+        if dtypes is None:  # eager raises: the caller reports that
+            return list((function or loaded)(*to_float64(make_inputs(device))))
+        final = {name: value for name, value, _, _ in
+                 _run_line_by_line(program, to_float64(make_inputs(device)), eager_dtypes=dtypes)}
+        return [final[output] for output in program.outputs]
     except Exception:
         pass
     return widened_reference(program, device)
@@ -201,10 +208,42 @@ def widened_reference(program, device: str = "cpu") -> list | None:
     make_inputs, _ = program.load()
     try:
         final = {name: value for name, value, _, _ in
-                 _run_line_by_line(program, to_float64(make_inputs(device)), widen=True)}
+                 _run_line_by_line(program, to_float64(make_inputs(device)), widen=True,
+                                   eager_dtypes=eager_dtypes(program, device))}
         return [final[output] for output in program.outputs]
     except Exception:  # an op with no float64 kernel: no reference
         return None
+
+
+def eager_dtypes(program, device: str = "cpu") -> list | None:
+    """Each input's and statement's dtype in an eager line-by-line run (None where not a tensor), or None if eager raises."""
+    make_inputs, _ = program.load()
+    try:
+        return [getattr(value, "dtype", None) for _, value, _, _ in _run_line_by_line(program, make_inputs(device))]
+    except Exception:
+        return None
+
+
+class _EagerDefaults:
+    """torch.nn.functional for a float64 run of a program, with eager's dtype-dependent defaults.
+
+    `node` is the statement being evaluated; `dtypes[node]` its dtype in the eager run. F.rms_norm
+    with eps=None takes torch.finfo(input.dtype).eps, which a float64 copy changes from 1.2e-7 to
+    2.2e-16: rms_norm over one element is then -0.9999999999999999 where eager's float32 math gives
+    -0.99999994 or -1.0 (seed 202 #1149 on CUDA; seed 3010 #9974, constant rows of 7).
+    """
+
+    def __init__(self, dtypes: list):
+        self.dtypes, self.node = dtypes, None
+
+    def __getattr__(self, name):
+        return getattr(torch.nn.functional, name)
+
+    def rms_norm(self, input, normalized_shape, weight=None, eps=None):
+        dtype = self.dtypes[self.node] if self.node is not None and self.node < len(self.dtypes) else None
+        if eps is None and dtype is not None and dtype.is_floating_point:
+            eps = torch.finfo(dtype).eps
+        return torch.nn.functional.rms_norm(input, normalized_shape, weight, eps)
 
 
 def _eager_layout_dependent(function, inputs: list, actual: list, reference, program, device: str) -> str:
@@ -567,23 +606,28 @@ def trace_values(program, device: str = "cpu") -> dict:
             for name, value, _, _ in _run_line_by_line(program, make_inputs(device))}
 
 
-def _run_line_by_line(program, inputs, perturb=None, widen: bool = False, contiguous: bool = False):
+def _run_line_by_line(program, inputs, perturb=None, widen: bool = False, contiguous: bool = False,
+                      eager_dtypes: list | None = None):
     """Yield (name, value, names it reads, earlier names it wrote in place) per input and statement.
 
     perturb(node, value), when given, may change each statement's value in place first
     (node: the value's position, inputs first); the rounding-noise runs use it. widen:
     each statement's float tensor of another dtype is replaced by a float64 copy. contiguous: each
-    statement's tensor by a contiguous one.
+    statement's tensor by a contiguous one. eager_dtypes (`eager_dtypes`): a float64 run's F gives
+    eager's dtype-dependent defaults (`_EagerDefaults`).
     """
     import torch.nn.functional as F
 
-    namespace = {"torch": torch, "F": F}
+    functional = _EagerDefaults(eager_dtypes) if eager_dtypes is not None else F
+    namespace = {"torch": torch, "F": functional}
     seen = {}  # name -> a copy of its value when last looked at, to see in-place writes
     for spec, tensor in zip(program.inputs, inputs):
         namespace[spec.name] = tensor
         seen[spec.name] = tensor.detach().clone()
         yield spec.name, tensor, (), ()
     for node, statement in enumerate(program.statements, start=len(program.inputs)):
+        if eager_dtypes is not None:
+            functional.node = node
         value = eval(statement.expr, namespace)
         if widen and isinstance(value, torch.Tensor) and value.is_floating_point() and value.dtype != torch.float64:
             value = value.double()
@@ -612,7 +656,8 @@ def _same_values(tensor, before) -> bool:
     return bool(same.all())
 
 
-NOISE_TRIALS = 4  # rounding-noise runs; the noise is the largest deviation any of them shows
+NOISE_TRIALS = 4  # random rounding-noise runs, plus one with every value a unit up and one a unit down;
+# the noise is the largest deviation any of them shows
 
 
 class ProgramTrace:
@@ -649,7 +694,8 @@ class ProgramTrace:
             return None
         for widen in (False, True):  # as float64_reference
             try:
-                float64 = list(_run_line_by_line(program, to_float64(make_inputs(device)), widen=widen))
+                float64 = list(_run_line_by_line(program, to_float64(make_inputs(device)), widen=widen,
+                                                 eager_dtypes=[getattr(v, "dtype", None) for _, v, _, _ in eager]))
             except Exception:
                 continue
             return cls(program, device, eager, float64, widen)
@@ -674,7 +720,10 @@ class ProgramTrace:
     def rounding_noise(self, position: int) -> torch.Tensor | None:
         """How far output `position` moves when every value rounds by up to one unit, or None.
 
-        The float64 program runs again NOISE_TRIALS times with each float input and each
+        The float64 program runs again NOISE_TRIALS times (and twice more with u = +1 and u = -1
+        everywhere, so a value one rounding below an edge crosses it for sure: rms_norm of a
+        constant row is 0.99999994 in eager and 1.0 in kiln, then + itself and .long(): seed 3010
+        #9974) with each float input and each
         statement's float result multiplied in place by 1 + eps * u (u uniform in [-1, 1], eps
         of the value's eager dtype) and rounded to that dtype, as eager stores it (so a value
         1e-16 from -1.0 in float64 is -1.0 or 1 ulp off in float32, and a comparison with -1
@@ -693,11 +742,15 @@ class ProgramTrace:
 
         make_inputs, _ = self.program.load()
         generator = torch.Generator().manual_seed(0)
+        direction = [None]  # None: random units; +1 / -1: every value one unit up / down
 
         def perturb(node: int, value) -> None:
             if not value.is_floating_point() or not self.dtypes[node].is_floating_point:
                 return
-            unit = torch.rand(value.shape, generator=generator, dtype=torch.float64) * 2 - 1
+            if direction[0] is None:
+                unit = torch.rand(value.shape, generator=generator, dtype=torch.float64) * 2 - 1
+            else:
+                unit = torch.full(value.shape, float(direction[0]), dtype=torch.float64)
             dtype = self.dtypes[node]
             try:
                 value.mul_((1 + torch.finfo(dtype).eps * unit).to(value.device, value.dtype))
@@ -707,13 +760,15 @@ class ProgramTrace:
 
         noise = [torch.zeros(reference.shape, dtype=torch.float64) for reference in self.reference]
         try:
-            for _ in range(NOISE_TRIALS):
+            for trial in range(NOISE_TRIALS + 2):
+                direction[0] = {NOISE_TRIALS: 1, NOISE_TRIALS + 1: -1}.get(trial)
                 inputs = to_float64(make_inputs(self.device))
                 for node, value in enumerate(inputs):  # a reduction's rounding: its operands perturbed
                     if isinstance(value, torch.Tensor):
                         perturb(node, value)
                 final = {name: value for name, value, _, _ in
-                         _run_line_by_line(self.program, inputs, perturb, widen=self.widen)}
+                         _run_line_by_line(self.program, inputs, perturb, widen=self.widen,
+                                           eager_dtypes=self.dtypes)}
                 for position, output in enumerate(self.program.outputs):
                     moved = (final[output].detach().cpu().double() - self.reference[position].cpu().double()).abs()
                     # A NaN or inf that noise creates excuses nothing: count it as no noise.

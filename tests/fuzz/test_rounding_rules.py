@@ -304,3 +304,28 @@ def test_values_eager_gives_with_every_value_contiguous_are_sensitive():
     wrong = [vector_path[0].clone()]
     wrong[0][torch.isfinite(wrong[0])] += 1.0  # finite elements off: eager gives that on no layout
     assert not _eager_layout_dependent(function, make_inputs(), wrong, reference, PERMUTED_GELU, "cpu")
+
+
+# Seed 3010 #9974 (minimized by hand): rms_norm of constant rows is 0.99999994 in eager, 1.0 one rounding
+# up; doubled and truncated, 1 or 2. The float64 reference must use eager's eps (float32's, not float64's).
+CONSTANT_ROWS_RMS = make_program([InputSpec("x0", (11, 1), "float32", scale=3.0, seed=1536249583)],
+                                 [("v", "x0.expand(11, 7)"), ("v0", "F.rms_norm(v, (7,))"), ("v1", "(v0 + v0).long()")],
+                                 ["v1"])
+
+
+def test_rms_norm_reference_takes_eagers_eps_and_one_rounding_up_is_sensitive():
+    from tests.fuzz.runner import float64_reference
+
+    make_inputs, _ = CONSTANT_ROWS_RMS.load()
+    (x0,) = make_inputs()
+    one = make_program([InputSpec("x", (5, 1), "float32", scale=0.01, seed=9)], [("v", "F.rms_norm(x, (1,))")], ["v"])
+    (x,) = one.load()[0]()
+    want = x.double() / torch.sqrt(x.double() ** 2 + torch.finfo(torch.float32).eps)
+    torch.testing.assert_close(float64_reference(one)[0], want, rtol=1e-12, atol=0)
+    rounded_up = torch.nextafter(torch.nn.functional.rms_norm(x0.expand(11, 7), (7,)), torch.tensor(2.0))
+    kiln_like = [(rounded_up + rounded_up).long()]
+    expected, reference = eager_and_reference(CONSTANT_ROWS_RMS)
+    assert not torch.equal(kiln_like[0], expected[0])
+    outcome, message = classify(CONSTANT_ROWS_RMS, kiln_like)
+    assert outcome == Outcome.SENSITIVE, message
+    assert classify(CONSTANT_ROWS_RMS, [expected[0] + 2])[0] == Outcome.WRONG
