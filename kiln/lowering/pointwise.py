@@ -294,7 +294,7 @@ def clamp(ctx, node, x, low=None, high=None):
     # min(-0.0, +0.0) is -0.0 in either order. With tensor bounds the CPU tie's sign depends on the
     # path, and maximum/minimum give the bound, as its vector path does.
     number_bounds = all(not isinstance(bound, TensorValue) for bound in (low, high))
-    signed_zeros = meta.device.type == "cuda"
+    signed_zeros = meta.device.type == "cuda" and meta.dtype.is_floating_point  # integers have one zero
 
     def bounded(body, value, bound, beyond: str, fallback: str):
         if not number_bounds:
