@@ -82,7 +82,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
 
 
 def _compile_aten_graph(gm, example_inputs, dump, mode):
-    from kiln.codegen.wrapper import generate_wrapper
+    from kiln.codegen.wrapper import generate_wrapper, loop_dependent_ops
     from kiln.lowering import lower_graph
     from kiln.runtime.loader import load_module
     from kiln.schedule import schedule_graph
@@ -92,7 +92,7 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
         graph = lower_graph(gm, example_inputs)
     dump.write("loopir_before_fusion.txt", graph.format())
     with dump.stage("schedule"):
-        scheduled = schedule_graph(graph)
+        scheduled = schedule_graph(graph, loop_dependent_ops(graph))
     dump.write("loopir_after_fusion.txt", scheduled.format())
     with dump.stage("codegen"):
         module_source = generate_wrapper(scheduled)

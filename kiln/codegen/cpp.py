@@ -40,7 +40,7 @@ from kiln.config import config
 from kiln.ir import Graph
 from kiln.ir.indexing import contiguous_strides, index_var, simplify_index
 from kiln.ir.nodes import EXPENSIVE_OPS, dtype_name, indirect_value
-from kiln.runtime.cpp_build import KERNEL_SYMBOL, KernelSignature
+from kiln.runtime.cpp_build import KERNEL_SYMBOL, KernelSignature, toolchain
 from kiln.schedule.kernel import Kernel, var_map
 
 LANES = 16  # vector accumulator lanes of a reduction (one AVX-512 register of float)
@@ -83,6 +83,20 @@ BINARY = {
     "right_shift": "kiln_right_shift<{T}>({0}, {1})", "copysign": "std::copysign({0}, {1})",
     "hypot": "std::hypot({0}, {1})", "nextafter": "std::nextafter({0}, {1})",
 }
+# The ops above that call glibc's libm in a scalar loop and its vector libmvec in an `omp simd`
+# loop (cpp_prelude's KILN_VECTOR_MATH declarations). The two round differently: atan2f differed in
+# 9 of 16 values. exp, sigmoid and normal_cdf are kiln's own inline code, the same in both.
+VECTOR_MATH_OPS = frozenset({
+    "sin", "cos", "tan", "log", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
+    "exp2", "expm1", "log2", "log10", "log1p", "erf", "erfc", "pow", "atan2", "hypot",
+})
+
+
+def loop_dependent_ops() -> frozenset:
+    """VECTOR_MATH_OPS where kernels are built with libmvec (the toolchain found it), else none."""
+    return VECTOR_MATH_OPS if toolchain().vector_math else frozenset()
+
+
 # How one reduction kind folds a value into an accumulator (also how two lanes merge).
 COMBINE = {
     "sum": "({0} + {1})", "prod": "({0} * {1})", "max": "kiln_maximum<{T}>({0}, {1})",

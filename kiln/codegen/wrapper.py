@@ -13,6 +13,7 @@ import sympy
 import torch
 
 from kiln import _torch
+from kiln.config import config
 from kiln.codegen.printing import expr_to_source
 from kiln.codegen.triton import INDEX_STATUS, KernelSource, generate_kernel
 from kiln.ir import Extern, TensorArg
@@ -34,10 +35,26 @@ class ModuleSource:
 
 
 def _graph_device_type(scheduled: ScheduledGraph) -> str:
-    for buffer in scheduled.graph.buffers.values():
+    return graph_device_type(scheduled.graph)
+
+
+def graph_device_type(graph) -> str:
+    for buffer in graph.buffers.values():
         if buffer.device.type == "cuda":
             return "cuda"
     return "cpu"
+
+
+def loop_dependent_ops(graph) -> frozenset:
+    """The LoopIR ops whose value for one element can depend on the loop that computes it
+    (vectorized or not) on the backend that will run `graph`. The scheduler computes a value
+    built from them once, in one loop, rather than again in each consumer: two copies of it
+    that differ by an ulp turn `x - mean(x)` of a single value into noise (fuzz seed 3009 #5079)."""
+    if graph_device_type(graph) != "cpu" or config.cpu_backend != "cpp":
+        return frozenset()  # Triton's libdevice computes each element the same way in every kernel
+    from kiln.codegen import cpp as cpp_codegen
+
+    return cpp_codegen.loop_dependent_ops()
 
 
 def _symbol_sources(graph) -> dict:

@@ -4,8 +4,9 @@
 
 1. `inline_pointwise` substitutes each pointwise producer into its consumers' bodies
    (a chain of pointwise ops becomes one body) unless that would recompute a large
-   body several times, grow a body past `max_fusion_ops`, or the value must exist in
-   memory (graph outputs, extern inputs, masked reads).
+   body several times, recompute a body whose value depends on its loop (the C++
+   backend's libm vs libmvec), grow a body past `max_fusion_ops`, or the value must
+   exist in memory (graph outputs, extern inputs, masked reads).
 2. `split_reductions` splits a reduction with few, long rows (`x.sum()`) into two
    stages, so that many programs share its columns.
 3. `group_kernels` walks the nodes in order and fuses each into the open kernel when
@@ -20,10 +21,12 @@ from kiln.schedule.kernel import Kernel, ScheduledGraph
 from kiln.schedule.split import split_reductions
 
 
-def schedule_graph(graph) -> ScheduledGraph:
+def schedule_graph(graph, loop_dependent_ops: frozenset = frozenset()) -> ScheduledGraph:
+    """`loop_dependent_ops`: ops whose value the backend may compute differently in two loops
+    (kiln/codegen/wrapper.py's `loop_dependent_ops`); a body using them is computed once."""
     from kiln.ir import verify
 
-    inlined = inline_pointwise(graph)
+    inlined = inline_pointwise(graph, loop_dependent_ops)
     split = split_reductions(inlined)
     verify(split)
     return group_kernels(split)

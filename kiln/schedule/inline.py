@@ -25,11 +25,13 @@ def buffer_uses(graph: Graph) -> dict:
 
 
 
-def inline_pointwise(graph: Graph) -> Graph:
+def inline_pointwise(graph: Graph, loop_dependent_ops: frozenset = frozenset()) -> Graph:
+    """`loop_dependent_ops`: ops whose value may differ between two loops on this backend; a body
+    with one is inlined only where it is read once, so that every use sees the same bits."""
     uses = buffer_uses(graph)
     kept = []
     for node in graph.nodes:
-        if isinstance(node, Pointwise) and _can_inline(node, uses.get(node.outputs[0], [])):
+        if isinstance(node, Pointwise) and _can_inline(node, uses.get(node.outputs[0], []), loop_dependent_ops):
             consumers = _unique(user for user, _ in uses[node.outputs[0]])
             new_bodies = {id(consumer): substitute_loads(consumer.body, node) for consumer in consumers}
             if all(len(body.ops) <= config.max_fusion_ops for body in new_bodies.values()):
@@ -66,7 +68,7 @@ def _unique(items):
     return result
 
 
-def _can_inline(node: Pointwise, uses: list) -> bool:
+def _can_inline(node: Pointwise, uses: list, loop_dependent_ops: frozenset) -> bool:
     if not uses or len(node.outputs) != 1:
         return False
     if any(kind != "load" for _, kind in uses):
@@ -75,6 +77,10 @@ def _can_inline(node: Pointwise, uses: list) -> bool:
     if _recomputes_expensive_work(node, consumers):
         return False
     load_count = len(uses)
+    if load_count > 1 and any(op.name in loop_dependent_ops for op in node.body.ops):
+        # Each copy runs in its own loop, one perhaps vectorized (libmvec) and one not (libm):
+        # layer_norm of a size-1 dim subtracted two atan2 of one element 1 ulp apart.
+        return False
     if load_count == 1 or len(consumers) == 1 and load_count <= 2:
         return True
     # Read by several consumers: each recomputes it. Cheap when the body is small and reads

@@ -376,3 +376,42 @@ def test_fp16_kernels_build_on_a_cpu_with_avx512_fp16():
     assert (NO_FP16_INSTRUCTIONS in tools.flags) == accepted, tools.flags
     result = run_program(generate(3007, 5530), backend="cpp")
     assert result.compiled and result.outcome in (Outcome.PASS, Outcome.SENSITIVE), result
+
+
+@pytest.mark.parametrize("op", ["atan2", "sin", "log1p"])
+def test_a_vector_math_value_is_computed_once_for_all_its_loops(op):
+    # The mean's loop over a size-1 dim is scalar (glibc's libm) and the gather's loop is vectorized
+    # (libmvec): recomputed in each, x - mean(x) came out 1 ulp apart, times rsqrt(eps) ~ 316
+    # (fuzz seed 3009 #5079). Written once, every loop reads the same value and eager's exact 0.
+    from kiln.codegen.cpp import VECTOR_MATH_OPS, loop_dependent_ops
+
+    if not cpp_build.toolchain().vector_math:
+        pytest.skip("the compiler has no libmvec: every loop calls libm")
+    assert op in VECTOR_MATH_OPS and loop_dependent_ops() == VECTOR_MATH_OPS
+    math = {"atan2": lambda x, y: torch.atan2(x, y), "sin": lambda x, y: torch.sin(x * y),
+            "log1p": lambda x, y: torch.log1p((x * y).abs())}[op]
+
+    def fn(x, y, positions):
+        return torch.nn.functional.layer_norm(math(x, y), (1,))[(positions + 3) % 4]
+
+    generator = torch.Generator().manual_seed(5079)
+    positions = torch.arange(4)
+    for _ in range(4):
+        x, y = torch.randn(4, 33, 1, generator=generator) * 3, torch.randn(1, 1, generator=generator) * 3
+        result, graphs = compiled_graphs(fn, x, y, positions)
+        assert graphs and torch.equal(result, fn(x, y, positions))  # eager: 0 exactly, every element
+
+
+def test_loop_dependent_ops_are_only_the_cpp_backends():
+    from kiln.codegen.cpp import VECTOR_MATH_OPS, UNARY, BINARY
+    from kiln.codegen.wrapper import loop_dependent_ops
+    from kiln.ir import Buffer, Graph
+    from kiln.ir.nodes import Layout
+
+    assert VECTOR_MATH_OPS <= set(UNARY) | set(BINARY)
+    assert not {"exp", "sigmoid", "normal_cdf"} & VECTOR_MATH_OPS  # kiln's inline code, one in every loop
+    for device, backend, expected in [("cpu", "cpp", cpp_build.toolchain().vector_math), ("cpu", "triton", False)]:
+        graph = Graph()
+        graph.buffers["x"] = Buffer("x", torch.device(device), torch.float32, Layout((4,), (1,)))
+        with kiln.config.patch(cpu_backend=backend):
+            assert bool(loop_dependent_ops(graph)) == expected

@@ -219,6 +219,13 @@ REGRESSIONS: list[Regression] = [
                         "v0 = torch.pow(x0, 3.0)\nv1 = torch.pow(x0, -2.0)", ("v0", "v1")),
                "pow(bf16, 3 or -2) rounds x * x to bf16 as eager does (CPU and CUDA; fp16 too on CUDA): it was "
                "0.125 off"),
+    Regression(explicit("seed3009_prog5079_layer_norm_of_recomputed_atan2",
+                        [spec("x0", (4, 5, 1), seed=2111928862, scale=3.0), spec("x1", (1, 1), seed=1491720722,
+                                                                                scale=3.0),
+                         spec("x2", (4,), "int64", values="arange", low=0)],
+                        "v0 = torch.atan2(x0, x1)\nv1 = F.layer_norm(v0, (1,))\nv2 = v1[(x2 + -1) % 4]", ("v2",)),
+               "layer_norm over a size-1 dim of atan2 is exactly 0 (cpp: the mean's scalar loop called libm's "
+               "atan2f and the gather's vector loop libmvec's, 1 ulp apart, times rsqrt(eps))"),
     Regression(explicit("float32_sum_of_2_13_elements", [spec("x0", (1 << 13,), values="uniform", scale=1.0)],
                         "v0 = x0.sum()\nv1 = (x0 * 2).sum(0)", ("v0", "v1")),
                "a float32 sum of 2^13 elements (a split reduction) is as accurate as eager's: the review's 2^24 "
