@@ -653,8 +653,10 @@ def _same_values(tensor, before) -> bool:
     return bool(same.all())
 
 
-NOISE_TRIALS = 4  # random rounding-noise runs, plus one with every value a unit up and one a unit down;
+NOISE_TRIALS = 4  # random rounding-noise runs, plus the fixed ones of NOISE_UNITS;
 # the noise is the largest deviation any of them shows
+NOISE_UNITS = (1.0, -1.0, 0.0, 0.5, -0.5)  # every value that many units up: a value near an edge crosses
+# it in one of them whatever the random draws (0: rounded to its eager dtype only)
 
 
 class ProgramTrace:
@@ -717,10 +719,13 @@ class ProgramTrace:
     def rounding_noise(self, position: int) -> torch.Tensor | None:
         """How far output `position` moves when every value rounds by up to one unit, or None.
 
-        The float64 program runs again NOISE_TRIALS times (and twice more with u = +1 and u = -1
+        The float64 program runs again NOISE_TRIALS times (and once more for each u of NOISE_UNITS
         everywhere, so a value one rounding below an edge crosses it for sure: rms_norm of a
         constant row is 0.99999994 in eager and 1.0 in kiln, then + itself and .long(): seed 3010
-        #9974) with each float input and each
+        #9974; and u = 0, +-0.5 for a value within half a unit of one: rms_norm over one element is
+        1 - 6e-9 in float64, 1.0 or 0.99999994 in float32 as its input's last bit goes, and `== 1`
+        flipped where no random draw had landed within that half unit: seed 202 #1149) with each
+        float input and each
         statement's float result multiplied in place by 1 + eps * u (u uniform in [-1, 1], eps
         of the value's eager dtype) and rounded to that dtype, as eager stores it (so a value
         1e-16 from -1.0 in float64 is -1.0 or 1 ulp off in float32, and a comparison with -1
@@ -739,7 +744,7 @@ class ProgramTrace:
 
         make_inputs, _ = self.program.load()
         generator = torch.Generator().manual_seed(0)
-        direction = [None]  # None: random units; +1 / -1: every value one unit up / down
+        direction = [None]  # None: random units; a number: every value that many units up
 
         def perturb(node: int, value) -> None:
             if not value.is_floating_point() or not self.dtypes[node].is_floating_point:
@@ -757,8 +762,7 @@ class ProgramTrace:
 
         noise = [torch.zeros(reference.shape, dtype=torch.float64) for reference in self.reference]
         try:
-            for trial in range(NOISE_TRIALS + 2):
-                direction[0] = {NOISE_TRIALS: 1, NOISE_TRIALS + 1: -1}.get(trial)
+            for direction[0] in [None] * NOISE_TRIALS + list(NOISE_UNITS):
                 inputs = to_float64(make_inputs(self.device))
                 for node, value in enumerate(inputs):  # a reduction's rounding: its operands perturbed
                     if isinstance(value, torch.Tensor):
