@@ -6,8 +6,8 @@ resulting ATen graph (forward, and backward when training) to `compile_aten`.
 AOTAutograd's tracing is not thread-safe (torch.fx's patcher is module state), so the trace
 and every compile it calls back, a backward compiled lazily at its first use included, hold
 the process's compile lock (kiln/runtime/locks.py). Before compiling, each ATen graph's
-fake metas get eager's strides where torch's meta kernels or functionalization's rewrite of
-in-place writes disagree with eager's (kiln/aot/strides.py).
+fake metas get eager's strides where torch's meta kernels, functionalization's rewrite of
+in-place writes or a composite op's decomposition disagree with eager's (kiln/aot/strides.py).
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from typing import Callable
 
 from kiln import _torch
 from kiln.aot.decompositions import decomposition_table
-from kiln.aot.strides import restride_to_eager, tag_in_place_writes
+from kiln.aot.strides import restride_to_eager, tag_torch_graph
 from kiln.runtime.locks import compile_lock
 
 
@@ -24,12 +24,12 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
     """Trace `gm` to ATen with AOTAutograd and compile every graph it yields with `compile_aten`
     (an inference graph, one with no backward, with `compile_inference` when given)."""
 
-    in_place = tag_in_place_writes(gm)  # before tracing: the ATen nodes inherit the tags
+    facts = tag_torch_graph(gm)  # before tracing: the ATen nodes inherit the tags
 
     def boxed(aten_gm, aten_inputs, compile_one=compile_aten, forward=True):
         with compile_lock:
             # kiln's buffers and output strides follow these metas
-            restride_to_eager(aten_gm, in_place if forward else None)
+            restride_to_eager(aten_gm, facts if forward else None)
             compiled = compile_one(aten_gm, aten_inputs)
         if getattr(compiled, "_boxed_call", False):
             return compiled

@@ -22,13 +22,21 @@ layout and re-derives the metas downstream of them. Three rules, each in one fun
   place: `tag_in_place_writes` stamps each of its nodes with its name (in meta["custom"],
   which AOTAutograd copies onto every ATen node traced from it) and returns which node each
   one writes; the ATen result of a write then takes the layout of the value it replaces.
+- Composite ops (`_composite_strides`): layer_norm, softmax, batch_norm and the like are decomposed
+  into reductions and pointwise ops, which follow their input's layout, and any `.contiguous()`
+  in the decomposition was decided on the input's meta at trace time. Eager's kernel lays its
+  result out by a rule of its own (`COMPOSITE_LAYOUTS`): the last ATen node traced from the
+  op takes that rule's layout, applied to the input's layout after the rules above (an index
+  result made column-major by `_index_strides`, then layer_norm's, came out column-major where
+  eager's is contiguous: fuzz seed 3012 #965).
 """
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 
 from kiln import _torch
 
@@ -44,24 +52,65 @@ _AUGMENTED_ASSIGNMENTS = {operator.iadd, operator.isub, operator.imul, operator.
 _TENSOR_ITERATOR_OPS = {aten.logical_and.default, aten.logical_or.default, aten.logical_xor.default}
 
 
+# How eager's kernel lays out a composite op's result: "contiguous" always (layer_norm and softmax
+# call input.contiguous() or allocate contiguous), "suggested" densely in the input's suggested
+# memory format (channels_last stays channels_last, anything else is contiguous); and on which
+# devices. Measured on CPU eager with transposed, permuted, stepped and channels_last inputs. On
+# CUDA the rule holds for softmax (one structured meta for both devices), layer_norm (a contiguous
+# copy of the input) and rms_norm (kiln's own decomposition of _fused_rms_norm follows it); the
+# others, not measured on CUDA, keep their decomposition's layout there.
+_EVERYWHERE, _CPU = ("cpu", "cuda"), ("cpu",)
+COMPOSITE_LAYOUTS = {
+    F.layer_norm: ("contiguous", _EVERYWHERE), torch.layer_norm: ("contiguous", _EVERYWHERE),
+    F.softmax: ("contiguous", _EVERYWHERE), torch.softmax: ("contiguous", _EVERYWHERE),
+    "softmax": ("contiguous", _EVERYWHERE),
+    F.log_softmax: ("contiguous", _EVERYWHERE), torch.log_softmax: ("contiguous", _EVERYWHERE),
+    "log_softmax": ("contiguous", _EVERYWHERE),
+    F.rms_norm: ("suggested", _EVERYWHERE),
+    F.batch_norm: ("suggested", _CPU), torch.batch_norm: ("suggested", _CPU),
+    F.group_norm: ("suggested", _CPU), torch.group_norm: ("suggested", _CPU),
+    torch.roll: ("suggested", _CPU), "roll": ("suggested", _CPU),  # with dims; flattened: contiguous
+}
+_ROLLS = (torch.roll, "roll")
+
+
 @dataclass(frozen=True)
-class InPlaceWrites:
-    """What the torch-level graph says about in-place writes, for `restride_to_eager`."""
+class TorchGraphFacts:
+    """What the torch-level graph says for `restride_to_eager`: in-place writes and composite ops."""
 
     writes: dict  # name of a node that writes a tensor in place -> name of the node it writes
     inputs: tuple  # the names of the graph's placeholders, in order
+    composites: dict = field(default_factory=dict)  # node name -> (its COMPOSITE_LAYOUTS rule, its input's name)
 
 
-def tag_in_place_writes(gm: torch.fx.GraphModule) -> InPlaceWrites:
-    """Stamp every node of the torch-level graph `gm` with its name (meta["custom"][SOURCE_KEY])
-    and say which nodes write which in place."""
-    writes = {}
+def tag_torch_graph(gm: torch.fx.GraphModule) -> TorchGraphFacts:
+    """Stamp every node of the torch-level graph `gm` with its name (meta["custom"][SOURCE_KEY]),
+    say which nodes write which in place, and which are composite ops with a layout rule."""
+    writes, composites = {}, {}
     for node in gm.graph.nodes:
         node.meta["custom"] = {**(node.meta.get("custom") or {}), SOURCE_KEY: node.name}
         written = _written_operand(node)
         if isinstance(written, torch.fx.Node):
             writes[node.name] = written.name
-    return InPlaceWrites(writes, tuple(node.name for node in gm.graph.nodes if node.op == "placeholder"))
+        rule = _composite_rule(node)
+        if rule is not None:
+            composites[node.name] = (rule, node.args[0].name)
+    inputs = tuple(node.name for node in gm.graph.nodes if node.op == "placeholder")
+    return TorchGraphFacts(writes, inputs, composites)
+
+
+def _composite_rule(node: torch.fx.Node) -> str | None:
+    if node.op not in ("call_function", "call_method") or not node.args or not isinstance(node.args[0], torch.fx.Node):
+        return None
+    if node.op == "call_method" and not isinstance(node.target, str):
+        return None
+    try:
+        rule = COMPOSITE_LAYOUTS.get(node.target)
+    except TypeError:  # an unhashable target
+        return None
+    if rule is not None and node.target in _ROLLS and len(node.args) < 3 and node.kwargs.get("dims") is None:
+        rule = ("contiguous", rule[1])  # roll without dims rolls the flattened tensor
+    return rule
 
 
 def _written_operand(node: torch.fx.Node):
@@ -91,23 +140,25 @@ def _written_operand(node: torch.fx.Node):
     return node.args[0]
 
 
-def restride_to_eager(gm: torch.fx.GraphModule, in_place: InPlaceWrites | None = None) -> bool:
+def restride_to_eager(gm: torch.fx.GraphModule, facts: TorchGraphFacts | None = None) -> bool:
     """Give the nodes of the ATen graph `gm` that the rules above cover eager's output strides and
     re-derive the fake metas of the nodes downstream; returns whether any meta changed. Shapes
-    never change. `in_place` (`tag_in_place_writes` of the torch-level graph) names the in-place
-    writes; pass it for a forward or inference graph only (a backward's nodes are traced from the
-    forward's torch-level nodes too, but no write of those is the backward's)."""
+    never change. `facts` (`tag_torch_graph` of the torch-level graph) names the in-place
+    writes and composite ops; pass it for a forward or inference graph only (a backward's nodes
+    are traced from the forward's torch-level nodes too, but none of those ops is the backward's)."""
     fake_mode = _torch.fake_mode_of([node.meta.get("val") for node in gm.graph.nodes if node.op == "placeholder"])
     if fake_mode is None:
         return False
-    replaced_values = _replaced_values(gm, in_place) if in_place is not None else {}
+    sources = _SourceValues(gm, facts) if facts is not None else None
+    replaced_values = _replaced_values(sources) if sources is not None else {}
+    composites = _composite_results(sources) if sources is not None else {}
     replaced: set = set()
     with fake_mode:
         for node in gm.graph.nodes:
             if node.op != "call_function":
                 continue
             meta = node.meta.get("val")
-            strides = _eager_strides(node, meta, replaced_values) if isinstance(meta, torch.Tensor) else None
+            strides = _eager_strides(node, meta, replaced_values, composites) if isinstance(meta, torch.Tensor) else None
             if strides is not None:
                 if tuple(strides) != tuple(meta.stride()):
                     node.meta["val"] = torch.empty_strided(meta.shape, strides, dtype=meta.dtype, device=meta.device)
@@ -122,10 +173,12 @@ def restride_to_eager(gm: torch.fx.GraphModule, in_place: InPlaceWrites | None =
     return bool(replaced)
 
 
-def _eager_strides(node, meta: torch.Tensor, replaced_values: dict) -> list[int] | None:
+def _eager_strides(node, meta: torch.Tensor, replaced_values: dict, composites: dict) -> list[int] | None:
     """Eager's strides for `node`'s result where a rule covers it, else None (its meta's stand)."""
     if node in replaced_values:
         return _in_place_strides(meta, replaced_values[node].meta.get("val"))
+    if node in composites:
+        return _composite_strides(meta, *composites[node])
     if node.target is aten.index.Tensor:
         return _index_strides(node, meta)
     if node.target in _TENSOR_ITERATOR_OPS:
@@ -134,47 +187,81 @@ def _eager_strides(node, meta: torch.Tensor, replaced_values: dict) -> list[int]
 
 
 # ---------------------------------------------------------------------------- in-place writes
-def _replaced_values(gm: torch.fx.GraphModule, in_place: InPlaceWrites) -> dict:
-    """{ATen node holding the result of an in-place write: the ATen node of the value it replaces}.
+class _SourceValues:
+    """The ATen nodes of `gm` by the torch-level node they were traced from (`facts`' names)."""
 
-    The written value is the last ATen node traced from its torch-level node (a write's own value
-    is the value it writes, so a chain of writes goes back to the first value), or the graph input
-    of a torch-level placeholder (AOTAutograd puts the lifted parameters first). The write's result
-    is the last ATen node traced from the write that is no view and has the written value's shape
-    and dtype: after it come only the views and scatters that put it back into the written
-    tensor's base and regenerate its views.
-    """
-    traced: dict[str, list] = {}
-    for node in gm.graph.nodes:
-        source = (node.meta.get("custom") or {}).get(SOURCE_KEY)
-        if source is not None and node.op == "call_function" and isinstance(node.meta.get("val"), torch.Tensor):
-            traced.setdefault(source, []).append(node)
-    placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
-    lifted = len(placeholders) - len(in_place.inputs)
+    def __init__(self, gm: torch.fx.GraphModule, facts: TorchGraphFacts):
+        self.facts, self.traced = facts, {}
+        for node in gm.graph.nodes:
+            source = (node.meta.get("custom") or {}).get(SOURCE_KEY)
+            if source is not None and node.op == "call_function" and isinstance(node.meta.get("val"), torch.Tensor):
+                self.traced.setdefault(source, []).append(node)
+        self.placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+        self.lifted = len(self.placeholders) - len(facts.inputs)  # AOTAutograd puts lifted parameters first
 
-    def value_of(name: str):
-        for _ in range(len(in_place.writes) + 1):  # follow a chain of writes to the first value
-            if name not in in_place.writes:
+    def value_of(self, name: str):
+        """The ATen node holding torch-level node `name`'s value: the last one traced from it (a
+        write's own value is the value it writes, so a chain of writes goes back to the first
+        value), or the graph input of a torch-level placeholder; None where there is none."""
+        writes = self.facts.writes
+        for _ in range(len(writes) + 1):
+            if name not in writes:
                 break
-            name = in_place.writes[name]
-        if name in traced:
-            return traced[name][-1]
-        if name in in_place.inputs and lifted >= 0:
-            return placeholders[lifted + in_place.inputs.index(name)]
+            name = writes[name]
+        if name in self.traced:
+            return self.traced[name][-1]
+        if name in self.facts.inputs and self.lifted >= 0:
+            return self.placeholders[self.lifted + self.facts.inputs.index(name)]
         return None
 
-    replaced_values = {}
-    for write, written in in_place.writes.items():
-        value = value_of(written)
-        value_meta = value.meta.get("val") if value is not None else None
-        if not isinstance(value_meta, torch.Tensor):
-            continue
-        for node in reversed(traced.get(write, [])):
+    def result_of(self, name: str, like: torch.Tensor):
+        """The last ATen node traced from torch-level node `name` that is no view and has `like`'s
+        shape and dtype (after it come only views, and scatters into a written tensor's base)."""
+        for node in reversed(self.traced.get(name, [])):
             meta = node.meta["val"]
-            if not _is_view(node) and meta.shape == value_meta.shape and meta.dtype == value_meta.dtype:
-                replaced_values[node] = value
-                break
+            if not _is_view(node) and meta.shape == like.shape and meta.dtype == like.dtype:
+                return node
+        return None
+
+
+def _replaced_values(sources: _SourceValues) -> dict:
+    """{ATen node holding the result of an in-place write: the ATen node of the value it replaces}."""
+    replaced_values = {}
+    for write, written in sources.facts.writes.items():
+        value = sources.value_of(written)
+        value_meta = value.meta.get("val") if value is not None else None
+        if isinstance(value_meta, torch.Tensor):
+            result = sources.result_of(write, value_meta)
+            if result is not None:
+                replaced_values[result] = value
     return replaced_values
+
+
+def _composite_results(sources: _SourceValues) -> dict:
+    """{ATen node holding a composite op's result: (its COMPOSITE_LAYOUTS rule, the ATen node of its input)}."""
+    results = {}
+    for name, (rule, input_name) in sources.facts.composites.items():
+        traced, value = sources.traced.get(name), sources.value_of(input_name)
+        if not traced or value is None or not isinstance(value.meta.get("val"), torch.Tensor):
+            continue
+        result = sources.result_of(name, traced[-1].meta["val"])
+        if result is not None and result.meta["val"].shape == value.meta["val"].shape:
+            results[result] = (rule, value)
+    return results
+
+
+def _composite_strides(meta: torch.Tensor, rule: tuple, source) -> list[int] | None:
+    """The strides eager's kernel gives a composite op's result, from its input's current meta."""
+    values = [*meta.shape, *source.meta["val"].shape, *source.meta["val"].stride()]
+    if not all(isinstance(value, int) for value in values):
+        return None
+    layout, devices = rule
+    if meta.device.type not in devices:
+        return None
+    memory_format = torch.contiguous_format
+    if layout == "suggested":
+        memory_format = _torch.suggest_memory_format(source.meta["val"])
+    return list(torch.empty(meta.shape, device="meta").contiguous(memory_format=memory_format).stride())
 
 
 def _is_view(node) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import kiln
 import kiln.testing
@@ -127,4 +128,35 @@ def test_in_place_and_meta_layouts_match_eager(name, backend):
         got = compiled(*inputs)
     # One ATen call stays an Extern there today (not checked which); strict=True makes any compile failure raise.
     assert compiled.extern_count == (1 if name == "index_after_size1_dim" else 0)
+    _assert_same_strides(name, got, fn(*inputs))
+
+
+# A composite op is decomposed into ops that follow its input's layout, and its decomposition's
+# `.contiguous()` was decided on the input's meta at trace time; eager's kernel lays the result
+# out by its own rule (kiln/aot/strides.py COMPOSITE_LAYOUTS). Fuzzer seeds 3012 (#965: layer_norm
+# of an index result that `_index_strides` made column-major) and 3009 (#6640: roll of a
+# channels_last input); batch_norm of a transposed input was column-major.
+_TRANSPOSED_INDEX = lambda: (torch.randn(3), torch.randint(0, 3, (7, 7)).t())  # noqa: E731
+COMPOSITE_PROGRAMS = {
+    "layer_norm_of_index": (lambda x, i: (F.layer_norm(x[(i - 1) % 3 - 3], (7,)),), _TRANSPOSED_INDEX),
+    "softmax_of_index": (lambda x, i: (F.softmax(x[i], 0), x[i].log_softmax(-1)), _TRANSPOSED_INDEX),
+    "rms_norm_of_index": (lambda x, i: (F.rms_norm(x[i], (7,)),), _TRANSPOSED_INDEX),
+    "batch_norm_of_transposed": (lambda x: (F.batch_norm(x, torch.zeros(5), torch.ones(5)),),
+                                 lambda: (torch.randn(5, 7).t(),)),
+    "batch_norm_channels_last": (lambda x: (F.batch_norm(x, torch.zeros(3), torch.ones(3)) * 2,),
+                                 lambda: (torch.randn(2, 3, 4, 5).contiguous(memory_format=torch.channels_last),)),
+    "roll_channels_last": (lambda x: (torch.roll(x, (1, 1), (0, 3)), x.roll(2), x.roll(1, dims=1)),
+                           lambda: (torch.randn(5, 3, 3, 5).contiguous(memory_format=torch.channels_last),)),
+    "roll_of_permuted": (lambda x: (torch.roll(x, 1, 0), torch.roll(x, 3)), lambda: (torch.randn(4, 5, 6).permute(2, 0, 1),)),
+}
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("name", sorted(COMPOSITE_PROGRAMS))
+def test_composite_op_layouts_match_eager(name, backend):
+    fn, make_inputs = COMPOSITE_PROGRAMS[name]
+    inputs = make_inputs()
+    with kiln.config.patch(strict=True, cpu_backend=backend):
+        compiled = compile_graph(torch.fx.symbolic_trace(fn), list(inputs))
+        got = compiled(*inputs)
     _assert_same_strides(name, got, fn(*inputs))
