@@ -90,7 +90,8 @@ def softmax(x, dim, half_to_float):
     for size in x.shape[dim % ndim + 1:]:
         inner = inner * size
     if (x.device.type != "cpu" or x.dtype not in (torch.float16, torch.bfloat16) or half_to_float
-            or dim % ndim == ndim - 1 or not isinstance(inner, int) or inner >= _EAGER_SOFTMAX_VECTOR):
+            or dim % ndim == ndim - 1 or not isinstance(inner, int) or inner >= _EAGER_SOFTMAX_VECTOR
+            or x.numel() == 0):  # empty: its amax over a 0-size dim cannot be traced (fuzz seed 3012 #4072)
         return _torchs_decomposition(aten._softmax.default)(x, dim, half_to_float)
     computed = x.contiguous().float()
     unnormalized = torch.exp(computed - computed.amax(dim, keepdim=True))

@@ -26,3 +26,19 @@ def test_low_precision_softmax_is_eagers_bits(backend, dtype, shape, dim):
         (got,) = compiled(x)
     assert compiled.kernel_count > 0 and compiled.extern_count == 0
     torch.testing.assert_close(got, f(x)[0], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+@pytest.mark.parametrize("shape,dim", [((0, 0, 1), 1), ((0, 0, 1), 0), ((3, 0, 2), 0)])
+def test_empty_low_precision_softmax_compiles(dtype, shape, dim):
+    # The rounding-twice path took amax over a 0-size dim, which AOTAutograd cannot trace: the
+    # graph ran eagerly (fuzz seed 3012 #4072; KILN_STRICT raised).
+    x = torch.randn(shape).to(dtype)
+
+    def f(x):
+        return (x.softmax(dim), x.log_softmax(dim) + 1)
+
+    with kiln.config.patch(strict=True, cpu_backend="cpp"):
+        got = compile_graph(torch.fx.symbolic_trace(f), [x])(x)
+    for out, want in zip(got, f(x)):
+        assert out.shape == want.shape and out.dtype == want.dtype
