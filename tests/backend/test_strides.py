@@ -113,6 +113,11 @@ EAGER_LAYOUT_PROGRAMS = {
                                     lambda: (torch.randn(2), torch.randint(-4, 5, (4, 3, 2)).transpose(0, 1))),
     "logical_xor_0dim_first": (lambda a, b: (torch.logical_xor(a.amin(), b),),
                                lambda: (torch.randint(-3, 5, (16,)), torch.randn(8, 8, 11).transpose(0, 2))),
+    # Broadcast pointwise ops: TensorIterator orders dims by size-1 dims' strides too, where the meta
+    # kernels take the row-major fast path for "contiguous" operands (fuzz seed 3012 #5711, #7436).
+    "where_broadcast_size1_dims": (lambda x, y, c: (torch.where(c > 2.0, c, x != y), x * c.t()),
+                                   lambda: (torch.randn(1, 1, 2, 1).permute(3, 0, 1, 2), torch.randn(1, 1, 1),
+                                            torch.randn(2, 1))),
     "index_after_size1_dim": (lambda x, i: ((x.t().unsqueeze(0) * 2.0)[:, i % 5],),
                               lambda: (torch.randn(7, 5), torch.randint(0, 5, (7, 16)).t())),
 }
