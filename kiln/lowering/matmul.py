@@ -29,7 +29,7 @@ weight read as it is stored, no packing and no cache. Its sums run in another or
 relative RMS error against float64 was 4.1e-7 against MKL's 2.4e-7 (K = 512). It takes no
 `out=`, so its outputs are allocated per call, not in the scratch block.
 
-A product's only elementwise consumer (gelu, silu, relu, or a product with a tensor of its
+A product's only elementwise consumer (gelu, silu, or a product with a tensor of its
 size) is oneDNN's post-op: applied to the values as they are stored, so no kernel reads the
 product back (`_post_op`).
 """
@@ -146,7 +146,9 @@ def onednn_linear(ctx, meta, a: TensorArg, b: TensorArg, bias: TensorArg | None 
     return result
 
 
-UNARY_POST_OPS = {aten.relu.default: "relu", aten.silu.default: "swish", aten.gelu.default: "gelu"}
+# Not relu: oneDNN's relu post-op makes NaN 0, where eager's relu keeps it (a NaN product came
+# out finite: fuzz seed 3013 #9071, #9842). Its gelu and swish keep NaN and infinities as eager's.
+UNARY_POST_OPS = {aten.silu.default: "swish", aten.gelu.default: "gelu"}
 RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
 
 
@@ -170,7 +172,7 @@ def _post_op(ctx, fx_node, meta):
     the product's only consumer (through reshapes, which a contiguous output keeps views):
     (consumer FX node, the product's last reshape, attr, algorithm, other operand or None), or None.
 
-    gelu (exact or tanh), silu and relu are unary post-ops; `product * other` is a binary one
+    gelu (exact or tanh) and silu are unary post-ops (relu is not: oneDNN's makes NaN 0); `product * other` is a binary one
     (Llama's silu(gate) * up: up's product multiplies by the silu its gate product computed)
     when `other` is lowered already and is a contiguous float32 tensor of the product's size.
     The consumer is then not lowered (LoweringContext.folded): its value is the product's."""
