@@ -226,6 +226,11 @@ REGRESSIONS: list[Regression] = [
                         "v0 = torch.atan2(x0, x1)\nv1 = F.layer_norm(v0, (1,))\nv2 = v1[(x2 + -1) % 4]", ("v2",)),
                "layer_norm over a size-1 dim of atan2 is exactly 0 (cpp: the mean's scalar loop called libm's "
                "atan2f and the gather's vector loop libmvec's, 1 ulp apart, times rsqrt(eps))"),
+    Regression(explicit("seed3013_prog9842_relu_of_nan_product",
+                        [spec("x0", (16, 7), scale=0.1, nonfinite=0.1, seed=2002682450)],
+                        "v1 = x0 @ x0.mT\nv2 = v1.relu_()\nv4 = torch.isfinite(v1)\nv5 = torch.relu(x0.mT @ x0)",
+                        ("v4", "v5")),
+               "relu of a product with NaN keeps the NaN (cpp and the interpreter: oneDNN's relu post-op made it 0)"),
     Regression(explicit("float32_sum_of_2_13_elements", [spec("x0", (1 << 13,), values="uniform", scale=1.0)],
                         "v0 = x0.sum()\nv1 = (x0 * 2).sum(0)", ("v0", "v1")),
                "a float32 sum of 2^13 elements (a split reduction) is as accurate as eager's: the review's 2^24 "
