@@ -4,7 +4,7 @@ kiln allocates buffers, and gives graph outputs their strides, from the ATen gra
 fake-tensor metas. Where those disagree with eager's layout the compiled graph returns
 strides eager never would, and the wrong meta spreads to every op downstream (a pointwise
 op follows its input's layout). `restride_to_eager(gm)` replaces such metas with eager's
-layout and re-derives the metas downstream of them. Three rules, each in one function:
+layout and re-derives the metas downstream of them. Four rules, each in one function:
 
 - `aten.index.Tensor` (`_index_strides`): eager's kernel (CPU and CUDA) is a TensorIterator
   over the source restrided to the output's shape (stride 0 in the indexed dims) and the
@@ -14,7 +14,8 @@ layout and re-derives the metas downstream of them. Three rules, each in one fun
 - `aten.logical_and/or/xor` (`_tensor_iterator_op_strides`): eager's kernels are
   TensorIterators over both operands; the meta kernels (torch's refs) order the dims by
   the first operand alone, even where it is broadcast (a 0-dim or 1-D first operand gives
-  a row-major result beside a transposed second one).
+  a row-major result beside a transposed second one). Every other pointwise op whose operands
+  broadcast takes the same rule (`_broadcasting_pointwise`).
 - In-place writes (`_in_place_strides`): eager's `x.op_(...)` keeps x's layout, but
   functionalization replaces it with `op(x, ...)`, laid out by op's own rule
   (masked_fill_ becomes a `where` that follows the mask's layout), and every later read
@@ -99,7 +100,7 @@ def tag_torch_graph(gm: torch.fx.GraphModule) -> TorchGraphFacts:
     return TorchGraphFacts(writes, inputs, composites)
 
 
-def _composite_rule(node: torch.fx.Node) -> str | None:
+def _composite_rule(node: torch.fx.Node) -> tuple | None:
     if node.op not in ("call_function", "call_method") or not node.args or not isinstance(node.args[0], torch.fx.Node):
         return None
     if node.op == "call_method" and not isinstance(node.target, str):
