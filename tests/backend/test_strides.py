@@ -55,6 +55,13 @@ def _assert_same_strides(name, got, want):
         assert out.stride() == expected.stride(), f"{name} output {position}: {out.stride()} != {expected.stride()}"
 
 
+def _compile_and_call(fn, inputs, backend):
+    """`fn` compiled by kiln's backend (strict: no fallback) on `backend`, and its result on `inputs`."""
+    with kiln.config.patch(strict=True, cpu_backend=backend):
+        compiled = compile_graph(torch.fx.symbolic_trace(fn), list(inputs))
+        return compiled, compiled(*inputs)
+
+
 @pytest.mark.parametrize("dynamic", [False, True])
 def test_output_strides_match_eager_through_the_frontend(dynamic):
     # kiln.compile's own path (bytecode capture, guards), with shape-generic graphs too:
@@ -88,9 +95,7 @@ INDEX_PROGRAMS = {
 def test_index_output_strides_match_eager(name, backend):
     fn, make_inputs = INDEX_PROGRAMS[name]
     inputs = make_inputs()
-    with kiln.config.patch(strict=True, cpu_backend=backend):
-        compiled = compile_graph(torch.fx.symbolic_trace(fn), list(inputs))
-        got = compiled(*inputs)
+    compiled, got = _compile_and_call(fn, inputs, backend)
     assert compiled.extern_count == 0  # kiln's kernels computed every output
     _assert_same_strides(name, got, fn(*inputs))
 
@@ -128,9 +133,7 @@ EAGER_LAYOUT_PROGRAMS = {
 def test_in_place_and_meta_layouts_match_eager(name, backend):
     fn, make_inputs = EAGER_LAYOUT_PROGRAMS[name]
     inputs = make_inputs()
-    with kiln.config.patch(strict=True, cpu_backend=backend):
-        compiled = compile_graph(torch.fx.symbolic_trace(fn), list(inputs))
-        got = compiled(*inputs)
+    compiled, got = _compile_and_call(fn, inputs, backend)
     # One ATen call stays an Extern there today (not checked which); strict=True makes any compile failure raise.
     assert compiled.extern_count == (1 if name == "index_after_size1_dim" else 0)
     _assert_same_strides(name, got, fn(*inputs))
@@ -161,7 +164,5 @@ COMPOSITE_PROGRAMS = {
 def test_composite_op_layouts_match_eager(name, backend):
     fn, make_inputs = COMPOSITE_PROGRAMS[name]
     inputs = make_inputs()
-    with kiln.config.patch(strict=True, cpu_backend=backend):
-        compiled = compile_graph(torch.fx.symbolic_trace(fn), list(inputs))
-        got = compiled(*inputs)
+    _, got = _compile_and_call(fn, inputs, backend)
     _assert_same_strides(name, got, fn(*inputs))
