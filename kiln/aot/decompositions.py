@@ -3,10 +3,12 @@ primitives, minus the ops kiln lowers directly (their rule is better than the de
 from __future__ import annotations
 
 import functools
+import threading
 
 import torch
 
 from kiln import _torch
+from kiln.aot.strides import dense_strides, index_layout
 
 aten = _torch.aten
 
@@ -99,8 +101,36 @@ def softmax(x, dim, half_to_float):
     return (stored / unnormalized.sum(dim, keepdim=True)).to(x.dtype)
 
 
+_tracing_index = threading.local()  # inside `index`: its own call of aten.index is traced as is
+
+
+def index(source, indices):
+    """`aten.index.Tensor` with eager's layout (`kiln.aot.strides.index_layout`) in the trace itself.
+
+    The meta kernel lays the result out row-major whatever the index tensors' layout. The program
+    traced after it decides on that layout: a `.contiguous()` of the result is a no-op, a
+    `.reshape()` a view, where eager's column-major result is copied, so an in-place write to the
+    result later showed through them (wrong values, and torch.compile's too: fuzz seed 3013 #4066).
+    Where the layouts differ the result is permuted to eager's dim order, cloned dense and permuted
+    back: a view with eager's strides, whose clone kiln's scheduler fuses with the gather.
+    """
+    if getattr(_tracing_index, "active", False):
+        return NotImplemented  # the proxy mode traces aten.index itself
+    _tracing_index.active = True
+    try:
+        result = aten.index.Tensor(source, indices)
+    finally:
+        _tracing_index.active = False
+    order = index_layout(source, indices, result.shape)
+    if order is None or result.numel() == 0 or dense_strides(list(result.shape), order) == list(result.stride()):
+        return result
+    outermost_first = order[::-1]
+    dense = result.permute(outermost_first).clone(memory_format=torch.contiguous_format)
+    return dense.permute([outermost_first.index(dim) for dim in range(result.dim())])
+
+
 # kiln's own decompositions, replacing core ATen's for these ops.
-OWN_DECOMPOSITIONS = {aten._softmax.default: softmax}
+OWN_DECOMPOSITIONS = {aten._softmax.default: softmax, aten.index.Tensor: index}
 if hasattr(aten, "_fused_rms_norm"):
     OWN_DECOMPOSITIONS[aten._fused_rms_norm.default] = fused_rms_norm
 

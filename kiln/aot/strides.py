@@ -28,7 +28,7 @@ layout and re-derives the metas downstream of them. Four rules, each in one func
   in the decomposition was decided on the input's meta at trace time. Eager's kernel lays its
   result out by a rule of its own (`COMPOSITE_LAYOUTS`): the last ATen node traced from the
   op takes that rule's layout, applied to the input's layout after the rules above (an index
-  result made column-major by `_index_strides`, then layer_norm's, came out column-major where
+  result made column-major by `index_layout`, then layer_norm's, came out column-major where
   eager's is contiguous: fuzz seed 3012 #965).
 """
 from __future__ import annotations
@@ -180,8 +180,6 @@ def _eager_strides(node, meta: torch.Tensor, replaced_values: dict, composites: 
         return _in_place_strides(meta, replaced_values[node].meta.get("val"))
     if node in composites:
         return _composite_strides(meta, *composites[node])
-    if node.target is aten.index.Tensor:
-        return _index_strides(node, meta)
     if node.target in _TENSOR_ITERATOR_OPS or _broadcasting_pointwise(node):
         return _tensor_iterator_op_strides(node, meta)
     return None
@@ -339,41 +337,59 @@ def _broadcast_strides(size, stride, shape: list[int]) -> list[int]:
 
 
 # ---------------------------------------------------------------------------- aten.index
-def _index_strides(node, meta: torch.Tensor) -> list[int] | None:
-    """The strides of eager's `aten.index.Tensor` result, or None where kiln does not model
-    them (boolean masks, symbolic sizes or strides, indices separated by a full slice)."""
-    source, indices = node.args[0].meta.get("val"), node.args[1]
-    index_metas = [index.meta.get("val") if isinstance(index, torch.fx.Node) else None for index in indices]
-    present = [position for position, index in enumerate(index_metas) if index is not None]
+def index_layout(source: torch.Tensor, indices, shape) -> list[int] | None:
+    """The dim order of eager's `aten.index.Tensor(source, indices)` result of `shape`, innermost
+    first (its strides are dense in that order), or None where kiln does not model it (boolean
+    masks, symbolic sizes or strides, indices separated by a full slice). `indices` holds the
+    index tensors (or their metas) and None for a full slice."""
+    present = [position for position, index in enumerate(indices) if index is not None]
     if not isinstance(source, torch.Tensor) or not present:
         return None
-    if any(index.dtype in (torch.bool, torch.uint8) for index in index_metas if index is not None):
+    if not all(isinstance(index, torch.Tensor) for index in indices if index is not None):
+        return None
+    if any(index.dtype in (torch.bool, torch.uint8) for index in indices if index is not None):
         return None  # masks become nonzero() positions: a data-dependent shape
     if present != list(range(present[0], present[-1] + 1)):
         return None  # indexed dims move to the front first (eager's transposeToFront)
-    values = [*source.shape, *source.stride(), *meta.shape]
-    for index in index_metas:
+    shape = list(shape)
+    values = [*source.shape, *source.stride(), *shape]
+    for index in indices:
         if index is not None:
             values += [*index.shape, *index.stride()]
     if not all(isinstance(value, int) for value in values):
         return None
     before, after = present[0], source.dim() - present[-1] - 1
-    replacement = list(meta.shape[before:meta.dim() - after])
+    replacement = shape[before:len(shape) - after]
     # The TensorIterator's inputs, as element strides over the output's shape: the source with
     # stride 0 in the indexed dims, each index expanded to the indices' common shape and reshaped
     # with size-1 dims before and after it (eager's expand_outplace and reshape_indexer; the
     # reshape's strides in those size-1 dims break ties where the output's dim has size 1 too).
     operands = [list(source.stride()[:before]) + [0] * len(replacement) + list(source.stride()[source.dim() - after:])]
-    for index in index_metas:
+    for index in indices:
         if index is not None:
             indexer = index.expand(replacement).reshape([1] * before + replacement + [1] * after)
-            operands.append(_broadcast_strides(indexer.shape, indexer.stride(), list(meta.shape)))
-    return _tensor_iterator_strides(list(meta.shape), operands)
+            operands.append(_broadcast_strides(indexer.shape, indexer.stride(), shape))
+    return _tensor_iterator_order(shape, operands)
 
 
 def _tensor_iterator_strides(shape: list[int], operands: list[list[int]]) -> list[int]:
-    """The strides TensorIterator allocates its output with: dims ordered innermost-first by
-    the first input whose strides tell them apart (ties: the smaller dim inner), then dense."""
+    """The strides TensorIterator allocates its output with: dense in `_tensor_iterator_order`."""
+    return dense_strides(shape, _tensor_iterator_order(shape, operands))
+
+
+def dense_strides(shape: list[int], order: list[int]) -> list[int]:
+    """Dense strides over `shape` with the dims in `order`, innermost first (TensorIterator's
+    allocation: a dim after a 0-size one has stride 0)."""
+    strides, step = [0] * len(shape), 1
+    for dim in order:
+        strides[dim] = step
+        step *= shape[dim]
+    return strides
+
+
+def _tensor_iterator_order(shape: list[int], operands: list[list[int]]) -> list[int]:
+    """TensorIterator's dim order, innermost first: by the first input whose strides tell two
+    dims apart (ties: the smaller dim inner)."""
     ndim = len(shape)
 
     def should_swap(dim0: int, dim1: int) -> int:
@@ -397,8 +413,4 @@ def _tensor_iterator_strides(shape: list[int], operands: list[list[int]]) -> lis
                 dim1 = dim0
             elif comparison < 0:
                 break
-    strides, step = [0] * ndim, 1
-    for dim in perm:
-        strides[dim] = step
-        step *= shape[dim]
-    return strides
+    return perm

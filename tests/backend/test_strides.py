@@ -166,3 +166,38 @@ def test_composite_op_layouts_match_eager(name, backend):
     inputs = make_inputs()
     _, got = _compile_and_call(fn, inputs, backend)
     _assert_same_strides(name, got, fn(*inputs))
+
+
+# A program's `.contiguous()` or `.reshape()` copies or aliases by its input's layout. Decided in
+# the trace on a meta layout that differs from eager's, it aliased where eager copied, and a later
+# in-place write showed through the copy: wrong values, from torch.compile too. aten.index's meta
+# is row-major whatever the index's layout (fuzz seed 3013 #4066); kiln/aot/decompositions.py
+# `index` traces eager's layout.
+def _written_after_contiguous(x, i):
+    taken = x[i]
+    copied = taken.contiguous()
+    taken.relu_()
+    return copied * 1, taken
+
+
+def _written_after_reshape(x, i):
+    taken = x[i]
+    flat = taken.reshape(-1)
+    taken.relu_()
+    return flat * 1, taken
+
+
+TRACE_LAYOUT_PROGRAMS = {
+    "contiguous_of_index_then_written": _written_after_contiguous,
+    "reshape_of_index_then_written": _written_after_reshape,
+}
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("name", sorted(TRACE_LAYOUT_PROGRAMS))
+def test_layout_dependent_copies_decided_on_eagers_layout(name, backend):
+    fn = TRACE_LAYOUT_PROGRAMS[name]
+    inputs = (torch.randn(6), torch.randint(0, 6, (8, 16)).t())
+    compiled, got = _compile_and_call(fn, inputs, backend)
+    assert compiled.extern_count == 0
+    _assert_same_strides(name, got, fn(*inputs))
