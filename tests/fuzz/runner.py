@@ -23,7 +23,7 @@ by one rule per kind; everything else stays `wrong`:
   (as they are, or by the next rule). Eager's float32 erf rounds to exactly -1.0 where
   kiln's and float64's stay above it, so pow(x, erf(x)) is finite only in eager;
 - NaN signs: an output differs only at elements that change when every NaN the program
-  makes has its sign flipped (`nan_sign_dependent`). IEEE 754 leaves a NaN's sign
+  makes has its sign flipped (`nan_sign_dependent`), and the others pass kiln.testing's rule. IEEE 754 leaves a NaN's sign
   unspecified, and eager's own varies by code path: its CPU pow(-2, 0.5) is +NaN on the
   vectorized path and -NaN on the scalar one (a strided input, a vector's tail), so
   signbit(pow(x, y)) has two eager answers for the same values (seed 3006 #139);
@@ -350,7 +350,7 @@ def compare_outputs(actual: list, expected: list, reference: list | None, progra
         if _subnormal_difference_only(got, want):
             sensitive = sensitive or f"output {position}: {message} (by at most {SUBNORMAL_FLOOR} subnormal ulps)"
             continue
-        if _differs_only_where(got, want, nan_sign_mask(position)):
+        if _differs_only_where(got, want, nan_sign_mask(position), ref):
             sensitive = sensitive or f"output {position}: {message} (only where a NaN's sign decides it)"
             continue
         if _exact_where_eager_overflows(got, want, ref, widened_output(position)):
@@ -397,14 +397,30 @@ def _noise_flips_only(got, want, trace, position: int) -> bool:
     return bool(differs.any()) and bool((noise[differs] > 0).all())
 
 
-def _differs_only_where(got, want, mask) -> bool:
-    """Does `got` differ from `want` (NaN equal to NaN) only at elements where `mask` is set?"""
+def _differs_only_where(got, want, mask, ref=None) -> bool:
+    """Does `got` differ from `want` (NaN equal to NaN) only at elements where `mask` is set?
+
+    With the float64 run `ref`, the elements outside the mask of a float output need only pass
+    kiln.testing's rule among themselves: a mean over NaN-sign-decided and other elements
+    rounds the others differently too (seed 3014 #4385: signbit of pow's NaNs, stacked and
+    averaged, differs from eager's exactly where the mask says, and by 1 ulp elsewhere).
+    """
+    from kiln.testing import compare
+
     if mask is None or not (isinstance(got, torch.Tensor) and isinstance(want, torch.Tensor)):
         return False
     if got.shape != want.shape or got.dtype != want.dtype or mask.shape != want.shape:
         return False
-    differs = _elements_differ(got.detach().cpu(), want.detach().cpu())
-    return bool(differs.any()) and bool(mask[differs].all())
+    got, want, mask = got.detach().cpu(), want.detach().cpu(), mask.cpu()
+    differs = _elements_differ(got, want)
+    if not differs.any() or not mask.any():
+        return False
+    if bool(mask[differs].all()):
+        return True
+    if not isinstance(ref, torch.Tensor) or not want.is_floating_point() or ref.shape != want.shape:
+        return False
+    kept = ~mask
+    return bool(compare(got[kept], want[kept], ref.detach().cpu()[kept]).ok)
 
 
 def _exact_where_eager_overflows(got, want, ref, exact) -> bool:

@@ -348,3 +348,29 @@ def test_rms_norm_reference_takes_eagers_eps_and_one_rounding_up_is_sensitive():
     outcome, message = classify(CONSTANT_ROWS_RMS, kiln_like)
     assert outcome == Outcome.SENSITIVE, message
     assert classify(CONSTANT_ROWS_RMS, [expected[0] + 2])[0] == Outcome.WRONG
+
+
+# Seed 3014 #4385 (minimized): signbit of pow's NaNs, stacked with the input and averaged. The
+# means that NaN signs decide differ; the others are 1 ulp off by summation order, which the
+# NaN-sign rule must allow (kiln.testing's rule over the elements outside its mask).
+NAN_SIGN_MEAN = make_program([InputSpec("x1", (2, 3, 6), "float32", seed=91043656)],
+                             [("v0", "torch.pow(x1, -0.25)"), ("v5", "torch.signbit(v0)"),
+                              ("v7", "torch.stack([x1, v5], 1)"), ("v9", "torch.cat([v7, v7], dim=2)"),
+                              ("v19", "v9.mean(dim=(2, -1))")], ["v19"])
+
+
+def test_a_mean_decided_by_nan_signs_is_sensitive_with_rounding_elsewhere():
+    expected, reference = eager_and_reference(NAN_SIGN_MEAN)
+    make_inputs, _ = NAN_SIGN_MEAN.load()
+    (x1,) = make_inputs()
+    power = torch.pow(x1, -0.25)
+    negative_nans = torch.where(torch.isnan(power), -power.abs(), power)  # kiln's: every NaN's sign set
+    stacked = torch.stack([x1, torch.signbit(negative_nans)], 1)
+    kiln_like = torch.cat([stacked, stacked], dim=2).double().mean(dim=(2, -1)).float()  # another summation order
+    decided = torch.signbit(negative_nans) != torch.signbit(power)
+    assert decided.any() and not torch.equal(kiln_like, expected[0])
+    outcome, message = classify(NAN_SIGN_MEAN, [kiln_like])
+    assert outcome == Outcome.SENSITIVE and "NaN's sign" in message, message
+    off = kiln_like.clone()
+    off[0, 0] += 0.5  # an element no NaN decides, far off
+    assert classify(NAN_SIGN_MEAN, [off])[0] == Outcome.WRONG
