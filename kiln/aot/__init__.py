@@ -16,7 +16,7 @@ from typing import Callable
 
 from kiln import _torch
 from kiln.aot.decompositions import decomposition_table
-from kiln.aot.strides import restride_to_eager, tag_torch_graph
+from kiln.aot.strides import keep_written_layouts, restride_to_eager, tag_torch_graph
 from kiln.runtime.locks import compile_lock
 
 
@@ -24,6 +24,7 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
     """Trace `gm` to ATen with AOTAutograd and compile every graph it yields with `compile_aten`
     (an inference graph, one with no backward, with `compile_inference` when given)."""
 
+    keep_written_layouts(gm)  # in-place writes keep the written tensor's layout in the trace too
     facts = tag_torch_graph(gm)  # before tracing: the ATen nodes inherit the tags
 
     def boxed(aten_gm, aten_inputs, compile_one=compile_aten, forward=True):

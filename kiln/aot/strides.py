@@ -141,6 +141,91 @@ def _written_operand(node: torch.fx.Node):
     return node.args[0]
 
 
+def keep_written_layouts(gm: torch.fx.GraphModule) -> int:
+    """Rewrite the torch-level graph's in-place writes whose functional form may lay the value out
+    differently from the written tensor: `x.op_(...)` becomes `scratch = x.clone();
+    scratch.op_(...); x.copy_(scratch)`. Returns how many it rewrote.
+
+    Functionalization replaces `x.op_(...)` with `op(x, ...)`, laid out by op's own rule
+    (masked_fill, scatter, tril, a decomposition that reads another operand first), where eager's
+    x keeps its layout. Every later read of x in the trace then has the wrong layout, and a
+    `.contiguous()` or `.reshape()` of it decided on that layout aliased where eager copies, so a
+    later in-place write showed through (wrong values; torch.compile's too). Restriding after
+    the trace is too late for those. `copy` keeps its destination's layout, so after the rewrite
+    x's value is laid out as eager's at every step; kiln's scheduler fuses the clone, the op and
+    the copy into one kernel. Writes whose layout cannot change are left alone: all operands
+    contiguous, or a pointwise op whose tensor operands all share x's shape and strides (or are
+    0-dim). Needs the frontend's example values (meta["example_value"]); without them, no rewrite.
+    """
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        written = _written_operand(node)
+        if not isinstance(written, torch.fx.Node) or not node.args or node.args[0] is not written:
+            continue  # out= and setitem's writes keep the layout already; copy_ is the rewrite itself
+        if node.target is operator.setitem or node.target == "copy_" or not _write_may_relayout(node, written):
+            continue
+        with gm.graph.inserting_before(node):
+            scratch = gm.graph.call_method("clone", (written,))
+        node.args = (scratch, *node.args[1:])
+        with gm.graph.inserting_after(node):
+            back = gm.graph.call_method("copy_", (written, scratch))
+        node.replace_all_uses_with(back)
+        for new in (scratch, back):
+            new.meta.update({key: value for key, value in node.meta.items() if key != "example_value"})
+            new.meta["example_value"] = written.meta["example_value"]
+        rewritten += 1
+    if rewritten:
+        gm.recompile()
+    return rewritten
+
+
+def _write_may_relayout(node: torch.fx.Node, written: torch.fx.Node) -> bool:
+    """Whether the functional form of in-place write `node` of `written` may not keep its layout."""
+    value = written.meta.get("example_value")
+    if not isinstance(value, torch.Tensor):
+        return False
+    operands, flat = [], []
+    torch.fx.node.map_arg((node.args[1:], node.kwargs), flat.append)
+    for arg in flat:
+        example = arg.meta.get("example_value")
+        if isinstance(example, torch.Tensor):
+            operands.append(example)
+        elif example is None:
+            return False  # an operand the frontend did not describe: leave the write as it is
+    values = [*value.shape, *value.stride()]
+    for operand in operands:
+        values += [*operand.shape, *operand.stride()]
+    if not all(isinstance(item, int) for item in values):
+        return False  # symbolic sizes: the meta's layouts stand (as for every rule here)
+    if value.is_contiguous() and all(operand.is_contiguous() for operand in operands):
+        return False
+    same_layout = all(operand.dim() == 0 or (operand.shape == value.shape and operand.stride() == value.stride())
+                      for operand in operands)
+    return not (same_layout and _is_pointwise_write(node))
+
+
+_AUGMENTED_OPS = {operator.iadd: "add", operator.isub: "sub", operator.imul: "mul", operator.itruediv: "div",
+                  operator.ifloordiv: "floor_divide", operator.imod: "remainder", operator.ipow: "pow",
+                  operator.iand: "bitwise_and", operator.ior: "bitwise_or", operator.ixor: "bitwise_xor",
+                  operator.ilshift: "bitwise_left_shift", operator.irshift: "bitwise_right_shift"}
+
+
+def _is_pointwise_write(node: torch.fx.Node) -> bool:
+    """Whether in-place write `node` is a pointwise ATen op's (`x.mul_(y)`, `x += y`, `F.relu(x, inplace=True)`)."""
+    target = node.target
+    schema = getattr(target, "_schema", None)
+    if schema is not None:
+        return torch.Tag.pointwise in target.tags and target.overloadpacket is not aten.masked_fill_
+    name = _AUGMENTED_OPS.get(target) if not isinstance(target, str) else None
+    if name is None:
+        name = target if isinstance(target, str) else getattr(target, "__name__", "")
+        name = name[:-1] if isinstance(name, str) and name.endswith("_") else name
+    packet = getattr(aten, name, None) if isinstance(name, str) and name else None
+    if packet is None or packet is aten.masked_fill:  # no TensorIterator: a contiguous clone, filled
+        return False
+    return any(torch.Tag.pointwise in getattr(packet, overload).tags for overload in packet.overloads())
+
+
 def restride_to_eager(gm: torch.fx.GraphModule, facts: TorchGraphFacts | None = None) -> bool:
     """Give the nodes of the ATen graph `gm` that the rules above cover eager's output strides and
     re-derive the fake metas of the nodes downstream; returns whether any meta changed. Shapes

@@ -274,6 +274,16 @@ def clone(ctx, node, x, memory_format=None):
     return ctx.pointwise([x], lambda body, v: v, meta=meta_of(node), compute_dtype=x.dtype)
 
 
+@lowering(aten.copy.default)
+def copy(ctx, node, destination, source, non_blocking=False):
+    """`aten.copy(self, src)`, functionalization's `self.copy_(src)`: src broadcast to self's shape and
+    cast to its dtype, laid out as self (its meta); self's values are never read."""
+    meta = meta_of(node)
+    if not isinstance(source, TensorValue) or source.device != meta.device:
+        raise Unsupported("copy across devices")
+    return ctx.pointwise([source], lambda body, v: v, meta=meta, compute_dtype=source.dtype)
+
+
 @lowering(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default,
           aten.clamp_min.Tensor, aten.clamp_max.Tensor, aten.hardtanh.default)
 def clamp(ctx, node, x, low=None, high=None):

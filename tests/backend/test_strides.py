@@ -201,3 +201,58 @@ def test_layout_dependent_copies_decided_on_eagers_layout(name, backend):
     compiled, got = _compile_and_call(fn, inputs, backend)
     assert compiled.extern_count == 0
     _assert_same_strides(name, got, fn(*inputs))
+
+
+# Functionalization's `op(x, ...)` for `x.op_(...)` is laid out by op's rule, where eager's x keeps its
+# layout, so the same copy-or-alias decision went wrong after an in-place write to a transposed value
+# (torch.compile's aot_eager too). kiln/aot/strides.py `keep_written_layouts` traces such writes as
+# `scratch.op_(...)` on a clone, copied back into x. Fuzz seed 3013 #6407 (minimized) is the stride half.
+IN_PLACE_WRITES = {
+    "masked_fill_": lambda v, y: v.masked_fill_(v > 0, 1.0),
+    "scatter_": lambda v, y: v.scatter_(1, torch.zeros(16, 1, dtype=torch.long), y),
+    "index_add_": lambda v, y: v.index_add_(0, torch.tensor([0, 2]), y[:2]),
+    "tril_": lambda v, y: v.tril_(),
+    "copysign_": lambda v, y: v.copysign_(y),
+    "div_floor": lambda v, y: v.div_(y, rounding_mode="floor"),
+    "addmm_": lambda v, y: v.addmm_(y, torch.ones(4, 4)),
+    "masked_fill_then_cast": lambda v, y: v.masked_fill_(v < 0, 0.0).mul_(1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IN_PLACE_WRITES))
+def test_in_place_writes_keep_the_written_layout_in_the_trace(name):
+    write = IN_PLACE_WRITES[name]
+
+    def program(x, y):
+        value = x * 2
+        write(value, y)
+        scaled = value * 3
+        copied = scaled.contiguous()
+        scaled.add_(1)  # eager's copy does not see it
+        return copied * 1, scaled, value.half().contiguous()
+
+    x, y = torch.randn(4, 16).t(), torch.randn(16, 4)
+    with kiln.config.patch(strict=True):
+        got = kiln.compile(program)(x, y)
+    _assert_same_strides(name, list(got), list(program(x, y)))
+
+
+def test_in_place_writes_that_keep_their_layout_are_not_rewritten(monkeypatch):
+    import kiln.aot
+    counts = []
+    original = kiln.aot.keep_written_layouts
+    monkeypatch.setattr(kiln.aot, "keep_written_layouts", lambda gm: counts.append(original(gm)) or counts[-1])
+
+    def program(x, y, z):
+        value = x * 2
+        value.relu_()
+        value += y  # same layout
+        value.mul_(z.sum())  # a 0-dim operand
+        row = z * 1  # contiguous, and so is every operand
+        row.masked_fill_(row > 0, 0.0)
+        return value, row
+
+    inputs = (torch.randn(4, 16).t(), torch.randn(4, 16).t(), torch.randn(3, 5))
+    got = kiln.compile(program)(*inputs)
+    _assert_same_strides("kept layouts", list(got), list(program(*inputs)))
+    assert counts == [0]
