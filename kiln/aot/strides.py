@@ -82,14 +82,17 @@ class TorchGraphFacts:
     writes: dict  # name of a node that writes a tensor in place -> name of the node it writes
     inputs: tuple  # the names of the graph's placeholders, in order
     composites: dict = field(default_factory=dict)  # node name -> (its COMPOSITE_LAYOUTS rule, its input's name)
+    first_inputs: dict = field(default_factory=dict)  # node name -> the name of its first node operand
 
 
 def tag_torch_graph(gm: torch.fx.GraphModule) -> TorchGraphFacts:
     """Stamp every node of the torch-level graph `gm` with its name (meta["custom"][SOURCE_KEY]),
     say which nodes write which in place, and which are composite ops with a layout rule."""
-    writes, composites = {}, {}
+    writes, composites, first_inputs = {}, {}, {}
     for node in gm.graph.nodes:
         node.meta["custom"] = {**(node.meta.get("custom") or {}), SOURCE_KEY: node.name}
+        if node.all_input_nodes:
+            first_inputs[node.name] = node.all_input_nodes[0].name
         written = _written_operand(node)
         if isinstance(written, torch.fx.Node):
             writes[node.name] = written.name
@@ -97,7 +100,7 @@ def tag_torch_graph(gm: torch.fx.GraphModule) -> TorchGraphFacts:
         if rule is not None:
             composites[node.name] = (rule, node.args[0].name)
     inputs = tuple(node.name for node in gm.graph.nodes if node.op == "placeholder")
-    return TorchGraphFacts(writes, inputs, composites)
+    return TorchGraphFacts(writes, inputs, composites, first_inputs)
 
 
 def _composite_rule(node: torch.fx.Node) -> tuple | None:
@@ -308,16 +311,20 @@ class _SourceValues:
     def value_of(self, name: str):
         """The ATen node holding torch-level node `name`'s value: the last one traced from it (a
         write's own value is the value it writes, so a chain of writes goes back to the first
-        value), or the graph input of a torch-level placeholder; None where there is none."""
-        writes = self.facts.writes
-        for _ in range(len(writes) + 1):
-            if name not in writes:
-                break
-            name = writes[name]
-        if name in self.traced:
-            return self.traced[name][-1]
-        if name in self.facts.inputs and self.lifted >= 0:
-            return self.placeholders[self.lifted + self.facts.inputs.index(name)]
+        value; a node traced to nothing, such as a no-op `.contiguous()`, holds its first
+        operand's), or the graph input of a torch-level placeholder; None where there is none."""
+        writes, first_inputs = self.facts.writes, self.facts.first_inputs
+        for _ in range(len(writes) + len(first_inputs) + 1):
+            if name in writes:
+                name = writes[name]
+            elif name in self.traced:
+                return self.traced[name][-1]
+            elif name in self.facts.inputs:
+                return self.placeholders[self.lifted + self.facts.inputs.index(name)] if self.lifted >= 0 else None
+            elif name in first_inputs:
+                name = first_inputs[name]  # traced to nothing (a no-op `.contiguous()`): its operand's value
+            else:
+                return None
         return None
 
     def result_of(self, name: str, like: torch.Tensor):

@@ -156,6 +156,11 @@ COMPOSITE_PROGRAMS = {
     "roll_channels_last": (lambda x: (torch.roll(x, (1, 1), (0, 3)), x.roll(2), x.roll(1, dims=1)),
                            lambda: (torch.randn(5, 3, 3, 5).contiguous(memory_format=torch.channels_last),)),
     "roll_of_permuted": (lambda x: (torch.roll(x, 1, 0), torch.roll(x, 3)), lambda: (torch.randn(4, 5, 6).permute(2, 0, 1),)),
+    # fuzz seed 3012 #8654: the roll's input a no-op `.contiguous()`, which no ATen node is traced from
+    "roll_after_no_op_contiguous": (
+        lambda x, y: (torch.roll(x.contiguous(memory_format=torch.channels_last), 2, 0) <= y,),
+        lambda: (torch.randn(5, 5, 2, 6).contiguous(memory_format=torch.channels_last),
+                 torch.randn(5, 5, 2, 1).contiguous(memory_format=torch.channels_last))),
 }
 
 
