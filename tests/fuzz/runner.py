@@ -468,33 +468,45 @@ def _elements_differ(a, b):
 
 
 def nan_sign_dependent(program, device: str = "cpu") -> list | None:
-    """Per output, the elements that change when every NaN a statement makes has its sign flipped, or None.
+    """Per output, the elements that change when the NaNs one statement makes have their signs flipped, or None.
 
-    The program runs eagerly twice, line by line: as it is, and with each statement's NaNs
-    negated in place (so -NaN becomes +NaN and back) before later statements read them.
-    An element that differs between the two runs is decided by NaN signs alone.
+    The program runs eagerly line by line: as it is, and once per statement whose result
+    holds NaNs, with that statement's NaNs negated in place (so -NaN becomes +NaN and back)
+    before later statements read them. An element that differs from the plain run in any of
+    those runs is decided by NaN signs alone. One statement at a time: flipping every
+    statement's NaNs in one run flipped a propagated NaN back (pow, then round of it: seed
+    3016 #2211), or twice through a view of the same storage.
     """
     make_inputs, _ = program.load()
+    with_nans: list = []
 
-    def flip(node: int, value) -> None:
-        if isinstance(value, torch.Tensor) and value.is_floating_point():
-            nans = torch.isnan(value)
-            if nans.any():
+    def note(node: int, value) -> None:
+        if isinstance(value, torch.Tensor) and value.is_floating_point() and bool(torch.isnan(value).any()):
+            with_nans.append(node)
+
+    def flip_at(target: int):
+        def flip(node: int, value) -> None:
+            if node == target:
                 try:
-                    value.copy_(torch.where(nans, -value, value))
+                    value.copy_(torch.where(torch.isnan(value), -value, value))
                 except RuntimeError:  # an expanded value cannot be written in place
                     pass
+        return flip
+
+    def outputs(perturb) -> list:
+        final = {name: value for name, value, _, _ in _run_line_by_line(program, make_inputs(device), perturb)}
+        return [final[output].detach().cpu() for output in program.outputs]
 
     try:
-        runs = []
-        for perturb in (None, flip):
-            final = {name: value for name, value, _, _ in _run_line_by_line(program, make_inputs(device), perturb)}
-            runs.append([final[output].detach().cpu() for output in program.outputs])
+        plain = outputs(note)
+        masks = [torch.zeros(value.shape, dtype=torch.bool) for value in plain]
+        for node in with_nans:
+            for position, (value, flipped) in enumerate(zip(plain, outputs(flip_at(node)))):
+                if value.shape == flipped.shape and value.dtype == flipped.dtype:
+                    masks[position] |= _elements_differ(value, flipped)
     except Exception:
         return None
-    return [_elements_differ(plain, flipped) if plain.shape == flipped.shape and plain.dtype == flipped.dtype
-            else torch.zeros(plain.shape, dtype=torch.bool)
-            for plain, flipped in zip(*runs)]
+    return masks
 
 
 def _differs_only_on_edges(differs, kiln_agrees, eager_disagrees) -> bool:

@@ -374,3 +374,26 @@ def test_a_mean_decided_by_nan_signs_is_sensitive_with_rounding_elsewhere():
     off = kiln_like.clone()
     off[0, 0] += 0.5  # an element no NaN decides, far off
     assert classify(NAN_SIGN_MEAN, [off])[0] == Outcome.WRONG
+
+
+# Seed 3016 #2211 (minimized): pow's NaNs, then a reshape of them (a view) and an in-place div_ of
+# that. Flipping the NaNs of every statement flipped the same storage three times, so the NaN-sign
+# mask missed them; only a statement that makes a new tensor is flipped.
+NAN_SIGN_THROUGH_VIEWS = make_program(
+    [InputSpec("x1", (6, 13, 3, 13), "float32", scale=1.0, nonfinite=0.0, seed=1776339129)],
+    [("v0", "torch.pow(x1, -0.25)"), ("v1", "v0.reshape(6, 13, 3, 1, 13)"), ("v3", "v1.div_(2.0)"),
+     ("v9", "torch.round(v1)"), ("v18", "torch.signbit(v9)")], ["v18"])
+
+
+def test_nan_signs_through_a_view_and_an_in_place_write_are_sensitive():
+    expected, _ = eager_and_reference(NAN_SIGN_THROUGH_VIEWS)
+    make_inputs, _ = NAN_SIGN_THROUGH_VIEWS.load()
+    (x1,) = make_inputs()
+    rounded = torch.round(torch.pow(x1, -0.25).reshape(6, 13, 3, 1, 13) / 2.0)
+    every_nan_negative = torch.signbit(torch.where(torch.isnan(rounded), -rounded.abs(), rounded))
+    assert not torch.equal(every_nan_negative, expected[0])
+    outcome, message = classify(NAN_SIGN_THROUGH_VIEWS, [every_nan_negative])
+    assert outcome == Outcome.SENSITIVE and "NaN's sign" in message, message
+    off = every_nan_negative.clone()
+    off[~torch.isnan(rounded)] ^= True  # every non-NaN element flipped: no NaN decides those
+    assert classify(NAN_SIGN_THROUGH_VIEWS, [off])[0] == Outcome.WRONG
