@@ -121,7 +121,8 @@ def index(source, indices):
         result = aten.index.Tensor(source, indices)
     finally:
         _tracing_index.active = False
-    order = index_layout(source, indices, result.shape)
+    with _torch.untraced():  # index_layout's reshapes of the index metas are no part of the program
+        order = index_layout(source, indices, result.shape)
     if order is None or result.numel() == 0 or dense_strides(list(result.shape), order) == list(result.stride()):
         return result
     outermost_first = order[::-1]
