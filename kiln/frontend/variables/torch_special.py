@@ -11,6 +11,10 @@
 - `warnings.warn`, loggers and the `logging` module's functions are recorded and
   replayed after the graph, in program order, from the location Python would name
   (kiln/frontend/replay.py); a logger's level checks are guarded.
+
+The table of handled callables is registered with `builder.register_call_handlers`:
+functions and classes find their handler there when called (`builder.call_handler`),
+without importing this module, which sits above them.
 """
 from __future__ import annotations
 
