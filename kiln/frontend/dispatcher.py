@@ -270,6 +270,4 @@ def capture_frame(output: OutputGraph, fn: types.FunctionType, signature: FrameS
 
 
 def _wrap_argument(root: Frame, name: str, value: Any):
-    from kiln.frontend.variables.builder import wrap
-
-    return wrap(root, value, LocalSource(name))
+    return root.wrap(value, LocalSource(name))

@@ -25,15 +25,18 @@ from typing import Any
 
 from kiln.frontend import bytecode, versions
 from kiln.frontend.errors import Unsupported
-from kiln.frontend.operations import binary_op, compare_op, contains, is_same, unary_op
+from kiln.frontend.operations import binary_op, compare_op, contains, unary_op
 from kiln.frontend.output import DELETED_GLOBAL, OutputGraph
 from kiln.frontend.sources import ItemSource, Source
-from kiln.frontend.variables.base import NONE, NULL, ConstantVariable, Variable
+from kiln.frontend.variables import builder
+from kiln.frontend.variables import kinds  # noqa: F401 (its import registers every tracker kind with builder.wrap)
+from kiln.frontend.variables.base import NONE, NULL, ConstantVariable, Variable, is_same, is_trusted_module
+from kiln.frontend.variables.builtins import SetVariable
 from kiln.frontend.variables.containers import (MAX_ITERATION_STEPS, BaseIteratorVariable, DictVariable,
                                                 ExternalDictVariable, ListVariable, SliceVariable, TupleVariable,
                                                 hashable_key, iterate, unpack_iterable)
 from kiln.frontend.variables.functions import BaseFunctionVariable, CellVariable, NestedFunctionVariable
-from kiln.frontend.variables.objects import ClassVariable, bind_class_attribute
+from kiln.frontend.variables.objects import ClassVariable, UserObjectVariable, bind_class_attribute
 
 MAX_INLINE_DEPTH = 64
 _GENERATOR_FLAGS = inspect.CO_GENERATOR
@@ -178,9 +181,10 @@ class Frame:
         return self.current is not None and self.ip - 1 in _cleanup_protected(self.code)
 
     def wrap(self, value: Any, source: Source | None, guard: bool = True) -> Variable:
-        from kiln.frontend.variables.builder import wrap
+        return builder.wrap(self, value, source, guard)
 
-        return wrap(self, value, source, guard)
+    def wrap_sourceless(self, value: Any) -> Variable:
+        return builder.wrap_sourceless(self, value)
 
     def push(self, value: Variable) -> None:
         self.stack.append(value)
@@ -547,8 +551,6 @@ class Frame:
         self.push(ListVariable(self.popn(instruction.arg)))
 
     def BUILD_SET(self, instruction):
-        from kiln.frontend.variables.builtins import SetVariable
-
         self.push(SetVariable(item.as_constant() for item in self.popn(instruction.arg)))
 
     def BUILD_MAP(self, instruction):
@@ -842,9 +844,7 @@ class _NoOpCallable(Variable):
 
 def _is_library_globals(fn_globals: dict) -> bool:
     """Globals of torch's own modules: kiln assumes they are not rebound while compiled code runs."""
-    from kiln.frontend.variables.modules import _TRUSTED_MODULE_ROOTS
-
-    return str(fn_globals.get("__name__", "")).split(".")[0] in _TRUSTED_MODULE_ROOTS
+    return is_trusted_module(str(fn_globals.get("__name__", "")))
 
 
 def _formattable(variable: Variable) -> Any:
@@ -853,8 +853,6 @@ def _formattable(variable: Variable) -> Any:
     Formatting such an object runs its `__str__`/`__format__` for real and bakes the text
     into the trace, though the guards would not notice its attributes changing.
     """
-    from kiln.frontend.variables.objects import UserObjectVariable
-
     if isinstance(variable, UserObjectVariable):
         raise Unsupported(f"formatting {variable.describe()} into a string (its text is not guarded)")
     return variable.as_constant()

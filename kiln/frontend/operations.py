@@ -4,15 +4,22 @@ The rule is the same for every operator: if a tensor is involved the operator
 becomes a graph node (`operator.add(x, y)`); if both sides are constants it runs
 now; containers implement concatenation, repetition and element-wise equality;
 objects of user classes have their dunder method inlined (with the reflected one
-tried when the first returns NotImplemented).
+tried when the first returns NotImplemented). Equality and identity as Python bools,
+which trackers need too, sit below them: `compare_equal` in variables/containers.py,
+`is_same` and `has_python_method` in variables/base.py.
 """
 from __future__ import annotations
 
 import operator
+
+import torch
+
 from kiln.frontend.errors import Unsupported
-from kiln.frontend.variables.base import ConstantVariable, Variable
+from kiln.frontend.variables.base import ConstantVariable, Variable, has_python_method, is_constant_value
 from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, DictVariable,
-                                                ExternalDictVariable, ListVariable, TupleVariable)
+                                                ExternalDictVariable, ListVariable, TupleVariable, compare_equal)
+from kiln.frontend.variables.modules import ModuleVariable
+from kiln.frontend.variables.objects import ModelOutputVariable
 from kiln.frontend.variables.tensor import TensorVariable
 
 BINARY_OPERATORS = {
@@ -54,9 +61,7 @@ def binary_op(tx, symbol: str, left: Variable, right: Variable) -> Variable:
         return _run_constant(BINARY_OPERATORS[base], left.value, right.value)
     immutable = _immutable_constants(left, right)
     if immutable is not None:  # tuples of constants (torch.Size among them): Python's own rules give the type
-        from kiln.frontend.variables.builder import wrap_sourceless
-
-        return wrap_sourceless(tx, _run_constant(BINARY_OPERATORS[base], *immutable).value)
+        return tx.wrap_sourceless(_run_constant(BINARY_OPERATORS[base], *immutable).value)
     if isinstance(left, BaseListVariable) or isinstance(right, BaseListVariable) or \
             _is_constant_sequence(left) or _is_constant_sequence(right):
         result = _sequence_op(tx, base, inplace, left, right)
@@ -78,10 +83,6 @@ def binary_op(tx, symbol: str, left: Variable, right: Variable) -> Variable:
 
 def _immutable_constants(left: Variable, right: Variable) -> tuple | None:
     """Both operands as Python values, when both are immutable constants (no list, no tensor)."""
-    import torch
-
-    from kiln.frontend.variables.base import is_constant_value
-
     if isinstance(left, ListVariable) or isinstance(right, ListVariable) or not (left.is_constant() and
                                                                                  right.is_constant()):
         return None
@@ -144,19 +145,6 @@ def _dunder(tx, base, inplace, left, right) -> Variable:
     raise Unsupported(f"operator {base!r} between {left.describe()} and {right.describe()}")
 
 
-def has_python_method(variable: Variable, method: str) -> bool:
-    from kiln.frontend.variables.objects import NewObjectVariable, UserObjectVariable, lookup_class_attribute
-
-    if isinstance(variable, NewObjectVariable):
-        cls = variable.cls
-    elif isinstance(variable, UserObjectVariable):
-        cls = type(variable.value)
-    else:
-        return False
-    raw, owner = lookup_class_attribute(cls, method)
-    return owner is not None and owner is not object
-
-
 def unary_op(tx, fn, operand: Variable) -> Variable:
     """-x, +x, ~x (operator.neg / pos / invert)."""
     if isinstance(operand, TensorVariable):
@@ -185,47 +173,8 @@ def compare_op(tx, symbol: str, left: Variable, right: Variable) -> Variable:
     raise Unsupported(f"comparison {symbol!r} between {left.describe()} and {right.describe()}")
 
 
-def compare_equal(tx, left: Variable, right: Variable) -> bool:
-    """Python `==` as a bool, for trackers whose equality is known at trace time."""
-    if isinstance(left, TensorVariable) or isinstance(right, TensorVariable):
-        if left is right:
-            return True
-        other = right if isinstance(left, TensorVariable) else left
-        if isinstance(other, ConstantVariable) and other.value is None:
-            return False
-        raise Unsupported("== between tensors used as a Python bool (data-dependent)")
-    if isinstance(left, ConstantVariable) and isinstance(right, ConstantVariable):
-        return bool(left.value == right.value)
-    if isinstance(left, BaseListVariable) and isinstance(right, BaseListVariable):
-        if issubclass(left.python_type(), list) != issubclass(right.python_type(), list):
-            return False
-        return len(left.items) == len(right.items) and all(
-            compare_equal(tx, a, b) for a, b in zip(left.items, right.items))
-    if left.is_constant() and right.is_constant():
-        try:
-            return bool(left.as_constant() == right.as_constant())
-        except Unsupported:
-            pass
-    if has_python_method(left, "__eq__"):
-        return left.call_method(tx, "__eq__", [right], {}).truth(tx)
-    return is_same(left, right)
-
-
-def is_same(left: Variable, right: Variable) -> bool:
-    """Python `is`."""
-    if left is right:
-        return True
-    a, b = left.identity(), right.identity()
-    if a is left or b is right:
-        return False  # one side is a fresh tracker (new list, tensor): identical only to itself
-    return a is b
-
-
 def contains(tx, container: Variable, item: Variable) -> bool:
     """Python `in`."""
-    from kiln.frontend.variables.modules import ModuleVariable
-    from kiln.frontend.variables.objects import ModelOutputVariable
-
     if isinstance(container, (DictVariable, ExternalDictVariable)):
         return container.contains(tx, item)
     if isinstance(container, BaseIteratorVariable):  # consumes the iterator up to the first match, as Python does

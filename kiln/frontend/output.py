@@ -37,7 +37,9 @@ from kiln.frontend.errors import Unsupported
 from kiln.frontend.guards import FrameSignature, GuardBuilder, SourceRenderer, compile_function
 from kiln.frontend.sources import LocalSource, NamedSource, Source
 from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
-from kiln.frontend.variables.containers import (DictVariable, ListVariable, SliceVariable, TupleVariable)
+from kiln.frontend.variables.builtins import SetVariable
+from kiln.frontend.variables.containers import DictVariable, ListVariable, SliceVariable, TupleVariable
+from kiln.frontend.variables.objects import DELETED, ModelOutputVariable, NewObjectVariable, UserObjectVariable
 from kiln.frontend.variables.tensor import TensorVariable
 
 
@@ -144,9 +146,7 @@ class OutputGraph:
             raise Unsupported(f"{name}() raised {kind_text} during tracing: {type(error).__name__}: "
                               f"{str(error).splitlines()[0] if str(error) else ''}") from None
         if not _has_tensor(result) and result is not None:
-            from kiln.frontend.variables.builder import wrap_sourceless
-
-            return wrap_sourceless(tx, result)
+            return tx.wrap_sourceless(result)
         node = self.graph.create_node(kind, target, tuple(node_args), node_kwargs)
         node.meta["example_value"] = result
         self.compute_nodes += 1
@@ -165,9 +165,7 @@ class OutputGraph:
                     child.meta["example_value"] = item
                     items.append(self._wrap_result(tx, child, item))
                 else:
-                    from kiln.frontend.variables.builder import wrap_sourceless
-
-                    items.append(wrap_sourceless(tx, item))
+                    items.append(tx.wrap_sourceless(item))
             if isinstance(result, list):
                 return ListVariable(items)
             return TupleVariable(items, tuple_type=type(result))
@@ -326,9 +324,6 @@ class EntryCodegen:
 
 def _is_new_mutable(variable: Variable) -> bool:
     """A tracker for a mutable object made during the trace: every place holding it must get one object."""
-    from kiln.frontend.variables.builtins import SetVariable
-    from kiln.frontend.variables.objects import ModelOutputVariable, NewObjectVariable
-
     return isinstance(variable, (ListVariable, DictVariable, SetVariable, NewObjectVariable, ModelOutputVariable))
 
 
@@ -427,8 +422,6 @@ class SideEffects:
 
 def _write_state(codegen: EntryCodegen, state: OutsideState, written: OutsideState) -> list[str]:
     """Lines that bring the outside world from `written` (what the entry wrote so far) to `state`."""
-    from kiln.frontend.variables.objects import DELETED
-
     lines = []
     for key, (variable, name, value) in state.attributes.items():
         previous = written.attributes.get(key)
@@ -507,8 +500,6 @@ def _convert(variable: Any) -> tuple[Any, Any]:
         pairs = {key: _convert(value) for key, (_, value) in variable.entries.items()}
         return {key: pair[0] for key, pair in pairs.items()}, {key: pair[1] for key, pair in pairs.items()}
     if isinstance(variable, Variable):
-        from kiln.frontend.variables.objects import UserObjectVariable
-
         if isinstance(variable, UserObjectVariable):  # guarded by type only: its value must not be baked in
             raise Unsupported(f"passing {variable.describe()} to a torch function (kiln does not guard its value)")
         value = variable.as_constant()

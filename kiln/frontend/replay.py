@@ -28,6 +28,8 @@ from typing import Any
 
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.variables.base import Variable
+from kiln.frontend.variables.objects import UserObjectVariable
+from kiln.frontend.variables.tensor import TensorVariable, contains_tensor
 
 
 class HeldValue(Variable):
@@ -45,9 +47,6 @@ class HeldValue(Variable):
 
 def snapshot(variable: Variable, what: str) -> HeldValue:
     """The value of a tensor-free constant tracker, as it is now (the replayed call sees this value)."""
-    from kiln.frontend.variables.objects import UserObjectVariable
-    from kiln.frontend.variables.tensor import TensorVariable, contains_tensor
-
     if isinstance(variable, TensorVariable) or contains_tensor(variable):
         raise Unsupported(f"{what} with a tensor argument: its value exists only after the graph runs "
                           "(kiln has no graph breaks); print or log it outside the compiled function")

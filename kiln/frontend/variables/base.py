@@ -1,4 +1,4 @@
-"""The variable tracker protocol, and Python constants.
+"""The variable tracker protocol, the tracer protocol, and Python constants.
 
 A `Variable` stands for one Python value during symbolic interpretation. It knows
 its `source` (where it came from, for guards and for rebuilding it at run time) and
@@ -6,6 +6,11 @@ answers the operations the interpreter needs: attribute reads, calls, method
 calls, iteration, truth value, and `reconstruct` (a Python expression that
 recreates it after the graph ran). Anything a kind does not model raises
 `Unsupported`, which names the operation.
+
+`Tracer` and `TracedOutput` are what trackers call on the frame being interpreted and
+on its output graph (interpreter.Frame and output.OutputGraph implement them), so no
+tracker imports the interpreter: trackers make other trackers from real values through
+`tx.wrap` / `tx.wrap_sourceless`. This module imports no other tracker module.
 
 `ConstantVariable` holds an immutable Python value (None, bool, int, float, str,
 bytes, tuple-free literals, dtypes, devices, ranges, frozensets ...); operations on
@@ -15,21 +20,66 @@ from __future__ import annotations
 
 import inspect
 import operator
-from typing import TYPE_CHECKING, Any
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import torch
 
 from kiln.frontend.errors import AttributeFailure, Unsupported
 from kiln.frontend.sources import Source
 
-if TYPE_CHECKING:
-    from kiln.frontend.interpreter import Frame
+MISSING = object()  # what lookup_class_attribute finds for a name no class in the MRO defines
+
+
+class TracedOutput(Protocol):
+    """The output graph as trackers use it (output.OutputGraph): graph nodes, guards, side effects."""
+
+    guards: Any  # guards.GuardBuilder
+    side_effects: Any  # output.SideEffects
+    guard_namespace: dict[str, Any]  # the guard function's globals
+    wrapped: dict[int, "Variable"]  # id(value) -> its tracker, one per object and trace
+
+    def tensor_input(self, tx: "Tracer", value: torch.Tensor, source: Source) -> "Variable": ...
+
+    def remember_wrapped(self, value: Any, variable: "Variable") -> None: ...
+
+    def call_tensor_op(self, tx: "Tracer", kind: str, target: Any, args: list, kwargs: dict) -> "Variable": ...
+
+    def named_source(self, prefix: str, value: Any) -> Source: ...
+
+    def set_grad_enabled(self, tx: "Tracer", enabled: bool) -> None: ...
+
+    def enter_autocast(self, autocast: torch.autocast) -> torch.fx.Node: ...
+
+    def exit_autocast(self, autocast: torch.autocast, mode_node: torch.fx.Node) -> None: ...
+
+
+class Tracer(Protocol):
+    """The frame being interpreted, as trackers use it (interpreter.Frame)."""
+
+    output: TracedOutput
+
+    def wrap(self, value: Any, source: Source | None, guard: bool = True) -> "Variable": ...
+
+    def wrap_sourceless(self, value: Any) -> "Variable": ...
+
+    def inline_call(self, function: "Variable", args: list["Variable"], kwargs: dict[str, "Variable"]) -> "Variable":
+        ...
+
+    def make_super(self, args: list["Variable"]) -> "Variable": ...
+
+    def python_caller(self, levels: int) -> "Tracer | None": ...
+
+    def behind_uninterpreted_frames(self) -> AbstractContextManager: ...
 
 
 class Variable:
     """Base of all trackers. Subclasses override what they support."""
 
     source: Source | None = None
+    # getattr/setattr take `generic=True` (object.__getattribute__ / __setattr__, past the class's own): outside
+    # objects of user classes
+    generic_access = False
 
     def python_type(self) -> type:
         raise Unsupported(f"type() of {self.describe()}")
@@ -48,7 +98,12 @@ class Variable:
         """The object `is` compares: the real object when tracked, else the tracker."""
         return self
 
-    def getattr(self, tx: "Frame", name: str) -> "Variable":
+    def user_class(self) -> type | None:
+        """The user class whose Python-level methods the trace inlines for this value (objects.py's
+        objects); None for the kinds kiln models itself."""
+        return None
+
+    def getattr(self, tx: "Tracer", name: str) -> "Variable":
         """Default: a method of the value's Python type, served by this tracker's `call_method`."""
         if type(self).call_method is not Variable.call_method:
             try:
@@ -59,29 +114,29 @@ class Variable:
                 return TrackerMethod(self, name)
         raise Unsupported(f"attribute {name!r} of {self.describe()}")
 
-    def call(self, tx: "Frame", args: list["Variable"], kwargs: dict[str, "Variable"]) -> "Variable":
+    def call(self, tx: "Tracer", args: list["Variable"], kwargs: dict[str, "Variable"]) -> "Variable":
         raise Unsupported(f"calling {self.describe()}")
 
-    def call_method(self, tx: "Frame", name: str, args: list["Variable"], kwargs: dict[str, "Variable"]) -> "Variable":
+    def call_method(self, tx: "Tracer", name: str, args: list["Variable"], kwargs: dict[str, "Variable"]) -> "Variable":
         return self.getattr(tx, name).call(tx, args, kwargs)
 
-    def unpack(self, tx: "Frame") -> list["Variable"]:
+    def unpack(self, tx: "Tracer") -> list["Variable"]:
         """The items iteration would produce, all at once."""
         raise Unsupported(f"iterating over {self.describe()}")
 
-    def truth(self, tx: "Frame") -> bool:
+    def truth(self, tx: "Tracer") -> bool:
         raise Unsupported(f"truth value of {self.describe()}")
 
-    def length(self, tx: "Frame") -> int:
+    def length(self, tx: "Tracer") -> int:
         return len(self.unpack(tx))
 
-    def getitem(self, tx: "Frame", key: "Variable") -> "Variable":
+    def getitem(self, tx: "Tracer", key: "Variable") -> "Variable":
         raise Unsupported(f"indexing {self.describe()}")
 
-    def setitem(self, tx: "Frame", key: "Variable", value: "Variable") -> None:
+    def setitem(self, tx: "Tracer", key: "Variable", value: "Variable") -> None:
         raise Unsupported(f"item assignment on {self.describe()}")
 
-    def setattr(self, tx: "Frame", name: str, value: "Variable") -> None:
+    def setattr(self, tx: "Tracer", name: str, value: "Variable") -> None:
         raise Unsupported(f"setting attribute {name!r} on {self.describe()}")
 
     def reconstruct(self, codegen) -> str:
@@ -175,9 +230,7 @@ class ConstantVariable(Variable):
             value = getattr(self.value, name)
         except AttributeError as error:
             raise AttributeFailure(f"{self.describe()} has no attribute {name!r}: {error}") from None
-        from kiln.frontend.variables.builder import wrap_sourceless
-
-        return wrap_sourceless(tx, value)
+        return tx.wrap_sourceless(value)
 
     def call_method(self, tx, name, args, kwargs) -> Variable:
         if all(arg.is_constant() for arg in args) and all(arg.is_constant() for arg in kwargs.values()):
@@ -186,9 +239,7 @@ class ConstantVariable(Variable):
                 raise Unsupported(f"{self.describe()} has no method {name!r}")
             result = method(*[arg.as_constant() for arg in args],
                             **{key: arg.as_constant() for key, arg in kwargs.items()})
-            from kiln.frontend.variables.builder import wrap_sourceless
-
-            return wrap_sourceless(tx, result)
+            return tx.wrap_sourceless(result)
         if isinstance(self.value, str) and name == "join" and len(args) == 1:
             items = [item.as_constant() for item in args[0].unpack(tx)]
             return ConstantVariable(self.value.join(items))
@@ -197,9 +248,7 @@ class ConstantVariable(Variable):
         return super().call_method(tx, name, args, kwargs)
 
     def getitem(self, tx, key: Variable) -> Variable:
-        from kiln.frontend.variables.builder import wrap_sourceless
-
-        return wrap_sourceless(tx, operator.getitem(self.value, key.as_constant()))
+        return tx.wrap_sourceless(operator.getitem(self.value, key.as_constant()))
 
     def reconstruct(self, codegen) -> str:
         if self.source is not None and type(self.value) not in (type(None), bool, int):
@@ -212,3 +261,42 @@ def constant(value: Any) -> ConstantVariable:
 
 
 NONE = ConstantVariable(None)
+
+
+def is_same(left: Variable, right: Variable) -> bool:
+    """Python `is`."""
+    if left is right:
+        return True
+    a, b = left.identity(), right.identity()
+    if a is left or b is right:
+        return False  # one side is a fresh tracker (new list, tensor): identical only to itself
+    return a is b
+
+
+def lookup_class_attribute(cls: type, name: str) -> tuple[Any, type | None]:
+    """The raw (undescribed) class attribute and the class that defines it."""
+    for klass in cls.__mro__:
+        if name in klass.__dict__:
+            return klass.__dict__[name], klass
+    return MISSING, None
+
+
+def has_python_method(variable: Variable, method: str) -> bool:
+    """Whether `variable` is an object of a user class that defines `method` (its call is inlined)."""
+    cls = variable.user_class()
+    if cls is None:
+        return False
+    raw, owner = lookup_class_attribute(cls, method)
+    return owner is not None and owner is not object
+
+
+# Library modules kiln assumes nobody monkeypatches while compiled code runs: their globals, functions and
+# classes are trusted (not guarded).
+_TRUSTED_MODULE_ROOTS = frozenset({
+    "torch", "math", "operator", "functools", "itertools", "collections", "typing", "builtins", "dataclasses",
+    "inspect", "warnings", "numpy", "contextlib", "enum", "abc", "copy", "types"})
+
+
+def is_trusted_module(module_name: str) -> bool:
+    """Whether the module named `module_name` belongs to a trusted library (by its top-level package)."""
+    return module_name.split(".")[0] in _TRUSTED_MODULE_ROOTS

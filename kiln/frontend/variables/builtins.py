@@ -20,13 +20,16 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.frontend.errors import Unsupported
-from kiln.frontend.operations import (BINARY_OPERATORS, COMPARE_OPERATORS, binary_op, compare_op, contains, is_same,
-                                      unary_op)
-from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
+from kiln.frontend import replay
+from kiln.frontend.errors import AttributeFailure, Unsupported
+from kiln.frontend.operations import BINARY_OPERATORS, COMPARE_OPERATORS, binary_op, compare_op, contains, unary_op
+from kiln.frontend.sources import TypeSource
+from kiln.frontend.variables.base import NONE, ConstantVariable, Variable, is_same, lookup_class_attribute
 from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, DictVariable, IteratorVariable,
                                                 LazyIteratorVariable, ListVariable, SliceVariable, TupleVariable,
                                                 iterate, unpack_iterable)
+from kiln.frontend.variables.functions import PartialVariable
+from kiln.frontend.variables.objects import ClassVariable, ModelOutputVariable, NewObjectVariable, UserObjectVariable
 from kiln.frontend.variables.tensor import TensorVariable
 
 
@@ -57,8 +60,6 @@ class BuiltinVariable(Variable):
 
     def getattr(self, tx, name: str) -> Variable:
         if isinstance(self.fn, type):
-            from kiln.frontend.variables.objects import ClassVariable
-
             return ClassVariable(self.fn).getattr(tx, name)
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantVariable(getattr(self.fn, name))
@@ -97,9 +98,7 @@ def _pure(fn):
         if constants is None:
             raise Unsupported(f"{fn.__name__}() on values not known at trace time "
                               f"({', '.join(arg.describe() for arg in args)})")
-        from kiln.frontend.variables.builder import wrap_sourceless
-
-        return wrap_sourceless(tx, _run(fn, *constants))
+        return tx.wrap_sourceless(_run(fn, *constants))
 
     return handler
 
@@ -132,17 +131,12 @@ def _issubclass(tx, args, kwargs):
 def _type(tx, args, kwargs):
     if len(args) != 1:
         raise Unsupported("type() with three arguments (creating a class)")
-    from kiln.frontend.sources import TypeSource
-    from kiln.frontend.variables.builder import wrap
-
     variable = args[0]
     cls = variable.python_type()
-    return wrap(tx, cls, TypeSource(variable.source) if variable.source is not None else None, guard=False)
+    return tx.wrap(cls, TypeSource(variable.source) if variable.source is not None else None, guard=False)
 
 
 def _getattr(tx, args, kwargs):
-    from kiln.frontend.errors import AttributeFailure
-
     target, name = args[0], args[1].as_constant()
     if len(args) == 3:
         try:
@@ -153,8 +147,6 @@ def _getattr(tx, args, kwargs):
 
 
 def _hasattr(tx, args, kwargs):
-    from kiln.frontend.errors import AttributeFailure
-
     target, name = args[0], args[1].as_constant()
     checker = getattr(target, "has_attribute", None)
     if checker is not None:
@@ -427,8 +419,6 @@ def _callable(tx, args, kwargs):
     variable = args[0]
     if isinstance(variable, ConstantVariable):
         return ConstantVariable(callable(variable.value))
-    from kiln.frontend.variables.objects import UserObjectVariable, lookup_class_attribute
-
     if isinstance(variable, UserObjectVariable):
         return ConstantVariable(lookup_class_attribute(type(variable.value), "__call__")[1] is not None)
     return ConstantVariable(not isinstance(variable, (BaseListVariable, DictVariable, TensorVariable)))
@@ -447,8 +437,6 @@ def _super(tx, args, kwargs):
 
 def _print(tx, args, kwargs):
     """print(...) is replayed after the graph (kiln/frontend/replay.py), with its arguments as they are now."""
-    from kiln.frontend import replay
-
     unknown = set(kwargs) - {"sep", "end", "file", "flush"}
     if unknown:
         raise Unsupported(f"print() with keyword arguments {sorted(unknown)} (the program raises TypeError)")
@@ -509,8 +497,6 @@ def _math(fn):
 
 
 def _fields(tx, args, kwargs):
-    from kiln.frontend.variables.objects import ModelOutputVariable, NewObjectVariable
-
     target = args[0]
     cls = target.cls if isinstance(target, (ModelOutputVariable, NewObjectVariable)) else target.as_constant()
     return ConstantVariable(tuple(dataclasses.fields(cls)))
@@ -522,8 +508,6 @@ def _is_dataclass(tx, args, kwargs):
 
 
 def _partial(tx, args, kwargs):
-    from kiln.frontend.variables.functions import PartialVariable
-
     return PartialVariable(args[0], list(args[1:]), kwargs)
 
 

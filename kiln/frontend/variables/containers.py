@@ -10,22 +10,26 @@ is recorded and replayed after the graph runs (`SideEffects`), on the object its
 Iterators are lazy (`BaseIteratorVariable.next_item`): a list iterator, the lazy
 builtins (zip, map, filter, enumerate, chain, islice, count) and, in interpreter.py,
 generators; each takes at most MAX_ITERATION_STEPS items per trace.
+
+`compare_equal` (Python `==` as a bool at trace time) lives here, beside the sequences
+it compares item by item, since list.index, count and `in` need it.
 """
 from __future__ import annotations
 
+import types
 from typing import Any
 
 import torch
 
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.sources import ItemSource, is_literal_key
-from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
+from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, has_python_method, is_same,
+                                          lookup_class_attribute)
+from kiln.frontend.variables.tensor import TensorVariable
 
 
 def hashable_key(tx, key: Variable) -> Any:
     """The Python object a tracker stands for as a dict key."""
-    from kiln.frontend.variables.tensor import TensorVariable
-
     if isinstance(key, TensorVariable):
         raise Unsupported("a tensor used as a dict key")
     if isinstance(key, TupleVariable):
@@ -72,8 +76,6 @@ class BaseListVariable(Variable):
         raise NotImplementedError
 
     def call_method(self, tx, name, args, kwargs) -> Variable:
-        from kiln.frontend.operations import compare_equal
-
         if name == "index" and len(args) == 1:
             for position, item in enumerate(self.items):
                 if compare_equal(tx, item, args[0]):
@@ -639,15 +641,9 @@ def unpack_iterable(tx, variable: Variable, count: int | None = None) -> list[Va
 
 def _iterates_in_python(variable: Variable) -> bool:
     """An object whose class defines `__iter__` in Python (inlined); a builtin base's slot is not."""
-    import types
-
-    from kiln.frontend.operations import has_python_method
-    from kiln.frontend.variables.objects import NewObjectVariable, lookup_class_attribute
-
     if not has_python_method(variable, "__iter__"):
         return False
-    cls = variable.cls if isinstance(variable, NewObjectVariable) else type(variable.value)
-    return isinstance(lookup_class_attribute(cls, "__iter__")[0], types.FunctionType)
+    return isinstance(lookup_class_attribute(variable.user_class(), "__iter__")[0], types.FunctionType)
 
 
 class SliceVariable(Variable):
@@ -673,3 +669,29 @@ class SliceVariable(Variable):
 
     def reconstruct(self, codegen) -> str:
         return f"slice({', '.join(codegen.value(part) for part in self.parts)})"
+
+
+def compare_equal(tx, left: Variable, right: Variable) -> bool:
+    """Python `==` as a bool, for trackers whose equality is known at trace time."""
+    if isinstance(left, TensorVariable) or isinstance(right, TensorVariable):
+        if left is right:
+            return True
+        other = right if isinstance(left, TensorVariable) else left
+        if isinstance(other, ConstantVariable) and other.value is None:
+            return False
+        raise Unsupported("== between tensors used as a Python bool (data-dependent)")
+    if isinstance(left, ConstantVariable) and isinstance(right, ConstantVariable):
+        return bool(left.value == right.value)
+    if isinstance(left, BaseListVariable) and isinstance(right, BaseListVariable):
+        if issubclass(left.python_type(), list) != issubclass(right.python_type(), list):
+            return False
+        return len(left.items) == len(right.items) and all(
+            compare_equal(tx, a, b) for a, b in zip(left.items, right.items))
+    if left.is_constant() and right.is_constant():
+        try:
+            return bool(left.as_constant() == right.as_constant())
+        except Unsupported:
+            pass
+    if has_python_method(left, "__eq__"):
+        return left.call_method(tx, "__eq__", [right], {}).truth(tx)
+    return is_same(left, right)

@@ -16,8 +16,10 @@ from typing import Any
 import torch
 
 from kiln.frontend.errors import Unsupported
-from kiln.frontend.sources import AttrSource, ClosureCellSource
-from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
+from kiln.frontend.sources import AttrSource, ClosureCellSource, ItemSource
+from kiln.frontend.variables import builder
+from kiln.frontend.variables.base import NONE, ConstantVariable, Variable, is_trusted_module
+from kiln.frontend.variables.containers import DictVariable, ExternalDictVariable, TupleVariable
 
 
 class CellVariable(Variable):
@@ -82,8 +84,6 @@ def bind_arguments(code: types.CodeType, args: list[Variable], kwargs: dict[str,
     default (positional index into `__defaults__`, or None for keyword-only), or
     None when it has no default.
     """
-    from kiln.frontend.variables.containers import DictVariable, TupleVariable
-
     where = code.co_qualname
     positional = code.co_varnames[:code.co_argcount]
     keyword_only = code.co_varnames[code.co_argcount:code.co_argcount + code.co_kwonlyargcount]
@@ -162,8 +162,6 @@ class UserFunctionVariable(BaseFunctionVariable):
         return self.source if self.source is not None else tx.output.named_source("__function", self.fn)
 
     def bind(self, tx, args, kwargs):
-        from kiln.frontend.sources import ItemSource
-
         # Inlining reads the function's code and defaults: both are assignable, so guard them
         # (the function's identity alone does not cover them). torch's own functions are
         # trusted, like its globals.
@@ -201,9 +199,7 @@ class UserFunctionVariable(BaseFunctionVariable):
 
 def _is_library_function(fn: types.FunctionType) -> bool:
     """A function of torch (or another library kiln trusts not to be monkeypatched)."""
-    from kiln.frontend.variables.modules import _TRUSTED_MODULE_ROOTS
-
-    return str(fn.__globals__.get("__name__", "")).split(".")[0] in _TRUSTED_MODULE_ROOTS
+    return is_trusted_module(str(fn.__globals__.get("__name__", "")))
 
 
 class CodeVariable(ConstantVariable):
@@ -339,7 +335,7 @@ class MethodDescriptorVariable(Variable):
         if not args:
             raise Unsupported(f"calling {self.describe()} without a receiver")
         receiver = args[0]
-        generic = {"generic": True} if _has_generic_access(receiver) else {}
+        generic = {"generic": True} if receiver.generic_access else {}
         if self.owner is object and self.name == "__setattr__":
             receiver.setattr(tx, args[1].as_constant(), args[2], **generic)
             return NONE
@@ -347,8 +343,6 @@ class MethodDescriptorVariable(Variable):
             return receiver.getattr(tx, args[1].as_constant(), **generic)
         if self.owner is dict and generic and isinstance(receiver.value, dict) and receiver.source is not None:
             # dict's own method on a dict subclass that overrides it: read the real mapping
-            from kiln.frontend.variables.containers import ExternalDictVariable
-
             receiver = ExternalDictVariable(receiver.value, receiver.source)
         elif generic:
             # An instance of a user subclass of a builtin (`class Items(list)`), or of a builtin type kiln does not
@@ -365,12 +359,6 @@ class MethodDescriptorVariable(Variable):
 # Py_TPFLAGS_IMMUTABLETYPE (Python >= 3.10): set on C types (bytearray, deque, array.array), never on a class
 # made by a class statement.
 _IMMUTABLE_TYPE = 1 << 8
-
-
-def _has_generic_access(receiver: Variable) -> bool:
-    from kiln.frontend.variables.objects import UserObjectVariable
-
-    return isinstance(receiver, UserObjectVariable)
 
 
 # Torch functions with global effects: running them at trace time would be wrong.
@@ -402,14 +390,10 @@ class TorchFunctionVariable(Variable):
     def getattr(self, tx, name: str) -> Variable:
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantVariable(getattr(self.fn, name))
-        from kiln.frontend.variables.builder import wrap_sourceless
-
-        return wrap_sourceless(tx, getattr(self.fn, name))
+        return tx.wrap_sourceless(getattr(self.fn, name))
 
     def call(self, tx, args, kwargs) -> Variable:
-        from kiln.frontend.variables import torch_special
-
-        special = torch_special.handler_for(self.fn)
+        special = builder.call_handler(self.fn)
         if special is not None:
             return special(tx, args, kwargs)
         if getattr(self.fn, "__name__", "") in _TORCH_SIDE_EFFECTS:

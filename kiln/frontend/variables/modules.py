@@ -15,11 +15,12 @@ from typing import Any
 
 import torch
 
-from kiln.frontend.errors import Unsupported
-from kiln.frontend.sources import AttrSource, ItemSource, NamedSource
-from kiln.frontend.variables.base import ConstantVariable, Variable
-from kiln.frontend.variables.objects import (_MISSING, AttributeFailure, bind_class_attribute, lookup_class_attribute,
-                                             object_getattr)
+from kiln.frontend.errors import AttributeFailure, Unsupported
+from kiln.frontend.sources import AttrSource, ItemSource, NamedSource, TypeSource
+from kiln.frontend.variables.base import (MISSING, ConstantVariable, Variable, is_trusted_module,
+                                          lookup_class_attribute)
+from kiln.frontend.variables.containers import IteratorVariable, ListIteratorLike, TupleVariable
+from kiln.frontend.variables.objects import bind_class_attribute, object_getattr
 
 _CONTAINER_TYPES = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                     torch.nn.ParameterDict)
@@ -131,8 +132,6 @@ class ModuleVariable(Variable):
         return len(self._children(tx))
 
     def getitem(self, tx, key: Variable) -> Variable:
-        from kiln.frontend.variables.containers import TupleVariable
-
         children = self._children(tx)
         index = key.as_constant()
         if isinstance(self.value, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
@@ -145,16 +144,12 @@ class ModuleVariable(Variable):
         return children[index][1]
 
     def call_method(self, tx, name, args, kwargs) -> Variable:
-        from kiln.frontend.variables.containers import ListIteratorLike, TupleVariable
-
         if isinstance(self.value, _CONTAINER_TYPES) and _uses_container_method(self.value, name):
             if name == "__len__":
                 return ConstantVariable(self.length(tx))
             if name == "__getitem__":
                 return self.getitem(tx, args[0])
             if name == "__iter__":
-                from kiln.frontend.variables.containers import IteratorVariable
-
                 return IteratorVariable(self.unpack(tx))
             if name == "keys":
                 return ListIteratorLike([ConstantVariable(key) for key, _ in self._children(tx)], "dict_keys")
@@ -177,7 +172,7 @@ def _module_tables(module: torch.nn.Module) -> set[str]:
 
 def _falls_back(module: torch.nn.Module, name: str) -> bool:
     """Whether plain attribute lookup misses `name`, so nn.Module.__getattr__ would look in the tables."""
-    return name not in module.__dict__ and lookup_class_attribute(type(module), name)[0] is _MISSING
+    return name not in module.__dict__ and lookup_class_attribute(type(module), name)[0] is MISSING
 
 
 def _uses_container_method(module: torch.nn.Module, name: str) -> bool:
@@ -195,7 +190,7 @@ def call_module(tx, module_variable: ModuleVariable, args: list[Variable], kwarg
     """
     module = module_variable.value
     call, _ = lookup_class_attribute(type(module), "__call__")
-    if not own_call and call is not _MISSING and not is_module_call_function(call):
+    if not own_call and call is not MISSING and not is_module_call_function(call):
         return bind_class_attribute(tx, call, "__call__", module_variable, type(module),
                                     _type_source(module_variable)).call(tx, args, kwargs)
     with tx.behind_uninterpreted_frames():  # Python runs nn.Module's call machinery between caller and forward
@@ -215,7 +210,6 @@ def _call_hooks_and_forward(tx, module_variable: ModuleVariable, args: list[Vari
         if source is not None:
             tx.output.guards.no_hooks(source, hook_tables)
         return module_variable.getattr(tx, "forward").call(tx, args, kwargs)
-    from kiln.frontend.variables.containers import TupleVariable
 
     args = list(args)
     pre_hooks = dict(getattr(module, "_forward_pre_hooks", {}))
@@ -243,8 +237,6 @@ def _call_hooks_and_forward(tx, module_variable: ModuleVariable, args: list[Vari
 
 
 def _type_source(variable: Variable):
-    from kiln.frontend.sources import TypeSource
-
     return TypeSource(variable.source) if variable.source is not None else None
 
 
@@ -304,11 +296,6 @@ class PythonModuleVariable(Variable):
         tx.output.side_effects.store_global(namespace, tx.output.named_source("__globals", namespace), name, value)
 
 
-_TRUSTED_MODULE_ROOTS = frozenset({
-    "torch", "math", "operator", "functools", "itertools", "collections", "typing", "builtins", "dataclasses",
-    "inspect", "warnings", "numpy", "contextlib", "enum", "abc", "copy", "types"})
-
-
 def _is_trusted_module(module: types.ModuleType) -> bool:
     """Library modules kiln assumes nobody monkeypatches while compiled code runs (no guards)."""
-    return module.__name__.split(".")[0] in _TRUSTED_MODULE_ROOTS
+    return is_trusted_module(module.__name__)

@@ -21,18 +21,13 @@ from typing import Any
 
 from kiln.frontend.errors import AttributeFailure, Unsupported
 from kiln.frontend.sources import AttrSource, ItemSource, TypeSource
-from kiln.frontend.variables.base import NONE, ConstantVariable, TrackerMethod, Variable
+from kiln.frontend.variables import builder
+from kiln.frontend.variables.base import (MISSING, NONE, ConstantVariable, TrackerMethod, Variable, is_trusted_module,
+                                          lookup_class_attribute)
+from kiln.frontend.variables.containers import IteratorVariable, ListIteratorLike, TupleVariable
+from kiln.frontend.variables.functions import BoundMethodVariable, MethodDescriptorVariable, bind_arguments
 
-_MISSING = object()
 DELETED = object()
-
-
-def lookup_class_attribute(cls: type, name: str) -> tuple[Any, type | None]:
-    """The raw (undescribed) class attribute and the class that defines it."""
-    for klass in cls.__mro__:
-        if name in klass.__dict__:
-            return klass.__dict__[name], klass
-    return _MISSING, None
 
 
 def _class_source(tx, instance_source):
@@ -41,8 +36,6 @@ def _class_source(tx, instance_source):
 
 def bind_class_attribute(tx, raw: Any, name: str, instance: Variable, cls: type, cls_source) -> Variable:
     """What `instance.name` is when `name` is found on the class (not the instance)."""
-    from kiln.frontend.variables.functions import BoundMethodVariable
-
     # A class attribute can be rebound (`Class.method = other`) while the class stays the same
     # object: the function behind a user class's method, static/class method or property is
     # guarded by identity (torch's own classes are trusted). It is read from the class itself,
@@ -64,8 +57,6 @@ def bind_class_attribute(tx, raw: Any, name: str, instance: Variable, cls: type,
         getter_source = AttrSource(attribute_source, "fget") if guard else None
         return tx.wrap(raw.fget, getter_source, guard=guard).call(tx, [instance], {})
     if isinstance(raw, (types.MethodDescriptorType, types.WrapperDescriptorType)):
-        from kiln.frontend.variables.functions import MethodDescriptorVariable
-
         return BoundMethodVariable(MethodDescriptorVariable(raw.__objclass__, name), instance)
     if isinstance(raw, functools_cached_property()):
         raise Unsupported(f"functools.cached_property {name!r}")
@@ -75,9 +66,7 @@ def bind_class_attribute(tx, raw: Any, name: str, instance: Variable, cls: type,
 
 
 def _is_library_class(cls: type) -> bool:
-    from kiln.frontend.variables.modules import _TRUSTED_MODULE_ROOTS
-
-    return str(getattr(cls, "__module__", "")).split(".")[0] in _TRUSTED_MODULE_ROOTS
+    return is_trusted_module(str(getattr(cls, "__module__", "")))
 
 
 def functools_cached_property():
@@ -88,6 +77,8 @@ def functools_cached_property():
 
 class UserObjectVariable(Variable):
     """An instance of a user class from outside the trace."""
+
+    generic_access = True
 
     def __init__(self, value: Any, source=None):
         self.value = value
@@ -100,6 +91,9 @@ class UserObjectVariable(Variable):
     def python_type(self) -> type:
         return type(self.value)
 
+    def user_class(self) -> type:
+        return type(self.value)
+
     def identity(self) -> Any:
         return self.value
 
@@ -110,8 +104,8 @@ class UserObjectVariable(Variable):
 
     def truth(self, tx) -> bool:
         cls = type(self.value)
-        if lookup_class_attribute(cls, "__bool__")[0] is _MISSING and \
-                lookup_class_attribute(cls, "__len__")[0] is _MISSING:
+        if lookup_class_attribute(cls, "__bool__")[0] is MISSING and \
+                lookup_class_attribute(cls, "__len__")[0] is MISSING:
             return True
         raise Unsupported(f"truth value of {self.describe()} (its class defines __bool__ or __len__)")
 
@@ -148,7 +142,7 @@ class UserObjectVariable(Variable):
 
     def call(self, tx, args, kwargs) -> Variable:
         raw, _ = lookup_class_attribute(type(self.value), "__call__")
-        if raw is _MISSING:
+        if raw is MISSING:
             raise Unsupported(f"{self.describe()} is not callable")
         return bind_class_attribute(tx, raw, "__call__", self, type(self.value),
                                     _class_source(tx, self.source)).call(tx, args, kwargs)
@@ -194,7 +188,7 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
         return bind_class_attribute(tx, raw, "__getattribute__", variable, cls, _class_source(tx, source)) \
             .call(tx, [ConstantVariable(name)], {})
     raw, owner = lookup_class_attribute(cls, name)
-    is_data_descriptor = raw is not _MISSING and (hasattr(type(raw), "__set__") or hasattr(type(raw), "__delete__"))
+    is_data_descriptor = raw is not MISSING and (hasattr(type(raw), "__set__") or hasattr(type(raw), "__delete__"))
     if is_data_descriptor and not isinstance(raw, property):
         # __slots__ members, getset descriptors of builtins: read the real value.
         real = getattr(value, name)
@@ -204,7 +198,7 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
     instance_dict = getattr(value, "__dict__", None)
     if isinstance(instance_dict, dict) and name in instance_dict:
         return tx.wrap(instance_dict[name], AttrSource(source, name) if source is not None else None)
-    if raw is not _MISSING:
+    if raw is not MISSING:
         if source is not None and isinstance(instance_dict, dict) and \
                 isinstance(raw, (types.FunctionType, staticmethod, classmethod)):
             # A method is read through the class; an instance attribute set later
@@ -216,7 +210,7 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
     if name == "__dict__" and isinstance(instance_dict, dict):
         return tx.wrap(instance_dict, AttrSource(source, "__dict__") if source is not None else None)
     fallback, _ = lookup_class_attribute(cls, "__getattr__")
-    if fallback is not _MISSING:
+    if fallback is not MISSING:
         return bind_class_attribute(tx, fallback, "__getattr__", variable, cls,
                                     _class_source(tx, source)).call(tx, [ConstantVariable(name)], {})
     if source is not None:
@@ -263,30 +257,26 @@ class ClassVariable(Variable):
 
     def getattr(self, tx, name: str) -> Variable:
         raw, _ = lookup_class_attribute(self.value, name)
-        if raw is _MISSING:
+        if raw is MISSING:
             if name in ("__name__", "__qualname__", "__module__"):
                 return ConstantVariable(getattr(self.value, name))
             if name == "__mro__":
                 return ConstantVariable(self.value.__mro__)
-            raw = getattr(self.value, name, _MISSING)
-            if raw is _MISSING:
+            raw = getattr(self.value, name, MISSING)
+            if raw is MISSING:
                 raise AttributeFailure(f"class {self.value.__qualname__} has no attribute {name!r}")
             return tx.wrap(raw, AttrSource(self.source, name) if self.source else None)
         source = AttrSource(self.source, name) if self.source is not None else None
         if isinstance(raw, staticmethod):
             return tx.wrap(raw.__func__, source)
         if isinstance(raw, classmethod):
-            from kiln.frontend.variables.functions import BoundMethodVariable
-
             return BoundMethodVariable(tx.wrap(raw.__func__, None, guard=False), self)
         if isinstance(raw, property):
             return tx.wrap(raw, None, guard=False)
         return tx.wrap(getattr(self.value, name), source)
 
     def call(self, tx, args, kwargs) -> Variable:
-        from kiln.frontend.variables import torch_special
-
-        special = torch_special.handler_for(self.value)
+        special = builder.call_handler(self.value)
         if special is not None:
             return special(tx, args, kwargs)
         return construct_object(tx, self, args, kwargs)
@@ -302,8 +292,6 @@ def _wrap_config_value(tx, value: Any, source) -> Variable:
         type(value).__module__.startswith("transformers")
     if not view:
         return tx.wrap(value, source)
-    from kiln.frontend.variables.containers import TupleVariable
-
     tx.output.guards.length(source, len(value))
     return TupleVariable([_wrap_config_value(tx, value[index], ItemSource(source, index))
                           for index in range(len(value))])
@@ -326,9 +314,6 @@ def construct_object(tx, class_variable: ClassVariable, args, kwargs) -> Variabl
     if _is_model_output(cls):
         return ModelOutputVariable.build(tx, cls, args, kwargs)
     if issubclass(cls, tuple) and hasattr(cls, "_fields"):
-        from kiln.frontend.variables.containers import TupleVariable
-        from kiln.frontend.variables.functions import bind_arguments
-
         defaults = cls.__new__.__defaults__ or ()
         bound = bind_arguments(cls.__new__.__code__, [class_variable, *args], kwargs, len(defaults),
                                lambda position, name: None if position is None else
@@ -366,8 +351,6 @@ def _construct_torch_module(tx, cls: type, args, kwargs) -> Variable:
     """
     import torch
 
-    from kiln.frontend.variables.modules import ModuleVariable
-
     described = f"creating module {cls.__qualname__} inside a compiled function"
     if not cls.__module__.startswith("torch.nn."):
         raise Unsupported(f"{described} (only torch.nn's own modules, without parameters)")
@@ -377,7 +360,7 @@ def _construct_torch_module(tx, cls: type, args, kwargs) -> Variable:
         module = cls(*[arg.as_constant() for arg in args], **{key: arg.as_constant() for key, arg in kwargs.items()})
     if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
         raise Unsupported(f"{described} (it has parameters or buffers)")
-    return ModuleVariable(module, None)
+    return tx.wrap(module, None, guard=False)  # a ModuleVariable without a source
 
 
 class NewObjectVariable(Variable):
@@ -393,18 +376,21 @@ class NewObjectVariable(Variable):
     def python_type(self) -> type:
         return self.cls
 
+    def user_class(self) -> type:
+        return self.cls
+
     def getattr(self, tx, name: str) -> Variable:
         raw, _ = lookup_class_attribute(self.cls, name)
-        if raw is not _MISSING and isinstance(raw, property):
+        if raw is not MISSING and isinstance(raw, property):
             return bind_class_attribute(tx, raw, name, self, self.cls, None)
         if name in self.attributes:
             return self.attributes[name]
-        if raw is not _MISSING:
+        if raw is not MISSING:
             return bind_class_attribute(tx, raw, name, self, self.cls, None)
         if name == "__class__":
             return ClassVariable(self.cls)
         fallback, _ = lookup_class_attribute(self.cls, "__getattr__")
-        if fallback is not _MISSING:
+        if fallback is not MISSING:
             return bind_class_attribute(tx, fallback, "__getattr__", self, self.cls, None).call(
                 tx, [ConstantVariable(name)], {})
         raise AttributeFailure(f"{self.cls.__qualname__} object has no attribute {name!r}")
@@ -419,8 +405,8 @@ class NewObjectVariable(Variable):
         self.attributes.pop(name, None)
 
     def truth(self, tx) -> bool:
-        if lookup_class_attribute(self.cls, "__bool__")[0] is _MISSING and \
-                lookup_class_attribute(self.cls, "__len__")[0] is _MISSING:
+        if lookup_class_attribute(self.cls, "__bool__")[0] is MISSING and \
+                lookup_class_attribute(self.cls, "__len__")[0] is MISSING:
             return True
         return self.call_method(tx, "__bool__", [], {}).truth(tx)
 
@@ -491,7 +477,7 @@ class ModelOutputVariable(Variable):
         if name in self.fields:
             return self.fields[name]
         raw, _ = lookup_class_attribute(self.cls, name)
-        if raw is _MISSING:
+        if raw is MISSING:
             raise AttributeFailure(f"{self.cls.__qualname__} has no attribute {name!r}")
         if name in ("to_tuple", "keys", "values", "items", "get", "__getitem__", "__contains__", "__len__",
                     "__iter__", "__setitem__"):
@@ -499,8 +485,6 @@ class ModelOutputVariable(Variable):
         return bind_class_attribute(tx, raw, name, self, self.cls, None)
 
     def call_method(self, tx, name, args, kwargs) -> Variable:
-        from kiln.frontend.variables.containers import IteratorVariable, ListIteratorLike, TupleVariable
-
         if name == "to_tuple":
             return TupleVariable([self.fields[key] for key in self.present()])
         if name == "keys":
@@ -527,8 +511,6 @@ class ModelOutputVariable(Variable):
         return self.getattr(tx, name).call(tx, args, kwargs)
 
     def getitem(self, tx, key: Variable) -> Variable:
-        from kiln.frontend.variables.containers import TupleVariable
-
         python_key = key.as_constant()
         if isinstance(python_key, str):
             if python_key not in self.present():
@@ -605,10 +587,7 @@ class ContextVarVariable(Variable):
             real = self.value.get(marker) if not args else self.value.get(args[0].as_constant())
             if real is marker:
                 raise Unsupported(f"{self.describe()}.get() with no value")
-            from kiln.frontend.variables.builder import wrap_sourceless
-
-            del contextvars
-            return wrap_sourceless(tx, real)
+            return tx.wrap_sourceless(real)
         raise Unsupported(f"ContextVar.{name}")
 
 

@@ -70,9 +70,7 @@ class TensorVariable(Variable):
         if name == "grad":
             raise Unsupported("reading .grad of a tensor inside a compiled function")
         if name == "__class__":
-            from kiln.frontend.variables.builder import wrap_sourceless
-
-            return wrap_sourceless(tx, self.real_type)
+            return tx.wrap_sourceless(self.real_type)
         if callable(getattr(torch.Tensor, name, None)):
             return TensorMethodVariable(self, name)
         if not hasattr(torch.Tensor, name):

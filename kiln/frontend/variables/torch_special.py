@@ -11,6 +11,10 @@
 - `warnings.warn`, loggers and the `logging` module's functions are recorded and
   replayed after the graph, in program order, from the location Python would name
   (kiln/frontend/replay.py); a logger's level checks are guarded.
+
+The table of handled callables is registered with `builder.register_call_handlers`:
+functions and classes find their handler there when called (`builder.call_handler`),
+without importing this module, which sits above them.
 """
 from __future__ import annotations
 
@@ -23,8 +27,13 @@ from typing import Any, Callable
 
 import torch
 
+from kiln.frontend import replay
 from kiln.frontend.errors import Unsupported
+from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import NONE, ConstantVariable, TrackerMethod, Variable
+from kiln.frontend.variables.functions import BoundMethodVariable
+from kiln.frontend.variables.modules import _MODULE_CALLS, ModuleVariable, call_module
+from kiln.frontend.variables.objects import ExceptionVariable
 
 
 def _constant(value):
@@ -65,9 +74,6 @@ def _autocast(tx, args, kwargs):
 
 def _warn(tx, args, kwargs):
     """warnings.warn(message, category=None, stacklevel=1, source=None, *, skip_file_prefixes=())."""
-    from kiln.frontend import replay
-    from kiln.frontend.variables.objects import ExceptionVariable
-
     parameters = _bind("warnings.warn", ("message", "category", "stacklevel", "source"), args, kwargs,
                        ("skip_file_prefixes",))
     message = parameters["message"]
@@ -130,8 +136,6 @@ def _cast(tx, args, kwargs):
 
 
 def _module_call(tx, args, kwargs):
-    from kiln.frontend.variables.modules import ModuleVariable, call_module
-
     if not args or not isinstance(args[0], ModuleVariable):
         raise Unsupported("nn.Module.__call__ on something that is not a module")
     return call_module(tx, args[0], list(args[1:]), kwargs, own_call=True)
@@ -146,8 +150,6 @@ def _check(tx, args, kwargs):
 
 def real_callable(variable: Variable) -> Any:
     """The real Python callable a tracker stands for (for introspection such as inspect.signature)."""
-    from kiln.frontend.variables.functions import BoundMethodVariable
-
     if isinstance(variable, BoundMethodVariable):
         import types
 
@@ -167,8 +169,6 @@ def _nullcontext(tx, args, kwargs):
 
 
 def _build_table() -> dict[Any, Callable]:
-    from kiln.frontend.variables.modules import _MODULE_CALLS
-
     table: dict[Any, Callable] = {
         torch.compiler.is_compiling: _constant(True),
         torch.compiler.is_dynamo_compiling: _constant(True),
@@ -207,18 +207,7 @@ def _build_table() -> dict[Any, Callable]:
     return table
 
 
-_TABLE: dict[Any, Callable] | None = None
-
-
-def handler_for(value: Any) -> Callable | None:
-    """The special handler for `value`, or None when it is an ordinary callable."""
-    global _TABLE
-    if _TABLE is None:
-        _TABLE = _build_table()
-    try:
-        return _TABLE.get(value)
-    except TypeError:  # unhashable
-        return None
+builder.register_call_handlers(_build_table)
 
 
 class ContextManagerVariable(Variable):
@@ -379,8 +368,6 @@ class LoggerVariable(Variable):
         if name in _LOG_LEVELS or name == "log":
             return self.log_call(tx, name, args, kwargs)
         if self._library_method(name):
-            from kiln.frontend import replay
-
             held = [replay.snapshot(arg, f"{self.describe()}.{name}()") for arg in args]
             options = {key: replay.snapshot(arg, f"{self.describe()}.{name}()") for key, arg in kwargs.items()}
             tx.output.side_effects.replay_call(getattr(self.value, name), held, options)
@@ -389,8 +376,6 @@ class LoggerVariable(Variable):
 
     def log_call(self, tx, method: str, args, kwargs, configure_root: bool = False) -> Variable:
         """`logger.<method>(...)` recorded for replay with the caller `findCaller` would name."""
-        from kiln.frontend import replay
-
         what = f"{self.describe()}.{method}()"
         args = list(args)
         if method == "log":

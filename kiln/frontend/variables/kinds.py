@@ -1,0 +1,223 @@
+"""Which tracker each kind of Python value becomes: the makers `builder.wrap` tries, in order.
+
+This module is the top of variables/: it imports the tracker modules and registers one
+maker per kind with builder's registry, so builder itself imports none of them. The
+interpreter imports it, so every kind is registered before anything is wrapped. The
+order is the order of the checks: modules, tuples and lists, os.environ, dicts, sets;
+then torch's own callables and the builtins kiln models (looked up by value, ahead of
+the type they have); then functions, methods, Python modules, classes, descriptors,
+builtin methods, partials, context variables, loggers, and any other object, guarded by
+its type. A maker returns None for an instance it does not take.
+"""
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+import os
+import types
+from typing import Any
+
+import torch
+
+from kiln.frontend.errors import Unsupported
+from kiln.frontend.sources import AttrSource, ItemSource
+from kiln.frontend.variables import builder
+from kiln.frontend.variables.base import ConstantVariable, Variable, is_constant_value
+from kiln.frontend.variables.builtins import SetVariable, builtin_variable
+from kiln.frontend.variables.containers import DictVariable, ExternalDictVariable, ListVariable, TupleVariable
+from kiln.frontend.variables.functions import (BoundMethodVariable, MethodDescriptorVariable, PartialVariable,
+                                               TorchFunctionVariable, UserFunctionVariable, is_torch_function)
+from kiln.frontend.variables.modules import ModuleVariable, PythonModuleVariable
+from kiln.frontend.variables.objects import ClassVariable, ContextVarVariable, UserObjectVariable
+from kiln.frontend.variables.torch_special import LoggerVariable
+
+
+def _guard_identity(guards, source, value: Any) -> None:
+    if guards is not None:
+        guards.identity(source, value)
+
+
+def _module(tx, value: torch.nn.Module, source, guards) -> Variable:
+    _guard_identity(guards, source, value)
+    return ModuleVariable(value, source)
+
+
+def _is_sequence(value: Any) -> bool:
+    """A list, a tuple or a namedtuple (not another subclass: its methods may be overridden)."""
+    return type(value) in (tuple, list) or (isinstance(value, tuple) and hasattr(type(value), "_fields"))
+
+
+def _sequence(tx, value: tuple | list, source, guards) -> Variable | None:
+    if not _is_sequence(value):
+        return None
+    if guards is not None:
+        guards.type_is(source, type(value))
+        guards.length(source, len(value))
+    items = [builder.wrap(tx, item, ItemSource(source, index) if source is not None else None, guards is not None)
+             for index, item in enumerate(value)]
+    if type(value) is list:
+        return ListVariable(items, source)
+    return TupleVariable(items, source, type(value))
+
+
+def _environ(tx, value: os._Environ, source, guards) -> Variable | None:
+    if source is None:
+        return None
+    return ExternalDictVariable(value, source)  # os.environ reads are guarded key by key
+
+
+def _dict(tx, value: dict, source, guards) -> Variable | None:
+    if not _behaves_as_dict(type(value)):
+        return None
+    if source is None:
+        return DictVariable({key: (builder.wrap_sourceless(tx, key), builder.wrap_sourceless(tx, item))
+                             for key, item in value.items()}, dict_type=type(value))
+    if guards is not None:
+        guards.type_is(source, type(value))
+    return ExternalDictVariable(value, source)
+
+
+_DICT_METHODS = ("get", "__getitem__", "__contains__", "keys", "items", "values", "__iter__", "__len__")
+
+
+def _behaves_as_dict(cls: type) -> bool:
+    """A dict or a dict subclass that reads like one (no overridden lookups)."""
+    return all(getattr(cls, name) is getattr(dict, name) or
+               any(getattr(cls, name) is getattr(base, name, None) for base in (dict,)) for name in _DICT_METHODS) \
+        or cls.__module__ == "collections"
+
+
+def _set(tx, value: set, source, guards) -> Variable | None:
+    if type(value) is not set or not all(is_constant_value(item) for item in value):
+        return None
+    if guards is not None:  # compared with a snapshot: the live set would always equal itself
+        guards.type_is(source, set)
+        guards.add(source, f"{{}} != {guards.constant(frozenset(value))}", f"changed from {value!r}")
+    return SetVariable(value, source, value)
+
+
+def _torch_callable(tx, value: Any, source, guards) -> Variable | None:
+    """torch's functions and classes, and the callables with a handler of their own: graph nodes or handled."""
+    if builder.call_handler(value) is None and not is_torch_function(value):
+        return None
+    _guard_identity(guards, source, value)  # torch's own attributes come here unguarded: this is a user's name
+    if isinstance(value, type):
+        return ClassVariable(value, source)
+    return TorchFunctionVariable(value, source)
+
+
+def _builtin(tx, value: Any, source, guards) -> Variable | None:
+    return builtin_variable(value)
+
+
+def _function(tx, value: types.FunctionType, source, guards) -> Variable:
+    _guard_identity(guards, source, value)
+    return UserFunctionVariable(value, source)
+
+
+def _method(tx, value: types.MethodType, source, guards) -> Variable:
+    _guard_identity(guards, source, value)
+    function = builder.wrap(tx, value.__func__, AttrSource(source, "__func__") if source else None, False)
+    bound_self = builder.wrap(tx, value.__self__, AttrSource(source, "__self__") if source else None, False)
+    return BoundMethodVariable(function, bound_self, source)
+
+
+def _python_module(tx, value: types.ModuleType, source, guards) -> Variable:
+    _guard_identity(guards, source, value)
+    return PythonModuleVariable(value, source)
+
+
+def _class(tx, value: type, source, guards) -> Variable:
+    _guard_identity(guards, source, value)
+    return ClassVariable(value, source)
+
+
+def _descriptor(tx, value: Any, source, guards) -> Variable:
+    """`dict.get`, `list.__len__`: guarded by type only (it is a plain instance to the guards)."""
+    return MethodDescriptorVariable(value.__objclass__, value.__name__, source)
+
+
+def _builtin_method(tx, value: types.BuiltinMethodType, source, guards) -> Variable:
+    """A C function: a bound method of a receiver kiln can wrap (`"-".join`), else not modelled."""
+    _guard_identity(guards, source, value)
+    receiver = value.__self__
+    if receiver is None or isinstance(receiver, types.ModuleType):
+        raise Unsupported(f"calling builtin {getattr(value, '__qualname__', value)!r} which kiln does not model")
+    bound = builder.wrap(tx, receiver, None, False) if not builder.wraps_as_constant(receiver) \
+        else ConstantVariable(receiver)
+    return BoundMethodVariable(MethodDescriptorVariable(type(receiver), value.__name__), bound)
+
+
+def _partial(tx, value: functools.partial, source, guards) -> Variable:
+    _guard_identity(guards, source, value)
+    function = builder.wrap(tx, value.func, AttrSource(source, "func") if source else None)
+    args = [builder.wrap(tx, arg, ItemSource(AttrSource(source, "args"), index) if source else None)
+            for index, arg in enumerate(value.args)]
+    kwargs = {key: builder.wrap(tx, arg, ItemSource(AttrSource(source, "keywords"), key) if source else None)
+              for key, arg in value.keywords.items()}
+    return PartialVariable(function, args, kwargs, source)
+
+
+def _context_var(tx, value: contextvars.ContextVar, source, guards) -> Variable:
+    _guard_identity(guards, source, value)
+    return ContextVarVariable(value, source)
+
+
+def _logger(tx, value: logging.Logger | logging.LoggerAdapter, source, guards) -> Variable:
+    _guard_identity(guards, source, value)
+    return LoggerVariable(value, source)
+
+
+def _user_object(tx, value: Any, source, guards) -> Variable:
+    if guards is not None:
+        guards.type_is(source, type(value))  # its attributes are guarded one by one as the trace reads them
+    return UserObjectVariable(value, source)
+
+
+def _sourceless_list(tx, value: list) -> Variable | None:
+    if type(value) is not list:
+        return None
+    return ListVariable([builder.wrap_sourceless(tx, item) for item in value])
+
+
+def _sourceless_tuple(tx, value: tuple) -> Variable | None:
+    if type(value) is not tuple and not hasattr(type(value), "_fields"):
+        return None
+    return TupleVariable([builder.wrap_sourceless(tx, item) for item in value], tuple_type=type(value))
+
+
+def _sourceless_dict(tx, value: dict | types.MappingProxyType) -> Variable | None:
+    if type(value) not in (dict, types.MappingProxyType):
+        return None
+    return DictVariable({key: (builder.wrap_sourceless(tx, key), builder.wrap_sourceless(tx, item))
+                         for key, item in value.items()})
+
+
+# (kind, maker) in the order wrap tries them
+KINDS = (
+    (torch.nn.Module, _module),
+    ((tuple, list), _sequence),
+    (os._Environ, _environ),
+    (dict, _dict),
+    (set, _set),
+    (object, _torch_callable),
+    (object, _builtin),
+    (types.FunctionType, _function),
+    (types.MethodType, _method),
+    (types.ModuleType, _python_module),
+    (type, _class),
+    ((types.MethodDescriptorType, types.WrapperDescriptorType, types.ClassMethodDescriptorType), _descriptor),
+    (types.BuiltinMethodType, _builtin_method),
+    (functools.partial, _partial),
+    (contextvars.ContextVar, _context_var),
+    ((logging.Logger, logging.LoggerAdapter), _logger),
+    (object, _user_object),
+)
+SOURCELESS_KINDS = ((list, _sourceless_list), (tuple, _sourceless_tuple),
+                    ((dict, types.MappingProxyType), _sourceless_dict))
+
+for kind, maker in KINDS:
+    builder.register(kind, maker)
+for kind, maker in SOURCELESS_KINDS:
+    builder.register_sourceless(kind, maker)
