@@ -75,6 +75,8 @@ def math_expression(name: str, dtype: torch.dtype, args: list, rendered_in_code:
             expression = template.format(*args, T=VALUE_TYPES[dtype], D=dtype_name(dtype))
         if expression is not None:
             break
+    if expression is None:
+        raise NotImplementedError(f"C++ codegen for op {name} giving {dtype}: ops.py has no rendering")
     if dtype in LOW_PRECISION_ROUND and not row.exact:
         expression = f"{LOW_PRECISION_ROUND[dtype]}({expression})"
     return expression

@@ -608,8 +608,10 @@ def math_source(name: str, operand_dtype: torch.dtype, result_dtype: torch.dtype
     """(expression, the HELPERS entry it calls or None): the op table's first Triton variant that
     applies to these dtypes (kiln/ir/ops.py)."""
     renderings = OPS[name].triton
-    template = next(renderings[variant] for variant in triton_variants(operand_dtype, result_dtype)
-                    if variant in renderings)
+    variants = [variant for variant in triton_variants(operand_dtype, result_dtype) if variant in renderings]
+    if not variants:
+        raise NotImplementedError(f"Triton codegen for op {name} on {operand_dtype}: ops.py has no rendering")
+    template = renderings[variants[0]]
     helper = template[1:template.index("(")] if template.startswith("_") else None
     return template.format(*args, T=TRITON_DTYPES[result_dtype], shape=shape), helper
 
