@@ -33,11 +33,8 @@ from dataclasses import dataclass
 import torch
 
 
-class Op(str, enum.Enum):
+class Op(enum.StrEnum):
     """A pointwise LoopIR op's name; equal to (and formatted as) the plain string."""
-
-    def __str__(self) -> str:
-        return self.value
 
     NEG = "neg"
     ABS = "abs"
@@ -154,6 +151,8 @@ CPP_VARIANTS = ("bool", "integer", "low_precision", "constant_exponent", "defaul
 
 @dataclass(frozen=True)
 class OpRow:
+    """One pointwise op: what the IR, the scheduler and every backend need to know about it."""
+
     op: Op
     arity: int
     dtype_rule: DtypeRule
