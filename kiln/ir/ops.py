@@ -110,6 +110,7 @@ class Op(enum.StrEnum):
     REMAINDER = "remainder"
     FMAX = "fmax"
     FMIN = "fmin"
+    LOGADDEXP = "logaddexp"
 
 
 @dataclass(frozen=True)
@@ -407,6 +408,12 @@ ROWS = [
     _row(Op.FMIN, 2, ANY, CHEAP,
          triton="tl.where(({0} < {1}) | ({1} != {1}), {0}, {1})",
          cpp="std::fmin({0}, {1})"),
+    # eager's CPU kernel: a itself where a == b is an infinity (inf - inf is NaN); NaN passes through a - b
+    _row(Op.LOGADDEXP, 2, FLOAT, EXPENSIVE, vector_math=True,
+         triton="tl.where(({0} == {1}) & (tl.abs({0}) == float(\"inf\")), {0}, "
+                "tl.maximum({0}, {1}) + libdevice.log1p(libdevice.exp(-tl.abs({0} - {1}))))",
+         cpp="(({0} == {1} && std::isinf({0})) ? {0} : "
+             "std::max({0}, {1}) + std::log1p(kiln_exp(-std::abs({0} - {1}))))"),
 ]
 OPS = {row.op.value: row for row in ROWS}
 
