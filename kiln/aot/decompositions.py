@@ -32,6 +32,7 @@ KEEP = [
     aten._scaled_dot_product_flash_attention_for_cpu, aten.eye,
     aten.gelu, aten.silu, aten.sigmoid, aten.tanh, aten.var_mean, aten.var, aten.std,
     aten.clamp, aten.where, aten.hardtanh, aten.mean,
+    aten.logaddexp,  # one LoopIR op (kiln/ir/ops.py), not core ATen's decomposition
     aten.embedding,  # its decomposition (aten.index) accepts negative indices, which eager's embedding rejects
 ]
 

@@ -40,6 +40,7 @@ from kiln.config import config
 from kiln.ir import Graph
 from kiln.ir.indexing import contiguous_strides, index_var, simplify_index
 from kiln.ir.nodes import EXPENSIVE_OPS, dtype_name, indirect_value
+from kiln.ir.ops import CODE, OPS, cpp_variants
 from kiln.runtime.cpp_build import KERNEL_SYMBOL, KernelSignature, toolchain
 from kiln.schedule.kernel import Kernel, var_map
 
@@ -54,42 +55,31 @@ VALUE_TYPES = {
 STORAGE_TYPES = {**VALUE_TYPES, torch.float16: "_Float16", torch.bfloat16: "uint16_t"}
 LOW_PRECISION_ROUND = {torch.bfloat16: "kiln_round_bf16", torch.float16: "kiln_round_f16"}
 
-# {0}, {1}: operands; {T}: the result's C++ type.
-UNARY = {
-    "neg": "(-{0})", "abs": "std::abs({0})", "exp": "kiln_exp({0})", "exp2": "std::exp2({0})",
-    "expm1": "std::expm1({0})", "log": "std::log({0})", "log2": "std::log2({0})", "log10": "std::log10({0})",
-    "log1p": "std::log1p({0})", "sqrt": "std::sqrt({0})", "rsqrt": "(({T})1 / std::sqrt({0}))",
-    "sin": "std::sin({0})", "cos": "std::cos({0})", "tan": "std::tan({0})", "asin": "std::asin({0})",
-    "acos": "std::acos({0})", "atan": "std::atan({0})", "sinh": "std::sinh({0})", "cosh": "std::cosh({0})",
-    "tanh": "std::tanh({0})", "asinh": "std::asinh({0})", "acosh": "std::acosh({0})", "atanh": "std::atanh({0})",
-    "erf": "std::erf({0})", "erfc": "std::erfc({0})", "erfinv": "({T})kiln_erfinv((double){0})",
-    "lgamma": "std::lgamma({0})", "sigmoid": "(({T})1 / (({T})1 + kiln_exp(-{0})))",
-    "floor": "std::floor({0})", "ceil": "std::ceil({0})", "round": "std::nearbyint({0})",
-    "trunc": "std::trunc({0})", "reciprocal": "(({T})1 / {0})", "logical_not": "({0} == 0)",
-    "isnan": "({0} != {0})", "isinf": "std::isinf({0})", "signbit": "kiln_signbit({0})",
-    "relu": "({0} < 0 ? ({T})0 : {0})", "frac": "({0} - std::trunc({0}))", "square": "({0} * {0})",
-    "sign": "kiln_sign<{T}>({0})", "normal_cdf": "kiln_normal_cdf({0})",
-}
-BINARY = {
-    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
-    "floordiv": "kiln_floordiv<{T}>({0}, {1})", "truncdiv": "kiln_truncdiv<{T}>({0}, {1})",
-    "remainder": "kiln_remainder<{T}>({0}, {1})", "fmod": "kiln_fmod<{T}>({0}, {1})", "pow": "std::pow({0}, {1})",
-    "maximum": "kiln_maximum<{T}>({0}, {1})", "minimum": "kiln_minimum<{T}>({0}, {1})",
-    "fmax": "std::fmax({0}, {1})", "fmin": "std::fmin({0}, {1})", "atan2": "std::atan2({0}, {1})",
-    "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})", "gt": "({0} > {1})",
-    "ge": "({0} >= {1})", "logical_and": "(({0} != 0) & ({1} != 0))", "logical_or": "(({0} != 0) | ({1} != 0))",
-    "logical_xor": "(({0} != 0) != ({1} != 0))", "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})",
-    "bitwise_xor": "({0} ^ {1})", "left_shift": "kiln_left_shift<{T}>({0}, {1})",
-    "right_shift": "kiln_right_shift<{T}>({0}, {1})", "copysign": "std::copysign({0}, {1})",
-    "hypot": "std::hypot({0}, {1})", "nextafter": "std::nextafter({0}, {1})",
-}
-# The ops above that call glibc's libm in a scalar loop and its vector libmvec in an `omp simd`
-# loop (cpp_prelude's KILN_VECTOR_MATH declarations). The two round differently: atan2f differed in
-# 9 of 16 values. exp, sigmoid and normal_cdf are kiln's own inline code, the same in both.
-VECTOR_MATH_OPS = frozenset({
-    "sin", "cos", "tan", "log", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh",
-    "exp2", "expm1", "log2", "log10", "log1p", "erf", "erfc", "pow", "atan2", "hypot",
-})
+# The pointwise ops' renderings are kiln/ir/ops.py's `cpp` column. Its `vector_math` ops call glibc's
+# libm in a scalar loop and its vector libmvec in an `omp simd` loop (cpp_prelude's KILN_VECTOR_MATH
+# declarations). The two round differently: atan2f differed in 9 of 16 values. exp, sigmoid and
+# normal_cdf are kiln's own inline code, the same in both.
+VECTOR_MATH_OPS = frozenset(name for name, row in OPS.items() if row.vector_math)
+
+
+def math_expression(name: str, dtype: torch.dtype, args: list, rendered_in_code: Callable) -> str:
+    """A unary or binary op's C++ expression: the op table's first variant that applies to the result
+    dtype (kiln/ir/ops.py); a CODE variant is `rendered_in_code(variant)`, skipped when that is None.
+    An fp16/bf16 result is rounded to its format unless the op is exact."""
+    row, expression = OPS[name], None
+    for variant in cpp_variants(dtype):
+        template = row.cpp.get(variant)
+        if template == CODE:
+            expression = rendered_in_code(variant)
+        elif template is not None:
+            expression = template.format(*args, T=VALUE_TYPES[dtype], D=dtype_name(dtype))
+        if expression is not None:
+            break
+    if expression is None:
+        raise NotImplementedError(f"C++ codegen for op {name} giving {dtype}: ops.py has no rendering")
+    if dtype in LOW_PRECISION_ROUND and not row.exact:
+        expression = f"{LOW_PRECISION_ROUND[dtype]}({expression})"
+    return expression
 
 
 def loop_dependent_ops() -> frozenset:
@@ -474,35 +464,22 @@ class CppKernelGenerator:
             return self.define(name, op.dtype, self._convert(args[0], source_dtype, op.dtype))
         if op.name == "where":
             expression = f"({args[0]} ? ({value_type}){args[1]} : ({value_type}){args[2]})"
-        elif op.name == "bitwise_not":
-            expression = f"(!{args[0]})" if op.dtype == torch.bool else f"(~{args[0]})"
-        elif op.name in ("floor", "ceil", "round", "trunc") and not op.dtype.is_floating_point:
-            expression = args[0]  # integers are already whole (std::floor would go through double)
-        elif op.name == "nextafter" and op.dtype in LOW_PRECISION_ROUND:  # a step of the 16-bit format
-            expression = f"kiln_nextafter_{dtype_name(op.dtype)}({args[0]}, {args[1]})"
-        elif op.name == "pow" and not op.dtype.is_floating_point:
-            expression = f"kiln_integer_pow<{value_type}>({args[0]}, {args[1]})"
-        elif op.name == "pow" and self._small_integer_exponent(node, op) is not None:
-            # x ** 2 and x ** 3 as products, as ATen's pow does (GPT-2's gelu cubes): far cheaper than powf.
-            expression = "(" + " * ".join([args[0]] * self._small_integer_exponent(node, op)) + ")"
-        elif op.name in UNARY:
-            expression = UNARY[op.name].format(*args, T=value_type)
-        elif op.name in BINARY:
-            expression = BINARY[op.name].format(*args, T=value_type)
+        elif op.name in OPS:
+            expression = math_expression(op.name, op.dtype, args,
+                                         lambda variant: CODE_RENDERINGS[op.name, variant](node, op, args))
         else:
             raise NotImplementedError(f"C++ codegen for op {op.name}")
-        if op.dtype in LOW_PRECISION_ROUND and op.name not in ("where", "neg", "abs"):
-            expression = f"{LOW_PRECISION_ROUND[op.dtype]}({expression})"
         return self.define(name, op.dtype, expression)
 
     @staticmethod
-    def _small_integer_exponent(node, op) -> int | None:
-        """2 or 3 when a floating pow's exponent is that constant, else None."""
+    def _constant_exponent_product(node, op, args: list) -> str | None:
+        """x ** 2 and x ** 3 as products, as ATen's pow does (GPT-2's gelu cubes): far cheaper than powf.
+        None unless a floating pow's exponent is that constant."""
         exponent = node.body.ops[op.operands[1]]
         if not op.dtype.is_floating_point or exponent.name != "constant":
             return None
         value = float(exponent.attr)
-        return int(value) if value in (2.0, 3.0) else None
+        return "(" + " * ".join([args[0]] * int(value)) + ")" if value in (2.0, 3.0) else None
 
     @staticmethod
     def _convert(value: str, source: torch.dtype, target: torch.dtype) -> str:
@@ -922,6 +899,10 @@ class CppKernelGenerator:
         signature = KernelSignature(len(self.pointer_names), len(sizes))
         return CppKernelSource(name, source, list(self.pointer_names), list(sizes), signature, self.gathers, skip,
                                listing=listing)
+
+
+# The op table's CODE variants (kiln/ir/ops.py): (op, variant) -> f(node, op, args) -> expression or None.
+CODE_RENDERINGS = {("pow", "constant_exponent"): CppKernelGenerator._constant_exponent_product}
 
 
 def generate_kernel(kernel: Kernel, graph: Graph) -> CppKernelSource:

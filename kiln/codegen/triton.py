@@ -20,6 +20,7 @@ from kiln.codegen.printing import TRITON_DTYPES, expr_to_source, python_constant
 from kiln.ir import Graph
 from kiln.ir.indexing import index_var, simplify_index
 from kiln.ir.nodes import indirect_value
+from kiln.ir.ops import OPS, triton_variants
 from kiln.schedule.kernel import Kernel, var_map
 
 INT32_LIMIT = 2**31 - 1
@@ -27,73 +28,24 @@ INT32_LIMIT = 2**31 - 1
 # index-error flag, allocated by the wrapper (codegen/wrapper.py).
 INDEX_STATUS = "_index_status"
 
-UNARY = {
-    "neg": "-{0}", "abs": "tl.abs({0})", "exp": "libdevice.exp({0})", "exp2": "libdevice.exp2({0})",
-    "expm1": "libdevice.expm1({0})", "log": "libdevice.log({0})", "log2": "libdevice.log2({0})",
-    "log10": "libdevice.log10({0})", "log1p": "libdevice.log1p({0})", "sqrt": "libdevice.sqrt({0})",
-    "rsqrt": "libdevice.rsqrt({0})", "sin": "libdevice.sin({0})", "cos": "libdevice.cos({0})",
-    "tan": "libdevice.tan({0})", "asin": "libdevice.asin({0})", "acos": "libdevice.acos({0})",
-    "atan": "libdevice.atan({0})", "sinh": "libdevice.sinh({0})", "cosh": "libdevice.cosh({0})",
-    "tanh": "libdevice.tanh({0})", "asinh": "libdevice.asinh({0})", "acosh": "libdevice.acosh({0})",
-    "atanh": "libdevice.atanh({0})", "erf": "libdevice.erf({0})", "erfc": "libdevice.erfc({0})",
-    "erfinv": "libdevice.erfinv({0})", "lgamma": "libdevice.lgamma({0})",
-    "sigmoid": "(1.0 / (1.0 + libdevice.exp(-{0})))", "floor": "libdevice.floor({0})", "ceil": "libdevice.ceil({0})",
-    "round": "libdevice.nearbyint({0})", "trunc": "libdevice.trunc({0})", "reciprocal": "(1.0 / {0})",
-    "logical_not": "({0} == 0)", "isnan": "({0} != {0})", "isinf": "(tl.abs({0}) == float(\"inf\"))",
-    "signbit": "(libdevice.signbit({0}) != 0)", "relu": "tl.where({0} < 0, 0, {0})",
-    "frac": "({0} - libdevice.trunc({0}))", "square": "({0} * {0})",
-    "normal_cdf": "(0.5 * libdevice.erfc({0} * -0.7071067811865476))",
-}
-BINARY = {
-    "add": "({0} + {1})", "sub": "({0} - {1})", "mul": "({0} * {1})", "truediv": "({0} / {1})",
-    "pow": "libdevice.pow({0}, {1})", "atan2": "libdevice.atan2({0}, {1})",
-    "maximum": "tl.where(({0} > {1}) | ({0} != {0}), {0}, {1})",
-    "minimum": "tl.where(({0} < {1}) | ({0} != {0}), {0}, {1})",
-    "eq": "({0} == {1})", "ne": "({0} != {1})", "lt": "({0} < {1})", "le": "({0} <= {1})",
-    "gt": "({0} > {1})", "ge": "({0} >= {1})",
-    "logical_and": "(({0} != 0) & ({1} != 0))", "logical_or": "(({0} != 0) | ({1} != 0))",
-    "logical_xor": "(({0} != 0) ^ ({1} != 0))", "bitwise_and": "({0} & {1})", "bitwise_or": "({0} | {1})",
-    "bitwise_xor": "({0} ^ {1})", "left_shift": "({0} << {1})", "right_shift": "({0} >> {1})",
-    "copysign": "libdevice.copysign({0}, {1})", "hypot": "libdevice.hypot({0}, {1})",
-    "nextafter": "libdevice.nextafter({0}, {1})", "fmod": "libdevice.fmod({0}, {1})",
-    "floordiv": "_floordiv_float({0}, {1})", "truncdiv": "libdevice.trunc({0} / {1})",
-    "remainder": "_remainder_float({0}, {1})",
-    # fmax/fmin: NaN loses (maximum/minimum: NaN wins)
-    "fmax": "tl.where(({0} > {1}) | ({1} != {1}), {0}, {1})", "fmin": "tl.where(({0} < {1}) | ({1} != {1}), {0}, {1})",
-}
-# Integer (and bool) renderings where the float one does not apply: libdevice has no integer
-# rounding, fmod, pow or signbit, and `//`, `%` are C's truncating ones. Division by zero gives 0
-# (torch raises; a GPU's is undefined), min // -1 wraps. Helpers return their operand's dtype
-# (a Python int constant in tl.where widens int8 to int32).
-INTEGER_UNARY = {
-    "floor": "{0}", "ceil": "{0}", "round": "{0}", "trunc": "{0}", "signbit": "({0} < 0)",
-}
-SIGNED_BINARY = {
-    "floordiv": "_floordiv_integer({0}, {1})", "truncdiv": "_truncdiv_integer({0}, {1})",
-    "remainder": "_remainder_integer({0}, {1})", "fmod": "_fmod_integer({0}, {1})", "pow": "_pow_integer({0}, {1})",
-}
-UNSIGNED_BINARY = {
-    "floordiv": "tl.where({1} == 0, 0, {0} // tl.where({1} == 0, 1, {1}))",
-    "remainder": "tl.where({1} == 0, 0, {0} % tl.where({1} == 0, 1, {1}))", "pow": "_pow_integer({0}, {1})",
-}
-# Float renderings where the integer one does not apply: Triton's unary minus is `0 - x`, which is
-# +0.0 for x = 0.0 (on the GPU and in the interpreter); torch's neg flips the sign (-0.0), which
-# 1 / x, copysign, signbit and atan2 see. Multiplying by -1 is exact and keeps NaN.
-FLOAT_UNARY = {"neg": "({0} * -1.0)"}
-# float32 `/` on the GPU is Triton's div.full.f32, an approximation (2 ulp); eager's CUDA division
-# is IEEE (div.rn.f32). tl.div_rn is the correctly rounded one (float64's `/` already is). Likewise
-# libdevice's sqrtf is sqrt.approx.f32 under Triton (it does not set __CUDA_PREC_SQRT), where
-# eager's is IEEE: sqrt(2) * sqrt(2) then truncates to 1 instead of 2 (fuzzer seed101 #753).
-# (tl.exp / tl.log are ex2/lg2.approx after a multiply, some ulps off and more for large
-# arguments: sin(exp(x)) was 2.6e-4 off; UNARY uses libdevice's expf / logf, as CUDA's eager does.)
-FLOAT32_IEEE = {"truediv": "tl.div_rn({0}, {1})", "reciprocal": "tl.div_rn(1.0, {0})",
-                  "sigmoid": "tl.div_rn(1.0, 1.0 + libdevice.exp(-{0}))", "sqrt": "tl.sqrt_rn({0})"}
-# bool operands: Triton's int1 add/sub wrap mod 2 on the GPU (True + True = False); torch's bool
-# add is logical or, its bool mul logical and (sub of bools torch refuses).
-BOOL_BINARY = {"add": "({0} | {1})", "sub": "({0} ^ {1})", "mul": "({0} & {1})"}
-# fp16/bf16 ops (math otherwise runs in fp32): nextafter steps by the 16-bit format's ulp.
-LOW_PRECISION_BINARY = {"nextafter": "_nextafter_16({0}, {1})"}
-UNSIGNED_BINARY.update(truncdiv=UNSIGNED_BINARY["floordiv"], fmod=UNSIGNED_BINARY["remainder"])
+# The pointwise ops' renderings are kiln/ir/ops.py's `triton` column; why some variants exist:
+# - integer (and bool): libdevice has no integer rounding, fmod, pow or signbit, and `//`, `%` are C's
+#   truncating ones. Division by zero gives 0 (torch raises; a GPU's is undefined), min // -1 wraps.
+#   Helpers return their operand's dtype (a Python int constant in tl.where widens int8 to int32).
+# - float neg: Triton's unary minus is `0 - x`, which is +0.0 for x = 0.0 (on the GPU and in the
+#   interpreter); torch's neg flips the sign (-0.0), which 1 / x, copysign, signbit and atan2 see.
+#   Multiplying by -1 is exact and keeps NaN.
+# - float32: `/` on the GPU is Triton's div.full.f32, an approximation (2 ulp); eager's CUDA division
+#   is IEEE (div.rn.f32). tl.div_rn is the correctly rounded one (float64's `/` already is). Likewise
+#   libdevice's sqrtf is sqrt.approx.f32 under Triton (it does not set __CUDA_PREC_SQRT), where
+#   eager's is IEEE: sqrt(2) * sqrt(2) then truncates to 1 instead of 2 (fuzzer seed101 #753).
+#   (tl.exp / tl.log are ex2/lg2.approx after a multiply, some ulps off and more for large
+#   arguments: sin(exp(x)) was 2.6e-4 off; the defaults use libdevice's expf / logf, as CUDA's eager does.)
+# - bool: Triton's int1 add/sub wrap mod 2 on the GPU (True + True = False); torch's bool add is
+#   logical or, its bool mul logical and (sub of bools torch refuses).
+# - low_precision (fp16/bf16 ops; math otherwise runs in fp32): nextafter steps by the 16-bit format's ulp.
+# - sign is torch's (0 < x) - (x < 0): sign(NaN) is 0, a bool's sign is itself; a uint8 bitwise_not
+#   is not `~` (`^ -1`), which the interpreter cannot make a uint8.
 
 HELPERS = {
     "floordiv_float": """
@@ -487,20 +439,7 @@ class TritonKernelGenerator:
             self.out.line(f"{name} = tl.where({args[0]}, {args[1]}, {args[2]})")
         elif op.name == "check_index":
             self._emit_check_index(op, name, args[0], mask)
-        elif op.name == "sign":  # torch's (0 < x) - (x < 0): sign(NaN) is 0, a bool's sign is itself
-            if op.dtype == torch.bool:
-                self.out.line(f"{name} = {args[0]}")
-            else:
-                self.out.line(f"{name} = ({args[0]} > 0).to({TRITON_DTYPES[op.dtype]}) - "
-                              f"({args[0]} < 0).to({TRITON_DTYPES[op.dtype]})")
-        elif op.name == "bitwise_not":
-            if op.dtype == torch.bool:
-                self.out.line(f"{name} = ({args[0]} == 0)")
-            elif op.dtype == torch.uint8:  # `~` is `^ -1`, which the interpreter cannot make a uint8
-                self.out.line(f"{name} = {args[0]} ^ tl.full({self._scalar_shape()}, 255, tl.uint8)")
-            else:
-                self.out.line(f"{name} = ~{args[0]}")
-        elif op.name in UNARY or op.name in BINARY:
+        elif op.name in OPS:
             self.out.line(f"{name} = {self._math_source(op, args)}")
         elif op.name == "reduce":
             if not self.kernel.is_reduction:  # its RBLOCK and rindex exist only in reduction kernels
@@ -525,23 +464,10 @@ class TritonKernelGenerator:
     def _math_source(self, op, args: list) -> str:
         """A unary or binary op's expression, by the dtype its operands have."""
         operand_dtype = self._current_node.body.ops[op.operands[0]].dtype
-        template = None
-        if operand_dtype == torch.bool and op.dtype == torch.bool:
-            template = BOOL_BINARY.get(op.name)
-        if not operand_dtype.is_floating_point:
-            unsigned = operand_dtype in (torch.uint8, torch.bool)
-            template = template or INTEGER_UNARY.get(op.name) or \
-                (UNSIGNED_BINARY if unsigned else SIGNED_BINARY).get(op.name)
-        else:
-            template = FLOAT_UNARY.get(op.name)
-            if op.dtype == torch.float32 and operand_dtype == torch.float32:
-                template = template or FLOAT32_IEEE.get(op.name)
-            if op.dtype in (torch.float16, torch.bfloat16):
-                template = template or LOW_PRECISION_BINARY.get(op.name)
-        template = template or UNARY.get(op.name) or BINARY[op.name]
-        if template.startswith("_"):  # a helper function (HELPERS)
-            self.helpers.add(template[1:template.index("(")])
-        return template.format(*args)
+        source, helper = math_source(op.name, operand_dtype, op.dtype, args, self._scalar_shape())
+        if helper is not None:
+            self.helpers.add(helper)
+        return source
 
     def _scalar_shape(self) -> str:
         """A constant's block shape: of the kernel's rank, so `tl.broadcast_to` a [XBLOCK, RBLOCK] tile works."""
@@ -675,6 +601,19 @@ class TritonKernelGenerator:
         self.out.line(f"{total}_t = {total} + {total}_y")
         self.out.line(f"{compensation} = tl.where({total}_t - {total}_t == 0, ({total}_t - {total}) - {total}_y, 0.0)")
         self.out.line(f"{total} = {total}_t")
+
+
+def math_source(name: str, operand_dtype: torch.dtype, result_dtype: torch.dtype, args: list,
+                shape: str) -> tuple:
+    """(expression, the HELPERS entry it calls or None): the op table's first Triton variant that
+    applies to these dtypes (kiln/ir/ops.py)."""
+    renderings = OPS[name].triton
+    variants = [variant for variant in triton_variants(operand_dtype, result_dtype) if variant in renderings]
+    if not variants:
+        raise NotImplementedError(f"Triton codegen for op {name} on {operand_dtype}: ops.py has no rendering")
+    template = renderings[variants[0]]
+    helper = template[1:template.index("(")] if template.startswith("_") else None
+    return template.format(*args, T=TRITON_DTYPES[result_dtype], shape=shape), helper
 
 
 def generate_kernel(kernel: Kernel, graph: Graph, device_type: str) -> KernelSource:

@@ -12,8 +12,8 @@ Ops (name: operands -> result):
     constant    value (attr)                       a scalar of `dtype`
     index_expr  expr (attr)                        an index expression as `dtype`
     to_dtype    x                                  x converted to `dtype`
-    unary math  x                                  (see UNARY_OPS)
-    binary math x, y                               (see BINARY_OPS)
+    unary math  x                                  (see ops.py)
+    binary math x, y                               (see ops.py)
     where       cond, x, y
     check_index x, size (attr)                     a gathered position: x when 0 <= x < size; otherwise
                                                    the kernel reports an IndexError (the host raises) and
@@ -30,24 +30,12 @@ from typing import Any, Sequence
 import sympy
 import torch
 
-UNARY_OPS = {
-    "neg", "abs", "exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sqrt", "rsqrt", "sin", "cos",
-    "tan", "asin", "acos", "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc",
-    "sigmoid", "floor", "ceil", "round", "trunc", "sign", "reciprocal", "logical_not", "bitwise_not",
-    "isnan", "isinf", "signbit", "lgamma", "erfinv", "relu", "frac", "square", "normal_cdf",
-}
-BINARY_OPS = {
-    "add", "sub", "mul", "truediv", "floordiv", "truncdiv", "remainder", "fmod", "pow", "maximum",
-    "minimum", "atan2", "eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_xor",
-    "bitwise_and", "bitwise_or", "bitwise_xor", "left_shift", "right_shift", "copysign", "hypot",
-    "nextafter", "fmax", "fmin",
-}
-# Ops that cost far more than a load or an add (a libm call or a long polynomial): a value
-# computed with them is not recomputed per element of a broadcast (schedule/inline.py), and the
-# C++ backend keeps it in a row array rather than computing it twice (codegen/cpp.py).
-EXPENSIVE_OPS = {"exp", "exp2", "expm1", "log", "log2", "log10", "log1p", "sin", "cos", "tan", "asin", "acos",
-                 "atan", "sinh", "cosh", "tanh", "asinh", "acosh", "atanh", "erf", "erfc", "erfinv", "lgamma",
-                 "sigmoid", "pow", "atan2", "normal_cdf"}
+from kiln.ir.ops import EXPENSIVE, OPS
+
+# The pointwise ops' sets, from the op table (kiln/ir/ops.py): plain strings, as bodies hold them.
+UNARY_OPS = {name for name, row in OPS.items() if row.arity == 1}
+BINARY_OPS = {name for name, row in OPS.items() if row.arity == 2}
+EXPENSIVE_OPS = {name for name, row in OPS.items() if row.cost == EXPENSIVE}  # see ops.py's cost classes
 REDUCTION_KINDS = {"sum", "prod", "max", "min", "argmax", "argmin", "welford", "any", "all"}
 OTHER_OPS = {"load", "store", "constant", "index_expr", "to_dtype", "where", "reduce", "getitem", "check_index"}
 ALL_OPS = UNARY_OPS | BINARY_OPS | OTHER_OPS

@@ -229,6 +229,7 @@ lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Ten
     _binary_rule("remainder", float_only=True))
 lowering(aten.copysign.Tensor, aten.copysign.Scalar)(_binary_rule("copysign", float_only=True))
 lowering(aten.hypot)(_binary_rule("hypot", float_only=True))
+lowering(aten.logaddexp)(_binary_rule("logaddexp", float_only=True))
 lowering(aten.nextafter)(_binary_rule("nextafter", float_only=True, in_storage_dtype=True))
 for _op, _name in [(aten.eq, "eq"), (aten.ne, "ne"), (aten.lt, "lt"), (aten.le, "le"), (aten.gt, "gt"),
                    (aten.ge, "ge")]:

@@ -1,0 +1,442 @@
+"""The pointwise op table: one row per unary and binary LoopIR op, with everything a backend needs.
+
+A row holds the op's name (an `Op`, a `str` enum, so bodies keep plain strings and compare equal),
+its arity, its dtype rule (which operand dtypes it takes and whether its result is bool), its cost
+class, and its renderings: Triton and C++ text templates keyed by *variant*. A variant is a dtype
+case; each backend tries its variants in a fixed order and falls back to "default":
+
+    Triton (by the operand's dtype, then the result's):  bool (both bool), integer, signed | unsigned
+        (non-floating operands; bool counts as unsigned), float, float32 (both float32), low_precision
+        (an fp16/bf16 result), default.
+    C++ (by the result's dtype):  bool, integer (not floating), low_precision (fp16/bf16),
+        constant_exponent (rendered in code: a pow by the constant 2 or 3), default.
+
+Templates take `{0}`, `{1}` (operands) and `{T}` (the result's type in the backend's spelling);
+Triton's also `{shape}` (a constant's block shape), C++'s `{D}` (the dtype's name). A Triton template
+starting with `_` calls one of codegen/triton.py's HELPERS. `CODE` marks a variant the generator
+renders in code (codegen/cpp.py's CODE_RENDERINGS), under a condition a dtype cannot express.
+
+`vector_math`: C++'s rendering calls libm in a scalar loop and libmvec in an `omp simd` loop, which
+round differently (so a value is computed in one loop only: schedule/inline.py). `exact`: the op's
+fp16/bf16 result needs no rounding back to the 16-bit format (C++ holds those as float).
+
+The interpreter (kiln/_triton.py) implements libdevice symbols, not ops, so rows hold no interpreter
+entry; tests/ir/test_ops.py checks every symbol a Triton rendering calls has one. The other LoopIR
+ops (load, store, constant, index_expr, to_dtype, where, reduce, getitem, check_index) take attributes
+or address buffers; they have no row and each generator renders them in code.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+
+class Op(enum.StrEnum):
+    """A pointwise LoopIR op's name; equal to (and formatted as) the plain string."""
+
+    NEG = "neg"
+    ABS = "abs"
+    EXP = "exp"
+    EXP2 = "exp2"
+    EXPM1 = "expm1"
+    LOG = "log"
+    LOG2 = "log2"
+    LOG10 = "log10"
+    LOG1P = "log1p"
+    SQRT = "sqrt"
+    RSQRT = "rsqrt"
+    SIN = "sin"
+    COS = "cos"
+    TAN = "tan"
+    ASIN = "asin"
+    ACOS = "acos"
+    ATAN = "atan"
+    SINH = "sinh"
+    COSH = "cosh"
+    TANH = "tanh"
+    ASINH = "asinh"
+    ACOSH = "acosh"
+    ATANH = "atanh"
+    ERF = "erf"
+    ERFC = "erfc"
+    ERFINV = "erfinv"
+    LGAMMA = "lgamma"
+    SIGMOID = "sigmoid"
+    FLOOR = "floor"
+    CEIL = "ceil"
+    ROUND = "round"
+    TRUNC = "trunc"
+    RECIPROCAL = "reciprocal"
+    LOGICAL_NOT = "logical_not"
+    ISNAN = "isnan"
+    ISINF = "isinf"
+    SIGNBIT = "signbit"
+    RELU = "relu"
+    FRAC = "frac"
+    SQUARE = "square"
+    NORMAL_CDF = "normal_cdf"
+    SIGN = "sign"
+    BITWISE_NOT = "bitwise_not"
+    ADD = "add"
+    SUB = "sub"
+    MUL = "mul"
+    TRUEDIV = "truediv"
+    POW = "pow"
+    ATAN2 = "atan2"
+    MAXIMUM = "maximum"
+    MINIMUM = "minimum"
+    EQ = "eq"
+    NE = "ne"
+    LT = "lt"
+    LE = "le"
+    GT = "gt"
+    GE = "ge"
+    LOGICAL_AND = "logical_and"
+    LOGICAL_OR = "logical_or"
+    LOGICAL_XOR = "logical_xor"
+    BITWISE_AND = "bitwise_and"
+    BITWISE_OR = "bitwise_or"
+    BITWISE_XOR = "bitwise_xor"
+    LEFT_SHIFT = "left_shift"
+    RIGHT_SHIFT = "right_shift"
+    COPYSIGN = "copysign"
+    HYPOT = "hypot"
+    NEXTAFTER = "nextafter"
+    FMOD = "fmod"
+    FLOORDIV = "floordiv"
+    TRUNCDIV = "truncdiv"
+    REMAINDER = "remainder"
+    FMAX = "fmax"
+    FMIN = "fmin"
+    LOGADDEXP = "logaddexp"
+
+
+@dataclass(frozen=True)
+class DtypeRule:
+    """Which dtype classes an op's operands may have, and whether its result is bool (else it is the
+    operands' dtype). Math on fp16/bf16 runs in fp32 (`low_precision` operands only where the op
+    steps by the 16-bit format's ulp)."""
+
+    name: str
+    operands: frozenset
+    bool_result: bool = False
+
+
+DTYPE_CLASSES = {
+    "float": (torch.float32, torch.float64), "low_precision": (torch.float16, torch.bfloat16),
+    "signed": (torch.int8, torch.int16, torch.int32, torch.int64), "unsigned": (torch.uint8,),
+    "bool": (torch.bool,),
+}
+FLOAT = DtypeRule("float only", frozenset({"float"}))
+FLOAT_STORAGE = DtypeRule("float, in the storage dtype", frozenset({"float", "low_precision"}))
+NUMBER = DtypeRule("float or integer", frozenset({"float", "signed", "unsigned"}))
+ANY = DtypeRule("any", frozenset({"float", "signed", "unsigned", "bool"}))
+INTEGER = DtypeRule("integer only", frozenset({"signed", "unsigned"}))
+BITWISE = DtypeRule("integer or bool", frozenset({"signed", "unsigned", "bool"}))
+COMPARE = DtypeRule("any, bool result", frozenset({"float", "signed", "unsigned", "bool"}), bool_result=True)
+LOGICAL = DtypeRule("bool, bool result", frozenset({"bool"}), bool_result=True)
+
+# Cost classes. An expensive op (a libm call or a long polynomial) costs far more than a load or an
+# add: its value is not recomputed per element of a broadcast (schedule/inline.py), and the C++
+# backend keeps it in a row array rather than computing it twice (codegen/cpp.py).
+CHEAP = "cheap"
+EXPENSIVE = "expensive"
+
+CODE = "<rendered in code>"
+
+TRITON_VARIANTS = ("bool", "integer", "signed", "unsigned", "float", "float32", "low_precision", "default")
+CPP_VARIANTS = ("bool", "integer", "low_precision", "constant_exponent", "default")
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """One pointwise op: what the IR, the scheduler and every backend need to know about it."""
+
+    op: Op
+    arity: int
+    dtype_rule: DtypeRule
+    cost: str
+    triton: dict
+    cpp: dict
+    vector_math: bool = False
+    exact: bool = False
+
+
+def _row(op: Op, arity: int, dtype_rule: DtypeRule, cost: str, *, triton, cpp, vector_math: bool = False,
+         exact: bool = False) -> OpRow:
+    """A row; a rendering given as one string is its "default" variant."""
+    triton = {"default": triton} if isinstance(triton, str) else triton
+    cpp = {"default": cpp} if isinstance(cpp, str) else cpp
+    return OpRow(op, arity, dtype_rule, cost, triton, cpp, vector_math, exact)
+
+
+ROWS = [
+    _row(Op.NEG, 1, NUMBER, CHEAP, exact=True,
+         triton={"float": "({0} * -1.0)", "default": "-{0}"},
+         cpp="(-{0})"),
+    _row(Op.ABS, 1, NUMBER, CHEAP, exact=True,
+         triton="tl.abs({0})",
+         cpp="std::abs({0})"),
+    _row(Op.EXP, 1, FLOAT, EXPENSIVE,
+         triton="libdevice.exp({0})",
+         cpp="kiln_exp({0})"),
+    _row(Op.EXP2, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.exp2({0})",
+         cpp="std::exp2({0})"),
+    _row(Op.EXPM1, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.expm1({0})",
+         cpp="std::expm1({0})"),
+    _row(Op.LOG, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.log({0})",
+         cpp="std::log({0})"),
+    _row(Op.LOG2, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.log2({0})",
+         cpp="std::log2({0})"),
+    _row(Op.LOG10, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.log10({0})",
+         cpp="std::log10({0})"),
+    _row(Op.LOG1P, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.log1p({0})",
+         cpp="std::log1p({0})"),
+    _row(Op.SQRT, 1, FLOAT, CHEAP,
+         triton={"float32": "tl.sqrt_rn({0})", "default": "libdevice.sqrt({0})"},
+         cpp="std::sqrt({0})"),
+    _row(Op.RSQRT, 1, FLOAT, CHEAP,
+         triton="libdevice.rsqrt({0})",
+         cpp="(({T})1 / std::sqrt({0}))"),
+    _row(Op.SIN, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.sin({0})",
+         cpp="std::sin({0})"),
+    _row(Op.COS, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.cos({0})",
+         cpp="std::cos({0})"),
+    _row(Op.TAN, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.tan({0})",
+         cpp="std::tan({0})"),
+    _row(Op.ASIN, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.asin({0})",
+         cpp="std::asin({0})"),
+    _row(Op.ACOS, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.acos({0})",
+         cpp="std::acos({0})"),
+    _row(Op.ATAN, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.atan({0})",
+         cpp="std::atan({0})"),
+    _row(Op.SINH, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.sinh({0})",
+         cpp="std::sinh({0})"),
+    _row(Op.COSH, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.cosh({0})",
+         cpp="std::cosh({0})"),
+    _row(Op.TANH, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.tanh({0})",
+         cpp="std::tanh({0})"),
+    _row(Op.ASINH, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.asinh({0})",
+         cpp="std::asinh({0})"),
+    _row(Op.ACOSH, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.acosh({0})",
+         cpp="std::acosh({0})"),
+    _row(Op.ATANH, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.atanh({0})",
+         cpp="std::atanh({0})"),
+    _row(Op.ERF, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.erf({0})",
+         cpp="std::erf({0})"),
+    _row(Op.ERFC, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.erfc({0})",
+         cpp="std::erfc({0})"),
+    _row(Op.ERFINV, 1, FLOAT, EXPENSIVE,
+         triton="libdevice.erfinv({0})",
+         cpp="({T})kiln_erfinv((double){0})"),
+    _row(Op.LGAMMA, 1, FLOAT, EXPENSIVE,
+         triton="libdevice.lgamma({0})",
+         cpp="std::lgamma({0})"),
+    _row(Op.SIGMOID, 1, FLOAT, EXPENSIVE,
+         triton={"float32": "tl.div_rn(1.0, 1.0 + libdevice.exp(-{0}))",
+                 "default": "(1.0 / (1.0 + libdevice.exp(-{0})))"},
+         cpp="(({T})1 / (({T})1 + kiln_exp(-{0})))"),
+    _row(Op.FLOOR, 1, NUMBER, CHEAP,
+         triton={"integer": "{0}", "default": "libdevice.floor({0})"},
+         cpp={"integer": "{0}", "default": "std::floor({0})"}),
+    _row(Op.CEIL, 1, NUMBER, CHEAP,
+         triton={"integer": "{0}", "default": "libdevice.ceil({0})"},
+         cpp={"integer": "{0}", "default": "std::ceil({0})"}),
+    _row(Op.ROUND, 1, NUMBER, CHEAP,
+         triton={"integer": "{0}", "default": "libdevice.nearbyint({0})"},
+         cpp={"integer": "{0}", "default": "std::nearbyint({0})"}),
+    _row(Op.TRUNC, 1, NUMBER, CHEAP,
+         triton={"integer": "{0}", "default": "libdevice.trunc({0})"},
+         cpp={"integer": "{0}", "default": "std::trunc({0})"}),
+    _row(Op.RECIPROCAL, 1, FLOAT, CHEAP,
+         triton={"float32": "tl.div_rn(1.0, {0})", "default": "(1.0 / {0})"},
+         cpp="(({T})1 / {0})"),
+    _row(Op.LOGICAL_NOT, 1, LOGICAL, CHEAP,
+         triton="({0} == 0)",
+         cpp="({0} == 0)"),
+    _row(Op.ISNAN, 1, COMPARE, CHEAP,
+         triton="({0} != {0})",
+         cpp="({0} != {0})"),
+    _row(Op.ISINF, 1, COMPARE, CHEAP,
+         triton='(tl.abs({0}) == float("inf"))',
+         cpp="std::isinf({0})"),
+    _row(Op.SIGNBIT, 1, COMPARE, CHEAP,
+         triton={"integer": "({0} < 0)", "default": "(libdevice.signbit({0}) != 0)"},
+         cpp="kiln_signbit({0})"),
+    _row(Op.RELU, 1, NUMBER, CHEAP,
+         triton="tl.where({0} < 0, 0, {0})",
+         cpp="({0} < 0 ? ({T})0 : {0})"),
+    _row(Op.FRAC, 1, FLOAT, CHEAP,
+         triton="({0} - libdevice.trunc({0}))",
+         cpp="({0} - std::trunc({0}))"),
+    _row(Op.SQUARE, 1, NUMBER, CHEAP,
+         triton="({0} * {0})",
+         cpp="({0} * {0})"),
+    _row(Op.NORMAL_CDF, 1, FLOAT, EXPENSIVE,
+         triton="(0.5 * libdevice.erfc({0} * -0.7071067811865476))",
+         cpp="kiln_normal_cdf({0})"),
+    _row(Op.SIGN, 1, ANY, CHEAP,
+         triton={"bool": "{0}", "default": "({0} > 0).to({T}) - ({0} < 0).to({T})"},
+         cpp="kiln_sign<{T}>({0})"),
+    _row(Op.BITWISE_NOT, 1, BITWISE, CHEAP,
+         triton={"bool": "({0} == 0)", "unsigned": "{0} ^ tl.full({shape}, 255, tl.uint8)", "default": "~{0}"},
+         cpp={"bool": "(!{0})", "default": "(~{0})"}),
+    _row(Op.ADD, 2, ANY, CHEAP,
+         triton={"bool": "({0} | {1})", "default": "({0} + {1})"},
+         cpp="({0} + {1})"),
+    _row(Op.SUB, 2, NUMBER, CHEAP,
+         triton={"bool": "({0} ^ {1})", "default": "({0} - {1})"},
+         cpp="({0} - {1})"),
+    _row(Op.MUL, 2, ANY, CHEAP,
+         triton={"bool": "({0} & {1})", "default": "({0} * {1})"},
+         cpp="({0} * {1})"),
+    _row(Op.TRUEDIV, 2, FLOAT, CHEAP,
+         triton={"float32": "tl.div_rn({0}, {1})", "default": "({0} / {1})"},
+         cpp="({0} / {1})"),
+    _row(Op.POW, 2, NUMBER, EXPENSIVE, vector_math=True,
+         triton={"signed": "_pow_integer({0}, {1})",
+                 "unsigned": "_pow_integer({0}, {1})",
+                 "default": "libdevice.pow({0}, {1})"},
+         cpp={"integer": "kiln_integer_pow<{T}>({0}, {1})",
+                 "constant_exponent": CODE,
+                 "default": "std::pow({0}, {1})"}),
+    _row(Op.ATAN2, 2, FLOAT, EXPENSIVE, vector_math=True,
+         triton="libdevice.atan2({0}, {1})",
+         cpp="std::atan2({0}, {1})"),
+    _row(Op.MAXIMUM, 2, ANY, CHEAP,
+         triton="tl.where(({0} > {1}) | ({0} != {0}), {0}, {1})",
+         cpp="kiln_maximum<{T}>({0}, {1})"),
+    _row(Op.MINIMUM, 2, ANY, CHEAP,
+         triton="tl.where(({0} < {1}) | ({0} != {0}), {0}, {1})",
+         cpp="kiln_minimum<{T}>({0}, {1})"),
+    _row(Op.EQ, 2, COMPARE, CHEAP,
+         triton="({0} == {1})",
+         cpp="({0} == {1})"),
+    _row(Op.NE, 2, COMPARE, CHEAP,
+         triton="({0} != {1})",
+         cpp="({0} != {1})"),
+    _row(Op.LT, 2, COMPARE, CHEAP,
+         triton="({0} < {1})",
+         cpp="({0} < {1})"),
+    _row(Op.LE, 2, COMPARE, CHEAP,
+         triton="({0} <= {1})",
+         cpp="({0} <= {1})"),
+    _row(Op.GT, 2, COMPARE, CHEAP,
+         triton="({0} > {1})",
+         cpp="({0} > {1})"),
+    _row(Op.GE, 2, COMPARE, CHEAP,
+         triton="({0} >= {1})",
+         cpp="({0} >= {1})"),
+    _row(Op.LOGICAL_AND, 2, LOGICAL, CHEAP,
+         triton="(({0} != 0) & ({1} != 0))",
+         cpp="(({0} != 0) & ({1} != 0))"),
+    _row(Op.LOGICAL_OR, 2, LOGICAL, CHEAP,
+         triton="(({0} != 0) | ({1} != 0))",
+         cpp="(({0} != 0) | ({1} != 0))"),
+    _row(Op.LOGICAL_XOR, 2, LOGICAL, CHEAP,
+         triton="(({0} != 0) ^ ({1} != 0))",
+         cpp="(({0} != 0) != ({1} != 0))"),
+    _row(Op.BITWISE_AND, 2, BITWISE, CHEAP,
+         triton="({0} & {1})",
+         cpp="({0} & {1})"),
+    _row(Op.BITWISE_OR, 2, BITWISE, CHEAP,
+         triton="({0} | {1})",
+         cpp="({0} | {1})"),
+    _row(Op.BITWISE_XOR, 2, BITWISE, CHEAP,
+         triton="({0} ^ {1})",
+         cpp="({0} ^ {1})"),
+    _row(Op.LEFT_SHIFT, 2, INTEGER, CHEAP,
+         triton="({0} << {1})",
+         cpp="kiln_left_shift<{T}>({0}, {1})"),
+    _row(Op.RIGHT_SHIFT, 2, INTEGER, CHEAP,
+         triton="({0} >> {1})",
+         cpp="kiln_right_shift<{T}>({0}, {1})"),
+    _row(Op.COPYSIGN, 2, FLOAT, CHEAP,
+         triton="libdevice.copysign({0}, {1})",
+         cpp="std::copysign({0}, {1})"),
+    _row(Op.HYPOT, 2, FLOAT, CHEAP, vector_math=True,
+         triton="libdevice.hypot({0}, {1})",
+         cpp="std::hypot({0}, {1})"),
+    _row(Op.NEXTAFTER, 2, FLOAT_STORAGE, CHEAP,
+         triton={"low_precision": "_nextafter_16({0}, {1})", "default": "libdevice.nextafter({0}, {1})"},
+         cpp={"low_precision": "kiln_nextafter_{D}({0}, {1})", "default": "std::nextafter({0}, {1})"}),
+    _row(Op.FMOD, 2, NUMBER, CHEAP,
+         triton={"signed": "_fmod_integer({0}, {1})",
+                 "unsigned": "tl.where({1} == 0, 0, {0} % tl.where({1} == 0, 1, {1}))",
+                 "default": "libdevice.fmod({0}, {1})"},
+         cpp="kiln_fmod<{T}>({0}, {1})"),
+    _row(Op.FLOORDIV, 2, NUMBER, CHEAP,
+         triton={"signed": "_floordiv_integer({0}, {1})",
+                 "unsigned": "tl.where({1} == 0, 0, {0} // tl.where({1} == 0, 1, {1}))",
+                 "default": "_floordiv_float({0}, {1})"},
+         cpp="kiln_floordiv<{T}>({0}, {1})"),
+    _row(Op.TRUNCDIV, 2, NUMBER, CHEAP,
+         triton={"signed": "_truncdiv_integer({0}, {1})",
+                 "unsigned": "tl.where({1} == 0, 0, {0} // tl.where({1} == 0, 1, {1}))",
+                 "default": "libdevice.trunc({0} / {1})"},
+         cpp="kiln_truncdiv<{T}>({0}, {1})"),
+    _row(Op.REMAINDER, 2, NUMBER, CHEAP,
+         triton={"signed": "_remainder_integer({0}, {1})",
+                 "unsigned": "tl.where({1} == 0, 0, {0} % tl.where({1} == 0, 1, {1}))",
+                 "default": "_remainder_float({0}, {1})"},
+         cpp="kiln_remainder<{T}>({0}, {1})"),
+    _row(Op.FMAX, 2, ANY, CHEAP,
+         triton="tl.where(({0} > {1}) | ({1} != {1}), {0}, {1})",
+         cpp="std::fmax({0}, {1})"),
+    _row(Op.FMIN, 2, ANY, CHEAP,
+         triton="tl.where(({0} < {1}) | ({1} != {1}), {0}, {1})",
+         cpp="std::fmin({0}, {1})"),
+    # eager's CPU kernel: a itself where a == b is an infinity (inf - inf is NaN); NaN passes through a - b
+    _row(Op.LOGADDEXP, 2, FLOAT, EXPENSIVE, vector_math=True,
+         triton="tl.where(({0} == {1}) & (tl.abs({0}) == float(\"inf\")), {0}, "
+                "tl.maximum({0}, {1}) + libdevice.log1p(libdevice.exp(-tl.abs({0} - {1}))))",
+         cpp="(({0} == {1} && std::isinf({0})) ? {0} : "
+             "std::max({0}, {1}) + std::log1p(kiln_exp(-std::abs({0} - {1}))))"),
+]
+OPS = {row.op.value: row for row in ROWS}
+
+
+def triton_variants(operand: torch.dtype, result: torch.dtype) -> list:
+    """The Triton variants to try for these dtypes, most specific first."""
+    variants = ["bool"] if operand == torch.bool and result == torch.bool else []
+    if not operand.is_floating_point:
+        variants += ["integer", "unsigned" if operand in (torch.uint8, torch.bool) else "signed"]
+    else:
+        variants.append("float")
+        if result == torch.float32 and operand == torch.float32:
+            variants.append("float32")
+        if result in (torch.float16, torch.bfloat16):
+            variants.append("low_precision")
+    return variants + ["default"]
+
+
+def cpp_variants(result: torch.dtype) -> list:
+    """The C++ variants to try for this result dtype, most specific first."""
+    variants = ["bool"] if result == torch.bool else []
+    if not result.is_floating_point:
+        variants.append("integer")
+    if result in (torch.float16, torch.bfloat16):
+        variants.append("low_precision")
+    return variants + ["constant_exponent", "default"]
