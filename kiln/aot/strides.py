@@ -4,13 +4,21 @@ kiln allocates buffers, and gives graph outputs their strides, from the ATen gra
 fake-tensor metas. Where those disagree with eager's layout the compiled graph returns
 strides eager never would, and the wrong meta spreads to every op downstream (a pointwise
 op follows its input's layout). `restride_to_eager(gm)` replaces such metas with eager's
-layout and re-derives the metas downstream of them. Four rules, each in one function:
+layout and re-derives the metas downstream of them (three rules, below). Two layouts must be
+right in the trace itself instead, since the program's own `.contiguous()` or
+`.reshape()` copies or aliases by them, and restriding after the trace is too late:
 
-- `aten.index.Tensor` (`_index_strides`): eager's kernel (CPU and CUDA) is a TensorIterator
-  over the source restrided to the output's shape (stride 0 in the indexed dims) and the
-  index tensors broadcast and reshaped to it, so its result follows the index tensors'
-  layout as well as the source's; the meta kernel ignores the index tensors' strides (a
-  transposed index gives a row-major result where eager's is column-major).
+- `aten.index.Tensor` (`index_layout`, used by kiln/aot/decompositions.py `index`): eager's
+  kernel (CPU and CUDA) is a TensorIterator over the source restrided to the output's shape
+  (stride 0 in the indexed dims) and the index tensors broadcast and reshaped to it, so its
+  result follows the index tensors' layout as well as the source's; the meta kernel ignores
+  the index tensors' strides (a transposed index gives a row-major result where eager's is
+  column-major).
+- In-place writes whose functional form relayouts the written tensor (`keep_written_layouts`,
+  on the torch-level graph before tracing).
+
+The rules of `restride_to_eager`, each in one function:
+
 - `aten.logical_and/or/xor` (`_tensor_iterator_op_strides`): eager's kernels are
   TensorIterators over both operands; the meta kernels (torch's refs) order the dims by
   the first operand alone, even where it is broadcast (a 0-dim or 1-D first operand gives
@@ -20,7 +28,7 @@ layout and re-derives the metas downstream of them. Four rules, each in one func
   functionalization replaces it with `op(x, ...)`, laid out by op's own rule
   (masked_fill_ becomes a `where` that follows the mask's layout), and every later read
   of x, or of a view of it, reads that. The torch-level graph knows which nodes write in
-  place: `tag_in_place_writes` stamps each of its nodes with its name (in meta["custom"],
+  place: `tag_torch_graph` stamps each of its nodes with its name (in meta["custom"],
   which AOTAutograd copies onto every ATen node traced from it) and returns which node each
   one writes; the ATen result of a write then takes the layout of the value it replaces.
 - Composite ops (`_composite_strides`): layer_norm, softmax, batch_norm and the like are decomposed

@@ -278,11 +278,8 @@ def clone(ctx, node, x, memory_format=None):
 @lowering(aten.copy.default)
 def copy(ctx, node, destination, source, non_blocking=False):
     """`aten.copy(self, src)`, functionalization's `self.copy_(src)`: src broadcast to self's shape and
-    cast to its dtype, laid out as self (its meta); self's values are never read."""
-    meta = meta_of(node)
-    if not isinstance(source, TensorValue) or source.device != meta.device:
-        raise Unsupported("copy across devices")
-    return ctx.pointwise([source], lambda body, v: v, meta=meta, compute_dtype=source.dtype)
+    cast to its dtype, laid out as self (its meta), as `_to_copy` does; self's values are never read."""
+    return to_copy(ctx, node, source)
 
 
 @lowering(aten.clamp.default, aten.clamp.Tensor, aten.clamp_min.default, aten.clamp_max.default,
