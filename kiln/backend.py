@@ -83,13 +83,17 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
 
 def _compile_aten_graph(gm, example_inputs, dump, mode):
     from kiln.codegen.wrapper import generate_wrapper, loop_dependent_ops
-    from kiln.lowering import lower_graph
+    from kiln.lowering import apply_patterns, lower_graph
     from kiln.runtime.loader import load_module
     from kiln.schedule import schedule_graph
 
     dump.write("aten_graph.py", gm.print_readable(print_output=False))
+    with dump.stage("patterns"):
+        patterned = apply_patterns(gm)  # gm itself when nothing matched; gm stays the eager fallback
+    if patterned is not gm:
+        dump.write("aten_graph_patterns.py", patterned.print_readable(print_output=False))
     with dump.stage("lower"):
-        graph = lower_graph(gm, example_inputs)
+        graph = lower_graph(patterned, example_inputs)
     dump.write("loopir_before_fusion.txt", graph.format())
     with dump.stage("schedule"):
         scheduled = schedule_graph(graph, loop_dependent_ops(graph))
