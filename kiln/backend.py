@@ -83,6 +83,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
 
 def _compile_aten_graph(gm, example_inputs, dump, mode):
     from kiln.codegen.wrapper import generate_wrapper, loop_dependent_ops
+    from kiln.ir import format_graph
     from kiln.lowering import lower_graph
     from kiln.runtime.loader import load_module
     from kiln.schedule import schedule_graph
@@ -90,7 +91,7 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
     dump.write("aten_graph.py", gm.print_readable(print_output=False))
     with dump.stage("lower"):
         graph = lower_graph(gm, example_inputs)
-    dump.write("loopir_before_fusion.txt", graph.format())
+    dump.write("loopir_before_fusion.txt", format_graph(graph))
     with dump.stage("schedule"):
         scheduled = schedule_graph(graph, loop_dependent_ops(graph))
     dump.write("loopir_after_fusion.txt", scheduled.format())
