@@ -62,6 +62,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
     """Compile one functional ATen graph (from kiln/aot) into kernels and a wrapper; with
     mode="reduce-overhead", an inference graph on CUDA replays through a CUDA graph."""
     from kiln.debug import GraphDump
+    from kiln.ir import IRVerificationError
     from kiln.runtime import cudagraphs
 
     dump = GraphDump.new(gm)
@@ -73,6 +74,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
             compiled = cudagraphs.wrap(compiled, dump.name, example_inputs, inference=inference)
         return compiled
     except Exception as error:
+        if isinstance(error, IRVerificationError) and config.strict:
+            raise  # a malformed graph is kiln's bug: raised as it is, naming the stage that made it
         if config.strict or fullgraph:
             raise KilnCompileError(f"kiln could not compile graph {dump.name}: {error}") from error
         reason = "".join(traceback.format_exception_only(type(error), error)).strip()
@@ -83,6 +86,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
 
 def _compile_aten_graph(gm, example_inputs, dump, mode):
     from kiln.codegen.wrapper import generate_wrapper, loop_dependent_ops
+    from kiln.ir import format_graph
     from kiln.lowering import apply_patterns, lower_graph
     from kiln.runtime.loader import load_module
     from kiln.schedule import schedule_graph
@@ -94,10 +98,12 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
         dump.write("aten_graph_patterns.py", patterned.print_readable(print_output=False))
     with dump.stage("lower"):
         graph = lower_graph(patterned, example_inputs)
-    dump.write("loopir_before_fusion.txt", graph.format())
+    dump.write("loopir_before_fusion.txt", format_graph(graph))
+    _check("lower", graph)
     with dump.stage("schedule"):
         scheduled = schedule_graph(graph, loop_dependent_ops(graph))
     dump.write("loopir_after_fusion.txt", scheduled.format())
+    _check("schedule", scheduled)
     with dump.stage("codegen"):
         module_source = generate_wrapper(scheduled)
     dump.write("wrapper.py", module_source.wrapper)
@@ -110,6 +116,20 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
                                fallback=_torch.make_boxed_func(gm), strict=config.strict)
     dump.finish()
     return compiled
+
+
+def _check(stage: str, form) -> None:
+    """Verify the LoopIR `form` (a Graph or a ScheduledGraph) a stage made, when `config.verify_ir`
+    says so (unset: under strict); an IRVerificationError names the stage, the node, the op, the problem."""
+    from kiln.ir import Graph, verify
+    from kiln.schedule import verify_scheduled
+
+    if not (config.strict if config.verify_ir is None else config.verify_ir):
+        return
+    if isinstance(form, Graph):
+        verify(form, stage)
+    else:
+        verify_scheduled(form, stage)
 
 
 def _eager_backend(gm: torch.fx.GraphModule, example_inputs: list, **_: object) -> Callable:

@@ -136,7 +136,6 @@ def cycles(graph: dict[str, set[str]]) -> list[tuple[str, ...]]:
 KNOWN_CYCLES: set[tuple[str, ...]] = {
     ("kiln", "kiln.debug.explain"),  # explain() imports kiln for kiln.compile
     ("kiln.backend", "kiln.runtime.loader"),
-    ("kiln.ir.nodes", "kiln.ir.printer"),
 }
 KNOWN_UPWARD_IMPORTS: set[tuple[str, str]] = {
     ("kiln.backend", "kiln.debug"),  # the KILN_DEBUG dump is written from the pipeline

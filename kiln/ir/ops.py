@@ -23,12 +23,14 @@ fp16/bf16 result needs no rounding back to the 16-bit format (C++ holds those as
 The interpreter (kiln/_triton.py) implements libdevice symbols, not ops, so rows hold no interpreter
 entry; tests/ir/test_ops.py checks every symbol a Triton rendering calls has one. The other LoopIR
 ops (load, store, constant, index_expr, to_dtype, where, reduce, getitem, check_index) take attributes
-or address buffers; they have no row and each generator renders them in code.
+or address buffers; they have no row and each generator renders them in code. What verify() checks of
+them (arity, operand and result dtypes) is an `OpSpec` each in `SPECS`, at the end of this module.
 """
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -440,3 +442,118 @@ def cpp_variants(result: torch.dtype) -> list:
     if result in (torch.float16, torch.bfloat16):
         variants.append("low_precision")
     return variants + ["constant_exponent", "default"]
+
+
+# What verify() checks of every op, built from this module: a row's arity and DtypeRule, and for the
+# other ops (no row: they take attributes or address buffers) an `OpSpec` below. One function,
+# `dtype_problems`, applies both, so the verifier holds no op knowledge of its own.
+
+INTEGER_DTYPES = DTYPE_CLASSES["signed"] + DTYPE_CLASSES["unsigned"]
+REDUCTION_KINDS = ("sum", "prod", "max", "min", "argmax", "argmin", "welford", "any", "all")
+WELFORD_RESULTS = 3  # mean, m2, count
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    """A LoopIR op without a pointwise row: the operand counts it takes and its dtype rule.
+
+    `check(op, operand_dtypes, buffer_dtype)` returns the rule's violations as short sentences;
+    `buffer_dtype` is the dtype of the buffer a load or store addresses (None for other ops).
+    """
+
+    name: str
+    operand_counts: tuple
+    rule: str
+    check: Callable
+
+
+def _dtype_class(dtype: torch.dtype | None) -> str | None:
+    return next((name for name, members in DTYPE_CLASSES.items() if dtype in members), None)
+
+
+def _named(dtype) -> str:
+    return "no dtype" if dtype is None else str(dtype).replace("torch.", "")
+
+
+def _load(op, operands, buffer_dtype) -> list:
+    problems = [f"mask is {_named(operands[0])}, not bool"] if operands and operands[0] != torch.bool else []
+    if op.dtype != buffer_dtype:
+        problems.append(f"result is {_named(op.dtype)} but the buffer holds {_named(buffer_dtype)}")
+    return problems
+
+
+def _store(op, operands, buffer_dtype) -> list:
+    problems = [] if op.dtype is None else [f"has a result dtype {_named(op.dtype)} (a store has no result)"]
+    if operands and operands[0] != buffer_dtype:
+        problems.append(f"stores a {_named(operands[0])} value into a {_named(buffer_dtype)} buffer")
+    return problems
+
+
+def _has_dtype(op, operands, buffer_dtype) -> list:
+    return [] if op.dtype is not None else ["has no result dtype"]
+
+
+def _where(op, operands, buffer_dtype) -> list:
+    condition, if_true, if_false = operands
+    problems = [] if condition == torch.bool else [f"condition is {_named(condition)}, not bool"]
+    if not if_true == if_false == op.dtype:
+        problems.append(f"branches are {_named(if_true)} and {_named(if_false)}, result {_named(op.dtype)}")
+    return problems
+
+
+def _reduce(op, operands, buffer_dtype) -> list:
+    if op.attr not in REDUCTION_KINDS:
+        return [f"unknown reduction {op.attr!r}"]
+    expected = torch.int64 if op.attr in ("argmax", "argmin") else operands[0]
+    if op.dtype != expected:
+        return [f"{op.attr} of {_named(operands[0])} has result {_named(op.dtype)}, not {_named(expected)}"]
+    return []
+
+
+def _getitem(op, operands, buffer_dtype) -> list:
+    problems = [] if op.dtype == operands[0] else \
+        [f"result is {_named(op.dtype)}, the welford values are {_named(operands[0])}"]
+    if not (isinstance(op.attr, int) and 0 <= op.attr < WELFORD_RESULTS):
+        problems.append(f"position {op.attr!r} is not one of welford's {WELFORD_RESULTS} values")
+    return problems
+
+
+def _check_index(op, operands, buffer_dtype) -> list:
+    problems = [] if operands[0] in INTEGER_DTYPES else [f"checks a {_named(operands[0])} position, not an integer"]
+    if op.dtype != torch.int64:
+        problems.append(f"result is {_named(op.dtype)}, not int64")
+    return problems
+
+
+SPECS = {spec.name: spec for spec in (
+    OpSpec("load", (0, 1), "the buffer's dtype; the optional mask is bool", _load),
+    OpSpec("store", (1,), "the value is in the buffer's dtype (lowering converts before it stores); no result",
+           _store),
+    OpSpec("constant", (0,), "its own dtype (attr: the value)", _has_dtype),
+    OpSpec("index_expr", (0,), "its own dtype (attr: the expression)", _has_dtype),
+    OpSpec("to_dtype", (1,), "any dtype to its own", _has_dtype),
+    OpSpec("where", (3,), "a bool condition, two branches of the result's dtype", _where),
+    OpSpec("reduce", (1,), "the operand's dtype; int64 for argmax/argmin", _reduce),
+    OpSpec("getitem", (1,), "one of welford's values, in their dtype", _getitem),
+    OpSpec("check_index", (1,), "an integer position, checked as int64", _check_index),
+)}
+
+
+def operand_counts(name: str) -> tuple:
+    """How many operands op `name` may take (a row's arity, or its spec's counts)."""
+    return (OPS[name].arity,) if name in OPS else SPECS[name].operand_counts
+
+
+def dtype_problems(op, operand_dtypes: list, buffer_dtype: torch.dtype | None = None) -> list:
+    """The ways `op` (a body's `Op`) breaks its dtype rule, given its operands' dtypes."""
+    if op.name in SPECS:
+        return SPECS[op.name].check(op, operand_dtypes, buffer_dtype)
+    rule = OPS[op.name].dtype_rule
+    problems = [f"operand {position} is {_named(dtype)}, {rule.name} ({op.name}) does not take it"
+                for position, dtype in enumerate(operand_dtypes) if _dtype_class(dtype) not in rule.operands]
+    if len(set(operand_dtypes)) > 1:
+        problems.append(f"operands differ: {', '.join(map(_named, operand_dtypes))}")
+    expected = torch.bool if rule.bool_result else operand_dtypes[0]
+    if op.dtype != expected:
+        problems.append(f"result is {_named(op.dtype)}, {rule.name} gives {_named(expected)}")
+    return problems

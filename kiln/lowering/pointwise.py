@@ -355,11 +355,12 @@ def gelu(ctx, node, x, approximate="none"):
         # x * Phi(x): the same value as 0.5 x (1 + erf(x / sqrt 2)), with no cancellation for x < 0, except
         # where eager's value is exact: 0 (-0) below eager's cutoff and, on CPU in float, NaN for +inf.
         # (kiln's C++ erf and ATen's CPU erf approximation differ by ulps, which 1 + erf(z) would amplify.)
-        below = op("lt", v, const(_GELU_EAGER_ZERO_BELOW[dtype]))
+        below = body.emit("lt", (v, const(_GELU_EAGER_ZERO_BELOW[dtype])), torch.bool)
         phi = body.emit("where", (below, const(0.0), op("normal_cdf", v)), dtype)
         result = op("mul", v, phi)
         if meta.device.type == "cpu" and dtype != torch.float64:
-            result = body.emit("where", (op("eq", v, const(math.inf)), const(math.nan), result), dtype)
+            infinite = body.emit("eq", (v, const(math.inf)), torch.bool)
+            result = body.emit("where", (infinite, const(math.nan), result), dtype)
         return result
 
     return ctx.pointwise([x], compute, meta=meta)

@@ -19,6 +19,7 @@ from kiln.schedule.fusion import group_kernels
 from kiln.schedule.inline import inline_pointwise
 from kiln.schedule.kernel import Kernel, ScheduledGraph
 from kiln.schedule.split import split_reductions
+from kiln.schedule.verify import verify_scheduled
 
 
 def schedule_graph(graph, loop_dependent_ops: frozenset = frozenset()) -> ScheduledGraph:
@@ -28,8 +29,8 @@ def schedule_graph(graph, loop_dependent_ops: frozenset = frozenset()) -> Schedu
 
     inlined = inline_pointwise(graph, loop_dependent_ops)
     split = split_reductions(inlined)
-    verify(split)
+    verify(split, "split_reductions")
     return group_kernels(split)
 
 
-__all__ = ["Kernel", "ScheduledGraph", "schedule_graph"]
+__all__ = ["Kernel", "ScheduledGraph", "schedule_graph", "verify_scheduled"]
