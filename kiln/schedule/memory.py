@@ -42,6 +42,7 @@ SCRATCH = "scratch"  # a view into the scratch block
 RETURNED = "returned"  # an extern's fresh result
 VIEW = "view"  # an extern's result that may be a view of its arguments
 ALLOCATED_BY_WRAPPER = (EMPTY, HUGE, SCRATCH)
+MAX_COMPARED_PEAKS = 32  # distinct symbolic live-byte expressions the peak is simplified over
 
 
 @dataclass
@@ -271,18 +272,37 @@ def returns_fresh_tensors(op) -> bool:
 
 def _account_peak(steps: list) -> tuple:
     """Fill each step's `live_bytes` (buffers allocated by then and not freed before it; graph
-    outputs live to the end) and return (peak bytes, the peak's step or None)."""
-    born: dict = {}  # buffer -> (step, bytes)
+    outputs live to the end) and return (peak bytes, the peak's step or None). One pass: each
+    step adds what it allocates and drops what the step before freed."""
+    born: dict = {}  # buffer -> its bytes, from its first allocation
+    static, symbolic = 0, sympy.Integer(0)  # the live bytes, apart so that most steps add ints
+    dying: list = []  # buffers freed after the previous step
     for step in steps:
+        for name in dying:
+            nbytes = born[name]
+            if nbytes.is_Integer:
+                static -= int(nbytes)
+            else:
+                symbolic -= nbytes
         for allocation in step.allocations:
-            born.setdefault(allocation.buffer, (step.index, allocation.nbytes))
-    freed = {name: step.index for step in steps for name in step.frees}
-    for step in steps:
-        step.live_bytes = sympy.Add(*[nbytes for name, (first, nbytes) in born.items()
-                                      if first <= step.index and freed.get(name, len(steps)) >= step.index])
+            if allocation.buffer in born:
+                continue
+            born[allocation.buffer] = nbytes = sympy.sympify(allocation.nbytes)
+            if nbytes.is_Integer:
+                static += int(nbytes)
+            else:
+                symbolic += nbytes
+        step.live_bytes = sympy.expand(symbolic) + static
+        dying = [name for name in step.frees if name in born]
     if not steps:
         return sympy.Integer(0), None
-    peak = sympy.Max(*[step.live_bytes for step in steps])
+    static_peak = max(int(step.live_bytes) for step in steps if step.live_bytes.is_Integer) \
+        if any(step.live_bytes.is_Integer for step in steps) else None
+    candidates = list(dict.fromkeys(step.live_bytes for step in steps if not step.live_bytes.is_Integer))
+    if static_peak is not None:
+        candidates.append(sympy.Integer(static_peak))
+    # Max compares its arguments pairwise: past a few dozen distinct expressions it is printed unsimplified.
+    peak = sympy.Max(*candidates, evaluate=len(candidates) <= MAX_COMPARED_PEAKS)
     peak_step = next((step.index for step in steps if sympy.expand(step.live_bytes - peak) == 0), None)
     return peak, peak_step
 
