@@ -90,6 +90,7 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
     from kiln.lowering import apply_patterns, lower_graph
     from kiln.runtime.loader import load_module
     from kiln.schedule import schedule_graph
+    from kiln.schedule.memory import plan_memory
 
     dump.write("aten_graph.py", gm.print_readable(print_output=False))
     with dump.stage("patterns"):
@@ -104,8 +105,11 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
         scheduled = schedule_graph(graph, loop_dependent_ops(graph))
     dump.write("loopir_after_fusion.txt", scheduled.format())
     _check("schedule", scheduled)
+    with dump.stage("plan_memory"):
+        memory_plan = plan_memory(scheduled)
+    dump.write("memory_plan.txt", memory_plan.format())
     with dump.stage("codegen"):
-        module_source = generate_wrapper(scheduled)
+        module_source = generate_wrapper(scheduled, memory_plan)
     dump.write("wrapper.py", module_source.wrapper)
     for kernel in module_source.kernel_sources:
         suffix = getattr(kernel, "file_suffix", ".py")  # C++ kernels are dumped as .cpp

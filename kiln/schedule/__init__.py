@@ -13,7 +13,8 @@
    it iterates over the same rows (and columns): reductions over the same rows share
    one kernel, pointwise epilogues join the reduction that feeds them. A value
    produced and consumed inside one kernel never touches memory.
-Buffers are freed after their last use by the wrapper (kiln/codegen/wrapper.py).
+The memory plan (memory.py, `plan_memory`, its own stage after this one) decides where each
+buffer lives and when it is freed; the wrapper (kiln/codegen/wrapper.py) renders it.
 """
 from kiln.schedule.fusion import group_kernels
 from kiln.schedule.inline import inline_pointwise
