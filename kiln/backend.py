@@ -20,14 +20,13 @@ import torch
 
 from kiln import _torch
 from kiln.config import config
+from kiln.errors import KilnCompileError
 
 log = logging.getLogger("kiln")
 
 LADDER = ("eager", "aot_eager", "kiln")
 
-
-class KilnCompileError(RuntimeError):
-    """A graph kiln could not compile (raised under strict mode or fullgraph=True)."""
+__all__ = ["KilnCompileError", "LADDER", "compile_aten_graph", "compile_graph", "graph_compiler", "register"]
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str = "default",

@@ -15,6 +15,7 @@ import logging
 import types
 
 from kiln import _triton
+from kiln.errors import KilnCompileError
 from kiln.runtime.cache import cache_path, source_hash
 from kiln.runtime.launch import KernelCompileError
 
@@ -89,7 +90,7 @@ class CompiledGraph:
                 return self._call(args)
             except KernelCompileError as error:
                 self._fall_back(error)
-                raise _compile_error(f"kiln: graph {self.name}: {error}; its inputs were already released, "
+                raise KilnCompileError(f"kiln: graph {self.name}: {error}; its inputs were already released, "
                                      f"so this call cannot run eagerly (later calls do)") from error
         inputs = list(args)
         try:
@@ -105,16 +106,10 @@ class CompiledGraph:
         from kiln.config import config
 
         if self._fallback is None or self.strict or config.strict:
-            raise _compile_error(f"kiln could not compile graph {self.name}: {error}") from error
+            raise KilnCompileError(f"kiln could not compile graph {self.name}: {error}") from error
         log.warning("kiln: graph %s runs eagerly: %s (set KILN_STRICT=1 to raise)", self.name, error)
         self.fallback_reason = str(error)
         self._call, self._first_call = self._fallback, False
-
-
-def _compile_error(message: str) -> Exception:
-    from kiln.backend import KilnCompileError  # defined with the pipeline, which raises it for every stage
-
-    return KilnCompileError(message)
 
 
 def load_module(module_source, *, mode: str = "default", scheduled=None, name: str = "", fallback=None,
