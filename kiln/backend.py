@@ -81,7 +81,9 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
 
 
 def _compile_aten_graph(gm, example_inputs, dump, mode):
-    from kiln.codegen.wrapper import generate_wrapper, loop_dependent_ops
+    from kiln.codegen.backends import backend_for
+    from kiln.codegen.common import graph_device_type
+    from kiln.codegen.wrapper import generate_wrapper
     from kiln.lowering import lower_graph
     from kiln.runtime.loader import load_module
     from kiln.schedule import schedule_graph
@@ -91,14 +93,13 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
         graph = lower_graph(gm, example_inputs)
     dump.write("loopir_before_fusion.txt", graph.format())
     with dump.stage("schedule"):
-        scheduled = schedule_graph(graph, loop_dependent_ops(graph))
+        scheduled = schedule_graph(graph, backend_for(graph_device_type(graph)).loop_dependent_ops())
     dump.write("loopir_after_fusion.txt", scheduled.format())
     with dump.stage("codegen"):
         module_source = generate_wrapper(scheduled)
     dump.write("wrapper.py", module_source.wrapper)
     for kernel in module_source.kernel_sources:
-        suffix = getattr(kernel, "file_suffix", ".py")  # C++ kernels are dumped as .cpp
-        dump.write(f"kernel_{kernel.name}{suffix}", module_source.kernels[kernel.name])
+        dump.write(f"kernel_{kernel.name}{kernel.file_suffix}", module_source.kernels[kernel.name])
     with dump.stage("load"):
         # Triton compiles at a kernel's first launch: a failure there runs this same eager fallback.
         compiled = load_module(module_source, mode=mode, scheduled=scheduled, name=dump.name,

@@ -42,7 +42,7 @@ from kiln.ir import Graph
 from kiln.ir.indexing import contiguous_strides, index_var, simplify_index
 from kiln.ir.nodes import EXPENSIVE_OPS, dtype_name, indirect_value
 from kiln.ir.ops import CODE, OPS, cpp_variants
-from kiln.runtime.cpp_build import KERNEL_SYMBOL, KernelSignature, toolchain
+from kiln.runtime.cpp_build import KERNEL_SYMBOL, KernelSignature, compile_kernels, toolchain
 from kiln.schedule.kernel import Kernel, var_map
 
 LANES = 16  # vector accumulator lanes of a reduction (one AVX-512 register of float)
@@ -890,3 +890,25 @@ CODE_RENDERINGS = {("pow", "constant_exponent"): CppKernelGenerator._constant_ex
 def generate_kernel(kernel: Kernel, graph: Graph) -> CppKernelSource:
     """The C++ source of one scheduled kernel."""
     return CppKernelGenerator(kernel, graph).generate(kernel.name)
+
+
+@dataclass(frozen=True)
+class CppBackend:
+    """The C++/OpenMP backend for CPU tensors (a KernelBackend, kiln/codegen/common.py); its kernels
+    are built and loaded by kiln/runtime/cpp_build.py."""
+
+    name: ClassVar[str] = "cpp"
+    device_type: ClassVar[str] = "cpu"
+
+    def generate_kernel(self, kernel: Kernel, graph: Graph) -> CppKernelSource:
+        return generate_kernel(kernel, graph)
+
+    def loop_dependent_ops(self) -> frozenset:
+        return loop_dependent_ops()
+
+    def kernel_call(self, source: CppKernelSource, argument_sources: list, python_source: Callable) -> str:
+        return source.launch(argument_sources)
+
+    def load_kernels(self, kernel_sources: list) -> dict:
+        """Kernels with an empty iteration space are never called, so never built."""
+        return compile_kernels([source for source in kernel_sources if not source.skip])

@@ -12,6 +12,7 @@ import hashlib
 import math
 
 from dataclasses import dataclass
+from typing import Callable, ClassVar
 
 import sympy
 import torch
@@ -22,6 +23,7 @@ from kiln.ir import Graph
 from kiln.ir.indexing import simplify_index
 from kiln.ir.nodes import indirect_value
 from kiln.ir.ops import OPS, triton_variants
+from kiln.runtime.loader import load_triton_kernels
 from kiln.schedule.kernel import Kernel, var_map
 
 INT32_LIMIT = 2**31 - 1
@@ -175,6 +177,12 @@ class KernelSource:
     device_type: str
     skip: bool = False  # empty iteration space: allocate only, never launch
     function_name: str = ""  # the Triton function in `source` (shared by identical kernels)
+    file_suffix: ClassVar[str] = ".py"  # of the KILN_DEBUG dump
+
+    @property
+    def listing(self) -> str:
+        """The text dumped for KILN_DEBUG: the source itself."""
+        return self.source
 
     @property
     def checks_indices(self) -> bool:
@@ -606,4 +614,30 @@ def math_source(name: str, operand_dtype: torch.dtype, result_dtype: torch.dtype
 
 
 def generate_kernel(kernel: Kernel, graph: Graph, device_type: str) -> KernelSource:
+    """The Triton source of one scheduled kernel, for `device_type`."""
     return TritonKernelGenerator(kernel, graph, device_type).generate()
+
+
+@dataclass(frozen=True)
+class TritonBackend:
+    """The Triton backend (a KernelBackend, kiln/codegen/common.py): compiled for CUDA, or run by
+    Triton's interpreter on CPU; loaded by kiln/runtime/loader.py."""
+
+    device_type: str
+    name: ClassVar[str] = "triton"
+
+    def generate_kernel(self, kernel: Kernel, graph: Graph) -> KernelSource:
+        return generate_kernel(kernel, graph, self.device_type)
+
+    def loop_dependent_ops(self) -> frozenset:
+        return frozenset()  # Triton's libdevice computes each element the same way in every kernel
+
+    def kernel_call(self, source: KernelSource, argument_sources: list, python_source: Callable) -> str:
+        """`name(grid_x, *buffers, *sizes)`, the launch function of kiln/runtime/launch.py."""
+        xnumel = sympy.sympify(source.xnumel)
+        grid_x = str(-(-int(xnumel) // source.xblock)) if xnumel.is_Integer else \
+            f"cdiv({python_source(xnumel)}, {source.xblock})"
+        return f"{source.name}({', '.join([grid_x] + argument_sources)})"
+
+    def load_kernels(self, kernel_sources: list) -> dict:
+        return load_triton_kernels(kernel_sources)

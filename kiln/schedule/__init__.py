@@ -23,7 +23,7 @@ from kiln.schedule.split import split_reductions
 
 def schedule_graph(graph, loop_dependent_ops: frozenset = frozenset()) -> ScheduledGraph:
     """`loop_dependent_ops`: ops whose value the backend may compute differently in two loops
-    (kiln/codegen/wrapper.py's `loop_dependent_ops`); a body using them is computed once."""
+    (the KernelBackend's `loop_dependent_ops`, kiln/codegen/common.py); a body using them is computed once."""
     from kiln.ir import verify
 
     inlined = inline_pointwise(graph, loop_dependent_ops)
