@@ -5,9 +5,10 @@ KernelBackend of kiln/codegen/backends.py): Triton kernels here (`load_triton_ke
 from their text under the name of their cache file (Triton reads a kernel's source through
 `inspect`, which finds the same text in `linecache`), wrapped for the device (compiled for CUDA,
 interpreted for CPU), kept in an in-process cache keyed by source hash; C++ kernels are compiled
-in parallel and loaded by kiln/runtime/cpp_build.py. They are bound into the wrapper's namespace. Nothing is imported
-through `importlib`, so no bytecode cache (`__pycache__`) sits beside the entries to go stale
-or corrupt: the in-memory text is what runs, its cache file is where tracebacks point.
+in parallel and loaded by kiln/runtime/cpp_build.py. They are bound into the wrapper's namespace.
+Nothing is imported through `importlib`, so no bytecode cache (`__pycache__`) sits beside the
+entries to go stale or corrupt: the in-memory text is what runs, its cache file is where
+tracebacks point.
 """
 from __future__ import annotations
 
@@ -97,7 +98,7 @@ class CompiledGraph:
             except KernelCompileError as error:
                 self._fall_back(error)
                 raise KilnCompileError(f"kiln: graph {self.name}: {error}; its inputs were already released, "
-                                     f"so this call cannot run eagerly (later calls do)") from error
+                                       f"so this call cannot run eagerly (later calls do)") from error
         inputs = list(args)
         try:
             result = self._call(args)
