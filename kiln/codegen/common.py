@@ -45,7 +45,7 @@ def kernel_ranges(kernel) -> dict:
 
 
 def graph_device_type(graph: Graph) -> str:
-    """"cuda" when any of the graph's buffers is on a CUDA device, else "cpu"."""
+    """The device type whose backend runs `graph`: cuda when any of its buffers is on a CUDA device, else cpu."""
     for buffer in graph.buffers.values():
         if buffer.device.type == "cuda":
             return "cuda"
