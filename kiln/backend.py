@@ -20,14 +20,13 @@ import torch
 
 from kiln import _torch
 from kiln.config import config
+from kiln.errors import KilnCompileError
 
 log = logging.getLogger("kiln")
 
 LADDER = ("eager", "aot_eager", "kiln")
 
-
-class KilnCompileError(RuntimeError):
-    """A graph kiln could not compile (raised under strict mode or fullgraph=True)."""
+__all__ = ["KilnCompileError", "LADDER", "compile_aten_graph", "compile_graph", "graph_compiler", "register"]
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str = "default",
@@ -85,7 +84,9 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
 
 
 def _compile_aten_graph(gm, example_inputs, dump, mode):
-    from kiln.codegen.wrapper import generate_wrapper, loop_dependent_ops
+    from kiln.codegen.backends import backend_for
+    from kiln.codegen.common import graph_device_type
+    from kiln.codegen.wrapper import generate_wrapper
     from kiln.ir import format_graph
     from kiln.lowering import apply_patterns, lower_graph
     from kiln.runtime.loader import load_module
@@ -102,7 +103,7 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
     dump.write("loopir_before_fusion.txt", format_graph(graph))
     _check("lower", graph)
     with dump.stage("schedule"):
-        scheduled = schedule_graph(graph, loop_dependent_ops(graph))
+        scheduled = schedule_graph(graph, backend_for(graph_device_type(graph)).loop_dependent_ops())
     dump.write("loopir_after_fusion.txt", scheduled.format())
     _check("schedule", scheduled)
     with dump.stage("plan_memory"):
@@ -112,8 +113,7 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
         module_source = generate_wrapper(scheduled, memory_plan)
     dump.write("wrapper.py", module_source.wrapper)
     for kernel in module_source.kernel_sources:
-        suffix = getattr(kernel, "file_suffix", ".py")  # C++ kernels are dumped as .cpp
-        dump.write(f"kernel_{kernel.name}{suffix}", module_source.kernels[kernel.name])
+        dump.write(f"kernel_{kernel.name}{kernel.file_suffix}", module_source.kernels[kernel.name])
     with dump.stage("load"):
         # Triton compiles at a kernel's first launch: a failure there runs this same eager fallback.
         compiled = load_module(module_source, mode=mode, scheduled=scheduled, name=dump.name,

@@ -28,12 +28,13 @@ raises IndexError).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 import sympy
 import torch
 
+from kiln.codegen.common import LineBuffer, kernel_ranges, pointer_name, reduction_identity
 from kiln.codegen.cpp_prelude import PRELUDE
 from kiln.codegen.printing import expr_to_source
 from kiln.config import config
@@ -41,7 +42,7 @@ from kiln.ir import Graph
 from kiln.ir.indexing import contiguous_strides, index_var, simplify_index
 from kiln.ir.nodes import EXPENSIVE_OPS, dtype_name, indirect_value
 from kiln.ir.ops import CODE, OPS, cpp_variants
-from kiln.runtime.cpp_build import KERNEL_SYMBOL, KernelSignature, toolchain
+from kiln.runtime.cpp_build import KERNEL_SYMBOL, KernelSignature, compile_kernels, toolchain
 from kiln.schedule.kernel import Kernel, var_map
 
 LANES = 16  # vector accumulator lanes of a reduction (one AVX-512 register of float)
@@ -125,11 +126,10 @@ class CppKernelSource:
 def _identity(kind: str, dtype: torch.dtype) -> str:
     """The C++ initial value of a reduction's accumulator."""
     value_type = VALUE_TYPES[dtype]
-    if kind in ("sum", "welford", "any"):
-        return f"({value_type})0"
-    if kind in ("prod", "all"):
-        return f"({value_type})1"
-    largest = kind in ("min", "argmin")
+    identity = reduction_identity(kind)
+    if identity in ("zero", "one"):
+        return f"({value_type}){0 if identity == 'zero' else 1}"
+    largest = identity == "largest"
     if dtype.is_floating_point:
         return f"{'' if largest else '-'}std::numeric_limits<{value_type}>::infinity()"
     if dtype == torch.bool:
@@ -174,22 +174,8 @@ class _Scope:
         self.preheader = preheader
 
 
-@dataclass
-class _Lines:
-    lines: list = field(default_factory=list)  # text, or a nested block written later
-    depth: int = 1
-
-    def add(self, text: str) -> None:
-        self.lines.append("    " * self.depth + text)
-
-    def block(self) -> "_Lines":
-        """A block at this point, at this depth, that can still be written after later lines."""
-        nested = _Lines(depth=self.depth)
-        self.lines.append(nested)
-        return nested
-
-    def flat(self) -> list:
-        return [line for item in self.lines for line in (item.flat() if isinstance(item, _Lines) else [item])]
+class _Lines(LineBuffer):
+    """C++ lines: a LineBuffer whose blocks open and close with braces."""
 
     def open(self, text: str) -> None:
         self.add(f"{text} {{" if text else "{")
@@ -337,14 +323,10 @@ class CppKernelGenerator:
         return None if value is None else self.value(self._position, value)
 
     def pointer(self, buffer_name: str) -> str:
-        if buffer_name not in self.pointer_names:
-            self.pointer_names[buffer_name] = f"ptr{len(self.pointer_names)}"
-        return self.pointer_names[buffer_name]
+        return pointer_name(self.pointer_names, buffer_name)
 
     def _ranges(self) -> dict:
-        ranges = {index_var("x", k): size for k, size in enumerate(self.kernel.row_ranges)}
-        ranges.update({index_var("r", k): size for k, size in enumerate(self.kernel.col_ranges)})
-        return ranges
+        return kernel_ranges(self.kernel)
 
     def _column_flat_index(self) -> str:
         columns = self.kernel.col_ranges
@@ -908,3 +890,25 @@ CODE_RENDERINGS = {("pow", "constant_exponent"): CppKernelGenerator._constant_ex
 def generate_kernel(kernel: Kernel, graph: Graph) -> CppKernelSource:
     """The C++ source of one scheduled kernel."""
     return CppKernelGenerator(kernel, graph).generate(kernel.name)
+
+
+@dataclass(frozen=True)
+class CppBackend:
+    """The C++/OpenMP backend for CPU tensors (a KernelBackend, kiln/codegen/common.py); its kernels
+    are built and loaded by kiln/runtime/cpp_build.py."""
+
+    name: ClassVar[str] = "cpp"
+    device_type: ClassVar[str] = "cpu"
+
+    def generate_kernel(self, kernel: Kernel, graph: Graph) -> CppKernelSource:
+        return generate_kernel(kernel, graph)
+
+    def loop_dependent_ops(self) -> frozenset:
+        return loop_dependent_ops()
+
+    def kernel_call(self, source: CppKernelSource, argument_sources: list, python_source: Callable) -> str:
+        return source.launch(argument_sources)
+
+    def load_kernels(self, kernel_sources: list) -> dict:
+        """Kernels with an empty iteration space are never called, so never built."""
+        return compile_kernels([source for source in kernel_sources if not source.skip])

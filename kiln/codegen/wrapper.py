@@ -14,9 +14,10 @@ import sympy
 import torch
 
 from kiln import _torch
-from kiln.config import config
+from kiln.codegen.backends import backend_for
+from kiln.codegen.common import KernelBackend, graph_device_type
 from kiln.codegen.printing import expr_to_source
-from kiln.codegen.triton import INDEX_STATUS, KernelSource, generate_kernel
+from kiln.codegen.triton import INDEX_STATUS, KernelSource
 from kiln.ir import Extern, TensorArg
 from kiln.schedule import Kernel, ScheduledGraph
 from kiln.schedule.memory import ALLOCATED_BY_WRAPPER, HUGE, SCRATCH, MemoryPlan, plan_memory
@@ -27,36 +28,14 @@ class ModuleSource:
     """Everything `kiln.runtime.loader.load_module` needs to build the callable."""
 
     wrapper: str
-    kernels: dict  # kernel name -> Triton source
-    kernel_sources: list = field(default_factory=list)  # KernelSource
+    kernels: dict  # kernel name -> its listing (the kernel's source, for dumps)
+    kernel_sources: list = field(default_factory=list)  # what backend.generate_kernel returned
     constants: dict = field(default_factory=dict)
     externs: dict = field(default_factory=dict)  # name -> ATen op
     kernel_count: int = 0
     extern_count: int = 0
     index_status: list = field(default_factory=list)  # names of the kernels' index-error flags (constants)
-
-
-def _graph_device_type(scheduled: ScheduledGraph) -> str:
-    return graph_device_type(scheduled.graph)
-
-
-def graph_device_type(graph) -> str:
-    for buffer in graph.buffers.values():
-        if buffer.device.type == "cuda":
-            return "cuda"
-    return "cpu"
-
-
-def loop_dependent_ops(graph) -> frozenset:
-    """The LoopIR ops whose value for one element can depend on the loop that computes it
-    (vectorized or not) on the backend that will run `graph`. The scheduler computes a value
-    built from them once, in one loop, rather than again in each consumer: two copies of it
-    that differ by an ulp turn `x - mean(x)` of a single value into noise (fuzz seed 3009 #5079)."""
-    if graph_device_type(graph) != "cpu" or config.cpu_backend != "cpp":
-        return frozenset()  # Triton's libdevice computes each element the same way in every kernel
-    from kiln.codegen import cpp as cpp_codegen
-
-    return cpp_codegen.loop_dependent_ops()
+    backend: KernelBackend | None = None  # generated the kernels; loads them (kiln/runtime/loader.py)
 
 
 def _symbol_sources(graph) -> dict:
@@ -82,7 +61,8 @@ class WrapperGenerator:
     def __init__(self, scheduled: ScheduledGraph, memory_plan: MemoryPlan | None = None):
         self.scheduled = scheduled
         self.graph = scheduled.graph
-        self.device_type = _graph_device_type(scheduled)
+        self.device_type = graph_device_type(scheduled.graph)
+        self.backend = backend_for(self.device_type)
         self.memory_plan = memory_plan if memory_plan is not None else plan_memory(scheduled, self.device_type)
         if [step_plan.name for step_plan in self.memory_plan.steps] != [step.name for step in scheduled.steps]:
             raise ValueError("the memory plan was made for another schedule: plan_memory(scheduled) again")
@@ -108,7 +88,7 @@ class WrapperGenerator:
 
     def generate(self) -> ModuleSource:
         graph = self.graph
-        module = ModuleSource("", {}, constants=dict(graph.constants))
+        module = ModuleSource("", {}, constants=dict(graph.constants), backend=self.backend)
         input_names = [graph_input.name for graph_input in graph.inputs]
         self.lines.append("def call(args):")
         body = []
@@ -201,30 +181,16 @@ class WrapperGenerator:
                 f"dtype={buffer.dtype})")
 
     def _kernel_call(self, kernel: Kernel, module: ModuleSource) -> list[str]:
-        from kiln.config import config
-
-        cpp = self.device_type == "cpu" and config.cpu_backend == "cpp"
-        if cpp:
-            from kiln.codegen import cpp as cpp_codegen
-
-            source = cpp_codegen.generate_kernel(kernel, self.graph)
-        else:
-            source = generate_kernel(kernel, self.graph, self.device_type)
+        source = self.backend.generate_kernel(kernel, self.graph)
         module.kernel_sources.append(source)
-        module.kernels[kernel.name] = source.listing if cpp else source.source
+        module.kernels[kernel.name] = source.listing
         lines = [self._allocate(allocation) for allocation in self.step_plans[kernel.name].allocations]
         if source.skip:
             return lines
         buffers = [self._index_status_for(kernel, module) if name == INDEX_STATUS else self.name(name)
                    for name in source.buffer_args]
         args = buffers + [self.py(size) for size in source.size_args]
-        if cpp:
-            return lines + [source.launch(args)]
-        xnumel = sympy.sympify(source.xnumel)
-        grid_x = str(-(-int(xnumel) // source.xblock)) if xnumel.is_Integer else \
-            f"cdiv({self.py(xnumel)}, {source.xblock})"
-        lines.append(f"{kernel.name}({', '.join([grid_x] + args)})")  # kiln/runtime/launch.py
-        return lines
+        return lines + [self.backend.kernel_call(source, args, self.py)]
 
     def _extern_call(self, extern: Extern, module: ModuleSource) -> list[str]:
         module.externs[extern.name] = extern.op

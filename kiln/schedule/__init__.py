@@ -25,7 +25,7 @@ from kiln.schedule.verify import verify_scheduled
 
 def schedule_graph(graph, loop_dependent_ops: frozenset = frozenset()) -> ScheduledGraph:
     """`loop_dependent_ops`: ops whose value the backend may compute differently in two loops
-    (kiln/codegen/wrapper.py's `loop_dependent_ops`); a body using them is computed once."""
+    (the KernelBackend's `loop_dependent_ops`, kiln/codegen/common.py); a body using them is computed once."""
     from kiln.ir import verify
 
     inlined = inline_pointwise(graph, loop_dependent_ops)
