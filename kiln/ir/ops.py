@@ -25,8 +25,10 @@ special rule (pow's constant exponents, floor's integer fallback) has its own lo
 round differently (so a value is computed in one loop only: schedule/inline.py). `exact`: the op's
 fp16/bf16 result needs no rounding back to the 16-bit format (C++ holds those as float).
 
-The interpreter (kiln/_triton.py) implements libdevice symbols, not ops, so rows hold no interpreter
-entry; tests/ir/test_ops.py checks every symbol a Triton rendering calls has one. The other LoopIR
+Triton's interpreter (kiln/_triton.py, how CPU tests run the GPU code path) has no libdevice: it
+computes each symbol with the numpy function of `LIBDEVICE_INTERPRETER`, beside the rows (a symbol, not
+an op: several rows and codegen/triton.py's HELPERS share them), which this module registers there.
+tests/ir/test_ops.py checks every symbol a Triton rendering or helper calls has one. The other LoopIR
 ops (load, store, constant, index_expr, to_dtype, where, reduce, getitem, check_index) take attributes
 or address buffers; they have no row and each generator renders them in code.
 """
@@ -35,9 +37,10 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
-from kiln import _torch
+from kiln import _torch, _triton
 
 aten = _torch.aten
 
@@ -427,6 +430,30 @@ ROWS = [
              "std::max({0}, {1}) + std::log1p(kiln_exp(-std::abs({0} - {1}))))"),
 ]
 OPS = {row.op.value: row for row in ROWS}
+
+
+def _torch_unary(name: str):
+    """torch's elementwise `name` on a numpy array (torch's special values: lgamma(0) = inf)."""
+    def function(x):
+        array = np.array(x, order="C", copy=True)
+        return getattr(torch, name)(torch.from_numpy(array)).numpy().reshape(array.shape)
+    return function
+
+
+# The Triton interpreter's libdevice: symbol (without `__nv_`; its f/d suffix dropped) -> numpy function.
+LIBDEVICE_INTERPRETER = {
+    "tanh": np.tanh, "pow": np.power, "atan2": np.arctan2, "expm1": np.expm1, "log1p": np.log1p,
+    "erf": _torch_unary("erf"), "erfc": _torch_unary("erfc"), "lgamma": _torch_unary("lgamma"),
+    "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
+    "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "tan": np.tan, "log10": np.log10,
+    "log": np.log, "exp": np.exp, "log2": np.log2, "exp2": np.exp2, "nearbyint": np.rint, "rint": np.rint,
+    "trunc": np.trunc, "signbit": np.signbit, "isnan": np.isnan, "isinf": np.isinf, "fmod": np.fmod,
+    "hypot": np.hypot, "copysign": np.copysign, "nextafter": np.nextafter, "erfinv": _torch_unary("erfinv"),
+    "fmax": np.fmax, "fmin": np.fmin, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x),
+    "floor": np.floor, "ceil": np.ceil, "sin": np.sin, "cos": np.cos, "fabs": np.abs, "abs": np.abs,
+    "cbrt": np.cbrt, "isfinited": np.isfinite, "finitef": np.isfinite,
+}
+_triton.register_libdevice(LIBDEVICE_INTERPRETER)
 
 
 def triton_variants(operand: torch.dtype, result: torch.dtype) -> list:
