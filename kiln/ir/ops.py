@@ -123,6 +123,7 @@ class Op(enum.StrEnum):
     FMAX = "fmax"
     FMIN = "fmin"
     LOGADDEXP = "logaddexp"
+    XLOGY = "xlogy"
 
 
 @dataclass(frozen=True)
@@ -428,6 +429,11 @@ ROWS = [
                 "tl.maximum({0}, {1}) + libdevice.log1p(libdevice.exp(-tl.abs({0} - {1}))))",
          cpp="(({0} == {1} && std::isinf({0})) ? {0} : "
              "std::max({0}, {1}) + std::log1p(kiln_exp(-std::abs({0} - {1}))))"),
+    # eager's kernel: NaN where y is NaN, else 0 where x == 0 (whatever y is), else x * log(y)
+    _row(Op.XLOGY, 2, FLOAT, EXPENSIVE, vector_math=True,
+         aten=(aten.xlogy.Tensor, aten.xlogy.Scalar_Self, aten.xlogy.Scalar_Other),
+         triton='tl.where({1} != {1}, float("nan"), tl.where({0} == 0, 0.0, {0} * libdevice.log({1})))',
+         cpp="({1} != {1} ? std::numeric_limits<{T}>::quiet_NaN() : {0} == 0 ? ({T})0 : {0} * std::log({1}))"),
 ]
 OPS = {row.op.value: row for row in ROWS}
 
