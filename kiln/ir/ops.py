@@ -21,6 +21,9 @@ kiln/lowering/pointwise.py lowers each with the generic unary or binary rule und
 and kiln/aot/decompositions.py keeps each out of core ATen's decompositions; an ATen op that needs a
 special rule (pow's constant exponents, floor's integer fallback) has its own lowering and no `aten`.
 
+`cpp_prelude`: C++ helper functions that this op alone calls (kiln/codegen/cpp_prelude.py appends
+them to the helpers every kernel shares).
+
 `vector_math`: C++'s rendering calls libm in a scalar loop and libmvec in an `omp simd` loop, which
 round differently (so a value is computed in one loop only: schedule/inline.py). `exact`: the op's
 fp16/bf16 result needs no rounding back to the 16-bit format (C++ holds those as float).
@@ -176,16 +179,45 @@ class OpRow:
     vector_math: bool = False
     exact: bool = False
     aten: tuple = ()
+    cpp_prelude: str = ""
 
 
 def _row(op: Op, arity: int, dtype_rule: DtypeRule, cost: str, *, triton, cpp, vector_math: bool = False,
-         exact: bool = False, aten=()) -> OpRow:
+         exact: bool = False, aten=(), cpp_prelude: str = "") -> OpRow:
     """A row; a rendering given as one string is its "default" variant, an ATen op as one its 1-tuple."""
     triton = {"default": triton} if isinstance(triton, str) else triton
     cpp = {"default": cpp} if isinstance(cpp, str) else cpp
     aten = aten if isinstance(aten, tuple) else (aten,)
-    return OpRow(op, arity, dtype_rule, cost, triton, cpp, vector_math, exact, aten)
+    return OpRow(op, arity, dtype_rule, cost, triton, cpp, vector_math, exact, aten, cpp_prelude)
 
+
+# C++ helpers that one op alone calls (its row's `cpp_prelude`; kiln/codegen/cpp_prelude.py appends them).
+CPP_ERFINV = r"""
+// erfinv: Winitzki's approximation refined by Newton steps in double (erfc near +-1).
+static inline double kiln_erfinv(double y) {
+    if (y != y || y < -1 || y > 1) return std::numeric_limits<double>::quiet_NaN();
+    if (y == 1) return std::numeric_limits<double>::infinity();
+    if (y == -1) return -std::numeric_limits<double>::infinity();
+    const double a = 0.147, two_over_pi_a = 2.0 / (3.14159265358979323846 * a);
+    double log_term = std::log((1.0 - y) * (1.0 + y));
+    double first = two_over_pi_a + 0.5 * log_term;
+    double x = std::sqrt(std::sqrt(first * first - log_term / a) - first);
+    x = y < 0 ? -x : x;
+    double magnitude = std::fabs(y), tail = 1.0 - magnitude;
+    for (int step = 0; step < 4; step++) {
+        double slope = 2.0 / std::sqrt(3.14159265358979323846) * std::exp(-x * x);
+        if (slope == 0) break;
+        if (magnitude > 0.9) {
+            double ax = std::fabs(x);
+            ax += (std::erfc(ax) - tail) / slope;
+            x = y < 0 ? -ax : ax;
+        } else {
+            x -= (std::erf(x) - y) / slope;
+        }
+    }
+    return x;
+}
+"""
 
 ROWS = [
     _row(Op.NEG, 1, NUMBER, CHEAP, aten=aten.neg, exact=True,
@@ -263,7 +295,7 @@ ROWS = [
     _row(Op.ERFC, 1, FLOAT, EXPENSIVE, aten=aten.erfc, vector_math=True,
          triton="libdevice.erfc({0})",
          cpp="std::erfc({0})"),
-    _row(Op.ERFINV, 1, FLOAT, EXPENSIVE, aten=aten.erfinv,
+    _row(Op.ERFINV, 1, FLOAT, EXPENSIVE, aten=aten.erfinv, cpp_prelude=CPP_ERFINV,
          triton="libdevice.erfinv({0})",
          cpp="({T})kiln_erfinv((double){0})"),
     _row(Op.LGAMMA, 1, FLOAT, EXPENSIVE, aten=aten.lgamma,
