@@ -65,6 +65,7 @@ OPS = {
     "left_shift": (torch.bitwise_left_shift, "math"), "right_shift": (torch.bitwise_right_shift, "math"),
     "copysign": (torch.copysign, "math"), "hypot": (torch.hypot, "math"), "nextafter": (torch.nextafter, "math"),
     "fmax": (torch.fmax, "math"), "fmin": (torch.fmin, "math"), "logaddexp": (torch.logaddexp, "math"),
+    "xlogy": (torch.xlogy, "math"),
 }
 # Ops with their own test here (where, to_dtype) or swept through lowering (reduce), or that
 # every case uses (load, store); constant/index_expr/getitem are covered by lowering's tests,

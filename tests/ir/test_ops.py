@@ -100,3 +100,24 @@ def test_vector_math_is_exactly_the_rows_calling_libmvec():
     for row in ROWS:
         calls = set(re.findall(r"std::(\w+)\(", row.cpp.get("default", "")))
         assert row.vector_math == bool(calls & declared), (row.op, calls & declared)
+
+
+def _defined_helpers(text: str) -> set:
+    """The kiln_ functions a C++ text defines."""
+    return set(re.findall(r"static inline [\w:<>]+ (kiln_\w+)\(", text))
+
+
+def test_every_cpp_helper_a_template_calls_is_in_the_prelude():
+    defined = _defined_helpers(PRELUDE)
+    for row in ROWS:
+        for template in row.cpp.values():
+            for helper in re.findall(r"\b(kiln_\w+?)(?:<|\()", template.replace("{D}", "bf16")):
+                assert helper in defined, (row.op, helper)
+
+
+def test_a_rows_cpp_prelude_holds_helpers_its_own_templates_call():
+    for row in ROWS:
+        called = {helper for template in row.cpp.values() for helper in re.findall(r"\b(kiln_\w+?)(?:<|\()", template)}
+        assert _defined_helpers(row.cpp_prelude) <= called, row.op
+    assert "kiln_erfinv" in _defined_helpers(OPS["erfinv"].cpp_prelude)  # a row's helper reaches the prelude
+    assert "kiln_erfinv" in _defined_helpers(PRELUDE)
