@@ -86,7 +86,7 @@ class KernelBackend(Protocol):
     device_type: str
 
     def generate_kernel(self, kernel, graph: Graph):
-        """The source of one scheduled kernel (kiln/schedule/kernel.py) of `graph`."""
+        """The source of one scheduled kernel (kiln/ir/kernel.py) of `graph`."""
 
     def loop_dependent_ops(self) -> frozenset:
         """The LoopIR ops whose value for one element can depend on the loop that computes it

@@ -43,7 +43,7 @@ from kiln.ir.indexing import contiguous_strides, index_var, simplify_index
 from kiln.ir.nodes import EXPENSIVE_OPS, dtype_name, indirect_value
 from kiln.ir.ops import CODE, OPS, cpp_variants
 from kiln.runtime.cpp_build import KERNEL_SYMBOL, KernelSignature, compile_kernels, toolchain
-from kiln.schedule.kernel import Kernel, var_map
+from kiln.ir.kernel import Kernel, var_map
 
 LANES = 16  # vector accumulator lanes of a reduction (one AVX-512 register of float)
 SUM_BLOCK = 16 * LANES  # columns a floating sum adds up in fresh lanes before compensating (_compensated_sum)

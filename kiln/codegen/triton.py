@@ -24,7 +24,7 @@ from kiln.ir.indexing import simplify_index
 from kiln.ir.nodes import indirect_value
 from kiln.ir.ops import OPS, triton_variants
 from kiln.runtime.loader import load_triton_kernels
-from kiln.schedule.kernel import Kernel, var_map
+from kiln.ir.kernel import Kernel, var_map
 
 INT32_LIMIT = 2**31 - 1
 # The pseudo-buffer a kernel with check_index ops takes as one of its pointers: the graph's one-int32

@@ -19,8 +19,8 @@ from kiln.codegen.common import KernelBackend, graph_device_type
 from kiln.codegen.printing import expr_to_source
 from kiln.codegen.triton import INDEX_STATUS, KernelSource
 from kiln.ir import Extern, TensorArg
-from kiln.schedule import Kernel, ScheduledGraph
-from kiln.schedule.memory import ALLOCATED_BY_WRAPPER, HUGE, SCRATCH, MemoryPlan, plan_memory
+from kiln.ir.kernel import Kernel, ScheduledGraph
+from kiln.ir.memory_plan import ALLOCATED_BY_WRAPPER, HUGE, SCRATCH, MemoryPlan
 
 
 @dataclass
@@ -58,12 +58,12 @@ def _symbol_sources(graph) -> dict:
 
 
 class WrapperGenerator:
-    def __init__(self, scheduled: ScheduledGraph, memory_plan: MemoryPlan | None = None):
+    def __init__(self, scheduled: ScheduledGraph, memory_plan: MemoryPlan):
         self.scheduled = scheduled
         self.graph = scheduled.graph
         self.device_type = graph_device_type(scheduled.graph)
         self.backend = backend_for(self.device_type)
-        self.memory_plan = memory_plan if memory_plan is not None else plan_memory(scheduled, self.device_type)
+        self.memory_plan = memory_plan
         if [step_plan.name for step_plan in self.memory_plan.steps] != [step.name for step in scheduled.steps]:
             raise ValueError("the memory plan was made for another schedule: plan_memory(scheduled) again")
         self.step_plans = {step_plan.name: step_plan for step_plan in self.memory_plan.steps}  # step name -> StepPlan
@@ -281,8 +281,8 @@ def _unpack(call: str, structure) -> str:
 
 
 
-def generate_wrapper(scheduled: ScheduledGraph, memory_plan: MemoryPlan | None = None) -> ModuleSource:
-    """The host program of `scheduled`, rendering `memory_plan` (planned here when not given)."""
+def generate_wrapper(scheduled: ScheduledGraph, memory_plan: MemoryPlan) -> ModuleSource:
+    """The host program of `scheduled`, rendering `memory_plan` (kiln/schedule/memory.py `plan_memory`)."""
     return WrapperGenerator(scheduled, memory_plan).generate()
 
 

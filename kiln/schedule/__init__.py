@@ -18,7 +18,7 @@ buffer lives and when it is freed; the wrapper (kiln/codegen/wrapper.py) renders
 """
 from kiln.schedule.fusion import group_kernels
 from kiln.schedule.inline import inline_pointwise
-from kiln.schedule.kernel import Kernel, ScheduledGraph
+from kiln.ir.kernel import Kernel, ScheduledGraph
 from kiln.schedule.split import split_reductions
 from kiln.schedule.verify import verify_scheduled
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from kiln.ir import Extern, IRVerificationError, TensorArg
 from kiln.ir.verify import check_node, check_outputs, defined_at_entry, size_symbols
-from kiln.schedule.kernel import Kernel, ScheduledGraph, node_role, nonunit, same_sizes
+from kiln.ir.kernel import Kernel, ScheduledGraph, node_role, nonunit, same_sizes
 
 
 def verify_scheduled(scheduled: ScheduledGraph, stage: str | None = None) -> None:

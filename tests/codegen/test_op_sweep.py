@@ -25,6 +25,7 @@ import kiln
 import kiln.testing
 from kiln.backend import compile_graph
 from kiln.codegen.wrapper import generate_wrapper
+from kiln.schedule.memory import plan_memory
 from kiln.ir import Body, Buffer, Graph, GraphInput, Layout, Pointwise, TensorArg
 from kiln.ir.nodes import ALL_OPS, BINARY_OPS, OTHER_OPS, UNARY_OPS
 from kiln.lowering.context import compute_dtype_for
@@ -176,7 +177,7 @@ class _GraphBuilder:
     def run(self, backend: str) -> tuple:
         with kiln.config.patch(cpu_backend=backend, strict=True):
             scheduled = schedule_graph(self.graph)
-            module = load_module(generate_wrapper(scheduled))
+            module = load_module(generate_wrapper(scheduled, plan_memory(scheduled)))
             assert module.kernel_count >= 1 and module.extern_count == 0
             return module(list(self.arguments))
 

@@ -99,7 +99,7 @@ def test_the_wrapper_renders_the_plan():
     scheduled = _scheduled(_chain, torch.randn(16, 48))
     with kiln.config.patch(cpu_scratch_arena=True):
         plan = plan_memory(scheduled)
-        assert generate_wrapper(scheduled, plan).wrapper == generate_wrapper(scheduled).wrapper
+        assert generate_wrapper(scheduled, plan).wrapper == generate_wrapper(scheduled, plan_memory(scheduled)).wrapper
         assert "del buf1\n" in generate_wrapper(scheduled, plan).wrapper
         plan.steps[1].frees = []  # keep buf1 to the end
         plan.steps[3].frees.append("buf1")

@@ -1,4 +1,7 @@
-"""A kernel: LoopIR nodes that run in one launch over shared rows (and columns).
+"""The scheduled form's types: a kernel (LoopIR nodes that run in one launch over shared rows
+and columns) and the scheduled graph (kernels and externs in execution order).
+
+kiln/schedule makes them and kiln/codegen reads them, so they live in ir/, below both.
 
 Every node of a kernel sees the kernel's row index space (`row_ranges`) and, for a
 reduction kernel, its column space (`col_ranges`, the reduced dims). A node plays one
