@@ -86,6 +86,7 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
     from kiln.lowering import lower_graph
     from kiln.runtime.loader import load_module
     from kiln.schedule import schedule_graph
+    from kiln.schedule.passes import optimize
 
     dump.write("aten_graph.py", gm.print_readable(print_output=False))
     with dump.stage("lower"):
@@ -94,6 +95,7 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
     with dump.stage("schedule"):
         scheduled = schedule_graph(graph, loop_dependent_ops(graph))
     dump.write("loopir_after_fusion.txt", scheduled.format())
+    scheduled = optimize(scheduled, dump)  # LoopIR -> LoopIR passes, each dumped and timed
     with dump.stage("codegen"):
         module_source = generate_wrapper(scheduled)
     dump.write("wrapper.py", module_source.wrapper)

@@ -40,7 +40,7 @@ from kiln.config import config
 from kiln.ir import Graph
 from kiln.ir.indexing import contiguous_strides, index_var, simplify_index
 from kiln.ir.nodes import EXPENSIVE_OPS, dtype_name, indirect_value
-from kiln.ir.ops import CODE, OPS, cpp_variants
+from kiln.ir.ops import OPS, cpp_variants
 from kiln.runtime.cpp_build import KERNEL_SYMBOL, KernelSignature, toolchain
 from kiln.schedule.kernel import Kernel, var_map
 
@@ -62,18 +62,14 @@ LOW_PRECISION_ROUND = {torch.bfloat16: "kiln_round_bf16", torch.float16: "kiln_r
 VECTOR_MATH_OPS = frozenset(name for name, row in OPS.items() if row.vector_math)
 
 
-def math_expression(name: str, dtype: torch.dtype, args: list, rendered_in_code: Callable) -> str:
+def math_expression(name: str, dtype: torch.dtype, args: list) -> str:
     """A unary or binary op's C++ expression: the op table's first variant that applies to the result
-    dtype (kiln/ir/ops.py); a CODE variant is `rendered_in_code(variant)`, skipped when that is None.
-    An fp16/bf16 result is rounded to its format unless the op is exact."""
+    dtype (kiln/ir/ops.py). An fp16/bf16 result is rounded to its format unless the op is exact."""
     row, expression = OPS[name], None
     for variant in cpp_variants(dtype):
         template = row.cpp.get(variant)
-        if template == CODE:
-            expression = rendered_in_code(variant)
-        elif template is not None:
+        if template is not None:
             expression = template.format(*args, T=VALUE_TYPES[dtype], D=dtype_name(dtype))
-        if expression is not None:
             break
     if expression is None:
         raise NotImplementedError(f"C++ codegen for op {name} giving {dtype}: ops.py has no rendering")
@@ -465,21 +461,10 @@ class CppKernelGenerator:
         if op.name == "where":
             expression = f"({args[0]} ? ({value_type}){args[1]} : ({value_type}){args[2]})"
         elif op.name in OPS:
-            expression = math_expression(op.name, op.dtype, args,
-                                         lambda variant: CODE_RENDERINGS[op.name, variant](node, op, args))
+            expression = math_expression(op.name, op.dtype, args)
         else:
             raise NotImplementedError(f"C++ codegen for op {op.name}")
         return self.define(name, op.dtype, expression)
-
-    @staticmethod
-    def _constant_exponent_product(node, op, args: list) -> str | None:
-        """x ** 2 and x ** 3 as products, as ATen's pow does (GPT-2's gelu cubes): far cheaper than powf.
-        None unless a floating pow's exponent is that constant."""
-        exponent = node.body.ops[op.operands[1]]
-        if not op.dtype.is_floating_point or exponent.name != "constant":
-            return None
-        value = float(exponent.attr)
-        return "(" + " * ".join([args[0]] * int(value)) + ")" if value in (2.0, 3.0) else None
 
     @staticmethod
     def _convert(value: str, source: torch.dtype, target: torch.dtype) -> str:
@@ -899,10 +884,6 @@ class CppKernelGenerator:
         signature = KernelSignature(len(self.pointer_names), len(sizes))
         return CppKernelSource(name, source, list(self.pointer_names), list(sizes), signature, self.gathers, skip,
                                listing=listing)
-
-
-# The op table's CODE variants (kiln/ir/ops.py): (op, variant) -> f(node, op, args) -> expression or None.
-CODE_RENDERINGS = {("pow", "constant_exponent"): CppKernelGenerator._constant_exponent_product}
 
 
 def generate_kernel(kernel: Kernel, graph: Graph) -> CppKernelSource:
