@@ -13,6 +13,8 @@
    it iterates over the same rows (and columns): reductions over the same rows share
    one kernel, pointwise epilogues join the reduction that feeds them. A value
    produced and consumed inside one kernel never touches memory.
+Then kiln/backend.py runs `passes.optimize(scheduled)`: LoopIR -> LoopIR rewrites of the
+kernels' bodies every backend gets (strength reduction, common subexpressions).
 Buffers are freed after their last use by the wrapper (kiln/codegen/wrapper.py).
 """
 from kiln.schedule.fusion import group_kernels
