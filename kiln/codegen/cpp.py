@@ -42,7 +42,7 @@ from kiln.ir.indexing import contiguous_strides, index_var, simplify_index
 from kiln.ir.nodes import EXPENSIVE_OPS, dtype_name, indirect_value
 from kiln.ir.ops import OPS, cpp_variants
 from kiln.runtime.cpp_build import KERNEL_SYMBOL, KernelSignature, toolchain
-from kiln.schedule.kernel import Kernel, var_map
+from kiln.schedule.kernel import Kernel, loop_variables, var_map
 
 LANES = 16  # vector accumulator lanes of a reduction (one AVX-512 register of float)
 SUM_BLOCK = 16 * LANES  # columns a floating sum adds up in fresh lanes before compensating (_compensated_sum)
@@ -213,6 +213,8 @@ class CppKernelGenerator:
         self._position: int | None = None  # the node whose ops are being emitted (for `ind<k>` symbols)
         self.mappings = [var_map(node, role, kernel.row_ranges, kernel.col_ranges)
                          for node, role in zip(kernel.nodes, kernel.roles)]
+        # per node, per op: the loop variables its value depends on (schedule/passes.py annotates them)
+        self.loop_variables = kernel.op_loop_variables or loop_variables(kernel)
         self.written = {name for node in kernel.nodes for name in node.outputs}  # loads of these stay in place
         self.groups = self._groups()
         self.scratch = self._scratch_buffers()
@@ -385,8 +387,9 @@ class CppKernelGenerator:
 
     def _level(self, position: int, op_index: int, memo: dict) -> int:
         """The outermost open scope where value %op_index of node `position` can be computed:
-        the innermost scope binding a loop variable it depends on (loop-invariant code motion).
-        Values read from this kernel's own stores, row arrays and reused values stay innermost."""
+        the innermost scope binding a loop variable it depends on (loop-invariant code motion; the
+        variables are the kernel's `op_loop_variables`). Values read from this kernel's own stores,
+        row arrays and reused values stay innermost, and so do the values computed from them."""
         key = (position, op_index)
         if key in memo:
             return memo[key]
@@ -403,33 +406,27 @@ class CppKernelGenerator:
             found = [depth for depth, scope in enumerate(self.scopes) if op.buffer in scope.buffers]
             level = found[-1] if found and not op.operands else innermost
         else:
-            symbols = set()
-            if op.name == "load":
-                symbols = {symbol for expr in op.index for symbol in sympy.sympify(expr).xreplace(
-                    self.mappings[position]).free_symbols}
-            elif op.name == "index_expr":
-                symbols = sympy.sympify(op.attr).xreplace(self.mappings[position]).free_symbols
-            level = self._symbols_level(position, symbols, memo)
-            for operand in op.operands:
+            level = self._variables_level(self.loop_variables[position][op_index])
+            for operand in op.operands + self._gathered(op):
                 level = max(level, self._level(position, operand, memo))
         memo[key] = min(level, innermost)
         return memo[key]
 
-    def _symbols_level(self, position: int, symbols, memo: dict) -> int:
-        """The innermost scope binding a loop variable among `symbols` (kernel variables, sizes and
-        gathered values of node `position`), 0 when none is bound."""
+    def _variables_level(self, names) -> int:
+        """The innermost scope binding one of the loop variables `names`, 0 when none is bound (the
+        innermost when a loop variable is not bound: an outer column loop's)."""
         level = 0
-        for symbol in symbols:
-            gathered = indirect_value(symbol)
-            if gathered is not None:
-                level = max(level, self._level(position, gathered, memo))
-                continue
-            bound = [depth for depth, scope in enumerate(self.scopes) if str(symbol) in scope.variables]
-            if bound:
-                level = max(level, bound[-1])
-            elif str(symbol)[0] in "xr" and str(symbol)[1:].isdigit():
-                level = len(self.scopes) - 1  # a loop variable no scope binds (an outer column loop's)
+        for name in names:
+            bound = [depth for depth, scope in enumerate(self.scopes) if name in scope.variables]
+            level = max(level, bound[-1] if bound else len(self.scopes) - 1)
         return level
+
+    @staticmethod
+    def _gathered(op) -> tuple:
+        """The values whose `ind<k>` symbols a load's index or an index_expr uses."""
+        expressions = list(op.index or ()) if op.name == "load" else [op.attr] if op.name == "index_expr" else []
+        return tuple(value for expr in expressions for symbol in sympy.sympify(expr).free_symbols
+                     if (value := indirect_value(symbol)) is not None)
 
     def define(self, name: str, dtype: torch.dtype, expression: str) -> str:
         self.out.add(f"{VALUE_TYPES[dtype]} {name} = {expression};")

@@ -14,7 +14,8 @@
    one kernel, pointwise epilogues join the reduction that feeds them. A value
    produced and consumed inside one kernel never touches memory.
 Then kiln/backend.py runs `passes.optimize(scheduled)`: LoopIR -> LoopIR rewrites of the
-kernels' bodies every backend gets (strength reduction, common subexpressions).
+kernels' bodies every backend gets (strength reduction, common subexpressions) and the
+loop variables each value depends on (for loop-invariant code motion).
 Buffers are freed after their last use by the wrapper (kiln/codegen/wrapper.py).
 """
 from kiln.schedule.fusion import group_kernels

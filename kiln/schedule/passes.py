@@ -1,9 +1,9 @@
 """LoopIR -> LoopIR passes on the scheduled kernels, for every backend (kiln/schedule owns them).
 
-    optimize(scheduled) = eliminate_common_subexpressions(reduce_strength(scheduled))
+    optimize(scheduled) = annotate_loop_variables(eliminate_common_subexpressions(reduce_strength(scheduled)))
 
-Each pass rewrites the body of every node of every kernel and returns a new `ScheduledGraph`
-(the input is not changed); a body the pass leaves alone is kept as it is, op numbers included,
+A rewriting pass rewrites the body of every node of every kernel and returns a new
+`ScheduledGraph` (the input is not changed); a body the pass leaves alone is kept as it is, op numbers included,
 so its kernel text does not change. `optimize` lists the passes in order (PASSES); under
 KILN_DEBUG each one's result is dumped as `loopir_after_<pass>.txt` and timed as its own stage.
 
@@ -20,9 +20,12 @@ KILN_DEBUG each one's result is dumped as `loopir_after_<pass>.txt` and timed as
   wherever it sits), and ops on either side of a reduce (the values before it live inside
   the column loop, those after it outside: kiln/codegen/triton.py's looped reduction).
 
-Loop-invariant code motion is not a pass here: the C++ backend places each value in the
-outermost loop it can (codegen/cpp.py `_level`), and Triton kernels are straight-line code
-over tiles whose loops (a looped reduction's) LLVM's LICM hoists from.
+- `annotate_loop_variables`: an analysis, last: each op of each kernel gets the kernel loop
+  variables (`x*`, `r*`) its value depends on (`Kernel.op_loop_variables`, printed `@ x0 r0`,
+  `@ -` for a value no loop changes). Loop-invariant code motion reads it: the C++ backend
+  defines each value in the outermost loop none of its variables belongs to (codegen/cpp.py
+  `_level`). Triton kernels are straight-line code over tiles; the one loop they have (a looped
+  reduction's) is left to LLVM's LICM.
 """
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ import sympy
 import torch
 
 from kiln.ir.nodes import Body, Op, indirect_symbol, indirect_value
-from kiln.schedule.kernel import Kernel, ScheduledGraph
+from kiln.schedule.kernel import Kernel, ScheduledGraph, loop_variables
 
 # Ops that act, rather than compute a value from their operands: never merged.
 _NOT_MERGED = frozenset({"store", "reduce"})
@@ -60,10 +63,18 @@ def eliminate_common_subexpressions(scheduled: ScheduledGraph) -> ScheduledGraph
     return _map_bodies(scheduled, run)
 
 
+def annotate_loop_variables(scheduled: ScheduledGraph) -> ScheduledGraph:
+    """Each kernel with `op_loop_variables`: per node, per op, the loop variables its value depends on."""
+    steps = [dataclasses.replace(step, op_loop_variables=loop_variables(step)) if isinstance(step, Kernel) else step
+             for step in scheduled.steps]
+    return ScheduledGraph(scheduled.graph, steps)
+
+
 # The pipeline, in order: (name, pass). The names key the dump files and the timings.
 PASSES: tuple = (
     ("reduce_strength", reduce_strength),
     ("cse", eliminate_common_subexpressions),
+    ("loop_variables", annotate_loop_variables),
 )
 
 
@@ -90,7 +101,8 @@ def _map_bodies(scheduled: ScheduledGraph, rewrite: Callable) -> ScheduledGraph:
             for position, node in enumerate(step.nodes):
                 body = rewrite(step, position, node.body)
                 nodes.append(node if body is node.body else dataclasses.replace(node, body=body))
-            step = dataclasses.replace(step, nodes=nodes, roles=list(step.roles), local_buffers=set(step.local_buffers))
+            step = dataclasses.replace(step, nodes=nodes, roles=list(step.roles), local_buffers=set(step.local_buffers),
+                                       op_loop_variables=[])  # an annotation of the old bodies
         steps.append(step)
     return ScheduledGraph(scheduled.graph, steps)
 

@@ -208,3 +208,29 @@ def test_triton_computes_a_repeated_subexpression_once_and_every_pass_is_dumped(
     assert {"loopir_after_reduce_strength.txt", "loopir_after_cse.txt"} <= set(graph.files)
     assert graph.files["loopir_after_cse.txt"].count(" sin ") == 1
     assert graph.files["loopir_after_fusion.txt"].count(" sin ") == 3
+
+
+def test_loop_variables_annotate_each_value_and_print_in_the_dump():
+    """A reduction kernel over rows [4] x columns [8]: the row load varies with x0 only, the column
+    load and what it feeds with x0 and r0, the constant with nothing, the reduce with the row; a
+    gathered load varies with what its position does."""
+    x, positions, out = _buffer("arg0"), _buffer("arg1", torch.int64, size=(4,)), _buffer("buf0", size=(4,))
+    body = Body()
+    scale = body.constant(2.0, torch.float32)
+    row = body.load(x, [I0, sympy.Integer(0)])
+    position = body.check_index(body.load(positions, [I0]), sympy.Integer(8))
+    gathered = body.load(x, [body.indirect(position), R0])
+    column = body.emit("mul", (body.emit("mul", (body.load(x, [I0, R0]), scale), torch.float32), gathered),
+                       torch.float32)
+    summed = body.emit("reduce", (body.emit("add", (column, row), torch.float32),), torch.float32, attr="sum")
+    body.store(out, [I0], summed)
+    scheduled = passes.optimize(_scheduled(Reduction("node0", [4], body, ["buf0"], [8]),
+                                           buffers=[x, positions, out], col_ranges=[8]))
+    (kernel,) = scheduled.kernels
+    assert [sorted(names) for names in kernel.op_loop_variables[0]] == [
+        [], ["x0"], ["x0"], ["x0"], ["r0", "x0"], ["r0", "x0"], ["r0", "x0"], ["r0", "x0"], ["r0", "x0"],
+        ["x0"], ["x0"]]
+    text = scheduled.format()
+    assert "%0 = constant 2.0 : f32  @ -" in text and "%4 = load arg0[ind3, r0] : f32  @ x0 r0" in text, text
+    assert passes.eliminate_common_subexpressions(scheduled).kernels[0].op_loop_variables == [], \
+        "a pass that rewrites bodies drops the annotation of the old ones"
