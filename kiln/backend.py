@@ -92,6 +92,7 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
     from kiln.runtime.loader import load_module
     from kiln.schedule import schedule_graph
     from kiln.schedule.memory import plan_memory
+    from kiln.schedule.passes import optimize
 
     dump.write("aten_graph.py", gm.print_readable(print_output=False))
     with dump.stage("patterns"):
@@ -106,6 +107,8 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
         scheduled = schedule_graph(graph, backend_for(graph_device_type(graph)).loop_dependent_ops())
     dump.write("loopir_after_fusion.txt", scheduled.format())
     _check("schedule", scheduled)
+    scheduled = optimize(scheduled, dump)  # LoopIR -> LoopIR passes, each dumped and timed
+    _check("optimize", scheduled)
     with dump.stage("plan_memory"):
         memory_plan = plan_memory(scheduled)
     dump.write("memory_plan.txt", memory_plan.format())

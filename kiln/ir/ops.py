@@ -8,13 +8,12 @@ case; each backend tries its variants in a fixed order and falls back to "defaul
     Triton (by the operand's dtype, then the result's):  bool (both bool), integer, signed | unsigned
         (non-floating operands; bool counts as unsigned), float, float32 (both float32), low_precision
         (an fp16/bf16 result), default.
-    C++ (by the result's dtype):  bool, integer (not floating), low_precision (fp16/bf16),
-        constant_exponent (rendered in code: a pow by the constant 2 or 3), default.
+    C++ (by the result's dtype):  bool, integer (not floating), low_precision (fp16/bf16), default.
 
 Templates take `{0}`, `{1}` (operands) and `{T}` (the result's type in the backend's spelling);
 Triton's also `{shape}` (a constant's block shape), C++'s `{D}` (the dtype's name). A Triton template
-starting with `_` calls one of codegen/triton.py's HELPERS. `CODE` marks a variant the generator
-renders in code (codegen/cpp.py's CODE_RENDERINGS), under a condition a dtype cannot express.
+starting with `_` calls one of codegen/triton.py's HELPERS. A case no dtype expresses (a pow by the
+constant 2 or 3) is a LoopIR rewrite for every backend (kiln/schedule/passes.py), not a variant.
 
 `aten`: the ATen ops the row implements one to one (an OpOverloadPacket stands for all its overloads).
 kiln/lowering/pointwise.py lowers each with the generic unary or binary rule under the row's dtype rule,
@@ -162,10 +161,8 @@ LOGICAL = DtypeRule("bool, bool result", frozenset({"bool"}), bool_result=True)
 CHEAP = "cheap"
 EXPENSIVE = "expensive"
 
-CODE = "<rendered in code>"
-
 TRITON_VARIANTS = ("bool", "integer", "signed", "unsigned", "float", "float32", "low_precision", "default")
-CPP_VARIANTS = ("bool", "integer", "low_precision", "constant_exponent", "default")
+CPP_VARIANTS = ("bool", "integer", "low_precision", "default")
 
 
 @dataclass(frozen=True)
@@ -369,7 +366,6 @@ ROWS = [
                  "unsigned": "_pow_integer({0}, {1})",
                  "default": "libdevice.pow({0}, {1})"},
          cpp={"integer": "kiln_integer_pow<{T}>({0}, {1})",
-                 "constant_exponent": CODE,
                  "default": "std::pow({0}, {1})"}),
     _row(Op.ATAN2, 2, FLOAT, EXPENSIVE, aten=aten.atan2, vector_math=True,
          triton="libdevice.atan2({0}, {1})",
@@ -517,7 +513,7 @@ def cpp_variants(result: torch.dtype) -> list:
         variants.append("integer")
     if result in (torch.float16, torch.bfloat16):
         variants.append("low_precision")
-    return variants + ["constant_exponent", "default"]
+    return variants + ["default"]
 
 
 # What verify() checks of every op, built from this module: a row's arity and DtypeRule, and for the

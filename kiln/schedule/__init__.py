@@ -13,7 +13,10 @@
    it iterates over the same rows (and columns): reductions over the same rows share
    one kernel, pointwise epilogues join the reduction that feeds them. A value
    produced and consumed inside one kernel never touches memory.
-The memory plan (memory.py, `plan_memory`, its own stage after this one) decides where each
+Then kiln/backend.py runs `passes.optimize(scheduled)`: LoopIR -> LoopIR rewrites of the
+kernels' bodies every backend gets (strength reduction, common subexpressions) and the
+loop variables each value depends on (for loop-invariant code motion).
+The memory plan (memory.py, `plan_memory`, its own stage after these) decides where each
 buffer lives and when it is freed; the wrapper (kiln/codegen/wrapper.py) renders it.
 """
 from kiln.schedule.fusion import group_kernels
