@@ -93,18 +93,25 @@ def optimize(scheduled: ScheduledGraph, dump=None) -> ScheduledGraph:
 
 # ---- helpers ---------------------------------------------------------------------------------
 def _map_bodies(scheduled: ScheduledGraph, rewrite: Callable) -> ScheduledGraph:
-    """A copy of `scheduled` with every kernel node's body replaced by `rewrite(kernel, position, body)`."""
-    steps = []
+    """A copy of `scheduled` with every kernel node's body replaced by `rewrite(kernel, position, body)`;
+    its graph lists the rewritten nodes in place of the old ones (verify_scheduled checks that every
+    node of the graph runs in one step)."""
+    steps, replaced = [], {}
     for step in scheduled.steps:
         if isinstance(step, Kernel):
             nodes = []
             for position, node in enumerate(step.nodes):
                 body = rewrite(step, position, node.body)
-                nodes.append(node if body is node.body else dataclasses.replace(node, body=body))
+                if body is not node.body:
+                    replaced[id(node)] = dataclasses.replace(node, body=body)
+                nodes.append(replaced.get(id(node), node))
             step = dataclasses.replace(step, nodes=nodes, roles=list(step.roles), local_buffers=set(step.local_buffers),
                                        op_loop_variables=[])  # an annotation of the old bodies
         steps.append(step)
-    return ScheduledGraph(scheduled.graph, steps)
+    graph = scheduled.graph
+    if replaced:
+        graph = dataclasses.replace(graph, nodes=[replaced.get(id(node), node) for node in graph.nodes])
+    return ScheduledGraph(graph, steps)
 
 
 def _renumbered(op: Op, new_ids: dict) -> Op:
