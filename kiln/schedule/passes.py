@@ -29,6 +29,7 @@ KILN_DEBUG each one's result is dumped as `loopir_after_<pass>.txt` and timed as
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 from typing import Callable
 
@@ -110,7 +111,8 @@ def _map_bodies(scheduled: ScheduledGraph, rewrite: Callable) -> ScheduledGraph:
         steps.append(step)
     graph = scheduled.graph
     if replaced:
-        graph = dataclasses.replace(graph, nodes=[replaced.get(id(node), node) for node in graph.nodes])
+        graph = copy.copy(graph)  # a shallow copy keeps what lowering recorded on it (lowered_ops, extern_ops)
+        graph.nodes = [replaced.get(id(node), node) for node in graph.nodes]
     return ScheduledGraph(graph, steps)
 
 
