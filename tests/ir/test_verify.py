@@ -167,7 +167,8 @@ def test_kernel_order_respects_dependencies_and_roles_fit():
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda program: program.name)
 def test_golden_programs_verify_at_every_stage(program, monkeypatch):
-    """Each golden program's graphs, after lowering and after scheduling (kiln/backend.py `_check`)."""
+    """Each golden program's graphs, after lowering, after scheduling and after the LoopIR passes
+    (kiln/backend.py `_check`)."""
     import kiln.backend
 
     checked = []
@@ -180,5 +181,5 @@ def test_golden_programs_verify_at_every_stage(program, monkeypatch):
 
     monkeypatch.setattr(kiln.backend, "_check", recording_check)
     render_program(program, "cpp")
-    assert checked and set(checked) == {"lower", "schedule"}
-    assert checked.count("lower") == checked.count("schedule")
+    assert checked and set(checked) == {"lower", "schedule", "optimize"}
+    assert checked.count("lower") == checked.count("schedule") == checked.count("optimize")
