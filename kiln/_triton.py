@@ -5,9 +5,11 @@ that `tl` lacks (tanh, pow, erfinv, ...). Triton's interpreter, which runs kerne
 CPU tensors (how CI tests the GPU code path), has no extern functions; here we give
 it one: each libdevice symbol is computed with numpy (or torch on numpy arrays), in
 the argument's precision, with IEEE results where a Python `math` function would raise
-(lgamma at a pole is inf, as on the GPU and in torch). The interpreter's casts to and
-from bfloat16 are replaced too: it truncates float32 to bfloat16 (the GPU rounds to
-nearest even, overflowing to inf) and reinterprets the bits of any other source type.
+(lgamma at a pole is inf, as on the GPU and in torch). The implementations live beside the
+renderings that call them, in kiln/ir/ops.py, which registers them here (`register_libdevice`:
+this bottom-layer module imports nothing of kiln's). The interpreter's casts to and from
+bfloat16 are replaced too: it truncates float32 to bfloat16 (the GPU rounds to nearest even,
+overflowing to inf) and reinterprets the bits of any other source type.
 Bool (int1) add and subtract wrap mod 2, as compiled Triton's do.
 Reductions with kiln's `_sum_combine` run as numpy's pairwise sum, as Triton's own do.
 Kernels are loaded as `InterpretedFunction`s for CPU tensors and `triton.jit`
@@ -27,26 +29,14 @@ from triton.language.extra.cuda import libdevice
 from triton.runtime import interpreter as _interpreter
 
 
-def _torch_unary(name):
-    """torch's elementwise `name` on a numpy array (torch's special values: lgamma(0) = inf)."""
-    def function(x):
-        array = np.array(x, order="C", copy=True)
-        return getattr(torch, name)(torch.from_numpy(array)).numpy().reshape(array.shape)
-    return function
+# libdevice symbol (without `__nv_`) -> its numpy implementation. kiln/ir/ops.py's LIBDEVICE_INTERPRETER,
+# beside the renderings that call them, is registered here (`register_libdevice`) when it is imported.
+_NUMPY_LIBDEVICE: dict = {}
 
 
-_NUMPY_LIBDEVICE = {
-    "tanh": np.tanh, "pow": np.power, "atan2": np.arctan2, "expm1": np.expm1, "log1p": np.log1p,
-    "erf": _torch_unary("erf"), "erfc": _torch_unary("erfc"), "lgamma": _torch_unary("lgamma"),
-    "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan, "sinh": np.sinh, "cosh": np.cosh,
-    "asinh": np.arcsinh, "acosh": np.arccosh, "atanh": np.arctanh, "tan": np.tan, "log10": np.log10,
-    "log": np.log, "exp": np.exp, "log2": np.log2, "exp2": np.exp2, "nearbyint": np.rint, "rint": np.rint,
-    "trunc": np.trunc, "signbit": np.signbit, "isnan": np.isnan, "isinf": np.isinf, "fmod": np.fmod,
-    "hypot": np.hypot, "copysign": np.copysign, "nextafter": np.nextafter, "erfinv": _torch_unary("erfinv"),
-    "fmax": np.fmax, "fmin": np.fmin, "sqrt": np.sqrt, "rsqrt": lambda x: 1 / np.sqrt(x),
-    "floor": np.floor, "ceil": np.ceil, "sin": np.sin, "cos": np.cos, "fabs": np.abs, "abs": np.abs,
-    "cbrt": np.cbrt, "isfinited": np.isfinite, "finitef": np.isfinite,
-}
+def register_libdevice(implementations: dict) -> None:
+    """Give the interpreter these libdevice symbols: {name without `__nv_`: numpy function}."""
+    _NUMPY_LIBDEVICE.update(implementations)
 
 
 def _numpy_function(symbol: str):
@@ -55,7 +45,8 @@ def _numpy_function(symbol: str):
         return _NUMPY_LIBDEVICE[name]
     if name[-1] in "fd" and name[:-1] in _NUMPY_LIBDEVICE:  # float and double variants (signbitd)
         return _NUMPY_LIBDEVICE[name[:-1]]
-    raise NotImplementedError(f"kiln: libdevice {symbol} has no interpreter implementation")
+    raise NotImplementedError(f"kiln: libdevice {symbol} has no interpreter implementation: "
+                              "add its numpy function to kiln/ir/ops.py's LIBDEVICE_INTERPRETER")
 
 
 def _create_extern_elementwise(self, lib_name, lib_path, symbol, arg_list, ret_type, is_pure):

@@ -20,14 +20,13 @@ import torch
 
 from kiln import _torch
 from kiln.config import config
+from kiln.errors import KilnCompileError
 
 log = logging.getLogger("kiln")
 
 LADDER = ("eager", "aot_eager", "kiln")
 
-
-class KilnCompileError(RuntimeError):
-    """A graph kiln could not compile (raised under strict mode or fullgraph=True)."""
+__all__ = ["KilnCompileError", "LADDER", "compile_aten_graph", "compile_graph", "graph_compiler", "register"]
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str = "default",
@@ -62,6 +61,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
     """Compile one functional ATen graph (from kiln/aot) into kernels and a wrapper; with
     mode="reduce-overhead", an inference graph on CUDA replays through a CUDA graph."""
     from kiln.debug import GraphDump
+    from kiln.ir import IRVerificationError
     from kiln.runtime import cudagraphs
 
     dump = GraphDump.new(gm)
@@ -73,6 +73,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
             compiled = cudagraphs.wrap(compiled, dump.name, example_inputs, inference=inference)
         return compiled
     except Exception as error:
+        if isinstance(error, IRVerificationError) and config.strict:
+            raise  # a malformed graph is kiln's bug: raised as it is, naming the stage that made it
         if config.strict or fullgraph:
             raise KilnCompileError(f"kiln could not compile graph {dump.name}: {error}") from error
         reason = "".join(traceback.format_exception_only(type(error), error)).strip()
@@ -82,30 +84,59 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
 
 
 def _compile_aten_graph(gm, example_inputs, dump, mode):
-    from kiln.codegen.wrapper import generate_wrapper, loop_dependent_ops
-    from kiln.lowering import lower_graph
+    from kiln.codegen.backends import backend_for
+    from kiln.codegen.common import graph_device_type
+    from kiln.codegen.wrapper import generate_wrapper
+    from kiln.ir import format_graph
+    from kiln.lowering import apply_patterns, lower_graph
     from kiln.runtime.loader import load_module
     from kiln.schedule import schedule_graph
+    from kiln.schedule.memory import plan_memory
+    from kiln.schedule.passes import optimize
 
     dump.write("aten_graph.py", gm.print_readable(print_output=False))
+    with dump.stage("patterns"):
+        patterned = apply_patterns(gm)  # gm itself when nothing matched; gm stays the eager fallback
+    if patterned is not gm:
+        dump.write("aten_graph_patterns.py", patterned.print_readable(print_output=False))
     with dump.stage("lower"):
-        graph = lower_graph(gm, example_inputs)
-    dump.write("loopir_before_fusion.txt", graph.format())
+        graph = lower_graph(patterned, example_inputs)
+    dump.write("loopir_before_fusion.txt", format_graph(graph))
+    _check("lower", graph)
     with dump.stage("schedule"):
-        scheduled = schedule_graph(graph, loop_dependent_ops(graph))
+        scheduled = schedule_graph(graph, backend_for(graph_device_type(graph)).loop_dependent_ops())
     dump.write("loopir_after_fusion.txt", scheduled.format())
+    _check("schedule", scheduled)
+    scheduled = optimize(scheduled, dump)  # LoopIR -> LoopIR passes, each dumped and timed
+    _check("optimize", scheduled)
+    with dump.stage("plan_memory"):
+        memory_plan = plan_memory(scheduled)
+    dump.write("memory_plan.txt", memory_plan.format())
     with dump.stage("codegen"):
-        module_source = generate_wrapper(scheduled)
+        module_source = generate_wrapper(scheduled, memory_plan)
     dump.write("wrapper.py", module_source.wrapper)
     for kernel in module_source.kernel_sources:
-        suffix = getattr(kernel, "file_suffix", ".py")  # C++ kernels are dumped as .cpp
-        dump.write(f"kernel_{kernel.name}{suffix}", module_source.kernels[kernel.name])
+        dump.write(f"kernel_{kernel.name}{kernel.file_suffix}", module_source.kernels[kernel.name])
     with dump.stage("load"):
         # Triton compiles at a kernel's first launch: a failure there runs this same eager fallback.
         compiled = load_module(module_source, mode=mode, scheduled=scheduled, name=dump.name,
                                fallback=_torch.make_boxed_func(gm), strict=config.strict)
     dump.finish()
     return compiled
+
+
+def _check(stage: str, form) -> None:
+    """Verify the LoopIR `form` (a Graph or a ScheduledGraph) a stage made, when `config.verify_ir`
+    says so (unset: under strict); an IRVerificationError names the stage, the node, the op, the problem."""
+    from kiln.ir import Graph, verify
+    from kiln.schedule import verify_scheduled
+
+    if not (config.strict if config.verify_ir is None else config.verify_ir):
+        return
+    if isinstance(form, Graph):
+        verify(form, stage)
+    else:
+        verify_scheduled(form, stage)
 
 
 def _eager_backend(gm: torch.fx.GraphModule, example_inputs: list, **_: object) -> Callable:

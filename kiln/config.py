@@ -69,6 +69,8 @@ OPTIONS = [
     Option("gpu_index_checks", bool, True, "a CUDA graph that gathers (index, gather, embedding) reads its "
                                            "kernels' out-of-range-index flag after each call and raises IndexError "
                                            "(one host sync per call); off: such an index reads element 0, silently"),
+    Option("verify_ir", bool, None, "check LoopIR (ir.verify) and the scheduled form (schedule.verify_scheduled) at "
+                                    "every stage boundary of compile_graph; unset: on exactly when strict is"),
     Option("check_extern_strides", bool, True, "re-stride an extern's output when it differs from its meta"),
     Option("frontend", str, "kiln", "graph capture for kiln.compile: 'kiln' (kiln/frontend, bytecode capture) "
                                      "or 'dynamo' (TorchDynamo)"),

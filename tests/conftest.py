@@ -2,6 +2,7 @@
 
 - Without a GPU, Triton kernels run under the Triton interpreter: TRITON_INTERPRET=1 is
   set (unless the environment already says otherwise) before anything imports triton.
+- KILN_VERIFY_IR=1: LoopIR is verified after every stage of every compile (unless set otherwise).
 - Every test starts from the same random state (torch, numpy, random seeded with 0).
 - The `models` marker tags the end-to-end model tests (tests/models); `slow` is
   declared in pyproject.toml and is left out of CI (`-m "not slow"`).
@@ -16,6 +17,8 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+# Every compiled graph is verified at every stage boundary (kiln/backend.py `_check`), strict or not.
+os.environ.setdefault("KILN_VERIFY_IR", "1")
 
 
 def pytest_configure(config):

@@ -9,6 +9,7 @@ import torch
 
 from kiln import _torch
 from kiln.aot.strides import dense_strides, index_layout
+from kiln.ir.ops import ROWS
 
 aten = _torch.aten
 
@@ -23,16 +24,16 @@ EXTRA_DECOMPOSITIONS = [
     aten.silu_backward, aten.embedding_dense_backward,
 ]
 
-# Lowered directly by kiln/lowering, or decomposed wrongly for training: keep them whole.
+# Lowered directly by kiln/lowering, or decomposed wrongly for training: keep them whole (with the
+# ATen ops the op table's rows name, kiln/ir/ops.py: each is one LoopIR op).
 # (_scaled_dot_product_flash_attention_for_cpu's decomposition gave wrong gradients for
 # BERT and Llama training on CPU, bisected by the model tests. eye's decomposition
 # compares two aranges in the smallest unsigned dtype that holds n, uint16 past 255,
 # which neither kiln's kernels nor eager's CPU arange support.)
 KEEP = [
     aten._scaled_dot_product_flash_attention_for_cpu, aten.eye,
-    aten.gelu, aten.silu, aten.sigmoid, aten.tanh, aten.var_mean, aten.var, aten.std,
+    aten.gelu, aten.silu, aten.var_mean, aten.var, aten.std,
     aten.clamp, aten.where, aten.hardtanh, aten.mean,
-    aten.logaddexp,  # one LoopIR op (kiln/ir/ops.py), not core ATen's decomposition
     aten.embedding,  # its decomposition (aten.index) accepts negative indices, which eager's embedding rejects
 ]
 
@@ -137,12 +138,19 @@ if hasattr(aten, "_fused_rms_norm"):
     OWN_DECOMPOSITIONS[aten._fused_rms_norm.default] = fused_rms_norm
 
 
+def _overloads(op) -> list:
+    """An OpOverloadPacket's overloads, or the one OpOverload."""
+    if hasattr(op, "overloads"):
+        return [getattr(op, name) for name in op.overloads()]
+    return [op]
+
+
 @functools.lru_cache(maxsize=None)
 def decomposition_table() -> dict:
     table = dict(_torch.core_aten_decompositions())
     table.update(_torch.get_decompositions(EXTRA_DECOMPOSITIONS))
-    for packet in KEEP:
-        for overload_name in packet.overloads():
-            table.pop(getattr(packet, overload_name), None)
+    for op in KEEP + [op for row in ROWS for op in row.aten]:  # a row's ATen ops are one LoopIR op each
+        for overload in _overloads(op):
+            table.pop(overload, None)
     table.update(OWN_DECOMPOSITIONS)
     return table

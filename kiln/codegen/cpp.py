@@ -28,21 +28,22 @@ raises IndexError).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, ClassVar
 
 import sympy
 import torch
 
+from kiln.codegen.common import LineBuffer, kernel_ranges, pointer_name, reduction_identity
 from kiln.codegen.cpp_prelude import PRELUDE
 from kiln.codegen.printing import expr_to_source
 from kiln.config import config
 from kiln.ir import Graph
 from kiln.ir.indexing import contiguous_strides, index_var, simplify_index
 from kiln.ir.nodes import EXPENSIVE_OPS, dtype_name, indirect_value
-from kiln.ir.ops import CODE, OPS, cpp_variants
-from kiln.runtime.cpp_build import KERNEL_SYMBOL, KernelSignature, toolchain
-from kiln.schedule.kernel import Kernel, var_map
+from kiln.ir.ops import OPS, cpp_variants
+from kiln.runtime.cpp_build import KERNEL_SYMBOL, KernelSignature, compile_kernels, toolchain
+from kiln.ir.kernel import Kernel, loop_variables, var_map
 
 LANES = 16  # vector accumulator lanes of a reduction (one AVX-512 register of float)
 SUM_BLOCK = 16 * LANES  # columns a floating sum adds up in fresh lanes before compensating (_compensated_sum)
@@ -62,18 +63,14 @@ LOW_PRECISION_ROUND = {torch.bfloat16: "kiln_round_bf16", torch.float16: "kiln_r
 VECTOR_MATH_OPS = frozenset(name for name, row in OPS.items() if row.vector_math)
 
 
-def math_expression(name: str, dtype: torch.dtype, args: list, rendered_in_code: Callable) -> str:
+def math_expression(name: str, dtype: torch.dtype, args: list) -> str:
     """A unary or binary op's C++ expression: the op table's first variant that applies to the result
-    dtype (kiln/ir/ops.py); a CODE variant is `rendered_in_code(variant)`, skipped when that is None.
-    An fp16/bf16 result is rounded to its format unless the op is exact."""
+    dtype (kiln/ir/ops.py). An fp16/bf16 result is rounded to its format unless the op is exact."""
     row, expression = OPS[name], None
     for variant in cpp_variants(dtype):
         template = row.cpp.get(variant)
-        if template == CODE:
-            expression = rendered_in_code(variant)
-        elif template is not None:
+        if template is not None:
             expression = template.format(*args, T=VALUE_TYPES[dtype], D=dtype_name(dtype))
-        if expression is not None:
             break
     if expression is None:
         raise NotImplementedError(f"C++ codegen for op {name} giving {dtype}: ops.py has no rendering")
@@ -125,11 +122,10 @@ class CppKernelSource:
 def _identity(kind: str, dtype: torch.dtype) -> str:
     """The C++ initial value of a reduction's accumulator."""
     value_type = VALUE_TYPES[dtype]
-    if kind in ("sum", "welford", "any"):
-        return f"({value_type})0"
-    if kind in ("prod", "all"):
-        return f"({value_type})1"
-    largest = kind in ("min", "argmin")
+    identity = reduction_identity(kind)
+    if identity in ("zero", "one"):
+        return f"({value_type}){0 if identity == 'zero' else 1}"
+    largest = identity == "largest"
     if dtype.is_floating_point:
         return f"{'' if largest else '-'}std::numeric_limits<{value_type}>::infinity()"
     if dtype == torch.bool:
@@ -174,22 +170,8 @@ class _Scope:
         self.preheader = preheader
 
 
-@dataclass
-class _Lines:
-    lines: list = field(default_factory=list)  # text, or a nested block written later
-    depth: int = 1
-
-    def add(self, text: str) -> None:
-        self.lines.append("    " * self.depth + text)
-
-    def block(self) -> "_Lines":
-        """A block at this point, at this depth, that can still be written after later lines."""
-        nested = _Lines(depth=self.depth)
-        self.lines.append(nested)
-        return nested
-
-    def flat(self) -> list:
-        return [line for item in self.lines for line in (item.flat() if isinstance(item, _Lines) else [item])]
+class _Lines(LineBuffer):
+    """C++ lines: a LineBuffer whose blocks open and close with braces."""
 
     def open(self, text: str) -> None:
         self.add(f"{text} {{" if text else "{")
@@ -217,6 +199,8 @@ class CppKernelGenerator:
         self._position: int | None = None  # the node whose ops are being emitted (for `ind<k>` symbols)
         self.mappings = [var_map(node, role, kernel.row_ranges, kernel.col_ranges)
                          for node, role in zip(kernel.nodes, kernel.roles)]
+        # per node, per op: the loop variables its value depends on (schedule/passes.py annotates them)
+        self.loop_variables = kernel.op_loop_variables or loop_variables(kernel)
         self.written = {name for node in kernel.nodes for name in node.outputs}  # loads of these stay in place
         self.groups = self._groups()
         self.scratch = self._scratch_buffers()
@@ -337,14 +321,10 @@ class CppKernelGenerator:
         return None if value is None else self.value(self._position, value)
 
     def pointer(self, buffer_name: str) -> str:
-        if buffer_name not in self.pointer_names:
-            self.pointer_names[buffer_name] = f"ptr{len(self.pointer_names)}"
-        return self.pointer_names[buffer_name]
+        return pointer_name(self.pointer_names, buffer_name)
 
     def _ranges(self) -> dict:
-        ranges = {index_var("x", k): size for k, size in enumerate(self.kernel.row_ranges)}
-        ranges.update({index_var("r", k): size for k, size in enumerate(self.kernel.col_ranges)})
-        return ranges
+        return kernel_ranges(self.kernel)
 
     def _column_flat_index(self) -> str:
         columns = self.kernel.col_ranges
@@ -389,8 +369,9 @@ class CppKernelGenerator:
 
     def _level(self, position: int, op_index: int, memo: dict) -> int:
         """The outermost open scope where value %op_index of node `position` can be computed:
-        the innermost scope binding a loop variable it depends on (loop-invariant code motion).
-        Values read from this kernel's own stores, row arrays and reused values stay innermost."""
+        the innermost scope binding a loop variable it depends on (loop-invariant code motion; the
+        variables are the kernel's `op_loop_variables`). Values read from this kernel's own stores,
+        row arrays and reused values stay innermost, and so do the values computed from them."""
         key = (position, op_index)
         if key in memo:
             return memo[key]
@@ -407,33 +388,27 @@ class CppKernelGenerator:
             found = [depth for depth, scope in enumerate(self.scopes) if op.buffer in scope.buffers]
             level = found[-1] if found and not op.operands else innermost
         else:
-            symbols = set()
-            if op.name == "load":
-                symbols = {symbol for expr in op.index for symbol in sympy.sympify(expr).xreplace(
-                    self.mappings[position]).free_symbols}
-            elif op.name == "index_expr":
-                symbols = sympy.sympify(op.attr).xreplace(self.mappings[position]).free_symbols
-            level = self._symbols_level(position, symbols, memo)
-            for operand in op.operands:
+            level = self._variables_level(self.loop_variables[position][op_index])
+            for operand in op.operands + self._gathered(op):
                 level = max(level, self._level(position, operand, memo))
         memo[key] = min(level, innermost)
         return memo[key]
 
-    def _symbols_level(self, position: int, symbols, memo: dict) -> int:
-        """The innermost scope binding a loop variable among `symbols` (kernel variables, sizes and
-        gathered values of node `position`), 0 when none is bound."""
+    def _variables_level(self, names) -> int:
+        """The innermost scope binding one of the loop variables `names`, 0 when none is bound (the
+        innermost when a loop variable is not bound: an outer column loop's)."""
         level = 0
-        for symbol in symbols:
-            gathered = indirect_value(symbol)
-            if gathered is not None:
-                level = max(level, self._level(position, gathered, memo))
-                continue
-            bound = [depth for depth, scope in enumerate(self.scopes) if str(symbol) in scope.variables]
-            if bound:
-                level = max(level, bound[-1])
-            elif str(symbol)[0] in "xr" and str(symbol)[1:].isdigit():
-                level = len(self.scopes) - 1  # a loop variable no scope binds (an outer column loop's)
+        for name in names:
+            bound = [depth for depth, scope in enumerate(self.scopes) if name in scope.variables]
+            level = max(level, bound[-1] if bound else len(self.scopes) - 1)
         return level
+
+    @staticmethod
+    def _gathered(op) -> tuple:
+        """The values whose `ind<k>` symbols a load's index or an index_expr uses."""
+        expressions = list(op.index or ()) if op.name == "load" else [op.attr] if op.name == "index_expr" else []
+        return tuple(value for expr in expressions for symbol in sympy.sympify(expr).free_symbols
+                     if (value := indirect_value(symbol)) is not None)
 
     def define(self, name: str, dtype: torch.dtype, expression: str) -> str:
         self.out.add(f"{VALUE_TYPES[dtype]} {name} = {expression};")
@@ -465,21 +440,10 @@ class CppKernelGenerator:
         if op.name == "where":
             expression = f"({args[0]} ? ({value_type}){args[1]} : ({value_type}){args[2]})"
         elif op.name in OPS:
-            expression = math_expression(op.name, op.dtype, args,
-                                         lambda variant: CODE_RENDERINGS[op.name, variant](node, op, args))
+            expression = math_expression(op.name, op.dtype, args)
         else:
             raise NotImplementedError(f"C++ codegen for op {op.name}")
         return self.define(name, op.dtype, expression)
-
-    @staticmethod
-    def _constant_exponent_product(node, op, args: list) -> str | None:
-        """x ** 2 and x ** 3 as products, as ATen's pow does (GPT-2's gelu cubes): far cheaper than powf.
-        None unless a floating pow's exponent is that constant."""
-        exponent = node.body.ops[op.operands[1]]
-        if not op.dtype.is_floating_point or exponent.name != "constant":
-            return None
-        value = float(exponent.attr)
-        return "(" + " * ".join([args[0]] * int(value)) + ")" if value in (2.0, 3.0) else None
 
     @staticmethod
     def _convert(value: str, source: torch.dtype, target: torch.dtype) -> str:
@@ -901,10 +865,28 @@ class CppKernelGenerator:
                                listing=listing)
 
 
-# The op table's CODE variants (kiln/ir/ops.py): (op, variant) -> f(node, op, args) -> expression or None.
-CODE_RENDERINGS = {("pow", "constant_exponent"): CppKernelGenerator._constant_exponent_product}
-
-
 def generate_kernel(kernel: Kernel, graph: Graph) -> CppKernelSource:
     """The C++ source of one scheduled kernel."""
     return CppKernelGenerator(kernel, graph).generate(kernel.name)
+
+
+@dataclass(frozen=True)
+class CppBackend:
+    """The C++/OpenMP backend for CPU tensors (a KernelBackend, kiln/codegen/common.py); its kernels
+    are built and loaded by kiln/runtime/cpp_build.py."""
+
+    name: ClassVar[str] = "cpp"
+    device_type: ClassVar[str] = "cpu"
+
+    def generate_kernel(self, kernel: Kernel, graph: Graph) -> CppKernelSource:
+        return generate_kernel(kernel, graph)
+
+    def loop_dependent_ops(self) -> frozenset:
+        return loop_dependent_ops()
+
+    def kernel_call(self, source: CppKernelSource, argument_sources: list, python_source: Callable) -> str:
+        return source.launch(argument_sources)
+
+    def load_kernels(self, kernel_sources: list) -> dict:
+        """Kernels with an empty iteration space are never called, so never built."""
+        return compile_kernels([source for source in kernel_sources if not source.skip])

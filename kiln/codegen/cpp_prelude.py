@@ -3,10 +3,12 @@ declarations, dtype conversions and the helpers whose semantics follow torch's
 (NaN-propagating max/min, floor division and modulo of Python, shifts past the width).
 
 Kept apart from kiln/codegen/cpp.py because it is C++, not generator logic; the
-helpers are `static inline` so the compiler inlines them into vectorized loops.
+helpers are `static inline` so the compiler inlines them into vectorized loops. A helper that one
+op alone calls lives in that op's row (kiln/ir/ops.py's `cpp_prelude`); PRELUDE appends them.
 """
+from kiln.ir.ops import ROWS
 
-PRELUDE = r"""
+SHARED_PRELUDE = r"""
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -230,31 +232,6 @@ template <typename T> static inline T kiln_right_shift(T a, T b) {
     return (b < 0 || b >= (T)(sizeof(T) * 8)) ? (T)(a < 0 ? -1 : 0) : (T)(a >> b);
 }
 
-// erfinv: Winitzki's approximation refined by Newton steps in double (erfc near +-1).
-static inline double kiln_erfinv(double y) {
-    if (y != y || y < -1 || y > 1) return std::numeric_limits<double>::quiet_NaN();
-    if (y == 1) return std::numeric_limits<double>::infinity();
-    if (y == -1) return -std::numeric_limits<double>::infinity();
-    const double a = 0.147, two_over_pi_a = 2.0 / (3.14159265358979323846 * a);
-    double log_term = std::log((1.0 - y) * (1.0 + y));
-    double first = two_over_pi_a + 0.5 * log_term;
-    double x = std::sqrt(std::sqrt(first * first - log_term / a) - first);
-    x = y < 0 ? -x : x;
-    double magnitude = std::fabs(y), tail = 1.0 - magnitude;
-    for (int step = 0; step < 4; step++) {
-        double slope = 2.0 / std::sqrt(3.14159265358979323846) * std::exp(-x * x);
-        if (slope == 0) break;
-        if (magnitude > 0.9) {
-            double ax = std::fabs(x);
-            ax += (std::erfc(ax) - tail) / slope;
-            x = y < 0 ? -ax : ax;
-        } else {
-            x -= (std::erf(x) - y) / slope;
-        }
-    }
-    return x;
-}
-
 // argmax/argmin: NaN wins, ties go to the first index, as in torch.
 template <typename T> static inline bool kiln_arg_keep(T a, int64_t index_a, T b, int64_t index_b, bool is_max) {
     bool nan_a = a != a, nan_b = b != b;
@@ -262,3 +239,6 @@ template <typename T> static inline bool kiln_arg_keep(T a, int64_t index_a, T b
     return better || (nan_a && !nan_b) || (((a == b) || (nan_a && nan_b)) && index_a < index_b);
 }
 """
+
+# After the shared helpers, the ones a single op needs, from its op-table row (kiln/ir/ops.py's `cpp_prelude`).
+PRELUDE = SHARED_PRELUDE + "".join(row.cpp_prelude for row in ROWS if row.cpp_prelude)

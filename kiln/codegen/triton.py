@@ -11,17 +11,20 @@ from __future__ import annotations
 import hashlib
 import math
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Callable, ClassVar
 
 import sympy
 import torch
 
+from kiln.codegen.common import LineBuffer, kernel_ranges, pointer_name, reduction_identity
 from kiln.codegen.printing import TRITON_DTYPES, expr_to_source, python_constant
 from kiln.ir import Graph
-from kiln.ir.indexing import index_var, simplify_index
+from kiln.ir.indexing import simplify_index
 from kiln.ir.nodes import indirect_value
 from kiln.ir.ops import OPS, triton_variants
-from kiln.schedule.kernel import Kernel, var_map
+from kiln.runtime.loader import load_triton_kernels
+from kiln.ir.kernel import Kernel, var_map
 
 INT32_LIMIT = 2**31 - 1
 # The pseudo-buffer a kernel with check_index ops takes as one of its pointers: the graph's one-int32
@@ -174,6 +177,12 @@ class KernelSource:
     device_type: str
     skip: bool = False  # empty iteration space: allocate only, never launch
     function_name: str = ""  # the Triton function in `source` (shared by identical kernels)
+    file_suffix: ClassVar[str] = ".py"  # of the KILN_DEBUG dump
+
+    @property
+    def listing(self) -> str:
+        """The text dumped for KILN_DEBUG: the source itself."""
+        return self.source
 
     @property
     def checks_indices(self) -> bool:
@@ -186,25 +195,17 @@ def _next_power_of_2(value: int) -> int:
 
 
 def _identity(kind: str, dtype: torch.dtype) -> str:
-    if kind in ("sum", "welford", "any"):
-        return "0"
-    if kind in ("prod", "all"):
-        return "1"
+    """The Triton initial value of a reduction's accumulator."""
+    identity = reduction_identity(kind)
+    if identity in ("zero", "one"):
+        return "0" if identity == "zero" else "1"
+    largest = identity == "largest"
     if dtype.is_floating_point:
-        return 'float("-inf")' if kind in ("max", "argmax") else 'float("inf")'
-    info = torch.iinfo(dtype) if dtype != torch.bool else None
-    if info is None:
-        return "0" if kind in ("max", "argmax") else "1"
-    return str(info.min if kind in ("max", "argmax") else info.max)
-
-
-@dataclass
-class _Emitter:
-    lines: list = field(default_factory=list)
-    indent: int = 1
-
-    def line(self, text: str) -> None:
-        self.lines.append("    " * self.indent + text)
+        return 'float("inf")' if largest else 'float("-inf")'
+    if dtype == torch.bool:
+        return "1" if largest else "0"
+    info = torch.iinfo(dtype)
+    return str(info.max if largest else info.min)
 
 
 class TritonKernelGenerator:
@@ -214,7 +215,7 @@ class TritonKernelGenerator:
         self.size_symbols: set = set()
         self.register_values: dict[str, str] = {}  # buffer name -> Triton variable holding it in-kernel
         self.helpers: set = set()
-        self.out = _Emitter()
+        self.out = LineBuffer()
         self.use_int64 = self._needs_int64()
 
     # ---- set-up -----------------------------------------------------------------------
@@ -232,9 +233,7 @@ class TritonKernelGenerator:
         return False
 
     def pointer(self, buffer_name: str) -> str:
-        if buffer_name not in self.pointer_names:
-            self.pointer_names[buffer_name] = f"ptr{len(self.pointer_names)}"  # no buffer name: see generate()
-        return self.pointer_names[buffer_name]
+        return pointer_name(self.pointer_names, buffer_name)  # no buffer name: see generate()
 
     def index_source(self, expr) -> str:
         expr = sympy.sympify(expr)
@@ -312,27 +311,27 @@ class TritonKernelGenerator:
             value = flat if stride == 1 else f"({flat} // ({self.index_source(stride)}))"
             if position > 0:
                 value = f"({value} % ({self.index_source(size)}))"
-            self.out.line(f"{prefix}{position} = {value}")
+            self.out.add(f"{prefix}{position} = {value}")
 
     def _pointwise_body(self) -> None:
         program = "tl.program_id(0).to(tl.int64)" if self.use_int64 else "tl.program_id(0)"
-        self.out.line(f"xoffset = {program} * XBLOCK")
-        self.out.line("xindex = xoffset + tl.arange(0, XBLOCK)")
-        self.out.line("xmask = xindex < xnumel")
+        self.out.add(f"xoffset = {program} * XBLOCK")
+        self.out.add("xindex = xoffset + tl.arange(0, XBLOCK)")
+        self.out.add("xmask = xindex < xnumel")
         self._index_setup("xindex", self.kernel.row_ranges, "x")
         for position, (node, role) in enumerate(zip(self.kernel.nodes, self.kernel.roles)):
             self._emit_node(node, role, position, "xmask")
 
     def _reduction_body(self, rnumel) -> None:
         program = "tl.program_id(0).to(tl.int64)" if self.use_int64 else "tl.program_id(0)"
-        self.out.line(f"xoffset = {program} * XBLOCK")
-        self.out.line("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
-        self.out.line("xmask = xindex < xnumel")
+        self.out.add(f"xoffset = {program} * XBLOCK")
+        self.out.add("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
+        self.out.add("xmask = xindex < xnumel")
         self._index_setup("xindex", self.kernel.row_ranges, "x")
-        self.out.line("rbase = tl.arange(0, RBLOCK)[None, :]")
+        self.out.add("rbase = tl.arange(0, RBLOCK)[None, :]")
         if self.kernel.persistent:
-            self.out.line("rindex = rbase")
-            self.out.line("rmask = rindex < rnumel")
+            self.out.add("rindex = rbase")
+            self.out.add("rmask = rindex < rnumel")
             self._index_setup("rindex", self.kernel.col_ranges, "r")
             for position, (node, role) in enumerate(zip(self.kernel.nodes, self.kernel.roles)):
                 self._emit_node(node, role, position, "xmask & rmask" if role != "row" else "xmask")
@@ -353,13 +352,13 @@ class TritonKernelGenerator:
             while position < len(nodes) and nodes[position][1] == "full":
                 self._emit_node(nodes[position][0], "full", position, "xmask & rmask")
                 position += 1
-            self.out.indent -= 1
+            self.out.depth -= 1
 
     def _open_column_loop(self) -> None:
-        self.out.line("for roffset in range(0, rnumel, RBLOCK):")
-        self.out.indent += 1
-        self.out.line("rindex = roffset + rbase")
-        self.out.line("rmask = rindex < rnumel")
+        self.out.add("for roffset in range(0, rnumel, RBLOCK):")
+        self.out.depth += 1
+        self.out.add("rindex = roffset + rbase")
+        self.out.add("rmask = rindex < rnumel")
         self._index_setup("rindex", self.kernel.col_ranges, "r")
 
     # ---- nodes ----------------------------------------------------------------------------
@@ -379,9 +378,7 @@ class TritonKernelGenerator:
             self._emit_op(op, name, mask, role)
 
     def _ranges_dict(self) -> dict:
-        ranges = {index_var("x", k): size for k, size in enumerate(self.kernel.row_ranges)}
-        ranges.update({index_var("r", k): size for k, size in enumerate(self.kernel.col_ranges)})
-        return ranges
+        return kernel_ranges(self.kernel)
 
     def _offset(self, op) -> str:
         layout = self.graph.buffers[op.buffer].layout
@@ -397,10 +394,10 @@ class TritonKernelGenerator:
         args = [names[operand] for operand in op.operands]
         if op.name == "load":
             if op.buffer in self.register_values and not op.operands:
-                self.out.line(f"{name} = {self.register_values[op.buffer]}")
+                self.out.add(f"{name} = {self.register_values[op.buffer]}")
                 return
             load_mask = mask if not op.operands else f"({mask}) & {args[0]}"
-            self.out.line(f"{name} = tl.load({self.pointer(op.buffer)} + ({self._offset(op)}), {load_mask}, other=0)")
+            self.out.add(f"{name} = tl.load({self.pointer(op.buffer)} + ({self._offset(op)}), {load_mask}, other=0)")
         elif op.name == "store":
             self.register_values[op.buffer] = args[0]
             if op.buffer in self.kernel.local_buffers:
@@ -408,7 +405,7 @@ class TritonKernelGenerator:
             dtype = self.graph.buffers[op.buffer].dtype
             value = args[0] if dtype != torch.bool else f"({args[0]} != 0)"
             store_mask = "xmask" if role in ("row", "reduction") else mask
-            self.out.line(f"tl.store({self.pointer(op.buffer)} + ({self._offset(op)}), "
+            self.out.add(f"tl.store({self.pointer(op.buffer)} + ({self._offset(op)}), "
                           f"{value}.to({TRITON_DTYPES[dtype]}), {store_mask})")
         elif op.name == "constant":
             value = op.attr
@@ -424,29 +421,29 @@ class TritonKernelGenerator:
             full = f"tl.full({shape}, {python_constant(value)}, {TRITON_DTYPES[op.dtype]})"
             if isinstance(value, float) and value == 0 and math.copysign(1.0, value) < 0:
                 full = f"({full} * -1.0)"  # tl.full(shape, -0.0) is +0.0: clamp_max(x, -0.0) must give -0.0
-            self.out.line(f"{name} = {full}")
+            self.out.add(f"{name} = {full}")
         elif op.name == "index_expr":
             expr = simplify_index(sympy.sympify(op.attr).xreplace(self._mapping), self._ranges_dict())
             source = self.index_source(expr)
             shape = self._scalar_shape()
-            self.out.line(f"{name} = (tl.full({shape}, 0, tl.int64) + {source}).to({TRITON_DTYPES[op.dtype]})")
+            self.out.add(f"{name} = (tl.full({shape}, 0, tl.int64) + {source}).to({TRITON_DTYPES[op.dtype]})")
         elif op.name == "to_dtype":
             if op.dtype == torch.bool:
-                self.out.line(f"{name} = {args[0]} != 0")
+                self.out.add(f"{name} = {args[0]} != 0")
             else:
-                self.out.line(f"{name} = {args[0]}.to({TRITON_DTYPES[op.dtype]})")
+                self.out.add(f"{name} = {args[0]}.to({TRITON_DTYPES[op.dtype]})")
         elif op.name == "where":
-            self.out.line(f"{name} = tl.where({args[0]}, {args[1]}, {args[2]})")
+            self.out.add(f"{name} = tl.where({args[0]}, {args[1]}, {args[2]})")
         elif op.name == "check_index":
             self._emit_check_index(op, name, args[0], mask)
         elif op.name in OPS:
-            self.out.line(f"{name} = {self._math_source(op, args)}")
+            self.out.add(f"{name} = {self._math_source(op, args)}")
         elif op.name == "reduce":
             if not self.kernel.is_reduction:  # its RBLOCK and rindex exist only in reduction kernels
                 raise AssertionError(f"{self._current_node.name}: a reduce in pointwise kernel {self.kernel.name}")
             self._emit_persistent_reduce(op, name, args[0], mask)
         elif op.name == "getitem":
-            self.out.line(f"{name} = {args[0]}_{op.attr}")
+            self.out.add(f"{name} = {args[0]}_{op.attr}")
         else:
             raise NotImplementedError(f"Triton codegen for op {op.name}")
 
@@ -456,10 +453,10 @@ class TritonKernelGenerator:
         buffer the wrapper reads after the kernels and raises IndexError for (runtime/support.py).
         Lanes outside the block's mask (tails) compute any value and report nothing."""
         status = self.pointer(INDEX_STATUS)
-        self.out.line(f"{name}_outside = ({value} < 0) | ({value} >= {self.index_source(op.attr)})")
-        self.out.line(f"{name} = tl.where({name}_outside, 0, {value})")
-        self.out.line(f"{name}_flag = ({name}_outside & ({mask})).to(tl.int32)")
-        self.out.line(f"tl.store({status} + 0 * {name}_flag, {name}_flag, {name}_flag != 0)")
+        self.out.add(f"{name}_outside = ({value} < 0) | ({value} >= {self.index_source(op.attr)})")
+        self.out.add(f"{name} = tl.where({name}_outside, 0, {value})")
+        self.out.add(f"{name}_flag = ({name}_outside & ({mask})).to(tl.int32)")
+        self.out.add(f"tl.store({status} + 0 * {name}_flag, {name}_flag, {name}_flag != 0)")
 
     def _math_source(self, op, args: list) -> str:
         """A unary or binary op's expression, by the dtype its operands have."""
@@ -477,7 +474,7 @@ class TritonKernelGenerator:
         kind = op.attr
         source_dtype = self._current_node.body.ops[op.operands[0]].dtype
         identity = _identity(kind, source_dtype)
-        self.out.line(f"{name}_in = tl.broadcast_to({value}, [XBLOCK, RBLOCK])")
+        self.out.add(f"{name}_in = tl.broadcast_to({value}, [XBLOCK, RBLOCK])")
         if kind == "welford":
             # Three sums over the row in registers: the mean estimate m0 = sum(x / n) (no
             # overflow where the sum of x would), its correction mean = m0 + sum(x - m0) / n,
@@ -485,28 +482,28 @@ class TritonKernelGenerator:
             # of equal values gets its exact mean and var 0 (x - m0 is exact, so is the
             # corrected mean); sum / n alone is a few ulp off.
             count = self.index_source(self.kernel.col_numel)
-            self.out.line(f"{name}_m0 = " + self._row_sum(f"tl.where({mask}, {name}_in * (1.0 / {count}), 0.0)"))
-            self.out.line(f"{name}_c = " + self._row_sum(f"tl.where({mask}, {name}_in - {name}_m0, 0.0)"))
-            self.out.line(f"{name}_0 = {name}_m0 + {name}_c / {count}")
-            self.out.line(f"{name}_d = tl.where({mask}, {name}_in - {name}_0, 0.0)")
-            self.out.line(f"{name}_1 = " + self._row_sum(f"{name}_d * {name}_d"))
-            self.out.line(f"{name}_2 = tl.full([XBLOCK, 1], 0, {TRITON_DTYPES[source_dtype]}) + {count}")
+            self.out.add(f"{name}_m0 = " + self._row_sum(f"tl.where({mask}, {name}_in * (1.0 / {count}), 0.0)"))
+            self.out.add(f"{name}_c = " + self._row_sum(f"tl.where({mask}, {name}_in - {name}_m0, 0.0)"))
+            self.out.add(f"{name}_0 = {name}_m0 + {name}_c / {count}")
+            self.out.add(f"{name}_d = tl.where({mask}, {name}_in - {name}_0, 0.0)")
+            self.out.add(f"{name}_1 = " + self._row_sum(f"{name}_d * {name}_d"))
+            self.out.add(f"{name}_2 = tl.full([XBLOCK, 1], 0, {TRITON_DTYPES[source_dtype]}) + {count}")
             return
         if kind in ("argmax", "argmin"):
             self.helpers.add(kind)
-            self.out.line(f"{name}_idx = tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64)")
-            self.out.line(f"_, {name} = tl.reduce((tl.where({mask}, {name}_in, {identity}), {name}_idx), 1, "
+            self.out.add(f"{name}_idx = tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64)")
+            self.out.add(f"_, {name} = tl.reduce((tl.where({mask}, {name}_in, {identity}), {name}_idx), 1, "
                           f"_{kind}_combine)")
-            self.out.line(f"{name} = {name}[:, None]")
+            self.out.add(f"{name} = {name}[:, None]")
             return
         if kind in ("any", "all"):
             combine = "max" if kind == "any" else "min"
             self.helpers.add(combine)
-            self.out.line(f"{name} = tl.reduce(tl.where({mask}, ({name}_in != 0).to(tl.int32), {identity}), 1, "
+            self.out.add(f"{name} = tl.reduce(tl.where({mask}, ({name}_in != 0).to(tl.int32), {identity}), 1, "
                           f"_{combine}_combine)[:, None] != 0")
             return
         self.helpers.add(kind)
-        self.out.line(f"{name} = tl.reduce(tl.where({mask}, {name}_in, {identity}), 1, _{kind}_combine)[:, None]")
+        self.out.add(f"{name} = tl.reduce(tl.where({mask}, {name}_in, {identity}), 1, _{kind}_combine)[:, None]")
 
     def _emit_looped_reduction(self, node, position: int) -> None:
         mapping = var_map(node, "reduction", self.kernel.row_ranges, self.kernel.col_ranges)
@@ -521,13 +518,13 @@ class TritonKernelGenerator:
         if kind == "welford":
             for part in ("mean", "cmean", "m2", "cm2", "weight"):
                 # in the operand's dtype: float64 statistics accumulated in float32 lost half their digits
-                self.out.line(f"{name}_{part} = tl.full([XBLOCK, RBLOCK], 0, {accumulate})")
+                self.out.add(f"{name}_{part} = tl.full([XBLOCK, RBLOCK], 0, {accumulate})")
         else:
-            self.out.line(f"{name}_acc = tl.full([XBLOCK, RBLOCK], {identity}, {accumulate})")
+            self.out.add(f"{name}_acc = tl.full([XBLOCK, RBLOCK], {identity}, {accumulate})")
             if compensated:
-                self.out.line(f"{name}_comp = tl.full([XBLOCK, RBLOCK], 0, {accumulate})")
+                self.out.add(f"{name}_comp = tl.full([XBLOCK, RBLOCK], 0, {accumulate})")
             if kind in ("argmax", "argmin"):
-                self.out.line(f"{name}_accidx = tl.full([XBLOCK, RBLOCK], 0, tl.int64)")
+                self.out.add(f"{name}_accidx = tl.full([XBLOCK, RBLOCK], 0, tl.int64)")
         self._open_column_loop()
         self._mapping = mapping
         self._emit_node(node, "reduction", position, "xmask & rmask", stop_at_reduce=True)
@@ -537,51 +534,51 @@ class TritonKernelGenerator:
             # Welford's updates per lane (no overflow where a sum would; a row of equal values
             # keeps its exact mean and m2 0), with mean and m2 each compensated (_kahan_add)
             # so that long rows stay as accurate as eager's.
-            self.out.line(f"{name}_w = tl.where({mask}, {name}_weight + 1.0, {name}_weight)")
-            self.out.line(f"{name}_delta = {value} - {name}_mean")
+            self.out.add(f"{name}_w = tl.where({mask}, {name}_weight + 1.0, {name}_weight)")
+            self.out.add(f"{name}_delta = {value} - {name}_mean")
             self._kahan_add(f"{name}_mean", f"{name}_cmean",
                             f"tl.where({mask}, {name}_delta / tl.where({name}_w == 0.0, 1.0, {name}_w), 0.0)")
             self._kahan_add(f"{name}_m2", f"{name}_cm2",
                             f"tl.where({mask}, {name}_delta * ({value} - {name}_mean), 0.0)")
-            self.out.line(f"{name}_weight = {name}_w")
+            self.out.add(f"{name}_weight = {name}_w")
         elif compensated:
             self._kahan_add(f"{name}_acc", f"{name}_comp", f"tl.where({mask}, {value}, 0.0)")
         elif kind in ("argmax", "argmin"):
             self.helpers.add(kind)
-            self.out.line(f"{name}_v, {name}_i = _{kind}_combine({name}_acc, {name}_accidx, {value}, "
+            self.out.add(f"{name}_v, {name}_i = _{kind}_combine({name}_acc, {name}_accidx, {value}, "
                           f"tl.broadcast_to(rindex, [XBLOCK, RBLOCK]).to(tl.int64))")
-            self.out.line(f"{name}_acc = tl.where({mask}, {name}_v, {name}_acc)")
-            self.out.line(f"{name}_accidx = tl.where({mask}, {name}_i, {name}_accidx)")
+            self.out.add(f"{name}_acc = tl.where({mask}, {name}_v, {name}_acc)")
+            self.out.add(f"{name}_accidx = tl.where({mask}, {name}_i, {name}_accidx)")
         else:
             combine = {"any": "max", "all": "min"}.get(kind, kind)
             self.helpers.add(combine)
             if kind in ("any", "all"):
                 value = f"({value} != 0).to(tl.int32)"
-            self.out.line(f"{name}_acc = tl.where({mask}, _{combine}_combine({name}_acc, {value}), {name}_acc)")
-        self.out.indent -= 1
+            self.out.add(f"{name}_acc = tl.where({mask}, _{combine}_combine({name}_acc, {value}), {name}_acc)")
+        self.out.depth -= 1
         if kind == "welford":
             # Each lane's (count, mean, m2), then the lanes merged by Chan's formulas written
             # as tree sums: m0 = sum(mean_l w / n) (no overflow), mean = m0 + sum(w (mean_l - m0)) / n,
             # m2 = sum(m2_l) + sum(w (mean_l - mean)^2). Lanes with equal means merge exactly.
-            self.out.line(f"{name}_mean = {name}_mean - {name}_cmean")
-            self.out.line(f"{name}_m2 = {name}_m2 - {name}_cm2")
-            self.out.line(f"{name}_2 = " + self._row_sum(f"{name}_weight"))
-            self.out.line(f"{name}_m0 = " + self._row_sum(f"{name}_mean * ({name}_weight / {name}_2)"))
-            self.out.line(f"{name}_0 = {name}_m0 + "
+            self.out.add(f"{name}_mean = {name}_mean - {name}_cmean")
+            self.out.add(f"{name}_m2 = {name}_m2 - {name}_cm2")
+            self.out.add(f"{name}_2 = " + self._row_sum(f"{name}_weight"))
+            self.out.add(f"{name}_m0 = " + self._row_sum(f"{name}_mean * ({name}_weight / {name}_2)"))
+            self.out.add(f"{name}_0 = {name}_m0 + "
                           + self._row_sum(f"{name}_weight * ({name}_mean - {name}_m0)") + f" / {name}_2")
-            self.out.line(f"{name}_d = tl.where({name}_weight == 0.0, 0.0, {name}_mean - {name}_0)")
-            self.out.line(f"{name}_1 = " + self._row_sum(f"{name}_m2") + " + "
+            self.out.add(f"{name}_d = tl.where({name}_weight == 0.0, 0.0, {name}_mean - {name}_0)")
+            self.out.add(f"{name}_1 = " + self._row_sum(f"{name}_m2") + " + "
                           + self._row_sum(f"{name}_weight * {name}_d * {name}_d"))
         elif kind in ("argmax", "argmin"):
-            self.out.line(f"_, {name} = tl.reduce(({name}_acc, {name}_accidx), 1, _{kind}_combine)")
-            self.out.line(f"{name} = {name}[:, None]")
+            self.out.add(f"_, {name} = tl.reduce(({name}_acc, {name}_accidx), 1, _{kind}_combine)")
+            self.out.add(f"{name} = {name}[:, None]")
         else:
             combine = {"any": "max", "all": "min"}.get(kind, kind)
             suffix = " != 0" if kind in ("any", "all") else ""
             if compensated:
-                self.out.line(f"{name} = " + self._row_sum(f"{name}_acc - {name}_comp"))
+                self.out.add(f"{name} = " + self._row_sum(f"{name}_acc - {name}_comp"))
             else:
-                self.out.line(f"{name} = tl.reduce({name}_acc, 1, _{combine}_combine)[:, None]{suffix}")
+                self.out.add(f"{name} = tl.reduce({name}_acc, 1, _{combine}_combine)[:, None]{suffix}")
         self._current_names[reduce_index] = name
         self._mapping = mapping
         self._emit_node(node, "reduction", position, "xmask", start=reduce_index + 1)
@@ -597,10 +594,10 @@ class TritonKernelGenerator:
         rnumel / RBLOCK values in turn, which alone loses about sqrt(that) ulp (3-8x eager's
         error over 2^24 elements). A compensation that is not finite (an inf or NaN total) is
         dropped, so infinities and NaN propagate as in a plain sum."""
-        self.out.line(f"{total}_y = {value} - {compensation}")
-        self.out.line(f"{total}_t = {total} + {total}_y")
-        self.out.line(f"{compensation} = tl.where({total}_t - {total}_t == 0, ({total}_t - {total}) - {total}_y, 0.0)")
-        self.out.line(f"{total} = {total}_t")
+        self.out.add(f"{total}_y = {value} - {compensation}")
+        self.out.add(f"{total}_t = {total} + {total}_y")
+        self.out.add(f"{compensation} = tl.where({total}_t - {total}_t == 0, ({total}_t - {total}) - {total}_y, 0.0)")
+        self.out.add(f"{total} = {total}_t")
 
 
 def math_source(name: str, operand_dtype: torch.dtype, result_dtype: torch.dtype, args: list,
@@ -617,4 +614,30 @@ def math_source(name: str, operand_dtype: torch.dtype, result_dtype: torch.dtype
 
 
 def generate_kernel(kernel: Kernel, graph: Graph, device_type: str) -> KernelSource:
+    """The Triton source of one scheduled kernel, for `device_type`."""
     return TritonKernelGenerator(kernel, graph, device_type).generate()
+
+
+@dataclass(frozen=True)
+class TritonBackend:
+    """The Triton backend (a KernelBackend, kiln/codegen/common.py): compiled for CUDA, or run by
+    Triton's interpreter on CPU; loaded by kiln/runtime/loader.py."""
+
+    device_type: str
+    name: ClassVar[str] = "triton"
+
+    def generate_kernel(self, kernel: Kernel, graph: Graph) -> KernelSource:
+        return generate_kernel(kernel, graph, self.device_type)
+
+    def loop_dependent_ops(self) -> frozenset:
+        return frozenset()  # Triton's libdevice computes each element the same way in every kernel
+
+    def kernel_call(self, source: KernelSource, argument_sources: list, python_source: Callable) -> str:
+        """`name(grid_x, *buffers, *sizes)`, the launch function of kiln/runtime/launch.py."""
+        xnumel = sympy.sympify(source.xnumel)
+        grid_x = str(-(-int(xnumel) // source.xblock)) if xnumel.is_Integer else \
+            f"cdiv({python_source(xnumel)}, {source.xblock})"
+        return f"{source.name}({', '.join([grid_x] + argument_sources)})"
+
+    def load_kernels(self, kernel_sources: list) -> dict:
+        return load_triton_kernels(kernel_sources)

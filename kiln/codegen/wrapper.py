@@ -2,8 +2,9 @@
 calls externs, with as few Python operations per call as the graph allows.
 
 Sizes that are symbols are read from the inputs once at the top; every allocation
-has its sizes and strides spelled out; buffers are deleted after their last use so
-peak memory follows eager's.
+has its sizes and strides spelled out. What is allocated where, and which buffers are
+deleted after each step, is the memory plan's (kiln/schedule/memory.py): the wrapper
+only renders it.
 """
 from __future__ import annotations
 
@@ -13,11 +14,13 @@ import sympy
 import torch
 
 from kiln import _torch
-from kiln.config import config
+from kiln.codegen.backends import backend_for
+from kiln.codegen.common import KernelBackend, graph_device_type
 from kiln.codegen.printing import expr_to_source
-from kiln.codegen.triton import INDEX_STATUS, KernelSource, generate_kernel
+from kiln.codegen.triton import INDEX_STATUS, KernelSource
 from kiln.ir import Extern, TensorArg
-from kiln.schedule import Kernel, ScheduledGraph
+from kiln.ir.kernel import Kernel, ScheduledGraph
+from kiln.ir.memory_plan import ALLOCATED_BY_WRAPPER, HUGE, SCRATCH, MemoryPlan
 
 
 @dataclass
@@ -25,36 +28,14 @@ class ModuleSource:
     """Everything `kiln.runtime.loader.load_module` needs to build the callable."""
 
     wrapper: str
-    kernels: dict  # kernel name -> Triton source
-    kernel_sources: list = field(default_factory=list)  # KernelSource
+    kernels: dict  # kernel name -> its listing (the kernel's source, for dumps)
+    kernel_sources: list = field(default_factory=list)  # what backend.generate_kernel returned
     constants: dict = field(default_factory=dict)
     externs: dict = field(default_factory=dict)  # name -> ATen op
     kernel_count: int = 0
     extern_count: int = 0
     index_status: list = field(default_factory=list)  # names of the kernels' index-error flags (constants)
-
-
-def _graph_device_type(scheduled: ScheduledGraph) -> str:
-    return graph_device_type(scheduled.graph)
-
-
-def graph_device_type(graph) -> str:
-    for buffer in graph.buffers.values():
-        if buffer.device.type == "cuda":
-            return "cuda"
-    return "cpu"
-
-
-def loop_dependent_ops(graph) -> frozenset:
-    """The LoopIR ops whose value for one element can depend on the loop that computes it
-    (vectorized or not) on the backend that will run `graph`. The scheduler computes a value
-    built from them once, in one loop, rather than again in each consumer: two copies of it
-    that differ by an ulp turn `x - mean(x)` of a single value into noise (fuzz seed 3009 #5079)."""
-    if graph_device_type(graph) != "cpu" or config.cpu_backend != "cpp":
-        return frozenset()  # Triton's libdevice computes each element the same way in every kernel
-    from kiln.codegen import cpp as cpp_codegen
-
-    return cpp_codegen.loop_dependent_ops()
+    backend: KernelBackend | None = None  # generated the kernels; loads them (kiln/runtime/loader.py)
 
 
 def _symbol_sources(graph) -> dict:
@@ -77,15 +58,19 @@ def _symbol_sources(graph) -> dict:
 
 
 class WrapperGenerator:
-    def __init__(self, scheduled: ScheduledGraph):
+    def __init__(self, scheduled: ScheduledGraph, memory_plan: MemoryPlan):
         self.scheduled = scheduled
         self.graph = scheduled.graph
-        self.device_type = _graph_device_type(scheduled)
+        self.device_type = graph_device_type(scheduled.graph)
+        self.backend = backend_for(self.device_type)
+        self.memory_plan = memory_plan
+        if [step_plan.name for step_plan in self.memory_plan.steps] != [step.name for step in scheduled.steps]:
+            raise ValueError("the memory plan was made for another schedule: plan_memory(scheduled) again")
+        self.step_plans = {step_plan.name: step_plan for step_plan in self.memory_plan.steps}  # step name -> StepPlan
         self.lines: list[str] = []
         self.names = {graph_input.buffer.name: graph_input.name for graph_input in self.graph.inputs
                       if graph_input.kind == "tensor"}
         self.symbols = _symbol_sources(self.graph)
-        self.scratch: dict = {}  # buffer name -> its view's index in the scratch block (_plan_scratch)
         self.index_status_kernels: dict = {}  # index-error flag's name -> the kernels that set it
 
     def py(self, expr) -> str:
@@ -103,7 +88,7 @@ class WrapperGenerator:
 
     def generate(self) -> ModuleSource:
         graph = self.graph
-        module = ModuleSource("", {}, constants=dict(graph.constants))
+        module = ModuleSource("", {}, constants=dict(graph.constants), backend=self.backend)
         input_names = [graph_input.name for graph_input in graph.inputs]
         self.lines.append("def call(args):")
         body = []
@@ -114,19 +99,21 @@ class WrapperGenerator:
         for symbol in sorted(used_symbols, key=str):
             if str(symbol) not in input_names:
                 body.append(f"{symbol} = {self.symbols[symbol]}")
-        last_use = self._last_uses()
-        self.scratch = self._plan_scratch(last_use, module)
-        for step_index, step in enumerate(self.scheduled.steps):
+        scratch = self.memory_plan.scratch
+        if scratch is not None:
+            from kiln.runtime.scratch import ScratchArena
+
+            module.constants["_arena"] = ScratchArena(scratch.nbytes, scratch.layouts)
+        for step, step_plan in zip(self.scheduled.steps, self.memory_plan.steps):
             if isinstance(step, Kernel):
                 body += self._kernel_call(step, module)
             else:
                 body += self._extern_call(step, module)
-            dead = [self.name(name) for name, last in last_use.items() if last == step_index]
-            if dead:
-                body.append(f"del {', '.join(sorted(dead))}")
+            if step_plan.frees:
+                body.append(f"del {', '.join(sorted(self.name(name) for name in step_plan.frees))}")
         body += self._index_status_checks()
         body.append(f"return ({''.join(self._output(output) + ', ' for output in graph.outputs)})")
-        if self.scratch:
+        if scratch is not None:
             body = (["_scratch = _arena.acquire()", "try:"] + ["    " + line for line in body]
                     + ["finally:", "    _arena.release(_scratch)"])
         self.lines += ["    " + line for line in body]
@@ -180,109 +167,30 @@ class WrapperGenerator:
                  "check_index_status", ""]
         return lines
 
-    def _last_uses(self) -> dict:
-        """Buffer name -> index of the last step that reads it (inputs and intermediates, not outputs)."""
-        keep = {output.buffer for output in self.graph.outputs if isinstance(output, TensorArg)}
-        keep |= set(self.graph.constants)
-        last: dict = {}
-        for step_index, step in enumerate(self.scheduled.steps):
-            names = set()
-            if isinstance(step, Kernel):
-                for node in step.nodes:
-                    names |= {op.buffer for op in node.body.reads()}
-                    names |= set(node.outputs)
-            else:
-                names |= {arg.buffer for arg in step.tensor_args()} | set(step.outputs)
-            for name in names:
-                last[name] = step_index
-        local = {name for step in self.scheduled.kernels for name in step.local_buffers}
-        return {name: index for name, index in last.items() if name not in keep and name not in local}
-
-    def _plan_scratch(self, last_use: dict, module: ModuleSource) -> dict:
-        """Buffer name -> index into the graph's scratch views (kiln/runtime/scratch.py): the CPU
-        intermediates this wrapper allocates, of static size, that no output aliases and no extern
-        that may return a view of its inputs reads."""
-        from kiln.config import config
-        from kiln.runtime.scratch import ScratchArena, plan_offsets
-
-        if self.device_type != "cpu" or not config.cpu_scratch_arena:
-            return {}
-        escaping = {output.buffer for output in self.graph.outputs if isinstance(output, TensorArg)}
-        first_step: dict = {}
-        for step_index, step in enumerate(self.scheduled.steps):
-            if isinstance(step, Kernel):
-                written = [name for node in step.nodes for name in node.outputs if name not in step.local_buffers]
-            else:
-                written = list(step.outputs) if step.writes_into_outputs else []
-                if not _returns_fresh_tensors(step.op):
-                    escaping |= {arg.buffer for arg in step.tensor_args()} | set(step.outputs)
-            for name in written:
-                first_step.setdefault(name, step_index)
-        candidates = []
-        for name, first in first_step.items():
-            layout = self.graph.buffers[name].layout
-            static = all(sympy.sympify(value).is_Integer for value in (*layout.size, *layout.stride, layout.offset))
-            if name in escaping or name in self.names or name not in last_use or not static:
-                continue
-            nbytes = int(layout.storage_span()) * self.graph.buffers[name].dtype.itemsize
-            candidates.append((name, nbytes, first, last_use[name]))
-        if not candidates:
-            return {}
-        offsets, total = plan_offsets(candidates)
-        names = sorted(offsets, key=lambda name: first_step[name])
-        layouts = [(offsets[name], tuple(map(int, self.graph.buffers[name].layout.size)),
-                    tuple(map(int, self.graph.buffers[name].layout.stride)), self.graph.buffers[name].dtype)
-                   for name in names]
-        module.constants["_arena"] = ScratchArena(total, layouts)
-        return {name: index for index, name in enumerate(names)}
-
-    def _allocate(self, buffer_name: str) -> str:
+    def _allocate(self, allocation) -> str:
+        """The line that makes a buffer the plan says the wrapper allocates (memory.Allocation)."""
+        buffer_name = allocation.buffer
         buffer = self.graph.buffers[buffer_name]
-        if buffer_name in self.scratch:
-            return f"{buffer_name} = _scratch[{self.scratch[buffer_name]}]"
+        if allocation.kind == SCRATCH:
+            return f"{buffer_name} = _scratch[{allocation.scratch_index}]"
         sizes = self.py_tuple(buffer.layout.size)
         strides = self.py_tuple(buffer.layout.stride)
-        if self._wants_huge_pages(buffer):
+        if allocation.kind == HUGE:
             return f"{buffer_name} = empty_strided_huge({sizes}, {strides}, {buffer.dtype})"
         return (f"{buffer_name} = empty_strided({sizes}, {strides}, device='{buffer.device}', "
                 f"dtype={buffer.dtype})")
 
-    @staticmethod
-    def _wants_huge_pages(buffer) -> bool:
-        """A large CPU buffer of static size: allocated with huge pages (kiln/runtime/host_memory.py)."""
-        from kiln.config import config
-
-        if buffer.device.type != "cpu" or config.cpu_huge_pages_min_bytes <= 0:
-            return False
-        elements = sympy.sympify(buffer.layout.storage_span())
-        return elements.is_Integer and int(elements) * buffer.dtype.itemsize >= config.cpu_huge_pages_min_bytes
-
     def _kernel_call(self, kernel: Kernel, module: ModuleSource) -> list[str]:
-        from kiln.config import config
-
-        cpp = self.device_type == "cpu" and config.cpu_backend == "cpp"
-        if cpp:
-            from kiln.codegen import cpp as cpp_codegen
-
-            source = cpp_codegen.generate_kernel(kernel, self.graph)
-        else:
-            source = generate_kernel(kernel, self.graph, self.device_type)
+        source = self.backend.generate_kernel(kernel, self.graph)
         module.kernel_sources.append(source)
-        module.kernels[kernel.name] = source.listing if cpp else source.source
-        lines = [self._allocate(name) for node in kernel.nodes for name in node.outputs
-                 if name not in kernel.local_buffers]
+        module.kernels[kernel.name] = source.listing
+        lines = [self._allocate(allocation) for allocation in self.step_plans[kernel.name].allocations]
         if source.skip:
             return lines
         buffers = [self._index_status_for(kernel, module) if name == INDEX_STATUS else self.name(name)
                    for name in source.buffer_args]
         args = buffers + [self.py(size) for size in source.size_args]
-        if cpp:
-            return lines + [source.launch(args)]
-        xnumel = sympy.sympify(source.xnumel)
-        grid_x = str(-(-int(xnumel) // source.xblock)) if xnumel.is_Integer else \
-            f"cdiv({self.py(xnumel)}, {source.xblock})"
-        lines.append(f"{kernel.name}({', '.join([grid_x] + args)})")  # kiln/runtime/launch.py
-        return lines
+        return lines + [self.backend.kernel_call(source, args, self.py)]
 
     def _extern_call(self, extern: Extern, module: ModuleSource) -> list[str]:
         module.externs[extern.name] = extern.op
@@ -311,8 +219,9 @@ class WrapperGenerator:
         args = [arg_source(value) for value in extern.args]
         args += [f"{key}={arg_source(value)}" for key, value in extern.kwargs.items()]
         if extern.writes_into_outputs:
-            (output,) = extern.outputs
-            return [self._allocate(output), f"{extern.name}({', '.join(args + [f'out={output}'])})"]
+            (allocation,) = self.step_plans[extern.name].allocations
+            assert allocation.kind in ALLOCATED_BY_WRAPPER, allocation
+            return [self._allocate(allocation), f"{extern.name}({', '.join(args + [f'out={allocation.buffer}'])})"]
         call = f"{extern.name}({', '.join(args)})"
         targets = _flatten_structure(extern.output_structure)
         names = [extern.outputs[position] if isinstance(position, int) else "_" for position in targets]
@@ -357,15 +266,6 @@ class WrapperGenerator:
         return repr(output)
 
 
-def _returns_fresh_tensors(op) -> bool:
-    """Whether an extern's results are never views of its arguments: its schema marks no returned
-    alias, except the written `out=` tensors of an out variant, which are its own outputs."""
-    schema = getattr(op, "_schema", None)
-    if schema is None:
-        return False
-    return all(result.alias_info is None or result.alias_info.is_write for result in schema.returns)
-
-
 def _flatten_structure(structure) -> list:
     """Output positions in the op's flattened result (non-tensor leaves are not ints)."""
     if isinstance(structure, (list, tuple)):
@@ -381,8 +281,9 @@ def _unpack(call: str, structure) -> str:
 
 
 
-def generate_wrapper(scheduled: ScheduledGraph) -> ModuleSource:
-    return WrapperGenerator(scheduled).generate()
+def generate_wrapper(scheduled: ScheduledGraph, memory_plan: MemoryPlan) -> ModuleSource:
+    """The host program of `scheduled`, rendering `memory_plan` (kiln/schedule/memory.py `plan_memory`)."""
+    return WrapperGenerator(scheduled, memory_plan).generate()
 
 
 __all__ = ["KernelSource", "ModuleSource", "generate_wrapper"]

@@ -1,7 +1,7 @@
 """Per-graph debug dumps: `KILN_DEBUG=1` writes `kiln_debug/<run>/<graph>/`.
 
-Each graph gets a folder with the ATen graph, LoopIR before and after fusion, every
-kernel, the wrapper and `timings.txt` (seconds per stage). Stage timings are kept even
+Each graph gets a folder with the ATen graph, LoopIR before and after fusion, the memory
+plan, every kernel, the wrapper and `timings.txt` (seconds per stage). Stage timings are kept even
 without KILN_DEBUG, so the perf log and `explain()` can report them.
 """
 from __future__ import annotations

@@ -2,8 +2,9 @@
 from kiln.ir.indexing import FloorDiv, Mod, range_vars, simplify_index
 from kiln.ir.nodes import (Body, Buffer, Extern, Graph, GraphInput, Layout, LoopNode, Op, Pointwise,
                            Reduction, TensorArg, dtype_name)
+from kiln.ir.printer import format_graph
 from kiln.ir.verify import IRVerificationError, verify
 
 __all__ = ["Body", "Buffer", "Extern", "FloorDiv", "Graph", "GraphInput", "IRVerificationError", "Layout",
-           "LoopNode", "Mod", "Op", "Pointwise", "Reduction", "TensorArg", "dtype_name", "range_vars",
-           "simplify_index", "verify"]
+           "LoopNode", "Mod", "Op", "Pointwise", "Reduction", "TensorArg", "dtype_name", "format_graph",
+           "range_vars", "simplify_index", "verify"]

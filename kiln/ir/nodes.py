@@ -30,14 +30,14 @@ from typing import Any, Sequence
 import sympy
 import torch
 
-from kiln.ir.ops import EXPENSIVE, OPS
+from kiln.ir.ops import EXPENSIVE, OPS, REDUCTION_KINDS as _REDUCTION_KINDS, SPECS
 
 # The pointwise ops' sets, from the op table (kiln/ir/ops.py): plain strings, as bodies hold them.
 UNARY_OPS = {name for name, row in OPS.items() if row.arity == 1}
 BINARY_OPS = {name for name, row in OPS.items() if row.arity == 2}
 EXPENSIVE_OPS = {name for name, row in OPS.items() if row.cost == EXPENSIVE}  # see ops.py's cost classes
-REDUCTION_KINDS = {"sum", "prod", "max", "min", "argmax", "argmin", "welford", "any", "all"}
-OTHER_OPS = {"load", "store", "constant", "index_expr", "to_dtype", "where", "reduce", "getitem", "check_index"}
+REDUCTION_KINDS = set(_REDUCTION_KINDS)
+OTHER_OPS = set(SPECS)  # the ops without a row: their specs, also in ops.py
 ALL_OPS = UNARY_OPS | BINARY_OPS | OTHER_OPS
 
 
@@ -223,11 +223,6 @@ class Graph:
     nodes: list = field(default_factory=list)
     outputs: list = field(default_factory=list)  # TensorArg | sympy expr | python constant | None
     constants: dict = field(default_factory=dict)  # buffer name -> real tensor held by the module
-
-    def format(self) -> str:
-        from kiln.ir.printer import format_graph
-
-        return format_graph(self)
 
     def producers(self) -> dict:
         """Buffer name -> node that writes it."""

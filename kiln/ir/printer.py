@@ -4,7 +4,8 @@ from __future__ import annotations
 from kiln.ir.nodes import Body, Extern, Graph, LoopNode, TensorArg, dtype_name
 
 
-def format_body(body: Body, indent: str = "  ") -> list[str]:
+def format_body(body: Body, indent: str = "  ", notes: list | None = None) -> list[str]:
+    """One line per op; `notes` (one text per op), when given, end each line after two spaces."""
     lines = []
     for position, op in enumerate(body.ops):
         operands = " ".join(f"%{operand}" for operand in op.operands)
@@ -18,6 +19,8 @@ def format_body(body: Body, indent: str = "  ") -> list[str]:
             text = f"%{position} = {op.name} {operands}"
         if op.dtype is not None:
             text += f" : {dtype_name(op.dtype)}"
+        if notes is not None:
+            text += f"  {notes[position]}"
         lines.append(indent + text)
     return lines
 

@@ -1,44 +1,71 @@
 """`verify(graph)`: LoopIR well-formedness, checked at every stage boundary.
 
-Catches a malformed graph at the pass that made it: unknown ops, reads of values or
-buffers not yet defined, index arity that does not match the buffer, index variables
-outside the node's loops, reductions without exactly one `reduce`, stores to buffers
-the node does not own, gathered positions (`ind<k>`) that no `check_index` bounds.
+Catches a malformed graph at the pass that made it: unknown ops, operand counts and dtypes that
+break the op's rule, reads of values or buffers not yet defined, index arity that does not match
+the buffer, index variables outside the node's loops, reductions without exactly one `reduce`,
+stores to buffers the node does not own, gathered positions (`ind<k>`) that no `check_index` bounds.
+
+The op rules (arity, operand and result dtypes) are not written here: they are the op table's
+rows and specs (kiln/ir/ops.py `operand_counts`, `dtype_problems`). The scheduled form has its own
+checks on top of these (kiln/schedule/verify.py).
 """
 from __future__ import annotations
 
 import sympy
 
 from kiln.ir.indexing import range_vars
-from kiln.ir.nodes import ALL_OPS, REDUCTION_KINDS, Extern, Graph, LoopNode, TensorArg, indirect_value
+from kiln.ir.nodes import ALL_OPS, Extern, Graph, LoopNode, TensorArg, indirect_value
+from kiln.ir.ops import dtype_problems, operand_counts
 
 
 class IRVerificationError(AssertionError):
-    pass
+    """A malformed graph: the message names the stage, the node, the op and every problem found."""
 
 
-def verify(graph: Graph) -> None:
+def verify(graph: Graph, stage: str | None = None) -> None:
+    """Check `graph` (its nodes in order); raise IRVerificationError naming `stage` on a problem."""
+    defined = defined_at_entry(graph)
+    symbols = size_symbols(graph)
+    for node in graph.nodes:
+        check_node(node, graph, defined, symbols, stage)
+        defined |= set(node.outputs)
+    check_outputs(graph, defined, stage)
+
+
+def defined_at_entry(graph: Graph) -> set:
+    """The buffers that hold values before any node runs: tensor inputs and constants."""
     defined = {graph_input.buffer.name for graph_input in graph.inputs if graph_input.kind == "tensor"}
-    defined |= set(graph.constants)
-    size_symbols = {graph_input.symbol for graph_input in graph.inputs if graph_input.kind == "symbol"}
+    return defined | set(graph.constants)
+
+
+def size_symbols(graph: Graph) -> set:
+    """The symbols a size or an index may use: size inputs and the symbols of buffer layouts."""
+    symbols = {graph_input.symbol for graph_input in graph.inputs if graph_input.kind == "symbol"}
     for buffer in graph.buffers.values():
         for expr in (*buffer.layout.size, *buffer.layout.stride, buffer.layout.offset):
-            size_symbols |= sympy.sympify(expr).free_symbols
-    for node in graph.nodes:
-        problems = []
-        if isinstance(node, Extern):
-            for arg in node.tensor_args():
-                if arg.buffer not in defined:
-                    problems.append(f"reads {arg.buffer} before it is written")
-        else:
-            problems = _verify_loop(node, graph, defined, size_symbols)
-        if problems:
-            raise IRVerificationError(f"{node.name}: " + "; ".join(problems))
-        defined |= set(node.outputs)
+            symbols |= sympy.sympify(expr).free_symbols
+    return symbols
+
+
+def check_node(node, graph: Graph, defined: set, symbols: set, stage: str | None = None) -> None:
+    """Check one node given the buffers `defined` before it runs; raise on a problem."""
+    if isinstance(node, Extern):
+        problems = [f"reads {arg.buffer} before it is written" for arg in node.tensor_args()
+                    if arg.buffer not in defined]
+    else:
+        problems = _verify_loop(node, graph, defined, symbols)
+    if problems:
+        raise IRVerificationError(_located(stage, f"{node.name}: " + "; ".join(problems)))
+
+
+def check_outputs(graph: Graph, defined: set, stage: str | None = None) -> None:
     for output in graph.outputs:
         if isinstance(output, TensorArg) and output.buffer not in defined:
-            raise IRVerificationError(f"output {output.buffer} is never written")
+            raise IRVerificationError(_located(stage, f"output {output.buffer} is never written"))
 
+
+def _located(stage: str | None, message: str) -> str:
+    return message if stage is None else f"after {stage}: {message}"
 
 
 def _verify_loop(node: LoopNode, graph: Graph, defined: set, size_symbols: set) -> list[str]:
@@ -56,13 +83,10 @@ def _verify_loop(node: LoopNode, graph: Graph, defined: set, size_symbols: set) 
         where = f"%{position} {op.name}"
         if op.name not in ALL_OPS:
             problems.append(f"{where}: unknown op")
-        for operand in op.operands:
-            if not 0 <= operand < position:
-                problems.append(f"{where}: uses %{operand} before it is defined")
+            continue
+        problems += [f"{where}: {problem}" for problem in _op_rule_problems(node, graph, position)]
         if op.name == "reduce":
             after_reduce = True
-            if op.attr not in REDUCTION_KINDS:
-                problems.append(f"{where}: unknown reduction {op.attr!r}")
         exprs = list(op.index or ())
         if op.name in ("index_expr", "check_index"):
             exprs.append(op.attr)
@@ -85,8 +109,7 @@ def _verify_loop(node: LoopNode, graph: Graph, defined: set, size_symbols: set) 
         if op.name in ("load", "store"):
             buffer = graph.buffers.get(op.buffer)
             if buffer is None:
-                problems.append(f"{where}: unknown buffer {op.buffer}")
-                continue
+                continue  # reported by the op rule
             if len(op.index) != len(buffer.layout.size):
                 problems.append(f"{where}: {len(op.index)}-d index into {len(buffer.layout.size)}-d {op.buffer}")
             if op.name == "load" and op.buffer not in defined:
@@ -97,3 +120,22 @@ def _verify_loop(node: LoopNode, graph: Graph, defined: set, size_symbols: set) 
     if stored != set(node.outputs):
         problems.append(f"stores {sorted(stored)} but declares outputs {node.outputs}")
     return problems
+
+
+def _op_rule_problems(node: LoopNode, graph: Graph, position: int) -> list[str]:
+    """Op `position`'s operand count and dtypes against the op table (kiln/ir/ops.py)."""
+    ops = node.body.ops
+    op = ops[position]
+    counts = operand_counts(op.name)
+    if len(op.operands) not in counts:
+        return [f"{len(op.operands)} operands, {op.name} takes {' or '.join(map(str, counts))}"]
+    if not all(0 <= operand < position for operand in op.operands):
+        return [f"uses %{operand} before it is defined" for operand in op.operands if not 0 <= operand < position]
+    buffer_dtype = None
+    if op.name in ("load", "store"):
+        if op.buffer not in graph.buffers:
+            return [f"unknown buffer {op.buffer}"]
+        buffer_dtype = graph.buffers[op.buffer].dtype
+    if op.name == "getitem" and not (ops[op.operands[0]].name == "reduce" and ops[op.operands[0]].attr == "welford"):
+        return [f"takes %{op.operands[0]}, not a welford reduce"]
+    return dtype_problems(op, [ops[operand].dtype for operand in op.operands], buffer_dtype)

@@ -4,6 +4,9 @@
 goes through its rule in the lowering table (registry.py; the rules live in one
 module per op family), or becomes an `Extern` call of the ATen op when there is no
 rule or the rule declines (`Unsupported`). Views produce no nodes: they remap indices.
+
+Before it, `apply_patterns(gm)` (patterns.py) rewrites a product and the elementwise consumer
+oneDNN applies as it stores into one fused call, whose rule is in matmul.py.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from kiln.ir import FloorDiv, Graph, GraphInput, TensorArg, verify
 from kiln.lowering import creation, effects, indexing, matmul, pointwise, reductions, views  # noqa: F401
 from kiln.lowering.context import (BufferValue, LoweringContext, TensorValue, Unsupported, layout_of,
                                    meta_of)
-from kiln.lowering.registry import EXTERN_OPS, LOWERINGS
+from kiln.lowering.patterns import apply_patterns  # noqa: F401  (run on the ATen graph before lower_graph)
 
 
 def lower_graph(gm: torch.fx.GraphModule, example_inputs) -> Graph:
@@ -26,14 +29,10 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs) -> Graph:
     ctx = LoweringContext(graph)
     values = ctx.values
     for fx_node in gm.graph.nodes:
-        ctx.current_fx_node = fx_node
         if fx_node.op == "placeholder":
             values[fx_node] = _lower_placeholder(ctx, fx_node)
         elif fx_node.op == "get_attr":
             values[fx_node] = _lower_constant(ctx, fx_node, getattr(gm, fx_node.target))
-        elif fx_node.op == "call_function" and fx_node in ctx.folded:
-            values[fx_node] = values[ctx.folded.pop(fx_node)]  # computed by a product (a post-op)
-            ctx.lowered_ops[str(fx_node.target)] = ctx.lowered_ops.get(str(fx_node.target), 0) + 1
         elif fx_node.op == "call_function":
             values[fx_node] = _lower_call(ctx, fx_node, values)
         elif fx_node.op == "output":
@@ -86,16 +85,7 @@ def _lower_call(ctx: LoweringContext, fx_node, values):
         return args[0][args[1]]
     if target in _SYMBOLIC_OPS:
         return _SYMBOLIC_OPS[target](*args)
-    rule = LOWERINGS.get(target)
-    if rule is not None and target not in EXTERN_OPS:
-        try:
-            result = rule(ctx, fx_node, *args, **kwargs)
-            ctx.lowered_ops[str(target)] = ctx.lowered_ops.get(str(target), 0) + 1
-            return result
-        except Unsupported:
-            pass
-    ctx.extern_ops[str(target)] = ctx.extern_ops.get(str(target), 0) + 1
-    return ctx.extern(target, args, kwargs, fx_node.meta.get("val"))
+    return ctx.lower_op(fx_node, args, kwargs)
 
 
 def _lower_output(ctx: LoweringContext, value, fx_item):

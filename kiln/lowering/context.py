@@ -18,6 +18,7 @@ import torch
 from kiln import _torch
 from kiln.ir import Body, Buffer, Extern, Graph, Layout, Pointwise, Reduction, TensorArg
 from kiln.ir.indexing import affine_coefficients, as_expr, fold_div_mod, is_affine, range_vars, simplify_index
+from kiln.lowering.registry import EXTERN_OPS, LOWERINGS
 
 # dtypes Triton kernels handle; anything else runs as an extern.
 KERNEL_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64, torch.int8, torch.int16,
@@ -134,11 +135,7 @@ class LoweringContext:
         self._node_count = 0
         self.lowered_ops: dict[str, int] = {}
         self.extern_ops: dict[str, int] = {}
-        self.current_fx_node = None
         self.values: dict = {}  # FX node -> its lowered value, as lower_graph fills it in
-        # FX node -> the FX node whose value already holds its result: an elementwise op that a
-        # product computed as its oneDNN post-op (lowering/matmul.py) is not lowered again.
-        self.folded: dict = {}
 
     # ---- naming -------------------------------------------------------------------
     def new_buffer(self, device, dtype, layout: Layout, prefix: str = "buf") -> Buffer:
@@ -184,6 +181,22 @@ class LoweringContext:
         return body.to_dtype(loaded, dtype)
 
     # ---- building nodes ---------------------------------------------------------------
+    def lower_op(self, fx_node, args: tuple, kwargs: dict):
+        """One call of `fx_node.target` on lowered arguments: its rule in the lowering table, or an
+        extern call of the op where there is none or it declines (`Unsupported`). `fx_node` is what
+        the rule reads (its target and meta): an FX node, or a node a pattern replaced."""
+        target = fx_node.target
+        rule = LOWERINGS.get(target)
+        if rule is not None and target not in EXTERN_OPS:
+            try:
+                result = rule(self, fx_node, *args, **kwargs)
+                self.lowered_ops[str(target)] = self.lowered_ops.get(str(target), 0) + 1
+                return result
+            except Unsupported:
+                pass
+        self.extern_ops[str(target)] = self.extern_ops.get(str(target), 0) + 1
+        return self.extern(target, args, kwargs, fx_node.meta.get("val"))
+
     def pointwise(self, inputs: Sequence, compute: Callable, *, meta: torch.Tensor, compute_dtype=None,
                   input_dtypes: Sequence | None = None, rounded_through: Sequence | None = None) -> BufferValue:
         """A Pointwise node over `meta`'s shape: load inputs, `compute(body, *values)`, store.

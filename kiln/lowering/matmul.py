@@ -31,7 +31,9 @@ relative RMS error against float64 was 4.1e-7 against MKL's 2.4e-7 (K = 512). It
 
 A product's only elementwise consumer (gelu, silu, or a product with a tensor of its
 size) is oneDNN's post-op: applied to the values as they are stored, so no kernel reads the
-product back (`_post_op`).
+product back. The pattern pass (lowering/patterns.py) rewrites product and consumer into one
+call of `patterns.linear_unary` / `linear_binary`; their rules here emit the one oneDNN call,
+or lower the replaced nodes one by one where the operands' layouts do not suit it.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from kiln import _torch
 from kiln.config import config
 from kiln.ir import Layout, TensorArg
 from kiln.ir.indexing import contiguous_strides
+from kiln.lowering import patterns
 from kiln.lowering.context import TensorValue, Unsupported, ViewValue, layout_of, meta_of
 from kiln.lowering.registry import lowering
 
@@ -114,12 +117,11 @@ def pad_product_columns(ctx, meta, a, b):
     return ViewValue(product, [rows, columns], lambda index: index)
 
 
-def onednn_linear(ctx, meta, a: TensorArg, b: TensorArg, bias: TensorArg | None = None):
-    """`a @ b (+ bias)` as oneDNN's linear of a and the weight b.t() (see the module docstring),
-    or None when it does not apply: only fp32 CPU products, on layouts the op is exact for."""
-    op = _torch.onednn_linear()
-    if config.cpu_gemm != "onednn" or op is None or meta.device.type != "cpu" or meta.dtype != torch.float32 \
-            or meta.dim() != 2:
+def onednn_weight(meta, a: TensorArg, b: TensorArg, bias: TensorArg | None = None) -> TensorArg | None:
+    """The weight b.t() that oneDNN's linear takes for `a @ b (+ bias)` (see the module docstring),
+    or None when the op does not apply: only fp32 CPU products, on layouts it is exact for."""
+    if config.cpu_gemm != "onednn" or _torch.onednn_linear() is None or meta.device.type != "cpu" or \
+            meta.dtype != torch.float32 or meta.dim() != 2:
         return None  # (aten's products take operands of the result's dtype only)
     if not (isinstance(a, TensorArg) and isinstance(b, TensorArg)):
         return None
@@ -134,77 +136,86 @@ def onednn_linear(ctx, meta, a: TensorArg, b: TensorArg, bias: TensorArg | None 
     if bias is not None and (not isinstance(bias, TensorArg) or len(bias.layout.size) != 1 or
                              bias.layout.size[0] != columns or bias.layout.stride[0] != 1):
         return None
-    epilogue = _post_op(ctx, ctx.current_fx_node, meta)
-    if epilogue is None:
-        return ctx.extern(op, (a, weight, bias, "none", [], ""), {}, meta)
-    consumer, end, attr, algorithm, other = epilogue
-    if other is None:
-        result = ctx.extern(op, (a, weight, bias, attr, [], algorithm), {}, meta)
-    else:
-        result = ctx.extern(_torch.onednn_linear_binary(), (a, other, weight, bias, attr), {}, meta)
-    ctx.folded[consumer] = end
-    return result
+    return weight
 
 
-# Not relu: oneDNN's relu post-op makes NaN 0, where eager's relu keeps it (a NaN product came
-# out finite: fuzz seed 3013 #9071, #9842). Its gelu and swish keep NaN and infinities as eager's.
-UNARY_POST_OPS = {aten.silu.default: "swish", aten.gelu.default: "gelu"}
-RESHAPES = (aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-
-
-def _shape(meta) -> list:
-    """A fake tensor's sizes as sympy expressions (compared without guarding on SymInts)."""
-    return [_torch.sym_expr(size) for size in meta.shape]
-
-
-def _product_end(fx_node):
-    """The last of the product's single-use reshapes (the product itself when there are none)."""
-    while len(fx_node.users) == 1:
-        (user,) = fx_node.users
-        if user.target not in RESHAPES or user.args[0] is not fx_node:
-            break
-        fx_node = user
-    return fx_node
-
-
-def _post_op(ctx, fx_node, meta):
-    """The elementwise op oneDNN can apply to a product's values as it stores them, when it is
-    the product's only consumer (through reshapes, which a contiguous output keeps views):
-    (consumer FX node, the product's last reshape, attr, algorithm, other operand or None), or None.
-
-    gelu (exact or tanh) and silu are unary post-ops (relu is not: oneDNN's makes NaN 0); `product * other` is a binary one
-    (Llama's silu(gate) * up: up's product multiplies by the silu its gate product computed)
-    when `other` is lowered already and is a contiguous float32 tensor of the product's size.
-    The consumer is then not lowered (LoweringContext.folded): its value is the product's."""
-    if not config.cpu_gemm_post_ops or fx_node is None:
+def onednn_linear(ctx, meta, a: TensorArg, b: TensorArg, bias: TensorArg | None = None):
+    """`a @ b (+ bias)` as oneDNN's linear of a and the weight b.t(), or None when it does not apply."""
+    weight = onednn_weight(meta, a, b, bias)
+    if weight is None:
         return None
-    end = _product_end(fx_node)
-    if len(end.users) != 1:
-        return None
-    (consumer,) = end.users
-    result, end_meta = consumer.meta.get("val"), end.meta.get("val")
-    if not isinstance(result, torch.Tensor) or not isinstance(end_meta, torch.Tensor) or \
-            result.dtype != torch.float32 or _shape(result) != _shape(end_meta):
-        return None
-    if consumer.target in UNARY_POST_OPS and consumer.args[0] is end and len(consumer.args) == 1:
-        algorithm = consumer.kwargs.get("approximate", "none") if consumer.target == aten.gelu.default else ""
-        return consumer, end, UNARY_POST_OPS[consumer.target], algorithm, None
-    if consumer.target != aten.mul.Tensor or consumer.kwargs or len(consumer.args) != 2 or \
-            list(consumer.args).count(end) != 1 or _torch.onednn_linear_binary() is None:
-        return None
-    other_node = consumer.args[1] if consumer.args[0] is end else consumer.args[0]
-    other_meta = other_node.meta.get("val") if isinstance(other_node, torch.fx.Node) else None
-    if other_node not in ctx.values or not isinstance(other_meta, torch.Tensor) or \
-            other_meta.dtype != torch.float32 or _shape(other_meta) != _shape(result):
-        return None
-    other = ctx.realize(ctx.values[other_node])
+    return ctx.extern(_torch.onednn_linear(), (a, weight, bias, "none", [], ""), {}, meta)
+
+
+def dense_other(ctx, other, meta) -> TensorArg | None:
+    """A binary post-op's other operand as the dense [rows, columns] matrix oneDNN reads (the
+    product's `meta` gives the shape), or None when its buffer does not hold it so."""
+    other = ctx.realize(other)
     expected = contiguous_strides(other.layout.size)
     if any(size != 1 and sympy.expand(stride - want) != 0
            for size, stride, want in zip(other.layout.size, other.layout.stride, expected)):
-        return None  # oneDNN reads `other` as a dense [rows, columns] matrix
-    rows, columns = _shape(meta)
-    return consumer, end, "mul", "", TensorArg(other.buffer, Layout((rows, columns), (columns, sympy.Integer(1)),
-                                                                    other.layout.offset))
+        return None
+    rows, columns = (_torch.sym_expr(size) for size in meta.shape)
+    return TensorArg(other.buffer, Layout((rows, columns), (columns, sympy.Integer(1)), other.layout.offset))
+
+
+def _replaced_product(ctx, node, bias, a, b):
+    """A fused call's replaced product node and its operands, realized in the order its own rule
+    realizes them (addmm: bias, a, b), once for whichever op takes them."""
+    product = node.meta[patterns.REPLACED_NODES][0]
+    if bias is None:
+        a, b = _realized(ctx, a), _realized(ctx, b)
+    else:
+        bias, a, b = _realized(ctx, bias), _realized(ctx, a), _realized(ctx, b)
+    return product, bias, a, b
+
+
+def _lower_replaced(ctx, node, bias, a, b, reshape_sizes, consumer_args, consumer_kwargs, product=None):
+    """The replaced nodes lowered one by one, as if no pattern had matched (the product by its own
+    rule unless `product` already holds its value, then the reshapes, then the consumer, when given
+    its arguments with None where the product goes)."""
+    product_node, *reshape_nodes, consumer_node = node.meta[patterns.REPLACED_NODES]
+    if product is None:
+        operands = (a, b) if bias is None else (bias, a, b)
+        product = ctx.lower_op(product_node, operands, {})
+    for reshape_node, size in zip(reshape_nodes, reshape_sizes):
+        product = ctx.lower_op(reshape_node, (product, size), {})
+    if consumer_args is None:
+        return product
+    args = tuple(product if arg is None else arg for arg in consumer_args)
+    return ctx.lower_op(consumer_node, args, consumer_kwargs)
+
+
+@lowering(patterns.linear_unary)
+def linear_unary(ctx, node, product_op, bias, a, b, reshapes, consumer_op, consumer_kwargs):
+    """A product and its gelu or silu (lowering/patterns.py): oneDNN's linear with that post-op."""
+    product_node, bias, a, b = _replaced_product(ctx, node, bias, a, b)
+    reshape_sizes = [size for _, size in reshapes]
+    meta = meta_of(product_node)
+    weight = onednn_weight(meta, a, b, bias)
+    if weight is None:
+        return _lower_replaced(ctx, node, bias, a, b, reshape_sizes, (None,), consumer_kwargs)
+    pattern = patterns.PATTERN_OF_CONSUMER[consumer_op]
+    product = ctx.extern(_torch.onednn_linear(), (a, weight, bias, pattern.onednn_attr, [],
+                                                  pattern.algorithm(consumer_kwargs)), {}, meta)
+    return _lower_replaced(ctx, node, bias, a, b, reshape_sizes, None, {}, product=product)
+
+
+@lowering(patterns.linear_binary)
+def linear_binary(ctx, node, product_op, bias, a, b, reshapes, consumer_op, other, product_first):
+    """A product times a tensor (lowering/patterns.py): oneDNN's linear with that binary post-op."""
+    product_node, bias, a, b = _replaced_product(ctx, node, bias, a, b)
+    reshape_sizes = [size for _, size in reshapes]
+    meta = meta_of(product_node)
+    consumer_args = (None, other) if product_first else (other, None)
+    weight = onednn_weight(meta, a, b, bias)
+    other_matrix = dense_other(ctx, other, meta) if weight is not None else None
+    if other_matrix is None:
+        return _lower_replaced(ctx, node, bias, a, b, reshape_sizes, consumer_args, {})
+    pattern = patterns.PATTERN_OF_CONSUMER[consumer_op]
+    product = ctx.extern(_torch.onednn_linear_binary(), (a, other_matrix, weight, bias, pattern.onednn_attr), {},
+                         meta)
+    return _lower_replaced(ctx, node, bias, a, b, reshape_sizes, None, {}, product=product)
 
 
 def _realized(ctx, value):

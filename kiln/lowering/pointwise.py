@@ -1,6 +1,9 @@
 """Elementwise rules: unary and binary math, comparisons, logic, where, casts, clamp,
 and the activations kiln lowers directly (gelu, silu, sigmoid, tanh, hardtanh...).
 
+The one-to-one rules (ATen op X -> LoopIR op X, no special case) are not listed here: an op-table
+row (kiln/ir/ops.py) names the ATen ops it implements, and `_register_table_row` lowers them.
+
 Dtype rule (one place, `_binary`/`_unary`): math runs in the output dtype, fp32 for
 fp16/bf16; comparisons run in the inputs' promoted dtype; the result is converted to
 the op's output dtype (from the fake result) when stored.
@@ -13,6 +16,7 @@ import sympy
 import torch
 
 from kiln import _torch
+from kiln.ir.ops import ROWS
 from kiln.lowering.context import (LOW_PRECISION, TensorValue, Unsupported, compute_dtype_for, meta_of,
                                    rounded_scalar)
 from kiln.lowering.registry import lowering
@@ -68,20 +72,12 @@ def _unary(*ops, name: str, float_only: bool = False):
     lowering(*ops)(rule)
 
 
-for _op, _name in [
-    (aten.neg, "neg"), (aten.abs, "abs"), (aten.exp, "exp"), (aten.exp2, "exp2"), (aten.expm1, "expm1"),
-    (aten.log, "log"), (aten.log2, "log2"), (aten.log10, "log10"), (aten.log1p, "log1p"), (aten.sqrt, "sqrt"),
-    (aten.rsqrt, "rsqrt"), (aten.sin, "sin"), (aten.cos, "cos"), (aten.tan, "tan"), (aten.asin, "asin"),
-    (aten.acos, "acos"), (aten.atan, "atan"), (aten.sinh, "sinh"), (aten.cosh, "cosh"), (aten.tanh, "tanh"),
-    (aten.asinh, "asinh"), (aten.acosh, "acosh"), (aten.atanh, "atanh"), (aten.erf, "erf"),
-    (aten.erfc, "erfc"), (aten.sigmoid, "sigmoid"), (aten.reciprocal, "reciprocal"), (aten.erfinv, "erfinv"),
-    (aten.lgamma, "lgamma"), (aten.relu, "relu"), (aten.frac, "frac"),
-]:
-    _unary(_op, name=_name)
 for _op, _name in [(aten.floor, "floor"), (aten.ceil, "ceil"), (aten.trunc, "trunc"), (aten.round.default, "round")]:
     _unary(_op, name=_name, float_only=True)
+# Not named by their rows: core ATen decomposes aten.sgn and aten.frac, and keeping them whole would
+# change kernels. The rules stay for graphs that reach lowering with them.
 _unary(aten.sign, aten.sgn, name="sign")
-_unary(aten.bitwise_not, name="bitwise_not")
+_unary(aten.frac, name="frac")
 
 
 @lowering(aten.isnan, aten.isinf, aten.signbit, aten.logical_not)
@@ -170,19 +166,8 @@ def _binary_rule(name: str, *, compare: bool = False, logical: bool = False, flo
     return rule
 
 
-for _ops, _name in [((aten.add.Tensor, aten.add.Scalar), "add"), ((aten.sub.Tensor, aten.sub.Scalar), "sub"),
-                    ((aten.rsub.Tensor, aten.rsub.Scalar), "rsub"),
-                    ((aten.mul.Tensor, aten.mul.Scalar), "mul"), ((aten.maximum.default,), "maximum"),
-                    ((aten.minimum.default,), "minimum"),
-                    ((aten.bitwise_and.Tensor, aten.bitwise_and.Scalar), "bitwise_and"),
-                    ((aten.bitwise_or.Tensor, aten.bitwise_or.Scalar), "bitwise_or"),
-                    ((aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar), "bitwise_xor")]:
-    if _name == "rsub":
-        continue
-    lowering(*_ops)(_binary_rule(_name))
 lowering(aten.div.Tensor, aten.div.Scalar, aten.div.Tensor_mode, aten.div.Scalar_mode)(
     _binary_rule("truediv", float_only=True))
-lowering(aten.atan2)(_binary_rule("atan2", float_only=True))
 _pow = _binary_rule("pow", float_only=True)
 lowering(aten.pow.Tensor_Tensor, aten.pow.Scalar)(_pow)
 # Exponents eager's pow(tensor, scalar) computes with plain arithmetic on CPU and CUDA alike
@@ -227,16 +212,26 @@ def pow_tensor_scalar(ctx, node, base, exponent):
 
 lowering(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)(
     _binary_rule("remainder", float_only=True))
-lowering(aten.copysign.Tensor, aten.copysign.Scalar)(_binary_rule("copysign", float_only=True))
-lowering(aten.hypot)(_binary_rule("hypot", float_only=True))
-lowering(aten.logaddexp)(_binary_rule("logaddexp", float_only=True))
-lowering(aten.nextafter)(_binary_rule("nextafter", float_only=True, in_storage_dtype=True))
-for _op, _name in [(aten.eq, "eq"), (aten.ne, "ne"), (aten.lt, "lt"), (aten.le, "le"), (aten.gt, "gt"),
-                   (aten.ge, "ge")]:
-    lowering(_op)(_binary_rule(_name, compare=True))
-for _op, _name in [(aten.logical_and, "logical_and"), (aten.logical_or, "logical_or"),
-                   (aten.logical_xor, "logical_xor")]:
-    lowering(_op)(_binary_rule(_name, logical=True))
+
+
+def _register_table_row(row) -> None:
+    """The lowering of an op-table row's ATen ops (kiln/ir/ops.py's `aten`): `_unary` or `_binary_rule`
+    with the row's dtype rule. Float only where it admits no integers; comparisons and logic by their
+    bool result; an op that admits fp16/bf16 operands runs in the storage dtype."""
+    operands = row.dtype_rule.operands
+    float_only = not operands & {"signed", "unsigned", "bool"}
+    if row.arity == 1:
+        _unary(*row.aten, name=row.op.value, float_only=float_only)
+        return
+    logical = row.dtype_rule.bool_result and operands == {"bool"}
+    compare = row.dtype_rule.bool_result and not logical
+    lowering(*row.aten)(_binary_rule(row.op.value, compare=compare, logical=logical, float_only=float_only,
+                                     in_storage_dtype="low_precision" in operands))
+
+
+for _table_row in ROWS:
+    if _table_row.aten:
+        _register_table_row(_table_row)
 
 
 @lowering(aten.rsub.Tensor, aten.rsub.Scalar)
@@ -355,11 +350,12 @@ def gelu(ctx, node, x, approximate="none"):
         # x * Phi(x): the same value as 0.5 x (1 + erf(x / sqrt 2)), with no cancellation for x < 0, except
         # where eager's value is exact: 0 (-0) below eager's cutoff and, on CPU in float, NaN for +inf.
         # (kiln's C++ erf and ATen's CPU erf approximation differ by ulps, which 1 + erf(z) would amplify.)
-        below = op("lt", v, const(_GELU_EAGER_ZERO_BELOW[dtype]))
+        below = body.emit("lt", (v, const(_GELU_EAGER_ZERO_BELOW[dtype])), torch.bool)
         phi = body.emit("where", (below, const(0.0), op("normal_cdf", v)), dtype)
         result = op("mul", v, phi)
         if meta.device.type == "cpu" and dtype != torch.float64:
-            result = body.emit("where", (op("eq", v, const(math.inf)), const(math.nan), result), dtype)
+            infinite = body.emit("eq", (v, const(math.inf)), torch.bool)
+            result = body.emit("where", (infinite, const(math.nan), result), dtype)
         return result
 
     return ctx.pointwise([x], compute, meta=meta)

@@ -1,12 +1,14 @@
 """Turn a generated ModuleSource into the callable handed back to the frontend.
 
-Triton kernels are compiled from their text under the name of their cache file (Triton reads
-a kernel's source through `inspect`, which finds the same text in `linecache`), wrapped for the
-device (compiled for CUDA, interpreted for CPU), kept in an in-process cache keyed by source
-hash; C++ kernels (kiln/codegen/cpp.py) are compiled in parallel and loaded by
-kiln/runtime/cpp_build.py. Both are bound into the wrapper's namespace. Nothing is imported
-through `importlib`, so no bytecode cache (`__pycache__`) sits beside the entries to go stale
-or corrupt: the in-memory text is what runs, its cache file is where tracebacks point.
+A graph's kernels are loaded by the backend that generated them (`module_source.backend`, a
+KernelBackend of kiln/codegen/backends.py): Triton kernels here (`load_triton_kernels`), compiled
+from their text under the name of their cache file (Triton reads a kernel's source through
+`inspect`, which finds the same text in `linecache`), wrapped for the device (compiled for CUDA,
+interpreted for CPU), kept in an in-process cache keyed by source hash; C++ kernels are compiled
+in parallel and loaded by kiln/runtime/cpp_build.py. They are bound into the wrapper's namespace.
+Nothing is imported through `importlib`, so no bytecode cache (`__pycache__`) sits beside the
+entries to go stale or corrupt: the in-memory text is what runs, its cache file is where
+tracebacks point.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import logging
 import types
 
 from kiln import _triton
+from kiln.errors import KilnCompileError
 from kiln.runtime.cache import cache_path, source_hash
 from kiln.runtime.launch import KernelCompileError
 
@@ -39,6 +42,11 @@ def load_kernel(name: str, source: str, device_type: str):
         _execute(source, "triton", module.__dict__)
         _loaded_kernels[key] = _triton.jit_for_device(getattr(module, name), device_type)
     return _loaded_kernels[key]
+
+
+def load_triton_kernels(kernel_sources: list) -> dict:
+    """{kernel name: launch function} for a graph's Triton kernel sources (kiln/codegen/triton.py)."""
+    return {kernel.name: _launcher(kernel) for kernel in kernel_sources}
 
 
 def _launcher(kernel):
@@ -89,8 +97,8 @@ class CompiledGraph:
                 return self._call(args)
             except KernelCompileError as error:
                 self._fall_back(error)
-                raise _compile_error(f"kiln: graph {self.name}: {error}; its inputs were already released, "
-                                     f"so this call cannot run eagerly (later calls do)") from error
+                raise KilnCompileError(f"kiln: graph {self.name}: {error}; its inputs were already released, "
+                                       f"so this call cannot run eagerly (later calls do)") from error
         inputs = list(args)
         try:
             result = self._call(args)
@@ -105,29 +113,18 @@ class CompiledGraph:
         from kiln.config import config
 
         if self._fallback is None or self.strict or config.strict:
-            raise _compile_error(f"kiln could not compile graph {self.name}: {error}") from error
+            raise KilnCompileError(f"kiln could not compile graph {self.name}: {error}") from error
         log.warning("kiln: graph %s runs eagerly: %s (set KILN_STRICT=1 to raise)", self.name, error)
         self.fallback_reason = str(error)
         self._call, self._first_call = self._fallback, False
 
 
-def _compile_error(message: str) -> Exception:
-    from kiln.backend import KilnCompileError  # defined with the pipeline, which raises it for every stage
-
-    return KilnCompileError(message)
-
-
 def load_module(module_source, *, mode: str = "default", scheduled=None, name: str = "", fallback=None,
                 strict: bool = False) -> CompiledGraph:
-    from kiln.codegen.cpp import CppKernelSource
-    from kiln.runtime.cpp_build import compile_kernels
-
-    namespace = {}
-    cpp_kernels = [kernel for kernel in module_source.kernel_sources if isinstance(kernel, CppKernelSource)]
-    namespace.update(compile_kernels([kernel for kernel in cpp_kernels if not kernel.skip]))
-    for kernel in module_source.kernel_sources:
-        if not isinstance(kernel, CppKernelSource):
-            namespace[kernel.name] = _launcher(kernel)
+    """The CompiledGraph of `module_source` (kiln/codegen/wrapper.py's ModuleSource): its kernels
+    loaded by the backend that generated them (`module_source.backend`), bound with its constants
+    and externs into the namespace its wrapper runs in."""
+    namespace = dict(module_source.backend.load_kernels(module_source.kernel_sources))
     namespace.update(module_source.constants)
     namespace.update(module_source.externs)
     _execute(module_source.wrapper, "wrappers", namespace)

@@ -3,11 +3,11 @@
 On the CPU every `torch.empty` of a large buffer is a malloc, and glibc hands large blocks
 back to the kernel (munmap, heap trim) and takes them again: the next call's first writes
 page-fault. A 4-layer BERT under kiln took 1,438 minor faults per call that way; with the
-block, 0 to 6, and its C++ kernels 2.0 ms per call instead of 3.2. The wrapper
-(kiln/codegen/wrapper.py) instead places the intermediates that it allocates (kernel
-outputs and `out=` extern outputs, of static size, that no graph output aliases) at offsets
-of one block planned from their lifetimes, so buffers whose lifetimes do not overlap share
-memory, and the block's views are built once.
+block, 0 to 6, and its C++ kernels 2.0 ms per call instead of 3.2. The memory plan
+(kiln/schedule/memory.py, `plan_offsets`) instead places the intermediates that the wrapper
+allocates (kernel outputs and `out=` extern outputs, of static size, that no graph output
+aliases) at offsets of one block planned from their lifetimes, so buffers whose lifetimes do
+not overlap share memory; this module builds the block and its views, once.
 
 A call takes a block with `acquire()` and gives it back with `release()`; a call that
 starts while another holds the block (another thread, or a re-entrant call) builds its
@@ -17,29 +17,7 @@ from __future__ import annotations
 
 import torch
 
-ALIGNMENT = 64  # bytes: a cache line, and a multiple of every dtype's size
 KEEP = 2
-
-
-def plan_offsets(buffers: list) -> tuple[dict, int]:
-    """Offsets (bytes) for buffers given as (name, nbytes, first_step, last_step): a buffer
-    may reuse the bytes of one whose last step is before its first step. First fit by
-    offset; returns ({name: offset}, total bytes)."""
-    offsets: dict = {}
-    live: list = []  # (offset, end, last_step)
-    total = 0
-    for name, nbytes, first, last in sorted(buffers, key=lambda item: (item[2], -item[1])):
-        live = [block for block in live if block[2] >= first]
-        size = -(-max(nbytes, 1) // ALIGNMENT) * ALIGNMENT
-        offset = 0
-        for start, end, _ in sorted(live):
-            if offset + size <= start:
-                break
-            offset = max(offset, end)
-        offsets[name] = offset
-        live.append((offset, offset + size, last))
-        total = max(total, offset + size)
-    return offsets, total
 
 
 class ScratchArena:

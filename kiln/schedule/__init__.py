@@ -13,23 +13,28 @@
    it iterates over the same rows (and columns): reductions over the same rows share
    one kernel, pointwise epilogues join the reduction that feeds them. A value
    produced and consumed inside one kernel never touches memory.
-Buffers are freed after their last use by the wrapper (kiln/codegen/wrapper.py).
+Then kiln/backend.py runs `passes.optimize(scheduled)`: LoopIR -> LoopIR rewrites of the
+kernels' bodies every backend gets (strength reduction, common subexpressions) and the
+loop variables each value depends on (for loop-invariant code motion).
+The memory plan (memory.py, `plan_memory`, its own stage after these) decides where each
+buffer lives and when it is freed; the wrapper (kiln/codegen/wrapper.py) renders it.
 """
 from kiln.schedule.fusion import group_kernels
 from kiln.schedule.inline import inline_pointwise
-from kiln.schedule.kernel import Kernel, ScheduledGraph
+from kiln.ir.kernel import Kernel, ScheduledGraph
 from kiln.schedule.split import split_reductions
+from kiln.schedule.verify import verify_scheduled
 
 
 def schedule_graph(graph, loop_dependent_ops: frozenset = frozenset()) -> ScheduledGraph:
     """`loop_dependent_ops`: ops whose value the backend may compute differently in two loops
-    (kiln/codegen/wrapper.py's `loop_dependent_ops`); a body using them is computed once."""
+    (the KernelBackend's `loop_dependent_ops`, kiln/codegen/common.py); a body using them is computed once."""
     from kiln.ir import verify
 
     inlined = inline_pointwise(graph, loop_dependent_ops)
     split = split_reductions(inlined)
-    verify(split)
+    verify(split, "split_reductions")
     return group_kernels(split)
 
 
-__all__ = ["Kernel", "ScheduledGraph", "schedule_graph"]
+__all__ = ["Kernel", "ScheduledGraph", "schedule_graph", "verify_scheduled"]

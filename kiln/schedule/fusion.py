@@ -15,7 +15,7 @@ from kiln.ir import Extern, Graph, LoopNode
 from kiln.ir.indexing import fold_div_mod
 from kiln.ir.nodes import indirect_value
 from kiln.schedule.inline import buffer_uses
-from kiln.schedule.kernel import Kernel, ScheduledGraph, node_role, nonunit, var_map
+from kiln.ir.kernel import Kernel, ScheduledGraph, node_role, nonunit, var_map
 
 
 def group_kernels(graph: Graph) -> ScheduledGraph:

@@ -403,8 +403,9 @@ def test_a_vector_math_value_is_computed_once_for_all_its_loops(op):
 
 
 def test_loop_dependent_ops_are_only_the_cpp_backends():
+    from kiln.codegen.backends import backend_for
+    from kiln.codegen.common import graph_device_type
     from kiln.codegen.cpp import VECTOR_MATH_OPS
-    from kiln.codegen.wrapper import loop_dependent_ops
     from kiln.ir import Buffer, Graph
     from kiln.ir.nodes import Layout
     from kiln.ir.ops import OPS
@@ -415,4 +416,4 @@ def test_loop_dependent_ops_are_only_the_cpp_backends():
         graph = Graph()
         graph.buffers["x"] = Buffer("x", torch.device(device), torch.float32, Layout((4,), (1,)))
         with kiln.config.patch(cpu_backend=backend):
-            assert bool(loop_dependent_ops(graph)) == expected
+            assert bool(backend_for(graph_device_type(graph)).loop_dependent_ops()) == expected

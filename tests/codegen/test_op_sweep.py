@@ -25,6 +25,7 @@ import kiln
 import kiln.testing
 from kiln.backend import compile_graph
 from kiln.codegen.wrapper import generate_wrapper
+from kiln.schedule.memory import plan_memory
 from kiln.ir import Body, Buffer, Graph, GraphInput, Layout, Pointwise, TensorArg
 from kiln.ir.nodes import ALL_OPS, BINARY_OPS, OTHER_OPS, UNARY_OPS
 from kiln.lowering.context import compute_dtype_for
@@ -65,6 +66,7 @@ OPS = {
     "left_shift": (torch.bitwise_left_shift, "math"), "right_shift": (torch.bitwise_right_shift, "math"),
     "copysign": (torch.copysign, "math"), "hypot": (torch.hypot, "math"), "nextafter": (torch.nextafter, "math"),
     "fmax": (torch.fmax, "math"), "fmin": (torch.fmin, "math"), "logaddexp": (torch.logaddexp, "math"),
+    "xlogy": (torch.xlogy, "math"),
 }
 # Ops with their own test here (where, to_dtype) or swept through lowering (reduce), or that
 # every case uses (load, store); constant/index_expr/getitem are covered by lowering's tests,
@@ -175,7 +177,7 @@ class _GraphBuilder:
     def run(self, backend: str) -> tuple:
         with kiln.config.patch(cpu_backend=backend, strict=True):
             scheduled = schedule_graph(self.graph)
-            module = load_module(generate_wrapper(scheduled))
+            module = load_module(generate_wrapper(scheduled, plan_memory(scheduled)))
             assert module.kernel_count >= 1 and module.extern_count == 0
             return module(list(self.arguments))
 

@@ -5,6 +5,7 @@ import sympy
 import torch
 
 from kiln.codegen.wrapper import generate_wrapper
+from kiln.schedule.memory import plan_memory
 from kiln.ir import Buffer, Extern, Graph, GraphInput, Layout, TensorArg
 from kiln.runtime.loader import load_module
 from kiln.schedule import schedule_graph
@@ -23,7 +24,8 @@ def test_extern_arguments_without_a_python_literal_are_bound_by_name():
     extern = Extern("node0", _apply, (torch.ops.aten.sin.default, TensorArg("arg0", layout)), {}, ["buf0"], 0)
     graph = Graph(inputs=[GraphInput("tensor", "x", buffer=x)], buffers={"arg0": x, "buf0": out},
                   nodes=[extern], outputs=[TensorArg("buf0", layout)])
-    module = generate_wrapper(schedule_graph(graph))
+    scheduled = schedule_graph(graph)
+    module = generate_wrapper(scheduled, plan_memory(scheduled))
     assert "OpOverload" not in module.wrapper
     compiled = load_module(module)
     value = torch.randn(5)

@@ -10,9 +10,9 @@ model tests (this checkout's tests/models/test_models.py, their small sizes). Ev
 differs is printed once as a unified diff with the places it occurs (a model's repeated layers
 share one), followed by counts per stage. Exit status: 0 when nothing differs, 1 otherwise.
 
-Stages: kernel (each generated kernel), loopir (before and after fusion), wrapper, aten (the ATen
-graph from kiln/aot). tinygrad's process replay is the model. It runs outside CI: a side takes
-about a minute per backend.
+Stages: kernel (each generated kernel), loopir (before and after fusion), wrapper, memory (the
+memory plan, kiln/schedule/memory.py), aten (the ATen graph from kiln/aot). tinygrad's process
+replay is the model. It runs outside CI: a side takes about a minute per backend.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO_ROOT = os.path.dirname(os.path.dirname(HERE))
 BUILDER_FILES = ("__init__.py", "capture.py", "programs.py", "corpus.py")
 BUILDER_PACKAGE = "kiln_golden_corpus"
-STAGES = ("kernel", "loopir", "wrapper", "aten")
+STAGES = ("kernel", "loopir", "wrapper", "memory", "aten")
 
 
 def stage_of(key: str) -> str:
@@ -41,6 +41,8 @@ def stage_of(key: str) -> str:
         return "loopir"
     if filename == "wrapper.py":
         return "wrapper"
+    if filename == "memory_plan.txt":
+        return "memory"
     if filename == "error":
         return "error"
     return "aten"

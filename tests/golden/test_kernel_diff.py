@@ -10,6 +10,7 @@ def test_stage_of_names_each_dump_file():
     assert stage_of("triton/models.x/graph1/kernel_k12.py") == "kernel"
     assert stage_of("cpp/golden.softmax/graph0/loopir_after_fusion.txt") == "loopir"
     assert stage_of("cpp/golden.softmax/graph0/wrapper.py") == "wrapper"
+    assert stage_of("cpp/golden.softmax/graph0/memory_plan.txt") == "memory"
     assert stage_of("cpp/golden.softmax/graph0/aten_graph.py") == "aten"
     assert stage_of("cpp/golden.softmax/error") == "error"
 

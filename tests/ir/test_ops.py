@@ -13,7 +13,7 @@ from kiln import _triton
 from kiln.codegen import cpp, triton
 from kiln.codegen.cpp_prelude import PRELUDE
 from kiln.ir.nodes import ALL_OPS, BINARY_OPS, OTHER_OPS, UNARY_OPS
-from kiln.ir.ops import (CODE, CPP_VARIANTS, DTYPE_CLASSES, OPS, ROWS, TRITON_VARIANTS, Op, cpp_variants,
+from kiln.ir.ops import (CPP_VARIANTS, DTYPE_CLASSES, OPS, ROWS, TRITON_VARIANTS, Op, cpp_variants,
                          triton_variants)
 
 OPERANDS = ["x_left", "y_right"]
@@ -59,23 +59,10 @@ def test_every_op_renders_in_triton(name):
 def test_every_op_renders_in_cpp(name):
     row = OPS[name]
     args = OPERANDS[:row.arity]
-    asked = []
-
-    def rendered_in_code(variant):  # the generator's code path needs a node; the template path is tested here
-        assert (name, variant) in cpp.CODE_RENDERINGS
-        asked.append(variant)
-        return None
-
     for _, result in _cases(row):
-        expression = cpp.math_expression(name, result, args, rendered_in_code)
+        expression = cpp.math_expression(name, result, args)
         assert all(arg in expression for arg in args), (name, result, expression)
         assert expression.count("(") == expression.count(")") and "{" not in expression, expression
-    assert sorted(set(asked)) == sorted(variant for variant, template in row.cpp.items() if template == CODE)
-
-
-def test_code_renderings_are_the_ones_the_table_marks():
-    marked = {(row.op.value, variant) for row in ROWS for variant, template in row.cpp.items() if template == CODE}
-    assert marked == set(cpp.CODE_RENDERINGS)
 
 
 def test_triton_renderings_call_only_libdevice_the_interpreter_has():
@@ -100,3 +87,24 @@ def test_vector_math_is_exactly_the_rows_calling_libmvec():
     for row in ROWS:
         calls = set(re.findall(r"std::(\w+)\(", row.cpp.get("default", "")))
         assert row.vector_math == bool(calls & declared), (row.op, calls & declared)
+
+
+def _defined_helpers(text: str) -> set:
+    """The kiln_ functions a C++ text defines."""
+    return set(re.findall(r"static inline [\w:<>]+ (kiln_\w+)\(", text))
+
+
+def test_every_cpp_helper_a_template_calls_is_in_the_prelude():
+    defined = _defined_helpers(PRELUDE)
+    for row in ROWS:
+        for template in row.cpp.values():
+            for helper in re.findall(r"\b(kiln_\w+?)(?:<|\()", template.replace("{D}", "bf16")):
+                assert helper in defined, (row.op, helper)
+
+
+def test_a_rows_cpp_prelude_holds_helpers_its_own_templates_call():
+    for row in ROWS:
+        called = {helper for template in row.cpp.values() for helper in re.findall(r"\b(kiln_\w+?)(?:<|\()", template)}
+        assert _defined_helpers(row.cpp_prelude) <= called, row.op
+    assert "kiln_erfinv" in _defined_helpers(OPS["erfinv"].cpp_prelude)  # a row's helper reaches the prelude
+    assert "kiln_erfinv" in _defined_helpers(PRELUDE)

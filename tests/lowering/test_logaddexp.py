@@ -1,4 +1,4 @@
-"""logaddexp: one op-table row (kiln/ir/ops.py) and one lowering, the worked example of docs/design/ir.md.
+"""logaddexp: one op-table row (kiln/ir/ops.py) that names aten.logaddexp, as docs/design/ir.md's worked example does.
 kiln computes max(a, b) + log1p(exp(-|a - b|)) as eager's CPU kernel does, with a itself where a == b
 is an infinity (inf - inf would be NaN), so infinities and NaN come out as eager's."""
 from __future__ import annotations

@@ -127,9 +127,9 @@ def test_a_kernel_failing_at_its_first_launch_runs_the_graph_eagerly(monkeypatch
     # Triton compiles lazily, at a kernel's first launch inside the user's call: 22 fuzz programs
     # raised Triton's NameError('RBLOCK is not defined') to the user on an H200. Under the
     # interpreter the same kernel fails at its first run, which is what is injected here.
-    import kiln.codegen.wrapper
+    import kiln.codegen.triton
 
-    monkeypatch.setattr(kiln.codegen.wrapper, "generate_kernel", _with_undefined_name(kiln.codegen.wrapper.generate_kernel))
+    monkeypatch.setattr(kiln.codegen.triton, "generate_kernel", _with_undefined_name(kiln.codegen.triton.generate_kernel))
     x = torch.randn(37)
     with kiln.config.patch(cpu_backend="triton", strict=False):
         compiled = compile_graph(torch.fx.symbolic_trace(_sin_plus_one), [x])

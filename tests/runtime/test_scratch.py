@@ -1,5 +1,6 @@
-"""The scratch block of a compiled CPU graph (kiln/runtime/scratch.py): the plan never lets two
-live buffers share bytes, calls never see each other's values, outputs never live in it."""
+"""The scratch block of a compiled CPU graph (planned by kiln/schedule/memory.py, built by
+kiln/runtime/scratch.py): the plan never lets two live buffers share bytes, calls never see each
+other's values, outputs never live in it."""
 from __future__ import annotations
 
 import random
@@ -8,7 +9,8 @@ import pytest
 import torch
 
 import kiln
-from kiln.runtime.scratch import ALIGNMENT, ScratchArena, plan_offsets
+from kiln.runtime.scratch import ScratchArena
+from kiln.schedule.memory import ALIGNMENT, plan_offsets
 from tests.backend.test_pipeline import compiled_graphs
 
 

@@ -1,10 +1,14 @@
-"""A kernel: LoopIR nodes that run in one launch over shared rows (and columns).
+"""The scheduled form's types: a kernel (LoopIR nodes that run in one launch over shared rows
+and columns) and the scheduled graph (kernels and externs in execution order).
+
+kiln/schedule makes them and kiln/codegen reads them, so they live in ir/, below both.
 
 Every node of a kernel sees the kernel's row index space (`row_ranges`) and, for a
 reduction kernel, its column space (`col_ranges`, the reduced dims). A node plays one
 role: "reduction" (ranges = rows, reduction ranges = columns), "full" (pointwise over
 rows x columns) or "row" (pointwise over rows only, e.g. rsqrt(var + eps)).
-`var_map` rewrites a node's own index variables into the kernel's (`x*`, `r*`).
+`var_map` rewrites a node's own index variables into the kernel's (`x*`, `r*`);
+`loop_variables` says which of those each op's value depends on (its loop level).
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from kiln.ir import Extern, LoopNode, range_vars
+from kiln.ir.nodes import indirect_value
 from kiln.ir.indexing import contiguous_strides, index_var, product, simplify_index, unravel
 from kiln.ir.printer import format_body, format_node
 
@@ -97,6 +102,44 @@ def var_map(node: LoopNode, role: str, row: list, col: list) -> dict:
     return mapping
 
 
+def is_loop_variable(symbol) -> bool:
+    """A kernel loop variable: x<k> (rows) or r<k> (columns)."""
+    name = str(symbol)
+    return name[:1] in ("x", "r") and name[1:].isdigit()
+
+
+def loop_variables(kernel: "Kernel") -> list:
+    """Per node of `kernel`, per op: the kernel loop variables (names, `x*` and `r*`) its value
+    depends on, through its index or index expression, its operands and its gathered positions.
+    A reduce's value varies with the rows only; a store's set is what it writes at."""
+    result = []
+    for node, role in zip(kernel.nodes, kernel.roles):
+        mapping = var_map(node, role, kernel.row_ranges, kernel.col_ranges)
+        per_op: list = []
+        for op in node.body.ops:
+            expressions = list(op.index or ()) + ([op.attr] if op.name == "index_expr" else [])
+            names: set = set()
+            for expr in expressions:
+                for symbol in sympy.sympify(expr).xreplace(mapping).free_symbols:
+                    gathered = indirect_value(symbol)
+                    if gathered is not None:
+                        names |= per_op[gathered]
+                    elif is_loop_variable(symbol):
+                        names.add(str(symbol))
+            for operand in op.operands:
+                names |= per_op[operand]
+            if op.name == "reduce":
+                names = {name for name in names if name[0] == "x"}
+            per_op.append(frozenset(names))
+        result.append(tuple(per_op))
+    return result
+
+
+def _loop_note(names: frozenset) -> str:
+    ordered = sorted(names, key=lambda name: (name[0] != "x", int(name[1:])))
+    return "@ " + (" ".join(ordered) if ordered else "-")
+
+
 @dataclass
 class Kernel:
     name: str
@@ -106,6 +149,8 @@ class Kernel:
     roles: list = field(default_factory=list)
     persistent: bool = True
     local_buffers: set = field(default_factory=set)  # produced and consumed here: never stored
+    # `loop_variables(self)` once computed (schedule/passes.py `annotate_loop_variables`); printed
+    op_loop_variables: list = field(default_factory=list)
 
     @property
     def is_reduction(self) -> bool:
@@ -133,9 +178,12 @@ class Kernel:
         lines = [f"kernel {self.name}: {shape} writes {', '.join(self.outputs()) or '-'}"]
         if self.local_buffers:
             lines.append(f"  in registers: {', '.join(sorted(self.local_buffers))}")
-        for node, role in zip(self.nodes, self.roles):
+        for position, (node, role) in enumerate(zip(self.nodes, self.roles)):
             lines.append(f"  = {node.name} ({role})")
-            lines += format_body(node.body, indent="      ")
+            notes = None
+            if self.op_loop_variables:
+                notes = [_loop_note(names) for names in self.op_loop_variables[position]]
+            lines += format_body(node.body, indent="      ", notes=notes)
         return lines
 
 
