@@ -52,8 +52,9 @@ OPTIONS = [
                                                        "transparent huge pages, when their memory is untouched (kiln/runtime/host_memory.py); 0: never"),
     Option("cpu_gemm", str, "onednn", "fp32 CPU products of nn.Linear's layout: 'onednn' (oneDNN's linear, "
                                       "kiln/lowering/matmul.py) or 'aten' (aten.mm/addmm, MKL's sgemm)"),
-    Option("cpu_gemm_post_ops", bool, True, "... and a product's only elementwise consumer (gelu, silu, relu, "
-                                            "* tensor) is applied by oneDNN as it stores the product"),
+    Option("cpu_gemm_post_ops", bool, True, "... and a product's only elementwise consumer (gelu, silu, "
+                                            "* tensor; kiln/lowering/patterns.py) is applied by oneDNN as it "
+                                            "stores the product"),
     Option("compile_workers", int, 0, "kernels compiled at once (0: one per CPU core)"),
     Option("fast_launch", bool, True, "CUDA kernels launched by kiln's launcher (kiln/runtime/launch.py), "
                                       "not through Triton's per-call specialization"),
