@@ -218,6 +218,8 @@ def test_each_module_imports_on_its_own():
 
         pytest.skip("needs os.fork")
     names = sorted(modules())
+    # One OpenMP thread: no thread pool is carried across the forks.
+    env = {**os.environ, "PYTHONPATH": str(ROOT.parent), "OMP_NUM_THREADS": "1"}
     result = subprocess.run([sys.executable, "-c", _IMPORT_EACH, *names], capture_output=True, text=True,
-                            timeout=600, cwd=ROOT.parent, env={**os.environ, "PYTHONPATH": str(ROOT.parent)})
+                            timeout=600, cwd=ROOT.parent, env=env)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
