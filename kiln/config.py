@@ -73,6 +73,9 @@ OPTIONS = [
     Option("verify_ir", bool, None, "check LoopIR (ir.verify) and the scheduled form (schedule.verify_scheduled) at "
                                     "every stage boundary of compile_graph; unset: on exactly when strict is"),
     Option("check_extern_strides", bool, True, "re-stride an extern's output when it differs from its meta"),
+    Option("graph_breaks", bool, True, "kiln's frontend compiles the code around a call or branch it cannot trace "
+                                       "and runs only that in Python (kiln/frontend/resume.py); off: such a "
+                                       "frame runs eagerly whole"),
     Option("frontend", str, "kiln", "graph capture for kiln.compile: 'kiln' (kiln/frontend, bytecode capture) "
                                      "or 'dynamo' (TorchDynamo)"),
 ]

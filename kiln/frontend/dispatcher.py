@@ -18,6 +18,7 @@ are traced by the same rules as any inlined call.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import types
@@ -29,8 +30,9 @@ import torch
 from kiln.backend import KilnCompileError
 from kiln.config import config
 from kiln.frontend.errors import HOW_TO_FIX, HOW_TO_FIX_EAGER, FullgraphError, Unsupported
+from kiln.frontend import resume
 from kiln.frontend.guards import FrameSignature
-from kiln.frontend.interpreter import Frame
+from kiln.frontend.interpreter import BreakHere, Frame
 from kiln.frontend.output import OutputGraph
 from kiln.frontend.sources import ClosureCellSource, LocalSource, NamedSource
 from kiln.frontend.variables.functions import CellVariable
@@ -71,9 +73,24 @@ class FrontendStats:
     graphs: int = 0
     recompiles: int = 0
     eager_frames: int = 0
+    breaks: int = 0
 
 
 stats = FrontendStats()
+
+
+@dataclass
+class GraphBreak:
+    """One graph break: why the trace stopped, and where (`file:line in function`)."""
+
+    reason: str
+    location: str
+    frame: str  # the compiled function whose entry breaks
+
+
+# Called with each GraphBreak and each (Dispatcher, CacheEntry) made (kiln.explain listens).
+break_listeners: list[Callable] = []
+capture_listeners: list[Callable] = []
 
 
 def _same_defaults(first: tuple, second: tuple) -> bool:
@@ -113,6 +130,7 @@ class Dispatcher:
         self.fullgraph = fullgraph
         self.caches: dict[types.CodeType, CodeCache] = {}
         self._warned: set[str] = set()
+        self._resumes: dict[tuple, Dispatcher] = {}
         self._use_current_function()
 
     def _use_current_function(self) -> None:
@@ -208,12 +226,38 @@ class Dispatcher:
         return f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno})"
 
     def _capture(self, args: tuple, kwargs: dict) -> CacheEntry:
+        entry = self._capture_entry(args, kwargs)
+        for listener in capture_listeners:
+            listener(self, entry)
+        return entry
+
+    def _capture_entry(self, args: tuple, kwargs: dict) -> CacheEntry:
         stats.captures += 1
         output = OutputGraph(self.graph_compiler)
         try:
             traced = capture_frame(output, self.fn, self.signature, args, kwargs)
         except Unsupported as error:
-            return self._eager_entry(output, error)
+            point = None if self.fullgraph else self._break_point(error)
+            if point is None:
+                return self._eager_entry(output, error)
+            output = OutputGraph(self.graph_compiler)
+            output.break_point = point
+            try:
+                traced = capture_frame(output, self.fn, self.signature, args, kwargs, self)
+            except Unsupported as second:
+                second.message = f"{second.message} (while compiling up to a graph break: {point.reason})"
+                return self._eager_entry(output, second)
+            except KilnCompileError:
+                raise
+            except Exception as failure:  # a frontend bug must not break the user's program
+                unexpected = Unsupported(f"kiln's frontend failed at a graph break: {type(failure).__name__}: "
+                                         f"{failure}")
+                unexpected.locations = [point.location]
+                if config.strict:
+                    raise FullgraphError(f"kiln.compile cannot capture {self._name()}: "
+                                         f"{unexpected.describe()}") from failure
+                return self._eager_entry(output, unexpected)
+            self._record_break(point)
         except KilnCompileError:
             raise  # the backend already chose to raise (strict mode or fullgraph=True)
         except Exception as error:  # a frontend bug must not break the user's program
@@ -227,6 +271,62 @@ class Dispatcher:
         if config.log_enabled("guards"):
             log.warning("kiln: guards for %s:\n%s", self._name(), traced.guard_source)
         return CacheEntry(traced.guard, traced.entry, traced.guard_source, traced.entry_source, traced.graph_module)
+
+    def _break_point(self, error: Unsupported) -> resume.BreakPoint | None:
+        """Where the frame can break for `error`, or None (then it runs eagerly).
+
+        The break goes to the outermost frame that can resume (as TorchDynamo's does): the
+        compiled function itself, or, below kiln's own frame for a module without hooks, the
+        module's forward. A call there into a function that failed deeper is made through
+        that function's own dispatcher, which breaks at the next level in turn.
+        """
+        if not config.graph_breaks:
+            return None
+        frames = list(reversed(error.frames))  # the compiled frame first
+        if not frames or frames[0].parent is not None:
+            return None
+        chosen = frames[0]
+        if chosen.code is _call_module.__code__:
+            module = self.bound_self
+            hooked = isinstance(module, torch.nn.Module) and any(
+                getattr(module, table, None) for table in
+                ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks"))
+            if len(frames) < 2 or hooked or frames[1].parent is not chosen:
+                return None
+            chosen = frames[1]
+        instruction = chosen.current
+        index = chosen.ip - 1
+        if instruction is None or instruction.op not in resume.CALL_OPS | resume.JUMP_OPS:
+            return None
+        if resume.resumable(chosen.code) is not None or resume.protected(chosen.code, index):
+            return None
+        return resume.BreakPoint(chosen.depth, chosen.code, index, chosen.visits[index] - 1, error.message,
+                                 error.locations[0] if error.locations else chosen.location())
+
+    def _record_break(self, point: resume.BreakPoint) -> None:
+        stats.breaks += 1
+        graph_break = GraphBreak(point.reason, point.location, self._name())
+        if config.log_enabled("graph_breaks"):
+            log.warning("kiln: graph break in %s: %s\n  at %s", graph_break.frame, point.reason, point.location)
+        for listener in break_listeners:
+            listener(graph_break)
+
+    def resume_dispatcher(self, frame, code: types.CodeType) -> "Dispatcher":
+        """The dispatcher of the resume function `code` continuing `frame` (one per code, globals and closure)."""
+        cells = tuple(frame.cells[name].real_cell for name in code.co_freevars)
+        if any(cell is None for cell in cells):
+            raise Unsupported(f"resuming {code.co_qualname} after a graph break: a closure made inside the trace")
+        key = (code, id(frame.fn_globals), tuple(id(cell) for cell in cells))
+        dispatcher = self._resumes.get(key)
+        if dispatcher is None:
+            function = types.FunctionType(code, frame.fn_globals, code.co_name, None, cells or None)
+            dispatcher = Dispatcher(function, self.graph_compiler)
+            self._resumes[key] = dispatcher
+        return dispatcher
+
+    def callee_dispatcher(self, target: Any) -> "Dispatcher":
+        """A function or module called at a graph break, compiled with this dispatcher's backend."""
+        return Dispatcher(target, self.graph_compiler)
 
     def _eager_entry(self, output: OutputGraph, error: Unsupported) -> CacheEntry:
         """An entry that runs the frame eagerly, guarded by what the trace read before it stopped."""
@@ -245,8 +345,12 @@ class Dispatcher:
 
 
 def capture_frame(output: OutputGraph, fn: types.FunctionType, signature: FrameSignature, args: tuple,
-                  kwargs: dict):
-    """Trace one call of `fn` with these arguments; returns the TracedGraph."""
+                  kwargs: dict, dispatcher: Dispatcher | None = None):
+    """Trace one call of `fn` with these arguments; returns the TracedGraph.
+
+    With `output.break_point` set, the trace stops there and the entry ends in the graph
+    break (`dispatcher` makes its resume functions).
+    """
     output.guard_namespace["__fn"] = fn
     bound = inspect.signature(fn, follow_wrapped=False).bind(*args, **kwargs)
     bound.apply_defaults()
@@ -260,13 +364,24 @@ def capture_frame(output: OutputGraph, fn: types.FunctionType, signature: FrameS
     for index, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or ())):
         cells[name] = CellVariable(real_cell=cell, source=ClosureCellSource(NamedSource("__fn"), index))
     frame = Frame(output, code, fn.__globals__, local_values, cells)
+    broken = None
     try:
         result = frame.run()
+    except BreakHere as stop:
+        if dispatcher is None:
+            raise AssertionError("a trace stopped at a graph break nobody asked for") from None
+        broken, result = stop.frame, None
     finally:
         clean = output.restore_global_state()
     if not clean:
-        raise Unsupported("the function leaves grad mode or autocast changed when it returns")
-    return output.finish(result, signature, code.co_name)
+        raise Unsupported("the function leaves grad mode or autocast changed " +
+                          ("at a graph break" if broken is not None else "when it returns"))
+    if broken is None:
+        return output.finish(result, signature, code.co_name)
+    call_name = output.named_source("__call_compiled", functools.partial(
+        resume.call_compiled, dispatcher.callee_dispatcher)).expr()
+    tail = resume.break_tail(broken, dispatcher.resume_dispatcher, call_name)
+    return output.finish(None, signature, code.co_name, tail)
 
 
 def _wrap_argument(root: Frame, name: str, value: Any):

@@ -17,6 +17,7 @@ class Unsupported(Exception):
         super().__init__(message)
         self.message = message
         self.locations: list[str] = []  # innermost first: "file:line in function"
+        self.frames: list = []  # the interpreter frames it left, innermost first (where a graph break can go)
 
     def add_location(self, location: str) -> None:
         if location not in self.locations:

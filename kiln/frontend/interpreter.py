@@ -73,6 +73,17 @@ class _Return(Exception):
         self.value = value
 
 
+class BreakHere(BaseException):
+    """The retrace reached its graph break: `frame` stops before its current instruction.
+
+    A BaseException, so that no handler meant for tracing errors swallows it on its way to
+    the dispatcher.
+    """
+
+    def __init__(self, frame: "Frame"):
+        self.frame = frame
+
+
 class _Yield(Exception):
     """A generator frame suspends: YIELD_VALUE hands `value` to whoever resumed it."""
 
@@ -104,6 +115,7 @@ class Frame:
         self._callee_hidden_callers: int | None = 0
         self.current: bytecode.Instruction | None = None
         self.globals_source = output.named_source("__globals", fn_globals)
+        self.visits = [0] * len(self.instructions)  # runs of each instruction (a graph break names one run)
 
     # -- running ---------------------------------------------------------------------------------
 
@@ -135,8 +147,12 @@ class Frame:
     def _execute(self) -> None:
         try:
             while True:
-                instruction = self.instructions[self.ip]
+                index = self.ip
+                instruction = self.instructions[index]
                 self.current = instruction
+                if self.output.break_point is not None and self._breaks_at(index):
+                    raise BreakHere(self)
+                self.visits[index] += 1
                 self.ip += 1
                 handler = getattr(self, instruction.op, None)
                 if handler is None:
@@ -146,10 +162,17 @@ class Frame:
             raise
         except Unsupported as error:
             error.add_location(self.location())
+            error.frames.append(self)
             raise
         except Exception as error:  # a frontend bug or a user error met while tracing: remember where
             _note_location(error, self.location())
             raise
+
+    def _breaks_at(self, index: int) -> bool:
+        """Whether the retrace stops here: the graph break the first trace found (kiln/frontend/resume.py)."""
+        point = self.output.break_point
+        return point.index == index and point.code is self.code and point.depth == self.depth and \
+            point.count == self.visits[index]
 
     def location(self) -> str:
         return f"{self.code.co_filename}:{self.lineno()} in {self.code.co_qualname}"

@@ -74,6 +74,7 @@ class OutputGraph:
         self._autocast_exits: list[Callable] = []
         self.compute_nodes = 0
         self.generators: list[Variable] = []  # every generator made by the trace (interpreter.GeneratorVariable)
+        self.break_point = None  # set for the retrace that stops at a graph break (kiln/frontend/resume.py)
 
     # -- names for objects the guard and entry functions hold -------------------------------------
 
@@ -203,14 +204,23 @@ class OutputGraph:
 
     # -- finishing -------------------------------------------------------------------------------------
 
-    def finish(self, result: Variable, signature: FrameSignature, name: str) -> TracedGraph:
-        """Compile the graph and build the guard and entry functions."""
-        for generator in self.generators:
-            if generator.abandoned_with_cleanup():
-                raise Unsupported(f"{generator.describe()} is left suspended inside a try/with block; Python would "
-                                  "run its cleanup (finally/__exit__) when it is dropped")
+    def finish(self, result: Variable | None, signature: FrameSignature, name: str,
+               tail: Callable[["EntryCodegen"], list[str]] | None = None) -> TracedGraph:
+        """Compile the graph and build the guard and entry functions.
+
+        The entry returns `result`; after a graph break it ends with `tail`'s lines instead
+        (the broken call or branch and the call of a resume function; kiln/frontend/resume.py).
+        """
+        if tail is None:
+            for generator in self.generators:
+                if generator.abandoned_with_cleanup():
+                    raise Unsupported(f"{generator.describe()} is left suspended inside a try/with block; Python "
+                                      "would run its cleanup (finally/__exit__) when it is dropped")
         codegen = EntryCodegen(self)
-        return_expression = codegen.value(result)
+        if tail is None:
+            ending = [f"return {codegen.value(result)}"]
+        else:
+            ending = tail(codegen)
         side_effect_lines = self.side_effects.codegen(codegen)
         self.graph.output(tuple(codegen.output_nodes))
         graph_module = None
@@ -236,11 +246,11 @@ class OutputGraph:
         # replayed store can never change what a later line reads: sources describe the world as
         # the trace saw it, at the call.
         built = [codegen.finalize(line) for line in codegen.prelude]
-        final_return = codegen.finalize(return_expression)
+        final_lines = [codegen.finalize(line) for line in ending]
         replayed = [codegen.finalize(line) for line in side_effect_lines]
         body.extend(built)
         body.extend(replayed)
-        body.append(f"return {final_return}")
+        body.extend(final_lines)
         entry_source = "\n".join([f"def __entry({signature.text}):"] + ["    " + line for line in body])
         entry = compile_function(entry_source, "__entry", namespace, f"kiln_entry_{name}")
         guard, guard_source = self.guards.build(signature, self.guard_namespace)

@@ -66,10 +66,23 @@ def test_unsupported_frame_runs_eagerly_without_retracing():
     graphs, backend = _counting()
     compiled = compile_function(data_dependent, backend)
     x = torch.randn(4)
-    torch.testing.assert_close(compiled(x), data_dependent(x))
-    torch.testing.assert_close(compiled(-x.abs()), data_dependent(-x.abs()))
+    with kiln.config.patch(graph_breaks=False):
+        torch.testing.assert_close(compiled(x), data_dependent(x))
+        torch.testing.assert_close(compiled(-x.abs()), data_dependent(-x.abs()))
     assert graphs == [] and len(compiled.entries) == 1
     assert "data" in compiled.entries[0].eager_reason
+
+
+def test_a_data_dependent_branch_breaks_the_graph_and_each_side_resumes_compiled():
+    graphs, backend = _counting()
+    compiled = compile_function(data_dependent, backend)
+    x = torch.randn(4).abs() + 0.1
+    torch.testing.assert_close(compiled(x), data_dependent(x))
+    torch.testing.assert_close(compiled(-x), data_dependent(-x))
+    torch.testing.assert_close(compiled(x * 2), data_dependent(x * 2))
+    assert len(compiled.entries) == 1 and compiled.entries[0].eager_reason is None
+    # The condition's graph, then one resume function per side of the branch (compiled once each).
+    assert len(graphs) == 3
 
 
 def test_fullgraph_error_names_construct_and_line():

@@ -159,6 +159,9 @@ class TrackerMethod(Variable):
     def describe(self) -> str:
         return f"method {self.name} of {self.receiver.describe()}"
 
+    def reconstruct(self, codegen) -> str:
+        return f"{codegen.value(self.receiver)}.{self.name}"
+
     def call(self, tx, args, kwargs) -> Variable:
         return self.receiver.call_method(tx, self.name, args, kwargs)
 

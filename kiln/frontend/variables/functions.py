@@ -401,6 +401,27 @@ class TorchFunctionVariable(Variable):
         return tx.output.call_tensor_op(tx, "call_function", self.fn, list(args), dict(kwargs))
 
 
+class OpaqueFunctionVariable(Variable):
+    """A C function kiln does not model (`time.perf_counter`, `os.getpid`): it can be held and
+    passed around; calling it is unsupported (a graph break calls it in Python)."""
+
+    def __init__(self, value: Any, source=None):
+        self.value = value
+        self.source = source
+
+    def describe(self) -> str:
+        return f"builtin {getattr(self.value, '__qualname__', self.value)!r}"
+
+    def python_type(self) -> type:
+        return type(self.value)
+
+    def as_constant(self) -> Any:
+        return self.value
+
+    def call(self, tx, args, kwargs) -> Variable:
+        raise Unsupported(f"calling {self.describe()}, which kiln does not model")
+
+
 def is_torch_function(value: Any) -> bool:
     """Whether a callable should become a graph node rather than be inlined."""
     if isinstance(value, (types.BuiltinFunctionType, types.BuiltinMethodType)):

@@ -26,7 +26,8 @@ from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import ConstantVariable, Variable, is_constant_value
 from kiln.frontend.variables.builtins import SetVariable, builtin_variable
 from kiln.frontend.variables.containers import DictVariable, ExternalDictVariable, ListVariable, TupleVariable
-from kiln.frontend.variables.functions import (BoundMethodVariable, MethodDescriptorVariable, PartialVariable,
+from kiln.frontend.variables.functions import (BoundMethodVariable, MethodDescriptorVariable, OpaqueFunctionVariable,
+                                               PartialVariable,
                                                TorchFunctionVariable, UserFunctionVariable, is_torch_function)
 from kiln.frontend.variables.modules import ModuleVariable, PythonModuleVariable
 from kiln.frontend.variables.objects import ClassVariable, ContextVarVariable, UserObjectVariable
@@ -143,7 +144,7 @@ def _builtin_method(tx, value: types.BuiltinMethodType, source, guards) -> Varia
     _guard_identity(guards, source, value)
     receiver = value.__self__
     if receiver is None or isinstance(receiver, types.ModuleType):
-        raise Unsupported(f"calling builtin {getattr(value, '__qualname__', value)!r} which kiln does not model")
+        return OpaqueFunctionVariable(value, source)
     bound = builder.wrap(tx, receiver, None, False) if not builder.wraps_as_constant(receiver) \
         else ConstantVariable(receiver)
     return BoundMethodVariable(MethodDescriptorVariable(type(receiver), value.__name__), bound)

@@ -105,6 +105,9 @@ class TensorMethodVariable(Variable):
     def python_type(self) -> type:
         return type(torch.Tensor.add.__get__(torch.empty(0)))
 
+    def reconstruct(self, codegen) -> str:
+        return f"{codegen.value(self.tensor)}.{self.name}"
+
     def call(self, tx, args, kwargs) -> Variable:
         name = self.name
         if name in _DATA_DEPENDENT:

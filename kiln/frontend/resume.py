@@ -1,0 +1,374 @@
+"""Graph breaks: resume functions, live locals, and the calls a break makes in plain Python.
+
+When the interpreter meets a call or a branch it cannot trace, the dispatcher retraces
+the frame up to that instruction (`BreakPoint`), compiles the graph so far, and the entry
+function then does what the frame would do next, in Python:
+
+    def __entry(x):
+        __outs = __compiled(x)             # the graph up to the break
+        ...                                # side effects so far, in program order
+        __r = __call(time.perf_counter)    # the unsupported call, made for real
+        return __resume0(__outs[0], __r)   # the rest of the frame, compiled in turn
+
+A resume function is a copy of the frame's code object that takes the values on the
+value stack and the live locals as parameters: a short prologue pushes the stack back and
+jumps to the instruction after the break (`resume_code`). It is compiled through its own
+dispatcher, so its tensor work becomes the next graph, and it can break again.
+
+`call_compiled` makes the broken call: a Python function (or a method, or an nn.Module)
+that the trace was inlining is itself compiled through a dispatcher, so only the
+construct that stopped the trace runs eagerly; builtins, C functions, classes and
+functions of the standard library and of torch are called as they are.
+
+What a break needs, checked by `plan_break` (otherwise the frame runs eagerly, as before):
+the instruction is a call or a conditional jump; it is outside every `try`/`with` block
+of its code (a handler would not see an exception raised in the entry); the code has no
+cell variables and is not a generator; and every stack value and live local can be
+rebuilt by the entry (tensors become graph outputs; objects are re-read from their
+source).
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+import os
+import sysconfig
+import types
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from kiln.frontend import bytecode, versions
+from kiln.frontend.errors import Unsupported
+from kiln.frontend.variables.base import NULL
+from kiln.frontend.variables.containers import IteratorVariable
+
+CALL_OPS = frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"})
+JUMP_OPS = frozenset({"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"})
+
+_READS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "DELETE_FAST", "LOAD_FAST_LOAD_FAST",
+                    "LOAD_FAST_BORROW", "LOAD_FAST_BORROW_LOAD_FAST_BORROW"})
+_WRITES = frozenset({"STORE_FAST", "STORE_FAST_STORE_FAST"})
+_FAST_OPS = _READS | _WRITES | {"STORE_FAST_LOAD_FAST"}
+_DEREF_OPS = frozenset({"LOAD_DEREF", "STORE_DEREF", "DELETE_DEREF", "LOAD_CLOSURE", "LOAD_FROM_DICT_OR_DEREF",
+                        "MAKE_CELL"})
+_PROLOGUE_OPS = frozenset({"COPY_FREE_VARS", "MAKE_CELL", "RESUME"})
+_STOPS = frozenset({"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE"})
+
+
+@dataclass(frozen=True)
+class BreakPoint:
+    """Where a retrace stops: the `count`-th run of instruction `index` in the frame `depth` calls deep."""
+
+    depth: int
+    code: types.CodeType
+    index: int
+    count: int
+    reason: str
+    location: str
+
+
+def _names(instruction: bytecode.Instruction) -> tuple[str, ...]:
+    value = instruction.argval
+    return tuple(value) if isinstance(value, tuple) else (value,)
+
+
+@functools.lru_cache(maxsize=1024)
+def live_locals(code: types.CodeType, start: int) -> frozenset[str]:
+    """Locals some path from instruction `start` reads before writing (exception handlers included)."""
+    decoded = bytecode.decode(code)
+    instructions = decoded.instructions
+    index_of = {id(instruction): index for index, instruction in enumerate(instructions)}
+    handlers: dict[int, list[int]] = {}
+    for entry in decoded.exception_table:
+        for index in range(index_of[id(entry.start)], index_of[id(entry.end)] + 1):
+            handlers.setdefault(index, []).append(index_of[id(entry.target)])
+    successors: list[list[int]] = []
+    for index, instruction in enumerate(instructions):
+        following = list(handlers.get(index, ()))
+        if instruction.target is not None:
+            following.append(index_of[id(instruction.target)])
+        unconditional = instruction.opname.startswith("JUMP") and "IF" not in instruction.opname \
+            and instruction.opname not in ("JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP")
+        if instruction.opname not in _STOPS and not unconditional and index + 1 < len(instructions):
+            following.append(index + 1)
+        successors.append(following)
+    uses: list[frozenset[str]] = []
+    defs: list[frozenset[str]] = []
+    for instruction in instructions:
+        name = instruction.opname
+        if name in _READS:
+            uses.append(frozenset(_names(instruction)))
+            defs.append(frozenset())
+        elif name in _WRITES:
+            uses.append(frozenset())
+            defs.append(frozenset(_names(instruction)))
+        elif name == "STORE_FAST_LOAD_FAST":
+            stored, loaded = instruction.argval
+            uses.append(frozenset() if loaded == stored else frozenset({loaded}))
+            defs.append(frozenset({stored}))
+        else:
+            uses.append(frozenset())
+            defs.append(frozenset())
+    live: list[frozenset[str]] = [frozenset()] * len(instructions)
+    changed = True
+    while changed:
+        changed = False
+        for index in range(len(instructions) - 1, -1, -1):
+            out = frozenset().union(*(live[successor] for successor in successors[index]))
+            value = (out - defs[index]) | uses[index]
+            if value != live[index]:
+                live[index] = value
+                changed = True
+    return live[start] if start < len(instructions) else frozenset()
+
+
+def protected(code: types.CodeType, index: int) -> bool:
+    """Whether instruction `index` lies inside a try/with block (an exception-table range)."""
+    decoded = bytecode.decode(code)
+    index_of = {id(instruction): position for position, instruction in enumerate(decoded.instructions)}
+    return any(index_of[id(entry.start)] <= index <= index_of[id(entry.end)] for entry in decoded.exception_table)
+
+
+def resumable(code: types.CodeType) -> str | None:
+    """None if a frame of `code` can be resumed by a generated function, else why not."""
+    if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
+                        inspect.CO_ITERABLE_COROUTINE):
+        return f"{code.co_qualname} is a generator or coroutine"
+    if code.co_cellvars:
+        return f"{code.co_qualname} has variables captured by inner functions ({', '.join(code.co_cellvars)})"
+    return None
+
+
+@functools.lru_cache(maxsize=1024)
+def resume_code(code: types.CodeType, target: int, stack: tuple[str, ...],
+                live: tuple[tuple[str, str], ...]) -> types.CodeType:
+    """A copy of `code` that starts at instruction `target` with a value stack and locals given as parameters.
+
+    `stack` gives each stack slot's kind, bottom first: "null" (pushed back by PUSH_NULL),
+    "value" (a leading parameter `__stack<i>`), or "iter" (an iterator, passed as the tuple
+    of its remaining items and turned back into one by GET_ITER). The `live` locals
+    ((name, kind) pairs) follow. The locals not passed start unbound, as they are at that
+    point of the original frame.
+    """
+    decoded = bytecode.decode(code)
+    instructions = decoded.instructions
+    target_instruction = instructions[target]
+    first = 0
+    while first < len(instructions) and instructions[first].opname in _PROLOGUE_OPS:
+        first += 1
+    body = instructions[first:]
+    stack_names = [f"__stack{position}" for position, kind in enumerate(stack) if kind != "null"]
+    live_names = tuple(name for name, _ in live)
+    varnames = tuple(stack_names) + live_names + tuple(name for name in code.co_varnames if name not in live_names)
+    position_of = {name: position for position, name in enumerate(varnames)}
+    shift = len(varnames) - len(code.co_varnames)  # cells and free variables follow the locals
+    for instruction in body:
+        if instruction.opname in _FAST_OPS:
+            names = _names(instruction)
+            if len(names) == 1:
+                instruction.arg = position_of[names[0]]
+            else:  # 3.13's paired forms: two 4-bit indices
+                instruction.arg = (position_of[names[0]] << 4) | position_of[names[1]]
+        elif instruction.opname in _DEREF_OPS:
+            instruction.arg += shift
+    prologue = []
+    if code.co_freevars:
+        prologue.append(bytecode.create_instruction("COPY_FREE_VARS", len(code.co_freevars)))
+    prologue.append(bytecode.create_instruction("RESUME", 0))
+    for name, kind in live:
+        if kind == "iter":
+            prologue.append(bytecode.create_instruction("LOAD_FAST", position_of[name], name))
+            prologue.append(bytecode.create_instruction("GET_ITER"))
+            prologue.append(bytecode.create_instruction("STORE_FAST", position_of[name], name))
+    stack_parameters = iter(stack_names)
+    for kind in stack:
+        if kind == "null":
+            prologue.append(bytecode.create_instruction("PUSH_NULL"))
+            continue
+        name = next(stack_parameters)
+        prologue.append(bytecode.create_instruction("LOAD_FAST", position_of[name], name))
+        if kind == "iter":
+            prologue.append(bytecode.create_instruction("GET_ITER"))
+    prologue.append(bytecode.create_instruction("JUMP_FORWARD", target=target_instruction))
+    decoded.instructions = prologue + body
+    line = target_instruction.lineno or code.co_firstlineno
+    base = code.co_name.split("_resume_at_line_")[0]
+    name = f"{base}_resume_at_line_{line}"
+    flags = code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
+    resumed = bytecode.assemble(decoded, co_varnames=varnames, co_nlocals=len(varnames),
+                                co_argcount=len(stack_names) + len(live_names), co_posonlyargcount=0,
+                                co_kwonlyargcount=0, co_flags=flags, co_name=name,
+                                co_qualname=f"{code.co_qualname.split('_resume_at_line_')[0]}_resume_at_line_{line}")
+    return resumed.replace(co_stacksize=max(bytecode.max_stack_depth(decoded), len(stack), 1))
+
+
+# ------------------------------------------------------------------------------------------------
+# Calls made by a break
+
+
+def _library_paths() -> tuple[str, ...]:
+    paths = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib")}
+    paths.add(os.path.dirname(torch.__file__))
+    paths.add(os.path.dirname(os.path.dirname(__file__)))  # kiln itself
+    return tuple(os.path.join(path, "") for path in paths)
+
+
+_LIBRARY_PATHS = _library_paths()
+_callees: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
+
+
+def _is_library(function: types.FunctionType) -> bool:
+    filename = function.__code__.co_filename
+    return filename.startswith(_LIBRARY_PATHS) and "site-packages/transformers" not in filename
+
+
+def compiled_callee(make_dispatcher: Callable, fn: Any) -> tuple[Any, Any]:
+    """(callable, bound receiver or None) to run for `fn` at a break: compiled where kiln can trace it."""
+    receiver = None
+    target = fn
+    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
+        receiver, target = fn.__self__, fn.__func__
+    if isinstance(target, torch.nn.Module):
+        if type(target).__call__ is not torch.nn.Module.__call__:
+            return fn, None
+    elif not isinstance(target, types.FunctionType) or _is_library(target) or \
+            target.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
+        return fn, None
+    try:
+        compiled = _callees.setdefault(target, {})
+    except TypeError:  # not weakly referenceable
+        return fn, None
+    dispatcher = compiled.get(make_dispatcher)
+    if dispatcher is None:
+        dispatcher = compiled[make_dispatcher] = make_dispatcher(target)
+    return dispatcher, receiver
+
+
+def call_compiled(make_dispatcher: Callable, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
+    """Call `fn` as a break does: through a dispatcher if it is Python kiln can trace, else as it is."""
+    target, receiver = compiled_callee(make_dispatcher, fn)
+    if receiver is not None:
+        return target(receiver, *args, **kwargs)
+    return target(*args, **kwargs)
+
+
+def branch_targets(instruction: bytecode.Instruction, index: int, index_of: dict[int, int]) -> tuple[int, int]:
+    """(instruction index when the condition is true, when false) of a conditional jump at `index`."""
+    jumped = index_of[id(instruction.target)]
+    if instruction.opname in ("POP_JUMP_IF_TRUE", "JUMP_IF_TRUE_OR_POP"):
+        return jumped, index + 1
+    return index + 1, jumped
+
+
+def keeps_condition(instruction: bytecode.Instruction, when: bool) -> bool:
+    """Whether the condition stays on the stack on that side (3.11's JUMP_IF_..._OR_POP when it jumps)."""
+    if instruction.opname == "JUMP_IF_TRUE_OR_POP":
+        return when
+    if instruction.opname == "JUMP_IF_FALSE_OR_POP":
+        return not when
+    return False
+
+
+# ------------------------------------------------------------------------------------------------
+# The end of an entry that breaks
+
+
+def _kind(variable) -> str:
+    if variable is NULL:
+        return "null"
+    if isinstance(variable, IteratorVariable):
+        return "iter"
+    return "value"
+
+
+def _passed(codegen, variable) -> str:
+    """The expression the entry passes for one stack slot or local (an iterator: its remaining items)."""
+    if isinstance(variable, IteratorVariable):
+        items = [codegen.value(item) for item in variable.items[variable.position:]]
+        return "(" + "".join(f"{item}, " for item in items) + ")"
+    return codegen.value(variable)
+
+
+@dataclass
+class Continuation:
+    """Where the frame goes on after the break: an instruction, with this stack (bottom first)."""
+
+    target: int
+    stack: list
+
+
+def break_tail(frame, make_resume: Callable, call_name: str) -> Callable:
+    """The entry's last lines for a frame stopped before its current instruction (a call or a branch).
+
+    `make_resume(frame, code)` gives the compiled resume function for a code object of the
+    frame; `call_name` is the name the entry binds `call_compiled` to.
+    """
+    index = frame.index_of[id(frame.current)]
+    instruction = frame.current
+    stack = list(frame.stack)
+
+    def resume_call(codegen, continuation: Continuation, pushed: list[str]) -> str:
+        """`return <resume>(stack..., locals...)`; `pushed` are texts of values pushed on top of the stack."""
+        bound = {name: value for name, value in frame.locals.items() if value is not NULL}
+        live = tuple((name, _kind(bound[name])) for name in frame.code.co_varnames
+                     if name in live_locals(frame.code, continuation.target) and name in bound)
+        kinds = tuple(_kind(item) for item in continuation.stack) + ("value",) * len(pushed)
+        code = resume_code(frame.code, continuation.target, kinds, live)
+        texts = [_passed(codegen, item) for item in continuation.stack if item is not NULL]
+        texts += pushed
+        texts += [_passed(codegen, bound[name]) for name, _ in live]
+        return f"{codegen.constant(make_resume(frame, code))}({', '.join(texts)})"
+
+    if instruction.op in CALL_OPS:
+        if instruction.op == "CALL_FUNCTION_EX":
+            has_kwargs = bool(instruction.arg & 1)
+            consumed = 3 + int(has_kwargs)
+        else:
+            names = frame.kw_names or ()
+            consumed = instruction.arg + 2
+            if instruction.op == "CALL_KW":
+                consumed += 1
+                names = stack[-1].as_constant()
+        items = stack[-consumed:]
+        below = stack[:-consumed]
+        function, receiver = versions.split_callable_pair(items[0], items[1], NULL)
+
+        def tail(codegen) -> list[str]:
+            arguments = [codegen.value(function)]
+            if receiver is not None:
+                arguments.append(codegen.value(receiver))
+            if instruction.op == "CALL_FUNCTION_EX":
+                arguments.append("*" + codegen.value(items[2]))
+                if has_kwargs:
+                    arguments.append("**" + codegen.value(items[3]))
+            else:
+                positional = items[2:2 + instruction.arg]
+                keywords = positional[len(positional) - len(names):] if names else []
+                positional = positional[:len(positional) - len(names)] if names else positional
+                arguments += [codegen.value(item) for item in positional]
+                arguments += [f"{name}={codegen.value(item)}" for name, item in zip(names, keywords)]
+            resumed = resume_call(codegen, Continuation(index + 1, below), ["__broken"])
+            return [f"__broken = {call_name}({', '.join(arguments)})", f"return {resumed}"]
+
+        return tail
+    if instruction.op in JUMP_OPS:
+        condition = stack[-1]
+        true_target, false_target = branch_targets(instruction, index, frame.index_of)
+
+        def tail(codegen) -> list[str]:
+            text = codegen.value(condition)
+            sides = []
+            for when, target in ((True, true_target), (False, false_target)):
+                kept = stack if keeps_condition(instruction, when) else stack[:-1]
+                sides.append(resume_call(codegen, Continuation(target, kept), []))
+            return [f"if {text}:", f"    return {sides[0]}", f"return {sides[1]}"]
+
+        return tail
+    raise Unsupported(f"a graph break at {instruction.opname}")
+
+
+__all__ = ["BreakPoint", "CALL_OPS", "JUMP_OPS", "break_tail", "call_compiled", "compiled_callee", "live_locals",
+           "protected", "resumable", "resume_code"]
