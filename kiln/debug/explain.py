@@ -55,9 +55,20 @@ class FrameReport:
 
 
 @dataclass
+class BreakReport:
+    reason: str
+    location: str  # file:line in function
+    frame: str  # the compiled function (or resume function) whose entry breaks there
+
+    def lines(self) -> list[str]:
+        return [f"graph break in {self.frame}: {self.reason}", f"  at {self.location}"]
+
+
+@dataclass
 class ExplainReport:
-    frames: list = field(default_factory=list)  # FrameReport
+    frames: list = field(default_factory=list)  # FrameReport: every frame traced, resume functions included
     graphs: list = field(default_factory=list)  # GraphReport
+    breaks: list = field(default_factory=list)  # BreakReport
     warnings: list = field(default_factory=list)  # str
     first_call_seconds: float = 0.0
 
@@ -65,11 +76,21 @@ class ExplainReport:
     def graph_count(self) -> int:
         return len(self.graphs)
 
+    @property
+    def break_count(self) -> int:
+        return len(self.breaks)
+
+    @property
+    def eager_frames(self) -> list:
+        return [frame for frame in self.frames if frame.eager_reason is not None]
+
     def __str__(self) -> str:
         lines = [f"kiln.explain: {len(self.frames)} frame(s), {len(self.graphs)} graph(s), "
-                 f"first call {self.first_call_seconds:.2f} s"]
+                 f"{len(self.breaks)} graph break(s), first call {self.first_call_seconds:.2f} s"]
         for frame in self.frames:
             lines += frame.lines()
+        for graph_break in self.breaks:
+            lines += graph_break.lines()
         for graph in self.graphs:
             lines += graph.lines()
         if self.warnings:
@@ -89,7 +110,15 @@ class _WarningRecorder(logging.Handler):
 
 @contextlib.contextmanager
 def _recording(report: ExplainReport):
+    """Record into `report` the graphs compiled, the frames traced and the graph breaks made meanwhile."""
     from kiln import backend
+    from kiln.frontend import dispatcher as frontend
+
+    def on_break(graph_break) -> None:
+        report.breaks.append(BreakReport(graph_break.reason, graph_break.location, graph_break.frame))
+
+    def on_capture(_dispatcher, entry) -> None:
+        report.frames.append(FrameReport(entry.guard_source, entry.eager_reason))
 
     original = backend._compile_aten_graph
 
@@ -111,11 +140,15 @@ def _recording(report: ExplainReport):
     logger = logging.getLogger("kiln")
     logger.addHandler(handler)
     backend._compile_aten_graph = recording
+    frontend.break_listeners.append(on_break)
+    frontend.capture_listeners.append(on_capture)
     try:
         yield
     finally:
         backend._compile_aten_graph = original
         logger.removeHandler(handler)
+        frontend.break_listeners.remove(on_break)
+        frontend.capture_listeners.remove(on_capture)
 
 
 def explain(fn, *args, **kwargs) -> ExplainReport:
@@ -128,10 +161,7 @@ def explain(fn, *args, **kwargs) -> ExplainReport:
         start = time.perf_counter()
         compiled(*args, **kwargs)
         report.first_call_seconds = time.perf_counter() - start
-    dispatcher = getattr(compiled, "_compiled_call", compiled)
-    for entry in getattr(dispatcher, "entries", []):
-        report.frames.append(FrameReport(entry.guard_source, entry.eager_reason))
     return report
 
 
-__all__ = ["ExplainReport", "FrameReport", "GraphReport", "explain"]
+__all__ = ["BreakReport", "ExplainReport", "FrameReport", "GraphReport", "explain"]

@@ -1,7 +1,6 @@
 """Calls made for their effect outside the graph (warnings.warn, logging, print), replayed after it.
 
-kiln has no graph breaks, so a compiled frame cannot stop at `print(...)` and go on
-afterwards. These calls compute nothing the graph needs, though: the trace records
+These calls compute nothing the graph needs, so they need no graph break: the trace records
 each one (`SideEffects.replay_call`) with its arguments captured as constants when
 it was traced, and the entry function makes it again after the graph runs, in
 program order. What Python would decide at the moment of the call is decided at
@@ -16,8 +15,8 @@ the compiled function, or behind nn.Module's call machinery) the frame is refuse
 runs eagerly, and says so.
 
 Arguments must be known at trace time: a tensor (whose value exists only once the
-graph ran, and maybe not at that point of the program) or a user object (whose text
-kiln does not guard) is refused the same way.
+graph ran) or a user object (whose text kiln does not guard) is unsupported here, so the
+call becomes a graph break (kiln/frontend/resume.py) and is made in Python between two graphs.
 """
 from __future__ import annotations
 
@@ -48,8 +47,7 @@ class HeldValue(Variable):
 def snapshot(variable: Variable, what: str) -> HeldValue:
     """The value of a tensor-free constant tracker, as it is now (the replayed call sees this value)."""
     if isinstance(variable, TensorVariable) or contains_tensor(variable):
-        raise Unsupported(f"{what} with a tensor argument: its value exists only after the graph runs "
-                          "(kiln has no graph breaks); print or log it outside the compiled function")
+        raise Unsupported(f"{what} with a tensor argument: its value exists only after the graph runs")
     if isinstance(variable, UserObjectVariable) or not variable.is_constant():
         raise Unsupported(f"{what} with {variable.describe()} as an argument (only values known at trace time "
                           "can be replayed after the graph)")

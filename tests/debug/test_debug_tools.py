@@ -39,9 +39,20 @@ def test_explain_reports_frames_graphs_kernels_and_fallbacks():
     assert "1 kernels, 1 externs" in str(report)
 
     def prints(x):
-        print("side effect", x)  # a tensor printed: no graph breaks, so the frame runs eagerly
+        print("side effect", x * 2)  # a tensor's value printed: a graph break
         return x + 1
 
     report = kiln.explain(prints, torch.randn(3))
+    assert report.graph_count == 2 and report.break_count == 1 and "print()" in report.breaks[0].reason
+    assert not report.eager_frames and "graph break in" in str(report)
+
+    def raises(x):
+        try:
+            print("side effect", x * 2)  # inside a try block: no break there, the frame runs eagerly
+        finally:
+            pass
+        return x + 1
+
+    report = kiln.explain(raises, torch.randn(3))
     assert report.graph_count == 0 and "print()" in report.frames[0].eager_reason
     assert any("runs eagerly" in warning for warning in report.warnings)

@@ -39,14 +39,16 @@ BATCH, SEQ, VOCAB = 2, 16, 100
 
 @contextlib.contextmanager
 def compiles_whole(model: torch.nn.Module):
-    """A fallback is not a pass: the block must compile the model as one graph per frame, no frame or
-    graph run eagerly, and (on the full backend) with kernels generated."""
+    """A fallback is not a pass: the block must compile the model as one graph per frame, with no graph
+    break, no frame or graph run eagerly, and (on the full backend) with kernels generated."""
     report = ExplainReport()
     with _recording(report):
         yield
     name = type(model).__name__
     eager = [warning for warning in report.warnings if "runs eagerly" in warning]
     assert not eager, f"{name}: {eager[0][:500]}"
+    assert not report.eager_frames, f"{name}: {report.eager_frames[0].eager_reason[:500]}"
+    assert not report.breaks, f"{name}: graph break: {report.breaks[0].reason[:300]} at {report.breaks[0].location}"
     assert report.graphs, f"{name}: no graph was captured"
     fallbacks = [graph.fallback for graph in report.graphs if graph.fallback is not None]
     assert not fallbacks, f"{name}: a graph ran eagerly: {fallbacks[0][:500]}"

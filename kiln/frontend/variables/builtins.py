@@ -55,6 +55,11 @@ class BuiltinVariable(Variable):
     def python_type(self) -> type:
         return type(self.fn)
 
+    def reconstruct(self, codegen) -> str:
+        if self.source is not None:
+            return codegen.source(self.source)
+        return codegen.constant(self.fn)
+
     def call(self, tx, args, kwargs) -> Variable:
         return self.handler(tx, list(args), dict(kwargs))
 

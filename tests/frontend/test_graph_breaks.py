@@ -1,0 +1,342 @@
+"""Graph breaks (kiln/frontend/resume.py): what stops a trace is run in Python, the rest is compiled.
+
+Each test compiles a function with kiln's frontend and a backend that counts graphs,
+checks results (and side effects) against eager, and checks how many graphs and breaks
+the frontend made and that no frame ran eagerly.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+
+import kiln
+from kiln.frontend import resume
+from kiln.frontend.dispatcher import Dispatcher, stats
+from kiln.frontend.errors import FullgraphError
+
+
+def _counting():
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    return graphs, backend
+
+
+def _compile(fn, **options):
+    graphs, backend = _counting()
+    return Dispatcher(fn, backend, **options), graphs
+
+
+def _eager_frames_and_breaks(run):
+    report = kiln.debug.explain.ExplainReport()
+    with kiln.debug.explain._recording(report):
+        run()
+    return report
+
+
+# --------------------------------------------------------------------------- unsupported calls
+
+def with_a_c_call(x, y):
+    a = x * 2 + y
+    pid = os.getpid()  # a C function kiln does not model
+    return a.sin() + (pid > 0), a
+
+
+def test_an_unsupported_call_breaks_and_the_rest_is_compiled():
+    compiled, graphs = _compile(with_a_c_call)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    report = _eager_frames_and_breaks(lambda: compiled(x, y))
+    expected = with_a_c_call(x, y)
+    result = compiled(x, y)
+    torch.testing.assert_close(result, expected)
+    assert len(graphs) == 2 and report.break_count == 1 and not report.eager_frames
+    assert "getpid" in report.breaks[0].reason and f"{__file__}:" in report.breaks[0].location
+    captures = stats.captures
+    torch.testing.assert_close(compiled(x + 1, y), with_a_c_call(x + 1, y))
+    assert stats.captures == captures  # both entries are reused
+
+
+def test_fullgraph_still_raises_naming_the_construct_and_line():
+    compiled, _ = _compile(with_a_c_call, fullgraph=True)
+    with pytest.raises(FullgraphError) as raised:
+        compiled(torch.randn(2), torch.randn(2))
+    assert "getpid" in str(raised.value) and f"{__file__}:" in str(raised.value)
+
+
+def test_graph_breaks_are_logged_with_reason_and_line(caplog):
+    compiled, _ = _compile(with_a_c_call)
+    with kiln.config.patch(logs="graph_breaks"), caplog.at_level(logging.WARNING, logger="kiln"):
+        compiled(torch.randn(2), torch.randn(2))
+    messages = [record.getMessage() for record in caplog.records]
+    assert any("graph break in" in message and "getpid" in message and f"{__file__}:" in message
+               for message in messages)
+
+
+def test_kiln_explain_counts_graphs_and_breaks():
+    report = kiln.explain(with_a_c_call, torch.randn(2), torch.randn(2))
+    assert report.break_count == 1 and len(report.frames) == 2 and not report.eager_frames
+    assert "graph break" in str(report)
+
+
+def prints_a_tensor(x):
+    y = x * 2
+    print("between", y.shape)
+    print("value", y.sum())  # a tensor's value: only after the graph ran
+    return y + 1
+
+
+def test_print_of_a_tensor_is_a_break_in_program_order(capsys):
+    compiled, graphs = _compile(prints_a_tensor)
+    x = torch.ones(3)
+    torch.testing.assert_close(compiled(x), x * 2 + 1)
+    assert capsys.readouterr().out == "between torch.Size([3])\nvalue tensor(6.)\n"
+    assert len(graphs) == 2
+
+
+# --------------------------------------------------------------------------- data-dependent values
+
+def branches(x):
+    y = x.cos()
+    if y.sum() > 2:
+        z = y * 3
+    else:
+        z = y - 3
+    return z + x
+
+
+def test_a_tensor_condition_breaks_with_both_sides_compiled():
+    compiled, graphs = _compile(branches)
+    small, large = torch.full((4,), 3.0), torch.zeros(4)
+    for x in (small, large, small, large):
+        torch.testing.assert_close(compiled(x), branches(x))
+    assert len(graphs) == 3 and len(compiled.entries) == 1
+
+
+def uses_item(x):
+    total = x.sum().item()
+    scale = 2.0 if total > 0 else -2.0
+    return x * scale, total
+
+
+def test_item_breaks_and_its_python_value_flows_on():
+    compiled, graphs = _compile(uses_item)
+    x = torch.randn(5)
+    result, total = compiled(x)
+    expected, expected_total = uses_item(x)
+    torch.testing.assert_close(result, expected)
+    assert total == expected_total and isinstance(total, float)
+
+
+def or_of_tensors(x):
+    flag = (x.sum() > 0) or (x.max() > 10)
+    return x + 1 if flag else x - 1
+
+
+def test_boolean_operators_on_tensor_conditions():
+    compiled, _ = _compile(or_of_tensors)
+    for x in (torch.ones(3), -torch.ones(3), torch.tensor([-30.0, 11.0, 1.0])):
+        torch.testing.assert_close(compiled(x), or_of_tensors(x))
+
+
+# --------------------------------------------------------------------------- inside calls and modules
+
+def _inner(x):
+    if x.mean() > 0:
+        return x * 2
+    return x / 2
+
+
+def _middle(x, *, shift):
+    return _inner(x + shift) - 1
+
+
+def calls_down(x):
+    a = x.exp()
+    b = _middle(a, shift=-1.5)
+    return a + b
+
+
+def test_a_break_two_calls_deep_resumes_at_each_level():
+    compiled, graphs = _compile(calls_down)
+    for x in (torch.randn(6), torch.randn(6) - 3, torch.randn(6) + 3):
+        torch.testing.assert_close(compiled(x), calls_down(x))
+    report = _eager_frames_and_breaks(lambda: compiled(torch.randn(6) * 5))
+    assert not report.eager_frames
+
+
+def star_call(x, args, kwargs):
+    return x + _middle(*args, **kwargs)
+
+
+def test_a_break_in_a_call_with_star_arguments():
+    compiled, _ = _compile(star_call)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x, (x * 2,), {"shift": 0.5}), star_call(x, (x * 2,), {"shift": 0.5}))
+
+
+class Gate(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.linear(x)
+        if h.sum() > 0:
+            return torch.relu(h)
+        return -h
+
+
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.gates = torch.nn.ModuleList([Gate(), Gate()])
+        self.out = torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        for gate in self.gates:
+            x = gate(x) + x
+        return self.out(x)
+
+
+def test_a_module_whose_submodules_branch_on_data():
+    model = Net()
+    compiled = kiln.compile(model, backend="aot_eager")
+    x = torch.randn(3, 4)
+    report = _eager_frames_and_breaks(lambda: compiled(x))
+    with torch.no_grad():
+        for sample in (x, -x, x * 3):
+            torch.testing.assert_close(compiled(sample), model(sample))
+    assert report.break_count >= 1 and not report.eager_frames
+
+
+# --------------------------------------------------------------------------- state around the break
+
+def in_a_loop(xs):
+    acc = xs[0] * 0
+    for x in xs:
+        acc = acc + x
+        if acc.sum() > 0:
+            acc = acc * 0.5
+    return acc
+
+
+def test_a_break_inside_a_for_loop_passes_the_iterator_on():
+    compiled, _ = _compile(in_a_loop)
+    xs = [torch.randn(3) for _ in range(5)]
+    torch.testing.assert_close(compiled(xs), in_a_loop(xs))
+
+
+def mid_expression(a, b, c):
+    return [a, a + _inner(b) * c, f"{len(c)}"]
+
+
+def test_values_on_the_stack_are_passed_to_the_resume_function():
+    compiled, _ = _compile(mid_expression)
+    a, b, c = torch.randn(2), torch.randn(2), torch.randn(2)
+    result = compiled(a, b, c)
+    expected = mid_expression(a, b, c)
+    assert result[0] is a and result[2] == expected[2]
+    torch.testing.assert_close(result[1], expected[1])
+
+
+LOG: list = []
+
+
+def effects(x, seen, box):
+    global COUNTER
+    LOG.append("before")
+    box.value = 1
+    COUNTER = 10
+    x.add_(1)
+    seen.add(len(LOG))  # mutating an outside set: a break; it sees the state written before it
+    LOG.append("after")
+    box.value = box.value + 1
+    x.mul_(2)
+    return x + COUNTER
+
+
+class Box:
+    value = 0
+
+
+def test_side_effects_before_and_after_a_break_keep_program_order():
+    global COUNTER
+    compiled, _ = _compile(effects)
+    results = []
+    for run in (effects, compiled):
+        LOG.clear()
+        COUNTER = 0
+        x, seen, box = torch.ones(2), set(), Box()
+        out = run(x, seen, box)
+        results.append((out, x.clone(), set(seen), list(LOG), box.value, COUNTER))
+    (out, x, seen, log, value, counter), expected = results[1], results[0]
+    torch.testing.assert_close(out, expected[0])
+    torch.testing.assert_close(x, expected[1])
+    assert (seen, log, value, counter) == expected[2:]
+
+
+COUNTER = 0
+
+
+def with_closure(scale):
+    def run(x):
+        y = x * scale
+        os.getpid()
+        return y + scale
+
+    return run
+
+
+def test_a_function_with_a_closure_resumes_with_its_cells():
+    fn = with_closure(3.0)
+    compiled, graphs = _compile(fn)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), fn(x))
+    assert len(graphs) == 2
+
+
+def in_a_try(x):
+    try:
+        os.getpid()
+        y = x + 1
+    except ValueError:
+        y = x - 1
+    return y * 2
+
+
+def test_a_break_inside_a_try_block_runs_the_frame_eagerly():
+    compiled, graphs = _compile(in_a_try)
+    x = torch.randn(2)
+    torch.testing.assert_close(compiled(x), in_a_try(x))
+    assert compiled.entries[0].eager_reason is not None and graphs == []
+
+
+# --------------------------------------------------------------------------- resume functions
+
+def test_live_locals_are_those_read_before_written():
+    def fn(a, b, c):
+        d = a + 1
+        os.getpid()
+        b = d * 2
+        return b + c
+
+    code = fn.__code__
+    instructions = resume.bytecode.decode(code).instructions
+    call = next(index for index, instruction in enumerate(instructions) if instruction.argval == "getpid")
+    live = resume.live_locals(code, call + 1)
+    assert live == {"d", "c"}
+
+
+def test_a_resume_function_is_shared_by_recompiles():
+    compiled, graphs = _compile(with_a_c_call)
+    compiled(torch.randn(2), torch.randn(2))
+    compiled(torch.randn(2, 2), torch.randn(2, 2))  # a new shape: both frames recompile
+    assert len(compiled._resumes) == 1
+    (resumed,) = compiled._resumes.values()
+    assert len(resumed.entries) == 2 and len(graphs) == 4
