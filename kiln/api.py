@@ -53,6 +53,9 @@ def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = False
     if mode == "max-autotune":
         _warn_mode_not_implemented(mode)
     graph_compiler = _backend.graph_compiler(backend, mode=mode, fullgraph=fullgraph)
+    if _is_ddp(fn_or_module):
+        inner = _capture(fn_or_module.module.forward, graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
+        return OptimizedModule(fn_or_module, _DistributedCall(fn_or_module, inner))
     if isinstance(fn_or_module, torch.nn.Module):
         compiled = _capture(fn_or_module, graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
         return OptimizedModule(fn_or_module, compiled)
@@ -78,6 +81,45 @@ def _capture(fn: Callable, graph_compiler: Callable, *, fullgraph: bool, dynamic
     from kiln.frontend import compile_function
 
     return compile_function(fn, graph_compiler, fullgraph=fullgraph)
+
+
+def _is_ddp(module: Any) -> bool:
+    parallel = getattr(torch.nn, "parallel", None)
+    return parallel is not None and isinstance(module, parallel.DistributedDataParallel)
+
+
+class _DistributedCall:
+    """`kiln.compile(DDP(model))`: DDP's own forward runs as it is, the model's forward is compiled.
+
+    DDP's forward is bookkeeping in Python (bucket rebuilds, the reducer's state, unused-parameter
+    search, its communication hooks), which TorchDynamo also leaves uncompiled; what it calls,
+    `self.module(...)`, is the model, and that is what is compiled. For the length of each call
+    the wrapped module's instance attribute `forward` is the compiled forward (nn.Module's call
+    machinery and the module's hooks still run around it), then it is restored. Gradients flow
+    into the same parameters, so the reducer's hooks see them as in eager DDP.
+    """
+
+    _ABSENT = object()
+
+    def __init__(self, ddp: torch.nn.Module, compiled_forward: Callable):
+        self.ddp = ddp
+        self.compiled_forward = compiled_forward
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        inner = self.ddp.module
+        previous = inner.__dict__.get("forward", self._ABSENT)
+        inner.__dict__["forward"] = self.compiled_forward
+        try:
+            return self.ddp(*args, **kwargs)
+        finally:
+            if previous is self._ABSENT:
+                inner.__dict__.pop("forward", None)
+            else:
+                inner.__dict__["forward"] = previous
+
+    @property
+    def entries(self):
+        return getattr(self.compiled_forward, "entries", [])
 
 
 class OptimizedModule(torch.nn.Module):
