@@ -237,7 +237,8 @@ class Dispatcher:
         try:
             traced = capture_frame(output, self.fn, self.signature, args, kwargs)
         except Unsupported as error:
-            point = None if self.fullgraph else self._break_point(error)
+            # fullgraph=True and strict mode (KILN_STRICT=1) raise instead: a break runs code eagerly.
+            point = None if self.fullgraph or config.strict else self._break_point(error)
             if point is None:
                 return self._eager_entry(output, error)
             output = OutputGraph(self.graph_compiler)

@@ -35,7 +35,8 @@ from kiln.frontend.variables.builtins import SetVariable
 from kiln.frontend.variables.containers import (MAX_ITERATION_STEPS, BaseIteratorVariable, DictVariable,
                                                 ExternalDictVariable, ListVariable, SliceVariable, TupleVariable,
                                                 hashable_key, iterate, unpack_iterable)
-from kiln.frontend.variables.functions import BaseFunctionVariable, CellVariable, NestedFunctionVariable
+from kiln.frontend.variables.functions import (BaseFunctionVariable, CellVariable, NestedFunctionVariable,
+                                               OpaqueFunctionVariable)
 from kiln.frontend.variables.objects import ClassVariable, UserObjectVariable, bind_class_attribute
 
 MAX_INLINE_DEPTH = 64
@@ -756,7 +757,8 @@ class Frame:
         raise Unsupported(f"raise ({what}): raising exceptions inside a compiled function")
 
     def LOAD_BUILD_CLASS(self, instruction):
-        raise Unsupported("defining a class inside a compiled function")
+        # Calling it is unsupported: a graph break defines the class in Python.
+        self.push(OpaqueFunctionVariable(builtins.__build_class__))
 
 
 class GeneratorVariable(BaseIteratorVariable):

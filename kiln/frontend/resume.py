@@ -232,7 +232,7 @@ def compiled_callee(make_dispatcher: Callable, fn: Any) -> tuple[Any, Any]:
     if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
         receiver, target = fn.__self__, fn.__func__
     if isinstance(target, torch.nn.Module):
-        if type(target).__call__ is not torch.nn.Module.__call__:
+        if type(target).__call__ is not torch.nn.Module.__call__ or isinstance(target, torch.nn.RNNBase):
             return fn, None
     elif not isinstance(target, types.FunctionType) or _is_library(target) or \
             target.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):

@@ -141,7 +141,7 @@ def test_parameter_values_are_inputs_not_guards():
 
 def test_unsupported_frame_warns_once_with_reason_and_line(caplog):
     compiled = compile_function(prints, _counting()[1])
-    with caplog.at_level(logging.WARNING, logger="kiln"):
+    with caplog.at_level(logging.WARNING, logger="kiln"), kiln.config.patch(graph_breaks=False):
         compiled(torch.randn(2))
         compiled(torch.randn(2))
     warnings = [record.message for record in caplog.records if "runs eagerly" in record.message]
@@ -301,8 +301,19 @@ def test_creating_a_module_with_parameters_runs_eagerly_without_touching_the_rng
     torch.manual_seed(0)
     expected = _makes_a_linear(x)
     torch.manual_seed(0)
-    torch.testing.assert_close(compiled(x), expected)  # the failed trace drew no random numbers
+    with kiln.config.patch(graph_breaks=False):
+        torch.testing.assert_close(compiled(x), expected)  # the failed trace drew no random numbers
     assert "parameters or buffers" in compiled.entries[0].eager_reason
+
+
+def test_creating_a_module_with_parameters_is_a_graph_break_drawing_eagers_random_numbers():
+    compiled = compile_function(_makes_a_linear, _counting()[1])
+    x = torch.randn(2, 3)
+    torch.manual_seed(0)
+    expected = _makes_a_linear(x)
+    torch.manual_seed(0)
+    torch.testing.assert_close(compiled(x), expected)  # the module is made once, in Python, at the break
+    assert compiled.entries[0].eager_reason is None
 
 
 @pytest.mark.parametrize("checker", ["torch", "python"])

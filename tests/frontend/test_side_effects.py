@@ -578,7 +578,7 @@ def test_print_is_replayed_in_program_order(capsys):
     _captured(compiled, graphs)
 
 
-def test_print_of_a_tensor_runs_eagerly(capsys):
+def test_print_of_a_tensor_is_a_graph_break(capsys):
     def prints_tensor(t):
         print(t)
         return t + 1
@@ -586,6 +586,11 @@ def test_print_of_a_tensor_runs_eagerly(capsys):
     compiled, graphs = _compiled(prints_tensor)
     x = torch.randn(2)
     compiled(x)
+    assert capsys.readouterr().out == f"{x}\n"
+    assert compiled.entries[0].eager_reason is None and len(graphs) == 1  # only `t + 1` is tensor work
+    with kiln.config.patch(graph_breaks=False):
+        compiled, graphs = _compiled(prints_tensor)
+        compiled(x)
     assert "tensor argument" in compiled.entries[0].eager_reason
     assert capsys.readouterr().out == f"{x}\n"
     assert graphs == []
@@ -631,7 +636,11 @@ def measures_list_subclass(t, items):
 def test_builtin_method_on_a_subclass_instance_is_refused_not_a_recursion():
     compiled, graphs = _compiled(measures_list_subclass)
     x = torch.randn(2)
-    torch.testing.assert_close(compiled(x, _Items([1, 2])), x + 2)
+    torch.testing.assert_close(compiled(x, _Items([1, 2])), x + 2)  # a graph break calls len()
+    assert compiled.entries[0].eager_reason is None
+    compiled, graphs = _compiled(measures_list_subclass)
+    with kiln.config.patch(graph_breaks=False):
+        torch.testing.assert_close(compiled(x, _Items([1, 2])), x + 2)
     reason = compiled.entries[0].eager_reason
     assert "list.__len__ on _Items object" in reason and "RecursionError" not in reason
 

@@ -141,6 +141,11 @@ class UserFunctionVariable(BaseFunctionVariable):
     def identity(self) -> Any:
         return self.fn
 
+    def reconstruct(self, codegen) -> str:
+        if self.source is not None:
+            return codegen.source(self.source)
+        return codegen.constant(self.fn)  # reached through guarded or trusted objects: this very function
+
     def as_constant(self) -> Any:
         return self.fn
 
@@ -238,6 +243,20 @@ class NestedFunctionVariable(BaseFunctionVariable):
     def describe(self) -> str:
         return f"function {self._code.co_qualname} (defined in the compiled code)"
 
+    def reconstruct(self, codegen) -> str:
+        """A new function object, as MAKE_FUNCTION would make it (closures over real cells only)."""
+        if self.attributes or self.wrapped is not None:
+            raise Unsupported(f"rebuilding {self.describe()} with attributes set in the trace")
+        if any(cell.real_cell is None for cell in self.closure):
+            raise Unsupported(f"rebuilding {self.describe()}: it closes over variables of the compiled code")
+        defaults = "(" + "".join(f"{codegen.value(item)}, " for item in self.defaults) + ")" \
+            if self.defaults else "None"
+        kwdefaults = "{" + ", ".join(f"{name!r}: {codegen.value(item)}" for name, item in self.kwdefaults.items()) \
+            + "}" if self.kwdefaults else "None"
+        closure = codegen.constant(tuple(cell.real_cell for cell in self.closure)) if self.closure else "None"
+        return (f"{codegen.constant(_make_function)}({codegen.constant(self._code)}, {codegen.constant(self._globals)}, "
+                f"{self.name!r}, {defaults}, {kwdefaults}, {closure})")
+
     def code(self) -> types.CodeType:
         return self._code
 
@@ -273,6 +292,12 @@ class NestedFunctionVariable(BaseFunctionVariable):
         self.attributes[name] = value
 
 
+def _make_function(code, fn_globals, name, defaults, kwdefaults, closure):
+    function = types.FunctionType(code, fn_globals, name, defaults, closure)
+    function.__kwdefaults__ = kwdefaults
+    return function
+
+
 class BoundMethodVariable(Variable):
     """`obj.method`: a function with its first argument bound."""
 
@@ -283,6 +308,11 @@ class BoundMethodVariable(Variable):
 
     def describe(self) -> str:
         return f"bound method {self.function.describe()}"
+
+    def reconstruct(self, codegen) -> str:
+        if self.source is not None:
+            return codegen.source(self.source)
+        return f"{codegen.constant(types.MethodType)}({codegen.value(self.function)}, {codegen.value(self.bound_self)})"
 
     def python_type(self) -> type:
         return types.MethodType
@@ -330,6 +360,11 @@ class MethodDescriptorVariable(Variable):
 
     def identity(self) -> Any:
         return getattr(self.owner, self.name)
+
+    def reconstruct(self, codegen) -> str:
+        if self.source is not None:
+            return codegen.source(self.source)
+        return codegen.constant(getattr(self.owner, self.name))
 
     def call(self, tx, args, kwargs) -> Variable:
         if not args:

@@ -189,6 +189,9 @@ def call_module(tx, module_variable: ModuleVariable, args: list[Variable], kwarg
     hooks and forward and never looks at `type(module).__call__` again.
     """
     module = module_variable.value
+    if isinstance(module, torch.nn.RNNBase):  # as TorchDynamo (allow_rnn=False): a graph break runs it
+        raise Unsupported(f"calling {module_variable.describe()}: recurrent modules (RNN, LSTM, GRU) run eagerly "
+                          "(their fused kernels take flat weight lists kiln does not trace)")
     call, _ = lookup_class_attribute(type(module), "__call__")
     if not own_call and call is not MISSING and not is_module_call_function(call):
         return bind_class_attribute(tx, call, "__call__", module_variable, type(module),

@@ -243,6 +243,11 @@ class ClassVariable(Variable):
     def describe(self) -> str:
         return f"class {self.value.__qualname__}"
 
+    def reconstruct(self, codegen) -> str:
+        if self.source is not None:
+            return codegen.source(self.source)
+        return codegen.constant(self.value)  # reached through guarded or trusted objects: this very class
+
     def python_type(self) -> type:
         return type(self.value)
 
