@@ -297,7 +297,7 @@ class Dispatcher:
             chosen = frames[1]
         instruction = chosen.current
         index = chosen.ip - 1
-        if instruction is None or instruction.op not in resume.CALL_OPS | resume.JUMP_OPS:
+        if instruction is None or not resume.can_break_at(instruction):
             return None
         if resume.resumable(chosen.code) is not None or resume.protected(chosen.code, index):
             return None

@@ -743,7 +743,8 @@ class Frame:
         fromlist = self.pop().as_constant()
         level = self.pop().as_constant()
         module = __import__(instruction.argval, self.fn_globals, None, fromlist, level)
-        self.push(self.wrap(module, None, guard=False))
+        # The trace imported this module object; the entry holds it by name (a graph break may pass it on).
+        self.push(self.wrap(module, self.output.named_source("__module", module), guard=False))
 
     def IMPORT_FROM(self, instruction):
         self.push(self.stack[-1].getattr(self, instruction.argval))

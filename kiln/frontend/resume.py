@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import operator
 import os
 import sysconfig
 import types
@@ -46,6 +47,68 @@ from kiln.frontend.variables.base import NULL
 from kiln.frontend.variables.containers import IteratorVariable
 
 CALL_OPS = frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"})
+
+
+def _contains(container, item):
+    return item in container
+
+
+def _not_contains(container, item):
+    return item not in container
+
+
+def _store_subscript(value, container, key):
+    container[key] = value
+
+
+def _store_attribute(value, obj, name):
+    setattr(obj, name, value)
+
+
+def _subscript_slice(container, start, stop):
+    return container[start:stop]
+
+
+def _single_instruction(instruction) -> tuple[int, Callable, str] | None:
+    """(values it takes from the stack, the Python function doing it, what it pushes: "value",
+    "method" or "nothing") for an instruction a graph break can run on its own, else None."""
+    from kiln.frontend.operations import BINARY_OPERATORS, COMPARE_OPERATORS, INPLACE_OPERATORS
+
+    op = instruction.op
+    if op == "BINARY_OP":
+        symbol = instruction.argrepr
+        if symbol.endswith("=") and symbol[:-1] in INPLACE_OPERATORS:
+            return 2, INPLACE_OPERATORS[symbol[:-1]], "value"
+        return (2, BINARY_OPERATORS[symbol], "value") if symbol in BINARY_OPERATORS else None
+    if op == "COMPARE_OP":
+        symbol = versions.compare_operator(instruction.argval)
+        return (2, COMPARE_OPERATORS[symbol], "value") if symbol in COMPARE_OPERATORS else None
+    if op == "CONTAINS_OP":
+        return 2, (lambda item, container: _not_contains(container, item)) if instruction.arg else \
+            (lambda item, container: _contains(container, item)), "value"
+    if op == "BINARY_SUBSCR":
+        return 2, operator.getitem, "value"
+    if op == "BINARY_SLICE":
+        return 3, _subscript_slice, "value"
+    if op == "STORE_SUBSCR":
+        return 3, _store_subscript, "nothing"
+    if op == "DELETE_SUBSCR":
+        return 2, operator.delitem, "nothing"
+    if op in ("UNARY_NEGATIVE", "UNARY_INVERT", "UNARY_NOT"):
+        return 1, {"UNARY_NEGATIVE": operator.neg, "UNARY_INVERT": operator.invert,
+                   "UNARY_NOT": operator.not_}[op], "value"
+    name = instruction.argval
+    if op == "LOAD_ATTR":
+        return 1, (lambda obj: getattr(obj, name)), "value"
+    if op == "LOAD_METHOD":
+        return 1, (lambda obj: getattr(obj, name)), "method"
+    if op == "STORE_ATTR":
+        return 2, (lambda obj, value: _store_attribute(value, obj, name)), "nothing"
+    return None
+
+
+def can_break_at(instruction) -> bool:
+    return instruction.op in CALL_OPS or instruction.op in JUMP_OPS or _single_instruction(instruction) is not None
 JUMP_OPS = frozenset({"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"})
 
 _READS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "DELETE_FAST", "LOAD_FAST_LOAD_FAST",
@@ -367,8 +430,29 @@ def break_tail(frame, make_resume: Callable, call_name: str) -> Callable:
             return [f"if {text}:", f"    return {sides[0]}", f"return {sides[1]}"]
 
         return tail
-    raise Unsupported(f"a graph break at {instruction.opname}")
+    single = _single_instruction(instruction)
+    if single is None:
+        raise Unsupported(f"a graph break at {instruction.opname}")
+    consumed, function, pushes = single
+    items = stack[-consumed:]
+    below = stack[:-consumed]
+    if instruction.op == "STORE_ATTR":  # stack: value, object
+        items = [items[1], items[0]]
+
+    def tail(codegen) -> list[str]:
+        arguments = ", ".join(codegen.value(item) for item in items)
+        call = f"{codegen.constant(function)}({arguments})"
+        if pushes == "nothing":
+            return [call, f"return {resume_call(codegen, Continuation(index + 1, below), [])}"]
+        after = list(below)
+        if pushes == "method":  # the bound method, with the NULL a method load pushes below it (3.11, 3.12)
+            if not versions.NULL_BELOW_CALLABLE:
+                raise Unsupported("a graph break at a method load (NULL above the method: Python 3.13)")
+            after.append(NULL)
+        return [f"__broken = {call}", f"return {resume_call(codegen, Continuation(index + 1, after), ['__broken'])}"]
+
+    return tail
 
 
-__all__ = ["BreakPoint", "CALL_OPS", "JUMP_OPS", "break_tail", "call_compiled", "compiled_callee", "live_locals",
+__all__ = ["BreakPoint", "CALL_OPS", "JUMP_OPS", "break_tail", "can_break_at", "call_compiled", "compiled_callee", "live_locals",
            "protected", "resumable", "resume_code"]

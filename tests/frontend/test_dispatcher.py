@@ -286,9 +286,19 @@ def test_storing_a_tensor_on_a_module_runs_eagerly():
     model = _StoresATensor()
     compiled = compile_function(model, _counting()[1])
     x = torch.randn(3)
-    torch.testing.assert_close(compiled(x), x * 2 + 1)
+    with kiln.config.patch(graph_breaks=False):
+        torch.testing.assert_close(compiled(x), x * 2 + 1)
     torch.testing.assert_close(model.cache, x * 2)
     assert "only plain values" in compiled.entries[0].eager_reason
+
+
+def test_storing_a_tensor_on_a_module_is_a_graph_break():
+    model = _StoresATensor()
+    compiled = compile_function(model, _counting()[1])
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), x * 2 + 1)
+    torch.testing.assert_close(model.cache, x * 2)
+    assert compiled.entries[0].eager_reason is None
 
 
 def _makes_a_linear(x):

@@ -340,3 +340,60 @@ def test_a_resume_function_is_shared_by_recompiles():
     assert len(compiled._resumes) == 1
     (resumed,) = compiled._resumes.values()
     assert len(resumed.entries) == 2 and len(graphs) == 4
+
+
+# --------------------------------------------------------------------------- what breaks instead of dropping the frame
+
+def boolean_mask(x):
+    y = x * 2
+    return y[y > 0].sum() + x.sum()  # a data-dependent shape: BINARY_SUBSCR runs in Python
+
+
+def defines_a_class(x):
+    class Local:
+        scale = 3
+
+    return x * Local.scale
+
+
+def draws_python_random(x):
+    import random
+
+    return x * random.random() + 1
+
+
+def deep_copies(x, config):
+    import copy
+
+    copied = copy.deepcopy(config)
+    return x * copied["scale"]
+
+
+def stores_into_a_bytearray(x, buffer):
+    y = x + 1
+    buffer[0] = 7  # item assignment on an object kiln does not model: one instruction in Python
+    return y * 2
+
+
+@pytest.mark.parametrize("program, make_args", [
+    (boolean_mask, lambda: (torch.randn(8),)),
+    (defines_a_class, lambda: (torch.randn(3),)),
+    (draws_python_random, lambda: (torch.randn(3),)),
+    (deep_copies, lambda: (torch.randn(3), {"scale": 2.0})),
+    (stores_into_a_bytearray, lambda: (torch.randn(3), bytearray(b"abc"))),
+], ids=lambda value: getattr(value, "__name__", ""))
+def test_constructs_kiln_does_not_trace_break_instead_of_running_the_frame_eagerly(program, make_args):
+    import random
+
+    compiled, graphs = _compile(program)
+    args, eager_args = make_args(), None
+    eager_args = tuple(arg.clone() if isinstance(arg, torch.Tensor) else type(arg)(arg) for arg in args)
+    random.seed(1)
+    expected = program(*eager_args)
+    random.seed(1)
+    report = _eager_frames_and_breaks(lambda: compiled(*args))
+    random.seed(1)
+    torch.testing.assert_close(compiled(*args), expected)
+    assert report.break_count >= 1 and not report.eager_frames and graphs
+    for mine, theirs in zip(args, eager_args):
+        assert not isinstance(mine, bytearray) or mine == theirs

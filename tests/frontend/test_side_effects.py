@@ -102,15 +102,26 @@ def test_a_modules_dict_reads_the_globals_the_trace_stored():
     _captured(compiled, graphs)
 
 
-def test_writing_a_modules_dict_directly_runs_eagerly():
+def test_writing_a_modules_dict_directly_runs_eagerly_without_graph_breaks():
     compiled, graphs = _compiled(writes_module_dict)
     x = torch.randn(3)
     try:
-        torch.testing.assert_close(compiled(x), x * 5.0)
+        with kiln.config.patch(graph_breaks=False):
+            torch.testing.assert_close(compiled(x), x * 5.0)
         assert "module's globals dict" in compiled.entries[0].eager_reason
     finally:
         effects_helper_module.LEVEL = 1.0
     assert graphs == []
+
+
+def test_writing_a_modules_dict_directly_is_a_graph_break():
+    compiled, graphs = _compiled(writes_module_dict)
+    x = torch.randn(3)
+    try:
+        torch.testing.assert_close(compiled(x), x * 5.0)
+        assert compiled.entries[0].eager_reason is None and effects_helper_module.LEVEL == 5.0
+    finally:
+        effects_helper_module.LEVEL = 1.0
 
 
 def test_global_written_in_a_helper_is_read_back_and_stored():

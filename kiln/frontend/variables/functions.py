@@ -453,6 +453,11 @@ class OpaqueFunctionVariable(Variable):
     def as_constant(self) -> Any:
         return self.value
 
+    def reconstruct(self, codegen) -> str:
+        if self.source is not None:
+            return codegen.source(self.source)
+        return codegen.constant(self.value)
+
     def call(self, tx, args, kwargs) -> Variable:
         raise Unsupported(f"calling {self.describe()}, which kiln does not model")
 

@@ -145,7 +145,10 @@ def _builtin_method(tx, value: types.BuiltinMethodType, source, guards) -> Varia
     receiver = value.__self__
     if receiver is None or isinstance(receiver, types.ModuleType):
         return OpaqueFunctionVariable(value, source)
-    bound = builder.wrap(tx, receiver, None, False) if not builder.wraps_as_constant(receiver) \
+    # The method is guarded by identity, which pins its receiver: no guard of its own, but a source
+    # (a graph break may need to pass it on).
+    receiver_source = AttrSource(source, "__self__") if source is not None else None
+    bound = builder.wrap(tx, receiver, receiver_source, False) if not builder.wraps_as_constant(receiver) \
         else ConstantVariable(receiver)
     return BoundMethodVariable(MethodDescriptorVariable(type(receiver), value.__name__), bound)
 
