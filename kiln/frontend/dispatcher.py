@@ -373,16 +373,16 @@ def capture_frame(output: OutputGraph, fn: types.FunctionType, signature: FrameS
             raise AssertionError("a trace stopped at a graph break nobody asked for") from None
         broken, result = stop.frame, None
     finally:
-        clean = output.restore_global_state()
-    if not clean:
-        raise Unsupported("the function leaves grad mode or autocast changed " +
+        grad_at_end, autocast_clean = output.restore_global_state()
+    if not autocast_clean:
+        raise Unsupported("the function leaves autocast changed " +
                           ("at a graph break" if broken is not None else "when it returns"))
     if broken is None:
-        return output.finish(result, signature, code.co_name)
+        return output.finish(result, signature, code.co_name, grad_at_end=grad_at_end)
     call_name = output.named_source("__call_compiled", functools.partial(
         resume.call_compiled, dispatcher.callee_dispatcher)).expr()
     tail = resume.break_tail(broken, dispatcher.resume_dispatcher, call_name)
-    return output.finish(None, signature, code.co_name, tail)
+    return output.finish(None, signature, code.co_name, tail, grad_at_end=grad_at_end)
 
 
 def _wrap_argument(root: Frame, name: str, value: Any):

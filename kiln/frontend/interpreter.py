@@ -38,6 +38,7 @@ from kiln.frontend.variables.containers import (MAX_ITERATION_STEPS, BaseIterato
 from kiln.frontend.variables.functions import (BaseFunctionVariable, CellVariable, NestedFunctionVariable,
                                                OpaqueFunctionVariable)
 from kiln.frontend.variables.objects import ClassVariable, UserObjectVariable, bind_class_attribute
+from kiln.frontend.variables.torch_special import GradModeExit, GradModeVariable, NullContextVariable
 
 MAX_INLINE_DEPTH = 64
 _GENERATOR_FLAGS = inspect.CO_GENERATOR
@@ -837,6 +838,15 @@ class ContextExitVariable(Variable):
         if any(not (isinstance(arg, ConstantVariable) and arg.value is None) for arg in args):
             raise Unsupported("a with-block exited by an exception")
         return self.manager.call_method(tx, "__exit__", [NONE, NONE, NONE], {})
+
+    def reconstruct(self, codegen) -> str:
+        """At a graph break inside the block: an object restoring what the block's exit would."""
+        manager = self.manager
+        if isinstance(manager, GradModeVariable) and manager.previous:
+            return codegen.constant(GradModeExit(manager.previous[-1]))
+        if isinstance(manager, NullContextVariable):
+            return codegen.constant(GradModeExit(None))
+        raise Unsupported(f"a graph break inside `with` {manager.describe()} (only grad-mode blocks can be resumed)")
 
 
 class SuperVariable(Variable):

@@ -194,22 +194,27 @@ class OutputGraph:
         if self._autocast_exits:
             self._autocast_exits.pop()()
 
-    def restore_global_state(self) -> bool:
-        """Undo grad/autocast changes left by the trace; True if the trace left none."""
-        clean = torch.is_grad_enabled() == self._initial_grad and not self._autocast_exits
+    def restore_global_state(self) -> tuple[bool, bool]:
+        """Undo grad/autocast changes left by the trace: (grad mode the trace ended in, autocast left alone)."""
+        grad_at_end = torch.is_grad_enabled()
+        autocast_clean = not self._autocast_exits
         while self._autocast_exits:
             self._autocast_exits.pop()()
         torch._C._set_grad_enabled(self._initial_grad)
-        return clean
+        return grad_at_end, autocast_clean
 
     # -- finishing -------------------------------------------------------------------------------------
 
     def finish(self, result: Variable | None, signature: FrameSignature, name: str,
-               tail: Callable[["EntryCodegen"], list[str]] | None = None) -> TracedGraph:
+               tail: Callable[["EntryCodegen"], list[str]] | None = None, grad_at_end: bool | None = None
+               ) -> TracedGraph:
         """Compile the graph and build the guard and entry functions.
 
         The entry returns `result`; after a graph break it ends with `tail`'s lines instead
         (the broken call or branch and the call of a resume function; kiln/frontend/resume.py).
+        When the trace ends (or breaks) in another grad mode than it began in
+        (`torch.set_grad_enabled(False)` as a call, or a break inside `with torch.no_grad()`),
+        the entry switches to it after the graph and the side effects, as eager would be by then.
         """
         if tail is None:
             for generator in self.generators:
@@ -221,6 +226,8 @@ class OutputGraph:
             ending = [f"return {codegen.value(result)}"]
         else:
             ending = tail(codegen)
+        if grad_at_end is not None and grad_at_end != self._initial_grad:
+            ending.insert(0, f"{codegen.constant(torch._C._set_grad_enabled)}({grad_at_end})")
         side_effect_lines = self.side_effects.codegen(codegen)
         self.graph.output(tuple(codegen.output_nodes))
         graph_module = None

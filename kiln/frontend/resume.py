@@ -33,6 +33,7 @@ import functools
 import inspect
 import operator
 import os
+import sys
 import sysconfig
 import types
 import weakref
@@ -189,10 +190,19 @@ def live_locals(code: types.CodeType, start: int) -> frozenset[str]:
 
 
 def protected(code: types.CodeType, index: int) -> bool:
-    """Whether instruction `index` lies inside a try/with block (an exception-table range)."""
+    """Whether instruction `index` lies inside a try block (an exception-table range whose handler is not a
+    `with` block's cleanup): a handler there would not see an exception raised in the entry."""
     decoded = bytecode.decode(code)
-    index_of = {id(instruction): position for position, instruction in enumerate(decoded.instructions)}
-    return any(index_of[id(entry.start)] <= index <= index_of[id(entry.end)] for entry in decoded.exception_table)
+    instructions = decoded.instructions
+    index_of = {id(instruction): position for position, instruction in enumerate(instructions)}
+    for entry in decoded.exception_table:
+        if not index_of[id(entry.start)] <= index <= index_of[id(entry.end)]:
+            continue
+        handler = index_of[id(entry.target)]
+        following = [instruction.opname for instruction in instructions[handler:handler + 2]]
+        if following != ["PUSH_EXC_INFO", "WITH_EXCEPT_START"]:
+            return True
+    return False
 
 
 def resumable(code: types.CodeType) -> str | None:
@@ -363,6 +373,19 @@ class Continuation:
     stack: list
 
 
+def _guarded(codegen, stack: list, lines: list[str]) -> list[str]:
+    """`lines` (the broken operation), so that an exception leaving it runs the exits of the with-blocks a
+    break left open (innermost first), as leaving the blocks in eager would."""
+    from kiln.frontend.interpreter import ContextExitVariable
+
+    exits = [codegen.value(item) for item in reversed(stack) if isinstance(item, ContextExitVariable)]
+    if not exits:
+        return lines
+    info = codegen.constant(sys.exc_info)
+    return (["try:"] + ["    " + line for line in lines] + ["except BaseException:"] +
+            [f"    {exit_text}(*{info}())" for exit_text in exits] + ["    raise"])
+
+
 def break_tail(frame, make_resume: Callable, call_name: str) -> Callable:
     """The entry's last lines for a frame stopped before its current instruction (a call or a branch).
 
@@ -414,7 +437,8 @@ def break_tail(frame, make_resume: Callable, call_name: str) -> Callable:
                 arguments += [codegen.value(item) for item in positional]
                 arguments += [f"{name}={codegen.value(item)}" for name, item in zip(names, keywords)]
             resumed = resume_call(codegen, Continuation(index + 1, below), ["__broken"])
-            return [f"__broken = {call_name}({', '.join(arguments)})", f"return {resumed}"]
+            return _guarded(codegen, below, [f"__broken = {call_name}({', '.join(arguments)})"]) + \
+                [f"return {resumed}"]
 
         return tail
     if instruction.op in JUMP_OPS:
@@ -427,7 +451,8 @@ def break_tail(frame, make_resume: Callable, call_name: str) -> Callable:
             for when, target in ((True, true_target), (False, false_target)):
                 kept = stack if keeps_condition(instruction, when) else stack[:-1]
                 sides.append(resume_call(codegen, Continuation(target, kept), []))
-            return [f"if {text}:", f"    return {sides[0]}", f"return {sides[1]}"]
+            return _guarded(codegen, stack, [f"__condition = {codegen.constant(bool)}({text})"]) + \
+                ["if __condition:", f"    return {sides[0]}", f"return {sides[1]}"]
 
         return tail
     single = _single_instruction(instruction)
@@ -443,13 +468,14 @@ def break_tail(frame, make_resume: Callable, call_name: str) -> Callable:
         arguments = ", ".join(codegen.value(item) for item in items)
         call = f"{codegen.constant(function)}({arguments})"
         if pushes == "nothing":
-            return [call, f"return {resume_call(codegen, Continuation(index + 1, below), [])}"]
+            return _guarded(codegen, below, [call]) + [f"return {resume_call(codegen, Continuation(index + 1, below), [])}"]
         after = list(below)
         if pushes == "method":  # the bound method, with the NULL a method load pushes below it (3.11, 3.12)
             if not versions.NULL_BELOW_CALLABLE:
                 raise Unsupported("a graph break at a method load (NULL above the method: Python 3.13)")
             after.append(NULL)
-        return [f"__broken = {call}", f"return {resume_call(codegen, Continuation(index + 1, after), ['__broken'])}"]
+        return _guarded(codegen, below, [f"__broken = {call}"]) + \
+            [f"return {resume_call(codegen, Continuation(index + 1, after), ['__broken'])}"]
 
     return tail
 

@@ -397,3 +397,57 @@ def test_constructs_kiln_does_not_trace_break_instead_of_running_the_frame_eager
     assert report.break_count >= 1 and not report.eager_frames and graphs
     for mine, theirs in zip(args, eager_args):
         assert not isinstance(mine, bytearray) or mine == theirs
+
+
+# --------------------------------------------------------------------------- grad mode across a break
+
+def breaks_inside_no_grad(x):
+    with torch.no_grad():
+        y = x * 2
+        print("inside", y.shape)
+        os.getpid()
+        z = y + 1
+    return z * x
+
+
+def test_a_break_inside_no_grad_resumes_inside_the_block_and_its_exit_restores_grad_mode(capsys):
+    compiled, graphs = _compile(breaks_inside_no_grad)
+    x = torch.randn(4, requires_grad=True)
+    expected = breaks_inside_no_grad(x)
+    report = _eager_frames_and_breaks(lambda: compiled(x))
+    result = compiled(x)
+    assert torch.is_grad_enabled()
+    torch.testing.assert_close(result, expected)
+    assert result.requires_grad and report.break_count == 1 and not report.eager_frames
+    result.sum().backward()
+    torch.testing.assert_close(x.grad, (x * 2 + 1).detach())
+
+
+def raises_inside_no_grad(x):
+    with torch.no_grad():
+        y = x * 2
+        os.kill(-4194303, 0)  # raises ProcessLookupError in Python, at the break
+        z = y + 1
+    return z
+
+
+def test_an_exception_at_a_break_inside_no_grad_still_restores_grad_mode():
+    compiled, _ = _compile(raises_inside_no_grad)
+    with pytest.raises(ProcessLookupError):
+        compiled(torch.randn(2))
+    assert torch.is_grad_enabled()
+
+
+def turns_grad_off(x):
+    torch.set_grad_enabled(False)
+    return x * 2
+
+
+def test_a_function_leaving_grad_mode_changed_leaves_it_changed_as_eager_does():
+    compiled, graphs = _compile(turns_grad_off)
+    x = torch.randn(2, requires_grad=True)
+    try:
+        result = compiled(x)
+        assert not torch.is_grad_enabled() and not result.requires_grad and len(graphs) == 1
+    finally:
+        torch.set_grad_enabled(True)

@@ -31,7 +31,7 @@ from kiln.frontend.variables.functions import (BoundMethodVariable, MethodDescri
                                                TorchFunctionVariable, UserFunctionVariable, is_torch_function)
 from kiln.frontend.variables.modules import ModuleVariable, PythonModuleVariable
 from kiln.frontend.variables.objects import ClassVariable, ContextVarVariable, UserObjectVariable
-from kiln.frontend.variables.torch_special import LoggerVariable
+from kiln.frontend.variables.torch_special import GradModeExit, GradModeExitVariable, LoggerVariable
 
 
 def _guard_identity(guards, source, value: Any) -> None:
@@ -173,6 +173,11 @@ def _logger(tx, value: logging.Logger | logging.LoggerAdapter, source, guards) -
     return LoggerVariable(value, source)
 
 
+def _grad_mode_exit(tx, value: GradModeExit, source, guards) -> Variable:
+    _guard_identity(guards, source, value)  # made by kiln, never changed: its identity pins `previous`
+    return GradModeExitVariable(value, source)
+
+
 def _user_object(tx, value: Any, source, guards) -> Variable:
     if guards is not None:
         guards.type_is(source, type(value))  # its attributes are guarded one by one as the trace reads them
@@ -216,6 +221,7 @@ KINDS = (
     (functools.partial, _partial),
     (contextvars.ContextVar, _context_var),
     ((logging.Logger, logging.LoggerAdapter), _logger),
+    (GradModeExit, _grad_mode_exit),
     (object, _user_object),
 )
 SOURCELESS_KINDS = ((list, _sourceless_list), (tuple, _sourceless_tuple),

@@ -261,6 +261,45 @@ class GradModeVariable(ContextManagerVariable):
             tx.output.set_grad_enabled(tx, self.previous.pop())
 
 
+class GradModeExit:
+    """The `__exit__` of a grad-mode `with` block a graph break left open: restores `previous`
+    (None: the exit of a block that changes nothing, `contextlib.nullcontext`).
+
+    A resume function continuing inside `with torch.no_grad():` finds it on its stack where
+    the block's `__exit__` was, so the block's normal end and its exception handler both
+    restore grad mode, as the original `__exit__` would.
+    """
+
+    __slots__ = ("previous",)
+
+    def __init__(self, previous: bool | None):
+        self.previous = previous
+
+    def __call__(self, exc_type=None, exc=None, traceback=None) -> bool:
+        if self.previous is not None:
+            torch._C._set_grad_enabled(self.previous)
+        return False
+
+
+class GradModeExitVariable(Variable):
+    def __init__(self, value: GradModeExit, source=None):
+        self.value = value
+        self.source = source
+
+    def describe(self) -> str:
+        return f"exit of a with-block left open by a graph break (restores grad mode {self.value.previous})"
+
+    def python_type(self) -> type:
+        return GradModeExit
+
+    def call(self, tx, args, kwargs) -> Variable:
+        if any(not (isinstance(arg, ConstantVariable) and arg.value is None) for arg in args):
+            raise Unsupported("a with-block exited by an exception")
+        if self.value.previous is not None:
+            tx.output.set_grad_enabled(tx, self.value.previous)
+        return ConstantVariable(False)
+
+
 class AutocastVariable(ContextManagerVariable):
     """torch.autocast(...): a region whose ops run in lower precision."""
 
