@@ -6,7 +6,10 @@ A program is a plain function registered with `@program(category, args=...)`:
   recorder) sees the same values, and a data-dependent branch goes the same way;
 - `category`: one of CATEGORIES (the report counts programs by it);
 - `name`: when one function is registered twice (a data-dependent branch taken one way,
-  then the other, by two argument factories).
+  then the other, by two argument factories);
+- `dynamo_recompiles`: why Dynamo traces this program again on its second call (a known
+  Dynamo limitation, kept as data: its self-check asserts that it still does). kiln is held
+  to the full checks all the same.
 
 A program where Dynamo gives up on a whole frame of the corpus (a graph break inside a
 `for` loop or inside a generator: Dynamo skips that frame and runs it eagerly) has a twin,
@@ -86,18 +89,21 @@ class BreakProgram:
     make_args: Callable[[], tuple]
     category: str
     twin: Callable | None = None
+    dynamo_recompiles: str | None = None
 
 
 PROGRAMS: list[BreakProgram] = []
 
 
-def program(category: str, args: Callable[[], tuple] | None = None, *, name: str | None = None):
+def program(category: str, args: Callable[[], tuple] | None = None, *, name: str | None = None,
+            dynamo_recompiles: str | None = None):
     """Register a corpus program (see the module docstring)."""
     if category not in CATEGORIES:
         raise ValueError(f"unknown category {category!r}")
 
     def register(fn):
-        PROGRAMS.append(BreakProgram(name or fn.__name__, fn, args or tensors((4, 3), (4, 3)), category))
+        PROGRAMS.append(BreakProgram(name or fn.__name__, fn, args or tensors((4, 3), (4, 3)), category,
+                                     dynamo_recompiles=dynamo_recompiles))
         return fn
 
     return register
@@ -176,27 +182,43 @@ def _saved(value):
 
 
 def reset_state() -> None:
-    """LOG, OUTPUT and every tracked global back to their initial values (containers, tensors and
-    objects in place: a guard may read their identity, and programs keep them in locals)."""
+    """LOG, OUTPUT and every tracked global back to their initial values, in place where they
+    are containers, tensors or objects (nested ones too): a guard may read their identity, and
+    programs keep them in locals."""
     LOG.clear()
     OUTPUT.clear()
     for namespace, name, initial in _TRACKED:
-        current = namespace.get(name)
-        if isinstance(current, list):
-            current[:] = copy.deepcopy(initial)
-        elif isinstance(current, dict):
-            current.clear()
-            current.update(copy.deepcopy(initial))
-        elif isinstance(current, torch.Tensor):
-            with torch.no_grad():
-                current.copy_(initial)
-        elif isinstance(current, torch.nn.Module) or _is_plain_object(current):
-            for key in [key for key in vars(current) if _compared_attribute(key)]:
+        current = namespace.get(name, _MISSING)
+        if isinstance(current, torch.nn.Module) or _is_plain_object(current):
+            for key in [key for key in vars(current) if _compared_attribute(key) and key not in initial]:
                 delattr(current, key)
-            for key, item in copy.deepcopy(initial).items():
-                setattr(current, key, item)
+            for key, value in initial.items():
+                setattr(current, key, _restored(getattr(current, key, _MISSING), value))
         else:
-            namespace[name] = copy.deepcopy(initial)
+            namespace[name] = _restored(current, initial)
+
+
+_MISSING = object()
+
+
+def _restored(current, initial):
+    """`current` made equal to `initial`: the same object where it is a list, dict or tensor of the
+    same kind (its items restored the same way), else a fresh copy of `initial`."""
+    if isinstance(current, list) and type(initial) is list:
+        kept = [_restored(old, new) for old, new in zip(current, initial)]
+        current[:] = kept + copy.deepcopy(initial[len(kept):])
+        return current
+    if isinstance(current, dict) and type(initial) is dict:
+        kept = {key: _restored(current.get(key, _MISSING), value) for key, value in initial.items()}
+        current.clear()
+        current.update(kept)
+        return current
+    if isinstance(current, torch.Tensor) and isinstance(initial, torch.Tensor) \
+            and (current.shape, current.dtype) == (initial.shape, initial.dtype):
+        with torch.no_grad():
+            current.copy_(initial)
+        return current
+    return copy.deepcopy(initial)
 
 
 def tracked_globals() -> dict:

@@ -32,8 +32,8 @@ import zlib
 import torch
 from torch import nn
 
-from tests.frontend.break_corpus_support import (LOG, BreakProgram, PROGRAMS, logger, program, scaled, seeded,
-                                                 signed, tensors, track_globals, twin_of)
+from tests.frontend.break_corpus_support import (LOG, BreakProgram, PROGRAMS, program, scaled, seeded, signed,
+                                                 tensors, track_globals, twin_of)
 
 
 def shifted(*centers, shape=(4, 3)):
@@ -47,10 +47,8 @@ def shifted(*centers, shape=(4, 3)):
 @program("unsupported_call")
 def perf_counter_between_ops(x, y):
     a = torch.sin(x) * y
-    start = time.perf_counter()
+    time.perf_counter()  # a value that changes every call, dropped: nothing may be guarded on it
     b = a.exp() + x
-    elapsed = time.perf_counter() - start
-    LOG.append(elapsed >= 0.0)
     return b * 2 - y
 
 
@@ -69,23 +67,17 @@ def getframe_has_a_caller(x, y):
     return a.softmax(dim=-1) * (2.0 if has_caller else 1.0)
 
 
-def _distinct_objects(*items):
-    return len(set(map(id, items)))
-
-
-def _same_object(first, second):
-    return id(first) == id(second)
-
-
 @program("unsupported_call")
-def id_dedups_tensors(x, y):
+def id_keyed_lookup_of_global_objects(x, y):
     a = x * 2
-    distinct = _distinct_objects(a, y, a, x)
-    same = _same_object(a, x)
-    return (a + y + x) * distinct + (1.0 if same else -1.0)
+    names = {id(SCALER): "scaler", id(CONFIG): "config"}
+    picked = names[id(CONFIG)]
+    distinct = len({id(SCALER), id(CONFIG), id(SCALER)})
+    return (a + y) * distinct * len(picked), picked
 
 
-@program("unsupported_call")
+@program("unsupported_call", dynamo_recompiles="the class is a new object every call: Dynamo's resume "
+                                              "function guards its identity")
 def class_defined_in_function(x, y):
     base = x.sigmoid()
 
@@ -149,7 +141,8 @@ def python_helper_walks_frames(x, y):
 def thread_ident_in_the_middle(x, y):
     a = x.abs().sqrt()
     ident = threading.get_ident()
-    LOG.append(ident == threading.get_ident())
+    same = ident == threading.get_ident()
+    LOG.append(same)
     return a + y * (1 if ident else 2)
 
 
@@ -435,7 +428,8 @@ def torch_equal_as_a_bool(x, y):
 @program("data_dependent")
 def str_of_a_tensor(x, y):
     a = (x * y).sum(dim=1).round(decimals=2)
-    LOG.append(str(a))
+    text = str(a)
+    LOG.append(text)
     return a.exp() + y.sum()
 
 
@@ -539,8 +533,8 @@ def unsupported_call_in_an_enumerate_loop(x, y):
     outs = []
     for i, t in enumerate((x, y, x + y)):
         u = t * (i + 1)
-        stamp = time.perf_counter()
-        outs.append(u.relu() if stamp > 0 else u)
+        pid = os.getpid()
+        outs.append(u.relu() if pid > 0 else u)
     return torch.stack(outs).sum(0)
 
 
@@ -549,14 +543,14 @@ def _unsupported_call_in_an_enumerate_loop_unrolled(x, y):
     outs = []
     items = (x, y, x + y)
     u = items[0] * 1
-    stamp = time.perf_counter()
-    outs.append(u.relu() if stamp > 0 else u)
+    pid = os.getpid()
+    outs.append(u.relu() if pid > 0 else u)
     u = items[1] * 2
-    stamp = time.perf_counter()
-    outs.append(u.relu() if stamp > 0 else u)
+    pid = os.getpid()
+    outs.append(u.relu() if pid > 0 else u)
     u = items[2] * 3
-    stamp = time.perf_counter()
-    outs.append(u.relu() if stamp > 0 else u)
+    pid = os.getpid()
+    outs.append(u.relu() if pid > 0 else u)
     return torch.stack(outs).sum(0)
 
 
@@ -785,7 +779,7 @@ class Scaler:
 
     @staticmethod
     def stamp(t):
-        return t + (1.0 if time.perf_counter() > 0 else 0.0)
+        return t + (1.0 if os.getpid() > 0 else 0.0)
 
     RATIO = 2.0
 
@@ -818,7 +812,8 @@ def break_in_a_closure(x, y):
     offset = y.mean()
 
     def shifted_log(t):
-        LOG.append(round((t + offset).sum().item(), 3))
+        value = round((t + offset).sum().item(), 3)
+        LOG.append(value)
         return t + offset
 
     a = shifted_log(x * 2)
@@ -872,14 +867,14 @@ class GatedBlock(nn.Module):
         return h.tanh()
 
 
-class LoggingBlock(nn.Module):
+class PrintingBlock(nn.Module):
     def __init__(self, width):
         super().__init__()
         self.linear = nn.Linear(width, width)
 
     def forward(self, x):
         h = self.linear(x)
-        logger.info("block output %s", h.abs().sum().round(decimals=3))
+        print("block output", h.abs().sum().round(decimals=3))
         return h * 2
 
 
@@ -943,7 +938,7 @@ class ListingBlock(nn.Module):
 GATED = seeded(1, lambda: GatedBlock(3))
 NESTED = seeded(2, lambda: Outer(3))
 STACK = seeded(3, lambda: BlockStack(3, 3))
-SEQUENTIAL = seeded(4, lambda: nn.Sequential(nn.Linear(3, 3), LoggingBlock(3), nn.ReLU(), nn.Linear(3, 3)))
+SEQUENTIAL = seeded(4, lambda: nn.Sequential(nn.Linear(3, 3), PrintingBlock(3), nn.ReLU(), nn.Linear(3, 3)))
 COUNTING = seeded(5, lambda: CountingBlock(3))
 LISTING = seeded(6, lambda: ListingBlock(3))
 
@@ -965,12 +960,12 @@ def break_in_each_block_of_a_module_list(x, y):
 
 
 @program("module")
-def logging_block_in_a_sequential(x, y):
+def printing_block_in_a_sequential(x, y):
     return SEQUENTIAL(x) - y
 
 
 @program("module")
-def module_attributes_stored_around_a_break(x, y):
+def module_forward_stores_attributes_around_a_break(x, y):
     out = COUNTING(x + y)
     return out * COUNTING.calls, COUNTING.calls, COUNTING.last_norm
 

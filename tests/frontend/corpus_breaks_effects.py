@@ -10,7 +10,7 @@ tests/frontend/test_break_corpus.py for the checks.
 """
 from __future__ import annotations
 
-import time
+import os
 
 import torch
 from torch import nn
@@ -20,7 +20,8 @@ from tests.frontend.break_corpus_support import LOG, logger, program, seeded, si
 
 def _noted(t):
     """A break in a helper: LOG gets the tensor's sum as a Python float."""
-    LOG.append(round(t.sum().item(), 3))
+    value = round(t.sum().item(), 3)
+    LOG.append(value)
     return t * 2
 
 
@@ -195,7 +196,8 @@ def break_inside_a_tuple_display(x, y):
 @program("stack_values")
 def item_inside_an_f_string(x, y):
     a = x * y
-    LOG.append(f"sum={a.sum().item():.3f} max={a.max().item():.3f} {tuple(a.shape)}")
+    text = f"sum={a.sum().item():.3f} max={a.max().item():.3f} {tuple(a.shape)}"
+    LOG.append(text)
     return a.relu() + y
 
 
@@ -258,7 +260,8 @@ TAGGED.note = "initial"
 TAGGED.seen = 0
 
 
-@program("side_effects")
+@program("side_effects", dynamo_recompiles="LOG.append is on the stack at the break: Dynamo's resume function "
+                                            "guards the bound method object, a new one every call")
 def log_before_between_and_after_a_break(x, y):
     LOG.append("start")
     a = x * y
@@ -566,8 +569,8 @@ def zip_of_a_generator_and_a_list(x, y):
     def produce():
         step = 0
         while True:
-            stamp = time.perf_counter()
-            yield x * step + (0.0 if stamp > 0 else 1.0)
+            pid = os.getpid()
+            yield x * step + (0.0 if pid > 0 else 1.0)
             step += 1
 
     pairs = [a * b for a, b in zip(produce(), [y, y * 2, y * 3])]
@@ -577,13 +580,13 @@ def zip_of_a_generator_and_a_list(x, y):
 @twin_of(zip_of_a_generator_and_a_list)
 def _zip_of_a_generator_and_a_list_inlined(x, y):
     others = [y, y * 2, y * 3]
-    stamp = time.perf_counter()
-    first = x * 0 + (0.0 if stamp > 0 else 1.0)
-    stamp = time.perf_counter()
-    second = x * 1 + (0.0 if stamp > 0 else 1.0)
-    stamp = time.perf_counter()
-    third = x * 2 + (0.0 if stamp > 0 else 1.0)
-    stamp = time.perf_counter()  # zip asks the generator once more before it sees the list end
+    pid = os.getpid()
+    first = x * 0 + (0.0 if pid > 0 else 1.0)
+    pid = os.getpid()
+    second = x * 1 + (0.0 if pid > 0 else 1.0)
+    pid = os.getpid()
+    third = x * 2 + (0.0 if pid > 0 else 1.0)
+    pid = os.getpid()  # zip asks the generator once more before it sees the list end
     pairs = [first * others[0], second * others[1], third * others[2]]
     return torch.stack(pairs).sum(0)
 
@@ -849,6 +852,7 @@ def input_returned_after_a_break(x, y):
 def list_argument_returned_after_a_break(x, items):
     items.append(x * 2)
     value = items[0].sum().item()
+    items.append(items[1] * value)
     items.append(round(value, 3))
     return items
 
@@ -858,6 +862,7 @@ def dict_argument_returned_after_a_break(x, named):
     named["scaled"] = named["base"] * x
     value = named["scaled"].mean().item()
     named["value"] = round(value, 3)
+    named["rescaled"] = named["scaled"] * value
     return named, named["base"]
 
 
@@ -865,7 +870,7 @@ def dict_argument_returned_after_a_break(x, named):
 def same_input_returned_twice(x, y):
     a = x * y
     print("between", round(a.sum().item(), 3))
-    return x, a, x, y
+    return x, a * 2, x, y
 
 
 @program("aliasing")

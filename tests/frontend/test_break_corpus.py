@@ -223,10 +223,15 @@ def check_dynamo(program: BreakProgram, expected: list[Run]) -> None:
     torch._dynamo.reset()
     for index, (actual, wanted) in enumerate(zip(runs, expected)):
         assert_same_run(actual, wanted, f"dynamo call {index + 1} vs eager")
-    assert seen["calls"][1] == seen["calls"][2], "Dynamo traced again on the second call"
-    assert len(graphs) == DYNAMO[program.name]["graph_count"], (len(graphs), DYNAMO[program.name])
+    if program.dynamo_recompiles:  # a known Dynamo limitation, kept true: kiln gets no such allowance
+        assert seen["calls"][1] != seen["calls"][2], f"Dynamo no longer recompiles: {program.dynamo_recompiles}"
+    else:
+        assert seen["calls"][1] == seen["calls"][2], "Dynamo traced again on the second call"
+    first_call_graphs = seen["calls"][1][1]
+    assert first_call_graphs == DYNAMO[program.name]["graph_count"], \
+        f"Dynamo made {first_call_graphs} graphs, the JSON says {DYNAMO[program.name]}: regenerate it"
     max_graphs, _ = dynamo_bound(program)
-    assert len(graphs) <= max_graphs
+    assert first_call_graphs <= max_graphs
 
 
 # ---------------------------------------------------------------- tests
