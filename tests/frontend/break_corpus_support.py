@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import logging
 import sys
 import types
@@ -119,6 +120,16 @@ def twin_of(fn: Callable):
         return twin
 
     return register
+
+
+def fingerprint(program: BreakProgram) -> str:
+    """A checksum of the program's source (its class's, for a module) and its twin's: the recorded
+    Dynamo counts belong to this text; a changed program must be recorded again."""
+    parts = []
+    for fn in (program.fn, program.twin):
+        if fn is not None:
+            parts.append(inspect.getsource(fn if inspect.isfunction(fn) else type(fn)))
+    return f"{zlib.crc32(''.join(parts).encode()):08x}"
 
 
 def fresh_args(program: BreakProgram) -> tuple:

@@ -3,10 +3,10 @@
     python -m tests.frontend.record_dynamo_breaks [--only NAME ...]
 
 For each program it runs `torch._dynamo.explain(fn)(*args)` (graphs compiled with the
-"eager" backend) on fresh state, the same arguments the test uses, and records:
-graph_count, graph_break_count, break reasons (first line and user location), and the
-frames of the corpus Dynamo skipped (ran eagerly, whole), with the reasons its graph-break
-log gives (Dynamo's own counters of frames tried and converted are kept too). Where it
+"eager" backend) on fresh state, the same arguments the test uses, and records: a checksum
+of its source, graph_count, graph_break_count, break reasons (first line and user location),
+and the frames of the corpus Dynamo skipped (ran eagerly, whole), with the reasons its
+graph-break log gives (Dynamo's own counters of frames tried and converted are kept too). Where it
 skipped one, the program's twin is recorded too, under "twin". The test reads
 results/break_corpus_dynamo.json; rerun this whenever a program or its arguments change, or
 torch is upgraded (`--only` updates the named programs and keeps the rest).
@@ -26,7 +26,7 @@ import warnings
 import torch
 
 from tests.frontend import corpus_breaks, corpus_breaks_effects  # noqa: F401  (they register the programs)
-from tests.frontend.break_corpus_support import PROGRAMS, STDOUT, BreakProgram, fresh_args, reset_state
+from tests.frontend.break_corpus_support import PROGRAMS, STDOUT, BreakProgram, fingerprint, fresh_args, reset_state
 
 RESULTS = os.path.join(os.path.dirname(__file__), "results", "break_corpus_dynamo.json")
 
@@ -93,16 +93,21 @@ def explain_once(fn, program: BreakProgram) -> dict:
 
 def record(program: BreakProgram) -> dict:
     try:
-        entry = explain_once(program.fn, program)
+        entry = {"source": fingerprint(program), **explain_once(program.fn, program)}
     except Exception as error:  # Dynamo itself failed: the test reports it; the program must change
         torch._dynamo.reset()
         reset_state()
-        return {"error": f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"}
+        return {"source": fingerprint(program),
+                "error": f"{type(error).__name__}: {str(error).strip().splitlines()[0][:300]}"}
     if entry["skipped_frames"] and program.twin is not None:
         entry["twin"] = explain_once(program.twin, program)
         if entry["twin"]["skipped_frames"]:
             print(f"warning: Dynamo skips a frame of {program.name}'s twin too", file=sys.stderr)
     return entry
+
+
+def _bound(entry: dict) -> dict:
+    return entry["twin"] if entry["skipped_frames"] and "twin" in entry else entry
 
 
 def main() -> None:
@@ -134,12 +139,18 @@ def main() -> None:
     names = [program.name for program in PROGRAMS]
     programs = {name: programs[name] for name in names if name in programs}
     document = {
-        "about": "torch._dynamo.explain on tests/frontend/corpus_breaks*.py (python -m tests.frontend.record_dynamo_breaks)",
+        "about": "torch._dynamo.explain on tests/frontend/corpus_breaks*.py "
+                 "(python -m tests.frontend.record_dynamo_breaks)",
         "torch": torch.__version__,
         "python": platform.python_version(),
         "date": datetime.date.today().isoformat(),
         "total_graphs": sum(entry.get("graph_count", 0) for entry in programs.values()),
         "total_breaks": sum(max(entry.get("graph_break_count", 0), 0) for entry in programs.values()),
+        "programs_with_a_skipped_frame": sum(1 for entry in programs.values() if entry.get("skipped_frames")),
+        # what kiln is held to: the twin's counts where Dynamo skips a frame of the program
+        "total_graphs_bound": sum(_bound(entry)["graph_count"] for entry in programs.values() if "error" not in entry),
+        "total_breaks_bound": sum(max(_bound(entry)["graph_break_count"], 0) for entry in programs.values()
+                                  if "error" not in entry),
         "programs": programs,
     }
     with open(RESULTS, "w") as file:

@@ -42,8 +42,8 @@ from kiln.frontend import compile_function
 from kiln.frontend import stats as frontend_stats
 from tests.frontend import corpus_breaks, corpus_breaks_effects  # noqa: F401  (they register the programs)
 from tests.frontend.break_corpus_support import (CATEGORIES, LOG, PROGRAMS, STDOUT, BreakProgram, assert_same,
-                                                 describe, fresh_args, identity_links, output_events, reset_state,
-                                                 tracked_globals)
+                                                 describe, fingerprint, fresh_args, identity_links, output_events,
+                                                 reset_state, tracked_globals)
 
 DYNAMO_RESULTS = Path(__file__).parent / "results" / "break_corpus_dynamo.json"
 FRONTEND = os.environ.get("TEST_BREAK_CORPUS_FRONTEND", "kiln")
@@ -104,6 +104,9 @@ def dynamo_bound(program: BreakProgram) -> tuple[int, int]:
     assert program.name in DYNAMO, (f"{program.name} is not in {DYNAMO_RESULTS.name}: regenerate it with "
                                     "`python -m tests.frontend.record_dynamo_breaks`")
     recorded = DYNAMO[program.name]
+    assert recorded["source"] == fingerprint(program), (f"{program.name} changed since Dynamo's counts were "
+                                                        "recorded: regenerate them (python -m "
+                                                        f"tests.frontend.record_dynamo_breaks --only {program.name})")
     assert "error" not in recorded, f"Dynamo fails on {program.name}: {recorded['error']}"
     if recorded["skipped_frames"]:
         assert "twin" in recorded, (f"Dynamo skips a frame of {program.name} ({recorded['skipped_frames']}) "
