@@ -763,14 +763,6 @@ def generator_sent_to_then_closed_before_a_break(x, y):
     return after * value + start, round(value, 3)
 
 
-@twin_of(generator_sent_to_then_closed_before_a_break)
-def _generator_sent_to_then_closed_before_a_break_inlined(x, y):
-    start = x * 1
-    after = start + y * 2
-    value = after.mean().item()
-    return after * value + start, round(value, 3)
-
-
 # ---------------------------------------------------------------- grad mode around a break
 
 
