@@ -312,6 +312,8 @@ class BoundMethodVariable(Variable):
     def reconstruct(self, codegen) -> str:
         if self.source is not None:
             return codegen.source(self.source)
+        if isinstance(self.function, MethodDescriptorVariable):  # a builtin's method: bound as Python binds it
+            return f"{codegen.value(self.bound_self)}.{self.function.name}"
         return f"{codegen.constant(types.MethodType)}({codegen.value(self.function)}, {codegen.value(self.bound_self)})"
 
     def python_type(self) -> type:
@@ -426,6 +428,11 @@ class TorchFunctionVariable(Variable):
         if name in ("__name__", "__qualname__", "__module__"):
             return ConstantVariable(getattr(self.fn, name))
         return tx.wrap_sourceless(getattr(self.fn, name))
+
+    def reconstruct(self, codegen) -> str:
+        if self.source is not None:
+            return codegen.source(self.source)
+        return codegen.constant(self.fn)
 
     def call(self, tx, args, kwargs) -> Variable:
         special = builder.call_handler(self.fn)

@@ -118,7 +118,12 @@ def _function(tx, value: types.FunctionType, source, guards) -> Variable:
 
 
 def _method(tx, value: types.MethodType, source, guards) -> Variable:
-    _guard_identity(guards, source, value)
+    if guards is not None and source is not None:  # a new object at each attribute read: guard what it binds
+        guards.type_is(source, types.MethodType)
+        guards.identity(AttrSource(source, "__func__"), value.__func__)
+        guards.identity(AttrSource(source, "__self__"), value.__self__)
+    else:
+        _guard_identity(guards, source, value)
     function = builder.wrap(tx, value.__func__, AttrSource(source, "__func__") if source else None, False)
     bound_self = builder.wrap(tx, value.__self__, AttrSource(source, "__self__") if source else None, False)
     return BoundMethodVariable(function, bound_self, source)
@@ -141,10 +146,14 @@ def _descriptor(tx, value: Any, source, guards) -> Variable:
 
 def _builtin_method(tx, value: types.BuiltinMethodType, source, guards) -> Variable:
     """A C function: a bound method of a receiver kiln can wrap (`"-".join`), else not modelled."""
-    _guard_identity(guards, source, value)
     receiver = value.__self__
     if receiver is None or isinstance(receiver, types.ModuleType):
+        _guard_identity(guards, source, value)
         return OpaqueFunctionVariable(value, source)
+    if guards is not None:  # a bound method is a new object at each attribute read: guard what it binds
+        guards.type_is(source, type(value))
+        guards.identity(AttrSource(source, "__self__"), receiver)
+        guards.value(AttrSource(source, "__name__"), value.__name__)
     # The method is guarded by identity, which pins its receiver: no guard of its own, but a source
     # (a graph break may need to pass it on).
     receiver_source = AttrSource(source, "__self__") if source is not None else None
