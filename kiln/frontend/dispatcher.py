@@ -22,6 +22,7 @@ import functools
 import inspect
 import logging
 import types
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -87,6 +88,9 @@ class GraphBreak:
     location: str
     frame: str  # the compiled function whose entry breaks
 
+
+# graph compiler -> the factory of its callees' dispatchers (Dispatcher.callee_factory)
+_callee_factories: "weakref.WeakKeyDictionary[Callable, Callable]" = weakref.WeakKeyDictionary()
 
 # Called with each GraphBreak and each (Dispatcher, CacheEntry) made (kiln.explain listens).
 break_listeners: list[Callable] = []
@@ -281,7 +285,7 @@ class Dispatcher:
         module's forward. A call there into a function that failed deeper is made through
         that function's own dispatcher, which breaks at the next level in turn.
         """
-        if not config.graph_breaks:
+        if not config.graph_breaks or not error.breakable:
             return None
         frames = list(reversed(error.frames))  # the compiled frame first
         if not frames or frames[0].parent is not None:
@@ -325,9 +329,14 @@ class Dispatcher:
             self._resumes[key] = dispatcher
         return dispatcher
 
-    def callee_dispatcher(self, target: Any) -> "Dispatcher":
-        """A function or module called at a graph break, compiled with this dispatcher's backend."""
-        return Dispatcher(target, self.graph_compiler)
+    def callee_factory(self) -> Callable:
+        """What makes the dispatcher of a function or module called at a graph break: one factory per
+        backend, so a callee reached from several frames is compiled (and cached) once."""
+        factory = _callee_factories.get(self.graph_compiler)
+        if factory is None:
+            factory = _callee_factories[self.graph_compiler] = functools.partial(Dispatcher,
+                                                                                   graph_compiler=self.graph_compiler)
+        return factory
 
     def _eager_entry(self, output: OutputGraph, error: Unsupported) -> CacheEntry:
         """An entry that runs the frame eagerly, guarded by what the trace read before it stopped."""
@@ -380,7 +389,7 @@ def capture_frame(output: OutputGraph, fn: types.FunctionType, signature: FrameS
     if broken is None:
         return output.finish(result, signature, code.co_name, grad_at_end=grad_at_end)
     call_name = output.named_source("__call_compiled", functools.partial(
-        resume.call_compiled, dispatcher.callee_dispatcher)).expr()
+        resume.call_compiled, dispatcher.callee_factory())).expr()
     tail = resume.break_tail(broken, dispatcher.resume_dispatcher, call_name)
     return output.finish(None, signature, code.co_name, tail, grad_at_end=grad_at_end)
 

@@ -13,11 +13,14 @@ from kiln.backend import KilnCompileError
 class Unsupported(Exception):
     """A construct the symbolic interpreter does not model (message says which)."""
 
-    def __init__(self, message: str):
+    def __init__(self, message: str, breakable: bool = True):
         super().__init__(message)
         self.message = message
         self.locations: list[str] = []  # innermost first: "file:line in function"
         self.frames: list = []  # the interpreter frames it left, innermost first (where a graph break can go)
+        # False for what must not run in Python from an entry function, whose frame is not the program's:
+        # warnings and log records (they name their caller's line), frame introspection.
+        self.breakable = breakable
 
     def add_location(self, location: str) -> None:
         if location not in self.locations:
@@ -29,6 +32,18 @@ class Unsupported(Exception):
         where = self.locations[0]
         stack = "".join(f"\n    called from {location}" for location in self.locations[1:])
         return f"{self.message}\n  at {where}{stack}"
+
+
+class unbreakable:
+    """`with unbreakable():` marks the Unsupported raised inside as one a graph break must not run in Python."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, traceback):
+        if isinstance(exc, Unsupported):
+            exc.breakable = False
+        return False
 
 
 class AttributeFailure(Unsupported):

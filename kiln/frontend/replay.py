@@ -59,7 +59,7 @@ def caller_location(tx, stacklevel: int, what: str) -> tuple[str, int, str, dict
     frame = tx.python_caller(max(stacklevel, 1) - 1)
     if frame is None:
         raise Unsupported(f"{what} with stacklevel={stacklevel} names a frame outside what kiln interpreted "
-                          "(the compiled function's caller, or nn.Module's call machinery)")
+                          "(the compiled function's caller, or nn.Module's call machinery)", breakable=False)
     return frame.code.co_filename, frame.lineno(), frame.code.co_name, frame.fn_globals
 
 

@@ -64,7 +64,11 @@ def wrap(tx: Tracer, value: Any, source: Source | None, guard: bool = True) -> V
     cached = output.wrapped.get(id(value))
     if cached is not None:
         if guards is not None:
-            guards.identity(source, value)
+            if cached.source is not None and cached.source != source:  # the same object as that one, whichever
+                guards.add(source, f"{{}} is not {cached.source.expr()}",
+                           f"no longer the same object as {cached.source.expr()}")
+            elif cached.source is None:
+                guards.identity(source, value)
         return cached
     variable = _first_made(_MAKERS, value, (tx, value, source, guards))
     if variable is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import types
 from typing import Any
 
@@ -443,6 +444,10 @@ class TorchFunctionVariable(Variable):
         return tx.output.call_tensor_op(tx, "call_function", self.fn, list(args), dict(kwargs))
 
 
+_FRAME_INTROSPECTION = frozenset(function for function in (sys._getframe, getattr(sys, "_getframemodulename", None))
+                                 if function is not None)
+
+
 class OpaqueFunctionVariable(Variable):
     """A C function kiln does not model (`time.perf_counter`, `os.getpid`): it can be held and
     passed around; calling it is unsupported (a graph break calls it in Python)."""
@@ -466,7 +471,9 @@ class OpaqueFunctionVariable(Variable):
         return codegen.constant(self.value)
 
     def call(self, tx, args, kwargs) -> Variable:
-        raise Unsupported(f"calling {self.describe()}, which kiln does not model")
+        # Frame introspection called from an entry function would see the entry's frame, not the program's.
+        raise Unsupported(f"calling {self.describe()}, which kiln does not model",
+                          breakable=self.value not in _FRAME_INTROSPECTION)
 
 
 def is_torch_function(value: Any) -> bool:

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 from kiln.frontend import replay
-from kiln.frontend.errors import Unsupported
+from kiln.frontend.errors import Unsupported, unbreakable
 from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import NONE, ConstantVariable, TrackerMethod, Variable
 from kiln.frontend.variables.functions import BoundMethodVariable
@@ -73,7 +73,15 @@ def _autocast(tx, args, kwargs):
 
 
 def _warn(tx, args, kwargs):
-    """warnings.warn(message, category=None, stacklevel=1, source=None, *, skip_file_prefixes=())."""
+    """warnings.warn(message, category=None, stacklevel=1, source=None, *, skip_file_prefixes=()).
+
+    A warning names its caller's line, so it never becomes a graph break (called from an entry
+    function it would name the entry's): what cannot be replayed runs the frame eagerly."""
+    with unbreakable():
+        return _replay_warning(tx, args, kwargs)
+
+
+def _replay_warning(tx, args, kwargs):
     parameters = _bind("warnings.warn", ("message", "category", "stacklevel", "source"), args, kwargs,
                        ("skip_file_prefixes",))
     message = parameters["message"]
@@ -405,7 +413,8 @@ class LoggerVariable(Variable):
         if name == "getEffectiveLevel":
             return self._guarded(tx, ".getEffectiveLevel()", self.value.getEffectiveLevel())
         if name in _LOG_LEVELS or name == "log":
-            return self.log_call(tx, name, args, kwargs)
+            with unbreakable():  # a record names its caller's line: never run from an entry function
+                return self.log_call(tx, name, args, kwargs)
         if self._library_method(name):
             held = [replay.snapshot(arg, f"{self.describe()}.{name}()") for arg in args]
             options = {key: replay.snapshot(arg, f"{self.describe()}.{name}()") for key, arg in kwargs.items()}
