@@ -26,7 +26,21 @@ log = logging.getLogger("kiln")
 
 LADDER = ("eager", "aot_eager", "kiln")
 
-__all__ = ["KilnCompileError", "LADDER", "compile_aten_graph", "compile_graph", "graph_compiler", "register"]
+# What names one graph, times its stages and writes its KILN_DEBUG dumps: `factory(gm)` returns an
+# object with `name`, `timings` ({stage: seconds}), `stage(name)` (a context manager that times one
+# stage), `write(filename, text)` and `finish()`. kiln.debug registers its GraphDump here when it is
+# imported (kiln/__init__.py imports it, so it is registered before anything compiles): debug
+# observes the pipeline without the pipeline importing the layer above it.
+_stage_recorder_factory: Callable | None = None
+
+
+def set_stage_recorder(factory: Callable) -> None:
+    """Register `factory(gm)`, the maker of each graph's stage recorder (kiln.debug's GraphDump.new)."""
+    global _stage_recorder_factory
+    _stage_recorder_factory = factory
+
+__all__ = ["KilnCompileError", "LADDER", "compile_aten_graph", "compile_graph", "graph_compiler", "register",
+           "set_stage_recorder"]
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str = "default",
@@ -60,11 +74,12 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
                        fullgraph: bool = False, inference: bool = False) -> Callable:
     """Compile one functional ATen graph (from kiln/aot) into kernels and a wrapper; with
     mode="reduce-overhead", an inference graph on CUDA replays through a CUDA graph."""
-    from kiln.debug import GraphDump
     from kiln.ir import IRVerificationError
     from kiln.runtime import cudagraphs
 
-    dump = GraphDump.new(gm)
+    if _stage_recorder_factory is None:
+        raise KilnCompileError("kiln.backend has no stage recorder: import kiln (kiln.debug registers it)")
+    dump = _stage_recorder_factory(gm)
     try:
         compiled = _compile_aten_graph(gm, example_inputs, dump, mode)
         if fullgraph and hasattr(compiled, "strict"):  # a kernel failing at its first launch raises too
