@@ -100,9 +100,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
 
 def _compile_aten_graph(gm, example_inputs, dump, mode):
     from kiln.codegen.backends import backend_for
-    from kiln.codegen.common import graph_device_type
     from kiln.codegen.wrapper import generate_wrapper
-    from kiln.ir import format_graph
+    from kiln.ir import format_graph, graph_device_type
     from kiln.lowering import apply_patterns, lower_graph
     from kiln.runtime.loader import load_module
     from kiln.schedule import schedule_graph
