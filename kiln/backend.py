@@ -2,12 +2,19 @@
 
 This is the `torch.compile` backend contract. The pipeline reads top to bottom:
 
-    aot (functionalize, decompose)  ->  lower (ATen -> LoopIR)  ->  schedule (fuse)
-    ->  codegen (Triton kernels + host wrapper)  ->  load (compile, cache)
+    aot_compile (kiln/aot: functionalize, decompose, joint forward/backward, partition)
+    ->  patterns (lowering/patterns.py: ATen graph -> ATen graph, oneDNN post-ops)
+    ->  lower (ATen -> LoopIR)  ->  schedule (fuse into kernels)
+    ->  optimize (schedule/passes.py, LoopIR -> LoopIR: reduce_strength, cse, loop_variables)
+    ->  plan_memory (schedule/memory.py)
+    ->  codegen (the device's KernelBackend from codegen/backends.py, and the wrapper)
+    ->  load (runtime/: compile and cache the kernels, load the module)
 
-Each stage is one named call; the names key the debug dumps and the timing report.
+Each stage after aot_compile is one named call in `_compile_aten_graph`; the names (and each
+optimize pass's) key the KILN_DEBUG dumps and the stage timings. `_check(stage, form)` verifies
+the LoopIR after lower, schedule and optimize (`config.verify_ir`; unset: under KILN_STRICT).
 A failure in any stage logs a warning and runs that graph eagerly, unless
-`fullgraph=True` or `KILN_STRICT=1`.
+`fullgraph=True` or `KILN_STRICT=1`. docs/design/backend.md describes each stage.
 """
 from __future__ import annotations
 
