@@ -12,7 +12,8 @@ This is the `torch.compile` backend contract. The pipeline reads top to bottom:
 
 Each stage after aot_compile is one named call in `_compile_aten_graph`; the names (and each
 optimize pass's) key the KILN_DEBUG dumps and the stage timings. `_check(stage, form)` verifies
-the LoopIR after lower, schedule and optimize (`config.verify_ir`; unset: under KILN_STRICT).
+the LoopIR after lower, split_reductions (inside schedule), schedule and optimize
+(`config.verify_ir`; unset: under KILN_STRICT).
 A failure in any stage logs a warning and runs that graph eagerly, unless
 `fullgraph=True` or `KILN_STRICT=1`. docs/design/backend.md describes each stage.
 """
@@ -125,7 +126,7 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
     dump.write("loopir_before_fusion.txt", format_graph(graph))
     _check("lower", graph)
     with dump.stage("schedule"):
-        scheduled = schedule_graph(graph, backend_for(graph_device_type(graph)).loop_dependent_ops())
+        scheduled = schedule_graph(graph, backend_for(graph_device_type(graph)).loop_dependent_ops(), check=_check)
     dump.write("loopir_after_fusion.txt", scheduled.format())
     _check("schedule", scheduled)
     scheduled = optimize(scheduled, dump)  # LoopIR -> LoopIR passes, each dumped and timed
@@ -148,7 +149,9 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
 
 def _check(stage: str, form) -> None:
     """Verify the LoopIR `form` (a Graph or a ScheduledGraph) a stage made, when `config.verify_ir`
-    says so (unset: under strict); an IRVerificationError names the stage, the node, the op, the problem."""
+    says so (unset: under strict); an IRVerificationError names the stage, the node, the op, the problem.
+    The one place the pipeline verifies: after lower, split_reductions (inside schedule), schedule and
+    optimize."""
     from kiln.ir import Graph, verify
     from kiln.schedule import verify_scheduled
 
