@@ -47,6 +47,7 @@ def set_stage_recorder(factory: Callable) -> None:
     global _stage_recorder_factory
     _stage_recorder_factory = factory
 
+
 __all__ = ["KilnCompileError", "LADDER", "compile_aten_graph", "compile_graph", "graph_compiler", "register",
            "set_stage_recorder"]
 
