@@ -82,8 +82,9 @@ def tensor_metadata_checker(tensors: list, names: list[str]):
 def storage_ids(*tensors) -> list[int]:
     """An identity of each tensor's storage (its StorageImpl's address, `untyped_storage()._cdata`):
     equal exactly when two tensors share one storage, whatever their offsets, views or sizes
-    (two empty tensors differ, unlike their data pointers). About 0.15 us a tensor, a quarter
-    of `untyped_storage().data_ptr()`. kiln's frontend guards check with it that inputs the
+    (two empty tensors differ, unlike their data pointers), and cheaper than
+    `untyped_storage().data_ptr()` (see benchmarks/results/2026-12-02_docstring-measurements.md).
+    kiln's frontend guards check with it that inputs the
     graph mutates share storage as in the trace."""
     return [tensor.untyped_storage()._cdata for tensor in tensors]
 

@@ -2,12 +2,20 @@
 
 This is the `torch.compile` backend contract. The pipeline reads top to bottom:
 
-    aot (functionalize, decompose)  ->  lower (ATen -> LoopIR)  ->  schedule (fuse)
-    ->  codegen (Triton kernels + host wrapper)  ->  load (compile, cache)
+    aot_compile (kiln/aot: functionalize, decompose, joint forward/backward, partition)
+    ->  patterns (lowering/patterns.py: ATen graph -> ATen graph, oneDNN post-ops)
+    ->  lower (ATen -> LoopIR)  ->  schedule (fuse into kernels)
+    ->  optimize (schedule/passes.py, LoopIR -> LoopIR: reduce_strength, cse, loop_variables)
+    ->  plan_memory (schedule/memory.py)
+    ->  codegen (the device's KernelBackend from codegen/backends.py, and the wrapper)
+    ->  load (runtime/: compile and cache the kernels, load the module)
 
-Each stage is one named call; the names key the debug dumps and the timing report.
+Each stage after aot_compile is one named call in `_compile_aten_graph`; the names (and each
+optimize pass's) key the KILN_DEBUG dumps and the stage timings. `_check(stage, form)` verifies
+the LoopIR after lower, split_reductions (inside schedule), schedule and optimize
+(`config.verify_ir`; unset: under KILN_STRICT).
 A failure in any stage logs a warning and runs that graph eagerly, unless
-`fullgraph=True` or `KILN_STRICT=1`.
+`fullgraph=True` or `KILN_STRICT=1`. docs/design/backend.md describes each stage.
 """
 from __future__ import annotations
 
@@ -26,7 +34,22 @@ log = logging.getLogger("kiln")
 
 LADDER = ("eager", "aot_eager", "kiln")
 
-__all__ = ["KilnCompileError", "LADDER", "compile_aten_graph", "compile_graph", "graph_compiler", "register"]
+# What names one graph, times its stages and writes its KILN_DEBUG dumps: `factory(gm)` returns an
+# object with `name`, `timings` ({stage: seconds}), `stage(name)` (a context manager that times one
+# stage), `write(filename, text)` and `finish()`. kiln.debug registers its GraphDump here when it is
+# imported (kiln/__init__.py imports it, so it is registered before anything compiles): debug
+# observes the pipeline without the pipeline importing the layer above it.
+_stage_recorder_factory: Callable | None = None
+
+
+def set_stage_recorder(factory: Callable) -> None:
+    """Register `factory(gm)`, the maker of each graph's stage recorder (kiln.debug's GraphDump.new)."""
+    global _stage_recorder_factory
+    _stage_recorder_factory = factory
+
+
+__all__ = ["KilnCompileError", "LADDER", "compile_aten_graph", "compile_graph", "graph_compiler", "register",
+           "set_stage_recorder"]
 
 
 def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str = "default",
@@ -60,11 +83,12 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
                        fullgraph: bool = False, inference: bool = False) -> Callable:
     """Compile one functional ATen graph (from kiln/aot) into kernels and a wrapper; with
     mode="reduce-overhead", an inference graph on CUDA replays through a CUDA graph."""
-    from kiln.debug import GraphDump
     from kiln.ir import IRVerificationError
     from kiln.runtime import cudagraphs
 
-    dump = GraphDump.new(gm)
+    if _stage_recorder_factory is None:
+        raise KilnCompileError("kiln.backend has no stage recorder: import kiln (kiln.debug registers it)")
+    dump = _stage_recorder_factory(gm)
     try:
         compiled = _compile_aten_graph(gm, example_inputs, dump, mode)
         if fullgraph and hasattr(compiled, "strict"):  # a kernel failing at its first launch raises too
@@ -85,9 +109,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
 
 def _compile_aten_graph(gm, example_inputs, dump, mode):
     from kiln.codegen.backends import backend_for
-    from kiln.codegen.common import graph_device_type
     from kiln.codegen.wrapper import generate_wrapper
-    from kiln.ir import format_graph
+    from kiln.ir import format_graph, graph_device_type
     from kiln.lowering import apply_patterns, lower_graph
     from kiln.runtime.loader import load_module
     from kiln.schedule import schedule_graph
@@ -104,7 +127,7 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
     dump.write("loopir_before_fusion.txt", format_graph(graph))
     _check("lower", graph)
     with dump.stage("schedule"):
-        scheduled = schedule_graph(graph, backend_for(graph_device_type(graph)).loop_dependent_ops())
+        scheduled = schedule_graph(graph, backend_for(graph_device_type(graph)).loop_dependent_ops(), check=_check)
     dump.write("loopir_after_fusion.txt", scheduled.format())
     _check("schedule", scheduled)
     scheduled = optimize(scheduled, dump)  # LoopIR -> LoopIR passes, each dumped and timed
@@ -127,7 +150,9 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
 
 def _check(stage: str, form) -> None:
     """Verify the LoopIR `form` (a Graph or a ScheduledGraph) a stage made, when `config.verify_ir`
-    says so (unset: under strict); an IRVerificationError names the stage, the node, the op, the problem."""
+    says so (unset: under strict); an IRVerificationError names the stage, the node, the op, the problem.
+    The one place the pipeline verifies: after lower, split_reductions (inside schedule), schedule and
+    optimize."""
     from kiln.ir import Graph, verify
     from kiln.schedule import verify_scheduled
 

@@ -5,7 +5,6 @@
   kernel's text names a buffer, so identical kernels share one compiled artifact);
 - `kernel_ranges`: a scheduled kernel's loop variables (x<k> rows, r<k> columns) -> their extents;
 - `reduction_identity`: which value a reduction's accumulator starts from, for a backend to spell;
-- `graph_device_type`: the device type whose backend runs a graph's kernels;
 - `KernelBackend`: what a backend implements. kiln/codegen/backends.py registers one per device
   type (docs/design/backends.md).
 """
@@ -42,14 +41,6 @@ def kernel_ranges(kernel) -> dict:
     ranges = {index_var("x", k): size for k, size in enumerate(kernel.row_ranges)}
     ranges.update({index_var("r", k): size for k, size in enumerate(kernel.col_ranges)})
     return ranges
-
-
-def graph_device_type(graph: Graph) -> str:
-    """The device type whose backend runs `graph`: cuda when any of its buffers is on a CUDA device, else cpu."""
-    for buffer in graph.buffers.values():
-        if buffer.device.type == "cuda":
-            return "cuda"
-    return "cpu"
 
 
 @dataclass

@@ -74,7 +74,8 @@ template <typename T> static inline bool kiln_signbit(T value) { return value < 
 // exp in double over 4.4e8 floats in [-104, 89]: at most 1.01 ulp (Sleef's expf_u10, which
 // eager uses, promises 1.0). NaN gives NaN, -inf 0, +inf inf.
 // The clamp is a max and a min, and k's integer is read from the shifted sum's low bits rather
-// than converted: softmax's exp loop has 31 instructions instead of 38, its 2048^2 kernel 1.51 -> 1.34 ms.
+// than converted: softmax's exp loop has 31 instructions instead of 38 (its kernel time: see
+// benchmarks/results/2026-12-02_docstring-measurements.md).
 static inline float kiln_float_from_bits(int32_t bits) {
     float value;
     std::memcpy(&value, &bits, 4);
@@ -115,9 +116,8 @@ static inline double kiln_exp(double x) { return std::exp(x); }
 // absolute error at most 2.5e-7, relative error at most 1.2e-5 where Phi >= 1e-3. Eager's gelu uses
 // Abramowitz-Stegun 7.1.26 for erf (Inductor's too); on 1.9e7 points kiln's gelu is closer to
 // float64 than eager's in max absolute error (3.8e-7 vs 1.3e-6), max error / |x| (2.5e-7 vs 3.8e-7)
-// and max relative error where |gelu| > 1e-3 (2.2e-5 vs 1.0e-3). gelu(x + b) on 2048^2, timed in
-// one process (2-core EPYC): 1.36 ms, against 1.57 ms for torch.compile (kiln with libmvec's erf:
-// 1.62 ms).
+// and max relative error where |gelu| > 1e-3 (2.2e-5 vs 1.0e-3). It is also quicker than libmvec's
+// erf (timings: see benchmarks/results/2026-12-02_docstring-measurements.md).
 static inline float kiln_normal_cdf(float x) {
     float z = x * -0x1.6a09e6p-1f;
     float a = std::fabs(z);

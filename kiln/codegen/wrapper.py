@@ -15,10 +15,10 @@ import torch
 
 from kiln import _torch
 from kiln.codegen.backends import backend_for
-from kiln.codegen.common import KernelBackend, graph_device_type
+from kiln.codegen.common import KernelBackend
 from kiln.codegen.printing import expr_to_source
 from kiln.codegen.triton import INDEX_STATUS, KernelSource
-from kiln.ir import Extern, TensorArg
+from kiln.ir import Extern, TensorArg, graph_device_type
 from kiln.ir.kernel import Kernel, ScheduledGraph
 from kiln.ir.memory_plan import ALLOCATED_BY_WRAPPER, HUGE, SCRATCH, MemoryPlan
 

@@ -229,6 +229,14 @@ class Graph:
         return {output: node for node in self.nodes for output in node.outputs}
 
 
+def graph_device_type(graph: Graph) -> str:
+    """The device type whose backend runs `graph`: cuda when any of its buffers is on a CUDA device, else cpu."""
+    for buffer in graph.buffers.values():
+        if buffer.device.type == "cuda":
+            return "cuda"
+    return "cpu"
+
+
 def indirect_symbol(value: int) -> sympy.Symbol:
     return sympy.Symbol(f"ind{value}", integer=True)
 

@@ -16,7 +16,7 @@ import sympy
 import torch
 
 from kiln import _torch
-from kiln.ir import FloorDiv, Graph, GraphInput, TensorArg, verify
+from kiln.ir import FloorDiv, Graph, GraphInput, TensorArg
 # imported to register their rules
 from kiln.lowering import creation, effects, indexing, matmul, pointwise, reductions, views  # noqa: F401
 from kiln.lowering.context import (BufferValue, LoweringContext, TensorValue, Unsupported, layout_of,
@@ -25,6 +25,7 @@ from kiln.lowering.patterns import apply_patterns  # noqa: F401  (run on the ATe
 
 
 def lower_graph(gm: torch.fx.GraphModule, example_inputs) -> Graph:
+    """The LoopIR graph of `gm`. kiln/backend.py verifies it (`_check("lower", graph)`)."""
     graph = Graph()
     ctx = LoweringContext(graph)
     values = ctx.values
@@ -41,7 +42,6 @@ def lower_graph(gm: torch.fx.GraphModule, example_inputs) -> Graph:
         else:
             raise Unsupported(f"FX node kind {fx_node.op}")
     graph.lowered_ops, graph.extern_ops = ctx.lowered_ops, ctx.extern_ops
-    verify(graph)
     return graph
 
 

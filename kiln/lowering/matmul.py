@@ -1,18 +1,20 @@
 """Matrix products: externs (cuBLAS beats generated code), laid out for cuBLAS's fast paths.
 
 A product whose output rows are not a multiple of 16 bytes long (GPT-2's LM head:
-50257 columns) makes cuBLAS fall back to slow unaligned kernels (measured on an
-H200: 3.3 ms instead of 0.45 ms for [4096, 768] x [768, 50257] in bf16). kiln
-allocates such an output with its row stride rounded up and calls the op's `out=`
-variant, which writes rows at that stride: the same values, an aligned layout.
+50257 columns) makes cuBLAS fall back to slow unaligned kernels, several times slower
+(see benchmarks/results/2026-12-02_docstring-measurements.md). kiln allocates such an
+output with its row stride rounded up and calls the op's `out=` variant, which writes rows
+at that stride: the same values, an aligned layout.
 Consumers read buffers through their strides, so nothing else changes.
 
 Padding the output alone was not enough: the profile of GPT-2 on the H200 still showed an
-align1 CUTLASS kernel for the LM head (3.36 ms against Inductor's 0.45 ms), because the
-product's N (50257) stays odd. So on CUDA, a half-precision product with N not a multiple
-of 8 computes with N rounded up: kiln writes the second operand into a buffer with zero
-columns added (one pointwise kernel; under autocast it is the bf16 cast kiln writes anyway),
-multiplies into an output of N_pad columns and reads its first N (`pad_product_columns`).
+align1 CUTLASS kernel for the LM head, far slower than Inductor's (see
+benchmarks/results/2026-11-30_gpt2-profile_nvidia-h200.tgz, p/profile_gpt2_kiln.txt against
+p/profile_gpt2_inductor.txt), because the product's N (50257) stays odd. So on CUDA, a
+half-precision product with N not a multiple of 8 computes with N rounded up: kiln writes the
+second operand into a buffer with zero columns added (one pointwise kernel; under autocast it is
+the bf16 cast kiln writes anyway), multiplies into an output of N_pad columns and reads its first
+N (`pad_product_columns`).
 
 On the CPU, a product's output of static size is also allocated by kiln and passed as
 `out=` (with the scratch block on, config.cpu_scratch_arena): an intermediate then lives
@@ -22,11 +24,10 @@ each call's first write.
 
 fp32 CPU products go to oneDNN's linear (`mkldnn::_linear_pointwise`, with the bias when
 addmm has one; config.cpu_gemm='aten' turns it off). aten.mm calls MKL's sgemm, and on the
-2-core AMD EPYC of our CPU benchmarks oneDNN's kernels were faster at every model shape
-(in one process, 2026-11-30: [512,512]x[512,1376] 3.44 vs 4.32 ms, Llama's LM head
-[512,512]x[512,8192] 21.2 vs 26.6 ms, [512,512]x[512,256] 0.62 vs 0.66 ms), with the
-weight read as it is stored, no packing and no cache. Its sums run in another order: the
-relative RMS error against float64 was 4.1e-7 against MKL's 2.4e-7 (K = 512). It takes no
+2-core AMD EPYC of our CPU benchmarks oneDNN's kernels were faster at every model shape, with
+the weight read as it is stored, no packing and no cache. Its sums run in another order: its
+error against float64 is somewhat larger than MKL's (both measurements: see
+benchmarks/results/2026-12-02_docstring-measurements.md). It takes no
 `out=`, so its outputs are allocated per call, not in the scratch block.
 
 A product's only elementwise consumer (gelu, silu, or a product with a tensor of its

@@ -342,9 +342,8 @@ def gelu(ctx, node, x, approximate="none"):
         if meta.device.type == "cuda":
             # Eager's CUDA kernel's formula, op for op: (x * 0.5) * (1 + erf(x * M_SQRT1_2)), so its exact
             # zeros (erf rounds to -1) are eager's. (Not bit-identical everywhere: on the H200 some elements
-            # differ in the last place, from erff's build, 2026-12-01.) It is also the fast form: erfc with a
-            # cutoff ran gelu(x + b) at 0.45 of the copy ceiling on the H200, this at 0.63 (hand-written
-            # Triton, 65536x4096 bf16), and kiln's kernel at 0.66 (do_bench, 2026-12-01).
+            # differ in the last place, from erff's build, 2026-12-01.) It is also the fast form, quicker
+            # on the H200 than erfc with a cutoff (see benchmarks/results/2026-12-02_docstring-measurements.md).
             erf = op("erf", op("mul", v, const(math.sqrt(0.5))))
             return op("mul", op("mul", v, const(0.5)), op("add", const(1.0), erf))
         # x * Phi(x): the same value as 0.5 x (1 + erf(x / sqrt 2)), with no cancellation for x < 0, except

@@ -2,17 +2,17 @@
 
 A fresh CPU buffer of many megabytes comes from the kernel as untouched 4 KiB
 pages; the first write to each page faults, and on a virtual machine those faults
-cost more than the arithmetic: 64 MiB written by `torch.empty(...).fill_(1)`
-took 18 ms on the 2-core benchmark machine, and 4.5 ms once the range was
-advised MADV_HUGEPAGE (2 MiB pages, 512 times fewer faults). Linux's default
+cost more than the arithmetic. A range advised MADV_HUGEPAGE takes 2 MiB pages, 512 times
+fewer faults, and a first write to it is several times quicker (see
+benchmarks/results/2026-12-02_docstring-measurements.md). Linux's default
 transparent-huge-page mode, "madvise", only gives huge pages to ranges that ask.
 
 Only large, untouched memory. Below glibc's largest mmap threshold (32 MiB) a buffer may
 come back from its heap already faulted in (a model's buffers are reused call after call):
 advising such ranges made Linux's khugepaged collapse them in the background, and with a
-4 MiB threshold the C++ kernel benchmarks ran slower in 2 of 3 processes (layer_norm
-2048 x 2048: medians of 1.9 ms against 1.05 ms with 32 MiB; benchmarks/results/
-2026-11-30_cpu-final-rounds3-c and -kernels-32mib-check). So `empty_strided_huge` serves
+4 MiB threshold the C++ kernel benchmarks ran slower (layer_norm 2048 x 2048: see
+benchmarks/results/2026-11-30_cpu-final-rounds3-c_amd-epyc-2core.md, with 4 MiB, against
+2026-11-30_cpu-kernels-32mib-check_amd-epyc-2core.md, with 32 MiB). So `empty_strided_huge` serves
 CPU buffers of at least `config.cpu_huge_pages_min_bytes` (32 MiB), and also asks `mincore`
 whether the first whole 2 MiB page is resident: only an untouched range is advised, with
 one `madvise` over the whole 2 MiB pages inside the buffer, before anything touches them.

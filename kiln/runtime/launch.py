@@ -10,14 +10,12 @@ being 1, its divisibility by 16 and whether it needs 64 bits) call the compiled
 kernel's launcher directly. A changed property takes Triton's path again, so a
 kernel is never run with a specialization its arguments do not satisfy.
 
-On by default (`KILN_FAST_LAUNCH=0` turns it off). Until 2026-11-30 it checked
-`launch_enter_hook is None`, which Triton 3.6 never is (an empty hook chain), so every
-launch took Triton's path. Its direct path was first run on an H200 at 3137f32 (triton 3.6):
-the kernel smoke check (14 cases, fp32 and bf16, and CUDA-graph Llama and ResNet-18)
-matched eager with it; 8 launch-bound row sums took 19.3 us per call against 23.7 through
-Triton; BERT 8x512 inference 5.63 ms (8.15 without it, an earlier process), with accuracy
-checked (benchmarks/results/2026-11-30_gpu-fast-launch-3137f32_nvidia-h200.md). On CPU the
-tests check it with a stand-in kernel.
+On by default (`KILN_FAST_LAUNCH=0` turns it off). Triton 3.6's `launch_enter_hook` is an
+empty hook chain, never None, so the direct path asks whether a chain holds hooks, and a
+launch with a profiler's hooks set takes Triton's path. Its first check on a GPU and what it
+saves per launch and per model: see benchmarks/results/2026-11-30_gpu-fast-launch-3137f32_nvidia-h200.md
+and benchmarks/results/2026-12-02_docstring-measurements.md. On CPU the tests check it with a
+stand-in kernel.
 
 Triton compiles a kernel at its first launch (for each specialization), inside the user's
 call, after the graph's own compile-time fallback has run. So a launcher turns a failure

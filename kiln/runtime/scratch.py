@@ -2,8 +2,8 @@
 
 On the CPU every `torch.empty` of a large buffer is a malloc, and glibc hands large blocks
 back to the kernel (munmap, heap trim) and takes them again: the next call's first writes
-page-fault. A 4-layer BERT under kiln took 1,438 minor faults per call that way; with the
-block, 0 to 6, and its C++ kernels 2.0 ms per call instead of 3.2. The memory plan
+page-fault, on every call (a 4-layer BERT's faults per call and kernel time with and without
+the block: see benchmarks/results/2026-12-02_docstring-measurements.md). The memory plan
 (kiln/schedule/memory.py, `plan_offsets`) instead places the intermediates that the wrapper
 allocates (kernel outputs and `out=` extern outputs, of static size, that no graph output
 aliases) at offsets of one block planned from their lifetimes, so buffers whose lifetimes do

@@ -26,14 +26,15 @@ from kiln.schedule.split import split_reductions
 from kiln.schedule.verify import verify_scheduled
 
 
-def schedule_graph(graph, loop_dependent_ops: frozenset = frozenset()) -> ScheduledGraph:
+def schedule_graph(graph, loop_dependent_ops: frozenset = frozenset(), check=None) -> ScheduledGraph:
     """`loop_dependent_ops`: ops whose value the backend may compute differently in two loops
-    (the KernelBackend's `loop_dependent_ops`, kiln/codegen/common.py); a body using them is computed once."""
-    from kiln.ir import verify
-
+    (the KernelBackend's `loop_dependent_ops`, kiln/codegen/common.py); a body using them is computed once.
+    `check(stage, form)` (kiln/backend.py's `_check`, which decides whether to verify) is called on the
+    graph after split_reductions; the caller checks the scheduled form it returns."""
     inlined = inline_pointwise(graph, loop_dependent_ops)
     split = split_reductions(inlined)
-    verify(split, "split_reductions")
+    if check is not None:
+        check("split_reductions", split)
     return group_kernels(split)
 
 

@@ -29,7 +29,7 @@ import sympy
 import torch
 
 from kiln.config import config
-from kiln.ir import TensorArg
+from kiln.ir import TensorArg, graph_device_type
 from kiln.ir.nodes import dtype_name
 from kiln.ir.kernel import Kernel, ScheduledGraph
 from kiln.ir.memory_plan import (ALLOCATED_BY_WRAPPER, EMPTY, HUGE, RETURNED, SCRATCH, VIEW, Allocation,
@@ -41,10 +41,10 @@ MAX_COMPARED_PEAKS = 32  # distinct symbolic live-byte expressions the peak is s
 
 def plan_memory(scheduled: ScheduledGraph, device_type: str | None = None) -> MemoryPlan:
     """The memory plan of `scheduled`; `device_type` ("cpu" or "cuda") defaults to the graph's
-    (cuda when any buffer is on a GPU)."""
+    (`graph_device_type`: cuda when any buffer is on a GPU)."""
     graph = scheduled.graph
     if device_type is None:
-        device_type = "cuda" if any(buffer.device.type == "cuda" for buffer in graph.buffers.values()) else "cpu"
+        device_type = graph_device_type(graph)
     last_use = last_uses(scheduled)
     scratch, scratch_slots = _plan_scratch(scheduled, last_use, device_type)
     steps = []

@@ -404,9 +404,8 @@ def test_a_vector_math_value_is_computed_once_for_all_its_loops(op):
 
 def test_loop_dependent_ops_are_only_the_cpp_backends():
     from kiln.codegen.backends import backend_for
-    from kiln.codegen.common import graph_device_type
     from kiln.codegen.cpp import VECTOR_MATH_OPS
-    from kiln.ir import Buffer, Graph
+    from kiln.ir import Buffer, Graph, graph_device_type
     from kiln.ir.nodes import Layout
     from kiln.ir.ops import OPS
 

@@ -26,11 +26,11 @@ import kiln.testing
 from kiln.backend import compile_graph
 from kiln.codegen.wrapper import generate_wrapper
 from kiln.schedule.memory import plan_memory
-from kiln.ir import Body, Buffer, Graph, GraphInput, Layout, Pointwise, TensorArg
+from kiln.ir import Body, Buffer, Graph, GraphInput, Layout, Pointwise, TensorArg, verify
 from kiln.ir.nodes import ALL_OPS, BINARY_OPS, OTHER_OPS, UNARY_OPS
 from kiln.lowering.context import compute_dtype_for
 from kiln.runtime.loader import load_module
-from kiln.schedule import schedule_graph
+from kiln.schedule import schedule_graph, verify_scheduled
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int32, torch.int64, torch.int16, torch.int8,
           torch.uint8, torch.bool]
@@ -176,7 +176,9 @@ class _GraphBuilder:
 
     def run(self, backend: str) -> tuple:
         with kiln.config.patch(cpu_backend=backend, strict=True):
+            verify(self.graph, "op_sweep")  # the hand-built graph, as the pipeline's _check would
             scheduled = schedule_graph(self.graph)
+            verify_scheduled(scheduled, "schedule")
             module = load_module(generate_wrapper(scheduled, plan_memory(scheduled)))
             assert module.kernel_count >= 1 and module.extern_count == 0
             return module(list(self.arguments))

@@ -167,8 +167,8 @@ def test_kernel_order_respects_dependencies_and_roles_fit():
 
 @pytest.mark.parametrize("program", PROGRAMS, ids=lambda program: program.name)
 def test_golden_programs_verify_at_every_stage(program, monkeypatch):
-    """Each golden program's graphs, after lowering, after scheduling and after the LoopIR passes
-    (kiln/backend.py `_check`)."""
+    """Each golden program's graphs, after lowering, after split_reductions, after scheduling and after
+    the LoopIR passes (kiln/backend.py `_check`)."""
     import kiln.backend
 
     checked = []
@@ -181,5 +181,59 @@ def test_golden_programs_verify_at_every_stage(program, monkeypatch):
 
     monkeypatch.setattr(kiln.backend, "_check", recording_check)
     render_program(program, "cpp")
-    assert checked and set(checked) == {"lower", "schedule", "optimize"}
-    assert checked.count("lower") == checked.count("schedule") == checked.count("optimize")
+    assert checked and set(checked) == {"lower", "split_reductions", "schedule", "optimize"}
+    assert len({checked.count(stage) for stage in set(checked)}) == 1  # each stage once per graph
+
+
+def _broken_graph(graph: Graph) -> Graph:
+    """`graph` with an output no node writes."""
+    layout = graph.buffers[next(iter(graph.buffers))].layout
+    graph.outputs.append(TensorArg("never_written", layout))
+    return graph
+
+
+def _broken_scheduled(scheduled):
+    """`scheduled` with its first kernel run twice."""
+    kernel = scheduled.kernels[0]
+    scheduled.steps.append(dataclasses.replace(kernel, name=f"{kernel.name}_twin"))
+    return scheduled
+
+
+def _breaking(run, breaker):
+    return lambda *args, **kwargs: breaker(run(*args, **kwargs))
+
+
+@pytest.mark.parametrize("stage", ["lower", "split_reductions", "schedule", "optimize"])
+def test_a_stage_that_makes_a_malformed_form_is_named(stage, monkeypatch):
+    """The pipeline verifies each stage's form in one place (kiln/backend.py `_check`): a stage that
+    breaks its form raises an IRVerificationError naming that stage, under config.verify_ir."""
+    import kiln.backend
+    import kiln.lowering
+    import kiln.schedule
+    import kiln.schedule.passes
+
+    module, name, breaker = {
+        "lower": (kiln.lowering, "lower_graph", _broken_graph),
+        "split_reductions": (kiln.schedule, "split_reductions", _broken_graph),
+        "schedule": (kiln.schedule, "schedule_graph", _broken_scheduled),
+        "optimize": (kiln.schedule.passes, "optimize", _broken_scheduled),
+    }[stage]
+    monkeypatch.setattr(module, name, _breaking(getattr(module, name), breaker))
+    x = torch.randn(4, 8)
+    gm = torch.fx.experimental.proxy_tensor.make_fx(lambda x: (torch.sin(x) + 1,))(x)
+    with kiln.config.patch(verify_ir=True, strict=True), pytest.raises(IRVerificationError, match=f"after {stage}: "):
+        kiln.backend.compile_aten_graph(gm, [x])
+
+
+def test_verification_follows_config_verify_ir():
+    """`_check` verifies when config.verify_ir says so, and when it is unset, exactly under strict."""
+    from kiln.backend import _check
+
+    broken = _broken_graph(_graph(lambda body, x: x))
+    for verify_ir, strict, checks in [(True, False, True), (False, True, False), (None, True, True), (None, False, False)]:
+        with kiln.config.patch(verify_ir=verify_ir, strict=strict):
+            if checks:
+                with pytest.raises(IRVerificationError, match="after lower: output never_written is never written"):
+                    _check("lower", broken)
+            else:
+                _check("lower", broken)
