@@ -331,16 +331,16 @@ def call_compiled(make_dispatcher: Callable, fn: Any, /, *args: Any, **kwargs: A
 def branch_targets(instruction: bytecode.Instruction, index: int, index_of: dict[int, int]) -> tuple[int, int]:
     """(instruction index when the condition is true, when false) of a conditional jump at `index`."""
     jumped = index_of[id(instruction.target)]
-    if instruction.opname in ("POP_JUMP_IF_TRUE", "JUMP_IF_TRUE_OR_POP"):
+    if instruction.op in ("POP_JUMP_IF_TRUE", "JUMP_IF_TRUE_OR_POP"):  # normalized: 3.11's FORWARD/BACKWARD forms
         return jumped, index + 1
     return index + 1, jumped
 
 
 def keeps_condition(instruction: bytecode.Instruction, when: bool) -> bool:
     """Whether the condition stays on the stack on that side (3.11's JUMP_IF_..._OR_POP when it jumps)."""
-    if instruction.opname == "JUMP_IF_TRUE_OR_POP":
+    if instruction.op == "JUMP_IF_TRUE_OR_POP":
         return when
-    if instruction.opname == "JUMP_IF_FALSE_OR_POP":
+    if instruction.op == "JUMP_IF_FALSE_OR_POP":
         return not when
     return False
 

@@ -451,3 +451,21 @@ def test_a_function_leaving_grad_mode_changed_leaves_it_changed_as_eager_does():
         assert not torch.is_grad_enabled() and not result.requires_grad and len(graphs) == 1
     finally:
         torch.set_grad_enabled(True)
+
+
+def halves_while_large(x):
+    v = x * 1.0
+    steps = 0
+    while v.norm() > 1:  # 3.11: the loop's test at the bottom is POP_JUMP_BACKWARD_IF_TRUE
+        v = v / 2
+        steps += 1
+    return v, steps
+
+
+def test_a_data_dependent_while_loop_takes_each_side_of_its_backward_jump():
+    compiled, _ = _compile(halves_while_large)
+    for x in (torch.randn(3) * 16, torch.randn(3) * 0.01, torch.randn(3) * 3):
+        result, steps = compiled(x)
+        expected, expected_steps = halves_while_large(x)
+        torch.testing.assert_close(result, expected)
+        assert steps == expected_steps
