@@ -31,6 +31,7 @@ from kiln.frontend.variables.functions import (BoundMethodVariable, MethodDescri
                                                TorchFunctionVariable, UserFunctionVariable, is_torch_function)
 from kiln.frontend.variables.modules import ModuleVariable, PythonModuleVariable
 from kiln.frontend.variables.objects import ClassVariable, ContextVarVariable, UserObjectVariable
+from kiln.frontend.variables.tensor import TensorMethodVariable
 from kiln.frontend.variables.torch_special import GradModeExit, GradModeExitVariable, LoggerVariable
 
 
@@ -150,6 +151,12 @@ def _builtin_method(tx, value: types.BuiltinMethodType, source, guards) -> Varia
     if receiver is None or isinstance(receiver, types.ModuleType):
         _guard_identity(guards, source, value)
         return OpaqueFunctionVariable(value, source)
+    if isinstance(receiver, torch.Tensor) and source is not None:  # `x.add` held as a value: x is a graph input
+        if guards is not None:
+            guards.type_is(source, type(value))
+            guards.value(AttrSource(source, "__name__"), value.__name__)
+        tensor = builder.wrap(tx, receiver, AttrSource(source, "__self__"))
+        return TensorMethodVariable(tensor, value.__name__)
     if guards is not None:  # a bound method is a new object at each attribute read: guard what it binds
         guards.type_is(source, type(value))
         guards.identity(AttrSource(source, "__self__"), receiver)
