@@ -25,6 +25,7 @@
 """
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -363,6 +364,10 @@ class OutputGraph:
                 self.graph.erase_node(node)
 
 
+_NUMBER_OPERATORS = frozenset({operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod,
+                               operator.truediv, operator.pow, operator.neg, operator.pos})
+
+
 def _scalar_tensor(value: float) -> torch.Tensor:
     """A float argument as the graph takes it (a 0-d float64 tensor, as Dynamo passes floats)."""
     return torch.scalar_tensor(value, dtype=torch.float64)
@@ -406,6 +411,35 @@ class EntryCodegen:
             self._output_index[node] = len(self.output_nodes)
             self.output_nodes.append(node)
         return f"__outs[{self._output_index[node]}]"
+
+    def symbolic_number(self, variable: SymNumberVariable) -> str | None:
+        """Python that recomputes a number the trace computed from symbolic inputs (`x.size(1) * 4`,
+        `lr * 2.0`): the same operations on the same inputs, so a float is what Python gives. None when
+        it reads a size of a tensor the graph computes (the caller specializes it then)."""
+        bound = {input_variable.node: source for source, _, input_variable in self.output.inputs}
+
+        def read(node: Any, emit: bool) -> str | None:
+            if not isinstance(node, torch.fx.Node):
+                return repr(node) if type(node) in (int, float, bool) and node == node and abs(node) != math.inf \
+                    else None
+            source = bound.get(node)
+            if source is not None and node.op == "placeholder":
+                if isinstance(source, ScalarTensorSource):
+                    return None  # the float's tensor, not the float
+                return self.source(source) if emit else ""
+            if node.op == "call_method" and node.target == "item" and isinstance(bound.get(node.args[0]),
+                                                                               ScalarTensorSource):
+                return self.source(bound[node.args[0]].parent) if emit else ""
+            if node.op == "call_function" and node.target in _NUMBER_OPERATORS and not node.kwargs:
+                parts = [read(arg, emit) for arg in node.args]
+                if any(part is None for part in parts):
+                    return None
+                return f"{self.constant(node.target)}({', '.join(parts)})" if emit else ""
+            return None
+
+        if read(variable.node, emit=False) is None:
+            return None
+        return read(variable.node, emit=True)
 
     def constant(self, value: Any) -> str:
         if value is None or isinstance(value, (bool, int, str, bytes)) or \

@@ -165,7 +165,8 @@ class SymNumberVariable(Variable):
     def reconstruct(self, codegen) -> str:
         if self.source is not None:  # an int or float argument: itself
             return codegen.source(self.source)
-        return codegen.constant(self.as_constant())
+        recomputed = codegen.symbolic_number(self)  # from the inputs, by the entry
+        return recomputed if recomputed is not None else codegen.constant(self.as_constant())
 
 
 _SYMBOLIC_ARITHMETIC = frozenset({operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod,
