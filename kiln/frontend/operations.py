@@ -90,6 +90,8 @@ def _immutable_constants(left: Variable, right: Variable) -> tuple | None:
     if isinstance(left, ListVariable) or isinstance(right, ListVariable) or not (left.is_constant() and
                                                                                  right.is_constant()):
         return None
+    if _holds_symbolic(left) or _holds_symbolic(right):  # `(-1,) + x.shape[1:]` keeps its symbolic sizes
+        return None
     try:
         values = (left.as_constant(), right.as_constant())
     except Unsupported:
@@ -97,6 +99,13 @@ def _immutable_constants(left: Variable, right: Variable) -> tuple | None:
     if all(is_constant_value(value) or isinstance(value, torch.Size) for value in values):
         return values
     return None
+
+
+def _holds_symbolic(variable: Variable) -> bool:
+    """A symbolic number, or a tuple or list holding one (a symbolic shape)."""
+    if isinstance(variable, SymNumberVariable):
+        return True
+    return isinstance(variable, BaseListVariable) and any(_holds_symbolic(item) for item in variable.items)
 
 
 def _is_constant_sequence(variable: Variable) -> bool:
