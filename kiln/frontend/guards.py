@@ -222,9 +222,10 @@ class GuardBuilder:
         implied = {(LocalSource(name), f"type({{}}) is not {self._constant_names.get(id(cls))}")
                    for name, cls in signature.implied_types()}
         tensor_sources = list(self._tensors)
+        symbolic_sizes = self._checked_sizes_and_strides(tensor_sources) if self._symbolic_tensors else ()
         checker = _torch.tensor_metadata_checker(
             [self._tensors[source] for source in tensor_sources], [source.expr() for source in tensor_sources],
-            *self._checked_sizes_and_strides(tensor_sources)) if tensor_sources else None
+            *symbolic_sizes) if tensor_sources else None
         skipped = implied | (self._tensor_lines if checker is not None else set())
         rendered = [check.source for check in self.checks
                     if check.source is not None and (check.source, check.failure) not in skipped
