@@ -30,12 +30,36 @@ def dynamo_reset() -> None:
 
 
 def sym_expr(value):
-    """The sympy expression of an int or SymInt (a plain int stays an Integer)."""
+    """The sympy expression of an int or SymInt (a plain int stays an Integer), spelled with kiln's
+    index functions (kiln/ir/indexing.py) where the ShapeEnv wrote torch's own (`s0 // 2`, min, max)."""
     import sympy
 
     if isinstance(value, torch.SymInt):
-        return value.node.expr
+        expr = value.node.expr
+        return expr if expr.is_Symbol or expr.is_Integer else _kiln_index_functions(expr)
     return sympy.Integer(int(value))
+
+
+def _kiln_index_functions(expr):
+    """`expr` with torch's integer sympy functions (torch/utils/_sympy/functions.py) replaced by kiln's
+    FloorDiv and Mod and by sympy's Min, Max and Pow, which kiln's index printers know."""
+    import sympy
+    import torch.utils._sympy.functions as torch_functions
+
+    from kiln.ir.indexing import FloorDiv, Mod
+
+    def ceil_div(base, divisor):
+        return FloorDiv(base + divisor - 1, divisor)
+
+    rewrites = [("FloorDiv", FloorDiv), ("CleanDiv", FloorDiv), ("CeilDiv", ceil_div), ("PythonMod", Mod),
+                ("Mod", Mod), ("ModularIndexing", lambda base, divisor, modulus: Mod(FloorDiv(base, divisor), modulus)),
+                ("Max", sympy.Max), ("Min", sympy.Min), ("PowByNatural", sympy.Pow)]
+    for name, rewrite in rewrites:
+        function = getattr(torch_functions, name, None)
+        if function is not None and expr.has(function):
+            expr = expr.replace(lambda node, function=function: type(node) is function,
+                                lambda node, rewrite=rewrite: rewrite(*node.args))
+    return expr
 
 
 def is_fake(value) -> bool:

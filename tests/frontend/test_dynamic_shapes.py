@@ -125,6 +125,20 @@ def test_dynamic_true_is_shape_generic_from_the_first_compile(cpu_backend):
     assert y_fake.shape[1] is x_fake.shape[1] or str(y_fake.shape[1]) == str(x_fake.shape[1])  # one symbol
 
 
+def test_dynamic_true_with_sizes_the_trace_divides(cpu_backend):
+    def heads(x, w):  # the width is symbolic too: the views' sizes are `s2 // 2` (torch's FloorDiv)
+        batch, length, width = x.shape
+        h = (x @ w).view(batch, length, 2, width // 2).transpose(1, 2)
+        return nn.functional.scaled_dot_product_attention(h, h, h).transpose(1, 2).reshape(batch, length, width)
+
+    compiled = kiln.compile(heads, dynamic=True)
+    with Captures() as captures:
+        for batch, length in ((2, 3), (3, 5), (2, 9)):
+            x, w = torch.randn(batch, length, 8), torch.randn(8, 8)
+            assert_matches_eager(compiled(x, w), heads, x, w)
+    assert captures.count == 1
+
+
 def test_dynamic_false_stays_static():
     compiled = kiln.compile(lambda x: x + 1, backend="eager", dynamic=False)
     with Captures() as captures:
