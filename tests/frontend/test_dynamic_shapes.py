@@ -96,6 +96,25 @@ def test_twenty_sequence_lengths_compile_at_most_twice(cpu_backend):
     assert any(is_symbolic(value) for value in graph_inputs(dynamic_entry))
 
 
+@kiln.config.patch(cpu_backend="cpp", strict=True)  # the Triton interpreter's backward kernels are slow
+def test_training_steps_over_lengths_give_eager_gradients():
+    model = AttentionBlock()
+    eager = AttentionBlock()
+    eager.load_state_dict(model.state_dict())
+    compiled = kiln.compile(model)
+    with Captures() as captures:
+        for length in (3, 5, 8, 4):
+            ids = torch.randint(0, 100, (2, length))
+            compiled(ids).pow(2).mean().backward()
+            eager(ids).pow(2).mean().backward()
+            for (name, parameter), expected in zip(model.named_parameters(), eager.parameters()):
+                verdict = kiln.testing.compare(parameter.grad, expected.grad)
+                assert verdict, f"{name}, length {length}: {verdict.message}"
+            model.zero_grad()
+            eager.zero_grad()
+    assert captures.count == 2
+
+
 def test_a_transformers_model_compiles_twice_for_many_lengths():
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(vocab_size=100, n_embd=64, n_layer=2, n_head=4, n_positions=64,
