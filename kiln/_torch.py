@@ -40,21 +40,16 @@ def sym_expr(value):
     return sympy.Integer(int(value))
 
 
+# How kiln's index expressions spell torch's integer sympy functions (torch/utils/_sympy/functions.py), by
+# name: kiln/ir/indexing.py fills it with its FloorDiv and Mod and sympy's Min, Max and Pow.
+INDEX_FUNCTION_REWRITES: dict = {}
+
+
 def _kiln_index_functions(expr):
-    """`expr` with torch's integer sympy functions (torch/utils/_sympy/functions.py) replaced by kiln's
-    FloorDiv and Mod and by sympy's Min, Max and Pow, which kiln's index printers know."""
-    import sympy
+    """`expr` with torch's integer sympy functions replaced as INDEX_FUNCTION_REWRITES says."""
     import torch.utils._sympy.functions as torch_functions
 
-    from kiln.ir.indexing import FloorDiv, Mod
-
-    def ceil_div(base, divisor):
-        return FloorDiv(base + divisor - 1, divisor)
-
-    rewrites = [("FloorDiv", FloorDiv), ("CleanDiv", FloorDiv), ("CeilDiv", ceil_div), ("PythonMod", Mod),
-                ("Mod", Mod), ("ModularIndexing", lambda base, divisor, modulus: Mod(FloorDiv(base, divisor), modulus)),
-                ("Max", sympy.Max), ("Min", sympy.Min), ("PowByNatural", sympy.Pow)]
-    for name, rewrite in rewrites:
+    for name, rewrite in INDEX_FUNCTION_REWRITES.items():
         function = getattr(torch_functions, name, None)
         if function is not None and expr.has(function):
             expr = expr.replace(lambda node, function=function: type(node) is function,
