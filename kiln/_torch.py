@@ -30,12 +30,31 @@ def dynamo_reset() -> None:
 
 
 def sym_expr(value):
-    """The sympy expression of an int or SymInt (a plain int stays an Integer)."""
+    """The sympy expression of an int or SymInt (a plain int stays an Integer), spelled with kiln's
+    index functions (kiln/ir/indexing.py) where the ShapeEnv wrote torch's own (`s0 // 2`, min, max)."""
     import sympy
 
     if isinstance(value, torch.SymInt):
-        return value.node.expr
+        expr = value.node.expr
+        return expr if expr.is_Symbol or expr.is_Integer else _kiln_index_functions(expr)
     return sympy.Integer(int(value))
+
+
+# How kiln's index expressions spell torch's integer sympy functions (torch/utils/_sympy/functions.py), by
+# name: kiln/ir/indexing.py fills it with its FloorDiv and Mod and sympy's Min, Max and Pow.
+INDEX_FUNCTION_REWRITES: dict = {}
+
+
+def _kiln_index_functions(expr):
+    """`expr` with torch's integer sympy functions replaced as INDEX_FUNCTION_REWRITES says."""
+    import torch.utils._sympy.functions as torch_functions
+
+    for name, rewrite in INDEX_FUNCTION_REWRITES.items():
+        function = getattr(torch_functions, name, None)
+        if function is not None and expr.has(function):
+            expr = expr.replace(lambda node, function=function: type(node) is function,
+                                lambda node, rewrite=rewrite: rewrite(*node.args))
+    return expr
 
 
 def is_fake(value) -> bool:
@@ -57,20 +76,24 @@ def fake_mode_of(example_inputs):
     return detect_fake_mode(example_inputs)
 
 
-def tensor_metadata_checker(tensors: list, names: list[str]):
+def tensor_metadata_checker(tensors: list, names: list[str], sizes: list | None = None,
+                            strides: list | None = None):
     """One C++ check of many tensors' static metadata (TorchDynamo's TensorGuards), or None.
 
     `checker.check(*values)` is True when every value is a tensor of exactly the same
     Python type, dispatch keys, dtype, device, sizes, strides and requires_grad as the
     example at its position; `checker.check_verbose(*values, tensor_check_names=names)`
-    says which differs. None where this torch lacks it or it does not accept the examples
+    says which differs. `sizes` and `strides` (one list per tensor, default: the example's)
+    may hold None for a symbolic size or stride, which is not compared (the shape guards
+    check it). None where this torch lacks it or it does not accept the examples
     (kiln's frontend then checks each tensor in Python).
     """
     try:
         from torch._C._dynamo.guards import TensorGuards
 
-        checker = TensorGuards(*tensors, dynamic_dims_sizes=[list(tensor.shape) for tensor in tensors],
-                               dynamic_dims_strides=[list(tensor.stride()) for tensor in tensors],
+        checker = TensorGuards(*tensors,
+                               dynamic_dims_sizes=sizes or [list(tensor.shape) for tensor in tensors],
+                               dynamic_dims_strides=strides or [list(tensor.stride()) for tensor in tensors],
                                tensor_check_names=list(names))
         if checker.check(*tensors) is not True:
             return None
@@ -186,3 +209,155 @@ def suggest_memory_format(tensor) -> torch.memory_format:
     from torch._prims_common import suggest_memory_format as suggest
 
     return suggest(tensor)
+
+
+# -- symbolic shapes: kiln's frontend makes changing sizes and scalars symbolic (kiln/frontend/dynamic.py) --
+
+def symbolic_fake_mode() -> FakeTensorMode:
+    """A FakeTensorMode with a ShapeEnv, set as Dynamo sets its own: fake tensors may have symbolic
+    sizes, every fact a trace relies on about them is recorded as a guard, and `.item()` or an op
+    whose output shape depends on data still raises (no scalar outputs, no dynamic output shapes)."""
+    return FakeTensorMode(shape_env=ShapeEnv(allow_scalar_outputs=False, allow_dynamic_output_shape_ops=False))
+
+
+def _input_source(name: str):
+    """The torch-side source of a symbolic input: the ShapeEnv names its symbols' origins by it."""
+    from torch._dynamo.source import LocalSource
+
+    return LocalSource(name)
+
+
+def symbolic_fake_tensor(mode: FakeTensorMode, tensor: torch.Tensor, name: str, dims) -> FakeTensor:
+    """The fake of `tensor` with a symbol for each size in `dims` (equal sizes share one, as Dynamo's
+    duck sizing does; 0 and 1 stay static), the other sizes static, strides inferred from the sizes."""
+    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
+
+    context = StatelessSymbolicContext(
+        dynamic_sizes=[DimDynamic.DUCK if dim in dims else DimDynamic.STATIC for dim in range(tensor.dim())])
+    return mode.from_tensor(tensor, symbolic_context=context, source=_input_source(name))
+
+
+def symbolic_int(mode: FakeTensorMode, value: int, name: str) -> torch.SymInt:
+    """An int argument as a SymInt with its own symbol (any value, 0 and 1 included), as Dynamo makes one."""
+    from torch.fx.experimental.symbolic_shapes import DimDynamic
+
+    return mode.shape_env.create_unspecified_symint_and_symbol(value, _input_source(name), DimDynamic.DYNAMIC)
+
+
+def symbolic_float(mode: FakeTensorMode, value: float, name: str) -> tuple[torch.Tensor, FakeTensor, torch.SymFloat]:
+    """A float argument as Dynamo passes one to a backend: a 0-d float64 tensor (real, and its fake)
+    whose `item()` is a SymFloat of the shape environment; AOTAutograd's `tensorify_python_scalars`
+    pass turns the graph's scalar arithmetic on it back into tensor arithmetic."""
+    from torch._dynamo.source import FloatTensorSource
+
+    real = torch.tensor(value, dtype=torch.float64)
+    fake = mode.from_tensor(real, source=FloatTensorSource(_input_source(name)))
+    with mode:
+        item = fake.item()
+    return real, fake, item
+
+
+def is_symbolic(value) -> bool:
+    """Whether `value` (a number, or a tuple of them) holds a SymInt/SymFloat/SymBool that is not a constant."""
+    if isinstance(value, (tuple, list)):
+        return any(is_symbolic(item) for item in value)
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        from torch.fx.experimental.symbolic_shapes import is_symbolic as symbolic
+
+        return symbolic(value)
+    return False
+
+
+def concrete(value):
+    """A SymInt/SymFloat/SymBool whose expression is a number as that Python number; anything else as it is."""
+    if isinstance(value, torch.SymInt):
+        known = value.node.maybe_as_int()
+        return value if known is None else known
+    if isinstance(value, torch.SymFloat):
+        known = value.node.maybe_as_float()
+        return value if known is None else known
+    if isinstance(value, torch.SymBool):
+        known = value.node.maybe_as_bool()
+        return value if known is None else known
+    return value
+
+
+def concrete_or_none(values) -> list:
+    """Sizes or strides with every symbolic one as None (what TensorGuards leaves to the shape guards)."""
+    result = []
+    for value in values:
+        value = concrete(value)
+        result.append(None if isinstance(value, (torch.SymInt, torch.SymFloat)) else int(value))
+    return result
+
+
+def bare_symbol(value):
+    """The sympy Symbol a SymInt/SymFloat stands for when its expression is exactly one symbol, else None."""
+    if isinstance(value, (torch.SymInt, torch.SymFloat)):
+        expr = value.node.expr
+        return expr if getattr(expr, "is_Symbol", False) else None
+    return None
+
+
+def symbolic_properties(fake: FakeTensor) -> list[tuple[str, int | None, torch.SymInt]]:
+    """("size"/"stride", dim, value) and ("storage_offset", None, value) of a fake whose value is a
+    bare symbol: the symbols a graph taking this tensor binds as its own inputs (as Dynamo's do)."""
+    found = [("size", dim, size) for dim, size in enumerate(fake.shape)]
+    found += [("stride", dim, stride) for dim, stride in enumerate(fake.stride())]
+    found.append(("storage_offset", None, fake.storage_offset()))
+    return [(kind, dim, value) for kind, dim, value in found if bare_symbol(value) is not None]
+
+
+def shape_guards(inputs: list, render) -> list[str]:
+    """The ShapeEnv's guards on these inputs as Python conditions (`produce_guards`): for each symbol
+    bound by several inputs (duck sizing) their equality, every relation the trace (and the backend's
+    compile) relied on, and each symbol's range (`2 <= x.size(1)`: 0 and 1 were specialized).
+
+    `inputs` are (fake tensor, SymInt or SymFloat, name) pairs; the conditions read the inputs through
+    `render(name, kind, dim)`, kind one of None (the input itself), "size", "stride", "storage_offset".
+    Sizes that became constants are left to the tensor check (TensorGuards), as in Dynamo."""
+    from torch._dynamo.source import LocalSource, TensorProperty, TensorPropertySource
+
+    kinds = {TensorProperty.SIZE: "size", TensorProperty.STRIDE: "stride",
+             TensorProperty.STORAGE_OFFSET: "storage_offset"}
+
+    def source_ref(source) -> str:
+        if isinstance(source, TensorPropertySource):
+            return render(source.base.local_name, kinds[source.prop], source.idx)
+        if isinstance(source, LocalSource):
+            return render(source.local_name, None, None)
+        raise NotImplementedError(f"a shape guard reads {type(source).__name__}")
+
+    values = [value for value, _ in inputs]
+    sources = [_input_source(name) for _, name in inputs]
+    first = values[0]
+    shape_env = first.fake_mode.shape_env if isinstance(first, FakeTensor) else first.node.shape_env
+    return list(shape_env.produce_guards(values, sources, source_ref=source_ref))
+
+
+def shape_guard_namespace() -> dict:
+    """The functions the conditions of `shape_guards` may call (sympy's printer spells a few by name)."""
+    from torch.fx.experimental.symbolic_shapes import SYMPY_INTERP
+
+    return dict(SYMPY_INTERP)
+
+
+def specialize(value):
+    """The Python number a SymInt/SymFloat/SymBool has in this trace, recording in its ShapeEnv the
+    guard that it keeps that value (so the entry is only used where it does)."""
+    if isinstance(value, torch.SymBool):
+        return bool(value)
+    if isinstance(value, torch.SymInt):
+        return int(value)
+    if isinstance(value, torch.SymFloat):
+        return float(value)
+    return value
+
+
+def backend_tracing(mode: FakeTensorMode):
+    """The context in which a graph with symbolic inputs goes to its backend, as Dynamo calls one: a
+    TracingContext holding the trace's fake mode, so that AOTAutograd fakes the example inputs with the
+    trace's own fakes (and symbols) and records every guard it needs in the same ShapeEnv."""
+    from torch._guards import TracingContext, tracing
+
+    return tracing(TracingContext(mode))

@@ -69,18 +69,18 @@ def _capture(fn: Callable, graph_compiler: Callable, *, fullgraph: bool, dynamic
     """Capture `fn`'s tensor work as FX graphs and compile each with `graph_compiler`.
 
     `config.frontend` picks the capture: "kiln" (kiln/frontend, the default) or "dynamo"
-    (TorchDynamo). kiln's frontend specializes on every size; `dynamic=True` asks for
-    shape-generic graphs from the first call, which only Dynamo provides today, so it
-    goes to Dynamo whatever the frontend option says.
+    (TorchDynamo). `dynamic` means the same to both: None specializes on sizes first and
+    makes those that change symbolic (and int/float arguments that change graph inputs),
+    True is shape-generic from the first call, False always static.
     """
     frontend = config.frontend
     if frontend not in ("kiln", "dynamo"):
         raise ValueError(f"kiln.config.frontend: unknown frontend {frontend!r}; choose 'kiln' or 'dynamo'")
-    if frontend == "dynamo" or dynamic is True:
+    if frontend == "dynamo":
         return torch.compile(fn, backend=graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
     from kiln.frontend import compile_function
 
-    return compile_function(fn, graph_compiler, fullgraph=fullgraph)
+    return compile_function(fn, graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
 
 
 def _is_ddp(module: Any) -> bool:

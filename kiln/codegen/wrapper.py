@@ -71,6 +71,7 @@ class WrapperGenerator:
         self.names = {graph_input.buffer.name: graph_input.name for graph_input in self.graph.inputs
                       if graph_input.kind == "tensor"}
         self.symbols = _symbol_sources(self.graph)
+        self.referenced_symbols: set = set()  # every symbol a line of the wrapper reads (`py` adds them)
         self.index_status_kernels: dict = {}  # index-error flag's name -> the kernels that set it
 
     def py(self, expr) -> str:
@@ -78,6 +79,7 @@ class WrapperGenerator:
         missing = [symbol for symbol in expr.free_symbols if symbol not in self.symbols]
         if missing:
             raise NotImplementedError(f"size symbols {missing} cannot be read from the graph inputs")
+        self.referenced_symbols |= expr.free_symbols
         return expr_to_source(expr)
 
     def py_tuple(self, exprs) -> str:
@@ -95,10 +97,7 @@ class WrapperGenerator:
         if input_names:
             body.append(f"{', '.join(input_names)}, = args")
         body.append("args.clear()")
-        used_symbols = self._used_symbols()
-        for symbol in sorted(used_symbols, key=str):
-            if str(symbol) not in input_names:
-                body.append(f"{symbol} = {self.symbols[symbol]}")
+        bindings = len(body)  # the symbols' lines go here, once every line that reads one is written
         scratch = self.memory_plan.scratch
         if scratch is not None:
             from kiln.runtime.scratch import ScratchArena
@@ -113,6 +112,9 @@ class WrapperGenerator:
                 body.append(f"del {', '.join(sorted(self.name(name) for name in step_plan.frees))}")
         body += self._index_status_checks()
         body.append(f"return ({''.join(self._output(output) + ', ' for output in graph.outputs)})")
+        used_symbols = self._used_symbols() | {symbol for symbol in self.referenced_symbols if symbol in self.symbols}
+        body[bindings:bindings] = [f"{symbol} = {self.symbols[symbol]}" for symbol in sorted(used_symbols, key=str)
+                                   if str(symbol) not in input_names]
         if scratch is not None:
             body = (["_scratch = _arena.acquire()", "try:"] + ["    " + line for line in body]
                     + ["finally:", "    _arena.release(_scratch)"])

@@ -16,9 +16,13 @@ from kiln.frontend.dispatcher import RECOMPILE_LIMIT, CacheEntry, Dispatcher, st
 from kiln.frontend.errors import FullgraphError, Unsupported
 
 
-def compile_function(fn: Callable, graph_compiler: Callable, *, fullgraph: bool = False) -> Dispatcher:
-    """A dispatcher that traces `fn` (a function, bound method or nn.Module) on first call."""
-    return Dispatcher(fn, graph_compiler, fullgraph=fullgraph)
+def compile_function(fn: Callable, graph_compiler: Callable, *, fullgraph: bool = False,
+                     dynamic: bool | None = None) -> Dispatcher:
+    """A dispatcher that traces `fn` (a function, bound method or nn.Module) on first call.
+
+    dynamic: None (static first; sizes and int/float arguments that change become symbolic),
+    True (symbolic from the first trace) or False (always static); see frontend/dynamic.py."""
+    return Dispatcher(fn, graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
 
 
 __all__ = ["compile_function", "Dispatcher", "CacheEntry", "FullgraphError", "Unsupported", "RECOMPILE_LIMIT",

@@ -30,6 +30,7 @@ import torch
 
 from kiln.backend import KilnCompileError
 from kiln.config import config
+from kiln.frontend.dynamic import DynamicPolicy
 from kiln.frontend.errors import HOW_TO_FIX, HOW_TO_FIX_EAGER, FullgraphError, Unsupported
 from kiln.frontend import resume
 from kiln.frontend.guards import FrameSignature
@@ -64,6 +65,7 @@ class CodeCache:
     entries: list[CacheEntry] = field(default_factory=list)
     over_limit: bool = False
     defaults: tuple | None = None  # (__defaults__, __kwdefaults__ items) the entries were made with
+    dynamic: DynamicPolicy | None = None  # what its traces make symbolic (sizes, scalars that changed)
 
 
 @dataclass
@@ -115,8 +117,10 @@ def _call_module(module, *args, **kwargs):
 class Dispatcher:
     """A compiled function: guards in front of traced versions of it."""
 
-    def __init__(self, fn: Callable, graph_compiler: Callable, *, fullgraph: bool = False):
+    def __init__(self, fn: Callable, graph_compiler: Callable, *, fullgraph: bool = False,
+                 dynamic: bool | None = None):
         bound_self = None
+        self.dynamic = dynamic
         self.binds_like_a_function = not isinstance(fn, staticmethod)
         if isinstance(fn, staticmethod):  # `@kiln.compile` above `@staticmethod`
             fn = fn.__func__
@@ -237,7 +241,7 @@ class Dispatcher:
 
     def _capture_entry(self, args: tuple, kwargs: dict) -> CacheEntry:
         stats.captures += 1
-        output = OutputGraph(self.graph_compiler)
+        output = OutputGraph(self.graph_compiler, self._dynamic_policy())
         try:
             traced = capture_frame(output, self.fn, self.signature, args, kwargs)
         except Unsupported as error:
@@ -245,7 +249,7 @@ class Dispatcher:
             point = None if self.fullgraph or config.strict else self._break_point(error)
             if point is None:
                 return self._eager_entry(output, error)
-            output = OutputGraph(self.graph_compiler)
+            output = OutputGraph(self.graph_compiler, self._dynamic_policy())
             output.break_point = point
             try:
                 traced = capture_frame(output, self.fn, self.signature, args, kwargs, self)
@@ -337,6 +341,13 @@ class Dispatcher:
             factory = _callee_factories[self.graph_compiler] = functools.partial(Dispatcher,
                                                                                    graph_compiler=self.graph_compiler)
         return factory
+
+    def _dynamic_policy(self) -> DynamicPolicy:
+        """What the next trace makes symbolic: the code object's policy remembers the sizes and int/float
+        arguments its traces saw, and a miss whose sizes or scalars changed makes those symbolic (dynamic.py)."""
+        if self._cache.dynamic is None:
+            self._cache.dynamic = DynamicPolicy(mode=self.dynamic)
+        return self._cache.dynamic
 
     def _eager_entry(self, output: OutputGraph, error: Unsupported) -> CacheEntry:
         """An entry that runs the frame eagerly, guarded by what the trace read before it stopped."""

@@ -59,6 +59,10 @@ class GuardBuilder:
         self._tensors: dict[Source, torch.Tensor] = {}  # tensor guards, checked together when torch can
         self._tensor_lines: set[tuple] = set()  # (source, failure) of their per-tensor Python lines
         self._storages: list[_TracedStorage] = []  # every tensor input, for the storage aliasing check
+        # symbolic shapes: (source, name in the ShapeEnv, fake tensor or SymInt/SymFloat) of each symbolic input,
+        # and the fakes of tensors with symbolic sizes, whose static sizes the tensor check compares
+        self._symbolic_inputs: list[tuple[Source, str, Any]] = []
+        self._symbolic_tensors: dict[Source, torch.Tensor] = {}
 
     def constant(self, value: Any) -> str:
         """A name under which the guard function holds `value` (equal hashable values share one)."""
@@ -136,16 +140,22 @@ class GuardBuilder:
     def empty(self, source: Source) -> None:
         self.add(source, "{}", "is no longer empty")
 
-    def tensor(self, source: Source, tensor: torch.Tensor) -> None:
+    def tensor(self, source: Source, tensor: torch.Tensor, fake: torch.Tensor | None = None) -> None:
         """Static metadata: everything the trace could have specialized on.
 
         Written as Python lines (type, then one line of metadata); `build` replaces all of
-        them by one C++ check of every tensor at the end when torch provides one.
+        them by one C++ check of every tensor at the end when torch provides one. A tensor
+        whose `fake` has symbolic sizes gets its metadata check in `build`: its symbolic
+        sizes and strides are left to the shape guards, the rest compared as traced.
         """
         if source not in self._tensors:
             self._tensors[source] = tensor
         before = len(self.checks)
         self.type_is(source, type(tensor))
+        if fake is not None and _torch.is_symbolic(tuple(fake.shape) + tuple(fake.stride())):
+            self._symbolic_tensors[source] = fake
+            self._tensor_lines.update((check.source, check.failure) for check in self.checks[before:])
+            return
         shape, stride = tuple(tensor.shape), tuple(tensor.stride())
         # `is_cpu` (a flag) costs half of building and comparing a torch.device; CPU has no index.
         device = "not {}.is_cpu" if tensor.device.type == "cpu" else f"{{}}.device != {self.constant(tensor.device)}"
@@ -167,6 +177,14 @@ class GuardBuilder:
         ops in `graph`).
         """
         self._storages.append(_TracedStorage(source, tensor, fake, _version(fake), graph))
+
+    def symbolic_input(self, source: Source, name: str, value: Any) -> None:
+        """A graph input with symbolic sizes (a fake tensor) or a symbolic int or float argument, named
+        `name` in its ShapeEnv: `build` checks the relations the trace recorded about it."""
+        self._symbolic_inputs.append((source, name, value))
+
+    def has_symbolic_inputs(self) -> bool:
+        return bool(self._symbolic_inputs)
 
     def function(self, source: Source, fn: types.FunctionType) -> None:
         """A function the trace inlines: its code is still the one traced (identity of the
@@ -204,14 +222,15 @@ class GuardBuilder:
         implied = {(LocalSource(name), f"type({{}}) is not {self._constant_names.get(id(cls))}")
                    for name, cls in signature.implied_types()}
         tensor_sources = list(self._tensors)
-        checker = _torch.tensor_metadata_checker([self._tensors[source] for source in tensor_sources],
-                                                 [source.expr() for source in tensor_sources]) \
-            if tensor_sources else None
+        symbolic_sizes = self._checked_sizes_and_strides(tensor_sources) if self._symbolic_tensors else ()
+        checker = _torch.tensor_metadata_checker(
+            [self._tensors[source] for source in tensor_sources], [source.expr() for source in tensor_sources],
+            *symbolic_sizes) if tensor_sources else None
         skipped = implied | (self._tensor_lines if checker is not None else set())
         rendered = [check.source for check in self.checks
                     if check.source is not None and (check.source, check.failure) not in skipped
                     for _ in range(check.failure.count("{}"))]
-        renderer = SourceRenderer(rendered + (tensor_sources if checker is not None else []))
+        renderer = SourceRenderer(rendered + (tensor_sources if checker is not None else list(self._symbolic_tensors)))
         body: list[str] = []
         for check in self.checks:
             if (check.source, check.failure) in skipped:
@@ -233,6 +252,9 @@ class GuardBuilder:
                         f"tensor_check_names=__tensor_names))")
             namespace["__tensors"] = checker
             namespace["__tensor_names"] = [source.expr() for source in tensor_sources]
+        else:
+            body.extend(self._symbolic_tensor_lines(renderer, body))
+        body.extend(self._shape_guard_lines(renderer, body, namespace))
         body.extend(self._storage_aliasing_lines(renderer, body, namespace))
         lines = [f"def __guard({signature.text}):", "    try:"]
         lines += ["        " + line for line in body] or ["        pass"]
@@ -244,6 +266,75 @@ class GuardBuilder:
         namespace.update(extra_namespace)
         return compile_function(source_text, "__guard", namespace, "kiln_guard"), source_text
 
+
+    def _checked_sizes_and_strides(self, sources: list[Source]) -> tuple[list, list]:
+        """What the tensor check compares: each tensor's sizes and strides as traced, None where symbolic.
+        Read now, after the trace and the backend's compile: a size they specialized is compared."""
+        sizes, strides = [], []
+        for source in sources:
+            fake = self._symbolic_tensors.get(source)
+            tensor = self._tensors[source] if fake is None else fake
+            sizes.append(_torch.concrete_or_none(tensor.shape))
+            strides.append(_torch.concrete_or_none(tensor.stride()))
+        return sizes, strides
+
+    def _symbolic_tensor_lines(self, renderer: "SourceRenderer", body: list[str]) -> list[str]:
+        """Without the C++ tensor check: the metadata of tensors with symbolic sizes, in Python, dim by dim."""
+        lines = []
+        for source, fake in self._symbolic_tensors.items():
+            text = renderer.render(source, body)
+            sizes, strides = _torch.concrete_or_none(fake.shape), _torch.concrete_or_none(fake.stride())
+            device = f"not {text}.is_cpu" if fake.device.type == "cpu" else \
+                f"{text}.device != {self.constant(fake.device)}"
+            tests = [f"{text}.dtype is not {self.constant(fake.dtype)}", f"{text}.dim() != {fake.dim()}"]
+            tests += [f"{text}.size({dim}) != {size}" for dim, size in enumerate(sizes) if size is not None]
+            tests += [f"{text}.stride({dim}) != {stride}" for dim, stride in enumerate(strides) if stride is not None]
+            tests += [device, f"{text}.requires_grad is not {fake.requires_grad}"]
+            reason = (f"{source.expr()}: tensor metadata changed from {str(fake.dtype).replace('torch.', '')}"
+                      f"{list(fake.shape)} on {fake.device}, requires_grad={fake.requires_grad}")
+            lines.append(f"if {' or '.join(tests)}: return {reason!r}")
+        return lines
+
+    def _shape_guard_lines(self, renderer: "SourceRenderer", body: list[str], namespace: dict) -> list[str]:
+        """The relations the trace (and the backend's compile) recorded about symbolic inputs, from their
+        ShapeEnv: `x.size(1) == y.size(1)` where they share a symbol, `x.size(0) > 4` where the trace
+        branched on it, `2 <= x.size(1)` for each symbol's range. After the tensor check (every value is a
+        tensor of the right rank by then); each size read once, into a local."""
+        if not self._symbolic_inputs:
+            return []
+        by_name = {name: source for source, name, _ in self._symbolic_inputs}
+        reads: dict[tuple, int] = {}
+
+        def mark(name: str, kind: str | None, dim: int | None) -> str:
+            return f"\x00{reads.setdefault((name, kind, dim), len(reads))}\x00"
+
+        try:
+            conditions = _torch.shape_guards([(value, name) for _, name, value in self._symbolic_inputs], mark)
+        except Exception as error:  # never an entry without its guards: this one is never used
+            reason = f"shape guards could not be made: {type(error).__name__}: {error}"
+            return [f"return {reason!r}"]
+        keys = {index: key for key, index in reads.items()}
+        lines, local_names = [], {}
+        for condition in conditions:
+            code, text = condition.split("\x00"), condition.split("\x00")
+            for position in range(1, len(code), 2):
+                index = int(code[position])
+                name, kind, dim = keys[index]
+                source = by_name[name]
+                suffix = "" if kind is None else f".{kind}({'' if dim is None else dim})"
+                if index not in local_names:
+                    read = renderer.render(source, lines) + suffix
+                    if kind is None:
+                        local_names[index] = read
+                    else:
+                        local_names[index] = f"__z{len(local_names)}"
+                        lines.append(f"{local_names[index]} = {read}")
+                code[position], text[position] = local_names[index], source.expr() + suffix
+            label = text[1] if len(text) > 1 else "shape"
+            reason = f"{label}: the entry assumes {''.join(text)} (a relation the trace relied on)"
+            lines.append(f"if not ({''.join(code)}): return {reason!r}")
+        namespace.update({key: value for key, value in _torch.shape_guard_namespace().items() if key not in namespace})
+        return lines
 
     def _storage_aliasing_lines(self, renderer: "SourceRenderer", body: list[str],
                                 namespace: dict) -> list[str]:

@@ -20,7 +20,7 @@ from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVa
                                                 ExternalDictVariable, ListVariable, TupleVariable, compare_equal)
 from kiln.frontend.variables.modules import ModuleVariable
 from kiln.frontend.variables.objects import ModelOutputVariable
-from kiln.frontend.variables.tensor import TensorVariable
+from kiln.frontend.variables.tensor import SymNumberVariable, TensorVariable, symbolic_arithmetic, symbolic_compare
 
 BINARY_OPERATORS = {
     "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv,
@@ -56,6 +56,10 @@ def binary_op(tx, symbol: str, left: Variable, right: Variable) -> Variable:
     if isinstance(left, TensorVariable) or isinstance(right, TensorVariable):
         fn = INPLACE_OPERATORS[base] if inplace and isinstance(left, TensorVariable) else BINARY_OPERATORS[base]
         return tx.output.call_tensor_op(tx, "call_function", fn, [left, right], {})
+    if isinstance(left, SymNumberVariable) or isinstance(right, SymNumberVariable):
+        result = symbolic_arithmetic(tx, BINARY_OPERATORS[base], left, right)
+        if result is not None:
+            return result  # else (`[0] * n`, `n / 2`) the operands are specialized below
     if left.is_constant() and right.is_constant() and isinstance(left, ConstantVariable) \
             and isinstance(right, ConstantVariable):
         return _run_constant(BINARY_OPERATORS[base], left.value, right.value)
@@ -86,6 +90,8 @@ def _immutable_constants(left: Variable, right: Variable) -> tuple | None:
     if isinstance(left, ListVariable) or isinstance(right, ListVariable) or not (left.is_constant() and
                                                                                  right.is_constant()):
         return None
+    if _holds_symbolic(left) or _holds_symbolic(right):  # `(-1,) + x.shape[1:]` keeps its symbolic sizes
+        return None
     try:
         values = (left.as_constant(), right.as_constant())
     except Unsupported:
@@ -93,6 +99,13 @@ def _immutable_constants(left: Variable, right: Variable) -> tuple | None:
     if all(is_constant_value(value) or isinstance(value, torch.Size) for value in values):
         return values
     return None
+
+
+def _holds_symbolic(variable: Variable) -> bool:
+    """A symbolic number, or a tuple or list holding one (a symbolic shape)."""
+    if isinstance(variable, SymNumberVariable):
+        return True
+    return isinstance(variable, BaseListVariable) and any(_holds_symbolic(item) for item in variable.items)
 
 
 def _is_constant_sequence(variable: Variable) -> bool:
@@ -149,6 +162,9 @@ def unary_op(tx, fn, operand: Variable) -> Variable:
     """-x, +x, ~x (operator.neg / pos / invert)."""
     if isinstance(operand, TensorVariable):
         return tx.output.call_tensor_op(tx, "call_function", fn, [operand], {})
+    if isinstance(operand, SymNumberVariable):
+        result = symbolic_arithmetic(tx, fn, operand)
+        return result if result is not None else _run_constant(fn, operand.as_constant())
     if isinstance(operand, ConstantVariable):
         return _run_constant(fn, operand.value)
     dunder = {operator.neg: "__neg__", operator.pos: "__pos__", operator.invert: "__invert__"}[fn]
@@ -161,6 +177,10 @@ def compare_op(tx, symbol: str, left: Variable, right: Variable) -> Variable:
     """Rich comparison: graph node with tensors, Python value otherwise."""
     if isinstance(left, TensorVariable) or isinstance(right, TensorVariable):
         return tx.output.call_tensor_op(tx, "call_function", COMPARE_OPERATORS[symbol], [left, right], {})
+    if isinstance(left, SymNumberVariable) or isinstance(right, SymNumberVariable):
+        result = symbolic_compare(tx, COMPARE_OPERATORS[symbol], left, right)
+        if result is not None:
+            return result
     if isinstance(left, ConstantVariable) and isinstance(right, ConstantVariable):
         return _run_constant(COMPARE_OPERATORS[symbol], left.value, right.value)
     if symbol in ("==", "!="):

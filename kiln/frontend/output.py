@@ -25,6 +25,7 @@
 """
 from __future__ import annotations
 
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -33,14 +34,15 @@ import torch
 import torch.fx
 
 from kiln import _torch
+from kiln.frontend.dynamic import DynamicPolicy
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.guards import FrameSignature, GuardBuilder, SourceRenderer, compile_function
-from kiln.frontend.sources import LocalSource, NamedSource, Source
+from kiln.frontend.sources import LocalSource, NamedSource, ScalarTensorSource, Source, TensorPropertySource
 from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
 from kiln.frontend.variables.builtins import SetVariable
 from kiln.frontend.variables.containers import DictVariable, ListVariable, SliceVariable, TupleVariable
 from kiln.frontend.variables.objects import DELETED, ModelOutputVariable, NewObjectVariable, UserObjectVariable
-from kiln.frontend.variables.tensor import TensorVariable
+from kiln.frontend.variables.tensor import SymNumberVariable, TensorVariable
 
 
 @dataclass
@@ -57,13 +59,19 @@ class TracedGraph:
 class OutputGraph:
     """Graph, inputs, guards and side effects of one trace."""
 
-    def __init__(self, graph_compiler: Callable):
+    def __init__(self, graph_compiler: Callable, dynamic: DynamicPolicy | None = None):
         self.graph_compiler = graph_compiler
         self.graph = torch.fx.Graph()
-        self.fake_mode = _torch.FakeTensorMode()
+        # Symbolic shapes need a ShapeEnv: every trace of a code object but its first has one (static
+        # inputs get static fakes in it), so a size that changed can be made symbolic (dynamic.py).
+        self.dynamic = dynamic if dynamic is not None else DynamicPolicy(mode=False)
+        self.fake_mode = _torch.symbolic_fake_mode() if self.dynamic.start_trace() else _torch.FakeTensorMode()
         self.guards = GuardBuilder()
         self.guards.global_state()
-        self.inputs: list[tuple[Source, torch.Tensor, TensorVariable]] = []
+        # graph inputs in placeholder order: tensors, the symbols their symbolic sizes bind, int and float arguments
+        self.inputs: list[tuple[Source, Any, Variable]] = []
+        self.symbol_nodes: dict[Any, torch.fx.Node] = {}  # sympy Symbol -> the node that binds it
+        self.symbolic_inputs = 0
         self.tensors_by_id: dict[int, TensorVariable] = {}
         self.wrapped: dict[int, Variable] = {}
         self._keep_alive: list[Any] = []
@@ -112,21 +120,109 @@ class OutputGraph:
             return existing
         if type(value) not in (torch.Tensor, torch.nn.Parameter) and not isinstance(value, torch.nn.Buffer):
             raise Unsupported(f"tensor subclass {type(value).__qualname__} at {source}")
-        self.guards.tensor(source, value)
-        first_compute = next((node for node in self.graph.nodes if node.op != "placeholder"), None)
-        if first_compute is None:
-            node = self.graph.placeholder(self._unique(source.readable_name()))
-        else:
-            with self.graph.inserting_before(first_compute):
-                node = self.graph.placeholder(self._unique(source.readable_name()))
-        fake = self.fake_mode.from_tensor(value, static_shapes=True)
+        fake = self._fake_input(value, source)
+        self.guards.tensor(source, value, fake)
+        if _torch.is_symbolic(tuple(fake.shape) + tuple(fake.stride()) + (fake.storage_offset(),)):
+            self._bind_symbols(source, fake)
+        node = self._placeholder(source.readable_name(), fake)
         self.guards.tensor_storage(source, value, fake, self.graph)
-        node.meta["example_value"] = fake
         variable = TensorVariable(node, fake, source, type(value))
         self.inputs.append((source, value, variable))
         self.tensors_by_id[id(value)] = variable
         self._keep_alive.append(value)
         return variable
+
+    def _placeholder(self, name: str, example: Any) -> torch.fx.Node:
+        """A new graph input, after the others (all placeholders come before the first compute node)."""
+        first_compute = next((node for node in self.graph.nodes if node.op != "placeholder"), None)
+        if first_compute is None:
+            node = self.graph.placeholder(self._unique(name))
+        else:
+            with self.graph.inserting_before(first_compute):
+                node = self.graph.placeholder(self._unique(name))
+        node.meta["example_value"] = example
+        return node
+
+    # -- symbolic shapes and scalars (kiln/frontend/dynamic.py) -----------------------------------------
+
+    def _fake_input(self, value: torch.Tensor, source: Source) -> torch.Tensor:
+        """The fake of a tensor input: symbolic in the dims the dynamic policy picks, else static."""
+        dims = self.dynamic.tensor_dims(source, value)
+        if dims and self.fake_mode.shape_env is not None:
+            name = self._symbolic_name()
+            try:
+                fake = _torch.symbolic_fake_tensor(self.fake_mode, value, name, dims)
+            except Exception:  # a layout torch cannot fake symbolically: this input stays static
+                fake = None
+            if fake is not None:
+                self.guards.symbolic_input(source, name, fake)
+                return fake
+        return self.fake_mode.from_tensor(value, static_shapes=True)
+
+    def _symbolic_name(self) -> str:
+        self.symbolic_inputs += 1
+        return f"kiln_input{self.symbolic_inputs}"
+
+    def _bind_symbols(self, source: Source, fake: torch.Tensor) -> None:
+        """A graph input for each symbol a tensor input introduces (its size, stride or offset), before it,
+        as Dynamo gives a backend: `s0: SymInt` placeholders, passed `x.size(1)` at run time."""
+        for kind, dim, value in _torch.symbolic_properties(fake):
+            symbol = _torch.bare_symbol(value)
+            if symbol in self.symbol_nodes:
+                continue
+            node = self._placeholder(str(symbol), value)
+            self.symbol_nodes[symbol] = node
+            self.inputs.append((TensorPropertySource(source, kind, dim), value, SymNumberVariable(node, value)))
+
+    def scalar_input(self, tx, value: int | float, source: Source) -> Variable | None:
+        """An int or float argument as a graph input, when the dynamic policy says it changes between
+        calls (None: it stays a constant, guarded by value)."""
+        if not self.dynamic.scalar_is_dynamic(source, value) or self.fake_mode.shape_env is None:
+            return None
+        name = self._symbolic_name()
+        self.guards.type_is(source, type(value))
+        if type(value) is int:
+            symbolic = _torch.symbolic_int(self.fake_mode, value, name)
+            node = self._placeholder(source.readable_name(), symbolic)
+            self.inputs.append((source, symbolic, SymNumberVariable(node, symbolic, source)))
+        else:
+            real, fake, symbolic = _torch.symbolic_float(self.fake_mode, value, name)
+            tensor_node = self._placeholder(source.readable_name(), fake)
+            self.inputs.append((ScalarTensorSource(source), real, TensorVariable(tensor_node, fake)))
+            self.guard_namespace.setdefault("__scalar_tensor", _scalar_tensor)
+            node = self.symbolic_node("call_method", "item", (tensor_node,), symbolic)
+        self.symbol_nodes[_torch.bare_symbol(symbolic)] = node
+        self.guards.symbolic_input(source, name, symbolic)
+        return SymNumberVariable(node, symbolic, source)
+
+    def symbolic_node(self, kind: str, target: Any, args: tuple, value: Any, kwargs: dict | None = None) -> torch.fx.Node:
+        """A graph node that computes a number (not counted as compute; dropped at the end if unused)."""
+        node = self.graph.create_node(kind, target, args, kwargs or {})
+        node.meta["example_value"] = value
+        node.meta["kiln_symbolic"] = True
+        return node
+
+    def symbolic_number(self, tx, value: Any, make_node: Callable[[], torch.fx.Node]) -> Variable:
+        """The tracker for a number the trace computed: a constant unless symbolic; a SymBool is decided
+        now (a guard). A bare symbol's node is the input that binds it."""
+        value = _torch.concrete(value)
+        if isinstance(value, torch.SymBool):
+            return ConstantVariable(bool(value))
+        if not isinstance(value, (torch.SymInt, torch.SymFloat)):
+            return ConstantVariable(value)
+        node = self.symbol_nodes.get(_torch.bare_symbol(value))
+        return SymNumberVariable(node if node is not None else make_node(), value)
+
+    def tensor_metadata(self, tx, tensor: TensorVariable, method: str, args: list, value: Any) -> Variable:
+        """`tensor.size()`, `.size(d)`, `.stride()`, `.numel()`...: constants, or symbolic numbers."""
+        if not _torch.is_symbolic(value):
+            return ConstantVariable(value)
+        if isinstance(value, tuple):  # torch.Size or a stride tuple: item by item
+            items = [self.symbolic_number(tx, item, lambda dim=dim, item=item: self.symbolic_node(
+                "call_method", method, (tensor.node, dim), item)) for dim, item in enumerate(value)]
+            return TupleVariable(items, tuple_type=type(value))
+        return self.symbolic_number(tx, value, lambda: self.symbolic_node(
+            "call_method", method, (tensor.node, *args), value))
 
     def call_tensor_op(self, tx, kind: str, target: Any, args: list[Variable], kwargs: dict[str, Variable]) -> Variable:
         """Run `target` on fake tensors; a tensor (or None, i.e. in-place) result becomes a graph node."""
@@ -147,7 +243,11 @@ class OutputGraph:
             raise Unsupported(f"{name}() raised {kind_text} during tracing: {type(error).__name__}: "
                               f"{str(error).splitlines()[0] if str(error) else ''}") from None
         if not _has_tensor(result) and result is not None:
-            return tx.wrap_sourceless(result)
+            if _torch.is_symbolic(result) and not isinstance(result, (tuple, list)):  # torch.numel(x), torch.sym_max
+                return self.symbolic_number(tx, result, lambda: self.symbolic_node(
+                    kind, target, tuple(node_args), result, node_kwargs))
+            return tx.wrap_sourceless(_torch.specialize(result) if not isinstance(result, (tuple, list))
+                                      else type(result)(_torch.specialize(item) for item in result))
         node = self.graph.create_node(kind, target, tuple(node_args), node_kwargs)
         node.meta["example_value"] = result
         self.compute_nodes += 1
@@ -230,13 +330,13 @@ class OutputGraph:
             ending.insert(0, f"{codegen.constant(torch._C._set_grad_enabled)}({grad_at_end})")
         side_effect_lines = self.side_effects.codegen(codegen)
         self.graph.output(tuple(codegen.output_nodes))
+        self._drop_unused_symbolic_nodes()
         graph_module = None
         compiled = None
         if self.compute_nodes:
             graph_module = torch.fx.GraphModule(torch.nn.Module(), self.graph, class_name=name)
             graph_module.graph.lint()
-            example_inputs = [value for _, value, _ in self.inputs]
-            compiled = self.graph_compiler(graph_module, example_inputs)
+            compiled = self._compile_graph(graph_module)
         namespace = dict(signature.namespace)
         namespace.update(self.guard_namespace)
         namespace.update(codegen.namespace)
@@ -262,6 +362,32 @@ class OutputGraph:
         entry = compile_function(entry_source, "__entry", namespace, f"kiln_entry_{name}")
         guard, guard_source = self.guards.build(signature, self.guard_namespace)
         return TracedGraph(guard, guard_source, entry, entry_source, graph_module)
+
+
+    def _compile_graph(self, graph_module: torch.fx.GraphModule) -> Callable:
+        """The backend's callable for the graph. Its example inputs are real tensors, and the SymInts of
+        symbolic inputs, passed as Dynamo passes them: inside a TracingContext with the trace's fake mode,
+        so the backend's own tracing shares its symbols and adds its guards to its ShapeEnv."""
+        example_inputs = [value for _, value, _ in self.inputs]
+        if not self.guards.has_symbolic_inputs():
+            return self.graph_compiler(graph_module, example_inputs)
+        with _torch.backend_tracing(self.fake_mode):
+            return self.graph_compiler(graph_module, example_inputs)
+
+    def _drop_unused_symbolic_nodes(self) -> None:
+        """Nodes that computed numbers nothing in the graph uses (`b, l, d = x.shape` reads them all)."""
+        for node in reversed(list(self.graph.nodes)):
+            if node.meta.get("kiln_symbolic") and not node.users:
+                self.graph.erase_node(node)
+
+
+_NUMBER_OPERATORS = frozenset({operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod,
+                               operator.truediv, operator.pow, operator.neg, operator.pos})
+
+
+def _scalar_tensor(value: float) -> torch.Tensor:
+    """A float argument as the graph takes it (a 0-d float64 tensor, as Dynamo passes floats)."""
+    return torch.scalar_tensor(value, dtype=torch.float64)
 
 
 class EntryCodegen:
@@ -302,6 +428,35 @@ class EntryCodegen:
             self._output_index[node] = len(self.output_nodes)
             self.output_nodes.append(node)
         return f"__outs[{self._output_index[node]}]"
+
+    def symbolic_number(self, variable: SymNumberVariable) -> str | None:
+        """Python that recomputes a number the trace computed from symbolic inputs (`x.size(1) * 4`,
+        `lr * 2.0`): the same operations on the same inputs, so a float is what Python gives. None when
+        it reads a size of a tensor the graph computes (the caller specializes it then)."""
+        bound = {input_variable.node: source for source, _, input_variable in self.output.inputs}
+
+        def read(node: Any, emit: bool) -> str | None:
+            if not isinstance(node, torch.fx.Node):
+                return repr(node) if type(node) in (int, float, bool) and node == node and abs(node) != math.inf \
+                    else None
+            source = bound.get(node)
+            if source is not None and node.op == "placeholder":
+                if isinstance(source, ScalarTensorSource):
+                    return None  # the float's tensor, not the float
+                return self.source(source) if emit else ""
+            if node.op == "call_method" and node.target == "item" and isinstance(bound.get(node.args[0]),
+                                                                               ScalarTensorSource):
+                return self.source(bound[node.args[0]].parent) if emit else ""
+            if node.op == "call_function" and node.target in _NUMBER_OPERATORS and not node.kwargs:
+                parts = [read(arg, emit) for arg in node.args]
+                if any(part is None for part in parts):
+                    return None
+                return f"{self.constant(node.target)}({', '.join(parts)})" if emit else ""
+            return None
+
+        if read(variable.node, emit=False) is None:
+            return None
+        return read(variable.node, emit=True)
 
     def constant(self, value: Any) -> str:
         if value is None or isinstance(value, (bool, int, str, bytes)) or \
@@ -500,6 +655,8 @@ def _convert(variable: Any) -> tuple[Any, Any]:
     """A tracker as (graph argument, fake argument)."""
     if isinstance(variable, TensorVariable):
         return variable.node, variable.fake
+    if isinstance(variable, SymNumberVariable):
+        return variable.node, variable.value
     if isinstance(variable, ConstantVariable):
         value = _python_scalar(variable.value)
         return value, value
@@ -508,6 +665,8 @@ def _convert(variable: Any) -> tuple[Any, Any]:
         kind = list if isinstance(variable, ListVariable) else tuple
         nodes, fakes = kind(pair[0] for pair in pairs), kind(pair[1] for pair in pairs)
         if variable.python_type() is torch.Size:
+            if any(isinstance(node, torch.fx.Node) for node in nodes):  # symbolic sizes: a tuple in the graph
+                return tuple(nodes), torch.Size(fakes)
             return torch.Size(nodes), torch.Size(fakes)
         return nodes, fakes
     if isinstance(variable, SliceVariable):

@@ -129,3 +129,33 @@ def chain(source: Source) -> list[Source]:
         out.append(source)
         source = source.parent
     return out[::-1]
+
+
+@dataclass(frozen=True, eq=True)
+class TensorPropertySource(Source):
+    """A size (`kind="size"`), stride or storage offset of the tensor at `parent`: a graph input
+    that binds one symbol of a symbolic shape."""
+
+    parent: Source
+    kind: str
+    dim: int | None = None
+
+    def expr(self) -> str:
+        return self.with_parent(self.parent.expr())
+
+    def with_parent(self, text: str) -> str:
+        return f"{text}.{self.kind}({'' if self.dim is None else self.dim})"
+
+
+@dataclass(frozen=True, eq=True)
+class ScalarTensorSource(Source):
+    """The float at `parent` as the 0-d float64 tensor a graph takes it as (`__scalar_tensor` is
+    `torch.scalar_tensor(value, dtype=torch.float64)`, bound in the entry's namespace)."""
+
+    parent: Source
+
+    def expr(self) -> str:
+        return self.with_parent(self.parent.expr())
+
+    def with_parent(self, text: str) -> str:
+        return f"__scalar_tensor({text})"

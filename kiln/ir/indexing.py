@@ -13,6 +13,8 @@ from typing import Iterable, Sequence
 
 import sympy
 
+from kiln import _torch
+
 
 class FloorDiv(sympy.Function):
     """Integer floor division of nonnegative integers."""
@@ -219,3 +221,12 @@ def affine_coefficients(expr, variables: Sequence[sympy.Symbol]) -> tuple[list[s
     coefficients = [expanded.coeff(variable) for variable in variables]
     constant = expanded.subs({variable: 0 for variable in variables})
     return coefficients, constant
+
+
+# A symbolic size from torch's ShapeEnv (`_torch.sym_expr`) is spelled with these functions, not torch's.
+_torch.INDEX_FUNCTION_REWRITES.update({
+    "FloorDiv": FloorDiv, "CleanDiv": FloorDiv, "CeilDiv": lambda base, divisor: FloorDiv(base + divisor - 1, divisor),
+    "PythonMod": Mod, "Mod": Mod,
+    "ModularIndexing": lambda base, divisor, modulus: Mod(FloorDiv(base, divisor), modulus),
+    "Max": sympy.Max, "Min": sympy.Min, "PowByNatural": sympy.Pow,
+})

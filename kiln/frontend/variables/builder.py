@@ -59,6 +59,10 @@ def wrap(tx: Tracer, value: Any, source: Source | None, guard: bool = True) -> V
         return output.tensor_input(tx, value, source)
     if wraps_as_constant(value):
         if guards is not None:
+            if type(value) in (int, float):  # an argument that changes between calls may be a graph input
+                symbolic = output.scalar_input(tx, value, source)
+                if symbolic is not None:
+                    return symbolic
             guards.value(source, value)
         return ConstantVariable(value, source)
     cached = output.wrapped.get(id(value))

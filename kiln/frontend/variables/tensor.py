@@ -7,6 +7,13 @@ dtype, device and strides without computing anything. Metadata reads (`x.shape`,
 `x.dtype`, `x.dim()`) are constants, valid because input metadata is guarded.
 Anything that needs a tensor's *values* in Python (`bool(x)`, `x.item()`,
 `x.tolist()`) is data-dependent and unsupported.
+
+With symbolic shapes (kiln/frontend/dynamic.py) a size may be a SymInt: `x.shape`,
+`x.size(d)`, `x.numel()` then give `SymNumberVariable`s, whose node computes the number
+in the graph; arithmetic on them stays symbolic, and anything that needs the number
+itself in Python (a comparison, `range(n)`, a dict key) specializes it: the ShapeEnv
+records the fact as a guard (`x.size(1) > 4`, or `== 7`), and the entry is only used
+where it holds.
 """
 from __future__ import annotations
 
@@ -14,6 +21,7 @@ import operator
 
 import torch
 
+from kiln import _torch
 from kiln.frontend.errors import AttributeFailure, Unsupported
 from kiln.frontend.variables.base import ConstantVariable, Variable
 
@@ -60,7 +68,7 @@ class TensorVariable(Variable):
 
     def getattr(self, tx, name: str) -> Variable:
         if name in ("shape",):
-            return ConstantVariable(self.fake.shape)
+            return tx.output.tensor_metadata(tx, self, "size", [], self.fake.shape)
         if name in _METADATA_ATTRIBUTES:
             return ConstantVariable(getattr(self.fake, name))
         if name in ("T", "mT", "H", "mH", "real", "imag", "data"):
@@ -115,8 +123,93 @@ class TensorMethodVariable(Variable):
         if name in _METADATA_METHODS and not (name == "type" and (args or kwargs)):
             values = [arg.as_constant() for arg in args]
             keywords = {key: arg.as_constant() for key, arg in kwargs.items()}
-            return ConstantVariable(getattr(self.tensor.fake, name)(*values, **keywords))
+            result = getattr(self.tensor.fake, name)(*values, **keywords)
+            if keywords or not _torch.is_symbolic(result):
+                return ConstantVariable(_torch.specialize(result))
+            return tx.output.tensor_metadata(tx, self.tensor, name, values, result)
         return tx.output.call_tensor_op(tx, "call_method", name, [self.tensor, *args], kwargs)
+
+
+class SymNumberVariable(Variable):
+    """An int or float the graph computes: a symbolic size (SymInt), an int or float argument made a
+    graph input, or arithmetic on them. `node` computes it in the graph; `value` is its SymInt/SymFloat.
+
+    It counts as a constant, known up to a guard: `as_constant()` (what any tracker that needs the
+    Python number calls) specializes it, recording that it keeps this value in the ShapeEnv.
+    Operators (operations.py) and torch calls (the node goes into the graph) keep it symbolic.
+    """
+
+    def __init__(self, node: torch.fx.Node, value, source=None):
+        self.node = node
+        self.value = value
+        self.source = source
+
+    def describe(self) -> str:
+        return f"symbolic {self.python_type().__name__} {self.value}"
+
+    def python_type(self) -> type:
+        return float if isinstance(self.value, torch.SymFloat) else int
+
+    def is_constant(self) -> bool:
+        return True
+
+    def as_constant(self):
+        return _torch.specialize(self.value)
+
+    def truth(self, tx) -> bool:
+        return bool(self.value)
+
+    def getattr(self, tx, name: str) -> Variable:
+        return ConstantVariable(self.as_constant()).getattr(tx, name)
+
+    def call_method(self, tx, name, args, kwargs) -> Variable:
+        return ConstantVariable(self.as_constant()).call_method(tx, name, args, kwargs)
+
+    def reconstruct(self, codegen) -> str:
+        if self.source is not None:  # an int or float argument: itself
+            return codegen.source(self.source)
+        recomputed = codegen.symbolic_number(self)  # from the inputs, by the entry
+        return recomputed if recomputed is not None else codegen.constant(self.as_constant())
+
+
+_SYMBOLIC_ARITHMETIC = frozenset({operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod,
+                                  operator.truediv, operator.pow, operator.neg, operator.pos})
+
+
+def symbolic_arithmetic(tx, fn, *operands: Variable) -> Variable | None:
+    """`fn(*operands)` kept symbolic, when an operand is a SymNumberVariable and the others are numbers;
+    None when it cannot be (the caller specializes). A float made from ints alone (`n / 2`) is
+    specialized: the backend takes symbolic floats only as they come from float arguments."""
+    if fn not in _SYMBOLIC_ARITHMETIC or not all(_is_number(operand) for operand in operands):
+        return None
+    values = [operand.value for operand in operands]
+    try:
+        result = _torch.concrete(fn(*values))
+    except Exception:
+        return None
+    if isinstance(result, torch.SymFloat) and not any(isinstance(value, torch.SymFloat) for value in values):
+        return None
+    if not isinstance(result, (torch.SymInt, torch.SymFloat)):
+        return ConstantVariable(result)
+    args = tuple(operand.node if isinstance(operand, SymNumberVariable) else operand.value for operand in operands)
+    return tx.output.symbolic_number(tx, result, lambda: tx.output.symbolic_node("call_function", fn, args, result))
+
+
+def symbolic_compare(tx, fn, left: Variable, right: Variable) -> Variable | None:
+    """A comparison of numbers, one symbolic, as a Python bool: the ShapeEnv records the relation
+    (`x.size(0) > 4`) as a guard of the entry. None when an operand is not a number."""
+    if not (_is_number(left) and _is_number(right)):
+        other = right if isinstance(left, SymNumberVariable) else left
+        if fn in (operator.eq, operator.ne) and isinstance(other, ConstantVariable) and \
+                (other.value is None or isinstance(other.value, (str, bytes, tuple))):
+            return ConstantVariable(fn is operator.ne)  # a number never equals these: nothing to guard
+        return None
+    return ConstantVariable(bool(fn(left.value, right.value)))
+
+
+def _is_number(variable: Variable) -> bool:
+    return isinstance(variable, SymNumberVariable) or (
+        isinstance(variable, ConstantVariable) and type(variable.value) in (int, float, bool))
 
 
 def contains_tensor(variable: Variable) -> bool:
