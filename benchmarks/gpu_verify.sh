@@ -7,7 +7,7 @@
 #                                                                 # CUDA fuzzer for $FUZZ_BUDGET s
 #                                                                 # (default 120; seed $FUZZ_SEED,
 #                                                                 # default 202): ~290 s
-#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh kernels   # the kernels suite, eager /
+#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh kernels   # generate() tokens/s, then the kernels suite, eager /
 #                                                                 # torch.compile / kiln, one process per
 #                                                                 # case ($KERNELS_BUDGET s, default 420;
 #                                                                 # 300 s left softmax and RMSNorm out)
@@ -31,7 +31,17 @@ checks)
             fi
         done
     } > "$OUT_DIR/checks.txt" 2>&1
-    grep "exit\|FAIL" "$OUT_DIR/checks.txt"
+    {
+        timeout 200 "$PYTHON" -m benchmarks.gpu_capture_check 2>&1 | grep -v "Warning"
+        echo "gpu_capture_check exit ${PIPESTATUS[0]}"
+        # The frontend on this machine's Python (3.12): graph breaks, dynamic shapes, the break corpus,
+        # generate() with the KV cache, on CPU tensors (Triton kernels interpreted).
+        TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider -n 8 \
+            tests/frontend/test_graph_breaks.py tests/frontend/test_dynamic_shapes.py \
+            tests/frontend/test_break_corpus.py tests/models/test_generate.py 2>&1 | tail -15
+        echo "py312 frontend tests exit ${PIPESTATUS[0]}"
+    } >> "$OUT_DIR/checks.txt" 2>&1
+    grep "exit\|FAIL\|OK$" "$OUT_DIR/checks.txt"
     seed="${FUZZ_SEED:-202}"
     budget="${FUZZ_BUDGET:-120}"  # 120 s ran 1,699 programs at 625425a (11.8/s): 200 for the issue's 2,000
     timeout $((budget + 140)) "$PYTHON" -m tests.fuzz --device cuda --programs 5000 --seed "$seed" --jobs 12 --budget "$budget" \
@@ -39,6 +49,8 @@ checks)
     rm -f "$OUT_DIR"/*.log
     ;;
 kernels)
+    # greedy generate() with the KV cache, tokens per second (issue 13), eager / torch.compile / kiln
+    timeout 300 "$PYTHON" -m benchmarks.generate --repeats 3 --out "$OUT_DIR" --label "generate-$commit" 2>&1 | tail -12
     "$PYTHON" -m benchmarks.gpu_clamp_ties 2>&1 | tail -6
     "$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,inductor,kiln \
         --budget "${KERNELS_BUDGET:-420}" --timeout 60 --label "kernels-$commit" --copy-to "$OUT_DIR" 2>&1 | tail -15
