@@ -118,7 +118,11 @@ class Variable:
         raise Unsupported(f"calling {self.describe()}")
 
     def call_method(self, tx: "Tracer", name: str, args: list["Variable"], kwargs: dict[str, "Variable"]) -> "Variable":
-        return self.getattr(tx, name).call(tx, args, kwargs)
+        method = self.getattr(tx, name)
+        if isinstance(method, TrackerMethod) and method.receiver is self and method.name == name:
+            # the type has the method, but this tracker's call_method does not model it (it asked us)
+            raise Unsupported(f"{self.describe()}.{name}() (kiln does not model this method)")
+        return method.call(tx, args, kwargs)
 
     def unpack(self, tx: "Tracer") -> list["Variable"]:
         """The items iteration would produce, all at once."""
