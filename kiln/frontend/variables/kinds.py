@@ -15,6 +15,7 @@ import contextvars
 import functools
 import logging
 import os
+import random
 import types
 from typing import Any
 
@@ -26,8 +27,9 @@ from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import ConstantVariable, Variable, is_constant_value
 from kiln.frontend.variables.builtins import SetVariable, builtin_variable
 from kiln.frontend.variables.containers import DictVariable, ExternalDictVariable, ListVariable, TupleVariable
-from kiln.frontend.variables.functions import (BoundMethodVariable, MethodDescriptorVariable, PartialVariable,
-                                               TorchFunctionVariable, UserFunctionVariable, is_torch_function)
+from kiln.frontend.variables.functions import (BoundMethodVariable, LruCacheVariable, MethodDescriptorVariable,
+                                               PartialVariable, TorchFunctionVariable, UserFunctionVariable,
+                                               is_torch_function)
 from kiln.frontend.variables.modules import ModuleVariable, PythonModuleVariable
 from kiln.frontend.variables.objects import ClassVariable, ContextVarVariable, UserObjectVariable
 from kiln.frontend.variables.torch_special import LoggerVariable
@@ -111,6 +113,11 @@ def _builtin(tx, value: Any, source, guards) -> Variable | None:
     return builtin_variable(value)
 
 
+def _lru_cache(tx, value, source, guards) -> Variable:
+    _guard_identity(guards, source, value)
+    return LruCacheVariable(value, source)
+
+
 def _function(tx, value: types.FunctionType, source, guards) -> Variable:
     _guard_identity(guards, source, value)
     return UserFunctionVariable(value, source)
@@ -142,6 +149,10 @@ def _builtin_method(tx, value: types.BuiltinMethodType, source, guards) -> Varia
     """A C function: a bound method of a receiver kiln can wrap (`"-".join`), else not modelled."""
     _guard_identity(guards, source, value)
     receiver = value.__self__
+    if isinstance(receiver, random.Random):
+        raise Unsupported(f"random.{value.__name__}(): a draw from Python's random number generator, whose value "
+                          "exists only when the program runs (kiln does not trace it; use torch's random functions, "
+                          "which become graph nodes)")
     if receiver is None or isinstance(receiver, types.ModuleType):
         raise Unsupported(f"calling builtin {getattr(value, '__qualname__', value)!r} which kiln does not model")
     bound = builder.wrap(tx, receiver, None, False) if not builder.wraps_as_constant(receiver) \
@@ -167,6 +178,12 @@ def _context_var(tx, value: contextvars.ContextVar, source, guards) -> Variable:
 def _logger(tx, value: logging.Logger | logging.LoggerAdapter, source, guards) -> Variable:
     _guard_identity(guards, source, value)
     return LoggerVariable(value, source)
+
+
+def _random_generator(tx, value: random.Random, source, guards) -> Variable:
+    raise Unsupported(f"{type(value).__module__}.{type(value).__qualname__}: Python's random number generator, whose "
+                      "draws exist only when the program runs (kiln does not trace them; use torch's random "
+                      "functions, which become graph nodes)")
 
 
 def _user_object(tx, value: Any, source, guards) -> Variable:
@@ -203,6 +220,7 @@ KINDS = (
     (set, _set),
     (object, _torch_callable),
     (object, _builtin),
+    (functools._lru_cache_wrapper, _lru_cache),
     (types.FunctionType, _function),
     (types.MethodType, _method),
     (types.ModuleType, _python_module),
@@ -212,6 +230,7 @@ KINDS = (
     (functools.partial, _partial),
     (contextvars.ContextVar, _context_var),
     ((logging.Logger, logging.LoggerAdapter), _logger),
+    (random.Random, _random_generator),
     (object, _user_object),
 )
 SOURCELESS_KINDS = ((list, _sourceless_list), (tuple, _sourceless_tuple),

@@ -19,7 +19,7 @@ from kiln.frontend.errors import AttributeFailure, Unsupported
 from kiln.frontend.sources import AttrSource, ItemSource, NamedSource, TypeSource
 from kiln.frontend.variables.base import (MISSING, ConstantVariable, Variable, is_trusted_module,
                                           lookup_class_attribute)
-from kiln.frontend.variables.containers import IteratorVariable, ListIteratorLike, TupleVariable
+from kiln.frontend.variables.containers import IteratorVariable, ListIteratorLike, TupleVariable, missing_key
 from kiln.frontend.variables.objects import bind_class_attribute, object_getattr
 
 _CONTAINER_TYPES = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
@@ -138,7 +138,7 @@ class ModuleVariable(Variable):
             for name, child in children:
                 if name == index:
                     return child
-            raise Unsupported(f"key {index!r} missing from {self.describe()} (the program raises KeyError)")
+            raise missing_key(key, self)
         if isinstance(index, slice):
             return TupleVariable([child for _, child in children][index])
         return children[index][1]
