@@ -767,3 +767,33 @@ def test_python_random_is_refused_with_its_reason():
     compiled, _ = _compiled(_python_random)
     with pytest.raises(FullgraphError, match="random number generator"):
         compiled(X)
+
+
+# --------------------------------------------------------------------------- nn.Module's iterators
+
+class _Tree(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first = torch.nn.Linear(4, 4)
+        self.rest = torch.nn.Sequential(torch.nn.Linear(4, 2), torch.nn.ReLU())
+        self.tied = self.first  # one module under two names: visited once
+        self.register_buffer("scale", torch.tensor(2.0))
+
+    def forward(self, x):
+        dtype = next(self.parameters()).dtype
+        total = sum(parameter.sum() for parameter in self.parameters())
+        return (self.rest(self.first(x)).to(dtype) + total * next(self.buffers()),
+                [name for name, _ in self.named_parameters()], [name for name, _ in self.named_modules()],
+                [name for name, _ in self.named_children()], len(list(self.modules())),
+                [name for name, _ in self.first.named_parameters(prefix="first", recurse=False)])
+
+
+def test_parameters_buffers_and_modules_of_a_module_are_read_from_its_tree():
+    model = _Tree()
+    x = torch.randn(2, 4)
+    compiled, graphs = _compiled(model)
+    got, want = compiled(x), model(x)
+    assert torch.allclose(got[0], want[0]) and got[1:] == want[1:] and len(graphs) == 1
+    model.rest.append(torch.nn.Linear(2, 2))  # the tree changed: its keys are guarded
+    got, want = compiled(x), model(x)
+    assert torch.allclose(got[0], want[0]) and got[1:] == want[1:] and len(graphs) == 2
