@@ -17,8 +17,8 @@ frame (eager Python raises it).
 The exception being handled (what a bare `raise` re-raises) is kept as CPython keeps it:
 PUSH_EXC_INFO saves the previous one on the value stack and POP_EXCEPT restores it; each
 frame holds the one its own handler is running, and a frame without one sees its caller's.
-Side effects made before the raise stay made, as in Python. `generator.throw` and `except*`
-are not modelled.
+Side effects made before the raise stay made, as in Python. `generator.throw` runs the same
+machinery at a suspended `yield`; `except*` is not modelled.
 """
 from __future__ import annotations
 
@@ -160,18 +160,19 @@ class ExceptionHandling:
             raise ProgramException(f"{exception.describe()} raised again", exception.python_type(),
                                    exception=exception)
         cause = self.pop() if instruction.arg == 2 else None
-        exception = self._exception_to_raise(self.pop())
+        exception = self.exception_to_raise(self.pop())
         context = self.current_exception()
         if context is not None and context is not exception:
             exception.attributes["__context__"] = context
         if cause is not None:
             is_none = isinstance(cause, ConstantVariable) and cause.value is None
-            exception.attributes["__cause__"] = NONE if is_none else self._exception_to_raise(cause)
+            exception.attributes["__cause__"] = NONE if is_none else self.exception_to_raise(cause)
             exception.attributes["__suppress_context__"] = ConstantVariable(True)
         raise ProgramException(f"{exception.describe()} raised and not caught inside the compiled function",
                                exception.cls, exception=exception)
 
-    def _exception_to_raise(self, value: Variable) -> ExceptionVariable:
+    def exception_to_raise(self, value: Variable) -> ExceptionVariable:
+        """The exception object `raise value` raises: the object itself, or an instance of the class."""
         if isinstance(value, ExceptionVariable):
             return value
         if isinstance(value, ClassVariable) and isinstance(value.value, type) and \

@@ -136,6 +136,23 @@ class Frame(ExceptionHandling, PatternMatching):
             return None
         raise AssertionError("a generator frame stopped without yielding or returning")
 
+    def throw(self, caller: "Frame", raised: ProgramException) -> Variable | None:
+        """generator.throw: `raised` at the suspended yield, handled as the generator's code says; then the next
+        yield's value, or None when the generator returned. Uncaught, it leaves the generator (which has ended)."""
+        self.parent = caller
+        self.hidden_callers = 0
+        self.depth = caller.depth + 1
+        if self.current is None or not self.catch(raised):  # not started, or not caught: it ends the generator
+            raise raised
+        try:
+            self.run_handling_exceptions()
+        except _Yield as suspended:
+            return suspended.value
+        except _Return as done:
+            self.return_value = done.value
+            return None
+        raise AssertionError("a generator frame stopped without yielding or returning")
+
     def _execute(self) -> None:
         try:
             while True:
@@ -786,8 +803,12 @@ class GeneratorVariable(BaseIteratorVariable):
     def next_item(self, tx) -> Variable | None:
         return self.send(tx, NONE)
 
-    def send(self, tx, value: Variable) -> Variable | None:
+    def send(self, tx, value: Variable, thrown: ProgramException | None = None) -> Variable | None:
+        """Resume with `value` (or with the exception `thrown` raised at its yield: generator.throw); the next
+        yielded value, or None once it has ended."""
         if self.finished:
+            if thrown is not None:
+                raise thrown
             return None
         if self.running:
             raise Unsupported(f"{self.describe()} resumed while it runs (the program raises ValueError)")
@@ -799,7 +820,7 @@ class GeneratorVariable(BaseIteratorVariable):
                               "(an endless generator?)")
         self.running = True
         try:
-            item = self.frame.resume(tx, value)
+            item = self.frame.throw(tx, thrown) if thrown is not None else self.frame.resume(tx, value)
         except ProgramException as raised:  # an exception leaving the generator ends it
             self.finished = True
             if issubclass(raised.exception_type, StopIteration):  # PEP 479
@@ -817,10 +838,17 @@ class GeneratorVariable(BaseIteratorVariable):
         return not self.finished and self.frame.suspended_in_cleanup_block() and not self.frame.closes_quietly()
 
     def call_method(self, tx, name, args, kwargs) -> Variable:
-        if name == "send" and len(args) == 1:
-            item = self.send(tx, args[0])
+        if (name == "send" and len(args) == 1) or (name == "throw" and 1 <= len(args) <= 3):
+            thrown = None
+            if name == "throw":  # throw(exception), or the older throw(type, value, traceback)
+                given = args[1] if len(args) > 1 and not is_same(args[1], NONE) else args[0]
+                exception = tx.exception_to_raise(given)
+                thrown = ProgramException(f"{exception.describe()} thrown into {self.describe()}", exception.cls,
+                                          exception=exception)
+            item = self.send(tx, args[0] if thrown is None else NONE, thrown)
             if item is None:
-                raise Unsupported(f"{self.describe()}.send(): the generator ended (StopIteration)")
+                raise ProgramException(f"{self.describe()}.{name}(): the generator ended", StopIteration,
+                                       [self.frame.return_value])
             return item
         if name == "close" and not args:
             if self.frame.current is not None and not self.finished:
