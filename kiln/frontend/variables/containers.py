@@ -45,11 +45,15 @@ class NamedKey:
 
 
 def _is_identity_key(key: Any) -> bool:
-    """A key that hashes and compares by identity (or is an enum member): no user __eq__ runs in the guard."""
+    """A key that hashes and compares by identity (a class, a function, `typing.Union`) or is an enum member:
+    no user __eq__ or __hash__ runs in the guard."""
     import enum
 
-    return isinstance(key, (type, types.FunctionType, types.BuiltinFunctionType, enum.Enum)) and \
-        (not isinstance(key, type) or type(key).__eq__ is type.__eq__)
+    kind = type(key)
+    if isinstance(key, type):
+        return kind.__eq__ is type.__eq__ and kind.__hash__ is type.__hash__
+    return isinstance(key, (types.FunctionType, types.BuiltinFunctionType, enum.Enum)) or \
+        (kind.__eq__ is object.__eq__ and kind.__hash__ is object.__hash__)
 
 
 def hashable_key(tx, key: Variable) -> Any:
