@@ -733,6 +733,58 @@ def test_contextlib_contextmanager():
     check(_generator_context_manager, X)
 
 
+@contextlib.contextmanager
+def _guarded_section(log):
+    try:
+        yield
+    except KeyError:
+        log.append("handled in the generator")  # swallows it: the with block's exception goes no further
+    finally:
+        log.append("cleanup")
+
+
+def _context_manager_left_by_exceptions(x):
+    log = []
+    with _guarded_section(log):
+        raise KeyError("swallowed by the generator")
+    try:
+        with _guarded_section(log):
+            raise ValueError("passes through the generator")
+    except ValueError as error:
+        log.append(error.args[0])
+    return x + len(log), log
+
+
+def test_contextmanager_left_by_an_exception_throws_it_into_the_generator():
+    check(_context_manager_left_by_exceptions, X)
+
+
+def _catcher():
+    caught = []
+    while True:
+        try:
+            yield len(caught)
+        except ValueError as error:
+            caught.append(error.args[0])
+            if len(caught) == 2:
+                return caught
+
+
+def _generator_throw(x):
+    generator = _catcher()
+    next(generator)
+    first = generator.throw(ValueError("one"))
+    try:
+        generator.throw(ValueError("two"))
+    except StopIteration as stop:
+        result = stop.args
+    return x * first, result
+
+
+def test_generator_throw():
+    check(_generator_throw, X)
+
+
 _BY_TYPE = {int: 2, float: 3}
 
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import inspect
 import os
 from unittest import mock
 
@@ -35,6 +36,7 @@ import torch
 import kiln
 import kiln.backend
 from kiln.debug.explain import ExplainReport, _recording
+from kiln.frontend import FullgraphError
 from kiln.testing import compare, to_float64
 
 transformers = pytest.importorskip("transformers")
@@ -282,7 +284,23 @@ def test_causal_lm_training(make_model):
                                                                             "labels": input_ids})
 
 
-@pytest.mark.parametrize("make_model", [t5, bart], ids=lambda make: make.__name__)
+def _layerdrop_branches_on_a_tensor(encoder: type) -> bool:
+    """Older transformers (5.17) draw `torch.rand([]) < self.layerdrop` for every layer in training: a Python
+    branch on a tensor's value (data-dependent, even with the default layerdrop of 0), which one graph cannot hold."""
+    source = inspect.getsource(encoder.forward)  # 5.24 draws only when layerdrop > 0
+    return "torch.rand([])" in source and "self.layerdrop > 0" not in source
+
+
+LAYERDROP_BRANCH = "this transformers' encoder branches on torch.rand([]) < layerdrop in training (data-dependent)"
+
+
+def _known_layerdrop_branch(encoder: type):
+    return pytest.mark.xfail(_layerdrop_branches_on_a_tensor(encoder), reason=LAYERDROP_BRANCH,
+                             raises=FullgraphError, strict=True)
+
+
+@pytest.mark.parametrize("make_model", [t5, pytest.param(bart, marks=_known_layerdrop_branch(
+    transformers.models.bart.modeling_bart.BartEncoder))], ids=lambda make: make.__name__)
 def test_seq2seq_training(make_model):
     check_training(make_model(**NO_DROPOUT[make_model.__name__]), {"input_ids": tokens(),
                                                                    "labels": tokens(seq=SEQ // 2)})
@@ -296,6 +314,7 @@ def test_clip_training():
     check_training(clip(), {**clip_inputs(), "return_loss": True})
 
 
+@_known_layerdrop_branch(transformers.models.whisper.modeling_whisper.WhisperEncoder)
 def test_whisper_training():
     inputs = whisper_inputs()
     check_training(whisper(), {"input_features": inputs["input_features"], "labels": inputs["decoder_input_ids"]})
