@@ -142,6 +142,11 @@ class ExceptionHandling:
                     self.RERAISE(instruction)
                 except ProgramException as again:
                     return again
+            if op == "CLEANUP_THROW":  # 3.12's `yield from` passes GeneratorExit on (its delegate is checked itself)
+                exception = self.stack[-1]
+                if not isinstance(exception, ExceptionVariable) or issubclass(exception.cls, StopIteration):
+                    return None
+                return ProgramException("GeneratorExit", exception.cls, exception=exception)
             if op not in _QUIET_HANDLER_OPS:
                 return None
             getattr(self, op)(instruction)

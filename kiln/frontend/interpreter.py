@@ -142,6 +142,10 @@ class Frame(ExceptionHandling, PatternMatching):
         self.parent = caller
         self.hidden_callers = 0
         self.depth = caller.depth + 1
+        index = self.index_of[id(self.current)] if self.current is not None else 0
+        if index > 0 and self.instructions[index - 1].op == "SEND":
+            raise Unsupported(f"throwing into generator {self.code.co_qualname} suspended in `yield from` (Python "
+                              "throws into the delegate first)")
         if self.current is None or not self.catch(raised):  # not started, or not caught: it ends the generator
             raise raised
         try:

@@ -849,3 +849,19 @@ def test_parameters_buffers_and_modules_of_a_module_are_read_from_its_tree():
     model.rest.append(torch.nn.Linear(2, 2))  # the tree changed: its keys are guarded
     got, want = compiled(x), model(x)
     assert torch.allclose(got[0], want[0]) and got[1:] == want[1:] and len(graphs) == 2
+
+
+def _delegate_to_catcher():
+    yield from _catcher()
+
+
+def _throw_into_yield_from(x):
+    generator = _delegate_to_catcher()
+    next(generator)
+    return x * generator.throw(ValueError("for the delegate"))
+
+
+def test_throw_into_a_generator_suspended_in_yield_from_is_refused():
+    compiled, _ = _compiled(_throw_into_yield_from)
+    with pytest.raises(FullgraphError, match="suspended in `yield from`"):
+        compiled(X)
