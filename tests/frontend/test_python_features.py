@@ -865,3 +865,20 @@ def test_throw_into_a_generator_suspended_in_yield_from_is_refused():
     compiled, _ = _compiled(_throw_into_yield_from)
     with pytest.raises(FullgraphError, match="suspended in `yield from`"):
         compiled(X)
+
+
+def _errors_of_constant_operations(x, shape):
+    caught = []
+    try:
+        shape[7]
+    except IndexError as error:
+        caught.append(error.args)
+    try:
+        "abc".index("z")
+    except ValueError as error:
+        caught.append(error.args)
+    return x + len(caught), caught
+
+
+def test_errors_of_operations_on_constants_are_the_programs():
+    check(_errors_of_constant_operations, X, (2, 3))

@@ -26,8 +26,8 @@ from kiln.frontend import replay
 from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported
 from kiln.frontend.operations import BINARY_OPERATORS, COMPARE_OPERATORS, binary_op, compare_op, contains, unary_op
 from kiln.frontend.sources import TypeSource
-from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, is_constant_value, is_same,
-                                          lookup_class_attribute)
+from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, is_same, lookup_class_attribute,
+                                          run_on_constants)
 from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, DictVariable, IteratorVariable,
                                                 LazyIteratorVariable, ListVariable, SliceVariable, TupleVariable,
                                                 iterate, unpack_iterable)
@@ -91,15 +91,7 @@ def _constants(args, kwargs) -> tuple[list, dict] | None:
     return None
 
 
-def _run(fn, values, keywords):
-    """`fn(*values, **keywords)` on constants, for real; what it raises, the program raises."""
-    try:
-        return fn(*values, **keywords)
-    except Exception as error:
-        arguments = [ConstantVariable(arg) for arg in error.args] \
-            if all(is_constant_value(arg) for arg in error.args) else None
-        raise ProgramException(f"{getattr(fn, '__name__', fn)}() raises {type(error).__name__}: {error}", type(error),
-                               arguments) from None
+_run = run_on_constants  # `fn(*values, **keywords)` on constants, for real; what it raises, the program raises
 
 
 def _pure(fn):
