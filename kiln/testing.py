@@ -39,15 +39,19 @@ def _flatten(value) -> list:
         return [leaf for key in sorted(value, key=str) for leaf in _flatten(value[key])]
     if hasattr(value, "to_tuple"):  # transformers ModelOutput
         return _flatten(value.to_tuple())
-    if _is_model_cache(value):  # transformers DynamicCache & co: each layer's keys and values
-        return [type(value).__name__] + [leaf for layer in value.layers
-                                         for leaf in _flatten([getattr(layer, "keys", None), getattr(layer, "values", None)])]
+    if _is_model_cache(value):
+        if isinstance(getattr(value, "layers", None), list):  # DynamicCache & co: each layer's keys and values
+            return [type(value).__name__] + [
+                leaf for layer in value.layers
+                for leaf in _flatten([getattr(layer, "keys", None), getattr(layer, "values", None)])]
+        if hasattr(value, "self_attention_cache"):  # EncoderDecoderCache: its two caches
+            return [type(value).__name__] + _flatten([value.self_attention_cache, value.cross_attention_cache])
     return [value]
 
 
 def _is_model_cache(value) -> bool:
-    return isinstance(getattr(value, "layers", None), list) and any(
-        klass.__name__ == "Cache" and klass.__module__.startswith("transformers") for klass in type(value).__mro__)
+    return any(klass.__name__ == "Cache" and klass.__module__.startswith("transformers")
+               for klass in type(value).__mro__)
 
 
 def compare(actual, eager, reference=None, *, factor: float | None = None) -> Verdict:

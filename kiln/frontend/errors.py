@@ -46,8 +46,31 @@ class unbreakable:
         return False
 
 
-class AttributeFailure(Unsupported):
+class ProgramException(Unsupported):
+    """The program itself raises here, as Python would: an exception of `exception_type`.
+
+    The interpreter hands it to the innermost `try` of the interpreted frames that catches
+    it (the frame's exception table, as CPython does); one no frame catches leaves the
+    compiled function, which kiln cannot capture (eager Python raises it). `exception` is
+    the tracker of the exception object once there is one (`raise err` of an object the
+    trace made, a re-raise); otherwise one is made from `exception_type` and
+    `exception_args` (trackers, or None where kiln does not know Python's exact arguments,
+    such as an AttributeError's message: reading them is then unsupported).
+    """
+
+    def __init__(self, message: str, exception_type: type[BaseException] = Exception, exception_args=None,
+                 exception=None):
+        super().__init__(message)
+        self.exception_type = exception_type
+        self.exception_args = exception_args
+        self.exception = exception
+
+
+class AttributeFailure(ProgramException):
     """An attribute lookup that fails the way Python's would (hasattr/getattr-with-default catch it)."""
+
+    def __init__(self, message: str):
+        super().__init__(message, AttributeError)
 
 
 class FullgraphError(KilnCompileError):

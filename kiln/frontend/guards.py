@@ -64,10 +64,12 @@ class GuardBuilder:
         self._symbolic_inputs: list[tuple[Source, str, Any]] = []
         self._symbolic_tensors: dict[Source, torch.Tensor] = {}
 
-    def constant(self, value: Any) -> str:
-        """A name under which the guard function holds `value` (equal hashable values share one)."""
+    def constant(self, value: Any, by_identity: bool = False) -> str:
+        """A name under which the guard function holds `value` (equal hashable values share one, unless the
+        check is `is`: two equal tuples are different objects)."""
         try:
-            key = (type(value), value) if isinstance(value, (torch.device, torch.dtype, tuple, str, int)) else id(value)
+            key = (type(value), value) if isinstance(value, (torch.device, torch.dtype, tuple, str, int)) and \
+                not by_identity else id(value)
             hash(key)
         except TypeError:
             key = id(value)
@@ -90,7 +92,8 @@ class GuardBuilder:
         self.add(source, f"type({{}}) is not {self.constant(cls)}", f"type is no longer {cls.__qualname__}")
 
     def identity(self, source: Source, value: Any) -> None:
-        self.add(source, f"{{}} is not {self.constant(value)}", f"is a different object than {_short(value)}")
+        self.add(source, f"{{}} is not {self.constant(value, by_identity=True)}",
+                 f"is a different object than {_short(value)}")
 
     def value(self, source: Source, value: Any) -> None:
         """Equality with a literal, with the exact type (so 1, 1.0 and True differ)."""

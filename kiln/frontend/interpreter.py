@@ -24,7 +24,9 @@ import types
 from typing import Any
 
 from kiln.frontend import bytecode, versions
-from kiln.frontend.errors import Unsupported
+from kiln.frontend.errors import ProgramException, Unsupported
+from kiln.frontend.exceptions import ExceptionHandling, exception_object, stop_iteration_error
+from kiln.frontend.matching import PatternMatching
 from kiln.frontend.operations import binary_op, compare_op, contains, unary_op
 from kiln.frontend.output import DELETED_GLOBAL, OutputGraph
 from kiln.frontend.sources import ItemSource, Source
@@ -93,7 +95,7 @@ class _Yield(Exception):
         self.value = value
 
 
-class Frame:
+class Frame(ExceptionHandling, PatternMatching):
     """One function activation being interpreted symbolically."""
 
     def __init__(self, output: OutputGraph, code: types.CodeType, fn_globals: dict, local_values: dict[str, Variable],
@@ -111,6 +113,7 @@ class Frame:
         self.ip = 0
         self.kw_names: tuple[str, ...] | None = None
         self.is_generator = is_generator
+        self.return_value: Variable = NONE  # a generator's, once it returned
         # Frames Python runs between the parent's call and this one that kiln does not interpret
         # (nn.Module's call machinery, a decorator's wrapper): None when not known exactly.
         self.hidden_callers = hidden_callers
@@ -124,7 +127,7 @@ class Frame:
     def run(self) -> Variable:
         """Run to the end and return the frame's result (a generator frame is stepped by `resume`)."""
         try:
-            self._execute()
+            self.run_handling_exceptions()
         except _Return as done:
             return done.value
         raise AssertionError("a frame that is not a generator yielded")
@@ -139,10 +142,32 @@ class Frame:
         if self.current is not None:  # a suspended YIELD_VALUE evaluates to what was sent
             self.push(sent)
         try:
-            self._execute()
+            self.run_handling_exceptions()
         except _Yield as suspended:
             return suspended.value
-        except _Return:
+        except _Return as done:
+            self.return_value = done.value  # what `yield from` this generator evaluates to
+            return None
+        raise AssertionError("a generator frame stopped without yielding or returning")
+
+    def throw(self, caller: "Frame", raised: ProgramException) -> Variable | None:
+        """generator.throw: `raised` at the suspended yield, handled as the generator's code says; then the next
+        yield's value, or None when the generator returned. Uncaught, it leaves the generator (which has ended)."""
+        self.parent = caller
+        self.hidden_callers = 0
+        self.depth = caller.depth + 1
+        index = self.index_of[id(self.current)] if self.current is not None else 0
+        if index > 0 and self.instructions[index - 1].op == "SEND":
+            raise Unsupported(f"throwing into generator {self.code.co_qualname} suspended in `yield from` (Python "
+                              "throws into the delegate first)")
+        if self.current is None or not self.catch(raised):  # not started, or not caught: it ends the generator
+            raise raised
+        try:
+            self.run_handling_exceptions()
+        except _Yield as suspended:
+            return suspended.value
+        except _Return as done:
+            self.return_value = done.value
             return None
         raise AssertionError("a generator frame stopped without yielding or returning")
 
@@ -627,6 +652,8 @@ class Frame:
             self.LIST_TO_TUPLE(instruction)
         elif name == "INTRINSIC_UNARY_POSITIVE":
             self.UNARY_POSITIVE(instruction)
+        elif name == "INTRINSIC_STOPITERATION_ERROR":
+            self.push(stop_iteration_error(self.pop()))
         else:
             raise Unsupported(f"CALL_INTRINSIC_1 {name}")
 
@@ -733,6 +760,32 @@ class Frame:
             raise Unsupported("yield outside a generator being inlined")
         raise _Yield(self.pop())
 
+    def GET_YIELD_FROM_ITER(self, instruction):
+        self.push(iterate(self, self.pop()))
+
+    def SEND(self, instruction):
+        """`yield from`: step the delegate; its next value is yielded, its end jumps with its return value."""
+        sent = self.pop()
+        receiver = self.stack[-1]
+        if isinstance(receiver, GeneratorVariable):
+            item = receiver.send(self, sent)
+            result = receiver.frame.return_value if item is None else None
+        elif isinstance(receiver, BaseIteratorVariable) and is_same(sent, NONE):
+            item, result = receiver.next_item(self), NONE
+        else:
+            raise Unsupported(f"`yield from` {receiver.describe()} sending {sent.describe()}")
+        if item is not None:
+            self.push(item)
+            return
+        if versions.send_exhaustion_pops_receiver():
+            self.stack[-1] = result
+        else:
+            self.push(result)
+        self.jump(instruction)
+
+    def END_SEND(self, instruction):
+        del self.stack[-2]
+
     def BEFORE_WITH(self, instruction):
         manager = self.pop()
         exit_method = ContextExitVariable(manager)
@@ -752,11 +805,6 @@ class Frame:
 
     def LOAD_ASSERTION_ERROR(self, instruction):
         self.push(ClassVariable(AssertionError))
-
-    def RAISE_VARARGS(self, instruction):
-        exception = self.stack[-1] if instruction.arg else None
-        what = exception.describe() if exception is not None else "re-raise"
-        raise Unsupported(f"raise ({what}): raising exceptions inside a compiled function")
 
     def LOAD_BUILD_CLASS(self, instruction):
         # Calling it is unsupported: a graph break defines the class in Python.
@@ -786,8 +834,12 @@ class GeneratorVariable(BaseIteratorVariable):
     def next_item(self, tx) -> Variable | None:
         return self.send(tx, NONE)
 
-    def send(self, tx, value: Variable) -> Variable | None:
+    def send(self, tx, value: Variable, thrown: ProgramException | None = None) -> Variable | None:
+        """Resume with `value` (or with the exception `thrown` raised at its yield: generator.throw); the next
+        yielded value, or None once it has ended."""
         if self.finished:
+            if thrown is not None:
+                raise thrown
             return None
         if self.running:
             raise Unsupported(f"{self.describe()} resumed while it runs (the program raises ValueError)")
@@ -799,7 +851,13 @@ class GeneratorVariable(BaseIteratorVariable):
                               "(an endless generator?)")
         self.running = True
         try:
-            item = self.frame.resume(tx, value)
+            item = self.frame.throw(tx, thrown) if thrown is not None else self.frame.resume(tx, value)
+        except ProgramException as raised:  # an exception leaving the generator ends it
+            self.finished = True
+            if issubclass(raised.exception_type, StopIteration):  # PEP 479
+                error = stop_iteration_error(exception_object(raised))
+                raise ProgramException("generator raised StopIteration", RuntimeError, exception=error) from None
+            raise
         finally:
             self.running = False
         if item is None:
@@ -808,17 +866,24 @@ class GeneratorVariable(BaseIteratorVariable):
 
     def abandoned_with_cleanup(self) -> bool:
         """Suspended where dropping it would make Python run a `finally` or `__exit__`."""
-        return not self.finished and self.frame.suspended_in_cleanup_block()
+        return not self.finished and self.frame.suspended_in_cleanup_block() and not self.frame.closes_quietly()
 
     def call_method(self, tx, name, args, kwargs) -> Variable:
-        if name == "send" and len(args) == 1:
-            item = self.send(tx, args[0])
+        if (name == "send" and len(args) == 1) or (name == "throw" and 1 <= len(args) <= 3):
+            thrown = None
+            if name == "throw":  # throw(exception), or the older throw(type, value, traceback)
+                given = args[1] if len(args) > 1 and not is_same(args[1], NONE) else args[0]
+                exception = tx.exception_to_raise(given)
+                thrown = ProgramException(f"{exception.describe()} thrown into {self.describe()}", exception.cls,
+                                          exception=exception)
+            item = self.send(tx, args[0] if thrown is None else NONE, thrown)
             if item is None:
-                raise Unsupported(f"{self.describe()}.send(): the generator ended (StopIteration)")
+                raise ProgramException(f"{self.describe()}.{name}(): the generator ended", StopIteration,
+                                       [self.frame.return_value])
             return item
         if name == "close" and not args:
             if self.frame.current is not None and not self.finished:
-                if self.frame.suspended_in_cleanup_block():
+                if self.frame.suspended_in_cleanup_block() and not self.frame.closes_quietly():
                     raise Unsupported(f"closing {self.describe()} inside a try/with block (runs its cleanup)")
             self.finished = True
             return NONE
@@ -826,7 +891,8 @@ class GeneratorVariable(BaseIteratorVariable):
 
 
 class ContextExitVariable(Variable):
-    """The `__exit__` BEFORE_WITH pushes; called with (None, None, None) on normal exit."""
+    """The `__exit__` BEFORE_WITH pushes: called with (None, None, None) on a normal exit, with the exception's
+    type, value and traceback by WITH_EXCEPT_START."""
 
     def __init__(self, manager: Variable):
         self.manager = manager
@@ -835,9 +901,7 @@ class ContextExitVariable(Variable):
         return f"__exit__ of {self.manager.describe()}"
 
     def call(self, tx, args, kwargs) -> Variable:
-        if any(not (isinstance(arg, ConstantVariable) and arg.value is None) for arg in args):
-            raise Unsupported("a with-block exited by an exception")
-        return self.manager.call_method(tx, "__exit__", [NONE, NONE, NONE], {})
+        return self.manager.call_method(tx, "__exit__", list(args), {})
 
     def reconstruct(self, codegen) -> str:
         """At a graph break inside the block: an object restoring what the block's exit would."""
@@ -860,9 +924,9 @@ class SuperVariable(Variable):
         return f"super({self.cls.__qualname__})"
 
     def getattr(self, tx, name: str) -> Variable:
-        receiver_type = self.receiver.python_type()
-        if isinstance(self.receiver, ClassVariable):
-            receiver_type = self.receiver.value
+        receiver_type = self.receiver.python_type()  # a class's is its metaclass: super() in Meta.__call__
+        if isinstance(self.receiver, ClassVariable) and issubclass(self.receiver.value, self.cls):
+            receiver_type = self.receiver.value  # super() in a classmethod or __new__
         mro = receiver_type.__mro__
         for klass in mro[mro.index(self.cls) + 1:]:
             if name in klass.__dict__:

@@ -179,6 +179,12 @@ def for_iter_exhaust_skip() -> tuple[str, ...]:
     return ("END_FOR", "POP_TOP")
 
 
+def send_exhaustion_pops_receiver() -> bool:
+    """Whether SEND, when its delegate is exhausted, replaces the delegate by the return value (3.11) or pushes
+    the value above it for the END_SEND at its target to remove (3.12+)."""
+    return PY311
+
+
 def intrinsic_name(argrepr: str) -> str:
     """CALL_INTRINSIC_1's function name (3.12+), e.g. 'INTRINSIC_LIST_TO_TUPLE'."""
     return argrepr

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
-from kiln.frontend.errors import AttributeFailure, Unsupported
+from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported
 from kiln.frontend.sources import Source
 
 MISSING = object()  # what lookup_class_attribute finds for a name no class in the MRO defines
@@ -133,7 +133,11 @@ class Variable:
         raise Unsupported(f"calling {self.describe()}")
 
     def call_method(self, tx: "Tracer", name: str, args: list["Variable"], kwargs: dict[str, "Variable"]) -> "Variable":
-        return self.getattr(tx, name).call(tx, args, kwargs)
+        method = self.getattr(tx, name)
+        if isinstance(method, TrackerMethod) and method.receiver is self and method.name == name:
+            # the type has the method, but this tracker's call_method does not model it (it asked us)
+            raise Unsupported(f"{self.describe()}.{name}() (kiln does not model this method)")
+        return method.call(tx, args, kwargs)
 
     def unpack(self, tx: "Tracer") -> list["Variable"]:
         """The items iteration would produce, all at once."""
@@ -255,8 +259,8 @@ class ConstantVariable(Variable):
             method = getattr(self.value, name, None)
             if method is None:
                 raise Unsupported(f"{self.describe()} has no method {name!r}")
-            result = method(*[arg.as_constant() for arg in args],
-                            **{key: arg.as_constant() for key, arg in kwargs.items()})
+            result = run_on_constants(method, [arg.as_constant() for arg in args],
+                                      {key: arg.as_constant() for key, arg in kwargs.items()})
             return tx.wrap_sourceless(result)
         if isinstance(self.value, str) and name == "join" and len(args) == 1:
             items = [item.as_constant() for item in args[0].unpack(tx)]
@@ -266,12 +270,23 @@ class ConstantVariable(Variable):
         return super().call_method(tx, name, args, kwargs)
 
     def getitem(self, tx, key: Variable) -> Variable:
-        return tx.wrap_sourceless(operator.getitem(self.value, key.as_constant()))
+        return tx.wrap_sourceless(run_on_constants(operator.getitem, [self.value, key.as_constant()], {}))
 
     def reconstruct(self, codegen) -> str:
         if self.source is not None and type(self.value) not in (type(None), bool, int):
             return codegen.source(self.source)  # the outside object itself (`f(t) is t` for a tuple t)
         return codegen.constant(self.value)
+
+
+def run_on_constants(fn, values: list, keywords: dict) -> Any:
+    """`fn(*values, **keywords)` on immutable constants, for real: what it raises, the program raises there."""
+    try:
+        return fn(*values, **keywords)
+    except Exception as error:
+        arguments = [ConstantVariable(arg) for arg in error.args] \
+            if all(is_constant_value(arg) for arg in error.args) else None
+        raise ProgramException(f"{getattr(fn, '__qualname__', fn)}() raises {type(error).__name__}: {error}",
+                               type(error), arguments) from None
 
 
 def constant(value: Any) -> ConstantVariable:

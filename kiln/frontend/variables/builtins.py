@@ -11,6 +11,8 @@ recorded and replayed after the graph (kiln/frontend/replay.py).
 from __future__ import annotations
 
 import builtins
+import collections
+import copy
 import dataclasses
 import functools
 import itertools
@@ -21,15 +23,18 @@ from typing import Any, Callable
 import torch
 
 from kiln.frontend import replay
-from kiln.frontend.errors import AttributeFailure, Unsupported
+from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported
 from kiln.frontend.operations import BINARY_OPERATORS, COMPARE_OPERATORS, binary_op, compare_op, contains, unary_op
 from kiln.frontend.sources import TypeSource
-from kiln.frontend.variables.base import NONE, ConstantVariable, Variable, is_same, lookup_class_attribute
+from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, is_same, lookup_class_attribute,
+                                          run_on_constants)
 from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, DictVariable, IteratorVariable,
                                                 LazyIteratorVariable, ListVariable, SliceVariable, TupleVariable,
                                                 iterate, unpack_iterable)
+from kiln.frontend.variables.copying import copy_handler, deepcopy_handler
 from kiln.frontend.variables.functions import PartialVariable
-from kiln.frontend.variables.objects import ClassVariable, ModelOutputVariable, NewObjectVariable, UserObjectVariable
+from kiln.frontend.variables.objects import (ClassVariable, ModelOutputVariable, NewObjectVariable, UserObjectVariable,
+                                             new_object)
 from kiln.frontend.variables.tensor import TensorVariable
 
 
@@ -60,6 +65,9 @@ class BuiltinVariable(Variable):
             return codegen.source(self.source)
         return codegen.constant(self.fn)
 
+    def truth(self, tx) -> bool:
+        return True
+
     def call(self, tx, args, kwargs) -> Variable:
         return self.handler(tx, list(args), dict(kwargs))
 
@@ -88,11 +96,7 @@ def _constants(args, kwargs) -> tuple[list, dict] | None:
     return None
 
 
-def _run(fn, values, keywords):
-    try:
-        return fn(*values, **keywords)
-    except Exception as error:
-        raise Unsupported(f"{getattr(fn, '__name__', fn)}() raises {type(error).__name__}: {error}") from None
+_run = run_on_constants  # `fn(*values, **keywords)` on constants, for real; what it raises, the program raises
 
 
 def _pure(fn):
@@ -269,8 +273,32 @@ def _next(tx, args, kwargs):
     if item is None:
         if len(args) > 1:
             return args[1]
-        raise Unsupported("next() on an exhausted iterator (StopIteration)")
+        raise ProgramException("next() on an exhausted iterator", StopIteration, [])
     return item
+
+
+def _object_new(tx, args, kwargs):
+    """`object.__new__(cls)` (`super().__new__(cls)` in a class's own __new__)."""
+    if not args:
+        raise Unsupported("object.__new__() without a class (the program raises TypeError)")
+    cls = args[0].as_constant()
+    if not isinstance(cls, type):
+        raise Unsupported(f"object.__new__({args[0].describe()}) (the program raises TypeError)")
+    if len(args) > 1 or kwargs:
+        raise ProgramException(f"object.__new__({cls.__qualname__}) with arguments", TypeError)
+    return new_object(cls)
+
+
+def _tuple_new(tx, args, kwargs):
+    """`tuple.__new__(cls, iterable)`, as a namedtuple's `_make` calls it."""
+    if kwargs or not 1 <= len(args) <= 2:
+        raise Unsupported("tuple.__new__ with these arguments")
+    cls = args[0].as_constant()
+    if not (isinstance(cls, type) and issubclass(cls, tuple)) or \
+            (cls is not tuple and not (hasattr(cls, "_fields") and "__slots__" in vars(cls))):
+        raise Unsupported(f"tuple.__new__({getattr(cls, '__qualname__', cls)!r}) (kiln models tuples and namedtuples)")
+    items = _iterable_items(tx, args[1]) if len(args) > 1 else []
+    return TupleVariable(items, tuple_type=cls)
 
 
 def _sequence_builder(kind):
@@ -283,13 +311,20 @@ def _sequence_builder(kind):
     return handler
 
 
-def _dict(tx, args, kwargs):
-    result = DictVariable()
-    if args:
-        result.update_from(tx, args[0])
-    for key, value in kwargs.items():
-        result.entries[key] = (ConstantVariable(key), value)
-    return result
+def _dict(dict_type: type):
+    """dict(...) and collections.OrderedDict(...)."""
+    def handler(tx, args, kwargs):
+        if len(args) > 1:
+            raise Unsupported(f"{dict_type.__name__}() with {len(args)} positional arguments (the program raises "
+                              "TypeError)")
+        result = DictVariable(dict_type=dict_type)
+        if args:
+            result.update_from(tx, args[0])
+        for key, value in kwargs.items():
+            result.entries[key] = (ConstantVariable(key), value)
+        return result
+
+    return handler
 
 
 def _set(kind):
@@ -434,6 +469,13 @@ def _slice(tx, args, kwargs):
     if len(args) == 1:
         parts = [NONE, args[0], NONE]
     return SliceVariable(*parts)
+
+
+def _vars(tx, args, kwargs):
+    """vars(obj): `obj.__dict__`, looked up as an attribute (a class's __getattribute__ sees it)."""
+    if len(args) != 1 or kwargs:
+        raise Unsupported("vars() without an object (the caller's locals)")
+    return args[0].getattr(tx, "__dict__")
 
 
 def _super(tx, args, kwargs):
@@ -595,13 +637,16 @@ _HANDLERS: dict[Any, Callable] = {
     builtins.delattr: _delattr, builtins.range: _range, builtins.enumerate: _enumerate, builtins.zip: _zip,
     builtins.map: _map, builtins.filter: _filter, builtins.reversed: _reversed, builtins.iter: _iter,
     builtins.next: _next, builtins.list: _sequence_builder(list), builtins.tuple: _sequence_builder(tuple),
-    builtins.dict: _dict, builtins.set: _set(set), builtins.frozenset: _set(frozenset),
+    object.__new__: _object_new, tuple.__new__: _tuple_new, builtins.dict: _dict(dict),
+    collections.OrderedDict: _dict(collections.OrderedDict), builtins.set: _set(set),
+    builtins.frozenset: _set(frozenset),
     builtins.min: _reduce_min_max(min, torch.minimum), builtins.max: _reduce_min_max(max, torch.maximum),
     builtins.sum: _sum, builtins.any: _any_all(any), builtins.all: _any_all(all), builtins.abs: _abs,
     builtins.bool: _bool, builtins.int: _numeric(int), builtins.float: _numeric(float),
     builtins.str: _pure(str), builtins.repr: _pure(repr), builtins.round: _numeric(round),
     builtins.divmod: _pure(divmod), builtins.pow: _pure(pow), builtins.sorted: _pure(sorted),
-    builtins.callable: _callable, builtins.slice: _slice, builtins.super: _super, builtins.print: _print,
+    builtins.callable: _callable, builtins.slice: _slice, builtins.super: _super, builtins.vars: _vars,
+    builtins.print: _print,
     builtins.id: _id, builtins.hash: _pure(hash), builtins.chr: _pure(chr), builtins.ord: _pure(ord),
     builtins.format: _pure(format),
     operator.getitem: _operator_getitem, operator.contains: _operator_contains, operator.is_: _operator_is(False),
@@ -610,7 +655,7 @@ _HANDLERS: dict[Any, Callable] = {
     operator.truth: _bool, operator.index: _numeric(operator.index),
     dataclasses.fields: _fields, dataclasses.is_dataclass: _is_dataclass, functools.partial: _partial,
     functools.reduce: _reduce, itertools.chain: _chain, itertools.product: _product, itertools.islice: _islice,
-    itertools.count: _count,
+    itertools.count: _count, copy.deepcopy: deepcopy_handler, copy.copy: copy_handler,
 }
 for _symbol, _fn in BINARY_OPERATORS.items():
     _HANDLERS[_fn] = _operator_binary(_symbol)

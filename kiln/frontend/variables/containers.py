@@ -16,16 +16,44 @@ it compares item by item, since list.index, count and `in` need it.
 """
 from __future__ import annotations
 
+import dataclasses
 import types
 from typing import Any
 
 import torch
 
-from kiln.frontend.errors import Unsupported
-from kiln.frontend.sources import ItemSource, is_literal_key
+from kiln.frontend.errors import ProgramException, Unsupported
+from kiln.frontend.sources import AttrSource, ItemSource, is_literal_key
 from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, has_python_method, is_same,
-                                          lookup_class_attribute)
+                                          is_trusted_module, lookup_class_attribute)
 from kiln.frontend.variables.tensor import TensorVariable
+
+
+def missing_key(key: Variable, container: Variable) -> ProgramException:
+    """The KeyError Python raises for `container[key]`."""
+    return ProgramException(f"key {key.describe()} missing from {container.describe()}", KeyError, [key])
+
+
+@dataclasses.dataclass(frozen=True)
+class NamedKey:
+    """A dict key the guard and entry functions hold by name (a class, a function): `d[__key3]` in a source."""
+
+    name: str
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+def _is_identity_key(key: Any) -> bool:
+    """A key that hashes and compares by identity (a class, a function, `typing.Union`) or is an enum member:
+    no user __eq__ or __hash__ runs in the guard."""
+    import enum
+
+    kind = type(key)
+    if isinstance(key, type):
+        return kind.__eq__ is type.__eq__ and kind.__hash__ is type.__hash__
+    return isinstance(key, (types.FunctionType, types.BuiltinFunctionType, enum.Enum)) or \
+        (kind.__eq__ is object.__eq__ and kind.__hash__ is object.__hash__)
 
 
 def hashable_key(tx, key: Variable) -> Any:
@@ -68,7 +96,11 @@ class BaseListVariable(Variable):
         try:
             return self.items[index]
         except IndexError:
-            raise Unsupported(f"index {index} out of range for {self.describe()} (the program raises IndexError)")
+            kind = self.python_type()
+            message = "list" if kind is list else "tuple" if issubclass(kind, tuple) else None
+            raise ProgramException(f"index {index} out of range for {self.describe()}", IndexError,
+                                   None if message is None else [ConstantVariable(f"{message} index out of range")]) \
+                from None
         except TypeError:
             raise Unsupported(f"indexing {self.describe()} with {key.describe()}") from None
 
@@ -80,7 +112,7 @@ class BaseListVariable(Variable):
             for position, item in enumerate(self.items):
                 if compare_equal(tx, item, args[0]):
                     return ConstantVariable(position)
-            raise Unsupported(f"{self.describe()}.index(): value not present (the program raises ValueError)")
+            raise ProgramException(f"{self.describe()}.index(): value not present", ValueError)
         if name == "count" and len(args) == 1:
             return ConstantVariable(sum(1 for item in self.items if compare_equal(tx, item, args[0])))
         if name == "__len__":
@@ -123,7 +155,29 @@ class TupleVariable(BaseListVariable):
         fields = _field_names(self.tuple_type)
         if name in fields:
             return self.items[fields.index(name)]
+        raw, owner = lookup_class_attribute(self.tuple_type, name)
+        if owner is not None and owner not in (tuple, object) and hasattr(self.tuple_type, "_fields"):
+            return self._class_attribute(tx, raw, name)
         return super().getattr(tx, name)
+
+    def _class_attribute(self, tx, raw: Any, name: str) -> Variable:
+        """An attribute a namedtuple class defines (`_replace`, `_fields`, a NamedTuple's own methods), read from
+        the class (guarded there, unless the class is a library's); methods are inlined."""
+        cls = self.tuple_type
+        source = None if is_trusted_module(cls.__module__) else AttrSource(tx.output.named_source("__class", cls), name)
+        if isinstance(raw, types.FunctionType):
+            return _BoundTupleMethod(tx.wrap(raw, source, guard=source is not None), self)
+        if isinstance(raw, classmethod):
+            function = tx.wrap(raw.__func__, AttrSource(source, "__func__") if source else None, guard=bool(source))
+            return _BoundTupleMethod(function, tx.wrap(cls, None, guard=False))
+        if isinstance(raw, staticmethod):
+            return tx.wrap(raw.__func__, source, guard=source is not None)
+        if isinstance(raw, property) and raw.fget is not None:
+            getter = tx.wrap(raw.fget, AttrSource(source, "fget") if source else None, guard=bool(source))
+            return getter.call(tx, [self], {})
+        if hasattr(type(raw), "__get__"):
+            raise Unsupported(f"attribute {name!r} of {self.describe()}: a {type(raw).__name__} on its class")
+        return tx.wrap(raw, source, guard=source is not None)
 
     def reconstruct(self, codegen) -> str:
         if self.source is not None:  # the outside tuple itself
@@ -134,6 +188,23 @@ class TupleVariable(BaseListVariable):
         if hasattr(self.tuple_type, "_fields"):
             return f"{codegen.constant(self.tuple_type)}({inner})"
         return f"{codegen.constant(self.tuple_type)}(({inner}{',' if len(self.items) == 1 else ''}))"
+
+
+class _BoundTupleMethod(Variable):
+    """A namedtuple class's method bound to a tuple (or to the class, for a classmethod): inlined when called."""
+
+    def __init__(self, function: Variable, receiver: Variable):
+        self.function = function
+        self.receiver = receiver
+
+    def describe(self) -> str:
+        return f"bound {self.function.describe()}"
+
+    def truth(self, tx) -> bool:
+        return True
+
+    def call(self, tx, args, kwargs) -> Variable:
+        return self.function.call(tx, [self.receiver, *args], kwargs)
 
 
 def _field_names(tuple_type: type) -> list[str]:
@@ -262,7 +333,7 @@ class DictVariable(Variable):
     def getitem(self, tx, key: Variable) -> Variable:
         python_key = hashable_key(tx, key)
         if python_key not in self.entries:
-            raise Unsupported(f"key {python_key!r} missing from {self.describe()} (the program raises KeyError)")
+            raise missing_key(key, self)
         return self.entries[python_key][1]
 
     def setitem(self, tx, key: Variable, value: Variable) -> None:
@@ -291,7 +362,7 @@ class DictVariable(Variable):
                     return value
                 if len(args) > 1:
                     return args[1]
-                raise Unsupported(f"dict.pop of missing key {python_key!r} (the program raises KeyError)")
+                raise missing_key(args[0], self)
             if not present:
                 self.entries[python_key] = (args[0], args[1] if len(args) > 1 else NONE)
                 self._mutated(tx)
@@ -404,10 +475,14 @@ class ExternalDictVariable(Variable):
         stored = tx.output.side_effects.stored_global(self.value, key)  # a module's globals dict, read after a store
         if stored is not None:
             if not isinstance(stored, Variable):
-                raise Unsupported(f"reading {key!r} from {self.describe()} after `del` (the program raises KeyError)")
+                raise missing_key(ConstantVariable(key), self)
             return stored
         if not is_literal_key(key):
-            raise Unsupported(f"reading key {key!r} of an outside dict (only str/int keys are guarded)")
+            if not _is_identity_key(key):
+                raise Unsupported(f"reading key {key!r} of an outside dict (only str/int keys, classes, functions and "
+                                  "enum members are guarded)")
+            named = NamedKey(tx.output.named_source("__key", key).name)
+            return tx.wrap(self.value[key], ItemSource(self.source, named))
         return tx.wrap(self.value[key], ItemSource(self.source, key))
 
     def contains(self, tx, key: Variable) -> bool:
@@ -435,7 +510,7 @@ class ExternalDictVariable(Variable):
     def getitem(self, tx, key: Variable) -> Variable:
         python_key = hashable_key(tx, key)
         if not self.contains(tx, key):
-            raise Unsupported(f"key {python_key!r} missing from {self.describe()} (the program raises KeyError)")
+            raise missing_key(key, self)
         return self.item(tx, python_key)
 
     def setitem(self, tx, key: Variable, value: Variable) -> None:
@@ -453,7 +528,8 @@ class ExternalDictVariable(Variable):
                 return materialized.call_method(tx, "pop", args, {})
             if name == "popitem":
                 if not materialized.entries:
-                    raise Unsupported(f"popitem() on empty {self.describe()} (the program raises KeyError)")
+                    raise ProgramException(f"popitem() on empty {self.describe()}", KeyError,
+                                           [ConstantVariable("popitem(): dictionary is empty")])
                 key, (key_variable, value) = list(materialized.entries.items())[-1]
                 materialized.call_method(tx, "pop", [key_variable], {})
                 return TupleVariable([key_variable, value])
@@ -462,7 +538,7 @@ class ExternalDictVariable(Variable):
             if self.contains(tx, args[0]):
                 return self.item(tx, hashable_key(tx, args[0]))
             if name == "__getitem__":
-                raise Unsupported(f"missing key in {self.describe()} (the program raises KeyError)")
+                raise missing_key(args[0], self)
             return args[1] if len(args) > 1 else NONE
         if name == "__contains__":
             return ConstantVariable(self.contains(tx, args[0]))
@@ -540,7 +616,7 @@ class BaseIteratorVariable(Variable):
         if name == "__next__":
             item = self.next_item(tx)
             if item is None:
-                raise Unsupported("next() on an exhausted iterator (StopIteration)")
+                raise ProgramException(f"next() on exhausted {self.describe()}", StopIteration, [])
             return item
         if name == "__iter__":
             return self
@@ -599,6 +675,45 @@ class LazyIteratorVariable(BaseIteratorVariable):
         return item
 
 
+class UserIteratorVariable(BaseIteratorVariable):
+    """An object of a class with a Python `__next__`: each step inlines it; StopIteration ends the iteration."""
+
+    def __init__(self, iterator: Variable):
+        self.iterator = iterator
+        self.exhausted = False
+        self.steps = 0
+
+    def describe(self) -> str:
+        return f"iterator {self.iterator.describe()}"
+
+    def python_type(self) -> type:
+        return self.iterator.python_type()
+
+    def identity(self) -> Any:
+        return self.iterator.identity()
+
+    def next_item(self, tx) -> Variable | None:
+        if self.exhausted:  # CPython asks again; a class that restarts is not modelled
+            raise Unsupported(f"stepping {self.describe()} again after it raised StopIteration")
+        self.steps += 1
+        if self.steps > MAX_ITERATION_STEPS:
+            raise Unsupported(f"{self.describe()} stepped more than {MAX_ITERATION_STEPS} times during the trace "
+                              "(an endless iterator?)")
+        try:
+            return self.iterator.call_method(tx, "__next__", [], {})
+        except ProgramException as raised:
+            if not issubclass(raised.exception_type, StopIteration):
+                raise
+            self.exhausted = True
+            return None
+
+    def getattr(self, tx, name: str) -> Variable:
+        return self.iterator.getattr(tx, name)
+
+    def reconstruct(self, codegen) -> str:
+        return self.iterator.reconstruct(codegen)
+
+
 def _is_module_namespace(value: dict) -> bool:
     """Whether `value` is some module's `__dict__` (the globals of the functions defined in it)."""
     import sys
@@ -624,10 +739,12 @@ def iterate(tx, variable: Variable) -> BaseIteratorVariable:
         return variable
     if _iterates_in_python(variable):
         iterator = variable.call_method(tx, "__iter__", [], {})
-        if not isinstance(iterator, BaseIteratorVariable):
-            raise Unsupported(f"__iter__ of {variable.describe()} returned {iterator.describe()}, not an iterator "
-                              "kiln can step")
-        return iterator
+        if isinstance(iterator, BaseIteratorVariable):
+            return iterator
+        if has_python_method(iterator, "__next__"):
+            return UserIteratorVariable(iterator)
+        raise Unsupported(f"__iter__ of {variable.describe()} returned {iterator.describe()}, not an iterator "
+                          "kiln can step")
     return IteratorVariable(variable.unpack(tx))
 
 

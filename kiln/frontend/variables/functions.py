@@ -76,6 +76,9 @@ class BaseFunctionVariable(Variable):
     def python_type(self) -> type:
         return types.FunctionType
 
+    def truth(self, tx) -> bool:
+        return True
+
 
 def bind_arguments(code: types.CodeType, args: list[Variable], kwargs: dict[str, Variable], default_count: int,
                    default_for) -> dict[str, Variable]:
@@ -320,6 +323,9 @@ class BoundMethodVariable(Variable):
     def python_type(self) -> type:
         return types.MethodType
 
+    def truth(self, tx) -> bool:
+        return True
+
     def call(self, tx, args, kwargs) -> Variable:
         return self.function.call(tx, [self.bound_self, *args], kwargs)
 
@@ -346,6 +352,9 @@ class PartialVariable(Variable):
     def python_type(self) -> type:
         return functools.partial
 
+    def truth(self, tx) -> bool:
+        return True
+
     def call(self, tx, args, kwargs) -> Variable:
         return self.function.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})
 
@@ -369,6 +378,9 @@ class MethodDescriptorVariable(Variable):
             return codegen.source(self.source)
         return codegen.constant(getattr(self.owner, self.name))
 
+    def truth(self, tx) -> bool:
+        return True
+
     def call(self, tx, args, kwargs) -> Variable:
         if not args:
             raise Unsupported(f"calling {self.describe()} without a receiver")
@@ -379,19 +391,97 @@ class MethodDescriptorVariable(Variable):
             return NONE
         if self.owner is object and self.name == "__getattribute__":
             return receiver.getattr(tx, args[1].as_constant(), **generic)
-        if self.owner is dict and generic and isinstance(receiver.value, dict) and receiver.source is not None:
+        if self.owner is object and self.name == "__delattr__" and hasattr(receiver, "delattr"):
+            receiver.delattr(tx, args[1].as_constant(), **generic)
+            return NONE
+        real = getattr(receiver, "value", None)
+        if self.owner is dict and generic and isinstance(real, dict) and receiver.source is not None:
             # dict's own method on a dict subclass that overrides it: read the real mapping
-            receiver = ExternalDictVariable(receiver.value, receiver.source)
+            receiver = ExternalDictVariable(real, receiver.source)
         elif generic:
             # An instance of a user subclass of a builtin (`class Items(list)`), or of a builtin type kiln does not
             # model (bytearray, deque, array.array): its own call_method would find this same descriptor again.
             # kiln does not model the builtin's state inside such an object.
-            if type(receiver.value).__flags__ & _IMMUTABLE_TYPE:  # a C type itself, not a class statement's
+            if receiver.python_type().__flags__ & _IMMUTABLE_TYPE:  # a C type itself, not a class statement's
                 raise Unsupported(f"{self.describe()} on {receiver.describe()} (kiln does not model objects of "
                                   f"the builtin type {type(receiver.value).__qualname__})")
             raise Unsupported(f"{self.describe()} on {receiver.describe()} (a builtin's method on an instance of "
                               "a user subclass)")
         return receiver.call_method(tx, self.name, list(args[1:]), kwargs)
+
+
+class LruCacheVariable(Variable):
+    """A `functools.lru_cache` (or `functools.cache`) wrapper: its function is inlined, its cache bypassed.
+
+    The cache lives in C and cannot be read, so a call is traced through `__wrapped__`. That is
+    what the cache would return only when the function is a pure function of its arguments, so
+    kiln requires what it can check: every argument is a constant, the call adds nothing to the
+    graph and makes no side effect, and its result is a constant or an outside object (returned
+    as itself, like the cached one). Values it reads (globals, attributes) are guarded as usual;
+    a helper whose result depended on state that changed since it was cached would differ from
+    eager's stale cached value, which is the one way this can disagree with Python.
+    """
+
+    def __init__(self, wrapper: Any, source=None):
+        self.wrapper = wrapper
+        self.source = source
+
+    def describe(self) -> str:
+        return f"lru_cache-wrapped function {getattr(self.wrapper, '__qualname__', self.wrapper)}"
+
+    def identity(self) -> Any:
+        return self.wrapper
+
+    def as_constant(self) -> Any:
+        return self.wrapper
+
+    def python_type(self) -> type:
+        return type(self.wrapper)
+
+    def truth(self, tx) -> bool:
+        return True
+
+    def getattr(self, tx, name: str) -> Variable:
+        if name in ("__name__", "__qualname__", "__module__", "__doc__"):
+            return ConstantVariable(getattr(self.wrapper, name))
+        if name == "__wrapped__":
+            return tx.wrap(self.wrapper.__wrapped__, AttrSource(self.source, name) if self.source else None)
+        raise Unsupported(f"attribute {name!r} of {self.describe()} (its cache is not modelled)")
+
+    def call(self, tx, args, kwargs) -> Variable:
+        arguments = [*args, *kwargs.values()]
+        if not all(argument.is_constant() and _is_cacheable_constant(argument) for argument in arguments):
+            raise Unsupported(f"calling {self.describe()} with {', '.join(a.describe() for a in arguments)}: kiln "
+                              "traces a cached helper only on constant arguments")
+        wrapped_source = AttrSource(self.source, "__wrapped__") if self.source is not None else None
+        function = tx.wrap(self.wrapper.__wrapped__, wrapped_source, guard=wrapped_source is not None)
+        before = effects_fingerprint(tx.output)
+        result = function.call(tx, args, kwargs)
+        if effects_fingerprint(tx.output) != before:
+            raise Unsupported(f"{self.describe()} changed state or computed tensors (the cache would skip that on "
+                              "a later call: kiln traces only pure cached helpers)")
+        if not (isinstance(result, ConstantVariable) or result.identity() is not result):
+            raise Unsupported(f"{self.describe()} returned {result.describe()}, an object made by the call (the cache "
+                              "returns one object every time)")
+        return result
+
+
+def _is_cacheable_constant(variable: Variable) -> bool:
+    try:
+        hash(variable.as_constant())
+        return True
+    except (TypeError, Unsupported):
+        return False
+
+
+def effects_fingerprint(output) -> tuple:
+    """What the trace has done to the world so far: graph nodes, replayed calls, and the outside state it changed."""
+    state = output.side_effects.current_state()
+    return (len(output.graph.nodes), len(output.side_effects.calls),
+            tuple((key, id(value)) for key, (_, _, value) in state.attributes.items()),
+            tuple((key, tuple(map(id, items if isinstance(items, list) else items.values())))
+                  for key, (_, items) in state.containers.items()),
+            tuple((key, id(value)) for key, (_, _, value) in state.globals.items()))
 
 
 # Py_TPFLAGS_IMMUTABLETYPE (Python >= 3.10): set on C types (bytearray, deque, array.array), never on a class
@@ -424,6 +514,9 @@ class TorchFunctionVariable(Variable):
 
     def python_type(self) -> type:
         return type(self.fn)
+
+    def truth(self, tx) -> bool:
+        return bool(self.fn)  # torch's functions and classes: no user code
 
     def getattr(self, tx, name: str) -> Variable:
         if name in ("__name__", "__qualname__", "__module__"):

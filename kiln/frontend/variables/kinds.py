@@ -15,6 +15,7 @@ import contextvars
 import functools
 import logging
 import os
+import random
 import types
 from typing import Any
 
@@ -26,9 +27,9 @@ from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import ConstantVariable, Variable, is_constant_value
 from kiln.frontend.variables.builtins import SetVariable, builtin_variable
 from kiln.frontend.variables.containers import DictVariable, ExternalDictVariable, ListVariable, TupleVariable
-from kiln.frontend.variables.functions import (BoundMethodVariable, MethodDescriptorVariable, OpaqueFunctionVariable,
-                                               PartialVariable,
-                                               TorchFunctionVariable, UserFunctionVariable, is_torch_function)
+from kiln.frontend.variables.functions import (BoundMethodVariable, LruCacheVariable, MethodDescriptorVariable,
+                                               OpaqueFunctionVariable, PartialVariable, TorchFunctionVariable,
+                                               UserFunctionVariable, is_torch_function)
 from kiln.frontend.variables.modules import ModuleVariable, PythonModuleVariable
 from kiln.frontend.variables.objects import ClassVariable, ContextVarVariable, UserObjectVariable
 from kiln.frontend.variables.tensor import TensorMethodVariable
@@ -113,6 +114,11 @@ def _builtin(tx, value: Any, source, guards) -> Variable | None:
     return builtin_variable(value)
 
 
+def _lru_cache(tx, value, source, guards) -> Variable:
+    _guard_identity(guards, source, value)
+    return LruCacheVariable(value, source)
+
+
 def _function(tx, value: types.FunctionType, source, guards) -> Variable:
     _guard_identity(guards, source, value)
     return UserFunctionVariable(value, source)
@@ -148,6 +154,10 @@ def _descriptor(tx, value: Any, source, guards) -> Variable:
 def _builtin_method(tx, value: types.BuiltinMethodType, source, guards) -> Variable:
     """A C function: a bound method of a receiver kiln can wrap (`"-".join`), else not modelled."""
     receiver = value.__self__
+    if isinstance(receiver, random.Random):
+        raise Unsupported(f"random.{value.__name__}(): a draw from Python's random number generator, whose value "
+                          "exists only when the program runs (kiln does not trace it; use torch's random functions, "
+                          "which become graph nodes)")
     if receiver is None or isinstance(receiver, types.ModuleType):
         _guard_identity(guards, source, value)
         return OpaqueFunctionVariable(value, source)
@@ -194,6 +204,12 @@ def _grad_mode_exit(tx, value: GradModeExit, source, guards) -> Variable:
     return GradModeExitVariable(value, source)
 
 
+def _random_generator(tx, value: random.Random, source, guards) -> Variable:
+    raise Unsupported(f"{type(value).__module__}.{type(value).__qualname__}: Python's random number generator, whose "
+                      "draws exist only when the program runs (kiln does not trace them; use torch's random "
+                      "functions, which become graph nodes)")
+
+
 def _user_object(tx, value: Any, source, guards) -> Variable:
     if guards is not None:
         guards.type_is(source, type(value))  # its attributes are guarded one by one as the trace reads them
@@ -228,6 +244,7 @@ KINDS = (
     (set, _set),
     (object, _torch_callable),
     (object, _builtin),
+    (functools._lru_cache_wrapper, _lru_cache),
     (types.FunctionType, _function),
     (types.MethodType, _method),
     (types.ModuleType, _python_module),
@@ -238,6 +255,7 @@ KINDS = (
     (contextvars.ContextVar, _context_var),
     ((logging.Logger, logging.LoggerAdapter), _logger),
     (GradModeExit, _grad_mode_exit),
+    (random.Random, _random_generator),
     (object, _user_object),
 )
 SOURCELESS_KINDS = ((list, _sourceless_list), (tuple, _sourceless_tuple),

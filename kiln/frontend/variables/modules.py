@@ -17,15 +17,21 @@ import torch
 
 from kiln.frontend.errors import AttributeFailure, Unsupported
 from kiln.frontend.sources import AttrSource, ItemSource, NamedSource, TypeSource
-from kiln.frontend.variables.base import (MISSING, ConstantVariable, Variable, is_trusted_module,
-                                          lookup_class_attribute)
-from kiln.frontend.variables.containers import IteratorVariable, ListIteratorLike, TupleVariable
+from kiln.frontend.variables.base import (MISSING, NONE, ConstantVariable, TrackerMethod, Variable,
+                                          is_trusted_module, lookup_class_attribute)
+from kiln.frontend.variables.containers import IteratorVariable, ListIteratorLike, TupleVariable, missing_key
 from kiln.frontend.variables.objects import bind_class_attribute, object_getattr
 
 _CONTAINER_TYPES = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                     torch.nn.ParameterDict)
 _MODULE_CALLS = {torch.nn.Module.__call__, torch.nn.Module._call_impl,
                  getattr(torch.nn.Module, "_wrapped_call_impl", torch.nn.Module.__call__)}
+# nn.Module's iterators over its tree (and the arguments each takes), answered from the module's tables rather
+# than traced through its generators
+_MEMBER_ITERATORS = {"parameters": ("recurse",), "named_parameters": ("prefix", "recurse", "remove_duplicate"),
+                     "buffers": ("recurse",), "named_buffers": ("prefix", "recurse", "remove_duplicate"),
+                     "children": (), "named_children": (), "modules": (),
+                     "named_modules": ("memo", "prefix", "remove_duplicate")}
 _HOOK_DICTS = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks")
 _GLOBAL_HOOK_DICTS = ("_global_forward_pre_hooks", "_global_forward_hooks", "_global_backward_hooks",
                       "_global_backward_pre_hooks")
@@ -67,6 +73,9 @@ class ModuleVariable(Variable):
     def getattr(self, tx, name: str) -> Variable:
         if name in self.pending:
             return self.pending[name]
+        if name in _MEMBER_ITERATORS and lookup_class_attribute(type(self.value), name)[0] is \
+                getattr(torch.nn.Module, name):
+            return TrackerMethod(self, name)  # nn.Module's own: read from the module tree, under guards
         if _falls_back(self.value, name):
             return self._table_lookup(tx, name)
         return object_getattr(tx, self, self.value, name)
@@ -138,7 +147,7 @@ class ModuleVariable(Variable):
             for name, child in children:
                 if name == index:
                     return child
-            raise Unsupported(f"key {index!r} missing from {self.describe()} (the program raises KeyError)")
+            raise missing_key(key, self)
         if isinstance(index, slice):
             return TupleVariable([child for _, child in children][index])
         return children[index][1]
@@ -158,9 +167,84 @@ class ModuleVariable(Variable):
             if name == "items":
                 return ListIteratorLike([TupleVariable([ConstantVariable(key), child])
                                          for key, child in self._children(tx)], "dict_items")
-        if name in ("parameters", "named_parameters", "buffers", "children", "modules", "named_modules"):
-            raise Unsupported(f"{type(self.value).__qualname__}.{name}() inside a compiled function")
+        if name in _MEMBER_ITERATORS and lookup_class_attribute(type(self.value), name)[0] is \
+                getattr(torch.nn.Module, name):
+            return IteratorVariable(self._members(tx, name, args, kwargs))
         return self.getattr(tx, name).call(tx, args, kwargs)
+
+    # -- parameters(), named_modules() and the like ----------------------------------------------
+
+    def _members(self, tx, method: str, args, kwargs) -> list[Variable]:
+        """What nn.Module's `method(*args, **kwargs)` yields, in its order, each item with its source.
+
+        The tree is read as nn.Module reads it (`_modules`, `_parameters`, `_buffers`, keys
+        guarded at every module visited), so a module added or removed later recompiles;
+        duplicates (a tied weight, a shared submodule) are left out as torch leaves them out.
+        """
+        accepted = _MEMBER_ITERATORS[method]
+        if len(args) > len(accepted) or set(kwargs) - set(accepted):
+            raise Unsupported(f"{type(self.value).__qualname__}.{method} with these arguments")
+        options = {key: value.as_constant() for key, value in dict(zip(accepted, args), **kwargs).items()}
+        if options.get("memo") is not None:
+            raise Unsupported(f"{type(self.value).__qualname__}.{method}(memo=...)")
+        prefix = options.get("prefix", "")
+        remove_duplicate = options.get("remove_duplicate", True)
+        if method in ("children", "named_children"):
+            items, seen = [], set()
+            for name, child in self._child_modules(tx, ""):
+                if id(child.value) not in seen:
+                    seen.add(id(child.value))
+                    items.append((name, child))
+        elif method in ("modules", "named_modules"):
+            items = self._module_tree(tx, prefix, remove_duplicate, set())
+        else:
+            table = "_parameters" if method.endswith("parameters") else "_buffers"
+            modules = self._module_tree(tx, prefix, remove_duplicate, set()) if options.get("recurse", True) \
+                else [(prefix, self)]
+            items, seen = [], set()
+            for module_prefix, module in modules:
+                for name, value in module._table(tx, table):
+                    real = module.value.__dict__[table][name]
+                    if real is None or (remove_duplicate and id(real) in seen):
+                        continue
+                    seen.add(id(real))
+                    items.append((module_prefix + ("." if module_prefix else "") + name, value))
+        if method.startswith("named_"):
+            return [TupleVariable([ConstantVariable(name), value]) for name, value in items]
+        return [value for _, value in items]
+
+    def _table(self, tx, table: str) -> list[tuple[str, Variable]]:
+        """The entries of `_parameters` or `_buffers`, keys guarded (a None entry stays NONE)."""
+        entries = self.value.__dict__[table]
+        if self.source is not None:
+            tx.output.guards.keys(AttrSource(self.source, table), tuple(entries))
+        return [(name, NONE if entries[name] is None else tx.wrap(entries[name], self._sub(table, name)))
+                for name in entries]
+
+    def _child_modules(self, tx, prefix: str) -> list[tuple[str, "ModuleVariable"]]:
+        entries = self.value.__dict__["_modules"]
+        if self.source is not None:
+            tx.output.guards.keys(AttrSource(self.source, "_modules"), tuple(entries))
+        children = []
+        for name, child in entries.items():
+            if child is None:
+                continue
+            variable = tx.wrap(child, self._sub("_modules", name))
+            if not isinstance(variable, ModuleVariable):
+                raise Unsupported(f"submodule {name!r} of {self.describe()} is {variable.describe()}")
+            children.append((prefix + ("." if prefix else "") + name, variable))
+        return children
+
+    def _module_tree(self, tx, prefix: str, remove_duplicate: bool, memo: set) -> list[tuple[str, "ModuleVariable"]]:
+        """named_modules(): this module, then each submodule's tree, depth first (each module once)."""
+        if id(self.value) in memo:
+            return []
+        if remove_duplicate:
+            memo.add(id(self.value))
+        tree = [(prefix, self)]
+        for name, child in self._child_modules(tx, prefix):
+            tree += child._module_tree(tx, name, remove_duplicate, memo)
+        return tree
 
 
 def _module_tables(module: torch.nn.Module) -> set[str]:

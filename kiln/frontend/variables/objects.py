@@ -19,12 +19,13 @@ import dataclasses
 import types
 from typing import Any
 
-from kiln.frontend.errors import AttributeFailure, Unsupported
+from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported
 from kiln.frontend.sources import AttrSource, ItemSource, TypeSource
 from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import (MISSING, NONE, ConstantVariable, TrackerMethod, Variable, is_trusted_module,
                                           lookup_class_attribute)
-from kiln.frontend.variables.containers import IteratorVariable, ListIteratorLike, TupleVariable
+from kiln.frontend.variables.containers import (DictVariable, IteratorVariable, ListIteratorLike, TupleVariable,
+                                                missing_key)
 from kiln.frontend.variables.functions import BoundMethodVariable, MethodDescriptorVariable, bind_arguments
 
 DELETED = object()
@@ -53,16 +54,32 @@ def bind_class_attribute(tx, raw: Any, name: str, instance: Variable, cls: type,
         return BoundMethodVariable(tx.wrap(raw, attribute_source, guard=guard), instance)
     if isinstance(raw, property):
         if raw.fget is None:
-            raise Unsupported(f"property {name!r} without a getter")
-        getter_source = AttrSource(attribute_source, "fget") if guard else None
-        return tx.wrap(raw.fget, getter_source, guard=guard).call(tx, [instance], {})
+            raise AttributeFailure(f"property {name!r} of {cls.__qualname__!r} object has no getter")
+        return property_function(tx, raw, "fget", name, cls).call(tx, [instance], {})
     if isinstance(raw, (types.MethodDescriptorType, types.WrapperDescriptorType)):
         return BoundMethodVariable(MethodDescriptorVariable(raw.__objclass__, name), instance)
     if isinstance(raw, functools_cached_property()):
         raise Unsupported(f"functools.cached_property {name!r}")
     if hasattr(type(raw), "__get__") and not isinstance(raw, type):
         raise Unsupported(f"class attribute {name!r} is a descriptor of type {type(raw).__name__}")
-    return tx.wrap(raw, AttrSource(instance.source, name) if instance.source is not None else None)
+    if instance.source is not None:
+        return tx.wrap(raw, AttrSource(instance.source, name))
+    # an object made in the trace: the value is read from its class (guarded there, unless a library's)
+    return tx.wrap(raw, attribute_source if guard else None, guard=guard)
+
+
+def property_function(tx, raw: property, which: str, name: str, cls: type) -> Variable:
+    """The getter, setter or deleter (`which`: fget, fset, fdel) of property `name` found on `cls`, guarded
+    by identity through the class (a user class's property can be rebound)."""
+    function = getattr(raw, which)
+    if _is_library_class(cls):
+        return tx.wrap(function, None, guard=False)
+    return tx.wrap(function, AttrSource(AttrSource(tx.output.named_source("__class", cls), name), which))
+
+
+def is_data_descriptor(raw: Any) -> bool:
+    """A class attribute that takes precedence over the instance __dict__ (property, slot, getset descriptor)."""
+    return raw is not MISSING and (hasattr(type(raw), "__set__") or hasattr(type(raw), "__delete__"))
 
 
 def _is_library_class(cls: type) -> bool:
@@ -129,6 +146,14 @@ class UserObjectVariable(Variable):
             bind_class_attribute(tx, raw, "__setattr__", self, type(self.value), _class_source(tx, self.source)) \
                 .call(tx, [ConstantVariable(name), value], {})
             return
+        descriptor, _ = lookup_class_attribute(type(self.value), name)
+        if isinstance(descriptor, property):  # its setter runs (inlined); what it stores is replayed
+            if descriptor.fset is None:
+                raise AttributeFailure(f"property {name!r} of {type(self.value).__qualname__!r} object has no setter")
+            property_function(tx, descriptor, "fset", name, type(self.value)).call(tx, [self, value], {})
+            return
+        if is_data_descriptor(descriptor) and not isinstance(descriptor, types.MemberDescriptorType):
+            raise Unsupported(f"setting {name!r} on {self.describe()}: a {type(descriptor).__name__} on its class")
         if self.source is None:
             raise Unsupported(f"setting {name!r} on {self.describe()} that has no source")
         self.pending[name] = value
@@ -175,7 +200,8 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
         # Methods are bound as usual (a bound method is a new object per read: no value to guard);
         # the config's __getattribute__ leaves them to object.__getattribute__ anyway.
         raw, _ = lookup_class_attribute(cls, name)
-        if isinstance(raw, (types.FunctionType, staticmethod, classmethod)) and name not in vars(value):
+        if isinstance(raw, (types.FunctionType, staticmethod, classmethod, types.MethodDescriptorType,
+                            types.WrapperDescriptorType)) and name not in vars(value):
             return object_getattr(tx, variable, value, name, generic=True)
         try:
             found = getattr(value, name)
@@ -260,6 +286,13 @@ class ClassVariable(Variable):
     def as_constant(self) -> Any:
         return self.value
 
+    def truth(self, tx) -> bool:
+        metaclass = type(self.value)
+        if any(lookup_class_attribute(metaclass, name)[1] not in (type, object, None)
+               for name in ("__bool__", "__len__")):
+            raise Unsupported(f"truth value of {self.describe()} (its metaclass defines __bool__ or __len__)")
+        return True
+
     def getattr(self, tx, name: str) -> Variable:
         raw, _ = lookup_class_attribute(self.value, name)
         if raw is MISSING:
@@ -285,6 +318,14 @@ class ClassVariable(Variable):
         if special is not None:
             return special(tx, args, kwargs)
         return construct_object(tx, self, args, kwargs)
+
+    def reconstruct(self, codegen) -> str:
+        return codegen.source(self.source) if self.source is not None else codegen.constant(self.value)
+
+    def call_method(self, tx, name, args, kwargs) -> Variable:
+        if name == "__call__":  # type.__call__(cls, ...) reached as a descriptor: super().__call__ in a metaclass
+            return create_instance(tx, self, args, kwargs)
+        return super().call_method(tx, name, args, kwargs)
 
 
 def _wrap_config_value(tx, value: Any, source) -> Variable:
@@ -329,21 +370,55 @@ def construct_object(tx, class_variable: ClassVariable, args, kwargs) -> Variabl
     if issubclass(cls, torch.nn.Module):
         return _construct_torch_module(tx, cls, args, kwargs)
     if issubclass(cls, BaseException):
-        return ExceptionVariable(cls, args)
-    import abc
+        return ExceptionVariable.create(tx, cls, args, kwargs)
+    metaclass = type(cls)
+    call, owner = lookup_class_attribute(metaclass, "__call__")
+    if owner is not type:  # a metaclass's own __call__ makes the instance (it usually ends in type.__call__)
+        if not isinstance(call, types.FunctionType):
+            raise Unsupported(f"creating {cls.__qualname__}: its metaclass {metaclass.__qualname__} has a builtin "
+                              "__call__")
+        meta_source = None if _is_library_class(metaclass) else tx.output.named_source("__metaclass", metaclass)
+        return bind_class_attribute(tx, call, "__call__", class_variable, metaclass, meta_source).call(tx, args, kwargs)
+    return create_instance(tx, class_variable, args, kwargs)
 
-    # ABCMeta adds only the abstract-method check to creating an instance (transformers' cache layers).
-    if cls.__new__ is not object.__new__ or type(cls) not in (type, abc.ABCMeta):
-        raise Unsupported(f"creating {cls.__qualname__} (custom __new__ or metaclass)")
-    if getattr(cls, "__abstractmethods__", None):
-        raise Unsupported(f"creating {cls.__qualname__}, which has abstract methods")
-    instance = NewObjectVariable(cls)
-    init, _ = lookup_class_attribute(cls, "__init__")
+
+def create_instance(tx, class_variable: ClassVariable, args, kwargs) -> Variable:
+    """`type.__call__(cls, *args, **kwargs)`: `cls.__new__`, then `__init__` if it made an instance of cls."""
+    cls = class_variable.value
+    class_source = None if _is_library_class(cls) else tx.output.named_source("__class", cls)
+    new, _ = lookup_class_attribute(cls, "__new__")
+    if new is object.__new__:
+        instance = new_object(cls)
+    elif isinstance(new, staticmethod) and isinstance(new.__func__, types.FunctionType):  # a Python __new__
+        instance = bind_class_attribute(tx, new, "__new__", class_variable, cls, class_source) \
+            .call(tx, [class_variable, *args], kwargs)
+        if not issubclass(instance.python_type(), cls):
+            return instance  # __new__ made something else: no __init__
+    else:
+        raise Unsupported(f"creating {cls.__qualname__}: its __new__ is a builtin's ({type(new).__name__}); kiln "
+                          "models instances of plain Python classes")
+    init, _ = lookup_class_attribute(instance.python_type(), "__init__")
     if init is not object.__init__:
-        bind_class_attribute(tx, init, "__init__", instance, cls, None).call(tx, args, kwargs)
-    elif args or kwargs:
-        raise Unsupported(f"{cls.__qualname__}() takes no arguments")
+        instance_class = instance.python_type()
+        bind_class_attribute(tx, init, "__init__", instance, instance_class,
+                             None if _is_library_class(instance_class) else
+                             tx.output.named_source("__class", instance_class)).call(tx, args, kwargs)
+    elif (args or kwargs) and new is object.__new__:
+        raise ProgramException(f"{cls.__qualname__}() takes no arguments", TypeError)
     return instance
+
+
+def new_object(cls: type) -> "NewObjectVariable":
+    """`object.__new__(cls)`: a new instance of a plain Python class, nothing set on it yet."""
+    if not all(klass is object or not (klass.__flags__ & _IMMUTABLE_TYPE) for klass in cls.__mro__):
+        raise Unsupported(f"object.__new__({cls.__qualname__}): a subclass of a builtin type (the program raises "
+                          "TypeError, or needs that type's own __new__)")
+    if getattr(cls, "__abstractmethods__", None):
+        raise Unsupported(f"creating {cls.__qualname__}, which has abstract methods (the program raises TypeError)")
+    return NewObjectVariable(cls)
+
+
+_IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE: C types, never a class statement's
 
 
 def _construct_torch_module(tx, cls: type, args, kwargs) -> Variable:
@@ -368,12 +443,40 @@ def _construct_torch_module(tx, cls: type, args, kwargs) -> Variable:
     return tx.wrap(module, None, guard=False)  # a ModuleVariable without a source
 
 
+class InstanceDictVariable(DictVariable):
+    """The `__dict__` of an object made during the trace: the very mapping its attributes live in."""
+
+    def __init__(self, owner: "NewObjectVariable"):
+        super().__init__()
+        self.owner = owner
+
+    def describe(self) -> str:
+        return f"__dict__ of {self.owner.describe()}"
+
+    def reconstruct(self, codegen) -> str:
+        raise Unsupported(f"returning the {self.describe()} (it would not be the rebuilt object's own __dict__)")
+
+
 class NewObjectVariable(Variable):
-    """An instance created during the trace; its attributes are trackers."""
+    """An instance created during the trace; its attributes are trackers.
+
+    Attribute access follows Python's rules as `UserObjectVariable` does: a class-defined
+    `__getattribute__`, `__setattr__` or `__delattr__` is inlined, properties run their
+    getter, setter or deleter, the instance `__dict__` (`instance_dict`, also what
+    `obj.__dict__` gives) comes before class attributes, and `__getattr__` is the fallback
+    when the lookup raises AttributeError. Class attributes of a user class are read from the
+    class and guarded there.
+    """
+
+    generic_access = True
 
     def __init__(self, cls: type):
         self.cls = cls
-        self.attributes: dict[str, Variable] = {}
+        self.instance_dict = InstanceDictVariable(self)
+
+    @property
+    def attributes(self) -> dict[Any, Variable]:
+        return self.instance_dict.items
 
     def describe(self) -> str:
         return f"new {self.cls.__qualname__} object"
@@ -384,36 +487,99 @@ class NewObjectVariable(Variable):
     def user_class(self) -> type:
         return self.cls
 
-    def getattr(self, tx, name: str) -> Variable:
-        raw, _ = lookup_class_attribute(self.cls, name)
-        if raw is not MISSING and isinstance(raw, property):
-            return bind_class_attribute(tx, raw, name, self, self.cls, None)
-        if name in self.attributes:
-            return self.attributes[name]
-        if raw is not MISSING:
-            return bind_class_attribute(tx, raw, name, self, self.cls, None)
-        if name == "__class__":
-            return ClassVariable(self.cls)
+    def _class_source(self, tx):
+        return None if _is_library_class(self.cls) else tx.output.named_source("__class", self.cls)
+
+    def _bind(self, tx, raw: Any, name: str) -> Variable:
+        return bind_class_attribute(tx, raw, name, self, self.cls, self._class_source(tx))
+
+    def getattr(self, tx, name: str, generic: bool = False) -> Variable:
+        """`obj.name`; `generic` is object.__getattribute__ itself (no class __getattribute__, no __getattr__)."""
+        getattribute, _ = lookup_class_attribute(self.cls, "__getattribute__")
         fallback, _ = lookup_class_attribute(self.cls, "__getattr__")
-        if fallback is not MISSING:
-            return bind_class_attribute(tx, fallback, "__getattr__", self, self.cls, None).call(
-                tx, [ConstantVariable(name)], {})
-        raise AttributeFailure(f"{self.cls.__qualname__} object has no attribute {name!r}")
+        try:
+            if isinstance(getattribute, types.FunctionType) and not generic:
+                return self._bind(tx, getattribute, "__getattribute__").call(tx, [ConstantVariable(name)], {})
+            if getattribute is not object.__getattribute__ and not generic:
+                raise Unsupported(f"{self.describe()}: its class has a builtin __getattribute__ "
+                                  f"({type(getattribute).__name__})")
+            return self._generic_getattr(tx, name)
+        except AttributeFailure:
+            if generic or fallback is MISSING:
+                raise
+        return self._bind(tx, fallback, "__getattr__").call(tx, [ConstantVariable(name)], {})
 
-    def setattr(self, tx, name: str, value: Variable) -> None:
-        raw, _ = lookup_class_attribute(self.cls, "__setattr__")
-        if raw is not object.__setattr__:
-            raise Unsupported(f"{self.cls.__qualname__} overrides __setattr__")
-        self.attributes[name] = value
+    def _generic_getattr(self, tx, name: str) -> Variable:
+        """object.__getattribute__: data descriptors, then the instance __dict__, then class attributes."""
+        if name == "__dict__":
+            return self.instance_dict
+        if name == "__class__":
+            return tx.wrap(self.cls, self._class_source(tx), guard=False)
+        raw, _ = lookup_class_attribute(self.cls, name)
+        if is_data_descriptor(raw):
+            if isinstance(raw, property):
+                return self._bind(tx, raw, name)
+            raise Unsupported(f"attribute {name!r} of {self.describe()}: a {type(raw).__name__} on its class")
+        if name in self.instance_dict.entries:
+            return self.instance_dict.entries[name][1]
+        if raw is not MISSING:
+            return self._bind(tx, raw, name)
+        raise AttributeFailure(f"{self.cls.__qualname__!r} object has no attribute {name!r}")
 
-    def delattr(self, tx, name: str) -> None:
-        self.attributes.pop(name, None)
+    def has_attribute(self, tx, name: str) -> bool:
+        try:
+            self.getattr(tx, name)
+            return True
+        except AttributeFailure:
+            return False
+
+    def setattr(self, tx, name: str, value: Variable, generic: bool = False) -> None:
+        """`obj.name = value`; `generic` is object.__setattr__ itself (past a class-defined __setattr__)."""
+        setter, _ = lookup_class_attribute(self.cls, "__setattr__")
+        if setter is not object.__setattr__ and not generic:
+            if not isinstance(setter, types.FunctionType):
+                raise Unsupported(f"{self.cls.__qualname__} has a builtin __setattr__ ({type(setter).__name__})")
+            self._bind(tx, setter, "__setattr__").call(tx, [ConstantVariable(name), value], {})
+            return
+        raw, _ = lookup_class_attribute(self.cls, name)
+        if isinstance(raw, property):
+            if raw.fset is None:
+                raise AttributeFailure(f"property {name!r} of {self.cls.__qualname__!r} object has no setter")
+            property_function(tx, raw, "fset", name, self.cls).call(tx, [self, value], {})
+            return
+        if is_data_descriptor(raw):
+            raise Unsupported(f"setting {name!r} on {self.describe()}: a {type(raw).__name__} on its class")
+        self.instance_dict.entries[name] = (ConstantVariable(name), value)
+
+    def delattr(self, tx, name: str, generic: bool = False) -> None:
+        deleter, _ = lookup_class_attribute(self.cls, "__delattr__")
+        if deleter is not object.__delattr__ and not generic:
+            if not isinstance(deleter, types.FunctionType):
+                raise Unsupported(f"{self.cls.__qualname__} has a builtin __delattr__ ({type(deleter).__name__})")
+            self._bind(tx, deleter, "__delattr__").call(tx, [ConstantVariable(name)], {})
+            return
+        raw, _ = lookup_class_attribute(self.cls, name)
+        if isinstance(raw, property):
+            if raw.fdel is None:
+                raise AttributeFailure(f"property {name!r} of {self.cls.__qualname__!r} object has no deleter")
+            property_function(tx, raw, "fdel", name, self.cls).call(tx, [self], {})
+            return
+        if is_data_descriptor(raw):
+            raise Unsupported(f"deleting {name!r} on {self.describe()}: a {type(raw).__name__} on its class")
+        if name not in self.instance_dict.entries:
+            raise AttributeFailure(f"{self.cls.__qualname__!r} object has no attribute {name!r}")
+        del self.instance_dict.entries[name]
 
     def truth(self, tx) -> bool:
-        if lookup_class_attribute(self.cls, "__bool__")[0] is MISSING and \
-                lookup_class_attribute(self.cls, "__len__")[0] is MISSING:
-            return True
-        return self.call_method(tx, "__bool__", [], {}).truth(tx)
+        if lookup_class_attribute(self.cls, "__bool__")[0] is not MISSING:
+            result = self.call_method(tx, "__bool__", [], {})
+            if result.python_type() is not bool:
+                raise Unsupported(f"__bool__ of {self.describe()} returned {result.describe()} (the program raises "
+                                  "TypeError)")
+            return result.truth(tx)
+        if lookup_class_attribute(self.cls, "__len__")[0] is not MISSING:
+            return self.length(tx) != 0
+        return True
 
     def call(self, tx, args, kwargs) -> Variable:
         return self.call_method(tx, "__call__", args, kwargs)
@@ -425,19 +591,31 @@ class NewObjectVariable(Variable):
         return self.call_method(tx, "__len__", [], {}).as_constant()
 
     def reconstruct(self, codegen) -> str:
-        if not dataclasses.is_dataclass(self.cls):
-            # A plain object (object.__new__, no __slots__): made without running __init__ again, its
-            # attributes set as the trace left them (transformers' DynamicCache and its layers).
-            if "__slots__" in vars(self.cls) or not hasattr(self.cls, "__dict__"):
-                raise Unsupported(f"returning a {self.cls.__qualname__} object created inside the compiled function "
-                                  "(its class has __slots__)")
-            inner = ", ".join(f"{name!r}: {codegen.value(value)}" for name, value in self.attributes.items())
-            return f"{codegen.constant(rebuild_object)}({codegen.constant(self.cls)}, {{{inner}}})"
-        fields = [field.name for field in dataclasses.fields(self.cls) if field.init]
-        if set(self.attributes) != {field.name for field in dataclasses.fields(self.cls)}:
-            raise Unsupported(f"returning {self.cls.__qualname__}: attributes beyond its dataclass fields")
-        inner = ", ".join(f"{name}={codegen.value(self.attributes[name])}" for name in fields)
-        return f"{codegen.constant(self.cls)}({inner})"
+        if has_slots(self.cls):
+            if dataclasses.is_dataclass(self.cls) and not hasattr(self.cls, "__post_init__") and \
+                    all(field.init for field in dataclasses.fields(self.cls)) and \
+                    set(self.attributes) == {field.name for field in dataclasses.fields(self.cls)}:
+                inner = ", ".join(f"{name}={codegen.value(self.attributes[name])}"
+                                  for name in (field.name for field in dataclasses.fields(self.cls)))
+                return f"{codegen.constant(self.cls)}({inner})"
+            raise Unsupported(f"returning a {self.cls.__qualname__} object created inside the compiled function "
+                              "(its class has __slots__)")
+        # Made without running __init__ (or __post_init__) again, its attributes set as the trace left them
+        # (transformers' DynamicCache and its layers, dataclasses).
+        inner = ", ".join(f"{codegen.value(key)}: {codegen.value(value)}"
+                          for key, value in self.instance_dict.entries.values())
+        return f"{codegen.constant(rebuild_object)}({codegen.constant(self.cls)}, {{{inner}}})"
+
+
+def has_slots(cls: type) -> bool:
+    """Whether instances keep (some) attributes outside a __dict__."""
+    for klass in cls.__mro__:
+        slots = vars(klass).get("__slots__", ())
+        if isinstance(slots, str):
+            slots = (slots,)
+        if klass is not object and set(slots) - {"__dict__", "__weakref__"}:
+            return True
+    return "__dict__" not in dir(cls)
 
 
 def rebuild_object(cls: type, attributes: dict) -> Any:
@@ -519,7 +697,7 @@ class ModelOutputVariable(Variable):
         python_key = key.as_constant()
         if isinstance(python_key, str):
             if python_key not in self.present():
-                raise Unsupported(f"{self.cls.__qualname__}[{python_key!r}] is missing (the program raises KeyError)")
+                raise missing_key(key, self)
             return self.fields[python_key]
         values = [self.fields[name] for name in self.present()]
         if isinstance(python_key, slice):
@@ -547,17 +725,81 @@ class ModelOutputVariable(Variable):
 
 
 class ExceptionVariable(Variable):
-    """An exception object created by the program (only raising it is unsupported)."""
+    """An exception object the program made (`ValueError("no")`) or kiln raised for it (a missing key).
 
-    def __init__(self, cls: type, args: list[Variable]):
+    `args` are what BaseException keeps as `.args` (trackers), or None where kiln does not know
+    Python's exact arguments (the message of an AttributeError kiln's own lookup raised): reading
+    them is then unsupported. A user subclass's `__init__` runs inlined, and what it stores is kept.
+    """
+
+    def __init__(self, cls: type, args: list[Variable] | None):
         self.cls = cls
-        self.args = args
+        self.args = None if args is None else list(args)
+        self.attributes: dict[str, Variable] = {}
+
+    @classmethod
+    def create(cls_, tx, cls: type, args: list[Variable], kwargs: dict[str, Variable]) -> "ExceptionVariable":
+        """`cls(*args, **kwargs)`: BaseException.__new__ keeps `args`, then the class's __init__ runs."""
+        new, _ = lookup_class_attribute(cls, "__new__")
+        if isinstance(new, staticmethod) or isinstance(new, types.FunctionType):
+            raise Unsupported(f"creating exception {cls.__qualname__}, whose class defines __new__")
+        exception = cls_(cls, args)
+        init, owner = lookup_class_attribute(cls, "__init__")
+        if isinstance(init, types.FunctionType):
+            bind_class_attribute(tx, init, "__init__", exception, cls, tx.output.named_source("__class", cls)) \
+                .call(tx, args, kwargs)
+        elif kwargs:
+            raise Unsupported(f"{cls.__qualname__}() with keyword arguments")
+        return exception
 
     def describe(self) -> str:
         return f"{self.cls.__name__} exception"
 
     def python_type(self) -> type:
         return self.cls
+
+    def getattr(self, tx, name: str) -> Variable:
+        if name in self.attributes:
+            return self.attributes[name]
+        if name == "args":
+            if self.args is None:
+                raise Unsupported(f"the arguments of {self.describe()} (Python's exact message is not known to kiln)")
+            return TupleVariable(list(self.args))
+        if name == "__class__":
+            return ClassVariable(self.cls)
+        if name in ("__cause__", "__context__"):
+            return self.attributes.get(name, NONE)
+        if name == "__suppress_context__":
+            return ConstantVariable(name in self.attributes and "__cause__" in self.attributes)
+        raw, owner = lookup_class_attribute(self.cls, name)
+        if raw is not MISSING and owner.__module__ != "builtins":  # a method of a user exception class
+            return bind_class_attribute(tx, raw, name, self, self.cls, tx.output.named_source("__class", self.cls))
+        if name == "with_traceback":
+            return TrackerMethod(self, name)
+        if raw is not MISSING:
+            raise Unsupported(f"attribute {name!r} of {self.describe()}")
+        raise AttributeFailure(f"{self.cls.__qualname__!r} object has no attribute {name!r}")
+
+    def setattr(self, tx, name: str, value: Variable) -> None:
+        if name == "args":
+            self.args = value.unpack(tx)
+            return
+        self.attributes[name] = value
+
+    def call_method(self, tx, name, args, kwargs) -> Variable:
+        if name == "__init__":  # BaseException.__init__ (from a subclass's super().__init__(...))
+            if kwargs:
+                raise Unsupported(f"{self.cls.__qualname__}.__init__ with keyword arguments")
+            self.args = list(args)
+            return NONE
+        if name == "with_traceback":  # kiln's exceptions carry no traceback
+            return self
+        return self.getattr(tx, name).call(tx, args, kwargs)
+
+    def reconstruct(self, codegen) -> str:
+        if self.args is None or self.attributes or self.cls.__module__ != "builtins":
+            raise Unsupported(f"returning {self.describe()} from a compiled function")
+        return f"{codegen.constant(self.cls)}({''.join(codegen.value(arg) + ', ' for arg in self.args)})"
 
 
 class ContextVarVariable(Variable):

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 from kiln.frontend import replay
-from kiln.frontend.errors import Unsupported, unbreakable
+from kiln.frontend.errors import ProgramException, Unsupported, unbreakable
 from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import NONE, ConstantVariable, TrackerMethod, Variable
 from kiln.frontend.variables.functions import BoundMethodVariable
@@ -346,8 +346,12 @@ class DecoratedFunctionVariable(Variable):
 
     def call(self, tx, args, kwargs) -> Variable:
         self.manager.enter(tx)
-        with tx.behind_uninterpreted_frames():  # Python calls the function from the decorator's wrapper
-            result = self.function.call(tx, args, kwargs)
+        try:
+            with tx.behind_uninterpreted_frames():  # Python calls the function from the decorator's wrapper
+                result = self.function.call(tx, args, kwargs)
+        except ProgramException:  # the decorator's `with` exits on the way out, as in Python
+            self.manager.exit(tx)
+            raise
         self.manager.exit(tx)
         return result
 
@@ -403,8 +407,9 @@ class LoggerVariable(Variable):
 
     def _library_method(self, name: str) -> bool:
         """A logging method a library patched onto the logger's class (`warning_once`, `info_once`)."""
-        own = name in vars(logging.Logger) or name in vars(logging.LoggerAdapter)
-        return not own and name.startswith(tuple(_LOG_LEVELS)) and callable(getattr(self.value, name, None))
+        method = getattr(self.value, name, None)
+        own = getattr(getattr(method, "__func__", method), "__module__", None) == "logging"
+        return not own and name.startswith(tuple(_LOG_LEVELS)) and callable(method)
 
     def call_method(self, tx, name, args, kwargs) -> Variable:
         if name == "isEnabledFor":
