@@ -362,13 +362,6 @@ def draws_python_random(x):
     return x * random.random() + 1
 
 
-def deep_copies(x, config):
-    import copy
-
-    copied = copy.deepcopy(config)
-    return x * copied["scale"]
-
-
 def stores_into_a_bytearray(x, buffer):
     y = x + 1
     buffer[0] = 7  # item assignment on an object kiln does not model: one instruction in Python
@@ -379,7 +372,6 @@ def stores_into_a_bytearray(x, buffer):
     (boolean_mask, lambda: (torch.randn(8),)),
     (defines_a_class, lambda: (torch.randn(3),)),
     (draws_python_random, lambda: (torch.randn(3),)),
-    (deep_copies, lambda: (torch.randn(3), {"scale": 2.0})),
     (stores_into_a_bytearray, lambda: (torch.randn(3), bytearray(b"abc"))),
 ], ids=lambda value: getattr(value, "__name__", ""))
 def test_constructs_kiln_does_not_trace_break_instead_of_running_the_frame_eagerly(program, make_args):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import random
 import sys
 import types
 from typing import Any
@@ -565,6 +566,9 @@ class OpaqueFunctionVariable(Variable):
 
     def call(self, tx, args, kwargs) -> Variable:
         # Frame introspection called from an entry function would see the entry's frame, not the program's.
+        if isinstance(getattr(self.value, "__self__", None), random.Random):
+            raise Unsupported(f"random.{self.value.__name__}(): a draw from Python's random number generator, whose "
+                              "value exists only when the program runs (a graph break makes it in Python)")
         raise Unsupported(f"calling {self.describe()}, which kiln does not model",
                           breakable=self.value not in _FRAME_INTROSPECTION)
 

@@ -154,12 +154,14 @@ def _descriptor(tx, value: Any, source, guards) -> Variable:
 def _builtin_method(tx, value: types.BuiltinMethodType, source, guards) -> Variable:
     """A C function: a bound method of a receiver kiln can wrap (`"-".join`), else not modelled."""
     receiver = value.__self__
-    if isinstance(receiver, random.Random):
-        raise Unsupported(f"random.{value.__name__}(): a draw from Python's random number generator, whose value "
-                          "exists only when the program runs (kiln does not trace it; use torch's random functions, "
-                          "which become graph nodes)")
     if receiver is None or isinstance(receiver, types.ModuleType):
         _guard_identity(guards, source, value)
+        return OpaqueFunctionVariable(value, source)
+    if isinstance(receiver, random.Random):  # its draws exist only when the program runs: a graph break calls it
+        if guards is not None:
+            guards.type_is(source, type(value))
+            guards.identity(AttrSource(source, "__self__"), receiver)
+            guards.value(AttrSource(source, "__name__"), value.__name__)
         return OpaqueFunctionVariable(value, source)
     if isinstance(receiver, torch.Tensor) and source is not None:  # `x.add` held as a value: x is a graph input
         if guards is not None:
