@@ -38,6 +38,7 @@ from kiln.frontend.interpreter import BreakHere, Frame
 from kiln.frontend.output import OutputGraph
 from kiln.frontend.sources import ClosureCellSource, LocalSource, NamedSource
 from kiln.frontend.variables.functions import CellVariable
+from kiln.frontend.variables.modules import _HOOK_DICTS
 from kiln.runtime.locks import compile_lock
 
 log = logging.getLogger("kiln")
@@ -297,9 +298,7 @@ class Dispatcher:
         chosen = frames[0]
         if chosen.code is _call_module.__code__:
             module = self.bound_self
-            hooked = isinstance(module, torch.nn.Module) and any(
-                getattr(module, table, None) for table in
-                ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks"))
+            hooked = isinstance(module, torch.nn.Module) and any(getattr(module, table, None) for table in _HOOK_DICTS)
             if len(frames) < 2 or hooked or frames[1].parent is not chosen:
                 return None
             chosen = frames[1]

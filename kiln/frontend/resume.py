@@ -48,68 +48,6 @@ from kiln.frontend.variables.base import NULL
 from kiln.frontend.variables.containers import IteratorVariable
 
 CALL_OPS = frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"})
-
-
-def _contains(container, item):
-    return item in container
-
-
-def _not_contains(container, item):
-    return item not in container
-
-
-def _store_subscript(value, container, key):
-    container[key] = value
-
-
-def _store_attribute(value, obj, name):
-    setattr(obj, name, value)
-
-
-def _subscript_slice(container, start, stop):
-    return container[start:stop]
-
-
-def _single_instruction(instruction) -> tuple[int, Callable, str] | None:
-    """(values it takes from the stack, the Python function doing it, what it pushes: "value",
-    "method" or "nothing") for an instruction a graph break can run on its own, else None."""
-    from kiln.frontend.operations import BINARY_OPERATORS, COMPARE_OPERATORS, INPLACE_OPERATORS
-
-    op = instruction.op
-    if op == "BINARY_OP":
-        symbol = instruction.argrepr
-        if symbol.endswith("=") and symbol[:-1] in INPLACE_OPERATORS:
-            return 2, INPLACE_OPERATORS[symbol[:-1]], "value"
-        return (2, BINARY_OPERATORS[symbol], "value") if symbol in BINARY_OPERATORS else None
-    if op == "COMPARE_OP":
-        symbol = versions.compare_operator(instruction.argval)
-        return (2, COMPARE_OPERATORS[symbol], "value") if symbol in COMPARE_OPERATORS else None
-    if op == "CONTAINS_OP":
-        return 2, (lambda item, container: _not_contains(container, item)) if instruction.arg else \
-            (lambda item, container: _contains(container, item)), "value"
-    if op == "BINARY_SUBSCR":
-        return 2, operator.getitem, "value"
-    if op == "BINARY_SLICE":
-        return 3, _subscript_slice, "value"
-    if op == "STORE_SUBSCR":
-        return 3, _store_subscript, "nothing"
-    if op == "DELETE_SUBSCR":
-        return 2, operator.delitem, "nothing"
-    if op in ("UNARY_NEGATIVE", "UNARY_INVERT", "UNARY_NOT"):
-        return 1, {"UNARY_NEGATIVE": operator.neg, "UNARY_INVERT": operator.invert,
-                   "UNARY_NOT": operator.not_}[op], "value"
-    name = instruction.argval
-    if op == "LOAD_ATTR":
-        return 1, (lambda obj: getattr(obj, name)), "value"
-    if op == "LOAD_METHOD":
-        return 1, (lambda obj: getattr(obj, name)), "method"
-    if op == "STORE_ATTR":
-        return 2, (lambda obj, value: _store_attribute(value, obj, name)), "nothing"
-    return None
-
-
-def can_break_at(instruction) -> bool:
-    return instruction.op in CALL_OPS or instruction.op in JUMP_OPS or _single_instruction(instruction) is not None
 JUMP_OPS = frozenset({"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"})
 
 _READS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "DELETE_FAST", "LOAD_FAST_LOAD_FAST",
@@ -189,6 +127,7 @@ def live_locals(code: types.CodeType, start: int) -> frozenset[str]:
     return live[start] if start < len(instructions) else frozenset()
 
 
+@functools.lru_cache(maxsize=1024)
 def protected(code: types.CodeType, index: int) -> bool:
     """Whether instruction `index` lies inside a try block (an exception-table range whose handler is not a
     `with` block's cleanup): a handler there would not see an exception raised in the entry."""
@@ -276,6 +215,64 @@ def resume_code(code: types.CodeType, target: int, stack: tuple[str, ...],
                                 co_kwonlyargcount=0, co_flags=flags, co_name=name,
                                 co_qualname=f"{code.co_qualname.split('_resume_at_line_')[0]}_resume_at_line_{line}")
     return resumed.replace(co_stacksize=max(bytecode.max_stack_depth(decoded), len(stack), 1))
+
+
+# ------------------------------------------------------------------------------------------------
+# Instructions a break runs on their own
+
+
+def _store_subscript(value, container, key):
+    container[key] = value
+
+
+def _store_attribute(value, obj, name):
+    setattr(obj, name, value)
+
+
+def _subscript_slice(container, start, stop):
+    return container[start:stop]
+
+
+def _single_instruction(instruction) -> tuple[int, Callable, str] | None:
+    """(values it takes from the stack, the Python function doing it, what it pushes: "value",
+    "method" or "nothing") for an instruction a graph break can run on its own, else None."""
+    from kiln.frontend.operations import BINARY_OPERATORS, COMPARE_OPERATORS, INPLACE_OPERATORS
+
+    op = instruction.op
+    if op == "BINARY_OP":
+        symbol = instruction.argrepr
+        if symbol.endswith("=") and symbol[:-1] in INPLACE_OPERATORS:
+            return 2, INPLACE_OPERATORS[symbol[:-1]], "value"
+        return (2, BINARY_OPERATORS[symbol], "value") if symbol in BINARY_OPERATORS else None
+    if op == "COMPARE_OP":
+        symbol = versions.compare_operator(instruction.argval)
+        return (2, COMPARE_OPERATORS[symbol], "value") if symbol in COMPARE_OPERATORS else None
+    if op == "CONTAINS_OP":
+        negated = bool(instruction.arg)  # the stack holds the item, then the container
+        return 2, (lambda item, container: (item in container) != negated), "value"
+    if op == "BINARY_SUBSCR":
+        return 2, operator.getitem, "value"
+    if op == "BINARY_SLICE":
+        return 3, _subscript_slice, "value"
+    if op == "STORE_SUBSCR":
+        return 3, _store_subscript, "nothing"
+    if op == "DELETE_SUBSCR":
+        return 2, operator.delitem, "nothing"
+    if op in ("UNARY_NEGATIVE", "UNARY_INVERT", "UNARY_NOT"):
+        return 1, {"UNARY_NEGATIVE": operator.neg, "UNARY_INVERT": operator.invert,
+                   "UNARY_NOT": operator.not_}[op], "value"
+    name = instruction.argval
+    if op == "LOAD_ATTR":
+        return 1, (lambda obj: getattr(obj, name)), "value"
+    if op == "LOAD_METHOD":
+        return 1, (lambda obj: getattr(obj, name)), "method"
+    if op == "STORE_ATTR":
+        return 2, (lambda obj, value: _store_attribute(value, obj, name)), "nothing"
+    return None
+
+
+def can_break_at(instruction) -> bool:
+    return instruction.op in CALL_OPS or instruction.op in JUMP_OPS or _single_instruction(instruction) is not None
 
 
 # ------------------------------------------------------------------------------------------------
