@@ -1,7 +1,8 @@
 """gelu (the erf form) gives eager's value where eager's is exact: 0 where 1 + erf(x / sqrt 2)
 cancels to 0 (kiln's x * Phi(x) is a tiny nonzero value there, so fmod(y, gelu(x)) lost eager's
-NaN: fuzz program seed 101 #1864), and NaN for gelu(+inf) on CPU in float, bfloat16 and half
-(float64: inf). Runs on the C++ backend and on Triton (under the interpreter without a GPU)."""
+NaN: fuzz program seed 101 #1864). gelu(+inf) is +inf, float64's value: eager's in float, bfloat16
+and half depends on the CPU's vector kernel (NaN on some machines, inf on an AVX2 EPYC).
+Runs on the C++ backend and on Triton (under the interpreter without a GPU)."""
 from __future__ import annotations
 
 import pytest
@@ -34,9 +35,15 @@ def test_gelu_of_inf_nan_and_deep_negatives_is_eagers(backend, dtype):
     x = torch.tensor(SPECIAL, dtype=dtype)
     (got,) = _compile(_gelu, [x], backend)
     want = F.gelu(x)
+    plus_inf = x == float("inf")
+    assert torch.equal(got[plus_inf], x[plus_inf]), got  # float64's gelu(+inf), whatever eager's CPU gives
+    got, want = got[~plus_inf], want[~plus_inf]
     assert torch.equal(got.isnan(), want.isnan()), (got, want)
-    exact = ~want.isnan() & ((want == 0) | want.isinf())  # eager's exact values: kiln's must equal them
-    assert torch.equal(got[exact], want[exact]) and torch.equal(got[exact].signbit(), want[exact].signbit())
+    # Eager's exact values: kiln's must equal them. (Not the sign of a zero: eager's float kernel gives -0 on
+    # some CPUs and +0 on an AVX2 EPYC, where its bfloat16 and half kernels give -0.)
+    exact = ~want.isnan() & ((want == 0) | want.isinf())
+    assert torch.equal(got[exact], want[exact])
+    assert kiln.testing.compare([got], [want], [F.gelu(x[~plus_inf].double())]).ok
 
 
 def _fmod_by_gelu(y, x):
