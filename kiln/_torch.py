@@ -5,6 +5,8 @@ that supporting a new release means editing one file. kiln supports torch 2.11 a
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions  # noqa: F401
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func  # noqa: F401
@@ -244,6 +246,15 @@ def symbolic_int(mode: FakeTensorMode, value: int, name: str) -> torch.SymInt:
     return mode.shape_env.create_unspecified_symint_and_symbol(value, _input_source(name), DimDynamic.DYNAMIC)
 
 
+def is_tensorify_restart(error: BaseException) -> bool:
+    """Whether `error` is AOTAutograd asking its caller to trace again with float inputs specialized
+    (`TensorifyScalarRestartAnalysis`): torch 2.11's `tensorify_python_scalars` could not turn the
+    arithmetic on a SymFloat back into tensor arithmetic. Dynamo catches it and traces again; so do
+    kiln's frontend (with its floats static) and `compile_graph` (which lets it through to Dynamo)."""
+    restart = getattr(torch._dynamo.exc, "TensorifyScalarRestartAnalysis", None)
+    return restart is not None and isinstance(error, restart)
+
+
 def symbolic_float(mode: FakeTensorMode, value: float, name: str) -> tuple[torch.Tensor, FakeTensor, torch.SymFloat]:
     """A float argument as Dynamo passes one to a backend: a 0-d float64 tensor (real, and its fake)
     whose `item()` is a SymFloat of the shape environment; AOTAutograd's `tensorify_python_scalars`
@@ -352,6 +363,20 @@ def specialize(value):
     if isinstance(value, torch.SymFloat):
         return float(value)
     return value
+
+
+def fake_tracing(mode: FakeTensorMode):
+    """The context in which the frontend runs a torch op on fake tensors: `mode`, and with symbolic
+    sizes also the Python dispatcher, as Dynamo runs one. (torch 2.11's C++ matmul calls numel() on its
+    inputs, which a tensor with symbolic sizes refuses; the Python dispatcher's decomposition does not.)"""
+    if mode.shape_env is None:
+        return mode
+    from torch._dispatch.python import enable_python_dispatcher
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(mode)
+    stack.enter_context(enable_python_dispatcher())
+    return stack
 
 
 def backend_tracing(mode: FakeTensorMode):

@@ -64,6 +64,8 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str =
     except KilnCompileError:
         raise
     except Exception as error:  # AOTAutograd itself failed: the graph runs as captured
+        if _torch.is_tensorify_restart(error):
+            raise  # the frontend (Dynamo's or kiln's) traces again with its floats specialized
         if config.strict or fullgraph:
             raise KilnCompileError(f"kiln could not trace the graph to ATen: {error}") from error
         reason = "".join(traceback.format_exception_only(type(error), error)).strip()

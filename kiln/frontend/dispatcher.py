@@ -28,6 +28,7 @@ from typing import Any, Callable
 
 import torch
 
+from kiln import _torch
 from kiln.backend import KilnCompileError
 from kiln.config import config
 from kiln.frontend.dynamic import DynamicPolicy
@@ -235,7 +236,19 @@ class Dispatcher:
         return f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno})"
 
     def _capture(self, args: tuple, kwargs: dict) -> CacheEntry:
-        entry = self._capture_entry(args, kwargs)
+        try:
+            entry = self._capture_entry(args, kwargs)
+        except Exception as error:
+            policy = self._dynamic_policy()
+            if not _torch.is_tensorify_restart(error) or policy.static_floats:
+                raise
+            # AOTAutograd could not keep a float argument symbolic (torch 2.11): trace again with floats as
+            # constants, as Dynamo does on the same torch.
+            policy.static_floats = True
+            if config.log_enabled("recompiles"):
+                log.warning("kiln: %s: float arguments are specialized (torch %s cannot tensorify their "
+                            "arithmetic)", self._name(), torch.__version__)
+            entry = self._capture_entry(args, kwargs)
         for listener in capture_listeners:
             listener(self, entry)
         return entry
@@ -260,6 +273,8 @@ class Dispatcher:
             except KilnCompileError:
                 raise
             except Exception as failure:  # a frontend bug must not break the user's program
+                if _torch.is_tensorify_restart(failure):
+                    raise  # _capture traces again with floats static
                 unexpected = Unsupported(f"kiln's frontend failed at a graph break: {type(failure).__name__}: "
                                          f"{failure}")
                 unexpected.locations = [point.location]
@@ -271,6 +286,8 @@ class Dispatcher:
         except KilnCompileError:
             raise  # the backend already chose to raise (strict mode or fullgraph=True)
         except Exception as error:  # a frontend bug must not break the user's program
+            if _torch.is_tensorify_restart(error):
+                raise  # _capture traces again with floats static
             unexpected = Unsupported(f"kiln's frontend failed: {type(error).__name__}: {error}")
             unexpected.locations = list(getattr(error, "kiln_locations", ()))
             if self.fullgraph or config.strict:

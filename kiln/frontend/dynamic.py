@@ -43,6 +43,10 @@ class DynamicPolicy:
     dynamic_dims: dict[Source, frozenset[int]] = field(default_factory=dict)
     scalars: dict[Source, Any] = field(default_factory=dict)  # each int/float argument's first value
     dynamic_scalars: set[Source] = field(default_factory=set)
+    # Set when AOTAutograd could not turn a symbolic float's arithmetic into tensor arithmetic (torch 2.11's
+    # tensorify_python_scalars, kiln/_torch.py is_tensorify_restart): float arguments stay constants, as Dynamo
+    # specializes them on the same torch.
+    static_floats: bool = False
 
     def start_trace(self) -> bool:
         """A trace begins; whether it needs a ShapeEnv (any trace but the first, unless static)."""
@@ -72,7 +76,7 @@ class DynamicPolicy:
     def scalar_is_dynamic(self, source: Source, value: Any) -> bool:
         """Whether this int or float argument becomes a graph input (and remember its value)."""
         if self.mode is False or type(value) not in (int, float) or not _is_argument(source) or \
-                (type(value) is float and not math.isfinite(value)):
+                (type(value) is float and (self.static_floats or not math.isfinite(value))):
             return False
         if self.mode is True or source in self.dynamic_scalars:
             return True

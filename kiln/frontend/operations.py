@@ -20,7 +20,8 @@ from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVa
                                                 ExternalDictVariable, ListVariable, TupleVariable, compare_equal)
 from kiln.frontend.variables.modules import ModuleVariable
 from kiln.frontend.variables.objects import ModelOutputVariable
-from kiln.frontend.variables.tensor import SymNumberVariable, TensorVariable, symbolic_arithmetic, symbolic_compare
+from kiln.frontend.variables.tensor import (SymNumberVariable, TensorVariable, is_number,
+                                            symbolic_arithmetic, symbolic_compare)
 
 BINARY_OPERATORS = {
     "+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv, "//": operator.floordiv,
@@ -59,7 +60,10 @@ def binary_op(tx, symbol: str, left: Variable, right: Variable) -> Variable:
     if isinstance(left, SymNumberVariable) or isinstance(right, SymNumberVariable):
         result = symbolic_arithmetic(tx, BINARY_OPERATORS[base], left, right)
         if result is not None:
-            return result  # else (`[0] * n`, `n / 2`) the operands are specialized below
+            return result
+        if is_number(left) and is_number(right):  # `n / 2`, `0.5 * n`: specialized, guarded on n's value
+            return _run_constant(BINARY_OPERATORS[base], left.as_constant(), right.as_constant())
+        # else (`[0] * n`) the operands are specialized below
     if left.is_constant() and right.is_constant() and isinstance(left, ConstantVariable) \
             and isinstance(right, ConstantVariable):
         return _run_constant(BINARY_OPERATORS[base], left.value, right.value)

@@ -229,7 +229,7 @@ class OutputGraph:
         node_args, fake_args = _convert_all(args)
         node_kwargs, fake_kwargs = _convert_all(kwargs)
         try:
-            with self.fake_mode:
+            with _torch.fake_tracing(self.fake_mode):
                 if kind == "call_method":
                     result = getattr(fake_args[0], target)(*fake_args[1:], **fake_kwargs)
                 else:

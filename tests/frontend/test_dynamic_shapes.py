@@ -189,10 +189,29 @@ def test_floats_that_change_become_graph_inputs(cpu_backend):
         for step in range(6):
             x = torch.randn(5, 3)
             assert_matches_eager(compiled(x, 0.1 * (step + 1), step), fn, x, 0.1 * (step + 1), step)
+    if _dynamo_frame_compiles(fn, [(torch.randn(5, 3), 0.1 * (step + 1), step) for step in range(6)]) > 2:
+        # torch 2.11's AOTAutograd cannot tensorify `lr * (step + 1)` and asks for the float to be specialized
+        # (TensorifyScalarRestartAnalysis): Dynamo then compiles once per value, and so does kiln, with one
+        # more capture for the trace AOTAutograd refused; no frame runs eagerly.
+        assert captures.count <= 7 and all(entry.eager_reason is None for entry in compiled.entries)
+        return
     assert captures.count == 2
     inputs = graph_inputs(compiled.entries[0])
     assert any(isinstance(value, torch.Tensor) and value.dim() == 0 and value.dtype == torch.float64
                for value in inputs)  # the float, as Dynamo passes one: a 0-d float64 tensor
+
+
+def _dynamo_frame_compiles(fn, calls: list) -> int:
+    """How many graphs torch.compile (Dynamo, through AOTAutograd as kiln's) makes of `fn` over `calls`."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("aot_eager")
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=counter)
+    for arguments in calls:
+        compiled(*arguments)
+    torch._dynamo.reset()
+    return counter.frame_count
 
 
 def test_a_returned_symbolic_number_is_recomputed_not_specialized():

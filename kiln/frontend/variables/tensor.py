@@ -180,7 +180,7 @@ def symbolic_arithmetic(tx, fn, *operands: Variable) -> Variable | None:
     """`fn(*operands)` kept symbolic, when an operand is a SymNumberVariable and the others are numbers;
     None when it cannot be (the caller specializes). A float made from ints alone (`n / 2`) is
     specialized: the backend takes symbolic floats only as they come from float arguments."""
-    if fn not in _SYMBOLIC_ARITHMETIC or not all(_is_number(operand) for operand in operands):
+    if fn not in _SYMBOLIC_ARITHMETIC or not all(is_number(operand) for operand in operands):
         return None
     values = [operand.value for operand in operands]
     try:
@@ -198,7 +198,7 @@ def symbolic_arithmetic(tx, fn, *operands: Variable) -> Variable | None:
 def symbolic_compare(tx, fn, left: Variable, right: Variable) -> Variable | None:
     """A comparison of numbers, one symbolic, as a Python bool: the ShapeEnv records the relation
     (`x.size(0) > 4`) as a guard of the entry. None when an operand is not a number."""
-    if not (_is_number(left) and _is_number(right)):
+    if not (is_number(left) and is_number(right)):
         other = right if isinstance(left, SymNumberVariable) else left
         if fn in (operator.eq, operator.ne) and isinstance(other, ConstantVariable) and \
                 (other.value is None or isinstance(other.value, (str, bytes, tuple))):
@@ -207,7 +207,8 @@ def symbolic_compare(tx, fn, left: Variable, right: Variable) -> Variable | None
     return ConstantVariable(bool(fn(left.value, right.value)))
 
 
-def _is_number(variable: Variable) -> bool:
+def is_number(variable: Variable) -> bool:
+    """A Python int, float or bool, or a symbolic one."""
     return isinstance(variable, SymNumberVariable) or (
         isinstance(variable, ConstantVariable) and type(variable.value) in (int, float, bool))
 
