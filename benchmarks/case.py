@@ -113,7 +113,10 @@ class Runner:
             loss.backward()
             return loss
         with torch.no_grad(), self.autocast():
-            return self.program(*work.infer_args, **work.infer_kwargs)
+            # Kept until the next call, as `out = model(x)` in a user's loop keeps it: the previous result is
+            # alive while the next call runs (what CUDA graphs must allow for).
+            self.last_output = self.program(*work.infer_args, **work.infer_kwargs)
+        return self.last_output
 
     def result_for_checking(self):
         """Inference: the outputs. Training: (loss, every parameter's gradient)."""
@@ -161,11 +164,12 @@ def capture_counts(backend: str) -> dict:
     if backend == "kiln":
         from kiln.config import config
 
+        counts = cuda_graph_counts()
         if config.frontend == "kiln":
             from kiln.frontend.dispatcher import stats
 
-            # kiln's frontend has no graph breaks yet: a frame it cannot capture runs eagerly.
-            return {"graphs": stats.graphs, "graph_breaks": 0, "eager_frames": stats.eager_frames}
+            return {"graphs": stats.graphs, "graph_breaks": stats.breaks, "eager_frames": stats.eager_frames,
+                    **counts}
     try:
         from torch._dynamo.utils import counters
 
@@ -173,6 +177,21 @@ def capture_counts(backend: str) -> dict:
                 "graph_breaks": int(sum(counters["graph_break"].values()))}
     except Exception:  # a private API: absent is fine
         return {}
+
+
+def cuda_graph_counts() -> dict:
+    """kiln's CUDA-graph runners (mode="reduce-overhead"): replays, calls run without the graph, and why
+    graphs were turned off; empty when there are none."""
+    import gc
+
+    from kiln.runtime.cudagraphs import CudaGraphRunner
+
+    runners = [item for item in gc.get_objects() if isinstance(item, CudaGraphRunner)]
+    if not runners:
+        return {}
+    return {"cuda_graph_replays": sum(runner.replays for runner in runners),
+            "cuda_graph_plain_calls": sum(runner.plain_calls for runner in runners),
+            "cuda_graphs_off": sorted({runner.disabled_reason for runner in runners if runner.disabled_reason})}
 
 
 def run_case(spec: dict) -> dict:

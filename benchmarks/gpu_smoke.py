@@ -75,26 +75,37 @@ def check_cuda_graphs() -> int:
         try:
             compiled = kiln.compile(model, mode="reduce-overhead")
             model64 = copy.deepcopy(model).double()
+            out = None
             with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-                for step in range(6):
+                for step in range(6):  # an `out = model(x)` loop: the previous result is alive during a call
                     args = [a.cuda() for a in make()]
-                    got = call(compiled, *args).float()
+                    out = call(compiled, *args)
+                    got = out.float().clone()
                     want = call(model, *args).float()
                     with torch.autocast("cuda", enabled=False):
                         reference = call(model64, *[a.double() if a.is_floating_point() else a
                                                     for a in args]).float()
                     verdict = kiln.testing.compare(got, want, reference, factor=3.0)
-                    del got
                     if not verdict:
                         failures += 1
                         print(f"cudagraphs {name:10} call {step} MISMATCH {verdict.message}", flush=True)
+                stale = out
+                call(compiled, *[a.cuda() for a in make()])
+                try:  # a result read after the next call raises, saying to keep a clone
+                    stale.sum()
+                    stale_message = "no error"
+                except RuntimeError as error:
+                    stale_message = "raises" if ".clone()" in str(error) else f"other error: {error}"
+                del stale, out
             runners = [o for o in gc.get_objects() if isinstance(o, CudaGraphRunner)]
             replays = sum(r.replays for r in runners)
             plain = sum(r.plain_calls for r in runners)
             disabled = [r.disabled_reason for r in runners if r.disabled_reason]
+            invalidated = sum(r.invalidated for r in runners)
             print(f"cudagraphs {name:10} 6 calls checked; graphs {len(runners)}, replays {replays}, "
-                  f"plain calls {plain}, disabled {disabled}", flush=True)
-            failures += not replays
+                  f"plain calls {plain}, disabled {disabled}, stale results invalidated {invalidated}, "
+                  f"reading a stale result: {stale_message}", flush=True)
+            failures += not replays or plain > 0 or stale_message != "raises"
         except Exception:
             failures += 1
             print(f"cudagraphs {name:10} ERROR {traceback.format_exc()[-1500:]}", flush=True)

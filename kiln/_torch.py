@@ -120,6 +120,33 @@ def storage_use_count(handle: int) -> int:
     return torch._C._storage_Use_Count(handle)
 
 
+def storage_alias(tensor: torch.Tensor) -> torch.UntypedStorage:
+    """A new storage object over `tensor`'s memory, which it does not own (a CUDA graph's output buffer):
+    tensors made on it share no StorageImpl with `tensor`, so they can be invalidated on their own."""
+    storage = tensor.untyped_storage()
+    return torch._C._construct_storage_from_data_pointer(storage.data_ptr(), tensor.device, storage.nbytes())
+
+
+def tensor_on(storage: torch.UntypedStorage, like: torch.Tensor) -> torch.Tensor:
+    """A tensor on `storage` with `like`'s dtype, sizes, strides and storage offset."""
+    return torch.empty(0, dtype=like.dtype, device=like.device).set_(storage, like.storage_offset(), like.size(),
+                                                                     like.stride())
+
+
+def storage_weak_ref(storage: torch.UntypedStorage):
+    """A weak reference to `storage` (`.expired()`, `.cdata`: the StorageImpl, as `_cdata` of its tensors')."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    return StorageWeakRef(storage)
+
+
+def storage_invalidator():
+    """`invalidate(storage_cdata, message)`, after which reading the storage's data through any tensor raises
+    RuntimeError(message) (their sizes still read): how CUDA graphs mark a result a later replay overwrote,
+    as torch's cudagraph trees do. None where this torch build lacks it (the CPU-only builds)."""
+    return getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
+
+
 def reinterpret_tensor():
     """torch's C++ `_reinterpret_tensor(tensor, size, stride, offset)` (Inductor's wrappers use it):
     a view whose offset counts from the tensor's own storage offset, in about half the time of

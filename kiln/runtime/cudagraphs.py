@@ -15,10 +15,18 @@ How one compiled graph is used (`CudaGraphRunner`):
 3. later calls: check that each in-place input is still where it was, copy the others in,
    replay, and return fresh aliases of the graph's output buffers.
 
-Correctness first. A replay writes its results into the same memory as the previous one,
-so before replaying, the runner checks (by the output storages' use counts) that nothing
-from the previous call's results is still alive; if something is, this call runs the
-wrapper without the graph (correct, slower; logged once). An in-place input that moved
+Correctness first. A replay writes its results into the same memory as the previous one, as
+torch.compile's CUDA graphs do: a result is valid until the next call of the same graph.
+Each call's results sit on storage objects of their own over the graph's output buffers
+(`_torch.storage_alias`), weakly referenced by the runner. Before a replay, the previous
+call's results that are still referenced (in an `out = model(x)` loop, `out` still is) are
+invalidated (`_torch.storage_invalidator`): reading one afterwards raises an error that says
+to keep a `.clone()`, instead of showing the new values. Two cases run the wrapper without the
+graph instead (correct, slower; logged once): a result of the previous call that is an input
+of this one (a cache fed back), and a torch build without the invalidation (CPU-only builds),
+where any result still referenced blocks the replay (by the output storages' use counts).
+Dropping a recording (to record again) or the runner invalidates the results still referenced
+too, since their memory goes with it. An in-place input that moved
 makes the runner record again, up to `MAX_RECORDINGS` times: a parameter is read in
 place again (reassigned weights), any other input is copied in from then on (an
 activation that the allocator happened to place at the same address twice); a
@@ -31,6 +39,7 @@ stand-in recording (tests/runtime/test_cudagraphs.py); on a GPU it is `cuda_capt
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import Callable
 
 import torch
@@ -40,6 +49,10 @@ from kiln import _torch
 log = logging.getLogger("kiln")
 
 MAX_RECORDINGS = 3
+
+STALE_RESULT = ("kiln: this tensor is a result of graph {name} under mode='reduce-overhead', and a later call "
+                "overwrote its memory (CUDA graph results are valid until the next call). Keep a .clone() of a "
+                "result you need after the next call.")
 
 
 class CudaCapture:
@@ -71,10 +84,16 @@ class CudaGraphRunner:
     _boxed_call = True
 
     def __init__(self, compiled, name: str, *, capture: Callable = cuda_capture,
-                 make_stream: Callable = side_stream, stream_context: Callable = torch.cuda.stream) -> None:
+                 make_stream: Callable = side_stream, stream_context: Callable = torch.cuda.stream,
+                 invalidate: Callable | None = _torch.storage_invalidator()) -> None:
         self.compiled = compiled
         self.name = name
         self._capture, self._make_stream, self._stream_context = capture, make_stream, stream_context
+        self._invalidate = invalidate  # None: a result still referenced blocks the replay instead
+        self._message = STALE_RESULT.format(name=name)
+        self._previous: list = []  # weak references to the storages of the last replay's results
+        self.invalidated = 0  # results invalidated, over the runner's life
+        weakref.finalize(self, _invalidate_alive, self._previous, invalidate, self._message)
         self.kernel_count = getattr(compiled, "kernel_count", 0)
         self.extern_count = getattr(compiled, "extern_count", 0)
         self.module_source = getattr(compiled, "module_source", None)
@@ -86,6 +105,8 @@ class CudaGraphRunner:
         self._reset()
 
     def _reset(self) -> None:
+        if getattr(self, "recording", None) is not None:  # its memory goes: the results on it too
+            self.invalidated += _invalidate_alive(self._previous, self._invalidate, self._message)
         self.recording = None
         self.first_call: list | None = None  # per input: data_ptr of a tensor, or the value itself
         self.in_place: list = []  # (position, data_ptr) read where they are
@@ -113,11 +134,13 @@ class CudaGraphRunner:
             return self._plain(args)
         for position, static in self.copied:
             static.copy_(args[position])
+        if self._invalidate is not None:
+            self.invalidated += _invalidate_alive(self._previous, self._invalidate, self._message)
         self.recording.replay()
         self.replays += 1
         self._check_indices()
         args.clear()
-        return [self._result(kind, value) for kind, value in self.outputs]
+        return self._results()
 
     def _plain(self, args: list):
         self.plain_calls += 1
@@ -161,7 +184,7 @@ class CudaGraphRunner:
         self.replays += 1
         self._check_indices()
         args.clear()
-        return [self._result(kind, value) for kind, value in self.outputs]
+        return self._results()
 
     def _check_indices(self) -> None:
         """A replay runs no wrapper code, so the kernels' out-of-range-index flag, which the wrapper
@@ -208,15 +231,38 @@ class CudaGraphRunner:
         for position, value in self.constants:
             if args[position] != value:
                 return f"input {position} is {args[position]!r}, the recording assumed {value!r}"
-        for handle, count in self.storages:
-            if _torch.storage_use_count(handle) > count:
-                return "a result of the previous call is still referenced (its memory would be overwritten)"
+        if self._invalidate is None:
+            for handle, count in self.storages:
+                if _torch.storage_use_count(handle) > count:
+                    return "a result of the previous call is still referenced (its memory would be overwritten)"
+            return None
+        alive = {ref.cdata for ref in self._previous if not ref.expired()}
+        if alive and any(isinstance(value, torch.Tensor) and _storage_handle(value) in alive for value in args):
+            return "a result of the previous call is an input of this one (its memory would be overwritten)"
         return None
 
     def _note_plain(self, reason: str) -> None:
         if self.plain_calls == 0:
             log.warning("kiln: graph %s ran without its CUDA graph: %s. Release the previous results (or "
                         "keep a .clone()) to replay it", self.name, reason)
+
+    def _results(self) -> list:
+        """This call's results: the graph's output buffers on storage objects of their own (one per
+        buffer, so outputs that share memory still do), weakly referenced for the next replay; inputs
+        as they are; outputs that alias a copied-in buffer cloned."""
+        if self._invalidate is None:
+            return [self._result(kind, value) for kind, value in self.outputs]
+        storages, results = {}, []
+        for kind, value in self.outputs:
+            if kind != "pool":
+                results.append(self._result(kind, value))
+                continue
+            handle = _storage_handle(value)
+            if handle not in storages:
+                storages[handle] = _torch.storage_alias(value)
+            results.append(_torch.tensor_on(storages[handle], value))
+        self._previous[:] = [_torch.storage_weak_ref(storage) for storage in storages.values()]
+        return results
 
     @staticmethod
     def _result(kind: str, value):
@@ -225,6 +271,16 @@ class CudaGraphRunner:
         if kind == "clone":
             return value.clone()
         return value
+
+
+def _invalidate_alive(previous: list, invalidate: Callable | None, message: str) -> int:
+    """Invalidate the storages in `previous` that some tensor still holds; empty it; how many there were."""
+    alive = [ref for ref in previous if not ref.expired()]
+    if invalidate is not None:
+        for ref in alive:
+            invalidate(ref.cdata, message)
+    previous.clear()
+    return len(alive) if invalidate is not None else 0
 
 
 def _storage_handle(tensor: torch.Tensor) -> int:

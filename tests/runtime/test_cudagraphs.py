@@ -10,6 +10,7 @@ replay, when it records again) and that every call's results are right; the GPU 
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 
 import pytest
@@ -41,9 +42,19 @@ def expected(w, b, x, scale):
     return [x @ w + b, x.sum() * scale]
 
 
-def runner_for(function=graph_function, capture=RerunRecording):
+class StandInInvalidator:
+    """Records what the runner invalidates (torch's CPU-only builds lack the real binding)."""
+
+    def __init__(self):
+        self.invalidated: list = []
+
+    def __call__(self, storage_cdata: int, message: str) -> None:
+        self.invalidated.append((storage_cdata, message))
+
+
+def runner_for(function=graph_function, capture=RerunRecording, invalidate=None):
     return cudagraphs.CudaGraphRunner(function, "g0", capture=capture, make_stream=lambda: None,
-                                      stream_context=lambda stream: contextlib.nullcontext())
+                                      stream_context=lambda stream: contextlib.nullcontext(), invalidate=invalidate)
 
 
 def check(results, w, b, x, scale):
@@ -95,6 +106,8 @@ def test_a_moved_parameter_is_read_in_place_again():
 
 
 def test_a_result_still_referenced_is_never_overwritten(caplog):
+    # Where torch cannot invalidate a storage (invalidate=None: its CPU-only builds), a result still
+    # referenced blocks the replay instead.
     w, b = torch.randn(8, 4), torch.randn(4)
     x1, x2, x_kept, x4, x5 = inputs(5)
     runner = runner_for()
@@ -110,6 +123,75 @@ def test_a_result_still_referenced_is_never_overwritten(caplog):
     del view_kept
     check(runner([w, b, x5, 1.0]), w, b, x5, 1.0)
     assert runner.plain_calls == 1 and runner.replays == 3  # replayed again once nothing was kept
+
+
+def test_a_result_still_referenced_is_invalidated_and_the_graph_replays():
+    # torch.compile's semantics: a result is valid until the next call; one still referenced then is marked
+    # so that reading it raises (the real marking: test_reading_a_stale_result_raises_and_says_clone).
+    invalidator = StandInInvalidator()
+    w, b = torch.randn(8, 4), torch.randn(4)
+    runner = runner_for(invalidate=invalidator)
+    out = None
+    for x in inputs(6):  # the `out = model(x)` loop: the previous `out` is alive during the call
+        out = runner([w, b, x, 2.0])
+        check(out, w, b, x, 2.0)
+    assert runner.replays == 5 and runner.plain_calls == 0
+    # calls 3..6 each found the previous replay's two results alive (the record call's were the first)
+    assert runner.invalidated == 2 * 4 and len(invalidator.invalidated) == 8
+    assert all("clone()" in message and "g0" in message for _, message in invalidator.invalidated)
+    kept = out[0][1:3]  # a view of this call's result: the next replay invalidates its storage
+    del out
+    x = torch.randn(5, 8)
+    check(runner([w, b, x, 2.0]), w, b, x, 2.0)
+    assert invalidator.invalidated[-1][0] == kept.untyped_storage()._cdata
+    # results that share a buffer share a storage; results of different calls never do
+    first, second = runner([w, b, torch.randn(5, 8), 2.0]), runner([w, b, torch.randn(5, 8), 2.0])
+    assert first[0].untyped_storage()._cdata != second[0].untyped_storage()._cdata
+    assert first[0].data_ptr() == second[0].data_ptr()  # the same memory: the graph's output buffer
+
+
+def test_a_result_fed_back_as_an_input_runs_plain(caplog):
+    def function(args):  # a cache-like step: the state it returns is its next input
+        state, x = args
+        args.clear()
+        return [state * 0.5 + x]
+
+    runner = runner_for(function, invalidate=StandInInvalidator())
+    state = torch.zeros(4)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        for x in [torch.randn(4) for _ in range(5)]:
+            want = state * 0.5 + x
+            (state,) = runner([state, x])
+            torch.testing.assert_close(state, want)
+    assert "is an input of this one" in caplog.text and runner.plain_calls >= 1
+
+
+def test_dropping_the_runner_invalidates_the_results_still_referenced():
+    invalidator = StandInInvalidator()
+    w, b = torch.randn(8, 4), torch.randn(4)
+    runner = runner_for(invalidate=invalidator)
+    for x in inputs(3):
+        out = runner([w, b, x, 1.0])
+    handle = out[0].untyped_storage()._cdata
+    del runner  # the graph's memory goes with it
+    gc.collect()  # the stand-in recording holds the runner in a cycle
+    assert handle in [cdata for cdata, _ in invalidator.invalidated]
+
+
+@pytest.mark.skipif(cudagraphs._torch.storage_invalidator() is None,
+                    reason="this torch build has no storage invalidation (CPU-only builds)")
+def test_reading_a_stale_result_raises_and_says_clone():
+    w, b = torch.randn(8, 4), torch.randn(4)
+    runner = runner_for(invalidate=cudagraphs._torch.storage_invalidator())
+    for x in inputs(3):
+        out = runner([w, b, x, 1.0])
+    stale, kept = out[0], out[0].clone()
+    x = torch.randn(5, 8)
+    check(runner([w, b, x, 1.0]), w, b, x, 1.0)
+    assert stale.shape == (5, 4)  # metadata still reads
+    with pytest.raises(RuntimeError, match=r"\.clone\(\)"):
+        stale.sum()
+    torch.testing.assert_close(kept, kept.clone())
 
 
 def test_a_changed_constant_runs_plain():
