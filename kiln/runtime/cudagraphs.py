@@ -29,9 +29,11 @@ Dropping a recording (to record again) or the runner invalidates the results sti
 too, since their memory goes with it. An in-place input that moved
 makes the runner record again, up to `MAX_RECORDINGS` times: a parameter is read in
 place again (reassigned weights), any other input is copied in from then on (an
-activation that the allocator happened to place at the same address twice); a
-non-tensor input that changed, or a capture that fails (a host synchronization, a CPU
-tensor), makes calls run without the graph, with the reason logged.
+activation that the allocator happened to place at the same address twice); a capture
+that fails (a host synchronization, a CPU tensor) makes calls run without the graph, with
+the reason logged. A shape-generic graph takes its sizes as non-tensor inputs: each new
+tuple of them gets a runner (and a recording, with its own memory) of its own, up to
+`MAX_SHAPES`; calls with sizes past that run without graphs.
 
 `capture` is a parameter so that tests can drive the same logic on a CPU with a
 stand-in recording (tests/runtime/test_cudagraphs.py); on a GPU it is `cuda_capture`.
@@ -49,6 +51,7 @@ from kiln import _torch
 log = logging.getLogger("kiln")
 
 MAX_RECORDINGS = 3
+MAX_SHAPES = 4  # recordings of one graph for different sizes (non-tensor inputs), each with its own memory
 
 STALE_RESULT = ("kiln: this tensor is a result of graph {name} under mode='reduce-overhead', and a later call "
                 "overwrote its memory (CUDA graph results are valid until the next call). Keep a .clone() of a "
@@ -88,6 +91,14 @@ class CudaGraphRunner:
                  invalidate: Callable | None = _torch.storage_invalidator()) -> None:
         self.compiled = compiled
         self.name = name
+        # Other sizes: a shape-generic graph gets its sizes as non-tensor inputs; each new tuple of them
+        # has a runner of its own (recorded on its second call), up to MAX_SHAPES; past that, calls with
+        # new sizes run without graphs.
+        self._options = dict(capture=capture, make_stream=make_stream, stream_context=stream_context,
+                             invalidate=invalidate)
+        self._scalar_positions: tuple | None = None  # where the non-tensor inputs are
+        self._key = None  # their values in this runner's calls
+        self.shapes: dict = {}  # other values -> their runner
         self._capture, self._make_stream, self._stream_context = capture, make_stream, stream_context
         self._invalidate = invalidate  # None: a result still referenced blocks the replay instead
         self._message = STALE_RESULT.format(name=name)
@@ -117,6 +128,14 @@ class CudaGraphRunner:
 
     # ---- calling ---------------------------------------------------------------------------------
     def __call__(self, args: list):
+        if self._scalar_positions is None:
+            self._scalar_positions = tuple(position for position, value in enumerate(args)
+                                           if not isinstance(value, torch.Tensor))
+            self._key = tuple(args[position] for position in self._scalar_positions)
+        elif self._scalar_positions:
+            key = tuple(args[position] for position in self._scalar_positions)
+            if key != self._key:
+                return self._other_shape(key, args)
         if self.disabled_reason is not None:
             return self._plain(args)
         if self.recording is None:
@@ -145,6 +164,19 @@ class CudaGraphRunner:
     def _plain(self, args: list):
         self.plain_calls += 1
         return self.compiled(args)
+
+    def _other_shape(self, key: tuple, args: list):
+        """A call whose sizes (non-tensor inputs) differ from this runner's: the runner of those sizes."""
+        runner = self.shapes.get(key)
+        if runner is None:
+            if len(self.shapes) + 1 >= MAX_SHAPES:
+                self._note_plain(f"its sizes {list(key)} would make recording {MAX_SHAPES + 1} of this graph "
+                                 f"(at most {MAX_SHAPES})")
+                return self._plain(args)
+            runner = self.shapes[key] = CudaGraphRunner(self.compiled, f"{self.name} (sizes {list(key)})",
+                                                        **self._options)
+            runner._scalar_positions, runner._key = self._scalar_positions, key
+        return runner(args)
 
     def _warm_up(self, args: list):
         self.first_call = [value.data_ptr() if isinstance(value, torch.Tensor) else value for value in args]

@@ -194,14 +194,25 @@ def test_reading_a_stale_result_raises_and_says_clone():
     torch.testing.assert_close(kept, kept.clone())
 
 
-def test_a_changed_constant_runs_plain():
+def test_new_sizes_get_recordings_of_their_own_up_to_a_bound(caplog):
+    # A shape-generic graph takes its sizes as non-tensor inputs (here `scale` stands for one).
     w, b = torch.randn(8, 4), torch.randn(4)
     runner = runner_for()
-    xs = inputs(4)
-    for x in xs[:3]:
-        runner([w, b, x, 1.0])
-    check(runner([w, b, xs[3], 3.0]), w, b, xs[3], 3.0)
-    assert runner.plain_calls == 1 and runner.replays == 2
+    for x in inputs(3):
+        check(runner([w, b, x, 1.0]), w, b, x, 1.0)
+    for scale in (3.0, 3.0, 3.0, 1.0, 3.0):  # warm up, record, replay; the first sizes replay as before
+        x = torch.randn(5, 8)
+        check(runner([w, b, x, scale]), w, b, x, scale)
+    assert runner.replays == 3 and runner.plain_calls == 0  # the record call's, one more, and 1.0's
+    (other,) = runner.shapes.values()  # 3.0's: warm-up, record (it replays too), two replays
+    assert other.replays == 3 and other.plain_calls == 0 and other.recordings == 1
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        for scale in (4.0, 5.0, 6.0, 7.0, 6.0, 5.0, 5.0):  # two more runners; past MAX_SHAPES, plain calls
+            x = torch.randn(5, 8)
+            check(runner([w, b, x, scale]), w, b, x, scale)
+    assert len(runner.shapes) + 1 == cudagraphs.MAX_SHAPES
+    assert f"at most {cudagraphs.MAX_SHAPES}" in caplog.text and runner.plain_calls == 3  # 6.0, 7.0, 6.0
+    assert runner.shapes[(5.0,)].replays == 2  # 5.0's runner: warm-up, record, replay
 
 
 def test_a_failed_recording_turns_graphs_off_with_the_reason(caplog):
