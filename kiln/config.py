@@ -56,6 +56,8 @@ OPTIONS = [
                                             "* tensor; kiln/lowering/patterns.py) is applied by oneDNN as it "
                                             "stores the product"),
     Option("compile_workers", int, 0, "kernels compiled at once (0: one per CPU core)"),
+    Option("parallel_compile", bool, True, "a graph's CUDA kernels are compiled in parallel when it loads, before "
+           "their first launch (kiln/runtime/launch.py compile_ahead); off: each compiles at its first launch"),
     Option("fast_launch", bool, True, "CUDA kernels launched by kiln's launcher (kiln/runtime/launch.py), "
                                       "not through Triton's per-call specialization"),
     Option("fusion_window", int, 6, "a node may join a kernel up to this many steps back (not only the last)"),

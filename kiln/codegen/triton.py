@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import math
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
 import sympy
@@ -177,6 +177,7 @@ class KernelSource:
     device_type: str
     skip: bool = False  # empty iteration space: allocate only, never launch
     function_name: str = ""  # the Triton function in `source` (shared by identical kernels)
+    pointer_dtypes: list = field(default_factory=list)  # the element type of each buffer_args pointer
     file_suffix: ClassVar[str] = ".py"  # of the KILN_DEBUG dump
 
     @property
@@ -277,8 +278,10 @@ class TritonKernelGenerator:
         source = ("import triton\nimport triton.language as tl\nfrom triton.language.extra.cuda import libdevice\n"
                   + helpers + "\n\n" + "\n".join(header + self.out.lines) + "\n")
         sizes = list(size_args) + [xnumel] + ([rnumel] if kernel.is_reduction else [])
+        pointer_dtypes = [torch.int32 if name == INDEX_STATUS else self.graph.buffers[name].dtype
+                          for name in self.pointer_names]
         return KernelSource(kernel.name, source, list(self.pointer_names), sizes, xnumel, xblock, rblock,
-                            num_warps, self.device_type, skip, function_name)
+                            num_warps, self.device_type, skip, function_name, pointer_dtypes)
 
     def _reduction_blocks(self, rnumel):
         if rnumel.is_Integer and int(rnumel) == 0:

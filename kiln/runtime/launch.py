@@ -138,4 +138,31 @@ def launch_{name}({params}):
     return namespace[f"launch_{name}"]
 
 
-__all__ = ["KernelCompileError", "make_launcher"]
+def compile_ahead(jobs: list, workers: int) -> int:
+    """Compile CUDA kernels on `workers` threads before their first launch; how many were submitted.
+
+    `jobs` holds `(kernel, pointer_dtypes, ints, constexprs, num_warps)`: a Triton JITFunction and the
+    arguments its launches will pass, pointers as their element types. Triton compiles each as the
+    first launch would (`warmup`, under its AsyncCompileMode: the specialization, the options and so the
+    cache key are the launch's), in parallel, and keeps the result in the kernel's own cache, where the
+    first launch finds it. The launch's pointers are taken to be 16-byte aligned (what the allocator
+    gives); a launch whose arguments specialize otherwise compiles at launch as before. A compile that
+    fails here is ignored: the launch compiles again and reports it (KernelCompileError)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from triton.runtime._async_compile import AsyncCompileMode
+
+    if not jobs:
+        return 0
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as executor:
+        with AsyncCompileMode(executor, ignore_errors=True):
+            for kernel, pointer_dtypes, ints, constexprs, num_warps in jobs:
+                try:
+                    kernel.warmup(*pointer_dtypes, *ints, grid=(1,), **constexprs, num_warps=num_warps,
+                                  **COMPILE_OPTIONS)
+                except Exception:  # the launch compiles it and reports the error
+                    continue
+    return len(jobs)
+
+
+__all__ = ["KernelCompileError", "compile_ahead", "make_launcher"]

@@ -45,8 +45,44 @@ def load_kernel(name: str, source: str, device_type: str):
 
 
 def load_triton_kernels(kernel_sources: list) -> dict:
-    """{kernel name: launch function} for a graph's Triton kernel sources (kiln/codegen/triton.py)."""
-    return {kernel.name: _launcher(kernel) for kernel in kernel_sources}
+    """{kernel name: launch function} for a graph's Triton kernel sources (kiln/codegen/triton.py).
+    On CUDA the graph's distinct kernels are compiled now, in parallel (`config.compile_workers`
+    threads; runtime/launch.py compile_ahead), rather than one after another at their first launches."""
+    launchers = {kernel.name: _launcher(kernel) for kernel in kernel_sources}
+    try:
+        _compile_ahead(kernel_sources)
+    except Exception as error:  # an optimization only: each kernel still compiles at its first launch
+        log.warning("kiln: compiling kernels ahead failed (%s: %s); they compile at their first launch",
+                    type(error).__name__, error)
+    return launchers
+
+
+def _compile_ahead(kernel_sources: list) -> None:
+    """Each distinct (kernel, static arguments) of the graph's CUDA kernels compiled in parallel."""
+    import os
+
+    from kiln.config import config
+    from kiln.runtime.launch import compile_ahead
+
+    if not config.parallel_compile:
+        return
+    jobs, seen = [], set()
+    for kernel in kernel_sources:
+        if kernel.device_type != "cuda" or kernel.skip:
+            continue
+        ints = [int(size) if getattr(size, "is_Integer", False) else None for size in kernel.size_args]
+        if None in ints:  # a symbolic size: its value (and so the specialization) is known at launch only
+            continue
+        jit = load_kernel(kernel.function_name, kernel.source, kernel.device_type)
+        if _triton.is_interpreted(jit):
+            continue
+        constexprs = {"XBLOCK": kernel.xblock, **({"RBLOCK": kernel.rblock} if kernel.rblock else {})}
+        key = (id(jit), tuple(map(str, kernel.pointer_dtypes)), tuple(ints), tuple(constexprs.items()),
+               kernel.num_warps)
+        if key not in seen:
+            seen.add(key)
+            jobs.append((jit, kernel.pointer_dtypes, ints, constexprs, kernel.num_warps))
+    compile_ahead(jobs, config.compile_workers or os.cpu_count() or 1)
 
 
 def _launcher(kernel):

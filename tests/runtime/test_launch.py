@@ -144,3 +144,81 @@ def test_a_kernel_failing_at_its_first_launch_runs_the_graph_eagerly(monkeypatch
         second = compiled(x)
     assert any("runs eagerly" in record.getMessage() and "RBLOCK" in record.getMessage() for record in caplog.records)
     assert torch.equal(first[0], _sin_plus_one(x)[0]) and torch.equal(second[0], first[0])
+
+
+# ---- compile_ahead: a graph's CUDA kernels compiled in parallel before their first launch ----------------
+
+
+class _AsyncKernel:
+    """Stands in for a JITFunction's warmup under Triton's AsyncCompileMode: submits its compile to the
+    mode's executor and stores the result in its own cache when the mode finalizes it."""
+
+    def __init__(self, fail: bool = False):
+        self.cache, self.threads, self.calls, self.fail = {}, set(), [], fail
+
+    def warmup(self, *args, grid, **options):
+        import threading
+        import time
+
+        from triton.runtime._async_compile import active_mode
+
+        self.calls.append((args, options))
+        key = (id(self), tuple(map(str, args)), tuple(sorted(options.items())))  # Triton's: source + specialization
+
+        def compile_kernel():
+            time.sleep(0.05)
+            self.threads.add(threading.get_ident())
+            if self.fail:
+                raise RuntimeError("ptxas failed")
+            return "binary"
+
+        return active_mode.get().submit(key, compile_kernel, lambda binary: self.cache.__setitem__(key, binary))
+
+
+def test_compile_ahead_compiles_every_kernel_on_several_threads_before_returning():
+    from kiln.runtime.launch import compile_ahead
+
+    kernels = [_AsyncKernel() for _ in range(6)]
+    failing = _AsyncKernel(fail=True)
+    jobs = [(kernel, [torch.float32, torch.bfloat16], [4096, 1], {"XBLOCK": 1024}, 4) for kernel in kernels]
+    jobs.append((failing, [torch.float32], [16], {"XBLOCK": 16}, 2))
+    assert compile_ahead(jobs, workers=4) == 7
+    assert all(len(kernel.cache) == 1 for kernel in kernels)  # finalized before compile_ahead returned
+    assert not failing.cache  # its error is left for the launch to report
+    assert len(set().union(*(kernel.threads for kernel in kernels))) > 1
+    args, options = kernels[0].calls[0]
+    assert args == (torch.float32, torch.bfloat16, 4096, 1)  # pointers as dtypes (warmup mocks them), ints
+    assert options == {"XBLOCK": 1024, "num_warps": 4, "enable_fp_fusion": False}  # the launch's options
+
+
+def test_the_loader_compiles_static_cuda_kernels_ahead_once_each(monkeypatch):
+    import sympy
+
+    from kiln.codegen.triton import KernelSource
+    from kiln.runtime import launch, loader
+
+    submitted = []
+    shared = object()
+    monkeypatch.setattr(loader, "load_kernel", lambda name, source, device_type: shared)
+    monkeypatch.setattr(loader._triton, "is_interpreted", lambda kernel: False)
+    monkeypatch.setattr(launch, "compile_ahead", lambda jobs, workers: submitted.extend(jobs) or len(jobs))
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+
+    def source(name, sizes, device_type="cuda", skip=False):
+        return KernelSource(name, "src", ["buf0", "buf1"], sizes, sizes[-1], 1024, None, 4, device_type, skip,
+                            "kernel_abc", [torch.float32, torch.bfloat16])
+
+    loader._compile_ahead([
+        source("k0", [sympy.Integer(8), sympy.Integer(4096)]),
+        source("k1", [sympy.Integer(8), sympy.Integer(4096)]),  # the same source and arguments: once
+        source("k2", [sympy.Integer(8), sympy.Integer(1024)]),  # other sizes: another specialization
+        source("k3", [s0, s0 * 8]),  # symbolic sizes: compiled at launch, where they are known
+        source("k4", [sympy.Integer(8)], device_type="cpu"),
+        source("k5", [sympy.Integer(0)], skip=True),
+    ])
+    assert [(kernel, dtypes, ints) for kernel, dtypes, ints, _, _ in submitted] == [
+        (shared, [torch.float32, torch.bfloat16], [8, 4096]), (shared, [torch.float32, torch.bfloat16], [8, 1024])]
+    with kiln.config.patch(parallel_compile=False):
+        submitted.clear()
+        loader._compile_ahead([source("k0", [sympy.Integer(8), sympy.Integer(4096)])])
+        assert not submitted
