@@ -56,6 +56,9 @@ OPTIONS = [
                                             "* tensor; kiln/lowering/patterns.py) is applied by oneDNN as it "
                                             "stores the product"),
     Option("compile_workers", int, 0, "kernels compiled at once (0: one per CPU core)"),
+    Option("progress_after_s", float, 5.0, "a compile step running longer than this reports how many kernels are "
+           "done, of how many (on kiln's logger); negative: never"),
+    Option("progress_every_s", float, 5.0, "... and again at most this often"),
     Option("parallel_compile", bool, True, "a graph's CUDA kernels are compiled in parallel when it loads, before "
            "their first launch (kiln/runtime/launch.py compile_ahead); off: each compiles at its first launch"),
     Option("fast_launch", bool, True, "CUDA kernels launched by kiln's launcher (kiln/runtime/launch.py), "

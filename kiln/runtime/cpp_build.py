@@ -30,6 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from kiln.config import config
+from kiln.runtime.progress import Progress
 from kiln.runtime import cache
 from kiln.runtime.cache import source_hash
 
@@ -238,9 +239,16 @@ def compile_kernels(kernels: list) -> dict:
     tools = toolchain()
     unique = sorted({kernel.source for kernel in kernels})
     workers = max(1, min(len(unique), config.compile_workers or os.cpu_count() or 1))
+    progress = Progress(len(unique), "building the C++ kernels of a graph")
+
+    def build(text: str) -> str:
+        path = build_library(text, tools)
+        progress.step()
+        return path
+
     if workers == 1:
-        paths = dict(zip(unique, map(lambda text: build_library(text, tools), unique)))
+        paths = dict(zip(unique, map(build, unique)))
     else:
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            paths = dict(zip(unique, pool.map(lambda text: build_library(text, tools), unique)))
+            paths = dict(zip(unique, pool.map(build, unique)))
     return {kernel.name: load_function(paths[kernel.source], kernel.signature) for kernel in kernels}

@@ -138,7 +138,7 @@ def launch_{name}({params}):
     return namespace[f"launch_{name}"]
 
 
-def compile_ahead(jobs: list, workers: int) -> int:
+def compile_ahead(jobs: list, workers: int, name: str = "") -> int:
     """Compile CUDA kernels on `workers` threads before their first launch; how many were submitted.
 
     `jobs` holds `(kernel, pointer_dtypes, ints, constexprs, num_warps)`: a Triton JITFunction and the
@@ -148,20 +148,25 @@ def compile_ahead(jobs: list, workers: int) -> int:
     first launch finds it. The launch's pointers are taken to be 16-byte aligned (what the allocator
     gives); a launch whose arguments specialize otherwise compiles at launch as before. A compile that
     fails here is ignored: the launch compiles again and reports it (KernelCompileError)."""
-    from concurrent.futures import ThreadPoolExecutor
+    from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from triton.runtime._async_compile import AsyncCompileMode
+
+    from kiln.runtime.progress import Progress
 
     if not jobs:
         return 0
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as executor:
-        with AsyncCompileMode(executor, ignore_errors=True):
+        with AsyncCompileMode(executor, ignore_errors=True) as mode:
             for kernel, pointer_dtypes, ints, constexprs, num_warps in jobs:
                 try:
                     kernel.warmup(*pointer_dtypes, *ints, grid=(1,), **constexprs, num_warps=num_warps,
                                   **COMPILE_OPTIONS)
                 except Exception:  # the launch compiles it and reports the error
                     continue
+            progress = Progress(len(mode.raw_futures), f"compiling the CUDA kernels of {name or 'a graph'}")
+            for _ in as_completed(mode.raw_futures):  # the mode's exit finalizes them
+                progress.step()
     return len(jobs)
 
 

@@ -44,20 +44,20 @@ def load_kernel(name: str, source: str, device_type: str):
     return _loaded_kernels[key]
 
 
-def load_triton_kernels(kernel_sources: list) -> dict:
+def load_triton_kernels(kernel_sources: list, name: str = "") -> dict:
     """{kernel name: launch function} for a graph's Triton kernel sources (kiln/codegen/triton.py).
     On CUDA the graph's distinct kernels are compiled now, in parallel (`config.compile_workers`
     threads; runtime/launch.py compile_ahead), rather than one after another at their first launches."""
     launchers = {kernel.name: _launcher(kernel) for kernel in kernel_sources}
     try:
-        _compile_ahead(kernel_sources)
+        _compile_ahead(kernel_sources, name)
     except Exception as error:  # an optimization only: each kernel still compiles at its first launch
         log.warning("kiln: compiling kernels ahead failed (%s: %s); they compile at their first launch",
                     type(error).__name__, error)
     return launchers
 
 
-def _compile_ahead(kernel_sources: list) -> None:
+def _compile_ahead(kernel_sources: list, name: str = "") -> None:
     """Each distinct (kernel, static arguments) of the graph's CUDA kernels compiled in parallel."""
     import os
 
@@ -82,7 +82,7 @@ def _compile_ahead(kernel_sources: list) -> None:
         if key not in seen:
             seen.add(key)
             jobs.append((jit, kernel.pointer_dtypes, ints, constexprs, kernel.num_warps))
-    compile_ahead(jobs, config.compile_workers or os.cpu_count() or 1)
+    compile_ahead(jobs, config.compile_workers or os.cpu_count() or 1, name)
 
 
 def _launcher(kernel):
