@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# The end-of-session GPU verification at one commit, as three device calls of under 10 minutes each
+# The end-of-session GPU verification at one commit, as device calls of under 10 minutes each
 # (run them back to back, so each finds the machine warm):
 #
-#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh checks    # smoke, gather bounds, GPU-semantics
-#                                                                 # programs, 0-dim outputs, then the
-#                                                                 # CUDA fuzzer for $FUZZ_BUDGET s
-#                                                                 # (default 120; seed $FUZZ_SEED,
-#                                                                 # default 202): ~290 s
+#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh checks    # smoke (CUDA graphs in an out = model(x)
+#                                                                 # loop included), gather bounds, GPU-semantics
+#                                                                 # programs, 0-dim outputs, GPT-2/Llama capture,
+#                                                                 # the frontend and runtime tests on this Python,
+#                                                                 # cold/warm first calls of BERT and Llama, then
+#                                                                 # the CUDA fuzzer for $FUZZ_BUDGET s: ~450 s
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh kernels   # generate() tokens/s, then the kernels suite, eager /
 #                                                                 # torch.compile / kiln, one process per
 #                                                                 # case ($KERNELS_BUDGET s, default 420;
 #                                                                 # 300 s left softmax and RMSNorm out)
-#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh models    # the six TARGETS models, inference,
-#                                                                 # eager / torch.compile / kiln: ~530 s
+#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh models [--only a,b,c]
+#                                                                 # the six TARGETS models (or those named),
+#                                                                 # eager / torch.compile / kiln, inference and
+#                                                                 # CUDA graphs ($MODES, default infer,cudagraphs;
+#                                                                 # $MODELS_BUDGET s, default 530)
 # Files land in $OUT (at most 8 come back) and the benchmark results under benchmarks/results/.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -38,8 +42,12 @@ checks)
         # generate() with the KV cache, on CPU tensors (Triton kernels interpreted).
         TRITON_INTERPRET=1 CUDA_VISIBLE_DEVICES= timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider -n 8 \
             tests/frontend/test_graph_breaks.py tests/frontend/test_dynamic_shapes.py \
-            tests/frontend/test_break_corpus.py tests/models/test_generate.py 2>&1 | tail -15
+            tests/frontend/test_break_corpus.py tests/models/test_generate.py tests/runtime/test_cudagraphs.py \
+            tests/runtime/test_launch.py 2>&1 | tail -15
         echo "py312 frontend tests exit ${PIPESTATUS[0]}"
+        # cold and warm first calls (a second process with the first one's caches)
+        timeout 300 "$PYTHON" -m benchmarks.warm_start --only bert,llama --label "warm-start-$commit" --out "$OUT_DIR" \
+            2>&1 | tail -4
     } >> "$OUT_DIR/checks.txt" 2>&1
     grep "exit\|FAIL\|OK$" "$OUT_DIR/checks.txt"
     seed="${FUZZ_SEED:-202}"
@@ -50,16 +58,23 @@ checks)
     ;;
 kernels)
     # greedy generate() with the KV cache, tokens per second (issue 13), eager / torch.compile / kiln
-    timeout 300 "$PYTHON" -m benchmarks.generate --repeats 3 --out "$OUT_DIR" --label "generate-$commit" 2>&1 | tail -12
+    # (GENERATE=0 leaves it out, about 150 s)
+    if [ "${GENERATE:-1}" != 0 ]; then
+        timeout 300 "$PYTHON" -m benchmarks.generate --repeats 3 --out "$OUT_DIR" --label "generate-$commit" 2>&1 | tail -12
+    fi
     "$PYTHON" -m benchmarks.gpu_clamp_ties 2>&1 | tail -6
     "$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,inductor,kiln \
-        --budget "${KERNELS_BUDGET:-420}" --timeout 60 --label "kernels-$commit" --copy-to "$OUT_DIR" 2>&1 | tail -15
+        --budget "${KERNELS_BUDGET:-420}" --timeout 60 --label "kernels-$commit" --copy-to "$OUT_DIR" \
+        ${KERNELS:+--only "$KERNELS"} 2>&1 | tail -15
     rm -f "$OUT_DIR"/*.log
     ;;
 models)
+    shift
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv > "$OUT_DIR/gpu.txt" 2>&1
-    "$PYTHON" -m benchmarks.run --suite models --modes infer --backends eager,inductor,kiln --budget 530 \
-        --timeout 150 --label "models-$commit" --copy-to "$OUT_DIR" 2>&1 | tail -25
+    only="$(echo "$*" | sed -n 's/.*--only[ =]\([^ ]*\).*/\1/p' | tr ',' '-')"
+    "$PYTHON" -m benchmarks.run --suite models --modes "${MODES:-infer,cudagraphs}" --backends eager,inductor,kiln \
+        --budget "${MODELS_BUDGET:-530}" --timeout 150 --label "models-${only:+$only-}$commit" --copy-to "$OUT_DIR" \
+        "$@" 2>&1 | tail -25
     rm -f "$OUT_DIR"/*.log
     ;;
 *) echo "usage: gpu_verify.sh checks|kernels|models" >&2; exit 2 ;;

@@ -1,0 +1,103 @@
+"""Cold and warm first calls: the same case twice, in two new processes sharing one set of caches.
+
+    python -m benchmarks.warm_start --only bert,llama [--backends kiln,inductor] [--out DIR]
+
+For each model and backend, a fresh cache folder (kiln's KILN_CACHE_DIR, Triton's and Inductor's
+caches under it) is made; `benchmarks.case` runs the model's inference case in a new process (the
+cold start: empty caches), then again in another new process with the caches the first one left
+(the warm start: what a user's second run of the same script costs). The first compiled call's wall
+time is quoted for each, as benchmarks.run does (bf16 autocast on CUDA). Results go to
+benchmarks/results/<date>_<label>_<hardware>.md with the date, hardware, versions, commit and
+command.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from benchmarks import report
+from benchmarks.run import REPO_ROOT, _case_environment
+
+
+def first_call(spec: dict, cache_dir: str, timeout: float) -> dict:
+    """One case in a new process with `cache_dir` as its caches: its result record."""
+    scratch = tempfile.mkdtemp(prefix="kiln_warm_")
+    result_path = os.path.join(scratch, "result.json")
+    try:
+        command = [sys.executable, "-m", "benchmarks.case", json.dumps(spec), result_path]
+        completed = subprocess.run(command, cwd=REPO_ROOT, env=_case_environment(spec["device"], cache_dir),
+                                   capture_output=True, text=True, timeout=timeout)
+        if os.path.exists(result_path):
+            with open(result_path) as handle:
+                return json.load(handle)
+        return {"status": "error", "error": (completed.stdout + completed.stderr).strip()[-300:]}
+    except subprocess.TimeoutExpired:
+        return {"status": "timeout", "error": f"killed after {timeout:.0f} s"}
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.warm_start", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="bert,llama", help="comma list of models")
+    parser.add_argument("--backends", default="kiln", help="comma list: kiln, inductor")
+    parser.add_argument("--timeout", type=float, default=150.0, help="seconds per process")
+    parser.add_argument("--label", default="warm-start")
+    parser.add_argument("--out", default=None, help="also copy the .md here")
+    args = parser.parse_args(argv)
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    small = device == "cpu"
+    rows = []
+    for model in [name.strip() for name in args.only.split(",") if name.strip()]:
+        for backend in [name.strip() for name in args.backends.split(",") if name.strip()]:
+            spec = {"suite": "models", "workload": model, "backend": backend, "mode": "infer", "device": device,
+                    "small": small, "warmup": 1, "iterations": 3, "kiln_backend": "kiln", "kiln_strict": False,
+                    "check": False, "spin_up_s": 0.0}
+            cache_dir = tempfile.mkdtemp(prefix="kiln_warm_cache_")
+            try:
+                cold = first_call(spec, cache_dir, args.timeout)
+                warm = first_call(spec, cache_dir, args.timeout)
+            finally:
+                shutil.rmtree(cache_dir, ignore_errors=True)
+            rows.append((model, backend, cold, warm))
+            print(f"{model:10} {backend:9} cold {cold.get('first_call_s', cold.get('error'))} s, "
+                  f"warm {warm.get('first_call_s', warm.get('error'))} s", flush=True)
+    command = "python -m benchmarks.warm_start " + " ".join(shlex.quote(arg) for arg in (argv or sys.argv[1:]))
+    env = report.environment(device, REPO_ROOT, command)
+    lines = [f"# Cold and warm first calls ({args.label})", "",
+             *(f"- {key}: {value}" for key, value in env.items() if value is not None),
+             "- method: each row is one case run twice, each time in a new process; the two share one cache "
+             "folder (KILN_CACHE_DIR, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR), empty before the first (cold) "
+             "and as the first left it for the second (warm); first call = wall time of the first compiled call, "
+             "inference" + (", bf16 autocast" if device == "cuda" else ", float32, small models"), "",
+             "| model | backend | cold first call s | warm first call s | median ms (cold / warm process) |",
+             "|---|---|---:|---:|---|"]
+    for model, backend, cold, warm in rows:
+        def cell(record, key="first_call_s"):
+            value = record.get(key)
+            return f"{value:.2f}" if isinstance(value, (int, float)) else record.get("status", "?")
+        lines.append(f"| {model} | {backend} | {cell(cold)} | {cell(warm)} | "
+                     f"{cell(cold, 'median_ms')} / {cell(warm, 'median_ms')} |")
+    text = "\n".join(lines) + "\n"
+    stem = f"{env['date'][:10]}_{args.label}_{report.hardware_tag(env)}"
+    path = os.path.join(REPO_ROOT, "benchmarks", "results", stem + ".md")
+    with open(path, "w") as handle:
+        handle.write(text)
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        shutil.copy(path, args.out)
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
