@@ -59,8 +59,14 @@ OPTIONS = [
     Option("progress_after_s", float, 5.0, "a compile step running longer than this reports how many kernels are "
            "done, of how many (on kiln's logger); negative: never"),
     Option("progress_every_s", float, 5.0, "... and again at most this often"),
-    Option("parallel_compile", bool, True, "a graph's CUDA kernels are compiled in parallel when it loads, before "
-           "their first launch (kiln/runtime/launch.py compile_ahead); off: each compiles at its first launch"),
+    Option("parallel_compile", bool, False, "a graph's CUDA kernels are compiled in parallel when it loads, before "
+           "their first launch (kiln/runtime/launch.py compile_ahead); off: each compiles at its first launch. "
+           "Off by default until a GPU run checks it (benchmarks/gpu_verify.sh)"),
+    Option("cudagraph_invalidate", bool, False, "mode='reduce-overhead': a result still referenced at the next call is "
+           "invalidated (reading it raises, saying to keep a .clone()) and the graph replays, as torch.compile's "
+           "do; off: such a call runs without its graph. Off by default until a GPU run checks it"),
+    Option("cudagraph_max_shapes", int, 1, "mode='reduce-overhead': recordings of one graph for different sizes "
+           "(each with its own memory); calls with sizes past that run without graphs. 1 until a GPU run checks more"),
     Option("fast_launch", bool, True, "CUDA kernels launched by kiln's launcher (kiln/runtime/launch.py), "
                                       "not through Triton's per-call specialization"),
     Option("fusion_window", int, 6, "a node may join a kernel up to this many steps back (not only the last)"),

@@ -15,25 +15,29 @@ How one compiled graph is used (`CudaGraphRunner`):
 3. later calls: check that each in-place input is still where it was, copy the others in,
    replay, and return fresh aliases of the graph's output buffers.
 
-Correctness first. A replay writes its results into the same memory as the previous one, as
-torch.compile's CUDA graphs do: a result is valid until the next call of the same graph.
-Each call's results sit on storage objects of their own over the graph's output buffers
-(`_torch.storage_alias`), weakly referenced by the runner. Before a replay, the previous
-call's results that are still referenced (in an `out = model(x)` loop, `out` still is) are
-invalidated (`_torch.storage_invalidator`): reading one afterwards raises an error that says
-to keep a `.clone()`, instead of showing the new values. Two cases run the wrapper without the
-graph instead (correct, slower; logged once): a result of the previous call that is an input
-of this one (a cache fed back), and a torch build without the invalidation (CPU-only builds),
-where any result still referenced blocks the replay (by the output storages' use counts).
-Dropping a recording (to record again) or the runner invalidates the results still referenced
-too, since their memory goes with it. An in-place input that moved
-makes the runner record again, up to `MAX_RECORDINGS` times: a parameter is read in
-place again (reassigned weights), any other input is copied in from then on (an
-activation that the allocator happened to place at the same address twice); a capture
-that fails (a host synchronization, a CPU tensor) makes calls run without the graph, with
-the reason logged. A shape-generic graph takes its sizes as non-tensor inputs: each new
-tuple of them gets a runner (and a recording, with its own memory) of its own, up to
-`MAX_SHAPES`; calls with sizes past that run without graphs.
+Correctness first. A replay writes its results into the same memory as the previous one, so
+a result of the previous call that is still referenced must never show the new values. Two
+policies, chosen by `config.cudagraph_invalidate`:
+- off (the default, the one checked on the H200): before a replay the runner checks the output
+  storages' use counts; if a tensor or view of the previous results is alive, that call runs the
+  wrapper without the graph (correct, slower; logged once). In an `out = model(x)` loop `out` is
+  alive during the next call, so such a loop runs without the graph.
+- on (torch.compile's semantics; not yet run on a GPU): a result is valid until the next call.
+  Each call's results sit on storage objects of their own over the graph's output buffers
+  (`_torch.storage_alias`), weakly referenced by the runner; before a replay, the previous
+  results still referenced are invalidated (`_torch.storage_invalidator`), so reading one raises
+  an error that says to keep a `.clone()`, and the graph replays. A result of the previous call
+  fed back as an input of this one still runs the call without the graph, and so does a torch
+  build without the invalidation (CPU-only builds: the use-count check). Dropping a recording
+  (to record again) or the runner invalidates the results still referenced, since their memory
+  goes with it.
+An in-place input that moved makes the runner record again, up to `MAX_RECORDINGS` times: a
+parameter is read in place again (reassigned weights), any other input is copied in from then
+on (an activation that the allocator happened to place at the same address twice); a capture
+that fails (a host synchronization, a CPU tensor) makes calls run without the graph, with the
+reason logged. A shape-generic graph takes its sizes as non-tensor inputs: each new tuple of
+them gets a runner (and a recording, with its own memory) of its own, up to
+`config.cudagraph_max_shapes` recordings (1 by default: calls with other sizes run without graphs).
 
 `capture` is a parameter so that tests can drive the same logic on a CPU with a
 stand-in recording (tests/runtime/test_cudagraphs.py); on a GPU it is `cuda_capture`.
@@ -51,7 +55,6 @@ from kiln import _torch
 log = logging.getLogger("kiln")
 
 MAX_RECORDINGS = 3
-MAX_SHAPES = 4  # recordings of one graph for different sizes (non-tensor inputs), each with its own memory
 
 STALE_RESULT = ("kiln: this tensor is a result of graph {name} under mode='reduce-overhead', and a later call "
                 "overwrote its memory (CUDA graph results are valid until the next call). Keep a .clone() of a "
@@ -88,14 +91,19 @@ class CudaGraphRunner:
 
     def __init__(self, compiled, name: str, *, capture: Callable = cuda_capture,
                  make_stream: Callable = side_stream, stream_context: Callable = torch.cuda.stream,
-                 invalidate: Callable | None = _torch.storage_invalidator()) -> None:
+                 invalidate: Callable | None | str = "config", max_shapes: int | None = None) -> None:
+        from kiln.config import config
+
+        if invalidate == "config":  # torch's invalidation when config.cudagraph_invalidate, else the use-count check
+            invalidate = _torch.storage_invalidator() if config.cudagraph_invalidate else None
+        self.max_shapes = max_shapes if max_shapes is not None else config.cudagraph_max_shapes
         self.compiled = compiled
         self.name = name
         # Other sizes: a shape-generic graph gets its sizes as non-tensor inputs; each new tuple of them
-        # has a runner of its own (recorded on its second call), up to MAX_SHAPES; past that, calls with
+        # has a runner of its own (recorded on its second call), up to max_shapes; past that, calls with
         # new sizes run without graphs.
         self._options = dict(capture=capture, make_stream=make_stream, stream_context=stream_context,
-                             invalidate=invalidate)
+                             invalidate=invalidate, max_shapes=self.max_shapes)
         self._scalar_positions: tuple | None = None  # where the non-tensor inputs are
         self._key = None  # their values in this runner's calls
         self.shapes: dict = {}  # other values -> their runner
@@ -169,9 +177,9 @@ class CudaGraphRunner:
         """A call whose sizes (non-tensor inputs) differ from this runner's: the runner of those sizes."""
         runner = self.shapes.get(key)
         if runner is None:
-            if len(self.shapes) + 1 >= MAX_SHAPES:
-                self._note_plain(f"its sizes {list(key)} would make recording {MAX_SHAPES + 1} of this graph "
-                                 f"(at most {MAX_SHAPES})")
+            if len(self.shapes) + 1 >= self.max_shapes:
+                self._note_plain(f"its sizes {list(key)} would make recording {self.max_shapes + 1} of this graph "
+                                 f"(at most {self.max_shapes}: config.cudagraph_max_shapes)")
                 return self._plain(args)
             runner = self.shapes[key] = CudaGraphRunner(self.compiled, f"{self.name} (sizes {list(key)})",
                                                         **self._options)

@@ -52,9 +52,10 @@ class StandInInvalidator:
         self.invalidated.append((storage_cdata, message))
 
 
-def runner_for(function=graph_function, capture=RerunRecording, invalidate=None):
+def runner_for(function=graph_function, capture=RerunRecording, invalidate=None, max_shapes=1):
     return cudagraphs.CudaGraphRunner(function, "g0", capture=capture, make_stream=lambda: None,
-                                      stream_context=lambda stream: contextlib.nullcontext(), invalidate=invalidate)
+                                      stream_context=lambda stream: contextlib.nullcontext(), invalidate=invalidate,
+                                      max_shapes=max_shapes)
 
 
 def check(results, w, b, x, scale):
@@ -197,7 +198,7 @@ def test_reading_a_stale_result_raises_and_says_clone():
 def test_new_sizes_get_recordings_of_their_own_up_to_a_bound(caplog):
     # A shape-generic graph takes its sizes as non-tensor inputs (here `scale` stands for one).
     w, b = torch.randn(8, 4), torch.randn(4)
-    runner = runner_for()
+    runner = runner_for(max_shapes=4)
     for x in inputs(3):
         check(runner([w, b, x, 1.0]), w, b, x, 1.0)
     for scale in (3.0, 3.0, 3.0, 1.0, 3.0):  # warm up, record, replay; the first sizes replay as before
@@ -210,9 +211,21 @@ def test_new_sizes_get_recordings_of_their_own_up_to_a_bound(caplog):
         for scale in (4.0, 5.0, 6.0, 7.0, 6.0, 5.0, 5.0):  # two more runners; past MAX_SHAPES, plain calls
             x = torch.randn(5, 8)
             check(runner([w, b, x, scale]), w, b, x, scale)
-    assert len(runner.shapes) + 1 == cudagraphs.MAX_SHAPES
-    assert f"at most {cudagraphs.MAX_SHAPES}" in caplog.text and runner.plain_calls == 3  # 6.0, 7.0, 6.0
+    assert len(runner.shapes) + 1 == runner.max_shapes == 4
+    assert "at most 4" in caplog.text and runner.plain_calls == 3  # 6.0, 7.0, 6.0
     assert runner.shapes[(5.0,)].replays == 2  # 5.0's runner: warm-up, record, replay
+
+
+def test_by_default_other_sizes_run_without_graphs_and_live_results_block_the_replay():
+    # The defaults until a GPU run checks the alternatives (config.cudagraph_max_shapes, cudagraph_invalidate).
+    runner = cudagraphs.CudaGraphRunner(graph_function, "g0", capture=RerunRecording, make_stream=lambda: None,
+                                        stream_context=lambda stream: contextlib.nullcontext())
+    assert runner.max_shapes == 1 and runner._invalidate is None
+    w, b = torch.randn(8, 4), torch.randn(4)
+    for scale in (1.0, 1.0, 1.0, 2.0, 2.0, 2.0):
+        x = torch.randn(5, 8)
+        check(runner([w, b, x, scale]), w, b, x, scale)
+    assert runner.replays == 2 and runner.plain_calls == 3 and not runner.shapes
 
 
 def test_a_failed_recording_turns_graphs_off_with_the_reason(caplog):
