@@ -66,29 +66,47 @@ def _small_models():
 
 
 def check_cuda_graphs() -> int:
-    """mode="reduce-overhead": each call's result vs eager, and how many calls replayed."""
+    """mode="reduce-overhead", under both result policies (kiln/runtime/cudagraphs.py): each call's result
+    vs eager, and how many calls replayed.
+    - default: results are released before the next call, which must replay;
+    - cudagraph_invalidate: an `out = model(x)` loop (the previous result alive during the call) must
+      replay too, and reading a result after the next call must raise, saying to keep a .clone()."""
+    failures = 0
+    for invalidate in (False, True):
+        with kiln.config.patch(cudagraph_invalidate=invalidate):
+            for name, call, model, make in _small_models():
+                failures += _check_cuda_graph_model(name, call, model, make, keep_results=invalidate)
+    return failures
+
+
+def _check_cuda_graph_model(name, call, model, make, keep_results: bool) -> int:
     from kiln.runtime.cudagraphs import CudaGraphRunner
 
     failures = 0
-    for name, call, model, make in _small_models():
-        torch._dynamo.reset()
-        try:
-            compiled = kiln.compile(model, mode="reduce-overhead")
-            model64 = copy.deepcopy(model).double()
-            out = None
-            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-                for step in range(6):  # an `out = model(x)` loop: the previous result is alive during a call
-                    args = [a.cuda() for a in make()]
-                    out = call(compiled, *args)
-                    got = out.float().clone()
-                    want = call(model, *args).float()
-                    with torch.autocast("cuda", enabled=False):
-                        reference = call(model64, *[a.double() if a.is_floating_point() else a
-                                                    for a in args]).float()
-                    verdict = kiln.testing.compare(got, want, reference, factor=3.0)
-                    if not verdict:
-                        failures += 1
-                        print(f"cudagraphs {name:10} call {step} MISMATCH {verdict.message}", flush=True)
+    policy = "invalidate" if keep_results else "default"
+    torch._dynamo.reset()
+    gc.collect()
+    try:
+        compiled = kiln.compile(model, mode="reduce-overhead")
+        model64 = copy.deepcopy(model).double()
+        out = None
+        stale_message = "not checked"
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            for step in range(6):
+                args = [a.cuda() for a in make()]
+                if not keep_results:
+                    out = None  # released before the call
+                out = call(compiled, *args)
+                got = out.float().clone()
+                want = call(model, *args).float()
+                with torch.autocast("cuda", enabled=False):
+                    reference = call(model64, *[a.double() if a.is_floating_point() else a
+                                                for a in args]).float()
+                verdict = kiln.testing.compare(got, want, reference, factor=3.0)
+                if not verdict:
+                    failures += 1
+                    print(f"cudagraphs {policy:10} {name:10} call {step} MISMATCH {verdict.message}", flush=True)
+            if keep_results:
                 stale = out
                 call(compiled, *[a.cuda() for a in make()])
                 try:  # a result read after the next call raises, saying to keep a clone
@@ -96,19 +114,20 @@ def check_cuda_graphs() -> int:
                     stale_message = "no error"
                 except RuntimeError as error:
                     stale_message = "raises" if ".clone()" in str(error) else f"other error: {error}"
-                del stale, out
-            runners = [o for o in gc.get_objects() if isinstance(o, CudaGraphRunner)]
-            replays = sum(r.replays for r in runners)
-            plain = sum(r.plain_calls for r in runners)
-            disabled = [r.disabled_reason for r in runners if r.disabled_reason]
-            invalidated = sum(r.invalidated for r in runners)
-            print(f"cudagraphs {name:10} 6 calls checked; graphs {len(runners)}, replays {replays}, "
-                  f"plain calls {plain}, disabled {disabled}, stale results invalidated {invalidated}, "
-                  f"reading a stale result: {stale_message}", flush=True)
-            failures += not replays or plain > 0 or stale_message != "raises"
-        except Exception:
-            failures += 1
-            print(f"cudagraphs {name:10} ERROR {traceback.format_exc()[-1500:]}", flush=True)
+                del stale
+            del out
+        runners = [o for o in gc.get_objects() if isinstance(o, CudaGraphRunner)]
+        replays = sum(r.replays for r in runners)
+        plain = sum(r.plain_calls for r in runners)
+        disabled = [r.disabled_reason for r in runners if r.disabled_reason]
+        invalidated = sum(r.invalidated for r in runners)
+        print(f"cudagraphs {policy:10} {name:10} 6 calls checked; graphs {len(runners)}, replays {replays}, "
+              f"plain calls {plain}, disabled {disabled}, stale results invalidated {invalidated}, "
+              f"reading a stale result: {stale_message}", flush=True)
+        failures += not replays or plain > 0 or (keep_results and stale_message != "raises")
+    except Exception:
+        failures += 1
+        print(f"cudagraphs {policy:10} {name:10} ERROR {traceback.format_exc()[-1500:]}", flush=True)
     return failures
 
 

@@ -34,6 +34,9 @@ checks)
                 echo "$check exit ${PIPESTATUS[0]}"
             fi
         done
+        # the options that are off until a GPU run checks them: kernels compiled ahead in parallel
+        KILN_PARALLEL_COMPILE=1 timeout 150 "$PYTHON" -m benchmarks.gpu_smoke 2>&1 | grep -v "FutureWarning"
+        echo "gpu_smoke with KILN_PARALLEL_COMPILE=1 exit ${PIPESTATUS[0]}"
     } > "$OUT_DIR/checks.txt" 2>&1
     {
         timeout 200 "$PYTHON" -m benchmarks.gpu_capture_check 2>&1 | grep -v "Warning"
