@@ -6,6 +6,7 @@ that supporting a new release means editing one file. kiln supports torch 2.11 a
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions  # noqa: F401
@@ -118,6 +119,19 @@ def storage_use_count(handle: int) -> int:
     """How many tensors hold the storage whose `untyped_storage()._cdata` is `handle` (CUDA graphs'
     check that no result of the previous replay is still alive)."""
     return torch._C._storage_Use_Count(handle)
+
+
+def partition_function(name: str):
+    """AOTAutograd's partitioner `name`: which forward values the backward reads from memory.
+    "default" saves every forward value the backward needs; "min_cut" (what Inductor uses) saves
+    fewer, by bytes, and recomputes cheap pointwise work in the backward instead."""
+    from torch._functorch import partitioners
+
+    if name == "default":
+        return partitioners.default_partition
+    if name == "min_cut":
+        return functools.partial(partitioners.min_cut_rematerialization_partition, compiler="inductor")
+    raise ValueError(f"kiln.config.partitioner: unknown partitioner {name!r}; choose 'default' or 'min_cut'")
 
 
 def storage_alias(tensor: torch.Tensor) -> torch.UntypedStorage:

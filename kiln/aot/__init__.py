@@ -8,6 +8,8 @@ and every compile it calls back, a backward compiled lazily at its first use inc
 the process's compile lock (kiln/runtime/locks.py). Before compiling, each ATen graph's
 fake metas get eager's strides where torch's meta kernels, functionalization's rewrite of
 in-place writes or a composite op's decomposition disagree with eager's (kiln/aot/strides.py).
+A training graph's joint forward and backward are split by `config.partitioner`: which forward
+values the backward reads from memory and which it recomputes (kiln/_torch.py partition_function).
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import functools
 from typing import Callable
 
 from kiln import _torch
+from kiln.config import config
 from kiln.aot.decompositions import decomposition_table
 from kiln.aot.strides import keep_written_layouts, restride_to_eager, tag_torch_graph
 from kiln.runtime.locks import compile_lock
@@ -40,4 +43,5 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
     with compile_lock:
         return _torch.aot_module_simplified(gm, example_inputs, fw_compiler=boxed,
                                             bw_compiler=functools.partial(boxed, forward=False),
-                                            inference_compiler=inference, decompositions=decomposition_table())
+                                            inference_compiler=inference, decompositions=decomposition_table(),
+                                            partition_fn=_torch.partition_function(config.partitioner))
