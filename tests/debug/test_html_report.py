@@ -48,6 +48,10 @@ def falls_back(x):
     return torch.tanh(x) + 1
 
 kiln.compile(falls_back)(torch.randn(4))
+
+import sys
+from kiln.debug import html_report
+html_report.write(sys.argv[1])  # on demand, besides the page written at exit
 '''
 
 
@@ -115,7 +119,8 @@ def report(tmp_path_factory):
         sys.stdout.flush()
         os.dup2(output, 1)  # the child's output, to read back
         with contextlib.redirect_stdout(io.StringIO()) as lines:  # main()'s own
-            status = html_report.main(["--out", str(folder / "out"), "--", "python", str(script)])
+            status = html_report.main(["--out", str(folder / "out"), "--", "python", str(script),
+                                       str(folder / "on_demand" / "page.html")])
     finally:
         os.dup2(saved_stdout, 1)
         os.close(saved_stdout)
@@ -138,6 +143,8 @@ def report(tmp_path_factory):
 def test_kiln_report_prints_where_its_one_page_is(report):
     page, _, _, _, printed = report
     assert f"kiln report: {page}" in printed
+    on_demand = pathlib.Path(page).parent.parent / "on_demand" / "page.html"  # html_report.write(path)
+    assert on_demand.exists() and "Sequential.forward" in on_demand.read_text()
 
 
 def test_page_is_self_contained(report):
@@ -269,3 +276,14 @@ def test_page_loads_in_chromium_without_console_errors(report, tmp_path):
     assert console == [], console
     data = screenshot.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000, len(data)
+
+
+def test_kiln_report_passes_the_exit_status_on_and_says_when_no_page_was_written(tmp_path, capsys):
+    from kiln.debug import html_report
+
+    assert html_report.main([]) == 2
+    assert "give the program to run after --" in capsys.readouterr().err
+    out = str(tmp_path / "out")
+    assert html_report.main(["--out", out, "--", "python", "-c", "import sys; sys.exit(3)"]) == 3
+    assert html_report.main(["--out", out, "python", "-c", "pass"]) == 1  # ran fine, but kiln never ran
+    assert "no page was written" in capsys.readouterr().err
