@@ -32,6 +32,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -129,7 +130,13 @@ class Recorder:
         self.graphs: list[GraphRecord] = []
         self.breaks: list[BreakRecord] = []
         self.warnings: list[str] = []
-        self._tracing: list[FrameRecord] = []  # frames being traced now, innermost last
+        self._local = threading.local()  # .tracing: this thread's frames being traced now, innermost last
+
+    @property
+    def _tracing(self) -> list:
+        if not hasattr(self._local, "tracing"):
+            self._local.tracing = []
+        return self._local.tracing
 
     def current_frame(self) -> FrameRecord | None:
         return self._tracing[-1] if self._tracing else None
@@ -178,7 +185,10 @@ class Recorder:
             frame.guard_source, frame.entry_source = entry.guard_source, entry.entry_source
             frame.eager_reason = entry.eager_reason
             if entry.graph_module is not None:
-                frame.fx_graph = entry.graph_module.print_readable(print_output=False)
+                try:
+                    frame.fx_graph = entry.graph_module.print_readable(print_output=False)
+                except Exception as error:  # the report must never break the program it describes
+                    frame.fx_graph = f"(the FX graph did not print: {type(error).__name__}: {error})"
             return entry
 
         _capture.__wrapped__ = original
@@ -319,11 +329,12 @@ def _ms(seconds: float) -> str:
 
 
 def render(recorder: Recorder | None) -> str:
-    """The whole page, as a string."""
+    """The whole page, as a string (None: kiln was not recording; the page says how to turn it on)."""
+    recording = recorder is not None
     recorder = recorder or Recorder()
     parts = [_header(recorder), '<main><div class="toolbar"><button id="expand-all">expand all</button>'
              '<button id="collapse-all">collapse all</button></div>']
-    if _recorder is None:
+    if not recording:
         parts.append('<p class="warn">kiln was not recording: set KILN_REPORT before importing kiln, or call '
                      "kiln.debug.html_report.enable() before compiling.</p>")
     parts += [_summary(recorder), _frames(recorder), _breaks(recorder), _graphs(recorder), _warnings(recorder),
@@ -340,8 +351,9 @@ def _header(recorder: Recorder) -> str:
     import kiln
 
     started = datetime.datetime.fromtimestamp(recorder.started).strftime("%Y-%m-%d %H:%M:%S")
-    changed = [f"{option.env_var}={config._values[option.name]!r}" for option in OPTIONS
-               if config._values[option.name] != option.default and option.name != "report"]
+    values = config.snapshot()
+    changed = [f"{option.env_var}={values[option.name]!r}" for option in OPTIONS
+               if values[option.name] != option.default and option.name != "report"]
     return (f'<header><h1>kiln compile report</h1><div class="meta">{_e(" ".join(sys.argv) or "python")} · '
             f"pid {os.getpid()} · started {_e(started)} · kiln {_e(kiln.__version__)} · torch {_e(torch.__version__)}"
             f" · options: {_e(', '.join(changed) or 'defaults')}</div></header>")

@@ -287,3 +287,10 @@ def test_kiln_report_passes_the_exit_status_on_and_says_when_no_page_was_written
     assert html_report.main(["--out", out, "--", "python", "-c", "import sys; sys.exit(3)"]) == 3
     assert html_report.main(["--out", out, "python", "-c", "pass"]) == 1  # ran fine, but kiln never ran
     assert "no page was written" in capsys.readouterr().err
+
+
+def test_a_page_written_without_recording_says_how_to_turn_it_on():
+    from kiln.debug import html_report
+
+    assert "set KILN_REPORT before importing kiln" in html_report.render(None)
+    assert "set KILN_REPORT" not in html_report.render(html_report.Recorder())
