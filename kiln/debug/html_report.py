@@ -389,7 +389,9 @@ def _summary(recorder: Recorder) -> str:
     for graph in recorder.graphs:
         frame = _link(graph.frame.anchor, f"frame {graph.frame.index}") if graph.frame else "—"
         out.append(f"<tr><td>{_link(graph.anchor, graph.anchor)}</td><td>{frame}</td><td>{_e(graph.kind)}</td>"
-                   f'<td class="num">{graph.aten_nodes}</td><td class="num">{len(graph.kernels)}</td>'
+                   f'<td class="num">{graph.aten_nodes}</td>'
+                   f'<td class="num">{_link(f"{graph.anchor}-kernels", str(len(graph.kernels))) if graph.kernels else 0}'
+                   "</td>"
                    f'<td>{_status(graph.status)}</td><td class="num">{_ms(graph.seconds)}</td></tr>')
     out.append("</table>")
     out.append(_stage_totals(recorder))
@@ -526,7 +528,15 @@ def _graphs(recorder: Recorder) -> str:
 def _warnings(recorder: Recorder) -> str:
     out = ['<section id="warnings"><h2>Warnings</h2>']
     if recorder.warnings:
-        out.append("<ul>" + "".join(f"<li>{_pre(warning)}</li>" for warning in recorder.warnings) + "</ul>")
+        graphs = {graph.anchor for graph in recorder.graphs}
+
+        def link_graphs(match: re.Match) -> str:  # "graph graph_5 runs eagerly" links to graph_5
+            name = html.unescape(match.group(0))
+            return _link(name, name) if name in graphs else match.group(0)
+
+        items = "".join(f"<li><pre><code>{re.sub(r'graph_[0-9]+', link_graphs, _e(warning))}</code></pre></li>"
+                        for warning in recorder.warnings)
+        out.append(f"<ul>{items}</ul>")
     else:
         out.append('<p class="muted">kiln logged no warnings.</p>')
     out.append("</section>")

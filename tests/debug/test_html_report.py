@@ -102,6 +102,12 @@ class _Page(html.parser.HTMLParser):
             self.styles += data
 
 
+def _numbered(ids: set, prefix: str) -> list:
+    """The ids `prefix<n>`, in order of n."""
+    return sorted((anchor for anchor in ids if anchor.startswith(prefix) and anchor[len(prefix):].isdigit()),
+                  key=lambda anchor: int(anchor[len(prefix):]))
+
+
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     """Run PROGRAM through `kiln report` (KILN_DEBUG on too, to compare with); the page, its parse,
@@ -159,8 +165,7 @@ def test_page_shows_frames_breaks_graphs_and_links_them(report):
     _, text, parsed, _, _ = report
     assert parsed.headings == ["Summary", "Frames", "Graph breaks", "Graphs", "Warnings"]
     # frames: the MLP, the function before its break, its resume function, the recompile, the fallback
-    frames = sorted(anchor for anchor in parsed.ids if anchor.startswith("frame_") and anchor[6:].isdigit())
-    graphs = sorted(anchor for anchor in parsed.ids if anchor.startswith("graph_") and anchor[6:].isdigit())
+    frames, graphs = _numbered(parsed.ids, "frame_"), _numbered(parsed.ids, "graph_")
     assert len(frames) >= 5 and len(graphs) >= 5, (frames, graphs)
     for anchor in frames + graphs + ["break_0"]:
         assert f'href="#{anchor}"' in text, f"the summary does not link {anchor}"  # every section is linked
@@ -172,6 +177,10 @@ def test_page_shows_frames_breaks_graphs_and_links_them(report):
     assert "rank mismatch" in text
     # the fallback, with its reason (escaped), in the graph's section and the warnings
     assert html.escape("tanh <lowering> removed by the test") in text and "runs eagerly" in text
+    fallback = graphs[-1]  # the last graph compiled: falls_back's
+    assert f'kiln: graph <a href="#{fallback}">{fallback}</a> runs eagerly' in text  # the warning links it
+    assert {href[1:] for href in parsed.hrefs} <= parsed.ids  # no link goes nowhere
+    assert {f"{graph}-kernels" for graph in graphs[:-1]} <= {href[1:] for href in parsed.hrefs}
     for stage in ("ATen graph", "LoopIR before fusion", "LoopIR after fusion", "memory plan", "wrapper"):
         assert f"<summary>{stage}</summary>" in text, stage
     assert '<table class="timings" id="stage-totals">' in text and "<th>lower</th>" in text  # stage timings
@@ -263,7 +272,7 @@ def test_the_console_check_sees_errors(tmp_path):
 
 def test_page_loads_in_chromium_without_console_errors(report, tmp_path):
     page, _, parsed, _, _ = report
-    graph = sorted(anchor for anchor in parsed.ids if anchor.startswith("graph_") and anchor[6:].isdigit())[0]
+    graph = _numbered(parsed.ids, "graph_")[0]
     dom, console = _load(pathlib.Path(page).as_uri() + f"#{graph}-wrapper", "--dump-dom")
     assert console == [], console
     assert 'data-ready="1"' in dom  # its script ran to the end
