@@ -38,6 +38,8 @@ OPTIONS = [
     Option("strict", bool, False, "raise on any compile failure instead of running the graph eagerly"),
     Option("debug", bool, False, "dump every stage of every graph under debug_dir"),
     Option("debug_dir", str, "kiln_debug", "where KILN_DEBUG dumps go"),
+    Option("report", str, "", "write one browsable HTML page of everything kiln compiled in this process into this "
+                               "folder at exit (kiln/debug/html_report.py, `kiln report`); empty: off"),
     Option("logs", str, "", "comma-separated focused logs: graph_breaks,recompiles,guards,kernels,perf"),
     Option("cache_dir", str, os.path.join(os.path.expanduser("~"), ".cache", "kiln"),
            "on-disk cache of generated kernels"),

@@ -9,6 +9,7 @@
 #   development machines pip takes the CPU wheel from the local wheel folder).
 # - The rest: triton==3.6.0 numpy sympy transformers pytest expecttest, each installed
 #   only when it does not import; then kiln itself, editable (`pip install -e . --no-deps`).
+# - Debian's chromium, for the compile report's browser test (apt-get, as root; see below).
 # Set PYTHON to choose the interpreter that makes the venv (default python3).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,6 +24,20 @@ if [ ! -x "$VENV_PYTHON" ]; then
     else
         echo "env.sh: creating .venv"
         "$PYTHON" -m venv .venv
+    fi
+fi
+
+# The compile report's browser test (tests/debug/test_html_report.py) loads its page in Debian's
+# headless Chromium: installed with apt-get when it is missing and this runs as root; otherwise
+# that test is skipped, saying why. One `command -v` when it is there.
+if ! command -v chromium >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "env.sh: installing Debian's chromium (the HTML report's browser test)"
+        if ! { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1; then
+            echo "env.sh: could not install chromium; the HTML report's browser test will be skipped"
+        fi
+    else
+        echo "env.sh: no chromium (installing it needs root and apt-get); the HTML report's browser test will be skipped"
     fi
 fi
 

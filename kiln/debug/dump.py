@@ -2,7 +2,9 @@
 
 Each graph gets a folder with the ATen graph, LoopIR before and after fusion, the memory
 plan, every kernel, the wrapper and `timings.txt` (seconds per stage). Stage timings are kept even
-without KILN_DEBUG, so the perf log and `explain()` can report them.
+without KILN_DEBUG, so the perf log and `explain()` can report them. While the HTML report collects
+(KILN_REPORT, kiln/debug/html_report.py), `GraphDump.observer` sees each new dump and makes it keep
+every stage's text in `kept`; otherwise nothing is kept.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import itertools
 import logging
 import os
 import time
+from typing import Callable
 
 from kiln.config import config
 
@@ -20,10 +23,14 @@ _RUN_NAME = time.strftime("run_%Y%m%d_%H%M%S") + f"_{os.getpid()}"
 
 
 class GraphDump:
+    # Called with each new dump and its ATen graph; set by kiln.debug.html_report.enable(), None otherwise.
+    observer: Callable | None = None
+
     def __init__(self, name: str, folder: str | None):
         self.name = name
         self.folder = folder
         self.timings: dict[str, float] = {}
+        self.kept: dict[str, str] | None = None  # {filename: text} of every write, when an observer asks
 
     @classmethod
     def new(cls, gm=None) -> "GraphDump":
@@ -32,9 +39,14 @@ class GraphDump:
         if config.debug:
             folder = os.path.join(config.debug_dir, _RUN_NAME, name)
             os.makedirs(folder, exist_ok=True)
-        return cls(name, folder)
+        dump = cls(name, folder)
+        if cls.observer is not None:
+            cls.observer(dump, gm)
+        return dump
 
     def write(self, filename: str, text: str) -> None:
+        if self.kept is not None:
+            self.kept[filename] = text
         if self.folder is None:
             return
         with open(os.path.join(self.folder, filename), "w") as handle:
