@@ -152,3 +152,19 @@ def test_bench_outside_a_checkout_points_at_the_repository(tmp_path):
     assert result.returncode == 2
     assert "not importable" in result.stderr and "kiln checkout" in result.stderr
     assert "--plot" in result.stderr
+
+
+def test_a_verify_check_runs_the_triton_kernels_and_fails_what_kiln_did_not_compile(tmp_path):
+    import torch
+
+    import kiln
+    from kiln.cli.verify import PROGRAMS, Program, Target, check
+
+    with kiln.config.patch(cache_dir=str(tmp_path)):
+        assert check(PROGRAMS[0], Target("cpu, Triton interpreter", "cpu", "triton")) == \
+            (True, "1 graph, 1 kernel, matches eager")
+        view_only = Program("view", lambda device: (lambda x: x.view(-1), (torch.randn(3, 4),)))
+        assert check(view_only, Target("cpu, C++", "cpu")) == (False, "no kernel was generated")
+        untraceable = Program("nonzero", lambda device: (torch.nonzero, (torch.randn(3, 4),)))
+        passed, message = check(untraceable, Target("cpu, C++", "cpu"))
+        assert not passed and message.startswith("compile or run failed:") and "\n" not in message

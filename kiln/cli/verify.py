@@ -156,8 +156,8 @@ def check(program: Program, target: Target) -> tuple[bool, str]:
         with config.patch(strict=True, cpu_backend=target.cpu_backend, progress_after_s=-1), _recording(report):
             actual = kiln.compile(function)(*args)
     except Exception as error:
-        last = traceback.format_exception_only(type(error), error)[-1].strip()
-        return False, f"compile or run failed: {last}"
+        first_line = "".join(traceback.format_exception_only(type(error), error)).strip().splitlines()[0]
+        return False, f"compile or run failed: {first_line}"
     verdict = compare(actual, eager, reference)
     kernels = sum(graph.kernels or 0 for graph in report.graphs)
     problems = []
