@@ -168,3 +168,18 @@ def test_a_verify_check_runs_the_triton_kernels_and_fails_what_kiln_did_not_comp
         untraceable = Program("nonzero", lambda device: (torch.nonzero, (torch.randn(3, 4),)))
         passed, message = check(untraceable, Target("cpu, C++", "cpu"))
         assert not passed and message.startswith("compile or run failed:") and "\n" not in message
+
+
+def test_bench_runs_the_harness_and_plots_what_it_wrote(tmp_path):
+    pytest.importorskip("matplotlib")
+    harness_help = kiln_command("bench", "--harness-help", cache_dir=tmp_path / "cache")
+    assert harness_help.returncode == 0 and "--suite" in harness_help.stdout  # benchmarks/run.py's own options
+    result = kiln_command("bench", "--small", "--only", "cnn", "--backends", "eager", "--modes", "infer",
+                          "--iterations", "3", "--results-dir", str(tmp_path / "results"), "--label", "t",
+                          cache_dir=tmp_path / "cache")
+    assert result.returncode == 0, result.stdout + result.stderr
+    written = sorted(os.listdir(tmp_path / "results"))
+    stem = next(name for name in written if name.endswith(".json"))[:-len(".json")]
+    # eager only: no speedup to draw, but the per-call times are
+    assert f"{stem}_times.png" in written and f"{stem}_times.svg" in written
+    assert f"plot: {tmp_path / 'results' / stem}_times.png" in result.stdout
