@@ -36,7 +36,8 @@ LADDER = ("eager", "aot_eager", "kiln")
 
 # What names one graph, times its stages and writes its KILN_DEBUG dumps: `factory(gm)` returns an
 # object with `name`, `timings` ({stage: seconds}), `stage(name)` (a context manager that times one
-# stage), `write(filename, text)` and `finish()`. kiln.debug registers its GraphDump here when it is
+# stage), `write(filename, text)`, `write_kernel(kernel_source, graph, example_inputs)` (a kernel's
+# file) and `finish()`. kiln.debug registers its GraphDump here when it is
 # imported (kiln/__init__.py imports it, so it is registered before anything compiles): debug
 # observes the pipeline without the pipeline importing the layer above it.
 _stage_recorder_factory: Callable | None = None
@@ -141,7 +142,7 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
         module_source = generate_wrapper(scheduled, memory_plan)
     dump.write("wrapper.py", module_source.wrapper)
     for kernel in module_source.kernel_sources:
-        dump.write(f"kernel_{kernel.name}{kernel.file_suffix}", module_source.kernels[kernel.name])
+        dump.write_kernel(kernel, scheduled.graph, example_inputs)
     with dump.stage("load"):
         # Triton compiles at a kernel's first launch: a failure there runs this same eager fallback.
         compiled = load_module(module_source, mode=mode, scheduled=scheduled, name=dump.name,

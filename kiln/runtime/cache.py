@@ -197,3 +197,57 @@ def load_record(relative: str, key: str, fields: dict) -> dict | None:
 def store_record(relative: str, key: str, record: dict) -> str:
     """Write `record` with its `key` as the entry `relative` (see `store`)."""
     return store(relative, json.dumps({"key": key, **record}, sort_keys=True).encode())
+
+
+# ---- the cache as a whole: what `kiln cache info|clear` shows and removes ----
+
+def usage(root: str | None = None) -> dict:
+    """{kind: (entries, bytes)} of the cache dir `root` (default: config.cache_dir), one row per
+    top-level folder (triton, cpp, wrappers...); files outside a folder are counted under "other".
+    A missing cache dir is empty."""
+    root = config.cache_dir if root is None else root
+    kinds: dict = {}
+    if not os.path.isdir(root):
+        return kinds
+    for name in sorted(os.listdir(root)):
+        path = os.path.join(root, name)
+        kind = name if os.path.isdir(path) and not os.path.islink(path) else "other"
+        entries, size = kinds.get(kind, (0, 0))
+        for file_path in _files_under(path):
+            entries, size = entries + 1, size + _size(file_path)
+        kinds[kind] = (entries, size)
+    return kinds
+
+
+def clear(root: str | None = None) -> dict:
+    """Remove everything inside the cache dir `root` (default: config.cache_dir), keeping the folder
+    itself; what was removed, as `usage` counts it. Processes running meanwhile rebuild what they miss."""
+    root = config.cache_dir if root is None else root
+    removed = usage(root)
+    if os.path.isdir(root):
+        for name in os.listdir(root):
+            path = os.path.join(root, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                try:
+                    os.unlink(path)
+                except FileNotFoundError:
+                    pass
+    return removed
+
+
+def _files_under(path: str):
+    if not os.path.isdir(path) or os.path.islink(path):
+        yield path
+        return
+    for folder, _, files in os.walk(path):
+        for name in files:
+            yield os.path.join(folder, name)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.lstat(path).st_size
+    except OSError:
+        return 0
