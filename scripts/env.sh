@@ -7,7 +7,8 @@
 #   imports torch (a GPU machine with its own CUDA build), the venv sees the system
 #   packages and keeps that torch; elsewhere torch==2.13.0 is installed (on the
 #   development machines pip takes the CPU wheel from the local wheel folder).
-# - The rest: triton==3.6.0 numpy sympy transformers pytest expecttest, each installed
+# - The rest: triton==3.6.0 numpy sympy transformers pytest expecttest matplotlib (`kiln bench`'s plots)
+#   accelerate (the integration tests), each installed
 #   only when it does not import; then kiln itself, editable (`pip install -e . --no-deps`).
 # - Debian's chromium, for the compile report's browser test (apt-get, as root; see below).
 # Set PYTHON to choose the interpreter that makes the venv (default python3).
@@ -44,7 +45,7 @@ fi
 # Fast path: everything imports and kiln is installed from this checkout.
 if "$VENV_PYTHON" - <<'PY' >/dev/null 2>&1
 import importlib.metadata, importlib.util, os, sys
-for name in ("torch", "triton", "numpy", "sympy", "transformers", "pytest", "expecttest"):
+for name in ("torch", "triton", "numpy", "sympy", "transformers", "pytest", "expecttest", "matplotlib", "accelerate"):
     if importlib.util.find_spec(name) is None:
         sys.exit(1)
 importlib.metadata.version("kiln")
@@ -64,7 +65,7 @@ fi
 
 missing=()
 for spec in "triton==3.6.0:triton" "numpy:numpy" "sympy:sympy" "transformers:transformers" \
-            "pytest:pytest" "expecttest:expecttest"; do
+            "pytest:pytest" "expecttest:expecttest" "matplotlib:matplotlib" "accelerate:accelerate"; do
     module="${spec##*:}"
     if ! "$VENV_PYTHON" -c "import $module" >/dev/null 2>&1; then
         missing+=("${spec%%:*}")

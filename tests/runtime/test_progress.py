@@ -1,6 +1,7 @@
 """kiln/runtime/progress.py: a long compile reports how many kernels are done; a short one says nothing."""
 from __future__ import annotations
 
+import io
 import logging
 
 import kiln
@@ -18,12 +19,12 @@ class Clock:
 def test_a_long_compile_reports_progress_and_a_short_one_does_not(caplog):
     clock = Clock()
     with caplog.at_level(logging.WARNING, logger="kiln"):
-        short = Progress(3, "building the C++ kernels of a graph", clock=clock)
+        short = Progress(3, "building the C++ kernels of a graph", clock=clock, stream=io.StringIO())  # no TTY
         for _ in range(3):
             clock.now += 1.0
             short.step()
         assert not caplog.records  # 3 s in all: under progress_after_s (5 s)
-        long = Progress(10, "compiling the CUDA kernels of graph_0", clock=clock)
+        long = Progress(10, "compiling the CUDA kernels of graph_0", clock=clock, stream=io.StringIO())
         for _ in range(10):
             clock.now += 2.0  # the 3rd step is 6 s in; then every 5 s at most; and the last
             long.step()
@@ -37,7 +38,7 @@ def test_a_long_compile_reports_progress_and_a_short_one_does_not(caplog):
 def test_progress_can_be_turned_off(caplog):
     clock = Clock()
     with kiln.config.patch(progress_after_s=-1), caplog.at_level(logging.WARNING, logger="kiln"):
-        progress = Progress(2, "x", clock=clock)
+        progress = Progress(2, "x", clock=clock, stream=io.StringIO())
         clock.now += 60
         progress.step()
         progress.step()
