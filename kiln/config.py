@@ -61,7 +61,7 @@ OPTIONS = [
     Option("progress_after_s", float, 5.0, "a compile step running longer than this reports how many kernels are "
            "done, of how many (on kiln's logger); negative: never"),
     Option("progress_every_s", float, 5.0, "... and again at most this often"),
-    Option("partitioner", str, "default", "what a training graph's forward saves for its backward: 'default' (every "
+    Option("partitioner", str, "min_cut", "what a training graph's forward saves for its backward: 'default' (every "
            "value the backward needs) or 'min_cut' (fewer bytes: cheap pointwise work recomputed in the backward, "
            "as Inductor does)"),
     Option("parallel_compile", bool, False, "a graph's CUDA kernels are compiled in parallel when it loads, before "
