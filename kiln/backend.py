@@ -185,7 +185,8 @@ def graph_compiler(backend: str, *, mode: str = "default", fullgraph: bool = Fal
 
 
 def register() -> None:
-    """`torch.compile(backend="kiln")` (and kiln_eager, kiln_aot_eager) after `import kiln`."""
+    """`torch.compile(backend="kiln")` (and kiln_eager, kiln_aot_eager) after `import kiln`; idempotent,
+    and left to torch for a name it found as a `torch_dynamo_backends` entry point (pyproject.toml)."""
     _torch.register_dynamo_backend("kiln", compile_graph)
     _torch.register_dynamo_backend("kiln_eager", _eager_backend)
     _torch.register_dynamo_backend("kiln_aot_eager", _aot_eager_backend)
