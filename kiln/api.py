@@ -17,7 +17,7 @@ from kiln import backend as _backend
 from kiln.config import config
 
 log = logging.getLogger("kiln")
-MODES = ("default", "reduce-overhead", "max-autotune")
+MODES = _backend.MODES
 
 
 def list_backends() -> list[str]:
@@ -25,44 +25,46 @@ def list_backends() -> list[str]:
     return list(_backend.LADDER)
 
 
-@functools.lru_cache(maxsize=None)
-def _warn_mode_not_implemented(mode: str) -> None:
-    """Once: autotuning ("max-autotune") is not built yet."""
-    log.warning("kiln.compile(mode=%r): not implemented yet; kiln compiles as in mode='default' "
-                "(correct results, without autotuning)", mode)
-
-
-def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = False,
-            backend: str = "kiln", dynamic: bool | None = None):
+def compile(model=None, *, fullgraph: bool = False, dynamic: bool | None = None,
+            backend: str | Callable = "kiln", mode: str | None = None, options: dict | None = None,
+            disable: bool = False):
     """Compile a function or module with kiln; usable as `@kiln.compile` or `@kiln.compile(...)`.
 
-    mode: "default"; "reduce-overhead": inference graphs on CUDA replay through CUDA graphs
-        (kiln/runtime/cudagraphs.py: a result stays valid until the next call, which first checks
-        that no earlier result is still referenced, else runs without the graph);
-        "max-autotune": not built yet, runs as "default".
+    Takes torch.compile's arguments:
     fullgraph: raise instead of running unsupported code eagerly.
-    backend: one of `kiln.list_backends()`.
     dynamic: None (static first, dynamic after a shape change), True or False.
+    backend: a rung of `kiln.list_backends()`, or a callable `backend(gm, example_inputs) -> callable`
+        (torch.compile's backend contract) that compiles each graph kiln's frontend captures.
+    mode: "default" (None means it); "reduce-overhead": inference graphs on CUDA replay through
+        CUDA graphs (kiln/runtime/cudagraphs.py: a result stays valid until the next call, which
+        first checks that no earlier result is still referenced, else runs without the graph);
+        "max-autotune": not built yet, runs as "default" (with a warning).
+    options: kiln.config options ({"cpu_backend": "triton", ...}, see `kiln.config.describe()`),
+        in force while this model's graphs are captured, compiled and run; an unknown name raises.
+    disable: True returns `model` itself, uncompiled (as torch.compile does).
     """
-    if fn_or_module is None:
-        return functools.partial(compile, mode=mode, fullgraph=fullgraph, backend=backend, dynamic=dynamic)
-    if mode not in MODES:
-        raise ValueError(f"kiln.compile: unknown mode {mode!r}; choose one of {MODES}")
-    if backend not in _backend.LADDER:
-        raise ValueError(f"kiln.compile: unknown backend {backend!r}; choose one of {list_backends()}")
-    if mode == "max-autotune":
-        _warn_mode_not_implemented(mode)
-    graph_compiler = _backend.graph_compiler(backend, mode=mode, fullgraph=fullgraph)
-    if _is_ddp(fn_or_module):
-        inner = _capture(fn_or_module.module.forward, graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
-        return OptimizedModule(fn_or_module, _DistributedCall(fn_or_module, inner))
-    if isinstance(fn_or_module, torch.nn.Module):
-        compiled = _capture(fn_or_module, graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
-        return OptimizedModule(fn_or_module, compiled)
-    if not callable(fn_or_module):
-        raise TypeError(f"kiln.compile expects a function or nn.Module, got {type(fn_or_module).__name__}")
-    compiled = _capture(fn_or_module, graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
-    return functools.wraps(fn_or_module)(compiled)
+    if model is None:
+        return functools.partial(compile, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
+                                 options=options, disable=disable)
+    mode = _backend.checked_mode(mode, "kiln.compile")
+    options = config.checked(options or {})
+    if not (callable(backend) or backend in _backend.LADDER):
+        raise ValueError(f"kiln.compile: unknown backend {backend!r}; choose one of {list_backends()}, "
+                         f"or pass a callable backend(gm, example_inputs) -> callable")
+    if disable:
+        return model
+    if not callable(model):
+        raise TypeError(f"kiln.compile expects a function or nn.Module, got {type(model).__name__}")
+    graph_compiler = backend if callable(backend) else _backend.graph_compiler(backend, mode=mode, fullgraph=fullgraph)
+    with config.patch(**options):  # the frontend reads options (graph_breaks, frontend) when it is built too
+        if _is_ddp(model):
+            inner = _capture(model.module.forward, graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
+            return OptimizedModule(model, _backend.run_with_options(_DistributedCall(model, inner), options))
+        compiled = _backend.run_with_options(_capture(model, graph_compiler, fullgraph=fullgraph, dynamic=dynamic),
+                                             options)
+    if isinstance(model, torch.nn.Module):
+        return OptimizedModule(model, compiled)
+    return functools.wraps(model)(compiled)
 
 
 def _capture(fn: Callable, graph_compiler: Callable, *, fullgraph: bool, dynamic: bool | None) -> Callable:

@@ -2,6 +2,7 @@
 
 - the `torch_dynamo_backends` entry point and `import kiln` register the backends exactly once,
   in whatever order (each case in a fresh interpreter, against the installed entry point);
+- `kiln.compile` takes torch.compile's arguments, and `torch.compile(backend="kiln", options=...)` works;
 """
 from __future__ import annotations
 
@@ -101,3 +102,85 @@ def test_backends_register_exactly_once_whatever_is_imported_first(order, tmp_pa
     result = _fresh_python(_CASES[order], tmp_path)
     assert result.returncode == 0, f"{order}:\n{result.stderr[-3000:]}"
     assert "duplicate name" not in result.stderr
+
+
+# ---------------------------------------------------------------- 2. torch.compile's signature
+
+def test_compile_takes_torch_compiles_arguments():
+    parameters = inspect.signature(kiln.compile).parameters
+    assert list(parameters)[0] == "model"
+    for name in ("fullgraph", "dynamic", "backend", "mode", "options", "disable"):
+        assert name in parameters and name in inspect.signature(torch.compile).parameters, name
+    model = torch.nn.Linear(3, 3)
+    assert kiln.compile(model, disable=True) is model
+    assert kiln.compile(disable=True)(model) is model
+
+
+def test_callable_backend_and_options_in_force_while_compiling_and_running():
+    seen = []
+
+    def backend(gm, example_inputs):
+        seen.append(("compile", kiln.config.strict, kiln.config.fusion_window))
+
+        def run(*args):
+            seen.append(("run", kiln.config.strict, kiln.config.fusion_window))
+            return gm(*args)
+
+        return run
+
+    @kiln.compile(backend=backend, options={"strict": True, "fusion_window": 3})
+    def double(x):
+        return x * 2
+
+    x = torch.randn(4)
+    torch.testing.assert_close(double(x), x * 2)
+    torch.testing.assert_close(double(x), x * 2)
+    assert seen == [("compile", True, 3), ("run", True, 3), ("run", True, 3)]
+    assert kiln.config.strict is False and kiln.config.fusion_window != 3  # only while that model runs
+
+
+def test_unknown_option_mode_or_backend_raises_listing_the_valid_ones():
+    model = torch.nn.Linear(3, 3)
+    with pytest.raises(ValueError, match=r"unknown option\(s\) 'triton\.cudagraphs'; valid options: .*strict"):
+        kiln.compile(model, options={"triton.cudagraphs": True})
+    with pytest.raises(TypeError, match="fusion_window takes a int"):
+        kiln.compile(model, options={"fusion_window": "3"})
+    with pytest.raises(ValueError, match=r"unknown mode 'fast'; choose one of \('default', 'reduce-overhead'"):
+        kiln.compile(model, mode="fast")
+    with pytest.raises(ValueError, match=r"unknown backend 'inductor'; choose one of \['eager', 'aot_eager', 'kiln'\]"):
+        kiln.compile(model, backend="inductor")
+
+
+def test_max_autotune_warns_that_it_runs_as_default(caplog):
+    kiln.backend._warn_mode_not_implemented.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        kiln.compile(torch.nn.Linear(3, 3), mode="max-autotune", backend="eager")
+    assert "max-autotune" in caplog.text and "not implemented yet" in caplog.text
+
+
+def test_torch_compile_passes_mode_and_options_to_kilns_backend(tmp_path):
+    torch._dynamo.reset()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    x = torch.randn(2, 4)
+    compiled = torch.compile(model, backend="kiln", options={"debug": True, "debug_dir": str(tmp_path)})
+    torch.testing.assert_close(compiled(x), model(x))
+    assert list(tmp_path.rglob("wrapper.py")), "options={'debug': True} wrote no KILN_DEBUG dump"
+    assert kiln.config.debug is False
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="unknown option"):
+        torch.compile(model, backend="kiln", options={"no_such_option": 1})(x)
+    torch._dynamo.reset()
+
+
+def test_compile_graph_runs_its_graph_with_the_options(monkeypatch):
+    seen = []
+
+    def fake_compile(gm, example_inputs, mode, fullgraph):
+        seen.append(("compile", mode, kiln.config.strict))
+        return lambda *args: seen.append(("run", kiln.config.strict))
+
+    monkeypatch.setattr(kiln.backend, "_compile_graph", fake_compile)
+    compiled = kiln.backend.compile_graph(torch.fx.symbolic_trace(lambda x: x + 1), [torch.ones(1)],
+                                          mode="reduce-overhead", options={"strict": True})
+    compiled(torch.ones(1))
+    assert seen == [("compile", "reduce-overhead", True), ("run", True)] and kiln.config.strict is False
