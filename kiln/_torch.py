@@ -32,6 +32,17 @@ def register_dynamo_backend(name: str, fn) -> None:
     register_backend(compiler_fn=fn, name=name)
 
 
+def compiled_module_base() -> type:
+    """torch.compile's module wrapper class (TorchDynamo's OptimizedModule), which kiln's subclasses: tools
+    that unwrap a compiled module by `isinstance` (Accelerate's `unwrap_model`, Transformers, Lightning)
+    then unwrap kiln's too. nn.Module where this torch has no such class."""
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except ImportError:
+        return torch.nn.Module
+    return OptimizedModule
+
+
 def dynamo_reset() -> None:
     torch._dynamo.reset()
 

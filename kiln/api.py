@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln import backend as _backend
+from kiln import _torch, backend as _backend
 from kiln.config import config
 
 log = logging.getLogger("kiln")
@@ -124,27 +124,55 @@ class _DistributedCall:
         return getattr(self.compiled_forward, "entries", [])
 
 
-class OptimizedModule(torch.nn.Module):
+class OptimizedModule(_torch.compiled_module_base()):
     """A compiled module that *is* the original for everything but calling.
 
-    Parameters, buffers, `state_dict`, `train()/eval()` and attributes are the original
-    module's (shared, not copied); only `__call__` goes through the compiled program.
+    Parameters, buffers, `state_dict` (its keys are the original's, no `_orig_mod.` prefix),
+    `train()/eval()` and attributes are the original module's (shared, not copied); only
+    `__call__` goes through the compiled program. Like torch.compile's wrapper, whose class it
+    subclasses (so tools that unwrap that, such as Accelerate's `unwrap_model`, unwrap this),
+    it holds the original as `_orig_mod`, sets class attributes (`__class__`, as FSDP2's
+    `fully_shard` does) on itself and any other attribute on the original. Hooks registered on
+    the wrapper itself (FSDP2's) run around the compiled call.
     """
 
     _DELEGATED = ("state_dict", "load_state_dict", "named_parameters", "named_buffers", "parameters",
-                  "buffers", "named_modules", "modules", "children", "named_children", "train", "eval",
+                  "buffers", "children", "named_children", "train", "eval",
                   "to", "cuda", "cpu", "half", "float", "bfloat16", "requires_grad_", "zero_grad", "apply")
+    _OWN = frozenset(("_orig_mod", "_compiled_call", "_super_module_initialized"))
 
     def __init__(self, module: torch.nn.Module, compiled_call: Callable):
-        super().__init__()
+        # Not torch's OptimizedModule.__init__, which would compile with TorchDynamo. Its `training`
+        # property reads `_super_module_initialized` when nn.Module's __init__ sets `training`.
         object.__setattr__(self, "_orig_mod", module)
         object.__setattr__(self, "_compiled_call", compiled_call)
+        object.__setattr__(self, "_super_module_initialized", False)
+        torch.nn.Module.__init__(self)
+        object.__setattr__(self, "_super_module_initialized", True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._compiled_call(*args, **kwargs)
+        state = object.__getattribute__(self, "__dict__")
+        if state["_forward_pre_hooks"] or state["_forward_hooks"] or state["_backward_pre_hooks"] \
+                or state["_backward_hooks"]:
+            return torch.nn.Module.__call__(self, *args, **kwargs)  # the hooks, then self.forward
+        return state["_compiled_call"](*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._compiled_call(*args, **kwargs)
+
+    def named_modules(self, memo: set | None = None, prefix: str = "", remove_duplicate: bool = True):
+        """The wrapper itself, then the original's modules, all under the original's names (the wrapper and
+        the original both under `prefix`): state that tools keep on the wrapper (FSDP2's) is found from it."""
+        memo = set() if memo is None else memo
+        if self not in memo or not remove_duplicate:
+            if remove_duplicate:
+                memo.add(self)
+            yield prefix, self
+        yield from self._orig_mod.named_modules(memo, prefix, remove_duplicate)
+
+    def modules(self):
+        for _, module in self.named_modules():
+            yield module
 
     def __getattribute__(self, name: str) -> Any:
         if name in OptimizedModule._DELEGATED:
@@ -161,7 +189,18 @@ class OptimizedModule(torch.nn.Module):
         return getattr(object.__getattribute__(self, "_orig_mod"), name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._orig_mod, name, value)
+        if name in OptimizedModule._OWN:
+            object.__setattr__(self, name, value)  # not nn.Module's: `_orig_mod` is no submodule (no key prefix)
+        elif hasattr(type(self), name):  # `__class__`, `forward`, `training` (torch's property: the original's)
+            torch.nn.Module.__setattr__(self, name, value)
+        else:
+            setattr(self._orig_mod, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in OptimizedModule._OWN or hasattr(type(self), name):
+            torch.nn.Module.__delattr__(self, name)
+        else:
+            delattr(self._orig_mod, name)
 
     def __repr__(self) -> str:
         return f"kiln.OptimizedModule({self._orig_mod!r})"

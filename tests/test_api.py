@@ -3,6 +3,8 @@
 - the `torch_dynamo_backends` entry point and `import kiln` register the backends exactly once,
   in whatever order (each case in a fresh interpreter, against the installed entry point);
 - `kiln.compile` takes torch.compile's arguments, and `torch.compile(backend="kiln", options=...)` works;
+- kiln's compiled module unwraps like torch.compile's (`_orig_mod`, Accelerate, FSDP2's fully_shard),
+  with the plain model's state_dict keys;
 """
 from __future__ import annotations
 
@@ -184,3 +186,90 @@ def test_compile_graph_runs_its_graph_with_the_options(monkeypatch):
                                           mode="reduce-overhead", options={"strict": True})
     compiled(torch.ones(1))
     assert seen == [("compile", "reduce-overhead", True), ("run", True)] and kiln.config.strict is False
+
+
+# ---------------------------------------------------------------- 3. unwrapping like torch's OptimizedModule
+
+def _block():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+
+
+def test_compiled_module_is_torchs_optimized_module_with_the_plain_models_state():
+    model = _block()
+    compiled = kiln.compile(model, backend="aot_eager")
+    assert isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule)
+    assert compiled._orig_mod is model and "_orig_mod" not in compiled._modules
+    assert list(compiled.state_dict()) == list(model.state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias"]
+    assert [name for name, _ in compiled.named_parameters()] == [name for name, _ in model.named_parameters()]
+    compiled.custom_flag = 7  # attributes are the original's, both ways
+    assert model.custom_flag == 7 and compiled.custom_flag == 7 and len(compiled) == 3
+    compiled.eval()
+    assert not model.training and not compiled.training
+    compiled.training = True
+    assert model.training
+
+    buffer = io.BytesIO()
+    torch.save(compiled.state_dict(), buffer)
+    x = torch.randn(5, 8)
+    for fresh in (torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)),):
+        buffer.seek(0)
+        kiln.compile(fresh, backend="aot_eager").load_state_dict(torch.load(buffer))
+        torch.testing.assert_close(fresh(x), model(x))
+        torch.testing.assert_close(kiln.compile(fresh, backend="aot_eager")(x), compiled(x))
+
+
+def test_hooks_on_the_compiled_module_run_around_the_compiled_call():
+    compiled = kiln.compile(_block(), backend="eager")
+    calls = []
+    compiled.register_forward_pre_hook(lambda module, args: calls.append("pre"))
+    compiled.register_forward_hook(lambda module, args, output: calls.append("post"))
+    compiled(torch.randn(2, 8))
+    assert calls == ["pre", "post"]
+
+
+def test_accelerate_unwraps_kilns_compiled_module():
+    accelerate = pytest.importorskip("accelerate")
+    from accelerate.utils import extract_model_from_parallel
+
+    model = _block()
+    compiled = kiln.compile(model, backend="eager")
+    assert extract_model_from_parallel(compiled, keep_torch_compile=False) is model
+    assert extract_model_from_parallel(compiled) is compiled and compiled._orig_mod is model
+    assert "_orig_mod" not in model._modules and list(compiled.state_dict()) == list(model.state_dict())
+    accelerator = accelerate.Accelerator(cpu=True)
+    assert accelerator.unwrap_model(compiled, keep_torch_compile=False) is model
+
+
+def test_fsdp2_fully_shard_per_compiled_block():
+    """One process (gloo, CPU): fully_shard of kiln-compiled blocks and their parent trains as the plain model."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not built")
+    try:
+        from torch.distributed.fsdp import fully_shard
+    except ImportError:
+        pytest.skip("this torch has no torch.distributed.fsdp.fully_shard (FSDP2)")
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        reference = torch.nn.Sequential(_block(), torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Linear(4, 4)))
+        model = copy.deepcopy(reference)
+        for index in (0, 2):
+            model[index] = kiln.compile(model[index], backend="aot_eager")
+            fully_shard(model[index])
+        fully_shard(model)
+        assert type(model[0]).__name__ == "FSDPOptimizedModule" and type(model[0]._orig_mod) is torch.nn.Sequential
+        assert list(model.state_dict()) == list(reference.state_dict())
+        for _ in range(2):
+            x = torch.randn(5, 8)
+            expected = reference(x).square().sum()
+            expected.backward()
+            loss = model(x).square().sum()
+            loss.backward()
+            torch.testing.assert_close(loss, expected)
+        for (name, mine), theirs in zip(model.named_parameters(), reference.parameters()):
+            torch.testing.assert_close(mine.grad.full_tensor(), theirs.grad, msg=name)
+    finally:
+        dist.destroy_process_group()
