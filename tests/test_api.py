@@ -5,6 +5,7 @@
 - `kiln.compile` takes torch.compile's arguments, and `torch.compile(backend="kiln", options=...)` works;
 - kiln's compiled module unwraps like torch.compile's (`_orig_mod`, Accelerate, FSDP2's fully_shard),
   with the plain model's state_dict keys;
+- the wheel holds kiln/ only, and does not pin triton.
 """
 from __future__ import annotations
 
@@ -273,3 +274,32 @@ def test_fsdp2_fully_shard_per_compiled_block():
             torch.testing.assert_close(mine.grad.full_tensor(), theirs.grad, msg=name)
     finally:
         dist.destroy_process_group()
+
+
+# ---------------------------------------------------------------- 6. packaging
+
+def test_wheel_holds_kiln_only_and_does_not_pin_triton(tmp_path):
+    pytest.importorskip("setuptools")
+    source = tmp_path / "source"
+    source.mkdir()
+    shutil.copy(ROOT / "pyproject.toml", source)
+    shutil.copy(ROOT / "README.md", source)
+    shutil.copytree(ROOT / "kiln", source / "kiln", ignore=shutil.ignore_patterns("__pycache__"))
+    dump = source / "kiln_debug" / "run0" / "graph0"  # what a demo run with KILN_DEBUG=1 leaves behind
+    dump.mkdir(parents=True)
+    (dump / "kernel_k0.py").write_text("x = 1\n")
+    wheels = tmp_path / "wheels"
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                             "--disable-pip-version-check", "-w", str(wheels), str(source)],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    (wheel,) = wheels.glob("kiln-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    outside = sorted({name.split("/")[0] for name in names} - {"kiln", f"{wheel.name.split('-py')[0]}.dist-info"})
+    assert not outside, f"the wheel holds more than kiln/: {outside}"
+    assert "kiln/api.py" in names and "kiln/frontend/__init__.py" in names
+    (metadata,) = [name for name in names if name.endswith(".dist-info/METADATA")]
+    requirements = [line for line in zipfile.ZipFile(wheel).read(metadata).decode().splitlines()
+                    if line.startswith("Requires-Dist:")]
+    assert not [line for line in requirements if "triton" in line], requirements
+    assert any("torch" in line for line in requirements)
