@@ -303,3 +303,21 @@ def test_wheel_holds_kiln_only_and_does_not_pin_triton(tmp_path):
                     if line.startswith("Requires-Dist:")]
     assert not [line for line in requirements if "triton" in line], requirements
     assert any("torch" in line for line in requirements)
+
+
+@pytest.mark.xfail(strict=True, raises=AssertionError,
+                   reason="torch.distributed.checkpoint's _get_fqns expects every key under an OptimizedModule to "
+                          "go through '_orig_mod.' (torch's key prefix); kiln's wrapper is an OptimizedModule (for "
+                          "Accelerate's unwrapping) with the plain model's keys, so get_model_state_dict(compiled) "
+                          "asserts. get_model_state_dict(compiled._orig_mod) works")
+def test_distributed_checkpoint_state_dict_of_a_compiled_module():
+    import torch.distributed as dist
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    model = _block()
+    assert list(get_model_state_dict(model)) == list(model.state_dict())  # the workaround: the original module
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert list(get_model_state_dict(kiln.compile(model, backend="eager"))) == list(model.state_dict())
+    finally:
+        dist.destroy_process_group()
