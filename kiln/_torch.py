@@ -19,13 +19,29 @@ aten = torch.ops.aten
 
 
 def register_dynamo_backend(name: str, fn) -> None:
-    """Make `torch.compile(backend=name)` find `fn` (idempotent)."""
+    """Make `torch.compile(backend=name)` find `fn`; idempotent, whatever was imported first.
+
+    torch registers a backend declared as a `torch_dynamo_backends` entry point itself, the first
+    time a compile asks for it: it loads the entry point (importing kiln, which calls this) and then
+    registers what it loaded, asserting the name is not registered yet. So a name torch has
+    discovered as an entry point is left to torch; any other name is registered here, once.
+    """
     from torch._dynamo.backends.registry import _BACKENDS, _COMPILER_FNS, register_backend
 
-    if name in _COMPILER_FNS:
+    if name in _COMPILER_FNS or _BACKENDS.get(name) is not None:
         return
-    _BACKENDS.pop(name, None)
     register_backend(compiler_fn=fn, name=name)
+
+
+def compiled_module_base() -> type:
+    """torch.compile's module wrapper class (TorchDynamo's OptimizedModule), which kiln's subclasses: tools
+    that unwrap a compiled module by `isinstance` (Accelerate's `unwrap_model`, Transformers, Lightning)
+    then unwrap kiln's too. nn.Module where this torch has no such class."""
+    try:
+        from torch._dynamo.eval_frame import OptimizedModule
+    except ImportError:
+        return torch.nn.Module
+    return OptimizedModule
 
 
 def dynamo_reset() -> None:

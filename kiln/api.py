@@ -13,11 +13,11 @@ from typing import Any, Callable
 
 import torch
 
-from kiln import backend as _backend
+from kiln import _torch, backend as _backend
 from kiln.config import config
 
 log = logging.getLogger("kiln")
-MODES = ("default", "reduce-overhead", "max-autotune")
+MODES = _backend.MODES
 
 
 def list_backends() -> list[str]:
@@ -25,44 +25,46 @@ def list_backends() -> list[str]:
     return list(_backend.LADDER)
 
 
-@functools.lru_cache(maxsize=None)
-def _warn_mode_not_implemented(mode: str) -> None:
-    """Once: autotuning ("max-autotune") is not built yet."""
-    log.warning("kiln.compile(mode=%r): not implemented yet; kiln compiles as in mode='default' "
-                "(correct results, without autotuning)", mode)
-
-
-def compile(fn_or_module=None, *, mode: str = "default", fullgraph: bool = False,
-            backend: str = "kiln", dynamic: bool | None = None):
+def compile(model=None, *, fullgraph: bool = False, dynamic: bool | None = None,
+            backend: str | Callable = "kiln", mode: str | None = None, options: dict | None = None,
+            disable: bool = False):
     """Compile a function or module with kiln; usable as `@kiln.compile` or `@kiln.compile(...)`.
 
-    mode: "default"; "reduce-overhead": inference graphs on CUDA replay through CUDA graphs
-        (kiln/runtime/cudagraphs.py: a result stays valid until the next call, which first checks
-        that no earlier result is still referenced, else runs without the graph);
-        "max-autotune": not built yet, runs as "default".
+    Takes torch.compile's arguments:
     fullgraph: raise instead of running unsupported code eagerly.
-    backend: one of `kiln.list_backends()`.
     dynamic: None (static first, dynamic after a shape change), True or False.
+    backend: a rung of `kiln.list_backends()`, or a callable `backend(gm, example_inputs) -> callable`
+        (torch.compile's backend contract) that compiles each graph kiln's frontend captures.
+    mode: "default" (None means it); "reduce-overhead": inference graphs on CUDA replay through
+        CUDA graphs (kiln/runtime/cudagraphs.py: a result stays valid until the next call, which
+        first checks that no earlier result is still referenced, else runs without the graph);
+        "max-autotune": not built yet, runs as "default" (with a warning).
+    options: kiln.config options ({"cpu_backend": "triton", ...}, see `kiln.config.describe()`),
+        in force while this model's graphs are captured, compiled and run; an unknown name raises.
+    disable: True returns `model` itself, uncompiled (as torch.compile does).
     """
-    if fn_or_module is None:
-        return functools.partial(compile, mode=mode, fullgraph=fullgraph, backend=backend, dynamic=dynamic)
-    if mode not in MODES:
-        raise ValueError(f"kiln.compile: unknown mode {mode!r}; choose one of {MODES}")
-    if backend not in _backend.LADDER:
-        raise ValueError(f"kiln.compile: unknown backend {backend!r}; choose one of {list_backends()}")
-    if mode == "max-autotune":
-        _warn_mode_not_implemented(mode)
-    graph_compiler = _backend.graph_compiler(backend, mode=mode, fullgraph=fullgraph)
-    if _is_ddp(fn_or_module):
-        inner = _capture(fn_or_module.module.forward, graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
-        return OptimizedModule(fn_or_module, _DistributedCall(fn_or_module, inner))
-    if isinstance(fn_or_module, torch.nn.Module):
-        compiled = _capture(fn_or_module, graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
-        return OptimizedModule(fn_or_module, compiled)
-    if not callable(fn_or_module):
-        raise TypeError(f"kiln.compile expects a function or nn.Module, got {type(fn_or_module).__name__}")
-    compiled = _capture(fn_or_module, graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
-    return functools.wraps(fn_or_module)(compiled)
+    if model is None:
+        return functools.partial(compile, fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode,
+                                 options=options, disable=disable)
+    mode = _backend.checked_mode(mode, "kiln.compile")
+    options = config.checked(options or {})
+    if not (callable(backend) or backend in _backend.LADDER):
+        raise ValueError(f"kiln.compile: unknown backend {backend!r}; choose one of {list_backends()}, "
+                         f"or pass a callable backend(gm, example_inputs) -> callable")
+    if disable:
+        return model
+    if not callable(model):
+        raise TypeError(f"kiln.compile expects a function or nn.Module, got {type(model).__name__}")
+    graph_compiler = backend if callable(backend) else _backend.graph_compiler(backend, mode=mode, fullgraph=fullgraph)
+    with config.patch(**options):  # the frontend reads options (graph_breaks, frontend) when it is built too
+        if _is_ddp(model):
+            inner = _capture(model.module.forward, graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
+            return OptimizedModule(model, _backend.run_with_options(_DistributedCall(model, inner), options))
+        compiled = _backend.run_with_options(_capture(model, graph_compiler, fullgraph=fullgraph, dynamic=dynamic),
+                                             options)
+    if isinstance(model, torch.nn.Module):
+        return OptimizedModule(model, compiled)
+    return functools.wraps(model)(compiled)
 
 
 def _capture(fn: Callable, graph_compiler: Callable, *, fullgraph: bool, dynamic: bool | None) -> Callable:
@@ -122,27 +124,55 @@ class _DistributedCall:
         return getattr(self.compiled_forward, "entries", [])
 
 
-class OptimizedModule(torch.nn.Module):
+class OptimizedModule(_torch.compiled_module_base()):
     """A compiled module that *is* the original for everything but calling.
 
-    Parameters, buffers, `state_dict`, `train()/eval()` and attributes are the original
-    module's (shared, not copied); only `__call__` goes through the compiled program.
+    Parameters, buffers, `state_dict` (its keys are the original's, no `_orig_mod.` prefix),
+    `train()/eval()` and attributes are the original module's (shared, not copied); only
+    `__call__` goes through the compiled program. Like torch.compile's wrapper, whose class it
+    subclasses (so tools that unwrap that, such as Accelerate's `unwrap_model`, unwrap this),
+    it holds the original as `_orig_mod`, sets class attributes (`__class__`, as FSDP2's
+    `fully_shard` does) on itself and any other attribute on the original. Hooks registered on
+    the wrapper itself (FSDP2's) run around the compiled call.
     """
 
     _DELEGATED = ("state_dict", "load_state_dict", "named_parameters", "named_buffers", "parameters",
-                  "buffers", "named_modules", "modules", "children", "named_children", "train", "eval",
+                  "buffers", "children", "named_children", "train", "eval",
                   "to", "cuda", "cpu", "half", "float", "bfloat16", "requires_grad_", "zero_grad", "apply")
+    _OWN = frozenset(("_orig_mod", "_compiled_call", "_super_module_initialized"))
 
     def __init__(self, module: torch.nn.Module, compiled_call: Callable):
-        super().__init__()
+        # Not torch's OptimizedModule.__init__, which would compile with TorchDynamo. Its `training`
+        # property reads `_super_module_initialized` when nn.Module's __init__ sets `training`.
         object.__setattr__(self, "_orig_mod", module)
         object.__setattr__(self, "_compiled_call", compiled_call)
+        object.__setattr__(self, "_super_module_initialized", False)
+        torch.nn.Module.__init__(self)
+        object.__setattr__(self, "_super_module_initialized", True)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        return self._compiled_call(*args, **kwargs)
+        state = object.__getattribute__(self, "__dict__")
+        if state["_forward_pre_hooks"] or state["_forward_hooks"] or state["_backward_pre_hooks"] \
+                or state["_backward_hooks"]:
+            return torch.nn.Module.__call__(self, *args, **kwargs)  # the hooks, then self.forward
+        return state["_compiled_call"](*args, **kwargs)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._compiled_call(*args, **kwargs)
+
+    def named_modules(self, memo: set | None = None, prefix: str = "", remove_duplicate: bool = True):
+        """The wrapper itself, then the original's modules, all under the original's names (the wrapper and
+        the original both under `prefix`): state that tools keep on the wrapper (FSDP2's) is found from it."""
+        memo = set() if memo is None else memo
+        if self not in memo or not remove_duplicate:
+            if remove_duplicate:
+                memo.add(self)
+            yield prefix, self
+        yield from self._orig_mod.named_modules(memo, prefix, remove_duplicate)
+
+    def modules(self):
+        for _, module in self.named_modules():
+            yield module
 
     def __getattribute__(self, name: str) -> Any:
         if name in OptimizedModule._DELEGATED:
@@ -159,7 +189,18 @@ class OptimizedModule(torch.nn.Module):
         return getattr(object.__getattribute__(self, "_orig_mod"), name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self._orig_mod, name, value)
+        if name in OptimizedModule._OWN:
+            object.__setattr__(self, name, value)  # not nn.Module's: `_orig_mod` is no submodule (no key prefix)
+        elif hasattr(type(self), name):  # `__class__`, `forward`, `training` (torch's property: the original's)
+            torch.nn.Module.__setattr__(self, name, value)
+        else:
+            setattr(self._orig_mod, name, value)
+
+    def __delattr__(self, name: str) -> None:
+        if name in OptimizedModule._OWN or hasattr(type(self), name):
+            torch.nn.Module.__delattr__(self, name)
+        else:
+            delattr(self._orig_mod, name)
 
     def __repr__(self) -> str:
         return f"kiln.OptimizedModule({self._orig_mod!r})"

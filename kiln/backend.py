@@ -33,6 +33,7 @@ from kiln.errors import KilnCompileError
 log = logging.getLogger("kiln")
 
 LADDER = ("eager", "aot_eager", "kiln")
+MODES = ("default", "reduce-overhead", "max-autotune")
 
 # What names one graph, times its stages and writes its KILN_DEBUG dumps: `factory(gm)` returns an
 # object with `name`, `timings` ({stage: seconds}), `stage(name)` (a context manager that times one
@@ -49,13 +50,56 @@ def set_stage_recorder(factory: Callable) -> None:
     _stage_recorder_factory = factory
 
 
-__all__ = ["KilnCompileError", "LADDER", "compile_aten_graph", "compile_graph", "graph_compiler", "register",
-           "set_stage_recorder"]
+__all__ = ["KilnCompileError", "LADDER", "MODES", "checked_mode", "compile_aten_graph", "compile_graph",
+           "graph_compiler", "register", "run_with_options", "set_stage_recorder"]
 
 
-def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str = "default",
-                  fullgraph: bool = False) -> Callable:
-    """kiln's backend: compile one torch-level FX graph into a callable."""
+def checked_mode(mode: str | None, caller: str) -> str:
+    """`mode` (None: "default") if it is one of MODES, else ValueError listing them; "max-autotune" warns once."""
+    mode = "default" if mode is None else mode
+    if mode not in MODES:
+        raise ValueError(f"{caller}: unknown mode {mode!r}; choose one of {MODES}")
+    if mode == "max-autotune":
+        _warn_mode_not_implemented(mode)
+    return mode
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_mode_not_implemented(mode: str) -> None:
+    """Once: autotuning ("max-autotune") is not built yet."""
+    log.warning("kiln: mode=%r is not implemented yet; kiln compiles as in mode='default' "
+                "(correct results, without autotuning)", mode)
+
+
+def run_with_options(compiled: Callable, options: dict) -> Callable:
+    """`compiled`, each call of which runs with the kiln.config `options` in force (itself when there are none);
+    the wrapper keeps `compiled`'s attributes (`_boxed_call`, a dispatcher's `entries`)."""
+    if not options:
+        return compiled
+
+    @functools.wraps(compiled)
+    def call(*args, **kwargs):
+        with config.patch(**options):
+            return compiled(*args, **kwargs)
+
+    return call
+
+
+def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str | None = "default",
+                  fullgraph: bool = False, options: dict | None = None) -> Callable:
+    """kiln's backend: compile one torch-level FX graph into a callable.
+
+    `torch.compile(model, backend="kiln", mode=..., options=...)` passes its mode and options here:
+    `options` are kiln.config options (an unknown name raises listing the valid ones), in force while
+    this graph compiles and each time it runs.
+    """
+    mode = checked_mode(mode, "kiln backend")
+    options = config.checked(options or {})
+    with config.patch(**options):
+        return run_with_options(_compile_graph(gm, example_inputs, mode, fullgraph), options)
+
+
+def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str, fullgraph: bool) -> Callable:
     from kiln.aot import aot_compile
 
     try:
@@ -186,7 +230,8 @@ def graph_compiler(backend: str, *, mode: str = "default", fullgraph: bool = Fal
 
 
 def register() -> None:
-    """`torch.compile(backend="kiln")` (and kiln_eager, kiln_aot_eager) after `import kiln`."""
+    """`torch.compile(backend="kiln")` (and kiln_eager, kiln_aot_eager) after `import kiln`; idempotent,
+    and left to torch for a name it found as a `torch_dynamo_backends` entry point (pyproject.toml)."""
     _torch.register_dynamo_backend("kiln", compile_graph)
     _torch.register_dynamo_backend("kiln_eager", _eager_backend)
     _torch.register_dynamo_backend("kiln_aot_eager", _aot_eager_backend)

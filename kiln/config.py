@@ -14,7 +14,20 @@ from __future__ import annotations
 import contextlib
 import os
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+# KILN_LOGS topics: each turns on one focused log (logging.getLogger("kiln")).
+LOG_TOPICS = ("graph_breaks", "recompiles", "guards", "kernels", "perf")
+
+
+def _log_topics(value: str) -> str:
+    """`value` as a comma-separated list of known topics (spaces and empty items dropped), or ValueError."""
+    topics = [topic.strip() for topic in value.split(",") if topic.strip()]
+    unknown = [topic for topic in topics if topic not in LOG_TOPICS]
+    if unknown:
+        raise ValueError(f"unknown log topic(s) {', '.join(map(repr, unknown))}; "
+                         f"valid topics: {', '.join(LOG_TOPICS)} (comma-separated)")
+    return ",".join(topics)
 
 
 @dataclass(frozen=True)
@@ -23,6 +36,7 @@ class Option:
     type: type
     default: Any
     help: str
+    normalize: Callable[[Any], Any] | None = None  # checks a value (ValueError saying what is valid), returns it normalized
 
     @property
     def env_var(self) -> str:
@@ -33,6 +47,21 @@ class Option:
             return text.strip().lower() not in ("", "0", "false", "no", "off")
         return self.type(text)
 
+    def check(self, value: Any, *, check_type: bool = True) -> Any:
+        """`value` if this option accepts it (normalized), else TypeError or ValueError saying what it takes.
+        check_type=False (setting `kiln.config.<name>`) checks only what `normalize` checks."""
+        accepted = {float: (int, float), str: (str, os.PathLike)}.get(self.type, (self.type,))
+        if check_type and (not (isinstance(value, accepted) or (value is None and self.default is None))
+                           or (isinstance(value, bool) and self.type is not bool)):
+            raise TypeError(f"kiln.config.{self.name} takes a {self.type.__name__}"
+                            f"{' or None' if self.default is None else ''}, got {value!r}")
+        if self.normalize is not None and value is not None:
+            try:
+                value = self.normalize(value)
+            except ValueError as error:
+                raise ValueError(f"kiln.config.{self.name} ({self.env_var}): {error}") from None
+        return value
+
 
 OPTIONS = [
     Option("strict", bool, False, "raise on any compile failure instead of running the graph eagerly"),
@@ -40,7 +69,7 @@ OPTIONS = [
     Option("debug_dir", str, "kiln_debug", "where KILN_DEBUG dumps go"),
     Option("report", str, "", "write one browsable HTML page of everything kiln compiled in this process into this "
                                "folder at exit (kiln/debug/html_report.py, `kiln report`); empty: off"),
-    Option("logs", str, "", "comma-separated focused logs: graph_breaks,recompiles,guards,kernels,perf"),
+    Option("logs", str, "", "comma-separated focused logs: " + ",".join(LOG_TOPICS), normalize=_log_topics),
     Option("cache_dir", str, os.path.join(os.path.expanduser("~"), ".cache", "kiln"),
            "on-disk cache of generated kernels"),
     Option("cpu_backend", str, "cpp", "kernels for CPU tensors: 'cpp' (C++/OpenMP, kiln/codegen/cpp.py) "
@@ -106,7 +135,7 @@ class _Config:
         values = {}
         for option in OPTIONS:
             text = os.environ.get(option.env_var)
-            values[option.name] = option.default if text is None else option.parse(text)
+            values[option.name] = option.default if text is None else option.check(option.parse(text))
         object.__setattr__(self, "_values", values)
 
     def __getattr__(self, name: str) -> Any:
@@ -118,7 +147,18 @@ class _Config:
     def __setattr__(self, name: str, value: Any) -> None:
         if name not in _BY_NAME:
             raise AttributeError(f"kiln.config has no option {name!r}; options: {sorted(_BY_NAME)}")
-        self._values[name] = value
+        self._values[name] = _BY_NAME[name].check(value, check_type=False)
+
+    def checked(self, options: dict) -> dict:
+        """`options` (name -> value, as `kiln.compile(options=...)` takes them) checked and normalized:
+        an unknown name raises listing the valid ones, a wrong value says what the option takes."""
+        if not isinstance(options, dict):
+            raise TypeError(f"kiln: options must be a dict of kiln.config options, got {type(options).__name__}")
+        unknown = sorted(name for name in options if name not in _BY_NAME)
+        if unknown:
+            raise ValueError(f"kiln: unknown option(s) {', '.join(map(repr, unknown))}; valid options: "
+                             f"{', '.join(sorted(_BY_NAME))} (kiln.config.describe() says what each does)")
+        return {name: _BY_NAME[name].check(value) for name, value in options.items()}
 
     @contextlib.contextmanager
     def patch(self, **changes: Any) -> Iterator[None]:

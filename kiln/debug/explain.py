@@ -9,7 +9,7 @@ and records, without changing what runs:
 - every warning kiln logged meanwhile (fallbacks, recompiles).
 
     report = kiln.explain(model, input_ids)
-    print(report)              # readable text; fields are plain data for tools
+    print(report)              # readable text, summary first, guards last; fields are plain data for tools
 """
 from __future__ import annotations
 
@@ -84,18 +84,33 @@ class ExplainReport:
     def eager_frames(self) -> list:
         return [frame for frame in self.frames if frame.eager_reason is not None]
 
+    @property
+    def kernel_count(self) -> int:
+        return sum(graph.kernels or 0 for graph in self.graphs)
+
+    @property
+    def fallback_graphs(self) -> list:
+        return [graph for graph in self.graphs if graph.fallback is not None]
+
     def __str__(self) -> str:
-        lines = [f"kiln.explain: {len(self.frames)} frame(s), {len(self.graphs)} graph(s), "
-                 f"{len(self.breaks)} graph break(s), first call {self.first_call_seconds:.2f} s"]
-        for frame in self.frames:
-            lines += frame.lines()
+        """The summary first (counts, breaks, graphs, eager frames, warnings), the guard functions last:
+        a model's guards run to hundreds of lines."""
+        lines = [f"kiln.explain: {len(self.graphs)} graph(s), {len(self.breaks)} graph break(s), "
+                 f"{self.kernel_count} kernel(s), {len(self.fallback_graphs)} graph(s) run eagerly, "
+                 f"{len(self.frames)} frame(s) ({len(self.eager_frames)} run eagerly), "
+                 f"first call {self.first_call_seconds:.2f} s"]
         for graph_break in self.breaks:
             lines += graph_break.lines()
         for graph in self.graphs:
             lines += graph.lines()
+        for frame in self.eager_frames:
+            lines += frame.lines()
         if self.warnings:
             lines.append("warnings:")
             lines += ["  " + warning for warning in self.warnings]
+        for number, frame in enumerate(self.frames):
+            if frame.eager_reason is None:
+                lines += [f"frame {number}: " + frame.lines()[0]] + frame.lines()[1:]
         return "\n".join(lines)
 
 

@@ -56,3 +56,22 @@ def test_explain_reports_frames_graphs_kernels_and_fallbacks():
     report = kiln.explain(raises, torch.randn(3))
     assert report.graph_count == 0 and "print()" in report.frames[0].eager_reason
     assert any("runs eagerly" in warning for warning in report.warnings)
+
+
+def test_explain_leads_with_the_summary_and_ends_with_the_guards():
+    def two_graphs(x, w):
+        y = torch.relu(x @ w)
+        print("side effect", y.sum())  # a graph break: two graphs, two frames with guards
+        return y * 2
+
+    report = kiln.explain(two_graphs, torch.randn(4, 8), torch.randn(8, 3))
+    text = str(report)
+    lines = text.splitlines()
+    assert lines[0].startswith("kiln.explain: 2 graph(s), 1 graph break(s), ")
+    assert f"{report.kernel_count} kernel(s), 0 graph(s) run eagerly" in lines[0] and report.kernel_count >= 2
+    first_guard = next(number for number, line in enumerate(lines) if "guard function" in line)
+    assert any("graph break in" in line for line in lines[:first_guard])
+    assert sum("ATen nodes ->" in line for line in lines[:first_guard]) == 2
+    tail = lines[first_guard:]  # the guard functions, and nothing else, come last
+    assert sum(line.endswith("guard function:") for line in tail) == 2
+    assert all(line.startswith("  ") or line.endswith("guard function:") for line in tail), tail
