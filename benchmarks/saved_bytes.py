@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     env = report.environment("cpu", REPO_ROOT, command)
     lines = ["# Forward outputs of a training step (model outputs + values saved for the backward), by partitioner",
              "", *(f"- {key}: {value}" for key, value in env.items() if value is not None),
-             f"- method: {__doc__.split(chr(10) + chr(10))[1].replace(chr(10), ' ')}", "",
+             f"- method: {__doc__.split(chr(10) + chr(10))[2].replace(chr(10), ' ')}", "",
              "| model | partitioner | forward outputs | MB | loss |", "|---|---|---:|---:|---:|"]
     for name in [model.strip() for model in args.models.split(",") if model.strip()]:
         for partitioner in PARTITIONERS:
