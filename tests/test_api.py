@@ -29,6 +29,20 @@ import kiln
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
+def _kiln_entry_point_installed() -> bool:
+    import importlib.metadata
+
+    return any(ep.name == "kiln" for ep in importlib.metadata.entry_points(group="torch_dynamo_backends"))
+
+
+# The registration tests need kiln installed (scripts/env.sh installs it editable): the entry point is
+# package metadata. An interpreter where it is not (a GPU machine's Python running the tree with PYTHONPATH)
+# skips them, saying why, rather than fail on what it does not test.
+needs_entry_point = pytest.mark.skipif(not _kiln_entry_point_installed(),
+                                       reason="kiln is not installed in this interpreter (no torch_dynamo_backends "
+                                              "entry point): `pip install -e .` or scripts/env.sh installs it")
+
+
 def _fresh_python(code: str, cwd: pathlib.Path, **env: str) -> subprocess.CompletedProcess:
     """Run `code` in a new interpreter that imports this checkout's kiln (PYTHONPATH), from `cwd`."""
     environment = {**os.environ, "PYTHONPATH": str(ROOT), **env}
@@ -50,6 +64,7 @@ _RESOLVES_HERE = """
 """
 
 
+@needs_entry_point
 def test_the_installed_entry_point_resolves_to_this_checkouts_kiln(tmp_path):
     result = _fresh_python(_RESOLVES_HERE.format(init=str(ROOT / "kiln" / "__init__.py")), tmp_path)
     assert result.returncode == 0, result.stderr
@@ -100,6 +115,7 @@ _CASES = {
 }
 
 
+@needs_entry_point
 @pytest.mark.parametrize("order", list(_CASES))
 def test_backends_register_exactly_once_whatever_is_imported_first(order, tmp_path):
     result = _fresh_python(_CASES[order], tmp_path)
