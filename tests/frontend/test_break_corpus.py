@@ -228,7 +228,6 @@ _SPECIALIZED = "a value that differs between the trace's calls (a new function o
 _MORE_GRAPHS = "a break inside a loop, or per call site, makes a graph per iteration where Dynamo skips the frame"
 _WHOLE = "Dynamo traces this construct into one graph; kiln breaks there"
 KNOWN_GAPS = {
-    "perf_counter_between_ops": _SPECIALIZED,
     "getframe_has_a_caller": _FRAMES,
     "class_defined_in_function": _SPECIALIZED,
     "raise_and_catch_in_the_middle": "raising and catching inside the trace",
@@ -244,7 +243,6 @@ KNOWN_GAPS = {
     "unsupported_call_in_an_enumerate_loop": "a lazy iterator live across a break",
     "break_in_a_closure": _CELLS,
     "break_in_a_lambda": _SPECIALIZED,
-    "break_in_a_helper_with_keywords": _SPECIALIZED,
     "break_in_each_block_of_a_module_list": _MORE_GRAPHS,
     "printing_block_in_a_sequential": _MORE_GRAPHS,
     "module_list_compiled_directly": _MORE_GRAPHS,

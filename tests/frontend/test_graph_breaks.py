@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 
 import pytest
 import torch
@@ -340,6 +341,47 @@ def test_a_resume_function_is_shared_by_recompiles():
     assert len(compiled._resumes) == 1
     (resumed,) = compiled._resumes.values()
     assert len(resumed.entries) == 2 and len(graphs) == 4
+
+
+def drops_a_clock_reading(x):
+    a = x.sin()
+    time.perf_counter()  # a new float on every call, popped unread by the resumed code
+    return a * 2
+
+
+def branches_before_reading_a_float(x, scale):
+    if x.sum() > 0:  # the break comes before `scale` is read: the resume function takes it as a live local
+        return x * scale
+    return x - scale
+
+
+def test_an_argument_the_trace_only_passes_on_is_not_guarded():
+    compiled, graphs = _compile(drops_a_clock_reading)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), drops_a_clock_reading(x))
+    captures = stats.captures
+    torch.testing.assert_close(compiled(x), drops_a_clock_reading(x))
+    assert stats.captures == captures and len(graphs) == 2
+
+    compiled, graphs = _compile(branches_before_reading_a_float)
+    x = torch.ones(3)
+    torch.testing.assert_close(compiled(x, 2.0), x * 2.0)
+    assert len(compiled.entries) == 1 and "scale:" not in compiled.entries[0].guard_source
+    for scale in (0.5, 3.0, 0.5):
+        torch.testing.assert_close(compiled(x, scale), x * scale)  # the resume function reads it: guarded there
+        torch.testing.assert_close(compiled(-x, scale), -x - scale)
+    assert len(compiled.entries) == 1  # the frame up to the break never read `scale`
+
+
+def test_an_argument_the_trace_reads_is_guarded_by_value():
+    def flagged(x, flag, scale):
+        os.getpid()
+        return x * scale if flag else x
+
+    compiled, _ = _compile(flagged)
+    x = torch.randn(3)
+    for flag, scale in ((True, 2), (False, 2), (True, 3), (True, 2)):
+        torch.testing.assert_close(compiled(x, flag, scale), flagged(x, flag, scale))
 
 
 # --------------------------------------------------------------------------- what breaks instead of dropping the frame
