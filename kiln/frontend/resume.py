@@ -313,8 +313,49 @@ def compiled_callee(make_dispatcher: Callable, fn: Any) -> tuple[Any, Any]:
         return fn, None
     dispatcher = compiled.get(make_dispatcher)
     if dispatcher is None:
-        dispatcher = compiled[make_dispatcher] = make_dispatcher(target)
+        dispatcher = _equivalent_callee(make_dispatcher, target) or make_dispatcher(target)
+        compiled[make_dispatcher] = dispatcher
     return dispatcher, receiver
+
+
+# code object -> [(make_dispatcher, dispatcher)]: callees shared by functions that behave the same
+_callees_by_code: "weakref.WeakKeyDictionary[types.CodeType, list]" = weakref.WeakKeyDictionary()
+_SHARED_PER_CODE = 8  # past this many (defaults made anew on each call), each function gets its own
+
+
+def _equivalent_callee(make_dispatcher: Callable, target: Any) -> Any:
+    """The dispatcher of another function that runs exactly as `target` does, else None (and `target`'s, once
+    made, is offered to the next one).
+
+    A lambda or a function defined in the caller is a new object on each call of the caller; compiling each
+    through a dispatcher of its own would trace it again on every call. A function without closure cells is
+    determined by its code, globals, builtins and defaults (its name and attributes are not visible to its
+    own frame), so a dispatcher made for one such function runs any other.
+    """
+    if not isinstance(target, types.FunctionType) or target.__code__.co_freevars:
+        return None
+    shared = _callees_by_code.setdefault(target.__code__, [])
+    for maker, dispatcher in shared:
+        if maker is make_dispatcher and _same_function_behaviour(dispatcher.fn, target):
+            return dispatcher
+    if len(shared) < _SHARED_PER_CODE:
+        dispatcher = make_dispatcher(target)
+        shared.append((make_dispatcher, dispatcher))
+        return dispatcher
+    return None
+
+
+def _same_function_behaviour(function: types.FunctionType, other: types.FunctionType) -> bool:
+    """Whether two closure-free functions run the same: same code, globals, builtins, and the same default objects."""
+    if function.__code__ is not other.__code__ or function.__globals__ is not other.__globals__ or \
+            function.__builtins__ is not other.__builtins__ or function.__defaults__ is not other.__defaults__ or \
+            function.__closure__ is not None:
+        return False
+    kwdefaults, other_kwdefaults = function.__kwdefaults__, other.__kwdefaults__
+    if kwdefaults is None or other_kwdefaults is None:
+        return kwdefaults is other_kwdefaults
+    return len(kwdefaults) == len(other_kwdefaults) and all(
+        name in other_kwdefaults and other_kwdefaults[name] is value for name, value in kwdefaults.items())
 
 
 def call_compiled(make_dispatcher: Callable, fn: Any, /, *args: Any, **kwargs: Any) -> Any:

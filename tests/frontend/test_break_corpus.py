@@ -242,14 +242,11 @@ KNOWN_GAPS = {
     "assert_on_a_tensor": _WHOLE,
     "unsupported_call_in_an_enumerate_loop": "a lazy iterator live across a break",
     "break_in_a_closure": _CELLS,
-    "break_in_a_lambda": _SPECIALIZED,
     "break_in_each_block_of_a_module_list": _MORE_GRAPHS,
     "printing_block_in_a_sequential": _MORE_GRAPHS,
     "module_list_compiled_directly": _MORE_GRAPHS,
     "closure_live": _CELLS,
     "set_and_frozenset_live": _WHOLE,
-    "module_and_lambda_live": _SPECIALIZED,
-    "break_inside_keyword_arguments": _SPECIALIZED,
     "break_inside_a_list_comprehension": "a comprehension's iterator live across a break",
     "generator_breaks_in_its_body_consumer_breaks_early": _GENERATOR,
     "next_on_a_generator_with_a_break": _GENERATOR,
@@ -264,13 +261,11 @@ KNOWN_GAPS = {
     "inference_mode_around_a_break": "inference_mode is not modelled",
 }
 # A break inside a list comprehension over `.tolist()`: before Python 3.12 the comprehension is a function
-# of its own (its iterator lives across the break, or its code object is new on each call); 3.12 inlines
-# comprehensions (PEP 709) and kiln meets Dynamo's bounds on them.
+# of its own, made anew on each call (its compiled callee is shared by its code, resume.py), whose iterator
+# lives across the break; 3.12 inlines comprehensions (PEP 709) and kiln meets Dynamo's bounds on them.
 if sys.version_info < (3, 12):
     KNOWN_GAPS.update({
         "tolist_of_indices_picks_rows": "a comprehension's iterator live across a break (Python < 3.12)",
-        "tolist_in_a_loop_over_dict_items": _SPECIALIZED + " (a comprehension's function, Python < 3.12)",
-        "tolist_in_a_module_forward": _SPECIALIZED + " (a comprehension's function, Python < 3.12)",
     })
 
 

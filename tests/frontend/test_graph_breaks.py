@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+import types
 
 import pytest
 import torch
@@ -382,6 +383,46 @@ def test_an_argument_the_trace_reads_is_guarded_by_value():
     x = torch.randn(3)
     for flag, scale in ((True, 2), (False, 2), (True, 3), (True, 2)):
         torch.testing.assert_close(compiled(x, flag, scale), flagged(x, flag, scale))
+
+
+def breaks_in_a_lambda_it_defines(x):
+    scale = lambda t: t * t.abs().max().item()  # noqa: E731  (a new function object on every call)
+    return scale(x).sin() + scale(x + 1)
+
+
+def _breaks_with_a_default(t, k=2.0):
+    return t * t.abs().max().item() * k
+
+
+def test_a_function_defined_in_the_compiled_code_is_compiled_once_for_all_its_objects():
+    compiled, graphs = _compile(breaks_in_a_lambda_it_defines)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), breaks_in_a_lambda_it_defines(x))
+    captures, graph_count = stats.captures, len(graphs)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), breaks_in_a_lambda_it_defines(x))
+    assert stats.captures == captures and len(graphs) == graph_count
+
+
+def test_callees_are_shared_only_by_functions_that_run_the_same():
+    _, backend = _counting()
+
+    def make_dispatcher(fn):
+        return Dispatcher(fn, backend)
+
+    def function(defaults, fn_globals=None):
+        return types.FunctionType(_breaks_with_a_default.__code__, fn_globals or globals(), "f", defaults)
+
+    defaults = (2.0,)
+    first, _ = resume.compiled_callee(make_dispatcher, function(defaults))
+    assert resume.compiled_callee(make_dispatcher, function(defaults))[0] is first
+    others = [function(tuple([2.0])), function(defaults, dict(globals())), with_closure(2.0)]
+    for other in others:  # other default objects, other globals, closure cells
+        assert resume.compiled_callee(make_dispatcher, other)[0] is not first
+    x = torch.randn(3)
+    for k in (2.0, 3.0):
+        fn = function((k,))
+        torch.testing.assert_close(resume.call_compiled(make_dispatcher, fn, x), fn(x))
 
 
 # --------------------------------------------------------------------------- what breaks instead of dropping the frame

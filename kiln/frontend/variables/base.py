@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+from types import FunctionType
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -332,10 +333,22 @@ def is_same(left: Variable, right: Variable) -> bool:
     """Python `is`."""
     if left is right:
         return True
+    for one, other in ((left, right), (right, left)):
+        # A function is never an immutable constant (`callback is None`): decided without the function's
+        # identity, which a function argument guards only once the trace depends on it.
+        if isinstance(one, ConstantVariable) and _is_function_tracker(other):
+            return False
     a, b = left.identity(), right.identity()
     if a is left or b is right:
         return False  # one side is a fresh tracker (new list, tensor): identical only to itself
     return a is b
+
+
+def _is_function_tracker(variable: Variable) -> bool:
+    try:
+        return variable.python_type() is FunctionType
+    except Unsupported:
+        return False
 
 
 def lookup_class_attribute(cls: type, name: str) -> tuple[Any, type | None]:
