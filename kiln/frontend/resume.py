@@ -144,14 +144,34 @@ def protected(code: types.CodeType, index: int) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=1024)
 def resumable(code: types.CodeType) -> str | None:
     """None if a frame of `code` can be resumed by a generated function, else why not."""
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
                         inspect.CO_ITERABLE_COROUTINE):
         return f"{code.co_qualname} is a generator or coroutine"
     if code.co_cellvars:
-        return f"{code.co_qualname} has variables captured by inner functions ({', '.join(code.co_cellvars)})"
+        # A resume function takes the frame's cells as its closure; a cell made or read as a plain local past
+        # the prologue (3.12's inlined comprehensions: MAKE_CELL, LOAD_FAST_AND_CLEAR of a cell) has no such form.
+        body = bytecode.decode(code).instructions
+        first = 0
+        while first < len(body) and body[first].opname in _PROLOGUE_OPS:
+            first += 1
+        for instruction in body[first:]:
+            if instruction.opname == "MAKE_CELL" or (instruction.opname in _FAST_OPS and
+                                                     set(_names(instruction)) & set(code.co_cellvars)):
+                return f"{code.co_qualname} makes or reads a captured variable as a plain local ({instruction.opname})"
     return None
+
+
+def closure_function(code: types.CodeType, fn_globals: dict, cells: tuple) -> types.FunctionType:
+    """A resume function over these cells (the entry makes one per call; one dispatcher runs them all)."""
+    return types.FunctionType(code, fn_globals, code.co_name, None, cells)
+
+
+def closure_names(code: types.CodeType) -> tuple[str, ...]:
+    """The free variables of a resume function of `code`: its cell variables, then its free variables."""
+    return tuple(code.co_cellvars) + tuple(code.co_freevars)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -174,9 +194,13 @@ def resume_code(code: types.CodeType, target: int, stack: tuple[str, ...],
     body = instructions[first:]
     stack_names = [f"__stack{position}" for position, kind in enumerate(stack) if kind != "null"]
     live_names = tuple(name for name, _ in live)
-    varnames = tuple(stack_names) + live_names + tuple(name for name in code.co_varnames if name not in live_names)
+    # The frame's cells (its own, made by MAKE_CELL, and its closure's) are the resume function's closure:
+    # the entry passes the very cells, so inner functions made before the break share them.
+    freevars = closure_names(code)
+    varnames = tuple(stack_names) + live_names + tuple(name for name in code.co_varnames
+                                                       if name not in live_names and name not in code.co_cellvars)
     position_of = {name: position for position, name in enumerate(varnames)}
-    shift = len(varnames) - len(code.co_varnames)  # cells and free variables follow the locals
+    position_of.update({name: len(varnames) + index for index, name in enumerate(freevars)})
     for instruction in body:
         if instruction.opname in _FAST_OPS:
             names = _names(instruction)
@@ -185,10 +209,10 @@ def resume_code(code: types.CodeType, target: int, stack: tuple[str, ...],
             else:  # 3.13's paired forms: two 4-bit indices
                 instruction.arg = (position_of[names[0]] << 4) | position_of[names[1]]
         elif instruction.opname in _DEREF_OPS:
-            instruction.arg += shift
+            instruction.arg = position_of[instruction.argval]
     prologue = []
-    if code.co_freevars:
-        prologue.append(bytecode.create_instruction("COPY_FREE_VARS", len(code.co_freevars)))
+    if freevars:
+        prologue.append(bytecode.create_instruction("COPY_FREE_VARS", len(freevars)))
     prologue.append(bytecode.create_instruction("RESUME", 0))
     for name, kind in live:
         if kind == "iter":
@@ -210,7 +234,8 @@ def resume_code(code: types.CodeType, target: int, stack: tuple[str, ...],
     base = code.co_name.split("_resume_at_line_")[0]
     name = f"{base}_resume_at_line_{line}"
     flags = code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
-    resumed = bytecode.assemble(decoded, co_varnames=varnames, co_nlocals=len(varnames),
+    resumed = bytecode.assemble(decoded, co_varnames=varnames, co_nlocals=len(varnames), co_cellvars=(),
+                                co_freevars=freevars,
                                 co_argcount=len(stack_names) + len(live_names), co_posonlyargcount=0,
                                 co_kwonlyargcount=0, co_flags=flags, co_name=name,
                                 co_qualname=f"{code.co_qualname.split('_resume_at_line_')[0]}_resume_at_line_{line}")
@@ -315,6 +340,8 @@ def compiled_callee(make_dispatcher: Callable, fn: Any) -> tuple[Any, Any]:
     if dispatcher is None:
         dispatcher = _equivalent_callee(make_dispatcher, target) or make_dispatcher(target)
         compiled[make_dispatcher] = dispatcher
+    if isinstance(target, types.FunctionType) and target.__code__.co_freevars:
+        return functools.partial(dispatcher.call_function, target), receiver  # with this closure's cells
     return dispatcher, receiver
 
 
@@ -328,11 +355,12 @@ def _equivalent_callee(make_dispatcher: Callable, target: Any) -> Any:
     made, is offered to the next one).
 
     A lambda or a function defined in the caller is a new object on each call of the caller; compiling each
-    through a dispatcher of its own would trace it again on every call. A function without closure cells is
-    determined by its code, globals, builtins and defaults (its name and attributes are not visible to its
-    own frame), so a dispatcher made for one such function runs any other.
+    through a dispatcher of its own would trace it again on every call. A function is determined by its
+    code, globals, builtins, defaults and closure cells (its name and attributes are not visible to its own
+    frame), so a dispatcher made for one such function runs any other: a closure's through
+    `Dispatcher.call_function`, whose guards and entries read the cells of the function they are given.
     """
-    if not isinstance(target, types.FunctionType) or target.__code__.co_freevars:
+    if not isinstance(target, types.FunctionType):
         return None
     shared = _callees_by_code.setdefault(target.__code__, [])
     for maker, dispatcher in shared:
@@ -346,10 +374,10 @@ def _equivalent_callee(make_dispatcher: Callable, target: Any) -> Any:
 
 
 def _same_function_behaviour(function: types.FunctionType, other: types.FunctionType) -> bool:
-    """Whether two closure-free functions run the same: same code, globals, builtins, and the same default objects."""
+    """Whether two functions run the same but for their closure cells: same code, globals, builtins, and the
+    same default objects."""
     if function.__code__ is not other.__code__ or function.__globals__ is not other.__globals__ or \
-            function.__builtins__ is not other.__builtins__ or function.__defaults__ is not other.__defaults__ or \
-            function.__closure__ is not None:
+            function.__builtins__ is not other.__builtins__ or function.__defaults__ is not other.__defaults__:
         return False
     kwdefaults, other_kwdefaults = function.__kwdefaults__, other.__kwdefaults__
     if kwdefaults is None or other_kwdefaults is None:
@@ -444,7 +472,13 @@ def break_tail(frame, make_resume: Callable, call_name: str) -> Callable:
         texts = [_passed(codegen, item) for item in continuation.stack if item is not NULL]
         texts += pushed
         texts += [_passed(codegen, bound[name]) for name, _ in live]
-        return f"{codegen.constant(make_resume(frame, code))}({', '.join(texts)})"
+        dispatcher = codegen.constant(make_resume(frame, code))
+        if code.co_freevars:  # the frame's cells, the very objects (inner functions made before the break share them)
+            cells = "".join(f"{codegen.value(frame.cells[name])}, " for name in code.co_freevars)
+            function = f"{codegen.constant(closure_function)}({codegen.constant(code)}, " \
+                       f"{codegen.constant(frame.fn_globals)}, ({cells}))"
+            return f"{dispatcher}.call_function({', '.join([function] + texts)})"
+        return f"{dispatcher}({', '.join(texts)})"
 
     if instruction.op in CALL_OPS:
         if instruction.op == "CALL_FUNCTION_EX":

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,7 +221,6 @@ def check_kiln_structure(program: BreakProgram, report, graphs: list, counts: di
 # (a frame runs eagerly, a recompile, or more graphs than Dynamo's). Each is checked for the right
 # answer, and xfails only on the structural checks; one that starts to pass fails until removed here.
 _GENERATOR = "a break in a generator's body, or a generator live across a break: the frame runs eagerly"
-_CELLS = "a frame with variables captured by an inner function cannot resume yet"
 _FRAMES = "frame introspection must run in the program's own frame: the frame runs eagerly"
 _SPECIALIZED = "a value that differs between the trace's calls (a new function or class object, a float) recompiles"
 _MORE_GRAPHS = "a break inside a loop, or per call site, makes a graph per iteration where Dynamo skips the frame"
@@ -241,11 +239,9 @@ KNOWN_GAPS = {
     "while_norm_above_one": _MORE_GRAPHS,
     "assert_on_a_tensor": _WHOLE,
     "unsupported_call_in_an_enumerate_loop": "a lazy iterator live across a break",
-    "break_in_a_closure": _CELLS,
     "break_in_each_block_of_a_module_list": _MORE_GRAPHS,
     "printing_block_in_a_sequential": _MORE_GRAPHS,
     "module_list_compiled_directly": _MORE_GRAPHS,
-    "closure_live": _CELLS,
     "set_and_frozenset_live": _WHOLE,
     "break_inside_a_list_comprehension": "a comprehension's iterator live across a break",
     "generator_breaks_in_its_body_consumer_breaks_early": _GENERATOR,
@@ -257,16 +253,8 @@ KNOWN_GAPS = {
     "generator_expression_of_items": _GENERATOR,
     "produce_and_consume_interleaved": _GENERATOR,
     "suspended_generator_live_across_a_break": _GENERATOR,
-    "generator_sent_to_then_closed_before_a_break": _GENERATOR,
     "inference_mode_around_a_break": "inference_mode is not modelled",
 }
-# A break inside a list comprehension over `.tolist()`: before Python 3.12 the comprehension is a function
-# of its own, made anew on each call (its compiled callee is shared by its code, resume.py), whose iterator
-# lives across the break; 3.12 inlines comprehensions (PEP 709) and kiln meets Dynamo's bounds on them.
-if sys.version_info < (3, 12):
-    KNOWN_GAPS.update({
-        "tolist_of_indices_picks_rows": "a comprehension's iterator live across a break (Python < 3.12)",
-    })
 
 
 def check_dynamo(program: BreakProgram, expected: list[Run]) -> None:

@@ -416,13 +416,88 @@ def test_callees_are_shared_only_by_functions_that_run_the_same():
     defaults = (2.0,)
     first, _ = resume.compiled_callee(make_dispatcher, function(defaults))
     assert resume.compiled_callee(make_dispatcher, function(defaults))[0] is first
-    others = [function(tuple([2.0])), function(defaults, dict(globals())), with_closure(2.0)]
-    for other in others:  # other default objects, other globals, closure cells
+    for other in (function(tuple([2.0])), function(defaults, dict(globals()))):  # other default objects, globals
         assert resume.compiled_callee(make_dispatcher, other)[0] is not first
+    # closures of one code share a dispatcher, each call made with its own cells
+    first_closure, second_closure = (resume.compiled_callee(make_dispatcher, with_closure(k))[0] for k in (2.0, 3.0))
+    assert first_closure.func.__self__ is second_closure.func.__self__
+    torch.testing.assert_close(first_closure(torch.ones(2)), with_closure(2.0)(torch.ones(2)))
+    torch.testing.assert_close(second_closure(torch.ones(2)), with_closure(3.0)(torch.ones(2)))
     x = torch.randn(3)
     for k in (2.0, 3.0):
         fn = function((k,))
         torch.testing.assert_close(resume.call_compiled(make_dispatcher, fn, x), fn(x))
+
+
+def captured_and_live(x):
+    factor = x.mean()
+
+    def scale(t):
+        return t * factor + 1
+
+    a = scale(x)
+    os.getpid()
+    return scale(a) - x
+
+
+def captured_and_rebound_after_the_break(x):
+    factor = x.mean()
+
+    def scale(t):
+        return t * factor
+
+    a = scale(x)
+    os.getpid()
+    factor = factor + 1  # the inner function made before the break must see it
+    return scale(a)
+
+
+def recursive_inner_function(x, n):
+    def countdown(t, k):  # its own cell holds it
+        return t if k == 0 else countdown(t * 2, k - 1)
+
+    a = countdown(x, n)
+    os.getpid()
+    return countdown(a, 1), countdown
+
+
+def calls_a_closure_that_breaks(x, k):
+    def scaled(t):
+        return t * t.abs().max().item() * k
+
+    return scaled(x) + 1
+
+
+def test_a_frame_whose_variables_inner_functions_capture_resumes_with_the_same_cells():
+    for program, args in ((captured_and_live, (torch.randn(3),)),
+                          (captured_and_rebound_after_the_break, (torch.randn(3),)),
+                          (recursive_inner_function, (torch.randn(3), 2))):
+        compiled, graphs = _compile(program)
+        report = _eager_frames_and_breaks(lambda: compiled(*args))
+        assert report.break_count == 1 and compiled.entries[0].eager_reason is None, program
+        expected, result = program(*args), compiled(*args)
+        if program is recursive_inner_function:
+            torch.testing.assert_close(result[1](args[0], 3), expected[1](args[0], 3))
+            expected, result = expected[0], result[0]
+        torch.testing.assert_close(result, expected)
+    compiled, graphs = _compile(captured_and_live)
+    x = torch.randn(3)
+    compiled(x)
+    captures = stats.captures
+    torch.testing.assert_close(compiled(x), captured_and_live(x))
+    assert stats.captures == captures and len(graphs) == 2 and not report.eager_frames
+
+
+def test_a_closure_made_on_each_call_and_called_at_a_break_is_traced_once():
+    compiled, graphs = _compile(calls_a_closure_that_breaks)
+    x = torch.randn(3)
+    report = _eager_frames_and_breaks(lambda: compiled(x, 2.0))
+    assert not report.eager_frames and report.break_count == 2  # in the frame, then in the closure
+    captures = stats.captures
+    torch.testing.assert_close(compiled(x, 2.0), calls_a_closure_that_breaks(x, 2.0))
+    assert stats.captures == captures
+    for k in (3.0, 2.0, 0.5):  # the cell's contents: each call's own
+        torch.testing.assert_close(compiled(x, k), calls_a_closure_that_breaks(x, k))
 
 
 # --------------------------------------------------------------------------- what breaks instead of dropping the frame

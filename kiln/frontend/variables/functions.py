@@ -60,6 +60,15 @@ class CellVariable(Variable):
             self.contents = tx.wrap(value, self.source)
         return self.contents
 
+    def reconstruct(self, codegen) -> str:
+        """The cell object itself, re-read from the closure it came from (`fn.__closure__[i]`). One the trace
+        made is built by the entry (`EntryCodegen.value`: once, with its contents as the trace left them)."""
+        if self.real_cell is None:
+            return codegen.value(self)
+        if isinstance(self.source, ClosureCellSource):
+            return f"{codegen.source(self.source.parent)}.__closure__[{self.source.index}]"
+        return codegen.constant(self.pinned_cell())
+
     def store(self, tx, value: Variable) -> None:
         if self.real_cell is not None:
             raise Unsupported("assigning to a nonlocal variable of a function defined outside the compiled code")
@@ -277,13 +286,13 @@ class NestedFunctionVariable(BaseFunctionVariable):
         """A new function object, as MAKE_FUNCTION would make it (closures over real cells only)."""
         if self.attributes or self.wrapped is not None:
             raise Unsupported(f"rebuilding {self.describe()} with attributes set in the trace")
-        if any(cell.real_cell is None for cell in self.closure):
-            raise Unsupported(f"rebuilding {self.describe()}: it closes over variables of the compiled code")
         defaults = "(" + "".join(f"{codegen.value(item)}, " for item in self.defaults) + ")" \
             if self.defaults else "None"
         kwdefaults = "{" + ", ".join(f"{name!r}: {codegen.value(item)}" for name, item in self.kwdefaults.items()) \
             + "}" if self.kwdefaults else "None"
-        closure = codegen.constant(tuple(cell.pinned_cell() for cell in self.closure)) if self.closure else "None"
+        # its cells as they are now: the real ones re-read, the ones the trace made built once, shared by every
+        # function (and resume function) that closes over them
+        closure = "(" + "".join(f"{codegen.value(cell)}, " for cell in self.closure) + ")" if self.closure else "None"
         return (f"{codegen.constant(_make_function)}({codegen.constant(self._code)}, {codegen.constant(self._globals)}, "
                 f"{self.name!r}, {defaults}, {kwdefaults}, {closure})")
 
