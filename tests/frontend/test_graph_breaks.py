@@ -427,6 +427,10 @@ def test_callees_are_shared_only_by_functions_that_run_the_same():
     for k in (2.0, 3.0):
         fn = function((k,))
         torch.testing.assert_close(resume.call_compiled(make_dispatcher, fn, x), fn(x))
+    shared = function(defaults)
+    torch.testing.assert_close(resume.call_compiled(make_dispatcher, shared, x), shared(x))
+    shared.__defaults__ = (5.0,)  # no longer runs as the function whose dispatcher it shared
+    torch.testing.assert_close(resume.call_compiled(make_dispatcher, shared, x), shared(x))
 
 
 def captured_and_live(x):
