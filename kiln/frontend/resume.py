@@ -22,10 +22,10 @@ functions of the standard library and of torch are called as they are.
 
 What a break needs, checked by `plan_break` (otherwise the frame runs eagerly, as before):
 the instruction is a call or a conditional jump; it is outside every `try`/`with` block
-of its code (a handler would not see an exception raised in the entry); the code has no
-cell variables and is not a generator; and every stack value and live local can be
-rebuilt by the entry (tensors become graph outputs; objects are re-read from their
-source).
+of its code (a handler would not see an exception raised in the entry); the code is not a
+generator, and uses its cells only through their own opcodes (`resumable`); and every stack
+value and live local can be rebuilt by the entry (tensors become graph outputs; objects are
+re-read from their source). The frame's cells become the resume function's closure.
 """
 from __future__ import annotations
 
