@@ -337,7 +337,8 @@ def compiled_callee(make_dispatcher: Callable, fn: Any) -> tuple[Any, Any]:
     except TypeError:  # not weakly referenceable
         return fn, None
     dispatcher = compiled.get(make_dispatcher)
-    if dispatcher is not None and dispatcher.fn is not target and not _same_function_behaviour(dispatcher.fn, target):
+    if dispatcher is not None and isinstance(target, types.FunctionType) and dispatcher.fn is not target and \
+            not _same_function_behaviour(dispatcher.fn, target):
         dispatcher = None  # either function's code or defaults were reassigned since they were found alike
     if dispatcher is None:
         dispatcher = _equivalent_callee(make_dispatcher, target) or make_dispatcher(target)
