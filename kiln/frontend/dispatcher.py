@@ -381,6 +381,7 @@ class Dispatcher:
             cells = tuple(types.CellType() for _ in code.co_freevars)
             function = types.FunctionType(code, frame.fn_globals, code.co_name, None, cells or None)
             dispatcher = Dispatcher(function, self.graph_compiler)
+            dispatcher._resumes = self._resumes  # one family: a resume function breaking again finds the same ones
             self._resumes[key] = dispatcher
         return dispatcher
 

@@ -239,7 +239,42 @@ def resume_code(code: types.CodeType, target: int, stack: tuple[str, ...],
                                 co_argcount=len(stack_names) + len(live_names), co_posonlyargcount=0,
                                 co_kwonlyargcount=0, co_flags=flags, co_name=name,
                                 co_qualname=f"{code.co_qualname.split('_resume_at_line_')[0]}_resume_at_line_{line}")
-    return resumed.replace(co_stacksize=max(bytecode.max_stack_depth(decoded), len(stack), 1))
+    resumed = resumed.replace(co_stacksize=max(bytecode.max_stack_depth(decoded), len(stack), 1))
+    original, shift = _origins.get(code, (code, 0))
+    _origins[resumed] = (original, shift + first - len(prologue))  # its body is `code`'s from `first` on
+    return resumed
+
+
+# resume code -> (the user's code it continues, what to add to an instruction index to find it there)
+_origins: "weakref.WeakKeyDictionary[types.CodeType, tuple[types.CodeType, int]]" = weakref.WeakKeyDictionary()
+
+
+def original_position(code: types.CodeType, index: int) -> tuple[types.CodeType, int]:
+    """Instruction `index` of `code` as (code object, index) in the user's code a resume function continues.
+
+    A resume function that breaks again resumes from the user's code, not from itself: a break in a loop
+    then gets the same resume function on every iteration (one dispatcher, whose entries serve them all),
+    not a new one per iteration."""
+    original, shift = _origins.get(code, (code, 0))
+    return original, _landing(original, index + shift)
+
+
+_UNCONDITIONAL_JUMPS = frozenset({"JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP"})
+
+
+@functools.lru_cache(maxsize=1024)
+def _landing(code: types.CodeType, index: int) -> int:
+    """Where instruction `index` leads once unconditional jumps are followed: a resume function starts there
+    (3.12 tests a `while` loop's condition at its top and at its bottom; both true sides then resume at the
+    loop body through one function)."""
+    instructions = bytecode.decode(code).instructions
+    index_of = {id(instruction): position for position, instruction in enumerate(instructions)}
+    seen = set()
+    while index < len(instructions) and index not in seen and instructions[index].opname in _UNCONDITIONAL_JUMPS \
+            and instructions[index].target is not None:
+        seen.add(index)
+        index = index_of[id(instructions[index].target)]
+    return index
 
 
 # ------------------------------------------------------------------------------------------------
@@ -468,10 +503,11 @@ def break_tail(frame, make_resume: Callable, call_name: str) -> Callable:
     def resume_call(codegen, continuation: Continuation, pushed: list[str]) -> str:
         """`return <resume>(stack..., locals...)`; `pushed` are texts of values pushed on top of the stack."""
         bound = {name: value for name, value in frame.locals.items() if value is not NULL}
-        live = tuple((name, _kind(bound[name])) for name in frame.code.co_varnames
-                     if name in live_locals(frame.code, continuation.target) and name in bound)
+        original, target = original_position(frame.code, continuation.target)
+        live = tuple((name, _kind(bound[name])) for name in original.co_varnames
+                     if name in live_locals(original, target) and name in bound)
         kinds = tuple(_kind(item) for item in continuation.stack) + ("value",) * len(pushed)
-        code = resume_code(frame.code, continuation.target, kinds, live)
+        code = resume_code(original, target, kinds, live)
         texts = [_passed(codegen, item) for item in continuation.stack if item is not NULL]
         texts += pushed
         texts += [_passed(codegen, bound[name]) for name, _ in live]

@@ -236,7 +236,6 @@ KNOWN_GAPS = {
     "seeded_python_random": "creating a random.Random inside the trace",
     "lru_cached_helper": _WHOLE,
     "counter_of_names": _WHOLE,
-    "while_norm_above_one": _MORE_GRAPHS,
     "assert_on_a_tensor": _WHOLE,
     "unsupported_call_in_an_enumerate_loop": "a lazy iterator live across a break",
     "break_in_each_block_of_a_module_list": _MORE_GRAPHS,

@@ -623,3 +623,17 @@ def test_a_data_dependent_while_loop_takes_each_side_of_its_backward_jump():
         expected, expected_steps = halves_while_large(x)
         torch.testing.assert_close(result, expected)
         assert steps == expected_steps
+
+
+def test_a_break_in_a_loop_resumes_through_one_function_for_every_iteration():
+    compiled, graphs = _compile(halves_while_large)
+    x = torch.ones(3) * 2 ** 12  # twelve iterations, each breaking at the loop's test
+    result, steps = compiled(x)
+    expected, expected_steps = halves_while_large(x)
+    torch.testing.assert_close(result, expected)
+    assert steps == expected_steps == 13
+    # the frame, the loop body (traced again once: `steps` becomes a graph input) and the exit
+    assert len(compiled._resumes) == 2 and len(graphs) <= 4
+    captures = stats.captures
+    result, steps = compiled(x * 4)
+    assert steps == 15 and stats.captures == captures
