@@ -374,6 +374,21 @@ def test_an_argument_the_trace_only_passes_on_is_not_guarded():
     assert len(compiled.entries) == 1  # the frame up to the break never read `scale`
 
 
+def compares_with_a_function(x, maybe, fn):
+    return x * 2 if maybe is fn else x * 3
+
+
+def test_a_constant_argument_compared_with_a_function_is_guarded():
+    compiled, _ = _compile(compares_with_a_function)
+    x = torch.ones(3)
+
+    def fn(t):
+        return t
+
+    for maybe in (None, fn, None):
+        torch.testing.assert_close(compiled(x, maybe, fn), compares_with_a_function(x, maybe, fn))
+
+
 def test_an_argument_the_trace_reads_is_guarded_by_value():
     def flagged(x, flag, scale):
         os.getpid()

@@ -337,6 +337,7 @@ def is_same(left: Variable, right: Variable) -> bool:
         # A function is never an immutable constant (`callback is None`): decided without the function's
         # identity, which a function argument guards only once the trace depends on it.
         if isinstance(one, ConstantVariable) and _is_function_tracker(other):
+            one.as_constant()  # its value (and type) guarded: an argument that is a function next time is not this
             return False
     a, b = left.identity(), right.identity()
     if a is left or b is right:
