@@ -223,7 +223,8 @@ def check_kiln_structure(program: BreakProgram, report, graphs: list, counts: di
 _GENERATOR = "a break in a generator's body, or a generator live across a break: the frame runs eagerly"
 _FRAMES = "frame introspection must run in the program's own frame: the frame runs eagerly"
 _SPECIALIZED = "a value that differs between the trace's calls (a new function or class object, a float) recompiles"
-_MORE_GRAPHS = "a break inside a loop, or per call site, makes a graph per iteration where Dynamo skips the frame"
+_MORE_GRAPHS = ("each module object compiles its own forward (Dynamo's serves every instance), and a break "
+                "nested in module calls ends a graph in each frame: more graphs than Dynamo")
 _WHOLE = "Dynamo traces this construct into one graph; kiln breaks there"
 KNOWN_GAPS = {
     "getframe_has_a_caller": _FRAMES,
