@@ -111,6 +111,11 @@ def _same_defaults(first: tuple, second: tuple) -> bool:
         for (name, value), (other_name, other_value) in zip(keywords, other_keywords)))
 
 
+def _call_given_function(*args, __fn, **kwargs):
+    """The eager entry of a closure's dispatcher: the function it is given, as it is."""
+    return __fn(*args, **kwargs)
+
+
 def _call_module(module, *args, **kwargs):
     """kiln's frame for a compiled module or other callable object: hooks and forward are traced from here."""
     return module(*args, **kwargs)
@@ -157,6 +162,8 @@ class Dispatcher:
         self._traced_kwdefaults = kwdefaults
         self._traced_kwdefault_values = tuple(kwdefaults.items()) if kwdefaults is not None else None
         self.signature = FrameSignature.of(fn)
+        # A closure's guard and entry take the function as `__fn=` (its cells differ between functions of one code)
+        self._closure_parameter = bool(fn.__code__.co_freevars)
         self._cache = self.caches.setdefault(fn.__code__, CodeCache())
         defaults = (fn.__defaults__, self._traced_kwdefault_values)
         if self._cache.defaults is not None and not _same_defaults(self._cache.defaults, defaults):
@@ -178,10 +185,29 @@ class Dispatcher:
             args = (self.bound_self, *args)
         if self._function_changed():
             self._use_current_function()
+        if self._closure_parameter:
+            return self._call_closure(self.fn, args, kwargs)
         for entry in self._cache.entries:
             if entry.guard(*args, **kwargs) is None:
                 return entry.entry(*args, **kwargs)
         return self._miss(args, kwargs)
+
+    def call_function(self, fn: types.FunctionType, *args: Any, **kwargs: Any) -> Any:
+        """`fn(*args, **kwargs)` for a function that runs as this dispatcher's does except for its closure
+        cells: the same code, globals, builtins and default objects (resume._same_function_behaviour). A
+        closure made anew on each call (an inner function, a resume function over a frame's cells) is traced
+        once: the entries read the cells of the function they are given."""
+        if self._function_changed():
+            self._use_current_function()
+        if not self._closure_parameter:
+            return self(*args, **kwargs)
+        return self._call_closure(fn, args, kwargs)
+
+    def _call_closure(self, fn: types.FunctionType, args: tuple, kwargs: dict) -> Any:
+        for entry in self._cache.entries:
+            if entry.guard(*args, __fn=fn, **kwargs) is None:
+                return entry.entry(*args, __fn=fn, **kwargs)
+        return self._miss(args, kwargs, fn)
 
     def __get__(self, instance: Any, owner: type | None = None) -> Any:
         """A compiled plain function binds like a function: `@kiln.compile` works on methods."""
@@ -193,16 +219,21 @@ class Dispatcher:
     def entries(self) -> list[CacheEntry]:
         return self._cache.entries
 
-    def _miss(self, args: tuple, kwargs: dict) -> Any:
+    def _miss(self, args: tuple, kwargs: dict, fn: types.FunctionType | None = None) -> Any:
+        if fn is not None:  # a closure: the guards and entries take it, and an eager run calls it
+            kwargs = {**kwargs, "__fn": fn}
         with compile_lock:
             run = self._entry_added_meanwhile(args, kwargs) or self._compile_miss(args, kwargs)
+        if fn is not None and (run is self.fn or run is fn):
+            del kwargs["__fn"]
+            return fn(*args, **kwargs)
         return run(*args, **kwargs)
 
     def _entry_added_meanwhile(self, args: tuple, kwargs: dict) -> Callable | None:
         """The entry another thread added for these arguments while this one waited for the lock."""
         for entry in self._cache.entries:
             if entry.guard(*args, **kwargs) is None:
-                return entry.entry
+                return self.fn if entry.eager_reason is not None else entry.entry
         return None
 
     def _compile_miss(self, args: tuple, kwargs: dict) -> Callable:
@@ -255,9 +286,13 @@ class Dispatcher:
 
     def _capture_entry(self, args: tuple, kwargs: dict) -> CacheEntry:
         stats.captures += 1
+        fn = self.fn
+        if "__fn" in kwargs:  # a closure of this code (call_function): trace it, with its cells
+            kwargs = dict(kwargs)
+            fn = kwargs.pop("__fn")
         output = OutputGraph(self.graph_compiler, self._dynamic_policy())
         try:
-            traced = capture_frame(output, self.fn, self.signature, args, kwargs)
+            traced = capture_frame(output, fn, self.signature, args, kwargs)
         except Unsupported as error:
             # fullgraph=True and strict mode (KILN_STRICT=1) raise instead: a break runs code eagerly.
             point = None if self.fullgraph or config.strict else self._break_point(error)
@@ -266,7 +301,7 @@ class Dispatcher:
             output = OutputGraph(self.graph_compiler, self._dynamic_policy())
             output.break_point = point
             try:
-                traced = capture_frame(output, self.fn, self.signature, args, kwargs, self)
+                traced = capture_frame(output, fn, self.signature, args, kwargs, self)
             except Unsupported as second:
                 second.message = f"{second.message} (while compiling up to a graph break: {point.reason})"
                 return self._eager_entry(output, second)
@@ -337,15 +372,16 @@ class Dispatcher:
             listener(graph_break)
 
     def resume_dispatcher(self, frame, code: types.CodeType) -> "Dispatcher":
-        """The dispatcher of the resume function `code` continuing `frame` (one per code, globals and closure)."""
-        cells = tuple(frame.cells[name].real_cell for name in code.co_freevars)
-        if any(cell is None for cell in cells):
-            raise Unsupported(f"resuming {code.co_qualname} after a graph break: a closure made inside the trace")
-        key = (code, id(frame.fn_globals), tuple(id(cell) for cell in cells))
+        """The dispatcher of the resume function `code` continuing `frame` (one per code and globals). A resume
+        function with a closure (the frame's cells) is called with the cells of each call
+        (`resume.closure_function`, `call_function`); its dispatcher's own function holds empty cells."""
+        key = (code, id(frame.fn_globals))
         dispatcher = self._resumes.get(key)
         if dispatcher is None:
+            cells = tuple(types.CellType() for _ in code.co_freevars)
             function = types.FunctionType(code, frame.fn_globals, code.co_name, None, cells or None)
             dispatcher = Dispatcher(function, self.graph_compiler)
+            dispatcher._resumes = self._resumes  # one family: a resume function breaking again finds the same ones
             self._resumes[key] = dispatcher
         return dispatcher
 
@@ -378,7 +414,8 @@ class Dispatcher:
             log.warning("kiln: %s runs eagerly (not compiled): %s\n  (to compile it: %s)", self._name(),
                         error.describe(), HOW_TO_FIX_EAGER)
         guard, guard_source = output.guards.build(self.signature, output.guard_namespace)
-        return CacheEntry(guard, self.fn, guard_source, "", None, eager_reason=error.describe())
+        run = _call_given_function if self._closure_parameter else self.fn
+        return CacheEntry(guard, run, guard_source, "", None, eager_reason=error.describe())
 
 
 def capture_frame(output: OutputGraph, fn: types.FunctionType, signature: FrameSignature, args: tuple,

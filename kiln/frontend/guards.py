@@ -512,6 +512,13 @@ class FrameSignature:
                                if p.kind == inspect.Parameter.VAR_POSITIONAL), None)
         var_keyword = next((p.name for p in signature.parameters.values()
                             if p.kind == inspect.Parameter.VAR_KEYWORD), None)
+        if fn.__code__.co_freevars:
+            # The function whose closure cells the guard and entry read (`__fn.__closure__[i]`): a parameter,
+            # since one dispatcher runs every function of the same code (Dispatcher.call_function).
+            namespace["__fn_default"] = fn
+            where = len(parts) - 1 if var_keyword else len(parts)
+            added = ["__fn=__fn_default"] if seen_keyword_only else ["*", "__fn=__fn_default"]
+            parts[where:where] = added
         return cls(", ".join(parts), namespace, tuple(names), var_positional, var_keyword)
 
 

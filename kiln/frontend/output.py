@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 import operator
+import types
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -41,6 +42,7 @@ from kiln.frontend.sources import LocalSource, NamedSource, ScalarTensorSource, 
 from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
 from kiln.frontend.variables.builtins import SetVariable
 from kiln.frontend.variables.containers import DictVariable, ListVariable, SliceVariable, TupleVariable
+from kiln.frontend.variables.functions import CellVariable
 from kiln.frontend.variables.objects import DELETED, ModelOutputVariable, NewObjectVariable, UserObjectVariable
 from kiln.frontend.variables.tensor import SymNumberVariable, TensorVariable
 
@@ -412,6 +414,8 @@ class EntryCodegen:
 
     def value(self, variable: Variable) -> str:
         """An expression for the tracker's value; a new mutable object is built once, into a local."""
+        if isinstance(variable, CellVariable) and variable.real_cell is None:
+            return self._new_cell(variable)
         if variable.source is None and _is_new_mutable(variable):
             name = self._built.get(id(variable))
             if name is None:
@@ -421,6 +425,19 @@ class EntryCodegen:
                 self.prelude.append(f"{name} = {text}")
             return name
         return variable.reconstruct(self)
+
+    def _new_cell(self, cell: CellVariable) -> str:
+        """A cell the trace made (a variable of the compiled code that inner functions capture), built once:
+        empty first, then filled, so a function in it that closes over it (a recursive inner function) gets it."""
+        name = self._built.get(id(cell))
+        if name is None:
+            name = f"__n{len(self._built)}"
+            self._built[id(cell)] = name
+            self.prelude.append(f"{name} = {self.constant(types.CellType)}()")
+            if cell.contents is not CellVariable.EMPTY:
+                contents = self.value(cell.contents)
+                self.prelude.append(f"{name}.cell_contents = {contents}")
+        return name
 
     def tensor(self, variable: TensorVariable) -> str:
         node = variable.node

@@ -22,10 +22,10 @@ functions of the standard library and of torch are called as they are.
 
 What a break needs, checked by `plan_break` (otherwise the frame runs eagerly, as before):
 the instruction is a call or a conditional jump; it is outside every `try`/`with` block
-of its code (a handler would not see an exception raised in the entry); the code has no
-cell variables and is not a generator; and every stack value and live local can be
-rebuilt by the entry (tensors become graph outputs; objects are re-read from their
-source).
+of its code (a handler would not see an exception raised in the entry); the code is not a
+generator, and uses its cells only through their own opcodes (`resumable`); and every stack
+value and live local can be rebuilt by the entry (tensors become graph outputs; objects are
+re-read from their source). The frame's cells become the resume function's closure.
 """
 from __future__ import annotations
 
@@ -144,14 +144,34 @@ def protected(code: types.CodeType, index: int) -> bool:
     return False
 
 
+@functools.lru_cache(maxsize=1024)
 def resumable(code: types.CodeType) -> str | None:
     """None if a frame of `code` can be resumed by a generated function, else why not."""
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
                         inspect.CO_ITERABLE_COROUTINE):
         return f"{code.co_qualname} is a generator or coroutine"
     if code.co_cellvars:
-        return f"{code.co_qualname} has variables captured by inner functions ({', '.join(code.co_cellvars)})"
+        # A resume function takes the frame's cells as its closure; a cell made or read as a plain local past
+        # the prologue (3.12's inlined comprehensions: MAKE_CELL, LOAD_FAST_AND_CLEAR of a cell) has no such form.
+        body = bytecode.decode(code).instructions
+        first = 0
+        while first < len(body) and body[first].opname in _PROLOGUE_OPS:
+            first += 1
+        for instruction in body[first:]:
+            if instruction.opname == "MAKE_CELL" or (instruction.opname in _FAST_OPS and
+                                                     set(_names(instruction)) & set(code.co_cellvars)):
+                return f"{code.co_qualname} makes or reads a captured variable as a plain local ({instruction.opname})"
     return None
+
+
+def closure_function(code: types.CodeType, fn_globals: dict, cells: tuple) -> types.FunctionType:
+    """A resume function over these cells (the entry makes one per call; one dispatcher runs them all)."""
+    return types.FunctionType(code, fn_globals, code.co_name, None, cells)
+
+
+def closure_names(code: types.CodeType) -> tuple[str, ...]:
+    """The free variables of a resume function of `code`: its cell variables, then its free variables."""
+    return tuple(code.co_cellvars) + tuple(code.co_freevars)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -174,9 +194,13 @@ def resume_code(code: types.CodeType, target: int, stack: tuple[str, ...],
     body = instructions[first:]
     stack_names = [f"__stack{position}" for position, kind in enumerate(stack) if kind != "null"]
     live_names = tuple(name for name, _ in live)
-    varnames = tuple(stack_names) + live_names + tuple(name for name in code.co_varnames if name not in live_names)
+    # The frame's cells (its own, made by MAKE_CELL, and its closure's) are the resume function's closure:
+    # the entry passes the very cells, so inner functions made before the break share them.
+    freevars = closure_names(code)
+    varnames = tuple(stack_names) + live_names + tuple(name for name in code.co_varnames
+                                                       if name not in live_names and name not in code.co_cellvars)
     position_of = {name: position for position, name in enumerate(varnames)}
-    shift = len(varnames) - len(code.co_varnames)  # cells and free variables follow the locals
+    position_of.update({name: len(varnames) + index for index, name in enumerate(freevars)})
     for instruction in body:
         if instruction.opname in _FAST_OPS:
             names = _names(instruction)
@@ -185,10 +209,10 @@ def resume_code(code: types.CodeType, target: int, stack: tuple[str, ...],
             else:  # 3.13's paired forms: two 4-bit indices
                 instruction.arg = (position_of[names[0]] << 4) | position_of[names[1]]
         elif instruction.opname in _DEREF_OPS:
-            instruction.arg += shift
+            instruction.arg = position_of[instruction.argval]
     prologue = []
-    if code.co_freevars:
-        prologue.append(bytecode.create_instruction("COPY_FREE_VARS", len(code.co_freevars)))
+    if freevars:
+        prologue.append(bytecode.create_instruction("COPY_FREE_VARS", len(freevars)))
     prologue.append(bytecode.create_instruction("RESUME", 0))
     for name, kind in live:
         if kind == "iter":
@@ -210,11 +234,47 @@ def resume_code(code: types.CodeType, target: int, stack: tuple[str, ...],
     base = code.co_name.split("_resume_at_line_")[0]
     name = f"{base}_resume_at_line_{line}"
     flags = code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
-    resumed = bytecode.assemble(decoded, co_varnames=varnames, co_nlocals=len(varnames),
+    resumed = bytecode.assemble(decoded, co_varnames=varnames, co_nlocals=len(varnames), co_cellvars=(),
+                                co_freevars=freevars,
                                 co_argcount=len(stack_names) + len(live_names), co_posonlyargcount=0,
                                 co_kwonlyargcount=0, co_flags=flags, co_name=name,
                                 co_qualname=f"{code.co_qualname.split('_resume_at_line_')[0]}_resume_at_line_{line}")
-    return resumed.replace(co_stacksize=max(bytecode.max_stack_depth(decoded), len(stack), 1))
+    resumed = resumed.replace(co_stacksize=max(bytecode.max_stack_depth(decoded), len(stack), 1))
+    original, shift = _origins.get(code, (code, 0))
+    _origins[resumed] = (original, shift + first - len(prologue))  # its body is `code`'s from `first` on
+    return resumed
+
+
+# resume code -> (the user's code it continues, what to add to an instruction index to find it there)
+_origins: "weakref.WeakKeyDictionary[types.CodeType, tuple[types.CodeType, int]]" = weakref.WeakKeyDictionary()
+
+
+def original_position(code: types.CodeType, index: int) -> tuple[types.CodeType, int]:
+    """Instruction `index` of `code` as (code object, index) in the user's code a resume function continues.
+
+    A resume function that breaks again resumes from the user's code, not from itself: a break in a loop
+    then gets the same resume function on every iteration (one dispatcher, whose entries serve them all),
+    not a new one per iteration."""
+    original, shift = _origins.get(code, (code, 0))
+    return original, _landing(original, index + shift)
+
+
+_UNCONDITIONAL_JUMPS = frozenset({"JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP"})
+
+
+@functools.lru_cache(maxsize=1024)
+def _landing(code: types.CodeType, index: int) -> int:
+    """Where instruction `index` leads once unconditional jumps are followed: a resume function starts there
+    (3.12 tests a `while` loop's condition at its top and at its bottom; both true sides then resume at the
+    loop body through one function)."""
+    instructions = bytecode.decode(code).instructions
+    index_of = {id(instruction): position for position, instruction in enumerate(instructions)}
+    seen = set()
+    while index < len(instructions) and index not in seen and instructions[index].opname in _UNCONDITIONAL_JUMPS \
+            and instructions[index].target is not None:
+        seen.add(index)
+        index = index_of[id(instructions[index].target)]
+    return index
 
 
 # ------------------------------------------------------------------------------------------------
@@ -312,9 +372,56 @@ def compiled_callee(make_dispatcher: Callable, fn: Any) -> tuple[Any, Any]:
     except TypeError:  # not weakly referenceable
         return fn, None
     dispatcher = compiled.get(make_dispatcher)
+    if dispatcher is not None and isinstance(target, types.FunctionType) and dispatcher.fn is not target and \
+            not _same_function_behaviour(dispatcher.fn, target):
+        dispatcher = None  # either function's code or defaults were reassigned since they were found alike
     if dispatcher is None:
-        dispatcher = compiled[make_dispatcher] = make_dispatcher(target)
+        dispatcher = _equivalent_callee(make_dispatcher, target) or make_dispatcher(target)
+        compiled[make_dispatcher] = dispatcher
+    if isinstance(target, types.FunctionType) and target.__code__.co_freevars:
+        return functools.partial(dispatcher.call_function, target), receiver  # with this closure's cells
     return dispatcher, receiver
+
+
+# code object -> [(make_dispatcher, dispatcher)]: callees shared by functions that behave the same
+_callees_by_code: "weakref.WeakKeyDictionary[types.CodeType, list]" = weakref.WeakKeyDictionary()
+_SHARED_PER_CODE = 8  # past this many (defaults made anew on each call), each function gets its own
+
+
+def _equivalent_callee(make_dispatcher: Callable, target: Any) -> Any:
+    """The dispatcher of another function that runs exactly as `target` does, else None (and `target`'s, once
+    made, is offered to the next one).
+
+    A lambda or a function defined in the caller is a new object on each call of the caller; compiling each
+    through a dispatcher of its own would trace it again on every call. A function is determined by its
+    code, globals, builtins, defaults and closure cells (its name and attributes are not visible to its own
+    frame), so a dispatcher made for one such function runs any other: a closure's through
+    `Dispatcher.call_function`, whose guards and entries read the cells of the function they are given.
+    """
+    if not isinstance(target, types.FunctionType):
+        return None
+    shared = _callees_by_code.setdefault(target.__code__, [])
+    for maker, dispatcher in shared:
+        if maker is make_dispatcher and _same_function_behaviour(dispatcher.fn, target):
+            return dispatcher
+    if len(shared) < _SHARED_PER_CODE:
+        dispatcher = make_dispatcher(target)
+        shared.append((make_dispatcher, dispatcher))
+        return dispatcher
+    return None
+
+
+def _same_function_behaviour(function: types.FunctionType, other: types.FunctionType) -> bool:
+    """Whether two functions run the same but for their closure cells: same code, globals, builtins, and the
+    same default objects."""
+    if function.__code__ is not other.__code__ or function.__globals__ is not other.__globals__ or \
+            function.__builtins__ is not other.__builtins__ or function.__defaults__ is not other.__defaults__:
+        return False
+    kwdefaults, other_kwdefaults = function.__kwdefaults__, other.__kwdefaults__
+    if kwdefaults is None or other_kwdefaults is None:
+        return kwdefaults is other_kwdefaults
+    return len(kwdefaults) == len(other_kwdefaults) and all(
+        name in other_kwdefaults and other_kwdefaults[name] is value for name, value in kwdefaults.items())
 
 
 def call_compiled(make_dispatcher: Callable, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
@@ -396,14 +503,21 @@ def break_tail(frame, make_resume: Callable, call_name: str) -> Callable:
     def resume_call(codegen, continuation: Continuation, pushed: list[str]) -> str:
         """`return <resume>(stack..., locals...)`; `pushed` are texts of values pushed on top of the stack."""
         bound = {name: value for name, value in frame.locals.items() if value is not NULL}
-        live = tuple((name, _kind(bound[name])) for name in frame.code.co_varnames
-                     if name in live_locals(frame.code, continuation.target) and name in bound)
+        original, target = original_position(frame.code, continuation.target)
+        live = tuple((name, _kind(bound[name])) for name in original.co_varnames
+                     if name in live_locals(original, target) and name in bound)
         kinds = tuple(_kind(item) for item in continuation.stack) + ("value",) * len(pushed)
-        code = resume_code(frame.code, continuation.target, kinds, live)
+        code = resume_code(original, target, kinds, live)
         texts = [_passed(codegen, item) for item in continuation.stack if item is not NULL]
         texts += pushed
         texts += [_passed(codegen, bound[name]) for name, _ in live]
-        return f"{codegen.constant(make_resume(frame, code))}({', '.join(texts)})"
+        dispatcher = codegen.constant(make_resume(frame, code))
+        if code.co_freevars:  # the frame's cells, the very objects (inner functions made before the break share them)
+            cells = "".join(f"{codegen.value(frame.cells[name])}, " for name in code.co_freevars)
+            function = f"{codegen.constant(closure_function)}({codegen.constant(code)}, " \
+                       f"{codegen.constant(frame.fn_globals)}, ({cells}))"
+            return f"{dispatcher}.call_function({', '.join([function] + texts)})"
+        return f"{dispatcher}({', '.join(texts)})"
 
     if instruction.op in CALL_OPS:
         if instruction.op == "CALL_FUNCTION_EX":

@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -222,13 +221,12 @@ def check_kiln_structure(program: BreakProgram, report, graphs: list, counts: di
 # (a frame runs eagerly, a recompile, or more graphs than Dynamo's). Each is checked for the right
 # answer, and xfails only on the structural checks; one that starts to pass fails until removed here.
 _GENERATOR = "a break in a generator's body, or a generator live across a break: the frame runs eagerly"
-_CELLS = "a frame with variables captured by an inner function cannot resume yet"
 _FRAMES = "frame introspection must run in the program's own frame: the frame runs eagerly"
 _SPECIALIZED = "a value that differs between the trace's calls (a new function or class object, a float) recompiles"
-_MORE_GRAPHS = "a break inside a loop, or per call site, makes a graph per iteration where Dynamo skips the frame"
+_MORE_GRAPHS = ("each module object compiles its own forward (Dynamo's serves every instance), and a break "
+                "nested in module calls ends a graph in each frame: more graphs than Dynamo")
 _WHOLE = "Dynamo traces this construct into one graph; kiln breaks there"
 KNOWN_GAPS = {
-    "perf_counter_between_ops": _SPECIALIZED,
     "getframe_has_a_caller": _FRAMES,
     "class_defined_in_function": _SPECIALIZED,
     "raise_and_catch_in_the_middle": "raising and catching inside the trace",
@@ -239,19 +237,12 @@ KNOWN_GAPS = {
     "seeded_python_random": "creating a random.Random inside the trace",
     "lru_cached_helper": _WHOLE,
     "counter_of_names": _WHOLE,
-    "while_norm_above_one": _MORE_GRAPHS,
     "assert_on_a_tensor": _WHOLE,
     "unsupported_call_in_an_enumerate_loop": "a lazy iterator live across a break",
-    "break_in_a_closure": _CELLS,
-    "break_in_a_lambda": _SPECIALIZED,
-    "break_in_a_helper_with_keywords": _SPECIALIZED,
     "break_in_each_block_of_a_module_list": _MORE_GRAPHS,
     "printing_block_in_a_sequential": _MORE_GRAPHS,
     "module_list_compiled_directly": _MORE_GRAPHS,
-    "closure_live": _CELLS,
     "set_and_frozenset_live": _WHOLE,
-    "module_and_lambda_live": _SPECIALIZED,
-    "break_inside_keyword_arguments": _SPECIALIZED,
     "break_inside_a_list_comprehension": "a comprehension's iterator live across a break",
     "generator_breaks_in_its_body_consumer_breaks_early": _GENERATOR,
     "next_on_a_generator_with_a_break": _GENERATOR,
@@ -262,18 +253,8 @@ KNOWN_GAPS = {
     "generator_expression_of_items": _GENERATOR,
     "produce_and_consume_interleaved": _GENERATOR,
     "suspended_generator_live_across_a_break": _GENERATOR,
-    "generator_sent_to_then_closed_before_a_break": _GENERATOR,
     "inference_mode_around_a_break": "inference_mode is not modelled",
 }
-# A break inside a list comprehension over `.tolist()`: before Python 3.12 the comprehension is a function
-# of its own (its iterator lives across the break, or its code object is new on each call); 3.12 inlines
-# comprehensions (PEP 709) and kiln meets Dynamo's bounds on them.
-if sys.version_info < (3, 12):
-    KNOWN_GAPS.update({
-        "tolist_of_indices_picks_rows": "a comprehension's iterator live across a break (Python < 3.12)",
-        "tolist_in_a_loop_over_dict_items": _SPECIALIZED + " (a comprehension's function, Python < 3.12)",
-        "tolist_in_a_module_forward": _SPECIALIZED + " (a comprehension's function, Python < 3.12)",
-    })
 
 
 def check_dynamo(program: BreakProgram, expected: list[Run]) -> None:

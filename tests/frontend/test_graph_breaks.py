@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+import types
 
 import pytest
 import torch
@@ -342,6 +344,181 @@ def test_a_resume_function_is_shared_by_recompiles():
     assert len(resumed.entries) == 2 and len(graphs) == 4
 
 
+def drops_a_clock_reading(x):
+    a = x.sin()
+    time.perf_counter()  # a new float on every call, popped unread by the resumed code
+    return a * 2
+
+
+def branches_before_reading_a_float(x, scale):
+    if x.sum() > 0:  # the break comes before `scale` is read: the resume function takes it as a live local
+        return x * scale
+    return x - scale
+
+
+def test_an_argument_the_trace_only_passes_on_is_not_guarded():
+    compiled, graphs = _compile(drops_a_clock_reading)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), drops_a_clock_reading(x))
+    captures = stats.captures
+    torch.testing.assert_close(compiled(x), drops_a_clock_reading(x))
+    assert stats.captures == captures and len(graphs) == 2
+
+    compiled, graphs = _compile(branches_before_reading_a_float)
+    x = torch.ones(3)
+    torch.testing.assert_close(compiled(x, 2.0), x * 2.0)
+    assert len(compiled.entries) == 1 and "scale:" not in compiled.entries[0].guard_source
+    for scale in (0.5, 3.0, 0.5):
+        torch.testing.assert_close(compiled(x, scale), x * scale)  # the resume function reads it: guarded there
+        torch.testing.assert_close(compiled(-x, scale), -x - scale)
+    assert len(compiled.entries) == 1  # the frame up to the break never read `scale`
+
+
+def compares_with_a_function(x, maybe, fn):
+    return x * 2 if maybe is fn else x * 3
+
+
+def test_a_constant_argument_compared_with_a_function_is_guarded():
+    compiled, _ = _compile(compares_with_a_function)
+    x = torch.ones(3)
+
+    def fn(t):
+        return t
+
+    for maybe in (None, fn, None):
+        torch.testing.assert_close(compiled(x, maybe, fn), compares_with_a_function(x, maybe, fn))
+
+
+def test_an_argument_the_trace_reads_is_guarded_by_value():
+    def flagged(x, flag, scale):
+        os.getpid()
+        return x * scale if flag else x
+
+    compiled, _ = _compile(flagged)
+    x = torch.randn(3)
+    for flag, scale in ((True, 2), (False, 2), (True, 3), (True, 2)):
+        torch.testing.assert_close(compiled(x, flag, scale), flagged(x, flag, scale))
+
+
+def breaks_in_a_lambda_it_defines(x):
+    scale = lambda t: t * t.abs().max().item()  # noqa: E731  (a new function object on every call)
+    return scale(x).sin() + scale(x + 1)
+
+
+def _breaks_with_a_default(t, k=2.0):
+    return t * t.abs().max().item() * k
+
+
+def test_a_function_defined_in_the_compiled_code_is_compiled_once_for_all_its_objects():
+    compiled, graphs = _compile(breaks_in_a_lambda_it_defines)
+    x = torch.randn(3)
+    torch.testing.assert_close(compiled(x), breaks_in_a_lambda_it_defines(x))
+    captures, graph_count = stats.captures, len(graphs)
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), breaks_in_a_lambda_it_defines(x))
+    assert stats.captures == captures and len(graphs) == graph_count
+
+
+def test_callees_are_shared_only_by_functions_that_run_the_same():
+    _, backend = _counting()
+
+    def make_dispatcher(fn):
+        return Dispatcher(fn, backend)
+
+    def function(defaults, fn_globals=None):
+        return types.FunctionType(_breaks_with_a_default.__code__, fn_globals or globals(), "f", defaults)
+
+    defaults = (2.0,)
+    first, _ = resume.compiled_callee(make_dispatcher, function(defaults))
+    assert resume.compiled_callee(make_dispatcher, function(defaults))[0] is first
+    for other in (function(tuple([2.0])), function(defaults, dict(globals()))):  # other default objects, globals
+        assert resume.compiled_callee(make_dispatcher, other)[0] is not first
+    # closures of one code share a dispatcher, each call made with its own cells
+    first_closure, second_closure = (resume.compiled_callee(make_dispatcher, with_closure(k))[0] for k in (2.0, 3.0))
+    assert first_closure.func.__self__ is second_closure.func.__self__
+    torch.testing.assert_close(first_closure(torch.ones(2)), with_closure(2.0)(torch.ones(2)))
+    torch.testing.assert_close(second_closure(torch.ones(2)), with_closure(3.0)(torch.ones(2)))
+    x = torch.randn(3)
+    for k in (2.0, 3.0):
+        fn = function((k,))
+        torch.testing.assert_close(resume.call_compiled(make_dispatcher, fn, x), fn(x))
+    shared = function(defaults)
+    torch.testing.assert_close(resume.call_compiled(make_dispatcher, shared, x), shared(x))
+    shared.__defaults__ = (5.0,)  # no longer runs as the function whose dispatcher it shared
+    torch.testing.assert_close(resume.call_compiled(make_dispatcher, shared, x), shared(x))
+
+
+def captured_and_live(x):
+    factor = x.mean()
+
+    def scale(t):
+        return t * factor + 1
+
+    a = scale(x)
+    os.getpid()
+    return scale(a) - x
+
+
+def captured_and_rebound_after_the_break(x):
+    factor = x.mean()
+
+    def scale(t):
+        return t * factor
+
+    a = scale(x)
+    os.getpid()
+    factor = factor + 1  # the inner function made before the break must see it
+    return scale(a)
+
+
+def recursive_inner_function(x, n):
+    def countdown(t, k):  # its own cell holds it
+        return t if k == 0 else countdown(t * 2, k - 1)
+
+    a = countdown(x, n)
+    os.getpid()
+    return countdown(a, 1), countdown
+
+
+def calls_a_closure_that_breaks(x, k):
+    def scaled(t):
+        return t * t.abs().max().item() * k
+
+    return scaled(x) + 1
+
+
+def test_a_frame_whose_variables_inner_functions_capture_resumes_with_the_same_cells():
+    for program, args in ((captured_and_live, (torch.randn(3),)),
+                          (captured_and_rebound_after_the_break, (torch.randn(3),)),
+                          (recursive_inner_function, (torch.randn(3), 2))):
+        compiled, graphs = _compile(program)
+        report = _eager_frames_and_breaks(lambda: compiled(*args))
+        assert report.break_count == 1 and compiled.entries[0].eager_reason is None, program
+        expected, result = program(*args), compiled(*args)
+        if program is recursive_inner_function:
+            torch.testing.assert_close(result[1](args[0], 3), expected[1](args[0], 3))
+            expected, result = expected[0], result[0]
+        torch.testing.assert_close(result, expected)
+    compiled, graphs = _compile(captured_and_live)
+    x = torch.randn(3)
+    compiled(x)
+    captures = stats.captures
+    torch.testing.assert_close(compiled(x), captured_and_live(x))
+    assert stats.captures == captures and len(graphs) == 2 and not report.eager_frames
+
+
+def test_a_closure_made_on_each_call_and_called_at_a_break_is_traced_once():
+    compiled, graphs = _compile(calls_a_closure_that_breaks)
+    x = torch.randn(3)
+    report = _eager_frames_and_breaks(lambda: compiled(x, 2.0))
+    assert not report.eager_frames and report.break_count == 2  # in the frame, then in the closure
+    captures = stats.captures
+    torch.testing.assert_close(compiled(x, 2.0), calls_a_closure_that_breaks(x, 2.0))
+    assert stats.captures == captures
+    for k in (3.0, 2.0, 0.5):  # the cell's contents: each call's own
+        torch.testing.assert_close(compiled(x, k), calls_a_closure_that_breaks(x, k))
+
+
 # --------------------------------------------------------------------------- what breaks instead of dropping the frame
 
 def boolean_mask(x):
@@ -461,3 +638,17 @@ def test_a_data_dependent_while_loop_takes_each_side_of_its_backward_jump():
         expected, expected_steps = halves_while_large(x)
         torch.testing.assert_close(result, expected)
         assert steps == expected_steps
+
+
+def test_a_break_in_a_loop_resumes_through_one_function_for_every_iteration():
+    compiled, graphs = _compile(halves_while_large)
+    x = torch.ones(3) * 2 ** 12  # twelve iterations, each breaking at the loop's test
+    result, steps = compiled(x)
+    expected, expected_steps = halves_while_large(x)
+    torch.testing.assert_close(result, expected)
+    assert steps == expected_steps == 13
+    # the frame, the loop body (traced again once: `steps` becomes a graph input) and the exit
+    assert len(compiled._resumes) == 2 and len(graphs) <= 4
+    captures = stats.captures
+    result, steps = compiled(x * 4)
+    assert steps == 15 and stats.captures == captures

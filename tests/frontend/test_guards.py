@@ -3,6 +3,8 @@
 graph mutates one, and a function's replaced code, defaults and bindings."""
 from __future__ import annotations
 
+import types
+
 import torch
 
 import kiln
@@ -454,3 +456,78 @@ def test_global_shadowing_a_builtin_recompiles():
     finally:
         del globals()["abs"]
     _check(compiled, uses_a_builtin, _ones, 2)
+
+
+# -- functions passed as arguments: guarded by code, globals, closure contents and defaults ---------------
+
+def applies(x, fn):
+    return fn(x) + 1
+
+
+def _scaler(k):
+    return lambda t: t * k
+
+
+def _with_default(t, k=2.0):
+    return t * k
+
+
+def test_a_new_function_object_of_the_same_code_reuses_the_entry():
+    compiled = _compiled(applies)
+    for _ in range(3):  # a new lambda on every call, as a caller defining it inline makes
+        _check(compiled, applies, lambda: (torch.ones(3), lambda t: t * 2), 1)
+
+
+def test_a_function_argument_with_other_code_closure_globals_or_defaults_recompiles():
+    compiled = _compiled(applies)
+    _check(compiled, applies, lambda: (torch.ones(3), _scaler(2.0)), 1)
+    _check(compiled, applies, lambda: (torch.ones(3), _scaler(2.0)), 1)  # new cells, same contents
+    _check(compiled, applies, lambda: (torch.ones(3), _scaler(3.0)), 2)  # the cell's contents
+    _check(compiled, applies, lambda: (torch.ones(3), lambda t: t - 5), 3)  # the code
+    other_globals = dict(_with_default.__globals__)
+    _check(compiled, applies, lambda: (torch.ones(3), _with_default), 4)
+    _check(compiled, applies, lambda: (torch.ones(3), types.FunctionType(  # the defaults
+        _with_default.__code__, _with_default.__globals__, "f", (5.0,))), 5)
+    _check(compiled, applies, lambda: (torch.ones(3), types.FunctionType(  # the globals
+        _with_default.__code__, other_globals, "f", (2.0,))), 6)
+
+
+def picks_by_identity(x, fn):
+    return x * 2 if fn is _with_default else x * 3
+
+
+def test_a_function_argument_compared_by_identity_is_guarded_by_identity():
+    compiled = _compiled(picks_by_identity)
+    same_code = types.FunctionType(_with_default.__code__, _with_default.__globals__, "f", (2.0,))
+    _check(compiled, picks_by_identity, lambda: (torch.ones(3), _with_default), 1)
+    _check(compiled, picks_by_identity, lambda: (torch.ones(3), same_code), 2)
+
+
+def _inner_maker(k):
+    def make_inner():
+        def inner(u):
+            return u * k
+
+        return inner
+
+    def set_k(value):
+        nonlocal k
+        k = value
+
+    return make_inner, set_k
+
+
+def returns_what_fn_makes(x, fn):
+    inner = fn()
+    return inner(x), inner
+
+
+def test_a_function_the_entry_rebuilds_with_an_arguments_cells_is_guarded_by_identity():
+    compiled = _compiled(returns_what_fn_makes)
+    x = torch.ones(3)
+    for later in (5.0, 7.0):  # the same code and cell contents, other cells: `inner` must close over the new ones
+        make_inner, set_k = _inner_maker(2.0)
+        result, inner = compiled(x, make_inner)
+        torch.testing.assert_close(result, x * 2.0)
+        set_k(later)
+        torch.testing.assert_close(inner(x), x * later)

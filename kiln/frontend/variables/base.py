@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import inspect
 import operator
+from types import FunctionType
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -278,6 +279,38 @@ class ConstantVariable(Variable):
         return codegen.constant(self.value)
 
 
+class ArgumentConstant(ConstantVariable):
+    """A constant argument of the traced frame, guarded (by type and value) when the trace first reads it.
+
+    Moving it around (locals, the stack, a call's arguments) reads nothing, so a value the trace only
+    passes on (a live local a resume function takes and hands to the next break, the result of a broken
+    call that the resumed code pops) is not guarded, as in TorchDynamo, whose argument trackers are
+    built lazily: a later call with another value reuses the entry. Every read of `value` (truth,
+    arithmetic, `as_constant`, `python_type`, ...) installs the guard first.
+    """
+
+    def __init__(self, value: Any, source: Source, guards: Any):
+        self._value = value
+        self.source = source
+        self._guards = guards  # the GuardBuilder, until the guard is installed
+
+    @property
+    def value(self) -> Any:
+        if self._guards is not None:
+            guards, self._guards = self._guards, None
+            guards.value(self.source, self._value)
+        return self._value
+
+    def describe(self) -> str:  # naming it in a message decides nothing: no guard
+        text = repr(self._value)
+        return f"constant {text if len(text) < 40 else text[:37] + '...'}"
+
+    def reconstruct(self, codegen) -> str:
+        if self._guards is not None:  # never read: the entry passes on whatever the argument is
+            return codegen.source(self.source)
+        return super().reconstruct(codegen)
+
+
 def run_on_constants(fn, values: list, keywords: dict) -> Any:
     """`fn(*values, **keywords)` on immutable constants, for real: what it raises, the program raises there."""
     try:
@@ -300,10 +333,23 @@ def is_same(left: Variable, right: Variable) -> bool:
     """Python `is`."""
     if left is right:
         return True
+    for one, other in ((left, right), (right, left)):
+        # A function is never an immutable constant (`callback is None`): decided without the function's
+        # identity, which a function argument guards only once the trace depends on it.
+        if isinstance(one, ConstantVariable) and _is_function_tracker(other):
+            one.as_constant()  # its value (and type) guarded: an argument that is a function next time is not this
+            return False
     a, b = left.identity(), right.identity()
     if a is left or b is right:
         return False  # one side is a fresh tracker (new list, tensor): identical only to itself
     return a is b
+
+
+def _is_function_tracker(variable: Variable) -> bool:
+    try:
+        return variable.python_type() is FunctionType
+    except Unsupported:
+        return False
 
 
 def lookup_class_attribute(cls: type, name: str) -> tuple[Any, type | None]:

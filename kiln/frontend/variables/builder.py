@@ -27,8 +27,8 @@ from typing import Any, Callable
 import torch
 
 from kiln.frontend.errors import Unsupported
-from kiln.frontend.sources import Source
-from kiln.frontend.variables.base import ConstantVariable, Tracer, Variable, is_constant_value
+from kiln.frontend.sources import LocalSource, Source
+from kiln.frontend.variables.base import ArgumentConstant, ConstantVariable, Tracer, Variable, is_constant_value
 
 # maker(tx, value, source, guards): guards is the GuardBuilder, or None when the value is not to be guarded
 Maker = Callable[[Tracer, Any, "Source | None", Any], "Variable | None"]
@@ -63,6 +63,8 @@ def wrap(tx: Tracer, value: Any, source: Source | None, guard: bool = True) -> V
                 symbolic = output.scalar_input(tx, value, source)
                 if symbolic is not None:
                     return symbolic
+            if isinstance(source, LocalSource):  # an argument: guarded when the trace reads it
+                return ArgumentConstant(value, source, guards)
             guards.value(source, value)
         return ConstantVariable(value, source)
     cached = output.wrapped.get(id(value))

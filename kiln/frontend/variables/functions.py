@@ -13,7 +13,7 @@ import inspect
 import random
 import sys
 import types
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -29,10 +29,20 @@ class CellVariable(Variable):
 
     EMPTY = object()
 
-    def __init__(self, contents: Any = EMPTY, real_cell: types.CellType | None = None, source=None):
+    def __init__(self, contents: Any = EMPTY, real_cell: types.CellType | None = None, source=None,
+                 pin: Callable[[], Any] | None = None):
         self.contents = contents
         self.real_cell = real_cell
         self.source = source  # source of the cell's *contents*
+        self._pin = pin  # guards the identity of the function the real cell belongs to (UserFunctionVariable)
+
+    def pinned_cell(self) -> types.CellType | None:
+        """The real cell, for code the entry runs with this very cell object: the function it was read from
+        is then guarded by identity (other functions of the same code have other cells)."""
+        if self._pin is not None:
+            pin, self._pin = self._pin, None
+            pin()
+        return self.real_cell
 
     def describe(self) -> str:
         return "closure cell"
@@ -49,6 +59,15 @@ class CellVariable(Variable):
                 raise Unsupported("reading an empty closure cell") from None
             self.contents = tx.wrap(value, self.source)
         return self.contents
+
+    def reconstruct(self, codegen) -> str:
+        """The cell object itself, re-read from the closure it came from (`fn.__closure__[i]`). One the trace
+        made is built by the entry (`EntryCodegen.value`: once, with its contents as the trace left them)."""
+        if self.real_cell is None:
+            return codegen.value(self)
+        if isinstance(self.source, ClosureCellSource):
+            return f"{codegen.source(self.source.parent)}.__closure__[{self.source.index}]"
+        return codegen.constant(self.pinned_cell())
 
     def store(self, tx, value: Variable) -> None:
         if self.real_cell is not None:
@@ -134,17 +153,32 @@ def bind_arguments(code: types.CodeType, args: list[Variable], kwargs: dict[str,
 
 
 class UserFunctionVariable(BaseFunctionVariable):
-    """A real Python function from outside the trace; calls are inlined."""
+    """A real Python function from outside the trace; calls are inlined.
 
-    def __init__(self, fn: types.FunctionType, source=None):
+    `pin`, when given, installs the guard on the function's identity: a function passed as an argument
+    is guarded by its type, code and globals (kinds.py), since a lambda or nested function is a new
+    object on every call of the frame that makes it; its closure cells and defaults are guarded as the
+    trace reads them, and its identity only once the trace depends on it (`is`, a dict key, `id`, its
+    attributes, the object itself as a constant, a real closure cell in a function the entry rebuilds).
+    """
+
+    def __init__(self, fn: types.FunctionType, source=None, pin: Callable[[], None] | None = None):
         self.fn = fn
         self.source = source
+        self._pin = pin
+
+    def pinned(self) -> types.FunctionType:
+        """The function, after guarding that it is this very object."""
+        if self._pin is not None:
+            pin, self._pin = self._pin, None
+            pin()
+        return self.fn
 
     def describe(self) -> str:
         return f"function {self.fn.__qualname__}"
 
     def identity(self) -> Any:
-        return self.fn
+        return self.pinned()
 
     def reconstruct(self, codegen) -> str:
         if self.source is not None:
@@ -152,7 +186,7 @@ class UserFunctionVariable(BaseFunctionVariable):
         return codegen.constant(self.fn)  # reached through guarded or trusted objects: this very function
 
     def as_constant(self) -> Any:
-        return self.fn
+        return self.pinned()
 
     def code(self) -> types.CodeType:
         return self.fn.__code__
@@ -164,7 +198,7 @@ class UserFunctionVariable(BaseFunctionVariable):
         cells = self.fn.__closure__ or ()
         # A function reached without a source (e.g. a method found on a class) is held by the guard directly.
         function_source = self._function_source(tx)
-        return [CellVariable(real_cell=cell, source=ClosureCellSource(function_source, index))
+        return [CellVariable(real_cell=cell, source=ClosureCellSource(function_source, index), pin=self.pinned)
                 for index, cell in enumerate(cells)]
 
     def _function_source(self, tx):
@@ -176,7 +210,7 @@ class UserFunctionVariable(BaseFunctionVariable):
         # (the function's identity alone does not cover them). torch's own functions are
         # trusted, like its globals.
         function_source = self._function_source(tx)
-        guarded = not _is_library_function(self.fn)
+        guarded = not is_library_function(self.fn)
         if guarded:
             tx.output.guards.function(function_source, self.fn)
         defaults = self.fn.__defaults__ or ()
@@ -197,17 +231,17 @@ class UserFunctionVariable(BaseFunctionVariable):
 
     def getattr(self, tx, name: str) -> Variable:
         if name in ("__name__", "__qualname__", "__module__", "__doc__"):
-            return ConstantVariable(getattr(self.fn, name))
+            return ConstantVariable(getattr(self.pinned(), name))
         if name == "__code__":
             return CodeVariable(self.fn.__code__)
         if name == "__wrapped__" and hasattr(self.fn, "__wrapped__"):
-            return tx.wrap(self.fn.__wrapped__, AttrSource(self.source, name) if self.source else None)
+            return tx.wrap(self.pinned().__wrapped__, AttrSource(self.source, name) if self.source else None)
         if name == "__get__":
             return MethodBinderVariable(self)
         raise Unsupported(f"attribute {name!r} of {self.describe()}")
 
 
-def _is_library_function(fn: types.FunctionType) -> bool:
+def is_library_function(fn: types.FunctionType) -> bool:
     """A function of torch (or another library kiln trusts not to be monkeypatched)."""
     return is_trusted_module(str(fn.__globals__.get("__name__", "")))
 
@@ -252,13 +286,13 @@ class NestedFunctionVariable(BaseFunctionVariable):
         """A new function object, as MAKE_FUNCTION would make it (closures over real cells only)."""
         if self.attributes or self.wrapped is not None:
             raise Unsupported(f"rebuilding {self.describe()} with attributes set in the trace")
-        if any(cell.real_cell is None for cell in self.closure):
-            raise Unsupported(f"rebuilding {self.describe()}: it closes over variables of the compiled code")
         defaults = "(" + "".join(f"{codegen.value(item)}, " for item in self.defaults) + ")" \
             if self.defaults else "None"
         kwdefaults = "{" + ", ".join(f"{name!r}: {codegen.value(item)}" for name, item in self.kwdefaults.items()) \
             + "}" if self.kwdefaults else "None"
-        closure = codegen.constant(tuple(cell.real_cell for cell in self.closure)) if self.closure else "None"
+        # its cells as they are now: the real ones re-read, the ones the trace made built once, shared by every
+        # function (and resume function) that closes over them
+        closure = "(" + "".join(f"{codegen.value(cell)}, " for cell in self.closure) + ")" if self.closure else "None"
         return (f"{codegen.constant(_make_function)}({codegen.constant(self._code)}, {codegen.constant(self._globals)}, "
                 f"{self.name!r}, {defaults}, {kwdefaults}, {closure})")
 

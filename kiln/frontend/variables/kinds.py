@@ -22,14 +22,14 @@ from typing import Any
 import torch
 
 from kiln.frontend.errors import Unsupported
-from kiln.frontend.sources import AttrSource, ItemSource
+from kiln.frontend.sources import AttrSource, ItemSource, LocalSource
 from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import ConstantVariable, Variable, is_constant_value
 from kiln.frontend.variables.builtins import SetVariable, builtin_variable
 from kiln.frontend.variables.containers import DictVariable, ExternalDictVariable, ListVariable, TupleVariable
 from kiln.frontend.variables.functions import (BoundMethodVariable, LruCacheVariable, MethodDescriptorVariable,
                                                OpaqueFunctionVariable, PartialVariable, TorchFunctionVariable,
-                                               UserFunctionVariable, is_torch_function)
+                                               UserFunctionVariable, is_library_function, is_torch_function)
 from kiln.frontend.variables.modules import ModuleVariable, PythonModuleVariable
 from kiln.frontend.variables.objects import ClassVariable, ContextVarVariable, UserObjectVariable
 from kiln.frontend.variables.tensor import TensorMethodVariable
@@ -120,6 +120,14 @@ def _lru_cache(tx, value, source, guards) -> Variable:
 
 
 def _function(tx, value: types.FunctionType, source, guards) -> Variable:
+    if guards is not None and isinstance(source, LocalSource) and not is_library_function(value):
+        # An argument (a lambda a resume function takes as a live local, a callback): a function made by the
+        # caller is a new object on each call, so its code and globals are guarded, and its identity only
+        # when the trace depends on it (UserFunctionVariable.pinned).
+        guards.type_is(source, types.FunctionType)
+        guards.function(source, value)
+        guards.identity(AttrSource(source, "__globals__"), value.__globals__)
+        return UserFunctionVariable(value, source, pin=lambda: guards.identity(source, value))
     _guard_identity(guards, source, value)
     return UserFunctionVariable(value, source)
 
