@@ -150,6 +150,14 @@ class OptimizedModule(_torch.compiled_module_base()):
         torch.nn.Module.__init__(self)
         object.__setattr__(self, "_super_module_initialized", True)
 
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            return compiled_call(*args, **kwargs)
+
+        # `inspect.signature(compiled.forward)` is the model's: HF Trainer keeps the dataset columns that
+        # the forward's signature names, and dropped every one for a (*args, **kwargs) forward.
+        functools.update_wrapper(forward, module.forward)
+        object.__setattr__(self, "forward", forward)
+
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         state = object.__getattribute__(self, "__dict__")
         if state["_forward_pre_hooks"] or state["_forward_hooks"] or state["_backward_pre_hooks"] \
