@@ -452,11 +452,16 @@ def _frames(recorder: Recorder) -> str:
         if frame.guard_source:
             lines = frame.guard_source.count("\n") + 1
             body.append(_stage(f"guards ({lines} lines)", _pre(frame.guard_source), f"{frame.anchor}-guards"))
-        out.append(f'<details class="section" id="{_e(frame.anchor)}" open><summary><h3>frame {frame.index}: '
-                   f"<code>{_e(frame.name)}</code></h3> · {_status(frame.status)} · {_ms(frame.seconds)}</summary>"
-                   + "\n".join(body) + "</details>")
+        out.append(_section(frame.anchor, f"frame {frame.index}: <code>{_e(frame.name)}</code>",
+                            [_status(frame.status), _ms(frame.seconds)], body))
     out.append("</section>")
     return "\n".join(out)
+
+
+def _section(anchor: str, heading_html: str, facts_html: list, body: list) -> str:
+    """One frame's or graph's collapsible section: its heading and facts, then its parts."""
+    return (f'<details class="section" id="{_e(anchor)}" open><summary><h3>{heading_html}</h3> · '
+            f'{" · ".join(facts_html)}</summary>' + "\n".join(body) + "</details>")
 
 
 def _breaks(recorder: Recorder) -> str:
@@ -518,9 +523,8 @@ def _graphs(recorder: Recorder) -> str:
         for filename, text in texts.items():  # anything a later backend writes
             if filename not in shown:
                 body.append(_stage(filename, _pre(text)))
-        out.append(f'<details class="section" id="{_e(graph.anchor)}" open><summary><h3>{_e(graph.anchor)}</h3> · '
-                   f"{_e(graph.kind)} · {_status(graph.status)} · {_ms(graph.seconds)}</summary>"
-                   + "\n".join(body) + "</details>")
+        out.append(_section(graph.anchor, _e(graph.anchor), [_e(graph.kind), _status(graph.status), _ms(graph.seconds)],
+                            body))
     out.append("</section>")
     return "\n".join(out)
 
