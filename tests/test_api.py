@@ -5,7 +5,7 @@
 - `kiln.compile` takes torch.compile's arguments, and `torch.compile(backend="kiln", options=...)` works;
 - kiln's compiled module unwraps like torch.compile's (`_orig_mod`, Accelerate, FSDP2's fully_shard),
   with the plain model's state_dict keys;
-- the wheel holds kiln/ only, and does not pin triton.
+- the wheel holds kiln/ only, and asks for triton as a lower bound, not a pin.
 """
 from __future__ import annotations
 
@@ -294,7 +294,7 @@ def test_fsdp2_fully_shard_per_compiled_block():
 
 # ---------------------------------------------------------------- 6. packaging
 
-def test_wheel_holds_kiln_only_and_does_not_pin_triton(tmp_path):
+def test_wheel_holds_kiln_only_and_asks_for_triton_as_a_lower_bound(tmp_path):
     pytest.importorskip("setuptools")
     source = tmp_path / "source"
     source.mkdir()
@@ -317,7 +317,11 @@ def test_wheel_holds_kiln_only_and_does_not_pin_triton(tmp_path):
     (metadata,) = [name for name in names if name.endswith(".dist-info/METADATA")]
     requirements = [line for line in zipfile.ZipFile(wheel).read(metadata).decode().splitlines()
                     if line.startswith("Requires-Dist:")]
-    assert not [line for line in requirements if "triton" in line], requirements
+    # torch's Linux wheels pin the triton they need; a pin of kiln's own would conflict with a newer torch's.
+    # But a CPU-only torch brings no triton, and `import kiln` needs one: a lower bound (tested from a fresh
+    # venv: without triton, `kiln verify` failed every check).
+    (triton,) = [line for line in requirements if "triton" in line]
+    assert ">=" in triton and "==" not in triton, requirements
     assert any("torch" in line for line in requirements)
 
 
