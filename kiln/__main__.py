@@ -3,4 +3,5 @@ import sys
 
 from kiln.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # importing the module (tests/test_layering.py imports each one) runs nothing
+    sys.exit(main())
