@@ -30,6 +30,15 @@ def _log_topics(value: str) -> str:
     return ",".join(topics)
 
 
+def _one_of(*choices: str) -> Callable[[str], str]:
+    """A normalizer accepting exactly `choices` (ValueError listing them otherwise)."""
+    def check(value: str) -> str:
+        if value not in choices:
+            raise ValueError(f"unknown value {value!r}; choose one of {', '.join(map(repr, choices))}")
+        return value
+    return check
+
+
 @dataclass(frozen=True)
 class Option:
     name: str
@@ -92,7 +101,7 @@ OPTIONS = [
     Option("progress_every_s", float, 5.0, "... and again at most this often"),
     Option("partitioner", str, "min_cut", "what a training graph's forward saves for its backward: 'default' (every "
            "value the backward needs) or 'min_cut' (fewer bytes: cheap pointwise work recomputed in the backward, "
-           "as Inductor does)"),
+           "as Inductor does)", normalize=_one_of("default", "min_cut")),
     Option("parallel_compile", bool, False, "a graph's CUDA kernels are compiled in parallel when it loads, before "
            "their first launch (kiln/runtime/launch.py compile_ahead); off: each compiles at its first launch. "
            "Off by default until a GPU run checks it (benchmarks/gpu_verify.sh)"),

@@ -43,3 +43,14 @@ def test_checked_options_name_the_valid_ones():
         kiln.config.checked({"strict": 1})
     assert kiln.config.checked({"verify_ir": None, "progress_after_s": 2}) == {"verify_ir": None,
                                                                               "progress_after_s": 2}
+
+
+def test_an_unknown_partitioner_raises_listing_the_choices():
+    # checked when set, not at a training graph's compile (where it would become a silent eager fallback)
+    with pytest.raises(ValueError, match=r"partitioner.*'default', 'min_cut'"):
+        kiln.config.partitioner = "mincut"
+    with pytest.raises(ValueError, match="min_cut"):
+        kiln.compile(lambda x: x + 1, options={"partitioner": "greedy"})
+    with kiln.config.patch(partitioner="default"):
+        assert kiln.config.partitioner == "default"
+    assert kiln.config.partitioner == "min_cut"

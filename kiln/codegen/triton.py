@@ -186,6 +186,11 @@ class KernelSource:
         return self.source
 
     @property
+    def constexprs(self) -> dict:
+        """The compile-time arguments every launch passes: the block sizes."""
+        return {"XBLOCK": self.xblock, **({"RBLOCK": self.rblock} if self.rblock else {})}
+
+    @property
     def checks_indices(self) -> bool:
         """Whether the kernel reports out-of-range gather indices into the graph's status flag."""
         return INDEX_STATUS in self.buffer_args

@@ -133,7 +133,7 @@ def _triton_kernel_file(kernel, graph, known_sizes: dict) -> str:
     for name, dtype, span in zip(kernel.buffer_args, kernel.pointer_dtypes, spans):
         kind = "zeros" if name == INDEX_STATUS else "random"
         buffers.append(f"        ({name!r}, {_source(span)}, {str(dtype)!r}, {kind!r}),")
-    constexprs = {"XBLOCK": kernel.xblock, **({"RBLOCK": kernel.rblock} if kernel.rblock else {})}
+    constexprs = kernel.constexprs
     source = kernel.source.replace(f"\ndef {kernel.function_name}(", f"\n@triton.jit\ndef {kernel.function_name}(", 1)
     return f'''"""kiln kernel {kernel.name} (Triton), dumped by KILN_DEBUG: runnable on its own.
 

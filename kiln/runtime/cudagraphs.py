@@ -315,12 +315,13 @@ class CudaGraphRunner:
 
 def _invalidate_alive(previous: list, invalidate: Callable | None, message: str) -> int:
     """Invalidate the storages in `previous` that some tensor still holds; empty it; how many there were."""
+    if invalidate is None:  # the use-count policy keeps no references
+        return 0
     alive = [ref for ref in previous if not ref.expired()]
-    if invalidate is not None:
-        for ref in alive:
-            invalidate(ref.cdata, message)
+    for ref in alive:
+        invalidate(ref.cdata, message)
     previous.clear()
-    return len(alive) if invalidate is not None else 0
+    return len(alive)
 
 
 def _storage_handle(tensor: torch.Tensor) -> int:

@@ -138,7 +138,7 @@ def launch_{name}({params}):
     return namespace[f"launch_{name}"]
 
 
-def compile_ahead(jobs: list, workers: int, name: str = "") -> int:
+def compile_ahead(jobs: list, workers: int) -> int:
     """Compile CUDA kernels on `workers` threads before their first launch; how many were submitted.
 
     `jobs` holds `(kernel, pointer_dtypes, ints, constexprs, num_warps)`: a Triton JITFunction and the
@@ -164,7 +164,7 @@ def compile_ahead(jobs: list, workers: int, name: str = "") -> int:
                                   **COMPILE_OPTIONS)
                 except Exception:  # the launch compiles it and reports the error
                     continue
-            progress = Progress(len(mode.raw_futures), f"compiling the CUDA kernels of {name or 'a graph'}")
+            progress = Progress(len(mode.raw_futures), "compiling the CUDA kernels of a graph")
             for _ in as_completed(mode.raw_futures):  # the mode's exit finalizes them
                 progress.step()
     return len(jobs)

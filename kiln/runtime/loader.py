@@ -44,20 +44,21 @@ def load_kernel(name: str, source: str, device_type: str):
     return _loaded_kernels[key]
 
 
-def load_triton_kernels(kernel_sources: list, name: str = "") -> dict:
+def load_triton_kernels(kernel_sources: list) -> dict:
     """{kernel name: launch function} for a graph's Triton kernel sources (kiln/codegen/triton.py).
-    On CUDA the graph's distinct kernels are compiled now, in parallel (`config.compile_workers`
-    threads; runtime/launch.py compile_ahead), rather than one after another at their first launches."""
+    With `config.parallel_compile` (off until a GPU run checks it), the graph's distinct CUDA kernels are
+    compiled now, in parallel (`config.compile_workers` threads; runtime/launch.py compile_ahead), rather
+    than one after another at their first launches."""
     launchers = {kernel.name: _launcher(kernel) for kernel in kernel_sources}
     try:
-        _compile_ahead(kernel_sources, name)
+        _compile_ahead(kernel_sources)
     except Exception as error:  # an optimization only: each kernel still compiles at its first launch
         log.warning("kiln: compiling kernels ahead failed (%s: %s); they compile at their first launch",
                     type(error).__name__, error)
     return launchers
 
 
-def _compile_ahead(kernel_sources: list, name: str = "") -> None:
+def _compile_ahead(kernel_sources: list) -> None:
     """Each distinct (kernel, static arguments) of the graph's CUDA kernels compiled in parallel."""
     import os
 
@@ -76,25 +77,21 @@ def _compile_ahead(kernel_sources: list, name: str = "") -> None:
         jit = load_kernel(kernel.function_name, kernel.source, kernel.device_type)
         if _triton.is_interpreted(jit):
             continue
-        constexprs = {"XBLOCK": kernel.xblock, **({"RBLOCK": kernel.rblock} if kernel.rblock else {})}
-        key = (id(jit), tuple(map(str, kernel.pointer_dtypes)), tuple(ints), tuple(constexprs.items()),
+        key = (id(jit), tuple(map(str, kernel.pointer_dtypes)), tuple(ints), tuple(kernel.constexprs.items()),
                kernel.num_warps)
         if key not in seen:
             seen.add(key)
-            jobs.append((jit, kernel.pointer_dtypes, ints, constexprs, kernel.num_warps))
-    compile_ahead(jobs, config.compile_workers or os.cpu_count() or 1, name)
+            jobs.append((jit, kernel.pointer_dtypes, ints, kernel.constexprs, kernel.num_warps))
+    compile_ahead(jobs, config.compile_workers or os.cpu_count() or 1)
 
 
 def _launcher(kernel):
     """The launch function the wrapper calls as `name(grid_x, *buffers, *sizes)`."""
     from kiln.runtime.launch import make_launcher
 
-    constexprs = {"XBLOCK": kernel.xblock}
-    if kernel.rblock:
-        constexprs["RBLOCK"] = kernel.rblock
     return make_launcher(load_kernel(kernel.function_name, kernel.source, kernel.device_type), kernel.device_type,
                          name=kernel.name, pointer_count=len(kernel.buffer_args), int_count=len(kernel.size_args),
-                         constexprs=constexprs, num_warps=kernel.num_warps)
+                         constexprs=kernel.constexprs, num_warps=kernel.num_warps)
 
 
 class CompiledGraph:

@@ -201,7 +201,7 @@ def test_the_loader_compiles_static_cuda_kernels_ahead_once_each(monkeypatch):
     shared = object()
     monkeypatch.setattr(loader, "load_kernel", lambda name, source, device_type: shared)
     monkeypatch.setattr(loader._triton, "is_interpreted", lambda kernel: False)
-    monkeypatch.setattr(launch, "compile_ahead", lambda jobs, workers, name="": submitted.extend(jobs) or len(jobs))
+    monkeypatch.setattr(launch, "compile_ahead", lambda jobs, workers: submitted.extend(jobs) or len(jobs))
     s0 = sympy.Symbol("s0", integer=True, positive=True)
 
     def source(name, sizes, device_type="cuda", skip=False):
