@@ -3,7 +3,8 @@
 Compiles a handful of fused programs on CUDA in fp32 and bf16 and checks each against
 eager with kiln's accuracy rule (float64 reference). Then mode="reduce-overhead" (CUDA
 graphs) on a small Llama and a small ResNet: several calls with new inputs each, every
-result checked against eager, and how many calls replayed a graph. One line per case.
+result checked against eager, and how many calls replayed a graph; then the Llama with new
+sequence lengths (a recording per length). One line per case.
 """
 from __future__ import annotations
 
@@ -76,6 +77,48 @@ def check_cuda_graphs() -> int:
         with kiln.config.patch(cudagraph_invalidate=invalidate):
             for name, call, model, make in _small_models():
                 failures += _check_cuda_graph_model(name, call, model, make, keep_results=invalidate)
+    return failures + _check_cuda_graph_sizes()
+
+
+def _check_cuda_graph_sizes() -> int:
+    """New sequence lengths under mode="reduce-overhead" (the defaults: results kept alive, up to
+    config.cudagraph_max_shapes recordings per graph): the second length makes the graph
+    shape-generic, and each length then gets a recording of its own. Every call vs eager."""
+    from kiln.runtime.cudagraphs import CudaGraphRunner
+
+    name, call, model, _ = _small_models()[0]
+    torch._dynamo.reset()
+    gc.collect()
+    failures = 0
+    lengths = (64, 64, 64, 96, 96, 96, 128, 128, 128, 64, 96, 128)
+    try:
+        compiled = kiln.compile(model, mode="reduce-overhead")
+        model64 = copy.deepcopy(model).double()
+        out = None
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            for step, length in enumerate(lengths):
+                ids = torch.randint(0, 1000, (2, length), device="cuda")
+                out = call(compiled, ids)  # the previous result alive during the call, as in a user's loop
+                with torch.autocast("cuda", enabled=False):
+                    reference = call(model64, ids).float()
+                verdict = kiln.testing.compare(out.float().clone(), call(model, ids).float(), reference, factor=3.0)
+                if not verdict:
+                    failures += 1
+                    print(f"cudagraphs sizes      {name:10} call {step} (length {length}) MISMATCH {verdict.message}",
+                          flush=True)
+            del out
+        runners = [o for o in gc.get_objects() if isinstance(o, CudaGraphRunner)]
+        replays = sum(r.replays for r in runners)
+        plain = sum(r.plain_calls for r in runners)
+        disabled = [r.disabled_reason for r in runners if r.disabled_reason]
+        recordings = sum(r.recordings for r in runners)
+        print(f"cudagraphs sizes      {name:10} {len(lengths)} calls, lengths {sorted(set(lengths))} checked; "
+              f"runners {len(runners)}, recordings {recordings}, replays {replays}, plain calls {plain}, "
+              f"disabled {disabled}", flush=True)
+        failures += not replays or plain > 0 or bool(disabled)
+    except Exception:
+        failures += 1
+        print(f"cudagraphs sizes      {name:10} ERROR {traceback.format_exc()[-1500:]}", flush=True)
     return failures
 
 

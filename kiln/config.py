@@ -102,14 +102,13 @@ OPTIONS = [
     Option("partitioner", str, "min_cut", "what a training graph's forward saves for its backward: 'default' (every "
            "value the backward needs) or 'min_cut' (fewer bytes: cheap pointwise work recomputed in the backward, "
            "as Inductor does)", normalize=_one_of("default", "min_cut")),
-    Option("parallel_compile", bool, False, "a graph's CUDA kernels are compiled in parallel when it loads, before "
-           "their first launch (kiln/runtime/launch.py compile_ahead); off: each compiles at its first launch. "
-           "Off by default until a GPU run checks it (benchmarks/gpu_verify.sh)"),
-    Option("cudagraph_invalidate", bool, False, "mode='reduce-overhead': a result still referenced at the next call is "
+    Option("parallel_compile", bool, True, "a graph's CUDA kernels are compiled in parallel when it loads, before "
+           "their first launch (kiln/runtime/launch.py compile_ahead); off: each compiles at its first launch"),
+    Option("cudagraph_invalidate", bool, True, "mode='reduce-overhead': a result still referenced at the next call is "
            "invalidated (reading it raises, saying to keep a .clone()) and the graph replays, as torch.compile's "
-           "do; off: such a call runs without its graph. Off by default until a GPU run checks it"),
-    Option("cudagraph_max_shapes", int, 1, "mode='reduce-overhead': recordings of one graph for different sizes "
-           "(each with its own memory); calls with sizes past that run without graphs. 1 until a GPU run checks more"),
+           "do; off: such a call runs without its graph"),
+    Option("cudagraph_max_shapes", int, 8, "mode='reduce-overhead': recordings of one graph for different sizes "
+           "(each with its own memory); calls with sizes past that run without graphs"),
     Option("fast_launch", bool, True, "CUDA kernels launched by kiln's launcher (kiln/runtime/launch.py), "
                                       "not through Triton's per-call specialization"),
     Option("fusion_window", int, 6, "a node may join a kernel up to this many steps back (not only the last)"),

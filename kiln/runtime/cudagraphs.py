@@ -18,11 +18,7 @@ How one compiled graph is used (`CudaGraphRunner`):
 Correctness first. A replay writes its results into the same memory as the previous one, so
 a result of the previous call that is still referenced must never show the new values. Two
 policies, chosen by `config.cudagraph_invalidate`:
-- off (the default, the one checked on the H200): before a replay the runner checks the output
-  storages' use counts; if a tensor or view of the previous results is alive, that call runs the
-  wrapper without the graph (correct, slower; logged once). In an `out = model(x)` loop `out` is
-  alive during the next call, so such a loop runs without the graph.
-- on (torch.compile's semantics; not yet run on a GPU): a result is valid until the next call.
+- on (the default; torch.compile's semantics): a result is valid until the next call.
   Each call's results sit on storage objects of their own over the graph's output buffers
   (`_torch.storage_alias`), weakly referenced by the runner; before a replay, the previous
   results still referenced are invalidated (`_torch.storage_invalidator`), so reading one raises
@@ -31,13 +27,17 @@ policies, chosen by `config.cudagraph_invalidate`:
   build without the invalidation (CPU-only builds: the use-count check). Dropping a recording
   (to record again) or the runner invalidates the results still referenced, since their memory
   goes with it.
+- off: before a replay the runner checks the output storages' use counts; if a tensor or view
+  of the previous results is alive, that call runs the wrapper without the graph (correct,
+  slower; logged once). In an `out = model(x)` loop `out` is alive during the next call, so
+  such a loop runs without the graph.
 An in-place input that moved makes the runner record again, up to `MAX_RECORDINGS` times: a
 parameter is read in place again (reassigned weights), any other input is copied in from then
 on (an activation that the allocator happened to place at the same address twice); a capture
 that fails (a host synchronization, a CPU tensor) makes calls run without the graph, with the
 reason logged. A shape-generic graph takes its sizes as non-tensor inputs: each new tuple of
 them gets a runner (and a recording, with its own memory) of its own, up to
-`config.cudagraph_max_shapes` recordings (1 by default: calls with other sizes run without graphs).
+`config.cudagraph_max_shapes` recordings (8 by default; calls with sizes past that run without graphs).
 
 `capture` is a parameter so that tests can drive the same logic on a CPU with a
 stand-in recording (tests/runtime/test_cudagraphs.py); on a GPU it is `cuda_capture`.

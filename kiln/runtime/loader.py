@@ -46,7 +46,7 @@ def load_kernel(name: str, source: str, device_type: str):
 
 def load_triton_kernels(kernel_sources: list) -> dict:
     """{kernel name: launch function} for a graph's Triton kernel sources (kiln/codegen/triton.py).
-    With `config.parallel_compile` (off until a GPU run checks it), the graph's distinct CUDA kernels are
+    With `config.parallel_compile` (on by default), the graph's distinct CUDA kernels are
     compiled now, in parallel (`config.compile_workers` threads; runtime/launch.py compile_ahead), rather
     than one after another at their first launches."""
     launchers = {kernel.name: _launcher(kernel) for kernel in kernel_sources}

@@ -201,29 +201,32 @@ def test_new_sizes_get_recordings_of_their_own_up_to_a_bound(caplog):
     runner = runner_for(max_shapes=4)
     for x in inputs(3):
         check(runner([w, b, x, 1.0]), w, b, x, 1.0)
-    for scale in (3.0, 3.0, 3.0, 1.0, 3.0):  # warm up, record, replay; the first sizes replay as before
-        x = torch.randn(5, 8)
+    for scale, x in zip((3.0, 3.0, 3.0, 1.0, 3.0), inputs(5)):  # warm up, record, replay; the first sizes replay
         check(runner([w, b, x, scale]), w, b, x, scale)
     assert runner.replays == 3 and runner.plain_calls == 0  # the record call's, one more, and 1.0's
     (other,) = runner.shapes.values()  # 3.0's: warm-up, record (it replays too), two replays
     assert other.replays == 3 and other.plain_calls == 0 and other.recordings == 1
     with caplog.at_level(logging.WARNING, logger="kiln"):
-        for scale in (4.0, 5.0, 6.0, 7.0, 6.0, 5.0, 5.0):  # two more runners; past MAX_SHAPES, plain calls
-            x = torch.randn(5, 8)
-            check(runner([w, b, x, scale]), w, b, x, scale)
+        for scale, x in zip((4.0, 5.0, 6.0, 7.0, 6.0, 5.0, 5.0), inputs(7)):  # two more runners; past MAX_SHAPES,
+            check(runner([w, b, x, scale]), w, b, x, scale)                  # plain calls
     assert len(runner.shapes) + 1 == runner.max_shapes == 4
     assert "at most 4" in caplog.text and runner.plain_calls == 3  # 6.0, 7.0, 6.0
     assert runner.shapes[(5.0,)].replays == 2  # 5.0's runner: warm-up, record, replay
 
 
-def test_by_default_other_sizes_run_without_graphs_and_live_results_block_the_replay():
-    # The defaults until a GPU run checks the alternatives (config.cudagraph_max_shapes, cudagraph_invalidate).
+def test_the_defaults_invalidate_stale_results_and_record_up_to_eight_sizes():
     runner = cudagraphs.CudaGraphRunner(graph_function, "g0", capture=RerunRecording, make_stream=lambda: None,
                                         stream_context=lambda stream: contextlib.nullcontext())
+    assert runner.max_shapes == 8 and runner._invalidate is cudagraphs._torch.storage_invalidator()
+
+
+def test_with_invalidation_off_other_sizes_past_the_bound_run_without_graphs_and_live_results_block_the_replay():
+    with kiln.config.patch(cudagraph_invalidate=False, cudagraph_max_shapes=1):
+        runner = cudagraphs.CudaGraphRunner(graph_function, "g0", capture=RerunRecording, make_stream=lambda: None,
+                                            stream_context=lambda stream: contextlib.nullcontext())
     assert runner.max_shapes == 1 and runner._invalidate is None
     w, b = torch.randn(8, 4), torch.randn(4)
-    for scale in (1.0, 1.0, 1.0, 2.0, 2.0, 2.0):
-        x = torch.randn(5, 8)
+    for scale, x in zip((1.0, 1.0, 1.0, 2.0, 2.0, 2.0), inputs(6)):
         check(runner([w, b, x, scale]), w, b, x, scale)
     assert runner.replays == 2 and runner.plain_calls == 3 and not runner.shapes
 

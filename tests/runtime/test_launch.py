@@ -208,7 +208,7 @@ def test_the_loader_compiles_static_cuda_kernels_ahead_once_each(monkeypatch):
         return KernelSource(name, "src", ["buf0", "buf1"], sizes, sizes[-1], 1024, None, 4, device_type, skip,
                             "kernel_abc", [torch.float32, torch.bfloat16])
 
-    with kiln.config.patch(parallel_compile=True):  # off by default until a GPU run checks it
+    with kiln.config.patch(parallel_compile=True):  # the default
         loader._compile_ahead(kernel_sources=[
             source("k0", [sympy.Integer(8), sympy.Integer(4096)]),
             source("k1", [sympy.Integer(8), sympy.Integer(4096)]),  # the same source and arguments: once
@@ -219,7 +219,7 @@ def test_the_loader_compiles_static_cuda_kernels_ahead_once_each(monkeypatch):
         ])
     assert [(kernel, dtypes, ints) for kernel, dtypes, ints, _, _ in submitted] == [
         (shared, [torch.float32, torch.bfloat16], [8, 4096]), (shared, [torch.float32, torch.bfloat16], [8, 1024])]
-    with kiln.config.patch(parallel_compile=False):  # the default
+    with kiln.config.patch(parallel_compile=False):
         submitted.clear()
         loader._compile_ahead([source("k0", [sympy.Integer(8), sympy.Integer(4096)])])
         assert not submitted
