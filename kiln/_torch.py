@@ -48,6 +48,13 @@ def dynamo_reset() -> None:
     torch._dynamo.reset()
 
 
+def has_unbacked_symbols(value) -> bool:
+    """Whether a SymInt depends on a tensor's data (an unbacked symbol, `u0`), not only on sizes."""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    return bool(free_unbacked_symbols(value))
+
+
 def sym_expr(value):
     """The sympy expression of an int or SymInt (a plain int stays an Integer), spelled with kiln's
     index functions (kiln/ir/indexing.py) where the ShapeEnv wrote torch's own (`s0 // 2`, min, max)."""

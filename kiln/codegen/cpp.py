@@ -726,9 +726,10 @@ class CppKernelGenerator:
         """
         last = len(self.kernel.col_ranges) - 1
         extent = self.index(self.kernel.col_ranges[last])
+        term = extent if sympy.sympify(self.kernel.col_ranges[last]).is_Atom else f"({extent})"  # `-1 + s0`
         preheader = self._preheader(self.kernel.col_ranges)  # before the loops: together they run
         self._open_outer_columns()
-        self.out.add(f"int64_t {name}_end = {extent} - {extent} % {LANES};")
+        self.out.add(f"int64_t {name}_end = {term} - {term} % {LANES};")
         start, stop = open_block() if open_block is not None else ("0", f"{name}_end")
         self.out.open(f"for (int64_t {name}_base = {start}; {name}_base < {stop}; {name}_base += {LANES})")
         self.out.add(self._simd())

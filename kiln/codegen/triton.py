@@ -490,6 +490,8 @@ class TritonKernelGenerator:
             # of equal values gets its exact mean and var 0 (x - m0 is exact, so is the
             # corrected mean); sum / n alone is a few ulp off.
             count = self.index_source(self.kernel.col_numel)
+            if not sympy.sympify(self.kernel.col_numel).is_Atom:
+                count = f"({count})"  # a symbolic count: `-1 + s0`, `s0*s1`
             self.out.add(f"{name}_m0 = " + self._row_sum(f"tl.where({mask}, {name}_in * (1.0 / {count}), 0.0)"))
             self.out.add(f"{name}_c = " + self._row_sum(f"tl.where({mask}, {name}_in - {name}_m0, 0.0)"))
             self.out.add(f"{name}_0 = {name}_m0 + {name}_c / {count}")

@@ -363,7 +363,12 @@ class LoweringContext:
                 return type(item)(output_for(sub) for sub in item)
             if item is None or (isinstance(item, (int, float, bool)) and not isinstance(item, torch.SymInt)):
                 return ConstantOutput(item)  # e.g. attention's static max sequence lengths
-            raise Unsupported(f"extern {op} returns {type(item).__name__}")
+            if isinstance(item, torch.SymInt) and not _torch.has_unbacked_symbols(item):
+                # a size the fake run derived from the inputs' sizes (cuDNN attention's max sequence
+                # lengths under dynamic shapes): the same expression as any other symbolic size
+                return ConstantOutput(_torch.sym_expr(item))
+            what = "a data-dependent SymInt" if isinstance(item, torch.SymInt) else type(item).__name__
+            raise Unsupported(f"extern {op} returns {what}")
 
         structure = output_for(meta)
         node = Extern(self._node_name(), op, converted_args, converted_kwargs, [buffer.name for buffer in outputs],
