@@ -9,7 +9,8 @@
 #   development machines pip takes the CPU wheel from the local wheel folder).
 # - The rest: triton==3.6.0 numpy sympy transformers pytest expecttest matplotlib (`kiln bench`'s plots)
 #   accelerate (the integration tests), each installed
-#   only when it does not import; then kiln itself, editable (`pip install -e . --no-deps`).
+#   only when it does not import; lightning where it can be (its test skips otherwise); then kiln
+#   itself, editable (`pip install -e . --no-deps`).
 # - Debian's chromium, for the compile report's browser test (apt-get, as root; see below).
 # Set PYTHON to choose the interpreter that makes the venv (default python3).
 set -euo pipefail
@@ -74,6 +75,14 @@ done
 if [ "${#missing[@]}" -gt 0 ]; then
     echo "env.sh: installing ${missing[*]}"
     "${PIP[@]}" "${missing[@]}"
+fi
+
+# Lightning, for its integration test only (tests/integrations/test_lightning.py): installed with
+# the rest on a new venv; where it cannot be installed, that test is skipped, saying why.
+if ! "$VENV_PYTHON" -c "import lightning" >/dev/null 2>&1; then
+    echo "env.sh: installing lightning (the Lightning integration test)"
+    "${PIP[@]}" --retries 1 --timeout 30 lightning \
+        || echo "env.sh: could not install lightning; the Lightning integration test will be skipped"
 fi
 
 echo "env.sh: installing kiln (editable)"
