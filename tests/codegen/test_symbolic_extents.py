@@ -22,7 +22,7 @@ def test_reductions_over_an_extent_that_is_a_sum_of_sizes(backend):
     torch._dynamo.reset()
     compiled = torch.compile(sliced_reductions, backend="kiln", dynamic=True)
     with kiln.config.patch(strict=True, cpu_backend=backend):
-        for shape in ((5, 7), (40, 300)):  # tails of the 16-lane loop, and full blocks
+        for shape in ((5, 7), (40, 40)):  # tails of the 16-lane loop, and full blocks with a tail
             x = torch.randn(*shape)
             verdict = kiln.testing.compare(compiled(x), sliced_reductions(x), sliced_reductions(x.double()))
             assert verdict, (shape, verdict.message)
