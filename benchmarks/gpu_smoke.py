@@ -84,8 +84,6 @@ def _check_cuda_graph_sizes() -> int:
     """New sequence lengths under mode="reduce-overhead" (the defaults: results kept alive, up to
     config.cudagraph_max_shapes recordings per graph): the second length makes the graph
     shape-generic, and each length then gets a recording of its own. Every call vs eager."""
-    from kiln.runtime.cudagraphs import CudaGraphRunner
-
     name, call, model, _ = _small_models()[0]
     torch._dynamo.reset()
     gc.collect()
@@ -99,32 +97,43 @@ def _check_cuda_graph_sizes() -> int:
             for step, length in enumerate(lengths):
                 ids = torch.randint(0, 1000, (2, length), device="cuda")
                 out = call(compiled, ids)  # the previous result alive during the call, as in a user's loop
-                with torch.autocast("cuda", enabled=False):
-                    reference = call(model64, ids).float()
-                verdict = kiln.testing.compare(out.float().clone(), call(model, ids).float(), reference, factor=3.0)
+                verdict = _compare(call, out, model, model64, [ids])
                 if not verdict:
                     failures += 1
                     print(f"cudagraphs sizes      {name:10} call {step} (length {length}) MISMATCH {verdict.message}",
                           flush=True)
             del out
-        runners = [o for o in gc.get_objects() if isinstance(o, CudaGraphRunner)]
-        replays = sum(r.replays for r in runners)
-        plain = sum(r.plain_calls for r in runners)
-        disabled = [r.disabled_reason for r in runners if r.disabled_reason]
-        recordings = sum(r.recordings for r in runners)
+        runners, totals, disabled = _runner_totals()
         print(f"cudagraphs sizes      {name:10} {len(lengths)} calls, lengths {sorted(set(lengths))} checked; "
-              f"runners {len(runners)}, recordings {recordings}, replays {replays}, plain calls {plain}, "
-              f"disabled {disabled}", flush=True)
-        failures += not replays or plain > 0 or bool(disabled)
+              f"runners {runners}, recordings {totals['recordings']}, replays {totals['replays']}, "
+              f"plain calls {totals['plain_calls']}, disabled {disabled}", flush=True)
+        failures += not totals["replays"] or totals["plain_calls"] > 0 or bool(disabled)
     except Exception:
         failures += 1
         print(f"cudagraphs sizes      {name:10} ERROR {traceback.format_exc()[-1500:]}", flush=True)
     return failures
 
 
-def _check_cuda_graph_model(name, call, model, make, keep_results: bool) -> int:
+def _compare(call, out, model, model64, args) -> kiln.testing.Verdict:
+    """A compiled result (bf16 autocast) vs eager's and a float64 reference's, on the same arguments."""
+    got, want = out.float().clone(), call(model, *args).float()
+    with torch.autocast("cuda", enabled=False):
+        reference = call(model64, *[a.double() if a.is_floating_point() else a for a in args]).float()
+    return kiln.testing.compare(got, want, reference, factor=3.0)
+
+
+def _runner_totals() -> tuple[int, dict, list]:
+    """The live CUDA-graph runners (sub-runners of other sizes included): how many, their summed counters
+    (replays, plain_calls, recordings, invalidated), and why any turned graphs off."""
     from kiln.runtime.cudagraphs import CudaGraphRunner
 
+    runners = [o for o in gc.get_objects() if isinstance(o, CudaGraphRunner)]
+    totals = {field: sum(getattr(r, field) for r in runners)
+              for field in ("replays", "plain_calls", "recordings", "invalidated")}
+    return len(runners), totals, [r.disabled_reason for r in runners if r.disabled_reason]
+
+
+def _check_cuda_graph_model(name, call, model, make, keep_results: bool) -> int:
     failures = 0
     policy = "invalidate" if keep_results else "default"
     torch._dynamo.reset()
@@ -140,12 +149,7 @@ def _check_cuda_graph_model(name, call, model, make, keep_results: bool) -> int:
                 if not keep_results:
                     out = None  # released before the call
                 out = call(compiled, *args)
-                got = out.float().clone()
-                want = call(model, *args).float()
-                with torch.autocast("cuda", enabled=False):
-                    reference = call(model64, *[a.double() if a.is_floating_point() else a
-                                                for a in args]).float()
-                verdict = kiln.testing.compare(got, want, reference, factor=3.0)
+                verdict = _compare(call, out, model, model64, args)
                 if not verdict:
                     failures += 1
                     print(f"cudagraphs {policy:10} {name:10} call {step} MISMATCH {verdict.message}", flush=True)
@@ -159,15 +163,11 @@ def _check_cuda_graph_model(name, call, model, make, keep_results: bool) -> int:
                     stale_message = "raises" if ".clone()" in str(error) else f"other error: {error}"
                 del stale
             del out
-        runners = [o for o in gc.get_objects() if isinstance(o, CudaGraphRunner)]
-        replays = sum(r.replays for r in runners)
-        plain = sum(r.plain_calls for r in runners)
-        disabled = [r.disabled_reason for r in runners if r.disabled_reason]
-        invalidated = sum(r.invalidated for r in runners)
-        print(f"cudagraphs {policy:10} {name:10} 6 calls checked; graphs {len(runners)}, replays {replays}, "
-              f"plain calls {plain}, disabled {disabled}, stale results invalidated {invalidated}, "
-              f"reading a stale result: {stale_message}", flush=True)
-        failures += not replays or plain > 0 or (keep_results and stale_message != "raises")
+        runners, totals, disabled = _runner_totals()
+        print(f"cudagraphs {policy:10} {name:10} 6 calls checked; graphs {runners}, replays {totals['replays']}, "
+              f"plain calls {totals['plain_calls']}, disabled {disabled}, stale results invalidated "
+              f"{totals['invalidated']}, reading a stale result: {stale_message}", flush=True)
+        failures += not totals["replays"] or totals["plain_calls"] > 0 or (keep_results and stale_message != "raises")
     except Exception:
         failures += 1
         print(f"cudagraphs {policy:10} {name:10} ERROR {traceback.format_exc()[-1500:]}", flush=True)

@@ -36,8 +36,8 @@ def compile(model=None, *, fullgraph: bool = False, dynamic: bool | None = None,
     backend: a rung of `kiln.list_backends()`, or a callable `backend(gm, example_inputs) -> callable`
         (torch.compile's backend contract) that compiles each graph kiln's frontend captures.
     mode: "default" (None means it); "reduce-overhead": inference graphs on CUDA replay through
-        CUDA graphs (kiln/runtime/cudagraphs.py: a result stays valid until the next call, which
-        first checks that no earlier result is still referenced, else runs without the graph);
+        CUDA graphs (kiln/runtime/cudagraphs.py: a result stays valid until the next call, whose
+        replay overwrites it; reading it after that raises, saying to keep a `.clone()`);
         "max-autotune": not built yet, runs as "default" (with a warning).
     options: kiln.config options ({"cpu_backend": "triton", ...}, see `kiln.config.describe()`),
         in force while this model's graphs are captured, compiled and run; an unknown name raises.
