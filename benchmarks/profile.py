@@ -1,6 +1,6 @@
 """Where a compiled model's time goes, on a GPU: device time, host time, top kernels.
 
-    python -m benchmarks.profile --only bert,llama --backends kiln,inductor [--out DIR]
+    python -m benchmarks.profile --only bert,llama --backends kiln,inductor [--modes infer,cudagraphs] [--out DIR]
 
 For each model x backend (one process for all: this is a diagnosis tool, not the
 benchmark of record, which is `benchmarks.run`), after compiling and warming up:
@@ -10,6 +10,11 @@ benchmark of record, which is `benchmarks.run`), after compiling and warming up:
   When host ms is close to device ms, the program is launch-bound (Python and launch
   overhead), not kernel-bound;
 - kernel launches per call and the top kernels by device time (torch.profiler);
+- memory: peak allocated GiB over the timed calls (what benchmarks.run reports), and the
+  allocator's reserved GiB. Under CUDA graphs the two backends' allocated bytes do not compare:
+  torch.compile's CUDA-graph trees hand out outputs from their pool without the allocator
+  counting them, so reserved (every segment the caching allocator holds, graph pools
+  included) is the figure to compare there.
 Run with KILN_DEBUG=1 KILN_DEBUG_DIR=$OUT/kiln_debug to keep kiln's kernels and wrappers.
 
 Writes profile_<model>_<backend>.txt per case and profile_summary.md under --out.
@@ -66,45 +71,57 @@ def _profile_table(runner, calls: int = 5) -> tuple[str, float]:
     return table, launches
 
 
-def profile_case(name: str, backend: str, out_dir: str, tag: str = "") -> str:
+def profile_case(name: str, backend: str, mode: str, out_dir: str, tag: str = "") -> str:
+    """One model x backend x mode ("infer" or "cudagraphs"): its row of the summary table."""
     workload = workloads.build("models", name, small=False, device="cuda")
-    program = compile_program(workload.program, backend, "infer", "kiln")
-    runner = Runner(workload, program, "infer", "cuda", use_autocast=True, mark_cudagraph_steps=False)
+    program = compile_program(workload.program, backend, mode, "kiln")
+    runner = Runner(workload, program, mode, "cuda", use_autocast=True,
+                    mark_cudagraph_steps=(backend == "inductor" and mode == "cudagraphs"))
     begin = time.perf_counter()
     runner()
     torch.cuda.synchronize()
     first_call = time.perf_counter() - begin
     for _ in range(3):
         runner()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
     device_ms = _device_ms(runner)
     host_ms = _host_ms(runner)
+    peak_gib = torch.cuda.max_memory_allocated() / 2**30
+    reserved_gib = torch.cuda.memory_reserved() / 2**30
     table, launches = _profile_table(runner)
-    lines = [f"# {name} / {backend}", f"first call {first_call:.1f} s; device {device_ms:.3f} ms/call; "
-             f"host (issue only) {host_ms:.3f} ms/call; ~{launches:.0f} device events/call"]
+    lines = [f"# {name} / {backend} / {mode}", f"first call {first_call:.1f} s; device {device_ms:.3f} ms/call; "
+             f"host (issue only) {host_ms:.3f} ms/call; ~{launches:.0f} device events/call; "
+             f"peak allocated {peak_gib:.2f} GiB, reserved {reserved_gib:.2f} GiB"]
     lines += ["", table]
-    with open(os.path.join(out_dir, f"profile_{name}_{backend}{tag}.txt"), "w") as handle:
+    with open(os.path.join(out_dir, f"profile_{name}_{backend}_{mode}{tag}.txt"), "w") as handle:
         handle.write("\n".join(lines) + "\n")
-    return (f"| {name} | {backend}{tag} | {device_ms:.3f} | {host_ms:.3f} | {launches:.0f} | {first_call:.1f} |")
+    return (f"| {name} | {backend}{tag} | {mode} | {device_ms:.3f} | {host_ms:.3f} | {launches:.0f} | "
+            f"{peak_gib:.2f} | {reserved_gib:.2f} | {first_call:.1f} |")
 
 
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="bert,gpt2,llama,resnet50,vit,resnet18")
     parser.add_argument("--backends", default="kiln,inductor")
+    parser.add_argument("--modes", default="infer", help="infer and/or cudagraphs (reduce-overhead)")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/out"))
     parser.add_argument("--tag", default="", help="suffix for the file names (e.g. which kiln options were set)")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    rows = ["| model | backend | device ms | host ms | device events/call | first call s |",
-            "|---|---|---|---|---|---|"]
+    rows = ["| model | backend | mode | device ms | host ms | device events/call | peak allocated GiB | "
+            "reserved GiB | first call s |", "|---|---|---|---|---|---|---|---|---|"]
     for name in args.only.split(","):
-        for backend in args.backends.split(","):
-            try:
-                rows.append(profile_case(name, backend, args.out, args.tag))
-            except Exception as error:  # a diagnosis run reports every case it can
-                rows.append(f"| {name} | {backend} | error: {type(error).__name__}: {str(error)[:200]} | | | |")
-            print(rows[-1], flush=True)
-            torch._dynamo.reset()
+        for mode in args.modes.split(","):
+            for backend in args.backends.split(","):
+                try:
+                    rows.append(profile_case(name, backend, mode, args.out, args.tag))
+                except Exception as error:  # a diagnosis run reports every case it can
+                    rows.append(f"| {name} | {backend} | {mode} | error: {type(error).__name__}: "
+                                f"{str(error)[:200]} | | | | | |")
+                print(rows[-1], flush=True)
+                torch._dynamo.reset()
+                torch.cuda.empty_cache()
     summary = "\n".join(rows) + "\n"
     with open(os.path.join(args.out, f"profile_summary{args.tag}.md"), "w") as handle:
         handle.write(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}\n\n" + summary)
