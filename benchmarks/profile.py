@@ -74,6 +74,8 @@ def _profile_table(runner, calls: int = 5) -> tuple[str, float]:
 def profile_case(name: str, backend: str, mode: str, out_dir: str, tag: str = "") -> str:
     """One model x backend x mode ("infer" or "cudagraphs"): its row of the summary table."""
     workload = workloads.build("models", name, small=False, device="cuda")
+    if workload.is_module:
+        workload.program.eval()  # inference, as benchmarks.run measures it (no dropout)
     program = compile_program(workload.program, backend, mode, "kiln")
     runner = Runner(workload, program, mode, "cuda", use_autocast=True,
                     mark_cudagraph_steps=(backend == "inductor" and mode == "cudagraphs"))

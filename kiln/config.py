@@ -39,6 +39,12 @@ def _one_of(*choices: str) -> Callable[[str], str]:
     return check
 
 
+def _index_checks(value: str) -> str:
+    """gpu_index_checks: one of its three values; the boolean spellings it once took still work."""
+    value = {"1": "sync", "true": "sync", "0": "off", "false": "off", "no": "off"}.get(str(value).lower(), value)
+    return _one_of("deferred", "sync", "off")(value)
+
+
 @dataclass(frozen=True)
 class Option:
     name: str
@@ -120,9 +126,11 @@ OPTIONS = [
     Option("split_reduction_min_columns", int, 8192, "... when a row has at least this many columns"),
     Option("split_reduction_target_programs", int, 256, "... into chunks so that rows x chunks is about this"),
     Option("persistent_reduction_max", int, 8192, "rows up to this length stay in registers"),
-    Option("gpu_index_checks", bool, True, "a CUDA graph that gathers (index, gather, embedding) reads its "
-                                           "kernels' out-of-range-index flag after each call and raises IndexError "
-                                           "(one host sync per call); off: such an index reads element 0, silently"),
+    Option("gpu_index_checks", str, "deferred",
+           "how a graph whose Triton kernels gather (index, gather, embedding) learns of an out-of-range index "
+           "on CUDA: 'deferred' raises IndexError at the graph's next call, with no host sync; 'sync' raises in "
+           "the call itself (one host sync per call); 'off' never (such an index reads element 0, silently)",
+           normalize=_index_checks),
     Option("verify_ir", bool, None, "check LoopIR (ir.verify) and the scheduled form (schedule.verify_scheduled) at "
                                     "every stage boundary of compile_graph; unset: on exactly when strict is"),
     Option("check_extern_strides", bool, True, "re-stride an extern's output when it differs from its meta"),

@@ -34,7 +34,7 @@ class ModuleSource:
     externs: dict = field(default_factory=dict)  # name -> ATen op
     kernel_count: int = 0
     extern_count: int = 0
-    index_status: list = field(default_factory=list)  # names of the kernels' index-error flags (constants)
+    index_status: list = field(default_factory=list)  # names of the IndexStatus constants (one per device's flag)
     backend: KernelBackend | None = None  # generated the kernels; loads them (kiln/runtime/loader.py)
 
 
@@ -110,7 +110,7 @@ class WrapperGenerator:
                 body += self._extern_call(step, module)
             if step_plan.frees:
                 body.append(f"del {', '.join(sorted(self.name(name) for name in step_plan.frees))}")
-        body += self._index_status_checks()
+        body += self._index_status_checks(module)
         body.append(f"return ({''.join(self._output(output) + ', ' for output in graph.outputs)})")
         used_symbols = self._used_symbols() | {symbol for symbol in self.referenced_symbols if symbol in self.symbols}
         body[bindings:bindings] = [f"{symbol} = {self.symbols[symbol]}" for symbol in sorted(used_symbols, key=str)
@@ -133,21 +133,25 @@ class WrapperGenerator:
         if name not in module.constants:
             with _torch.real_tensors():  # compiling runs under the fake mode of the graph's inputs
                 module.constants[name] = torch.zeros(1, dtype=torch.int32, device=device)
-            module.index_status.append(name)
         self.index_status_kernels.setdefault(name, []).append(kernel.name)
         return name
 
-    def _index_status_checks(self) -> list[str]:
-        """After the last kernel: raise IndexError when a kernel flagged an index (support.py). On
-        CUDA the read is a host sync, made only by graphs that gather, unless config.gpu_index_checks
-        is off (then an out-of-range index reads element 0, silently)."""
+    def _index_status_checks(self, module: ModuleSource) -> list[str]:
+        """After the last kernel, for each device's flag: IndexStatus.after_call (runtime/support.py),
+        which raises IndexError when a kernel flagged an index (on CUDA, by default, at a later call,
+        without a host sync). config.gpu_index_checks "off" leaves CUDA's flag unread: an
+        out-of-range index then reads element 0, silently."""
         from kiln.config import config
+        from kiln.runtime.support import IndexStatus
 
         lines = []
         for name, kernels in self.index_status_kernels.items():
-            if name.startswith(f"{INDEX_STATUS}_cuda") and not config.gpu_index_checks:
+            if name.startswith(f"{INDEX_STATUS}_cuda") and config.gpu_index_checks == "off":
                 continue
-            lines.append(f"check_index_status({name}, {'kernel ' + ', '.join(kernels)!r})")
+            with _torch.real_tensors():  # its pinned host copy is a real tensor, made under the graph's fake mode
+                module.constants[f"{name}_check"] = IndexStatus(module.constants[name], "kernel " + ", ".join(kernels))
+            module.index_status.append(f"{name}_check")
+            lines.append(f"{name}_check.after_call()")
         return lines
 
     def _used_symbols(self) -> set:
@@ -165,8 +169,7 @@ class WrapperGenerator:
 
     def _header(self, module: ModuleSource) -> list[str]:
         lines = ["# kiln generated wrapper", "import torch", "from kiln.runtime.support import empty_strided, "
-                 "empty_strided_huge, restride, view_at, cdiv, flatten_result as _flatten_result, raise_index_error, "
-                 "check_index_status", ""]
+                 "empty_strided_huge, restride, view_at, cdiv, flatten_result as _flatten_result, raise_index_error", ""]
         return lines
 
     def _allocate(self, allocation) -> str:

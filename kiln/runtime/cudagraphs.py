@@ -227,14 +227,10 @@ class CudaGraphRunner:
         return self._results()
 
     def _check_indices(self) -> None:
-        """A replay runs no wrapper code, so the kernels' out-of-range-index flag, which the wrapper
-        reads after an ordinary call, is read here (raises IndexError; runtime/support.py)."""
-        from kiln.config import config
-        from kiln.runtime.support import check_index_status
-
-        if config.gpu_index_checks:
-            for status in getattr(self.compiled, "index_status", ()):
-                check_index_status(status, f"graph {self.name}")
+        """A replay runs no wrapper code, so the wrapper's last lines, the kernels' out-of-range-index
+        checks (IndexStatus.after_call, runtime/support.py), run here."""
+        for status in getattr(self.compiled, "index_status", ()):
+            status.after_call()
 
     def _classify_outputs(self, outputs: list, static_args: list) -> None:
         """Which outputs live in the graph's pool (aliased out, liveness-checked), which are inputs'

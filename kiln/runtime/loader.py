@@ -111,8 +111,8 @@ class CompiledGraph:
     def __init__(self, call, module_source, scheduled=None, *, name: str = "", fallback=None,
                  strict: bool = False, index_status=()):
         self._call = call
-        # The Triton kernels' index-error flags (codegen/wrapper.py), one per device, read by the
-        # CUDA-graph runner after a replay, which runs no wrapper code.
+        # The Triton kernels' index-error checks (runtime/support.py IndexStatus), one per device, which
+        # the CUDA-graph runner runs after a replay, since a replay runs no wrapper code.
         self.index_status = list(index_status)
         self.module_source = module_source
         self.scheduled = scheduled

@@ -39,19 +39,67 @@ def raise_index_error(where: str) -> None:
                      f"and embedding take [0, size), advanced indexing [-size, size))")
 
 
-def check_index_status(status: torch.Tensor, kernels: str) -> None:
-    """Raise IndexError when a Triton kernel of this graph flagged an out-of-range index in
-    `status` (one int32, set by check_index); reset it first, so the graph stays usable.
+class IndexStatus:
+    """A compiled graph's out-of-range-gather flag on one device, and how the host learns of it.
 
-    On CUDA this reads one int from the device: a host sync, once per call of a graph that
-    gathers. Not while a CUDA graph records (a sync would break the capture): the runner checks
-    after each replay instead (runtime/cudagraphs.py).
+    The graph's Triton kernels store 1 into `flag` (one int32, codegen/triton.py's check_index)
+    when a lane's index is out of range; `after_call` runs once the graph's kernels are enqueued
+    (the wrapper's last line, or the CUDA-graph runner after a replay) and raises IndexError,
+    leaving the flag reset so the graph stays usable.
+
+    - CPU (Triton's interpreter): the flag is read at once; the call that gathered raises.
+    - CUDA, `config.gpu_index_checks == "deferred"` (the default): reading the flag at once is a
+      host sync every call, which stops the host from running ahead of the GPU (and makes a
+      CUDA-graph replay wait for the graph). Instead each call enqueues a copy of the flag into
+      pinned host memory, and the next call reads that copy, waiting for nothing: an
+      out-of-range index raises at a later call of the same graph (as eager's device-side
+      assert surfaces at a later sync), naming this graph. `check_now()` waits and raises.
+    - CUDA, "sync": read at once, as on the CPU (one host sync per call).
     """
-    if status.is_cuda and torch.cuda.is_current_stream_capturing():
-        return
-    if status.item():
-        status.zero_()
-        raise_index_error(kernels)
+
+    def __init__(self, flag: torch.Tensor, kernels: str):
+        from kiln.config import config
+
+        self.flag = flag
+        self.kernels = kernels
+        self.deferred = flag.is_cuda and config.gpu_index_checks == "deferred"
+        self._seen = torch.zeros(1, dtype=torch.int32, pin_memory=True) if self.deferred else None
+        self._seen_value = self._seen.numpy() if self.deferred else None  # reads the pinned int with no torch call
+
+    def after_call(self) -> None:
+        if self.flag.is_cuda and torch.cuda.is_current_stream_capturing():
+            return  # recording a CUDA graph: the runner calls this after each replay instead
+        if not self.deferred:
+            if self.flag.item():
+                self.flag.zero_()
+                raise_index_error(self.kernels)
+            return
+        if self._seen_value[0]:  # an earlier call's copy has landed and shows the flag
+            self._raise_after_sync("an earlier call of this graph")
+        self._seen.copy_(self.flag, non_blocking=True)
+
+    def check_now(self) -> None:
+        """Wait for the calls in flight and raise if any flagged an index."""
+        if self.deferred:
+            torch.cuda.synchronize(self.flag.device)
+            if self._seen_value[0] or self.flag.item():
+                self._raise_after_sync("a call of this graph")
+        elif self.flag.item():
+            self.flag.zero_()
+            raise_index_error(self.kernels)
+
+    def _raise_after_sync(self, which: str) -> None:
+        # The error path may wait: every call in flight finishes, then the flag and its copy are
+        # reset together, so copies still queued cannot report this error twice.
+        torch.cuda.synchronize(self.flag.device)
+        self.flag.zero_()
+        torch.cuda.synchronize(self.flag.device)
+        self._seen_value[0] = 0
+        raise IndexError(f"kiln: {self.kernels}: {which} read an index out of range for the dim it indexes "
+                         f"(gather, index_select and embedding take [0, size), advanced indexing [-size, size)); "
+                         f"the results of that call and of the calls since are not valid. On CUDA the check "
+                         f"reports at the graph's next call, without a host sync; KILN_GPU_INDEX_CHECKS=sync "
+                         f"raises in the call itself")
 
 
 def flatten_result(value) -> list:

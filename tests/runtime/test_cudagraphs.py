@@ -291,7 +291,10 @@ def test_a_real_cuda_graph_replays_with_the_right_results():
 
 
 def test_a_replay_raises_when_a_kernel_flagged_an_out_of_range_index():
-    # A replay runs no wrapper code, so the runner reads the kernels' index-error flag itself.
+    # A replay runs no wrapper code, so the runner runs the kernels' index-error check itself (on a
+    # CPU flag, read at once: the call that gathered raises).
+    from kiln.runtime.support import IndexStatus
+
     status = torch.zeros(1, dtype=torch.int32)
 
     def graph(args):  # its kernel flags a negative index, as check_index does (the wrapper's read skipped)
@@ -300,7 +303,7 @@ def test_a_replay_raises_when_a_kernel_flagged_an_out_of_range_index():
         status.fill_(int(bool((x < 0).any())))
         return [x * 2]
 
-    graph.index_status = [status]
+    graph.index_status = [IndexStatus(status, "kernel k0")]
     runner = runner_for(graph)
     for _ in range(3):  # warm up, record, replay
         x = torch.rand(4)
