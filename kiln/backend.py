@@ -164,24 +164,24 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
     from kiln.schedule.memory import plan_memory
     from kiln.schedule.passes import optimize
 
-    dump.write("aten_graph.py", gm.print_readable(print_output=False))
+    dump.write("aten_graph.py", lambda: gm.print_readable(print_output=False))
     with dump.stage("patterns"):
         patterned = apply_patterns(gm)  # gm itself when nothing matched; gm stays the eager fallback
     if patterned is not gm:
-        dump.write("aten_graph_patterns.py", patterned.print_readable(print_output=False))
+        dump.write("aten_graph_patterns.py", lambda: patterned.print_readable(print_output=False))
     with dump.stage("lower"):
         graph = lower_graph(patterned, example_inputs)
-    dump.write("loopir_before_fusion.txt", format_graph(graph))
+    dump.write("loopir_before_fusion.txt", lambda: format_graph(graph))
     _check("lower", graph)
     with dump.stage("schedule"):
         scheduled = schedule_graph(graph, backend_for(graph_device_type(graph)).loop_dependent_ops(), check=_check)
-    dump.write("loopir_after_fusion.txt", scheduled.format())
+    dump.write("loopir_after_fusion.txt", scheduled.format)
     _check("schedule", scheduled)
     scheduled = optimize(scheduled, dump)  # LoopIR -> LoopIR passes, each dumped and timed
     _check("optimize", scheduled)
     with dump.stage("plan_memory"):
         memory_plan = plan_memory(scheduled)
-    dump.write("memory_plan.txt", memory_plan.format())
+    dump.write("memory_plan.txt", memory_plan.format)
     with dump.stage("codegen"):
         module_source = generate_wrapper(scheduled, memory_plan)
     dump.write("wrapper.py", module_source.wrapper)

@@ -49,10 +49,21 @@ class GraphDump:
 
     def write_kernel(self, kernel, graph, example_inputs=()) -> None:
         """`kernel_<name>.py` (a runnable script) or `.cpp` for one generated kernel (`kernel_file`)."""
-        if self.folder is not None or self.kept is not None:
+        if self.wanted:
             self.write(f"kernel_{kernel.name}{kernel.file_suffix}", kernel_file(kernel, graph, example_inputs))
 
-    def write(self, filename: str, text: str) -> None:
+    @property
+    def wanted(self) -> bool:
+        """Whether a write is kept anywhere (KILN_DEBUG's folder, or the HTML report's `kept`)."""
+        return self.folder is not None or self.kept is not None
+
+    def write(self, filename: str, text: str | Callable[[], str]) -> None:
+        """Keep `text` as `filename`; a callable is called only when the text is wanted, since
+        rendering a big graph's forms takes a noticeable part of a compile."""
+        if not self.wanted:
+            return
+        if callable(text):
+            text = text()
         if self.kept is not None:
             self.kept[filename] = text
         if self.folder is None:

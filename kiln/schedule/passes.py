@@ -88,7 +88,7 @@ def optimize(scheduled: ScheduledGraph, dump=None) -> ScheduledGraph:
             continue
         with dump.stage(name):
             scheduled = run_pass(scheduled)
-        dump.write(f"loopir_after_{name}.txt", scheduled.format())
+        dump.write(f"loopir_after_{name}.txt", scheduled.format)
     return scheduled
 
 
