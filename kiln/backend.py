@@ -159,12 +159,21 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
     from kiln.codegen.wrapper import generate_wrapper
     from kiln.ir import format_graph, graph_device_type
     from kiln.lowering import apply_patterns, lower_graph
-    from kiln.runtime.loader import load_module
+    from kiln.runtime import graph_cache
     from kiln.schedule import schedule_graph
     from kiln.schedule.memory import plan_memory
     from kiln.schedule.passes import optimize
 
     dump.write("aten_graph.py", lambda: gm.print_readable(print_output=False))
+    key = None
+    if not dump.wanted:  # KILN_DEBUG and the HTML report show the stages a cache hit skips
+        with dump.stage("graph_cache"):
+            key = graph_cache.key_of(gm, example_inputs, mode)
+            found = graph_cache.load(key) if key is not None else None
+        if found is not None:
+            module_source, device_type = found
+            module_source.backend = backend_for(device_type)
+            return _load(module_source, gm, dump, mode, scheduled=None)
     with dump.stage("patterns"):
         patterned = apply_patterns(gm)  # gm itself when nothing matched; gm stays the eager fallback
     if patterned is not gm:
@@ -187,6 +196,15 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
     dump.write("wrapper.py", module_source.wrapper)
     for kernel in module_source.kernel_sources:
         dump.write_kernel(kernel, scheduled.graph, example_inputs)
+    if key is not None:
+        with dump.stage("graph_cache"):
+            graph_cache.store(key, module_source, graph_device_type(graph))
+    return _load(module_source, gm, dump, mode, scheduled)
+
+
+def _load(module_source, gm, dump, mode, scheduled):
+    from kiln.runtime.loader import load_module
+
     with dump.stage("load"):
         # Triton compiles at a kernel's first launch: a failure there runs this same eager fallback.
         compiled = load_module(module_source, mode=mode, scheduled=scheduled, name=dump.name,

@@ -87,6 +87,9 @@ OPTIONS = [
     Option("logs", str, "", "comma-separated focused logs: " + ",".join(LOG_TOPICS), normalize=_log_topics),
     Option("cache_dir", str, os.path.join(os.path.expanduser("~"), ".cache", "kiln"),
            "on-disk cache of generated kernels"),
+    Option("graph_cache", bool, True, "keep each compiled graph's generated module in cache_dir, so that a new "
+                                      "process compiling the same graph skips lowering and codegen "
+                                      "(kiln/runtime/graph_cache.py)"),
     Option("cpu_backend", str, "cpp", "kernels for CPU tensors: 'cpp' (C++/OpenMP, kiln/codegen/cpp.py) "
                                       "or 'triton' (the same Triton kernels under Triton's interpreter)"),
     Option("cpp_compiler", str, "", "C++ compiler for CPU kernels; empty: the first of g++, c++, clang++ on PATH"),

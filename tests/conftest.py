@@ -3,6 +3,7 @@
 - Without a GPU, Triton kernels run under the Triton interpreter: TRITON_INTERPRET=1 is
   set (unless the environment already says otherwise) before anything imports triton.
 - KILN_VERIFY_IR=1: LoopIR is verified after every stage of every compile (unless set otherwise).
+- KILN_GRAPH_CACHE=0: every graph is lowered and generated afresh (unless set otherwise).
 - Every test starts from the same random state (torch, numpy, random seeded with 0).
 - The `models` marker tags the end-to-end model tests (tests/models); `slow` is
   declared in pyproject.toml and is left out of CI (`-m "not slow"`).
@@ -19,6 +20,9 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 # Every compiled graph is verified at every stage boundary (kiln/backend.py `_check`), strict or not.
 os.environ.setdefault("KILN_VERIFY_IR", "1")
+# The whole-graph cache would let a test's graph come from an earlier run or test, skipping the stages
+# a test patches or inspects; tests/runtime/test_graph_cache.py turns it on in a folder of its own.
+os.environ.setdefault("KILN_GRAPH_CACHE", "0")
 
 
 def pytest_configure(config):

@@ -146,8 +146,8 @@ def _recording(report: ExplainReport):
             graph.fallback = f"{type(error).__name__}: {error}"
             raise
         graph.kernels, graph.externs = compiled.kernel_count, compiled.extern_count
-        for extern in compiled.scheduled.externs if compiled.scheduled is not None else []:
-            graph.extern_ops[str(extern.op)] = graph.extern_ops.get(str(extern.op), 0) + 1
+        for op in compiled.module_source.externs.values():  # also there when the graph came from the graph cache
+            graph.extern_ops[str(op)] = graph.extern_ops.get(str(op), 0) + 1
         graph.stage_seconds = dict(dump.timings)
         return compiled
 

@@ -174,6 +174,12 @@ def check_sealed(path: str, key_digest: str) -> str | None:
     return None
 
 
+def unseal(path: str) -> bytes:
+    """The body of the sealed entry at `path` (check it with `check_sealed` first)."""
+    with open(path, "rb") as handle:
+        return handle.read()[:-_SEAL_SIZE]
+
+
 # ---- records: small JSON objects holding their key ----
 
 def load_record(relative: str, key: str, fields: dict) -> dict | None:

@@ -66,6 +66,9 @@ class IndexStatus:
         self._seen = torch.zeros(1, dtype=torch.int32, pin_memory=True) if self.deferred else None
         self._seen_value = self._seen.numpy() if self.deferred else None  # reads the pinned int with no torch call
 
+    def __reduce__(self):  # the whole-graph cache keeps the flag; the host copy is made anew on load
+        return IndexStatus, (self.flag, self.kernels)
+
     def after_call(self) -> None:
         if self.flag.is_cuda and torch.cuda.is_current_stream_capturing():
             return  # recording a CUDA graph: the runner calls this after each replay instead
