@@ -470,8 +470,7 @@ class Frame(ExceptionHandling, PatternMatching):
         if isinstance(container, ExternalDictVariable):
             container.call_method(self, "__delitem__", [key], {})
         elif isinstance(container, DictVariable):
-            container.getitem(self, key)  # a missing key raises, as `del` would
-            container.call_method(self, "pop", [key], {})
+            container.call_method(self, "__delitem__", [key], {})
         elif isinstance(container, ListVariable):
             del container.items[key.as_constant()]
             container._mutated(self)

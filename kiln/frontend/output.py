@@ -84,6 +84,7 @@ class OutputGraph:
         self._autocast_exits: list[Callable] = []
         self.compute_nodes = 0
         self.generators: list[Variable] = []  # every generator made by the trace (interpreter.GeneratorVariable)
+        self.cached_calls: dict[tuple, Variable] = {}  # lru_cache results by (wrapper, arguments): one object each
         self.break_point = None  # set for the retrace that stops at a graph break (kiln/frontend/resume.py)
 
     # -- names for objects the guard and entry functions hold -------------------------------------

@@ -20,6 +20,8 @@ import copy
 import dataclasses
 import functools
 import random
+import struct
+import threading
 import typing
 
 import pytest
@@ -650,6 +652,37 @@ def _uses_impure_cached_helper(x):
     return x * _impure(2)
 
 
+@functools.lru_cache(maxsize=None)
+def _squares(count):
+    return tuple(i * i for i in range(count))
+
+
+def _uses_cached_tuple(x):
+    first, second = _squares(4), _squares(4)
+    return x * sum(first), first is second, second
+
+
+def test_lru_cached_helper_returning_a_new_tuple_is_one_constant_object():
+    compiled = check(_uses_cached_tuple, X)
+    _, same, second = compiled(X)
+    assert same and second is compiled(X)[2]  # as the cache: one object for the trace and for every call
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_list(count):
+    return list(range(count))
+
+
+def _uses_cached_list(x):
+    return x * len(_cached_list(3))
+
+
+def test_lru_cached_helper_returning_a_new_list_is_refused():
+    compiled, _ = _compiled(_uses_cached_list)
+    with pytest.raises(FullgraphError, match="a mutable object made by the call"):
+        compiled(X)
+
+
 def test_lru_cached_helper_that_changes_state_is_refused():
     compiled, _ = _compiled(_uses_impure_cached_helper)
     with pytest.raises(FullgraphError, match="changed state"):
@@ -807,6 +840,75 @@ def _functions_are_true(x):
 
 def test_functions_are_true():
     check(_functions_are_true, X)
+
+
+# --------------------------------------------------------------------------- Counter
+
+def _counter(x):
+    counts = collections.Counter(["a", "b", "a"])
+    counts.update("aab")
+    counts["z"] += 2
+    del counts["absent"]  # Counter ignores a missing key
+    summed = counts + collections.Counter(a=1)
+    counts |= collections.Counter(b=1, c=4)  # the larger count, not dict's merge
+    return (x * counts["a"] + counts["missing"], counts, summed, counts.most_common(2), counts.total(),
+            list(counts.elements()), counts == collections.Counter(counts), collections.Counter(q=3) - summed)
+
+
+def test_counter_counts_as_python_does():
+    check(_counter, X)
+
+
+def _counter_of_tensors(x):
+    counts = collections.Counter()
+    counts.update({"a": x})
+    return counts
+
+
+def test_counter_of_tensor_counts_is_refused():
+    compiled, _ = _compiled(_counter_of_tensors)
+    with pytest.raises(FullgraphError, match="counting"):
+        compiled(X)
+
+
+# --------------------------------------------------------------------------- constant folding of builtins
+
+def _folded_builtins(x):
+    packed = struct.pack("<fi", 1.5, 7)
+    number, = struct.unpack("<i", packed[4:])
+    return x * len(packed) + struct.calcsize("<hh") + number + eval("2 + 3 * 4"), eval(" (1, 'a') ")
+
+
+def test_struct_and_eval_of_literals_are_folded():
+    check(_folded_builtins, X)
+
+
+def _eval_of_a_name(x):
+    return x * eval("len([1])")
+
+
+def test_eval_of_names_or_calls_is_refused():
+    compiled, _ = _compiled(_eval_of_a_name)
+    with pytest.raises(FullgraphError, match="eval"):
+        compiled(X)
+
+
+def _thread_ident(x):
+    return x + (threading.get_ident() == threading.get_ident())
+
+
+def test_thread_ident_is_a_constant_guarded_per_thread():
+    compiled, made = _compiled(_thread_ident)
+    _equal(compiled(X), _thread_ident(X))
+    assert len(made) == 1
+    results = []
+    worker = threading.Thread(target=lambda: results.append(compiled(X)))
+    worker.start()
+    worker.join()
+    _equal(results[0], _thread_ident(X))
+    assert len(made) == 2  # another thread's identifier failed the guard: a trace of its own
+    compiled(X)
+    assert len(made) == 2
 
 
 # --------------------------------------------------------------------------- still unsupported

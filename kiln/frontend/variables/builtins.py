@@ -10,6 +10,7 @@ recorded and replayed after the graph (kiln/frontend/replay.py).
 """
 from __future__ import annotations
 
+import ast
 import builtins
 import collections
 import copy
@@ -18,6 +19,8 @@ import functools
 import itertools
 import math
 import operator
+import struct
+import threading
 from typing import Any, Callable
 
 import torch
@@ -28,9 +31,9 @@ from kiln.frontend.operations import BINARY_OPERATORS, COMPARE_OPERATORS, binary
 from kiln.frontend.sources import TypeSource
 from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, is_same, lookup_class_attribute,
                                           run_on_constants)
-from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, DictVariable, IteratorVariable,
-                                                LazyIteratorVariable, ListVariable, SliceVariable, TupleVariable,
-                                                iterate, unpack_iterable)
+from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, CounterVariable, DictVariable,
+                                                IteratorVariable, LazyIteratorVariable, ListVariable, SliceVariable,
+                                                TupleVariable, iterate, unpack_iterable)
 from kiln.frontend.variables.copying import copy_handler, deepcopy_handler
 from kiln.frontend.variables.functions import PartialVariable
 from kiln.frontend.variables.objects import (ClassVariable, ModelOutputVariable, NewObjectVariable, UserObjectVariable,
@@ -108,6 +111,48 @@ def _pure(fn):
             raise Unsupported(f"{fn.__name__}() on values not known at trace time "
                               f"({', '.join(arg.describe() for arg in args)})")
         return tx.wrap_sourceless(_run(fn, *constants))
+
+    return handler
+
+
+def _eval(tx, args, kwargs):
+    """`eval` of a constant string that is a literal (`"(1, 'a')"`) or arithmetic on numbers (`"2 + 3"`), as
+    Dynamo folds it: no names, calls or attributes, so nothing it reads can change. Anything else (globals or
+    locals given, a name in the text, a syntax error) is a graph break: Python evaluates it."""
+    if len(args) != 1 or kwargs or not isinstance(args[0], ConstantVariable) or not isinstance(args[0].value, str):
+        raise Unsupported("eval() of anything but one constant string (a graph break evaluates it)")
+    text = args[0].value
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError:
+        raise Unsupported(f"eval({text!r}): not an expression (Python raises SyntaxError)") from None
+    try:
+        return tx.wrap_sourceless(ast.literal_eval(tree))
+    except Exception:  # not a literal (or one Python rejects, `{[1]: 2}`): arithmetic, or else a graph break
+        pass
+    if not all(isinstance(node, _FOLDED_EVAL_NODES) and
+               (not isinstance(node, ast.Constant) or type(node.value) in (bool, int, float, complex))
+               for node in ast.walk(tree)):
+        raise Unsupported(f"eval({text!r}): kiln folds only literals and arithmetic on numbers")
+    return tx.wrap_sourceless(_run(eval, [compile(tree, "<string>", "eval"), {"__builtins__": {}}, {}], {}))
+
+
+_FOLDED_EVAL_NODES = (ast.Expression, ast.Constant, ast.UnaryOp, ast.BinOp, ast.UAdd, ast.USub, ast.Invert, ast.Add,
+                      ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.BitOr, ast.BitXor, ast.BitAnd)
+
+
+def _per_thread(fn):
+    """A value fixed for the calling thread (`threading.get_ident()`): read at trace time and guarded by value,
+    so the guard (which runs in the caller's thread) sends another thread to a trace of its own."""
+    name = f"{fn.__module__}.{fn.__name__}"
+
+    def handler(tx, args, kwargs):
+        if args or kwargs:
+            raise Unsupported(f"{name}() with arguments (the program raises TypeError)")
+        value = fn()
+        guards = tx.output.guards
+        guards.add(None, f"{guards.constant(fn)}() != {value!r}", f"{name}() is no longer {value!r} (another thread)")
+        return ConstantVariable(value)
 
     return handler
 
@@ -325,6 +370,14 @@ def _dict(dict_type: type):
         return result
 
     return handler
+
+
+def _counter(tx, args, kwargs):
+    """collections.Counter(iterable or mapping, **counts): counted now (see CounterVariable)."""
+    counter = CounterVariable()
+    if args or kwargs:
+        counter.call_method(tx, "update", args, kwargs)
+    return counter
 
 
 def _set(kind):
@@ -639,7 +692,7 @@ _HANDLERS: dict[Any, Callable] = {
     builtins.next: _next, builtins.list: _sequence_builder(list), builtins.tuple: _sequence_builder(tuple),
     object.__new__: _object_new, tuple.__new__: _tuple_new, builtins.dict: _dict(dict),
     collections.OrderedDict: _dict(collections.OrderedDict), builtins.set: _set(set),
-    builtins.frozenset: _set(frozenset),
+    builtins.frozenset: _set(frozenset), collections.Counter: _counter,
     builtins.min: _reduce_min_max(min, torch.minimum), builtins.max: _reduce_min_max(max, torch.maximum),
     builtins.sum: _sum, builtins.any: _any_all(any), builtins.all: _any_all(all), builtins.abs: _abs,
     builtins.bool: _bool, builtins.int: _numeric(int), builtins.float: _numeric(float),
@@ -648,7 +701,10 @@ _HANDLERS: dict[Any, Callable] = {
     builtins.callable: _callable, builtins.slice: _slice, builtins.super: _super, builtins.vars: _vars,
     builtins.print: _print,
     builtins.id: _id, builtins.hash: _pure(hash), builtins.chr: _pure(chr), builtins.ord: _pure(ord),
-    builtins.format: _pure(format),
+    builtins.format: _pure(format), builtins.eval: _eval,
+    struct.pack: _pure(struct.pack), struct.unpack: _pure(struct.unpack), struct.calcsize: _pure(struct.calcsize),
+    struct.unpack_from: _pure(struct.unpack_from),
+    threading.get_ident: _per_thread(threading.get_ident), threading.get_native_id: _per_thread(threading.get_native_id),
     operator.getitem: _operator_getitem, operator.contains: _operator_contains, operator.is_: _operator_is(False),
     operator.is_not: _operator_is(True), operator.not_: _operator_not, operator.neg: _unary(operator.neg),
     operator.pos: _unary(operator.pos), operator.invert: _unary(operator.invert),
