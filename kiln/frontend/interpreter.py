@@ -25,7 +25,7 @@ from typing import Any
 
 from kiln.frontend import bytecode, versions
 from kiln.frontend.errors import ProgramException, Unsupported
-from kiln.frontend.exceptions import ExceptionHandling, exception_object, stop_iteration_error
+from kiln.frontend.exceptions import ExceptionHandling, exception_object, exception_table, stop_iteration_error
 from kiln.frontend.matching import PatternMatching
 from kiln.frontend.operations import binary_op, compare_op, contains, unary_op
 from kiln.frontend.output import DELETED_GLOBAL, OutputGraph
@@ -40,6 +40,7 @@ from kiln.frontend.variables.containers import (MAX_ITERATION_STEPS, BaseIterato
 from kiln.frontend.variables.functions import (BaseFunctionVariable, CellVariable, NestedFunctionVariable,
                                                OpaqueFunctionVariable)
 from kiln.frontend.variables.objects import ClassVariable, UserObjectVariable, bind_class_attribute
+from kiln.frontend.variables.tensor import TensorVariable
 from kiln.frontend.variables.torch_special import GradModeExit, GradModeVariable, NullContextVariable
 
 MAX_INLINE_DEPTH = 64
@@ -543,8 +544,38 @@ class Frame(ExceptionHandling, PatternMatching):
             self.jump(instruction)
 
     def POP_JUMP_IF_TRUE(self, instruction):
-        if self.pop().truth(self):
+        condition = self.pop()
+        if isinstance(condition, TensorVariable):  # `assert (a > 0).all(), "message"`: a graph node, not a break
+            message = self._assertion_message()
+            if message is not None and self._uncaught_here() and condition.assert_true(self, message):
+                self.jump(instruction)
+                return
+        if condition.truth(self):
             self.jump(instruction)
+
+    def _assertion_message(self) -> str | None:
+        """The message of the `assert` whose failure branch starts at the next instruction (CPython's shape:
+        LOAD_ASSERTION_ERROR, then RAISE_VARARGS, or a constant string called in and raised); else None."""
+        following = [instruction for instruction in self.instructions[self.ip:self.ip + 8] if instruction.op != "NOP"]
+        ops = [instruction.op for instruction in following]
+        if ops[:2] == ["LOAD_ASSERTION_ERROR", "RAISE_VARARGS"]:
+            return "assertion error"
+        if ops[:4] == ["LOAD_ASSERTION_ERROR", "LOAD_CONST", "CALL", "RAISE_VARARGS"] and \
+                isinstance(following[1].argval, str) and following[2].arg == 0:
+            return following[1].argval
+        return None
+
+    def _uncaught_here(self) -> bool:
+        """Whether an exception raised at the current instruction leaves every interpreted frame (no `try` or
+        `with` around it here or in a caller): one the graph raises cannot reach a handler in the trace."""
+        frame = self
+        while frame is not None:
+            if frame.current is not None:
+                index = frame.index_of[id(frame.current)]
+                if any(first <= index <= last for first, last, *_ in exception_table(frame.code)):
+                    return False
+            frame = frame.parent
+        return True
 
     def POP_JUMP_IF_NONE(self, instruction):
         if is_same(self.pop(), NONE):

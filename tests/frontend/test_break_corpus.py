@@ -232,7 +232,6 @@ KNOWN_GAPS = {
     "raise_and_catch_in_the_middle": "raising and catching inside the trace",
     "python_helper_walks_frames": _FRAMES,
     "seeded_python_random": "creating a random.Random inside the trace",
-    "assert_on_a_tensor": _WHOLE,
     "unsupported_call_in_an_enumerate_loop": "a lazy iterator live across a break",
     "break_in_each_block_of_a_module_list": _MORE_GRAPHS,
     "printing_block_in_a_sequential": _MORE_GRAPHS,

@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import random
 import struct
+import textwrap
 import threading
 import typing
 
@@ -285,6 +286,48 @@ def _pep_479(x):
 
 def test_stop_iteration_leaving_a_generator_is_a_runtime_error():
     check(_pep_479, X)
+
+
+def _unrewritten(source: str):
+    """The function `source` defines, compiled as Python does (pytest rewrites a test module's own `assert`s)."""
+    source = textwrap.dedent(source)
+    namespace = {"torch": torch}
+    exec(compile(source, __file__, "exec"), namespace)
+    return namespace[source.split("def ", 1)[1].split("(", 1)[0]]
+
+
+_asserts_on_a_tensor = _unrewritten("""
+    def _asserts_on_a_tensor(x):
+        a = x.abs() + 1
+        assert (a > 0).all(), "positive"
+        assert a.sum() > 0
+        return a.log()
+""")
+
+
+def test_assert_on_a_tensor_is_a_graph_node():
+    compiled = check(_asserts_on_a_tensor, X)
+    with pytest.raises(RuntimeError, match="positive"):  # the graph raises it, as Dynamo's does
+        compiled(torch.full((4,), float("nan")))
+
+
+_assert_on_a_tensor_caught = _unrewritten("""
+    def _assert_on_a_tensor_caught(x):
+        try:
+            assert (x > 0).all(), "positive"
+            return x
+        except AssertionError:
+            return -x
+""")
+
+
+def test_assert_on_a_tensor_inside_try_is_not_a_graph_node():
+    compiled, made = _compiled(_assert_on_a_tensor_caught)
+    with pytest.raises(FullgraphError, match="truth value of tensor"):  # its handler must see AssertionError
+        compiled(X - 1)
+    assert not made
+    lenient = compile_function(_assert_on_a_tensor_caught, graph_compiler("eager"))
+    assert torch.equal(lenient(X - 1), _assert_on_a_tensor_caught(X - 1))
 
 
 # --------------------------------------------------------------------------- generators
