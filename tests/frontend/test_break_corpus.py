@@ -236,7 +236,6 @@ KNOWN_GAPS = {
     "break_in_each_block_of_a_module_list": _MORE_GRAPHS,
     "printing_block_in_a_sequential": _MORE_GRAPHS,
     "module_list_compiled_directly": _MORE_GRAPHS,
-    "set_and_frozenset_live": _WHOLE,
     "break_inside_a_list_comprehension": "a comprehension's iterator live across a break",
     "generator_breaks_in_its_body_consumer_breaks_early": _GENERATOR,
     "next_on_a_generator_with_a_break": _GENERATOR,

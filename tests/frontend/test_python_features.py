@@ -885,6 +885,43 @@ def test_functions_are_true():
     check(_functions_are_true, X)
 
 
+# --------------------------------------------------------------------------- sets changed in place
+
+def _changes_a_set(x, names):
+    names.add("gamma")
+    names.discard("alpha")
+    names.update(["delta", "beta"])
+    return x * len(names)
+
+
+def test_outside_set_changed_in_place():
+    compiled, graphs = _compiled(_changes_a_set)
+    for _ in range(2):  # fresh sets equal to the first: the second call reuses the entry
+        names, want_names = {"alpha", "beta"}, {"alpha", "beta"}
+        _equal(compiled(X, names), _changes_a_set(X, want_names))
+        assert names == want_names == {"beta", "gamma", "delta"} and list(names) == list(want_names)
+    assert len(graphs) == 1
+
+
+def _set_live_across_a_break(x):
+    names = {"alpha", "beta"}
+    value = (x * len(names)).sum().item()  # a graph break: `names` is a live local of the resume function
+    names.add("gamma")
+    names.remove("beta")
+    return x * value * len(names), names
+
+
+def test_set_live_across_a_break_is_changed_by_the_resume_function():
+    from kiln.frontend import stats
+
+    eager_frames = stats.eager_frames
+    graphs = []
+    compiled = compile_function(_set_live_across_a_break, lambda gm, inputs: (graphs.append(gm), gm.forward)[1])
+    for _ in range(2):
+        _equal(compiled(X), _set_live_across_a_break(X))
+    assert len(graphs) == 2 and stats.eager_frames == eager_frames  # one graph each side, no frame eager
+
+
 # --------------------------------------------------------------------------- Counter
 
 def _counter(x):

@@ -394,12 +394,19 @@ _SET_MUTATORS = frozenset({"add", "update", "discard", "remove", "pop", "clear",
 
 
 class SetVariable(Variable):
-    """A set of constants: made during the trace, or an outside one (`source`), read only."""
+    """A set of constants: made during the trace, or an outside one (`source`, `real`).
+
+    An outside set (a global, an argument, a live local a resume function takes) is guarded by
+    a snapshot of its value; the trace changes a copy, and the entry makes the same calls
+    (`add`, `discard`, `update`, ...) on the set itself after the graph (SideEffects), in
+    program order: the set ends as eager's, its iteration order included.
+    """
 
     def __init__(self, values, source=None, real: set | None = None):
         self.values = set(values)
         self.source = source
         self.real = real  # the outside set itself
+        self.calls: list[tuple[str, tuple]] = []  # the mutating calls made on an outside set, for the entry
 
     def describe(self) -> str:
         return "set" if self.source is None else f"set at {self.source}"
@@ -423,24 +430,26 @@ class SetVariable(Variable):
         return bool(self.values)
 
     def call_method(self, tx, name, args, kwargs):
-        if self.source is not None and name in _SET_MUTATORS:
-            raise Unsupported(f"set.{name} on {self.describe()} (mutating an outside set is not supported)")
-        if name == "add":
-            self.values.add(args[0].as_constant())
-            return NONE
-        if name in ("update", "discard", "remove"):
-            getattr(self.values, name)(*[arg.as_constant() for arg in args])
-            return NONE
         if name == "__contains__":
             return ConstantVariable(args[0].as_constant() in self.values)
         constants = _constants(args, kwargs)
         if constants is None:
             raise Unsupported(f"set.{name} with non-constant arguments")
+        if name in _SET_MUTATORS:
+            if self.source is not None and name == "pop":
+                raise Unsupported(f"set.pop on {self.describe()} (which element it takes depends on the real set's "
+                                  "layout)")
+            values = [tuple(value) if isinstance(value, (list, set, frozenset)) else value for value in constants[0]]
+            result = _run(getattr(self.values, name), values, constants[1])
+            if self.source is not None:
+                self.calls.append((name, tuple(values)))
+                tx.output.side_effects.mutated_container(self)
+            return tx.wrap_sourceless(result)
         result = _run(getattr(self.values, name), *constants)
-        return SetVariable(result) if isinstance(result, set) else ConstantVariable(result)
+        return SetVariable(result) if isinstance(result, set) else tx.wrap_sourceless(result)
 
     def reconstruct(self, codegen) -> str:
-        if self.source is not None:  # the outside set itself
+        if self.source is not None:  # the outside set itself (its changes are replayed in place)
             return codegen.source(self.source)
         return codegen.constant(set(self.values)) + ".copy()"
 
