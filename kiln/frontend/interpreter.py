@@ -39,7 +39,7 @@ from kiln.frontend.variables.containers import (MAX_ITERATION_STEPS, BaseIterato
                                                 hashable_key, iterate, unpack_iterable)
 from kiln.frontend.variables.functions import (BaseFunctionVariable, CellVariable, NestedFunctionVariable,
                                                OpaqueFunctionVariable)
-from kiln.frontend.variables.objects import ClassVariable, UserObjectVariable, bind_class_attribute
+from kiln.frontend.variables.objects import ClassVariable, ExceptionVariable, UserObjectVariable, bind_class_attribute
 from kiln.frontend.variables.tensor import TensorVariable
 from kiln.frontend.variables.torch_special import GradModeExit, GradModeVariable, NullContextVariable
 
@@ -706,8 +706,8 @@ class Frame(ExceptionHandling, PatternMatching):
     def FORMAT_VALUE(self, instruction):
         flags = instruction.arg
         spec = self.pop().as_constant() if flags & 0x04 else ""
-        value = _formattable(self.pop())
-        conversion = flags & 0x03
+        value, conversion = self._exception_text(self.pop(), flags & 0x03, spec)
+        value = _formattable(value)
         if conversion == 1:
             value = str(value)
         elif conversion == 2:
@@ -717,15 +717,23 @@ class Frame(ExceptionHandling, PatternMatching):
         self.push(ConstantVariable(format(value, spec)))
 
     def FORMAT_SIMPLE(self, instruction):
-        self.push(ConstantVariable(format(_formattable(self.pop()))))
+        self.push(ConstantVariable(format(_formattable(self._exception_text(self.pop(), 0, "")[0]))))
 
     def FORMAT_WITH_SPEC(self, instruction):
         spec = self.pop().as_constant()
-        self.push(ConstantVariable(format(_formattable(self.pop()), spec)))
+        self.push(ConstantVariable(format(_formattable(self._exception_text(self.pop(), 0, spec)[0]), spec)))
 
     def CONVERT_VALUE(self, instruction):
-        value = _formattable(self.pop())
-        self.push(ConstantVariable({1: str, 2: repr, 3: ascii}[instruction.arg](value)))
+        value, conversion = self._exception_text(self.pop(), instruction.arg, "")
+        value = _formattable(value)
+        self.push(ConstantVariable({0: str, 1: str, 2: repr, 3: ascii}[conversion](value)))
+
+    def _exception_text(self, value: Variable, conversion: int, spec: str) -> tuple[Variable, int]:
+        """An exception formatted into an f-string (`f"{error}"`, `{error!r}`) as its text (a user class's
+        `__str__` inlined), and the conversion left to apply; any other value as it is."""
+        if not isinstance(value, ExceptionVariable) or (conversion == 0 and spec):
+            return value, conversion
+        return value.text(self, {0: str, 1: str, 2: repr, 3: ascii}[conversion]), 0
 
     # -- opcodes: calls and functions -----------------------------------------------------------------------
 
@@ -985,6 +993,8 @@ def _formattable(variable: Variable) -> Any:
     """
     if isinstance(variable, UserObjectVariable):
         raise Unsupported(f"formatting {variable.describe()} into a string (its text is not guarded)")
+    if isinstance(variable, ExceptionVariable):  # `f"{error}"`: its builtin text, from its known arguments
+        return variable.textual_copy()
     return variable.as_constant()
 
 

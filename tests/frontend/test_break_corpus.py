@@ -229,7 +229,6 @@ _WHOLE = "Dynamo traces this construct into one graph; kiln breaks there"
 KNOWN_GAPS = {
     "getframe_has_a_caller": _FRAMES,
     "class_defined_in_function": _SPECIALIZED,
-    "raise_and_catch_in_the_middle": "raising and catching inside the trace",
     "python_helper_walks_frames": _FRAMES,
     "seeded_python_random": "creating a random.Random inside the trace",
     "unsupported_call_in_an_enumerate_loop": "a lazy iterator live across a break",

@@ -288,6 +288,39 @@ def test_stop_iteration_leaving_a_generator_is_a_runtime_error():
     check(_pep_479, X)
 
 
+class _Described(ValueError):
+    def __str__(self):
+        return f"described: {self.args[0]}"
+
+
+def _texts_of_caught_exceptions(x):
+    texts = []
+    for kind, arguments in ((ValueError, ("four rows",)), (KeyError, ("key",)), (RuntimeError, ("a", 1)),
+                            (_Described, ("it",)), (IndexError, ())):
+        try:
+            raise kind(*arguments)
+        except Exception as error:
+            texts += [str(error), repr(error), f"{error}!", f"{error!r}"]
+    return x * len(texts), texts
+
+
+def test_text_of_a_caught_exception():
+    check(_texts_of_caught_exceptions, X)
+
+
+def _text_of_an_os_error(x):
+    try:
+        raise OSError(2, "missing")
+    except OSError as error:
+        return x, str(error)
+
+
+def test_text_of_an_exception_read_from_more_than_its_arguments_is_refused():
+    compiled, _ = _compiled(_text_of_an_os_error)
+    with pytest.raises(FullgraphError, match="reads more than its arguments"):
+        compiled(X)
+
+
 def _unrewritten(source: str):
     """The function `source` defines, compiled as Python does (pytest rewrites a test module's own `assert`s)."""
     source = textwrap.dedent(source)

@@ -36,8 +36,8 @@ from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVa
                                                 TupleVariable, iterate, unpack_iterable)
 from kiln.frontend.variables.copying import copy_handler, deepcopy_handler
 from kiln.frontend.variables.functions import PartialVariable
-from kiln.frontend.variables.objects import (ClassVariable, ModelOutputVariable, NewObjectVariable, UserObjectVariable,
-                                             new_object)
+from kiln.frontend.variables.objects import (ClassVariable, ExceptionVariable, ModelOutputVariable, NewObjectVariable,
+                                             UserObjectVariable, new_object)
 from kiln.frontend.variables.tensor import TensorVariable
 
 
@@ -153,6 +153,18 @@ def _per_thread(fn):
         guards = tx.output.guards
         guards.add(None, f"{guards.constant(fn)}() != {value!r}", f"{name}() is no longer {value!r} (another thread)")
         return ConstantVariable(value)
+
+    return handler
+
+
+def _text(fn):
+    """str() / repr() (ascii()): of constants for real; of an exception the program made, its text."""
+    pure = _pure(fn)
+
+    def handler(tx, args, kwargs):
+        if len(args) == 1 and not kwargs and isinstance(args[0], ExceptionVariable):
+            return args[0].text(tx, fn)
+        return pure(tx, args, kwargs)
 
     return handler
 
@@ -705,7 +717,7 @@ _HANDLERS: dict[Any, Callable] = {
     builtins.min: _reduce_min_max(min, torch.minimum), builtins.max: _reduce_min_max(max, torch.maximum),
     builtins.sum: _sum, builtins.any: _any_all(any), builtins.all: _any_all(all), builtins.abs: _abs,
     builtins.bool: _bool, builtins.int: _numeric(int), builtins.float: _numeric(float),
-    builtins.str: _pure(str), builtins.repr: _pure(repr), builtins.round: _numeric(round),
+    builtins.str: _text(str), builtins.repr: _text(repr), builtins.ascii: _text(ascii), builtins.round: _numeric(round),
     builtins.divmod: _pure(divmod), builtins.pow: _pure(pow), builtins.sorted: _pure(sorted),
     builtins.callable: _callable, builtins.slice: _slice, builtins.super: _super, builtins.vars: _vars,
     builtins.print: _print,

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Any
+from typing import Any, Callable
 
 from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported
 from kiln.frontend.sources import AttrSource, ItemSource, TypeSource
@@ -724,6 +724,10 @@ class ModelOutputVariable(Variable):
         return f"{codegen.constant(self.cls)}({inner})"
 
 
+# The builtin `__str__`s that read only an exception's `args` (OSError's, SyntaxError's, ... read more).
+_ARGS_TEXT = (BaseException.__str__, KeyError.__str__)
+
+
 class ExceptionVariable(Variable):
     """An exception object the program made (`ValueError("no")`) or kiln raised for it (a missing key).
 
@@ -785,6 +789,31 @@ class ExceptionVariable(Variable):
             self.args = value.unpack(tx)
             return
         self.attributes[name] = value
+
+    def text(self, tx, conversion: Callable[[Any], str]) -> Variable:
+        """`str(error)` / `repr(error)` / `format(error)`: a user class's Python `__str__` or `__repr__` is
+        inlined; else Python's own text, from an exception object made now from the known arguments."""
+        dunder = "__str__" if conversion is str else "__repr__"
+        raw, owner = lookup_class_attribute(self.cls, dunder)
+        if isinstance(raw, types.FunctionType):
+            if conversion is ascii:
+                raise Unsupported(f"ascii() of {self.describe()}, whose class defines __repr__")
+            return self.getattr(tx, dunder).call(tx, [], {})
+        return ConstantVariable(conversion(self.textual_copy((dunder,))))
+
+    def textual_copy(self, dunders: tuple[str, ...] = ("__format__", "__str__")) -> BaseException:
+        """A real exception of this class holding the same (constant) arguments, whose `dunders` (the methods
+        the caller will run on it) must be builtin ones that read only `args`: made without any `__init__`."""
+        if self.args is None or not all(arg.is_constant() for arg in self.args):
+            raise Unsupported(f"the text of {self.describe()} (its arguments are not all known constants)")
+        allowed = {"__str__": _ARGS_TEXT, "__repr__": (BaseException.__repr__,), "__format__": (object.__format__,)}
+        for dunder in dunders:
+            if lookup_class_attribute(self.cls, dunder)[0] not in allowed[dunder]:
+                raise Unsupported(f"the text of {self.describe()} ({dunder} of {self.cls.__qualname__} reads more "
+                                  "than its arguments)")
+        exception = BaseException.__new__(self.cls)
+        exception.args = tuple(arg.as_constant() for arg in self.args)
+        return exception
 
     def call_method(self, tx, name, args, kwargs) -> Variable:
         if name == "__init__":  # BaseException.__init__ (from a subclass's super().__init__(...))
