@@ -230,7 +230,6 @@ KNOWN_GAPS = {
     "getframe_has_a_caller": _FRAMES,
     "class_defined_in_function": _SPECIALIZED,
     "python_helper_walks_frames": _FRAMES,
-    "seeded_python_random": "creating a random.Random inside the trace",
     "unsupported_call_in_an_enumerate_loop": "a lazy iterator live across a break",
     "break_in_each_block_of_a_module_list": _MORE_GRAPHS,
     "printing_block_in_a_sequential": _MORE_GRAPHS,

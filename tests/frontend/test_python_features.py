@@ -1036,6 +1036,35 @@ def test_python_random_is_refused_with_its_reason():
         compiled(X)
 
 
+def _seeded_draws(x):
+    generator = random.Random(7)
+    draws = [generator.random() for _ in range(3)] + [generator.randint(1, 6), generator.choice("abc")]
+    return x * draws[0] + sum(draws[:4]), draws, isinstance(generator, random.Random)
+
+
+def test_seeded_random_made_in_the_trace_draws_constants():
+    compiled = check(_seeded_draws, X)
+    _equal(compiled(X), _seeded_draws(X))  # eager makes the same generator, and draws, on every call
+
+
+def _unseeded_draw(x):
+    return x * random.Random().random()
+
+
+def _escaping_generator(x):
+    generator = random.Random(3)
+    generator.random()
+    return x, generator
+
+
+@pytest.mark.parametrize("fn, reason", [(_unseeded_draw, "without a constant seed"),
+                                        (_escaping_generator, "used after it")])
+def test_unseeded_or_escaping_random_generator_is_refused(fn, reason):
+    compiled, _ = _compiled(fn)
+    with pytest.raises(FullgraphError, match=reason):
+        compiled(X)
+
+
 # --------------------------------------------------------------------------- nn.Module's iterators
 
 class _Tree(torch.nn.Module):

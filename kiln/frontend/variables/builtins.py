@@ -19,6 +19,7 @@ import functools
 import itertools
 import math
 import operator
+import random
 import struct
 import threading
 from typing import Any, Callable
@@ -29,8 +30,8 @@ from kiln.frontend import replay
 from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported
 from kiln.frontend.operations import BINARY_OPERATORS, COMPARE_OPERATORS, binary_op, compare_op, contains, unary_op
 from kiln.frontend.sources import TypeSource
-from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, is_same, lookup_class_attribute,
-                                          run_on_constants)
+from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, is_constant_value, is_same,
+                                          lookup_class_attribute, run_on_constants)
 from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, CounterVariable, DictVariable,
                                                 IteratorVariable, LazyIteratorVariable, ListVariable, SliceVariable,
                                                 TupleVariable, iterate, unpack_iterable)
@@ -466,6 +467,54 @@ class SetVariable(Variable):
         return codegen.constant(set(self.values)) + ".copy()"
 
 
+class SeededRandomVariable(Variable):
+    """A `random.Random(seed)` made in the trace with a constant seed: its draws are a function of the seed
+    alone, so kiln draws them now, from a generator of its own seeded the same, and they are constants of
+    the trace (eager makes the same generator, and the same draws, on every call). An unseeded generator, or
+    one the trace did not make (the module's, an argument), draws only when the program runs: a graph break.
+    The generator itself never leaves the trace (returned or live across a break, the frame runs eagerly)."""
+
+    def __init__(self, generator: random.Random):
+        self.generator = generator
+
+    def describe(self) -> str:
+        return "random.Random made in the trace"
+
+    def python_type(self) -> type:
+        return random.Random
+
+    def truth(self, tx) -> bool:
+        return True
+
+    def call_method(self, tx, name, args, kwargs):
+        if name not in _RANDOM_METHODS:
+            raise Unsupported(f"random.Random.{name} (kiln draws only from the methods of constant arguments)")
+        constants = _constants(args, kwargs)
+        if constants is None or not all(is_constant_value(value) for value in [*constants[0], *constants[1].values()]):
+            raise Unsupported(f"random.Random.{name} with arguments that are not immutable constants")
+        return tx.wrap_sourceless(_run(getattr(self.generator, name), *constants))
+
+    def reconstruct(self, codegen) -> str:
+        raise Unsupported("a random.Random made in the trace, used after it (kiln keeps its state only while tracing)")
+
+
+# Methods whose result depends only on the generator's state and their (immutable) arguments; `shuffle`, which
+# changes a list in place, is not among them.
+_RANDOM_METHODS = frozenset({
+    "random", "uniform", "randint", "randrange", "choice", "choices", "sample", "gauss", "normalvariate",
+    "lognormvariate", "expovariate", "vonmisesvariate", "gammavariate", "betavariate", "paretovariate",
+    "weibullvariate", "triangular", "binomialvariate", "getrandbits", "randbytes", "seed", "getstate", "setstate"})
+
+
+def _seeded_random(tx, args, kwargs):
+    """random.Random(seed) with a constant seed (see SeededRandomVariable)."""
+    constants = _constants(args, kwargs)
+    if not args or kwargs or constants is None or args[0].as_constant() is None:
+        raise Unsupported("random.Random() without a constant seed: its draws exist only when the program runs "
+                          "(a graph break makes them in Python)")
+    return SeededRandomVariable(_run(random.Random, *constants))
+
+
 def _reduce_min_max(fn, torch_fn):
     def handler(tx, args, kwargs):
         items = _iterable_items(tx, args[0]) if len(args) == 1 else args
@@ -724,7 +773,7 @@ _HANDLERS: dict[Any, Callable] = {
     builtins.id: _id, builtins.hash: _pure(hash), builtins.chr: _pure(chr), builtins.ord: _pure(ord),
     builtins.format: _pure(format), builtins.eval: _eval,
     struct.pack: _pure(struct.pack), struct.unpack: _pure(struct.unpack), struct.calcsize: _pure(struct.calcsize),
-    struct.unpack_from: _pure(struct.unpack_from),
+    struct.unpack_from: _pure(struct.unpack_from), random.Random: _seeded_random,
     threading.get_ident: _per_thread(threading.get_ident), threading.get_native_id: _per_thread(threading.get_native_id),
     operator.getitem: _operator_getitem, operator.contains: _operator_contains, operator.is_: _operator_is(False),
     operator.is_not: _operator_is(True), operator.not_: _operator_not, operator.neg: _unary(operator.neg),
