@@ -225,7 +225,6 @@ _FRAMES = "frame introspection must run in the program's own frame: the frame ru
 _SPECIALIZED = "a value that differs between the trace's calls (a new function or class object, a float) recompiles"
 _MORE_GRAPHS = ("each module object compiles its own forward (Dynamo's serves every instance), and a break "
                 "nested in module calls ends a graph in each frame: more graphs than Dynamo")
-_WHOLE = "Dynamo traces this construct into one graph; kiln breaks there"
 KNOWN_GAPS = {
     "getframe_has_a_caller": _FRAMES,
     "class_defined_in_function": _SPECIALIZED,
@@ -244,7 +243,9 @@ KNOWN_GAPS = {
     "generator_expression_of_items": _GENERATOR,
     "produce_and_consume_interleaved": _GENERATOR,
     "suspended_generator_live_across_a_break": _GENERATOR,
-    "inference_mode_around_a_break": "inference_mode is not modelled",
+    "inference_mode_around_a_break": ("inference_mode is not modelled: Dynamo puts _enter/_exit_inference_mode "
+                                      "in its graphs, but kiln's codegen backends do not honour them (through "
+                                      "Dynamo, `b.is_inference()` after such a region is False, eager's True)"),
 }
 
 
