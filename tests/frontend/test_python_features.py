@@ -965,7 +965,8 @@ def _counter(x):
     summed = counts + collections.Counter(a=1)
     counts |= collections.Counter(b=1, c=4)  # the larger count, not dict's merge
     return (x * counts["a"] + counts["missing"], counts, summed, counts.most_common(2), counts.total(),
-            list(counts.elements()), counts == collections.Counter(counts), collections.Counter(q=3) - summed)
+            list(counts.elements()), counts == collections.Counter(counts), collections.Counter(q=3) - summed,
+            collections.Counter(a=1, b=0) == collections.Counter(a=1), collections.Counter(a=1) == {"a": 1})
 
 
 def test_counter_counts_as_python_does():

@@ -449,6 +449,15 @@ class CounterVariable(DictVariable):
             return ConstantVariable(0)  # Counter.__missing__ (the key is not added)
         return self.entries[python_key][1]
 
+    def as_constant(self) -> Any:
+        counts = self._counts()
+        if counts is None:
+            raise Unsupported(f"the value of {self.describe()}, whose keys or counts are not all constants")
+        return counts
+
+    def is_constant(self) -> bool:
+        return self._counts() is not None
+
     def _counts(self) -> collections.Counter | None:
         """The counter as a Python object, when every key and count is a constant."""
         if all(isinstance(key, ConstantVariable) and isinstance(value, ConstantVariable)
