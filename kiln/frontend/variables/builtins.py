@@ -445,19 +445,20 @@ class SetVariable(Variable):
     def call_method(self, tx, name, args, kwargs):
         if name == "__contains__":
             return ConstantVariable(args[0].as_constant() in self.values)
-        constants = _constants(args, kwargs)
-        if constants is None:
-            raise Unsupported(f"set.{name} with non-constant arguments")
         if name in _SET_MUTATORS:
-            if self.source is not None and name == "pop":
-                raise Unsupported(f"set.pop on {self.describe()} (which element it takes depends on the real set's "
-                                  "layout)")
-            values = [tuple(value) if isinstance(value, (list, set, frozenset)) else value for value in constants[0]]
-            result = _run(getattr(self.values, name), values, constants[1])
+            if kwargs or (self.source is not None and name == "pop"):
+                raise Unsupported(f"set.{name} on {self.describe()} (with keywords, or pop: which element it takes "
+                                  "depends on the real set's layout)")
+            values = [arg.as_constant() for arg in args]  # the elements themselves (classes and functions too)
+            values = [tuple(value) if isinstance(value, (list, set, frozenset)) else value for value in values]
+            result = _run(getattr(self.values, name), values, {})
             if self.source is not None:
                 self.calls.append((name, tuple(values)))
                 tx.output.side_effects.mutated_container(self)
             return tx.wrap_sourceless(result)
+        constants = _constants(args, kwargs)
+        if constants is None:
+            raise Unsupported(f"set.{name} with non-constant arguments")
         result = _run(getattr(self.values, name), *constants)
         return SetVariable(result) if isinstance(result, set) else tx.wrap_sourceless(result)
 
