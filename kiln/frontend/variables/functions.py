@@ -488,8 +488,8 @@ class LruCacheVariable(Variable):
         if not all(argument.is_constant() and _is_cacheable_constant(argument) for argument in arguments):
             raise Unsupported(f"calling {self.describe()} with {', '.join(a.describe() for a in arguments)}: kiln "
                               "traces a cached helper only on constant arguments")
-        key = (id(self.wrapper), tuple(argument.as_constant() for argument in args),
-               tuple((name, argument.as_constant()) for name, argument in kwargs.items()))
+        key = (id(self.wrapper), tuple(_typed(argument) for argument in args),  # typed: f(1), f(True) apart
+               tuple((name, _typed(argument)) for name, argument in kwargs.items()))
         if key in tx.output.cached_calls:  # called again in this trace: the cache returns the same object
             return tx.output.cached_calls[key]
         wrapped_source = AttrSource(self.source, "__wrapped__") if self.source is not None else None
@@ -508,6 +508,11 @@ class LruCacheVariable(Variable):
             result = ConstantVariable(value)
         tx.output.cached_calls[key] = result
         return result
+
+
+def _typed(variable: Variable) -> tuple:
+    value = variable.as_constant()
+    return type(value), value
 
 
 def _is_cacheable_constant(variable: Variable) -> bool:
