@@ -315,9 +315,18 @@ def _text_of_an_os_error(x):
         return x, str(error)
 
 
-def test_text_of_an_exception_read_from_more_than_its_arguments_is_refused():
-    compiled, _ = _compiled(_text_of_an_os_error)
-    with pytest.raises(FullgraphError, match="reads more than its arguments"):
+def _repr_of_an_os_error(x):
+    try:
+        raise OSError(2, "missing")  # Python makes a FileNotFoundError
+    except OSError as error:
+        return x, repr(error)
+
+
+@pytest.mark.parametrize("fn, reason", [(_text_of_an_os_error, "reads more than its arguments"),
+                                        (_repr_of_an_os_error, "does more than keep its arguments")])
+def test_text_of_an_exception_read_from_more_than_its_arguments_is_refused(fn, reason):
+    compiled, _ = _compiled(fn)
+    with pytest.raises(FullgraphError, match=reason):
         compiled(X)
 
 

@@ -488,7 +488,6 @@ class CounterVariable(DictVariable):
         return tx.wrap_sourceless(result)
 
 
-
 def counter_arithmetic(tx, symbol: str, inplace: bool, left: Variable, right: Variable) -> Variable:
     """`left <symbol> right` (`+=` when `inplace`) with a Counter on one side: Counter's own operators on
     constants (`|` is the larger count, not dict's merge); `c += d` changes `c` and is `c`."""

@@ -726,6 +726,8 @@ class ModelOutputVariable(Variable):
 
 # The builtin `__str__`s that read only an exception's `args` (OSError's, SyntaxError's, ... read more).
 _ARGS_TEXT = (BaseException.__str__, KeyError.__str__)
+# The builtin exceptions whose C `__new__` does more than BaseException's (keep `args`).
+_OWN_NEW = (OSError, BaseExceptionGroup)
 
 
 class ExceptionVariable(Variable):
@@ -811,6 +813,8 @@ class ExceptionVariable(Variable):
             if lookup_class_attribute(self.cls, dunder)[0] not in allowed[dunder]:
                 raise Unsupported(f"the text of {self.describe()} ({dunder} of {self.cls.__qualname__} reads more "
                                   "than its arguments)")
+        if issubclass(self.cls, _OWN_NEW):  # OSError(2, ...) makes a FileNotFoundError: not modelled
+            raise Unsupported(f"the text of {self.describe()} (its builtin __new__ does more than keep its arguments)")
         exception = BaseException.__new__(self.cls)
         exception.args = tuple(arg.as_constant() for arg in self.args)
         return exception
