@@ -322,6 +322,19 @@ def _repr_of_an_os_error(x):
         return x, repr(error)
 
 
+def _os_error_by_errno(x):
+    try:
+        raise OSError(2, "missing")  # Python makes a FileNotFoundError
+    except FileNotFoundError as error:
+        return x + 1, type(error), error.args
+    except OSError:
+        return x - 1, None, None
+
+
+def test_os_error_is_made_of_the_class_python_picks():
+    check(_os_error_by_errno, X)
+
+
 @pytest.mark.parametrize("fn, reason", [(_text_of_an_os_error, "reads more than its arguments"),
                                         (_repr_of_an_os_error, "does more than keep its arguments")])
 def test_text_of_an_exception_read_from_more_than_its_arguments_is_refused(fn, reason):

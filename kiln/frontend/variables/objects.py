@@ -23,7 +23,7 @@ from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported
 from kiln.frontend.sources import AttrSource, ItemSource, TypeSource
 from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import (MISSING, NONE, ConstantVariable, TrackerMethod, Variable, is_trusted_module,
-                                          lookup_class_attribute)
+                                          lookup_class_attribute, run_on_constants)
 from kiln.frontend.variables.containers import (DictVariable, IteratorVariable, ListIteratorLike, TupleVariable,
                                                 missing_key)
 from kiln.frontend.variables.functions import BoundMethodVariable, MethodDescriptorVariable, bind_arguments
@@ -749,6 +749,10 @@ class ExceptionVariable(Variable):
         new, _ = lookup_class_attribute(cls, "__new__")
         if isinstance(new, staticmethod) or isinstance(new, types.FunctionType):
             raise Unsupported(f"creating exception {cls.__qualname__}, whose class defines __new__")
+        if issubclass(cls, _OWN_NEW):  # OSError(2, ...) is a FileNotFoundError: the class Python picks, for real
+            if cls.__module__ != "builtins" or kwargs or not all(arg.is_constant() for arg in args):
+                raise Unsupported(f"creating exception {cls.__qualname__} (its builtin __new__ picks the class)")
+            cls = type(run_on_constants(cls, [arg.as_constant() for arg in args], {}))
         exception = cls_(cls, args)
         init, owner = lookup_class_attribute(cls, "__init__")
         if isinstance(init, types.FunctionType):
