@@ -25,7 +25,7 @@ from typing import Any
 
 from kiln.frontend import bytecode, versions
 from kiln.frontend.errors import ProgramException, Unsupported
-from kiln.frontend.exceptions import ExceptionHandling, exception_object, stop_iteration_error
+from kiln.frontend.exceptions import ExceptionHandling, exception_object, exception_table, stop_iteration_error
 from kiln.frontend.matching import PatternMatching
 from kiln.frontend.operations import binary_op, compare_op, contains, unary_op
 from kiln.frontend.output import DELETED_GLOBAL, OutputGraph
@@ -39,7 +39,8 @@ from kiln.frontend.variables.containers import (MAX_ITERATION_STEPS, BaseIterato
                                                 hashable_key, iterate, unpack_iterable)
 from kiln.frontend.variables.functions import (BaseFunctionVariable, CellVariable, NestedFunctionVariable,
                                                OpaqueFunctionVariable)
-from kiln.frontend.variables.objects import ClassVariable, UserObjectVariable, bind_class_attribute
+from kiln.frontend.variables.objects import ClassVariable, ExceptionVariable, UserObjectVariable, bind_class_attribute
+from kiln.frontend.variables.tensor import TensorVariable
 from kiln.frontend.variables.torch_special import GradModeExit, GradModeVariable, NullContextVariable
 
 MAX_INLINE_DEPTH = 64
@@ -470,8 +471,7 @@ class Frame(ExceptionHandling, PatternMatching):
         if isinstance(container, ExternalDictVariable):
             container.call_method(self, "__delitem__", [key], {})
         elif isinstance(container, DictVariable):
-            container.getitem(self, key)  # a missing key raises, as `del` would
-            container.call_method(self, "pop", [key], {})
+            container.call_method(self, "__delitem__", [key], {})
         elif isinstance(container, ListVariable):
             del container.items[key.as_constant()]
             container._mutated(self)
@@ -544,8 +544,38 @@ class Frame(ExceptionHandling, PatternMatching):
             self.jump(instruction)
 
     def POP_JUMP_IF_TRUE(self, instruction):
-        if self.pop().truth(self):
+        condition = self.pop()
+        if isinstance(condition, TensorVariable):  # `assert (a > 0).all(), "message"`: a graph node, not a break
+            message = self._assertion_message()
+            if message is not None and self._uncaught_here() and condition.assert_true(self, message):
+                self.jump(instruction)
+                return
+        if condition.truth(self):
             self.jump(instruction)
+
+    def _assertion_message(self) -> str | None:
+        """The message of the `assert` whose failure branch starts at the next instruction (CPython's shape:
+        LOAD_ASSERTION_ERROR, then RAISE_VARARGS, or a constant string called in and raised); else None."""
+        following = [instruction for instruction in self.instructions[self.ip:self.ip + 8] if instruction.op != "NOP"]
+        ops = [instruction.op for instruction in following]
+        if ops[:2] == ["LOAD_ASSERTION_ERROR", "RAISE_VARARGS"]:
+            return "assertion error"
+        if ops[:4] == ["LOAD_ASSERTION_ERROR", "LOAD_CONST", "CALL", "RAISE_VARARGS"] and \
+                isinstance(following[1].argval, str) and following[2].arg == 0:
+            return following[1].argval
+        return None
+
+    def _uncaught_here(self) -> bool:
+        """Whether an exception raised at the current instruction leaves every interpreted frame (no `try` or
+        `with` around it here or in a caller): one the graph raises cannot reach a handler in the trace."""
+        frame = self
+        while frame is not None:
+            if frame.current is not None:
+                index = frame.index_of[id(frame.current)]
+                if any(first <= index <= last for first, last, *_ in exception_table(frame.code)):
+                    return False
+            frame = frame.parent
+        return True
 
     def POP_JUMP_IF_NONE(self, instruction):
         if is_same(self.pop(), NONE):
@@ -676,8 +706,8 @@ class Frame(ExceptionHandling, PatternMatching):
     def FORMAT_VALUE(self, instruction):
         flags = instruction.arg
         spec = self.pop().as_constant() if flags & 0x04 else ""
-        value = _formattable(self.pop())
-        conversion = flags & 0x03
+        value, conversion = self._exception_text(self.pop(), flags & 0x03, spec)
+        value = _formattable(value)
         if conversion == 1:
             value = str(value)
         elif conversion == 2:
@@ -687,15 +717,23 @@ class Frame(ExceptionHandling, PatternMatching):
         self.push(ConstantVariable(format(value, spec)))
 
     def FORMAT_SIMPLE(self, instruction):
-        self.push(ConstantVariable(format(_formattable(self.pop()))))
+        self.push(ConstantVariable(format(_formattable(self._exception_text(self.pop(), 0, "")[0]))))
 
     def FORMAT_WITH_SPEC(self, instruction):
         spec = self.pop().as_constant()
-        self.push(ConstantVariable(format(_formattable(self.pop()), spec)))
+        self.push(ConstantVariable(format(_formattable(self._exception_text(self.pop(), 0, spec)[0]), spec)))
 
     def CONVERT_VALUE(self, instruction):
-        value = _formattable(self.pop())
-        self.push(ConstantVariable({1: str, 2: repr, 3: ascii}[instruction.arg](value)))
+        value, conversion = self._exception_text(self.pop(), instruction.arg, "")
+        value = _formattable(value)
+        self.push(ConstantVariable({0: str, 1: str, 2: repr, 3: ascii}[conversion](value)))
+
+    def _exception_text(self, value: Variable, conversion: int, spec: str) -> tuple[Variable, int]:
+        """An exception formatted into an f-string (`f"{error}"`, `{error!r}`) as its text (a user class's
+        `__str__` inlined), and the conversion left to apply; any other value as it is."""
+        if not isinstance(value, ExceptionVariable) or (conversion == 0 and spec):
+            return value, conversion
+        return value.text(self, {0: str, 1: str, 2: repr, 3: ascii}[conversion]), 0
 
     # -- opcodes: calls and functions -----------------------------------------------------------------------
 
@@ -955,6 +993,8 @@ def _formattable(variable: Variable) -> Any:
     """
     if isinstance(variable, UserObjectVariable):
         raise Unsupported(f"formatting {variable.describe()} into a string (its text is not guarded)")
+    if isinstance(variable, ExceptionVariable):  # `f"{error}"`: its builtin text, from its known arguments
+        return variable.textual_copy()
     return variable.as_constant()
 
 

@@ -16,8 +16,9 @@ import torch
 
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.variables.base import ConstantVariable, Variable, has_python_method, is_constant_value
-from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, DictVariable,
-                                                ExternalDictVariable, ListVariable, TupleVariable, compare_equal)
+from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, CounterVariable,
+                                                DictVariable, ExternalDictVariable, ListVariable, TupleVariable,
+                                                compare_equal, counter_arithmetic)
 from kiln.frontend.variables.modules import ModuleVariable
 from kiln.frontend.variables.objects import ModelOutputVariable
 from kiln.frontend.variables.tensor import (SymNumberVariable, TensorVariable, is_number,
@@ -75,6 +76,8 @@ def binary_op(tx, symbol: str, left: Variable, right: Variable) -> Variable:
         result = _sequence_op(tx, base, inplace, left, right)
         if result is not None:
             return result
+    if isinstance(left, CounterVariable) or isinstance(right, CounterVariable):
+        return counter_arithmetic(tx, base, inplace, left, right)
     if base == "|" and isinstance(left, (DictVariable, ExternalDictVariable)):
         if inplace:  # `d |= other` updates d itself
             if isinstance(left, ExternalDictVariable):

@@ -84,6 +84,7 @@ class OutputGraph:
         self._autocast_exits: list[Callable] = []
         self.compute_nodes = 0
         self.generators: list[Variable] = []  # every generator made by the trace (interpreter.GeneratorVariable)
+        self.cached_calls: dict[tuple, Variable] = {}  # lru_cache results by (wrapper, arguments): one object each
         self.break_point = None  # set for the retrace that stops at a graph break (kiln/frontend/resume.py)
 
     # -- names for objects the guard and entry functions hold -------------------------------------
@@ -589,6 +590,7 @@ class SideEffects:
         attributes = {(id(variable), name): (variable, name, value)
                       for variable in self.objects for name, value in variable.pending.items()}
         containers = {id(variable): (variable, list(variable.items) if isinstance(variable, ListVariable)
+                                     else tuple(variable.calls) if isinstance(variable, SetVariable)
                                      else dict(variable.entries))
                       for variable in self.containers}
         return OutsideState(attributes, containers, dict(self.globals))
@@ -635,6 +637,9 @@ def _write_state(codegen: EntryCodegen, state: OutsideState, written: OutsideSta
         target = codegen.source(variable.source)
         if isinstance(variable, ListVariable):
             lines.append(f"{target}[:] = {ListVariable(contents).display(codegen)}")
+        elif isinstance(variable, SetVariable):  # the calls made since, again, on the set itself
+            for name, arguments in contents[len(previous[1]) if previous is not None else 0:]:
+                lines.append(f"{target}.{name}({', '.join(codegen.constant(argument) for argument in arguments)})")
         else:
             lines.append(f"{target}.clear()")
             lines.append(f"{target}.update({DictVariable(contents, dict_type=dict).display(codegen)})")
@@ -651,7 +656,9 @@ def _write_state(codegen: EntryCodegen, state: OutsideState, written: OutsideSta
 
 
 def _same_contents(before: Any, after: Any) -> bool:
-    """Items (a list) or entries (a dict) holding the same trackers in the same order."""
+    """Items (a list) or entries (a dict) holding the same trackers in the same order; the same calls (a set)."""
+    if isinstance(before, tuple):
+        return len(before) == len(after)
     if isinstance(before, list):
         return len(before) == len(after) and all(a is b for a, b in zip(before, after))
     return list(before) == list(after) and all(before[key][1] is after[key][1] for key in before)

@@ -256,7 +256,8 @@ def effects(x, seen, box):
     box.value = 1
     COUNTER = 10
     x.add_(1)
-    seen.add(len(LOG))  # mutating an outside set: a break; it sees the state written before it
+    seen.add(len(LOG))  # replayed on the set in program order: it sees the state written before it
+    os.getpid()  # a break
     LOG.append("after")
     box.value = box.value + 1
     x.mul_(2)

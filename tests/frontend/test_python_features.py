@@ -20,6 +20,9 @@ import copy
 import dataclasses
 import functools
 import random
+import struct
+import textwrap
+import threading
 import typing
 
 import pytest
@@ -283,6 +286,103 @@ def _pep_479(x):
 
 def test_stop_iteration_leaving_a_generator_is_a_runtime_error():
     check(_pep_479, X)
+
+
+class _Described(ValueError):
+    def __str__(self):
+        return f"described: {self.args[0]}"
+
+
+def _texts_of_caught_exceptions(x):
+    texts = []
+    for kind, arguments in ((ValueError, ("four rows",)), (KeyError, ("key",)), (RuntimeError, ("a", 1)),
+                            (_Described, ("it",)), (IndexError, ())):
+        try:
+            raise kind(*arguments)
+        except Exception as error:
+            texts += [str(error), repr(error), f"{error}!", f"{error!r}"]
+    return x * len(texts), texts
+
+
+def test_text_of_a_caught_exception():
+    check(_texts_of_caught_exceptions, X)
+
+
+def _text_of_an_os_error(x):
+    try:
+        raise OSError(2, "missing")
+    except OSError as error:
+        return x, str(error)
+
+
+def _repr_of_an_os_error(x):
+    try:
+        raise OSError(2, "missing")  # Python makes a FileNotFoundError
+    except OSError as error:
+        return x, repr(error)
+
+
+def _os_error_by_errno(x):
+    try:
+        raise OSError(2, "missing")  # Python makes a FileNotFoundError
+    except FileNotFoundError as error:
+        return x + 1, type(error), error.args
+    except OSError:
+        return x - 1, None, None
+
+
+def test_os_error_is_made_of_the_class_python_picks():
+    check(_os_error_by_errno, X)
+
+
+@pytest.mark.parametrize("fn, reason", [(_text_of_an_os_error, "reads more than its arguments"),
+                                        (_repr_of_an_os_error, "does more than keep its arguments")])
+def test_text_of_an_exception_read_from_more_than_its_arguments_is_refused(fn, reason):
+    compiled, _ = _compiled(fn)
+    with pytest.raises(FullgraphError, match=reason):
+        compiled(X)
+
+
+def _unrewritten(source: str):
+    """The function `source` defines, compiled as Python does (pytest rewrites a test module's own `assert`s)."""
+    source = textwrap.dedent(source)
+    namespace = {"torch": torch}
+    exec(compile(source, __file__, "exec"), namespace)
+    return namespace[source.split("def ", 1)[1].split("(", 1)[0]]
+
+
+_asserts_on_a_tensor = _unrewritten("""
+    def _asserts_on_a_tensor(x):
+        a = x.abs() + 1
+        assert (a > 0).all(), "positive"
+        assert a.sum() > 0
+        return a.log()
+""")
+
+
+def test_assert_on_a_tensor_is_a_graph_node():
+    compiled = check(_asserts_on_a_tensor, X)
+    with pytest.raises(RuntimeError, match="positive"):  # the graph raises it, as Dynamo's does
+        compiled(torch.full((4,), float("nan")))
+
+
+_assert_on_a_tensor_caught = _unrewritten("""
+    def _assert_on_a_tensor_caught(x):
+        try:
+            assert (x > 0).all(), "positive"
+            return x
+        except AssertionError:
+            return -x
+""")
+
+
+def test_assert_on_a_tensor_inside_try_is_not_a_graph_node():
+    compiled, made = _compiled(_assert_on_a_tensor_caught)
+    with pytest.raises(FullgraphError, match="truth value of tensor"):  # its handler must see AssertionError
+        compiled(X - 1)
+    assert not made
+    lenient = compile_function(_assert_on_a_tensor_caught, graph_compiler("eager"))
+    assert torch.equal(lenient(X - 1), _assert_on_a_tensor_caught(X - 1))
 
 
 # --------------------------------------------------------------------------- generators
@@ -650,6 +750,37 @@ def _uses_impure_cached_helper(x):
     return x * _impure(2)
 
 
+@functools.lru_cache(maxsize=None)
+def _squares(count):
+    return tuple(i * i for i in range(count))
+
+
+def _uses_cached_tuple(x):
+    first, second = _squares(4), _squares(4)
+    return x * sum(first), first is second, second
+
+
+def test_lru_cached_helper_returning_a_new_tuple_is_one_constant_object():
+    compiled = check(_uses_cached_tuple, X)
+    _, same, second = compiled(X)
+    assert same and second is compiled(X)[2]  # as the cache: one object for the trace and for every call
+
+
+@functools.lru_cache(maxsize=None)
+def _cached_list(count):
+    return list(range(count))
+
+
+def _uses_cached_list(x):
+    return x * len(_cached_list(3))
+
+
+def test_lru_cached_helper_returning_a_new_list_is_refused():
+    compiled, _ = _compiled(_uses_cached_list)
+    with pytest.raises(FullgraphError, match="a mutable object made by the call"):
+        compiled(X)
+
+
 def test_lru_cached_helper_that_changes_state_is_refused():
     compiled, _ = _compiled(_uses_impure_cached_helper)
     with pytest.raises(FullgraphError, match="changed state"):
@@ -809,6 +940,113 @@ def test_functions_are_true():
     check(_functions_are_true, X)
 
 
+# --------------------------------------------------------------------------- sets changed in place
+
+def _changes_a_set(x, names):
+    names.add("gamma")
+    names.discard("alpha")
+    names.update(["delta", "beta"])
+    return x * len(names)
+
+
+def test_outside_set_changed_in_place():
+    compiled, graphs = _compiled(_changes_a_set)
+    for _ in range(2):  # fresh sets equal to the first: the second call reuses the entry
+        names, want_names = {"alpha", "beta"}, {"alpha", "beta"}
+        _equal(compiled(X, names), _changes_a_set(X, want_names))
+        assert names == want_names == {"beta", "gamma", "delta"} and list(names) == list(want_names)
+    assert len(graphs) == 1
+
+
+def _set_live_across_a_break(x):
+    names = {"alpha", "beta"}
+    value = (x * len(names)).sum().item()  # a graph break: `names` is a live local of the resume function
+    names.add("gamma")
+    names.remove("beta")
+    return x * value * len(names), names
+
+
+def test_set_live_across_a_break_is_changed_by_the_resume_function():
+    from kiln.frontend import stats
+
+    eager_frames = stats.eager_frames
+    graphs = []
+    compiled = compile_function(_set_live_across_a_break, lambda gm, inputs: (graphs.append(gm), gm.forward)[1])
+    for _ in range(2):
+        _equal(compiled(X), _set_live_across_a_break(X))
+    assert len(graphs) == 2 and stats.eager_frames == eager_frames  # one graph each side, no frame eager
+
+
+# --------------------------------------------------------------------------- Counter
+
+def _counter(x):
+    counts = collections.Counter(["a", "b", "a"])
+    counts.update("aab")
+    counts["z"] += 2
+    del counts["absent"]  # Counter ignores a missing key
+    summed = counts + collections.Counter(a=1)
+    counts |= collections.Counter(b=1, c=4)  # the larger count, not dict's merge
+    return (x * counts["a"] + counts["missing"], counts, summed, counts.most_common(2), counts.total(),
+            list(counts.elements()), counts == collections.Counter(counts), collections.Counter(q=3) - summed,
+            collections.Counter(a=1, b=0) == collections.Counter(a=1), collections.Counter(a=1) == {"a": 1})
+
+
+def test_counter_counts_as_python_does():
+    check(_counter, X)
+
+
+def _counter_of_tensors(x):
+    counts = collections.Counter()
+    counts.update({"a": x})
+    return counts
+
+
+def test_counter_of_tensor_counts_is_refused():
+    compiled, _ = _compiled(_counter_of_tensors)
+    with pytest.raises(FullgraphError, match="counting"):
+        compiled(X)
+
+
+# --------------------------------------------------------------------------- constant folding of builtins
+
+def _folded_builtins(x):
+    packed = struct.pack("<fi", 1.5, 7)
+    number, = struct.unpack("<i", packed[4:])
+    return x * len(packed) + struct.calcsize("<hh") + number + eval("2 + 3 * 4"), eval(" (1, 'a') ")
+
+
+def test_struct_and_eval_of_literals_are_folded():
+    check(_folded_builtins, X)
+
+
+def _eval_of_a_name(x):
+    return x * eval("len([1])")
+
+
+def test_eval_of_names_or_calls_is_refused():
+    compiled, _ = _compiled(_eval_of_a_name)
+    with pytest.raises(FullgraphError, match="eval"):
+        compiled(X)
+
+
+def _thread_ident(x):
+    return x + (threading.get_ident() == threading.get_ident())
+
+
+def test_thread_ident_is_a_constant_guarded_per_thread():
+    compiled, made = _compiled(_thread_ident)
+    _equal(compiled(X), _thread_ident(X))
+    assert len(made) == 1
+    results = []
+    worker = threading.Thread(target=lambda: results.append(compiled(X)))
+    worker.start()
+    worker.join()
+    _equal(results[0], _thread_ident(X))
+    assert len(made) == 2  # another thread's identifier failed the guard: a trace of its own
+    compiled(X)
+    assert len(made) == 2
+
+
 # --------------------------------------------------------------------------- still unsupported
 
 def _python_random(x):
@@ -818,6 +1056,35 @@ def _python_random(x):
 def test_python_random_is_refused_with_its_reason():
     compiled, _ = _compiled(_python_random)
     with pytest.raises(FullgraphError, match="random number generator"):
+        compiled(X)
+
+
+def _seeded_draws(x):
+    generator = random.Random(7)
+    draws = [generator.random() for _ in range(3)] + [generator.randint(1, 6), generator.choice("abc")]
+    return x * draws[0] + sum(draws[:4]), draws, isinstance(generator, random.Random)
+
+
+def test_seeded_random_made_in_the_trace_draws_constants():
+    compiled = check(_seeded_draws, X)
+    _equal(compiled(X), _seeded_draws(X))  # eager makes the same generator, and draws, on every call
+
+
+def _unseeded_draw(x):
+    return x * random.Random().random()
+
+
+def _escaping_generator(x):
+    generator = random.Random(3)
+    generator.random()
+    return x, generator
+
+
+@pytest.mark.parametrize("fn, reason", [(_unseeded_draw, "without a constant seed"),
+                                        (_escaping_generator, "used after it")])
+def test_unseeded_or_escaping_random_generator_is_refused(fn, reason):
+    compiled, _ = _compiled(fn)
+    with pytest.raises(FullgraphError, match=reason):
         compiled(X)
 
 

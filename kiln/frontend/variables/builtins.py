@@ -10,6 +10,7 @@ recorded and replayed after the graph (kiln/frontend/replay.py).
 """
 from __future__ import annotations
 
+import ast
 import builtins
 import collections
 import copy
@@ -18,6 +19,9 @@ import functools
 import itertools
 import math
 import operator
+import random
+import struct
+import threading
 from typing import Any, Callable
 
 import torch
@@ -26,15 +30,15 @@ from kiln.frontend import replay
 from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported
 from kiln.frontend.operations import BINARY_OPERATORS, COMPARE_OPERATORS, binary_op, compare_op, contains, unary_op
 from kiln.frontend.sources import TypeSource
-from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, is_same, lookup_class_attribute,
-                                          run_on_constants)
-from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, DictVariable, IteratorVariable,
-                                                LazyIteratorVariable, ListVariable, SliceVariable, TupleVariable,
-                                                iterate, unpack_iterable)
+from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, is_constant_value, is_same,
+                                          lookup_class_attribute, run_on_constants)
+from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, CounterVariable, DictVariable,
+                                                IteratorVariable, LazyIteratorVariable, ListVariable, SliceVariable,
+                                                TupleVariable, iterate, unpack_iterable)
 from kiln.frontend.variables.copying import copy_handler, deepcopy_handler
 from kiln.frontend.variables.functions import PartialVariable
-from kiln.frontend.variables.objects import (ClassVariable, ModelOutputVariable, NewObjectVariable, UserObjectVariable,
-                                             new_object)
+from kiln.frontend.variables.objects import (ClassVariable, ExceptionVariable, ModelOutputVariable, NewObjectVariable,
+                                             UserObjectVariable, new_object)
 from kiln.frontend.variables.tensor import TensorVariable
 
 
@@ -108,6 +112,60 @@ def _pure(fn):
             raise Unsupported(f"{fn.__name__}() on values not known at trace time "
                               f"({', '.join(arg.describe() for arg in args)})")
         return tx.wrap_sourceless(_run(fn, *constants))
+
+    return handler
+
+
+def _eval(tx, args, kwargs):
+    """`eval` of a constant string that is a literal (`"(1, 'a')"`) or arithmetic on numbers (`"2 + 3"`), as
+    Dynamo folds it: no names, calls or attributes, so nothing it reads can change. Anything else (globals or
+    locals given, a name in the text, a syntax error) is a graph break: Python evaluates it."""
+    if len(args) != 1 or kwargs or not isinstance(args[0], ConstantVariable) or not isinstance(args[0].value, str):
+        raise Unsupported("eval() of anything but one constant string (a graph break evaluates it)")
+    text = args[0].value
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except SyntaxError:
+        raise Unsupported(f"eval({text!r}): not an expression (Python raises SyntaxError)") from None
+    try:
+        return tx.wrap_sourceless(ast.literal_eval(tree))
+    except Exception:  # not a literal (or one Python rejects, `{[1]: 2}`): arithmetic, or else a graph break
+        pass
+    if not all(isinstance(node, _FOLDED_EVAL_NODES) and
+               (not isinstance(node, ast.Constant) or type(node.value) in (bool, int, float, complex))
+               for node in ast.walk(tree)):
+        raise Unsupported(f"eval({text!r}): kiln folds only literals and arithmetic on numbers")
+    return tx.wrap_sourceless(_run(eval, [compile(tree, "<string>", "eval"), {"__builtins__": {}}, {}], {}))
+
+
+_FOLDED_EVAL_NODES = (ast.Expression, ast.Constant, ast.UnaryOp, ast.BinOp, ast.UAdd, ast.USub, ast.Invert, ast.Add,
+                      ast.Sub, ast.Mult, ast.Div, ast.FloorDiv, ast.Mod, ast.BitOr, ast.BitXor, ast.BitAnd)
+
+
+def _per_thread(fn):
+    """A value fixed for the calling thread (`threading.get_ident()`): read at trace time and guarded by value,
+    so the guard (which runs in the caller's thread) sends another thread to a trace of its own."""
+    name = f"{fn.__module__}.{fn.__name__}"
+
+    def handler(tx, args, kwargs):
+        if args or kwargs:
+            raise Unsupported(f"{name}() with arguments (the program raises TypeError)")
+        value = fn()
+        guards = tx.output.guards
+        guards.add(None, f"{guards.constant(fn)}() != {value!r}", f"{name}() is no longer {value!r} (another thread)")
+        return ConstantVariable(value)
+
+    return handler
+
+
+def _text(fn):
+    """str() / repr() (ascii()): of constants for real; of an exception the program made, its text."""
+    pure = _pure(fn)
+
+    def handler(tx, args, kwargs):
+        if len(args) == 1 and not kwargs and isinstance(args[0], ExceptionVariable):
+            return args[0].text(tx, fn)
+        return pure(tx, args, kwargs)
 
     return handler
 
@@ -327,6 +385,14 @@ def _dict(dict_type: type):
     return handler
 
 
+def _counter(tx, args, kwargs):
+    """collections.Counter(iterable or mapping, **counts): counted now (see CounterVariable)."""
+    counter = CounterVariable()
+    if args or kwargs:
+        counter.call_method(tx, "update", args, kwargs)
+    return counter
+
+
 def _set(kind):
     def handler(tx, args, kwargs):
         items = _iterable_items(tx, args[0]) if args else []
@@ -341,12 +407,19 @@ _SET_MUTATORS = frozenset({"add", "update", "discard", "remove", "pop", "clear",
 
 
 class SetVariable(Variable):
-    """A set of constants: made during the trace, or an outside one (`source`), read only."""
+    """A set of constants: made during the trace, or an outside one (`source`, `real`).
+
+    An outside set (a global, an argument, a live local a resume function takes) is guarded by
+    a snapshot of its value; the trace changes a copy, and the entry makes the same calls
+    (`add`, `discard`, `update`, ...) on the set itself after the graph (SideEffects), in
+    program order: the set ends as eager's, its iteration order included.
+    """
 
     def __init__(self, values, source=None, real: set | None = None):
         self.values = set(values)
         self.source = source
         self.real = real  # the outside set itself
+        self.calls: list[tuple[str, tuple]] = []  # the mutating calls made on an outside set, for the entry
 
     def describe(self) -> str:
         return "set" if self.source is None else f"set at {self.source}"
@@ -370,26 +443,77 @@ class SetVariable(Variable):
         return bool(self.values)
 
     def call_method(self, tx, name, args, kwargs):
-        if self.source is not None and name in _SET_MUTATORS:
-            raise Unsupported(f"set.{name} on {self.describe()} (mutating an outside set is not supported)")
-        if name == "add":
-            self.values.add(args[0].as_constant())
-            return NONE
-        if name in ("update", "discard", "remove"):
-            getattr(self.values, name)(*[arg.as_constant() for arg in args])
-            return NONE
         if name == "__contains__":
             return ConstantVariable(args[0].as_constant() in self.values)
+        if name in _SET_MUTATORS:
+            if kwargs or (self.source is not None and name == "pop"):
+                raise Unsupported(f"set.{name} on {self.describe()} (with keywords, or pop: which element it takes "
+                                  "depends on the real set's layout)")
+            values = [arg.as_constant() for arg in args]  # the elements themselves (classes and functions too)
+            values = [tuple(value) if isinstance(value, (list, set, frozenset)) else value for value in values]
+            result = _run(getattr(self.values, name), values, {})
+            if self.source is not None:
+                self.calls.append((name, tuple(values)))
+                tx.output.side_effects.mutated_container(self)
+            return tx.wrap_sourceless(result)
         constants = _constants(args, kwargs)
         if constants is None:
             raise Unsupported(f"set.{name} with non-constant arguments")
         result = _run(getattr(self.values, name), *constants)
-        return SetVariable(result) if isinstance(result, set) else ConstantVariable(result)
+        return SetVariable(result) if isinstance(result, set) else tx.wrap_sourceless(result)
 
     def reconstruct(self, codegen) -> str:
-        if self.source is not None:  # the outside set itself
+        if self.source is not None:  # the outside set itself (its changes are replayed in place)
             return codegen.source(self.source)
         return codegen.constant(set(self.values)) + ".copy()"
+
+
+class SeededRandomVariable(Variable):
+    """A `random.Random(seed)` made in the trace with a constant seed: its draws are a function of the seed
+    alone, so kiln draws them now, from a generator of its own seeded the same, and they are constants of
+    the trace (eager makes the same generator, and the same draws, on every call). An unseeded generator, or
+    one the trace did not make (the module's, an argument), draws only when the program runs: a graph break.
+    The generator itself never leaves the trace (returned or live across a break, the frame runs eagerly)."""
+
+    def __init__(self, generator: random.Random):
+        self.generator = generator
+
+    def describe(self) -> str:
+        return "random.Random made in the trace"
+
+    def python_type(self) -> type:
+        return random.Random
+
+    def truth(self, tx) -> bool:
+        return True
+
+    def call_method(self, tx, name, args, kwargs):
+        if name not in _RANDOM_METHODS:
+            raise Unsupported(f"random.Random.{name} (kiln draws only from the methods of constant arguments)")
+        constants = _constants(args, kwargs)
+        if constants is None or not all(is_constant_value(value) for value in [*constants[0], *constants[1].values()]):
+            raise Unsupported(f"random.Random.{name} with arguments that are not immutable constants")
+        return tx.wrap_sourceless(_run(getattr(self.generator, name), *constants))
+
+    def reconstruct(self, codegen) -> str:
+        raise Unsupported("a random.Random made in the trace, used after it (kiln keeps its state only while tracing)")
+
+
+# Methods whose result depends only on the generator's state and their (immutable) arguments; `shuffle`, which
+# changes a list in place, is not among them.
+_RANDOM_METHODS = frozenset({
+    "random", "uniform", "randint", "randrange", "choice", "choices", "sample", "gauss", "normalvariate",
+    "lognormvariate", "expovariate", "vonmisesvariate", "gammavariate", "betavariate", "paretovariate",
+    "weibullvariate", "triangular", "binomialvariate", "getrandbits", "randbytes", "seed", "getstate", "setstate"})
+
+
+def _seeded_random(tx, args, kwargs):
+    """random.Random(seed) with a constant seed (see SeededRandomVariable)."""
+    constants = _constants(args, kwargs)
+    if not args or kwargs or constants is None or args[0].as_constant() is None:
+        raise Unsupported("random.Random() without a constant seed: its draws exist only when the program runs "
+                          "(a graph break makes them in Python)")
+    return SeededRandomVariable(_run(random.Random, *constants))
 
 
 def _reduce_min_max(fn, torch_fn):
@@ -639,16 +763,20 @@ _HANDLERS: dict[Any, Callable] = {
     builtins.next: _next, builtins.list: _sequence_builder(list), builtins.tuple: _sequence_builder(tuple),
     object.__new__: _object_new, tuple.__new__: _tuple_new, builtins.dict: _dict(dict),
     collections.OrderedDict: _dict(collections.OrderedDict), builtins.set: _set(set),
-    builtins.frozenset: _set(frozenset),
+    builtins.frozenset: _set(frozenset), collections.Counter: _counter,
     builtins.min: _reduce_min_max(min, torch.minimum), builtins.max: _reduce_min_max(max, torch.maximum),
     builtins.sum: _sum, builtins.any: _any_all(any), builtins.all: _any_all(all), builtins.abs: _abs,
     builtins.bool: _bool, builtins.int: _numeric(int), builtins.float: _numeric(float),
-    builtins.str: _pure(str), builtins.repr: _pure(repr), builtins.round: _numeric(round),
+    builtins.str: _text(str), builtins.repr: _text(repr), builtins.ascii: _text(ascii), builtins.round: _numeric(round),
     builtins.divmod: _pure(divmod), builtins.pow: _pure(pow), builtins.sorted: _pure(sorted),
     builtins.callable: _callable, builtins.slice: _slice, builtins.super: _super, builtins.vars: _vars,
     builtins.print: _print,
     builtins.id: _id, builtins.hash: _pure(hash), builtins.chr: _pure(chr), builtins.ord: _pure(ord),
-    builtins.format: _pure(format),
+    builtins.format: _pure(format), builtins.eval: _eval,
+    struct.pack: _pure(struct.pack), struct.unpack: _pure(struct.unpack), struct.calcsize: _pure(struct.calcsize),
+    struct.unpack_from: _pure(struct.unpack_from), random.Random: _seeded_random,
+    threading.get_ident: _per_thread(threading.get_ident),
+    threading.get_native_id: _per_thread(threading.get_native_id),
     operator.getitem: _operator_getitem, operator.contains: _operator_contains, operator.is_: _operator_is(False),
     operator.is_not: _operator_is(True), operator.not_: _operator_not, operator.neg: _unary(operator.neg),
     operator.pos: _unary(operator.pos), operator.invert: _unary(operator.invert),

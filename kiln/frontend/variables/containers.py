@@ -16,6 +16,8 @@ it compares item by item, since list.index, count and `in` need it.
 """
 from __future__ import annotations
 
+import collections
+import collections.abc
 import dataclasses
 import types
 from typing import Any
@@ -25,7 +27,7 @@ import torch
 from kiln.frontend.errors import ProgramException, Unsupported
 from kiln.frontend.sources import AttrSource, ItemSource, is_literal_key
 from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, has_python_method, is_same,
-                                          is_trusted_module, lookup_class_attribute)
+                                          is_trusted_module, lookup_class_attribute, run_on_constants)
 from kiln.frontend.variables.tensor import TensorVariable
 
 
@@ -396,6 +398,9 @@ class DictVariable(Variable):
             return ConstantVariable(len(self.entries))
         if name == "__iter__":
             return IteratorVariable(self.unpack(tx))
+        if name == "__delitem__":
+            self.getitem(tx, args[0])  # a missing key raises, as `del` would
+            return self.call_method(tx, "pop", args, {})
         return super().call_method(tx, name, args, kwargs)
 
     def update_from(self, tx, other: Variable) -> None:
@@ -420,6 +425,110 @@ class DictVariable(Variable):
         if self.dict_type is dict:
             return "{" + inner + "}"
         return f"{codegen.constant(self.dict_type)}({{{inner}}})"
+
+
+class CounterVariable(DictVariable):
+    """A `collections.Counter` made in the trace: a dict whose missing keys count 0 (`counts[k]`, `del`).
+
+    Its keys and counts are constants, so Counter's own methods (counting `update`, `subtract`,
+    `most_common`, `total`, `elements`, the `+ - | &` operators, ...) run for real on a copy made
+    now, and a method that changes the counter leaves its new counts here. A counter holding
+    anything else (a tensor as a count) supports only what a dict does.
+    """
+
+    def __init__(self, entries=None, source=None):
+        super().__init__(entries, source, dict_type=collections.Counter)
+
+    @classmethod
+    def of(cls, counter: collections.Counter) -> "CounterVariable":
+        return cls({key: (ConstantVariable(key), ConstantVariable(count)) for key, count in counter.items()})
+
+    def getitem(self, tx, key: Variable) -> Variable:
+        python_key = hashable_key(tx, key)
+        if python_key not in self.entries:
+            return ConstantVariable(0)  # Counter.__missing__ (the key is not added)
+        return self.entries[python_key][1]
+
+    def as_constant(self) -> Any:
+        counts = self._counts()
+        if counts is None:
+            raise Unsupported(f"the value of {self.describe()}, whose keys or counts are not all constants")
+        return counts
+
+    def is_constant(self) -> bool:
+        return self._counts() is not None
+
+    def _counts(self) -> collections.Counter | None:
+        """The counter as a Python object, when every key and count is a constant."""
+        if all(isinstance(key, ConstantVariable) and isinstance(value, ConstantVariable)
+               for key, value in self.entries.values()):
+            return collections.Counter({key: value.value for key, (_, value) in self.entries.items()})
+        return None
+
+    def call_method(self, tx, name, args, kwargs) -> Variable:
+        if name == "__getitem__":
+            return self.getitem(tx, args[0])
+        if name not in _COUNTER_METHODS:
+            return super().call_method(tx, name, args, kwargs)
+        counts = self._counts()
+        if counts is None:
+            if name in _DICT_METHODS_OF_COUNTER:
+                return super().call_method(tx, name, args, kwargs)
+            raise Unsupported(f"Counter.{name} on {self.describe()}, whose keys or counts are not all constants")
+        values = [counter_operand(tx, arg) for arg in args]
+        keywords = {key: counter_operand(tx, arg) for key, arg in kwargs.items()}
+        result = run_on_constants(getattr(counts, name), values, keywords)
+        if name in _COUNTER_MUTATORS:
+            self.entries = CounterVariable.of(counts).entries
+            self._mutated(tx)
+        if isinstance(result, collections.Counter):
+            return CounterVariable.of(result)
+        if name == "elements":
+            return IteratorVariable([ConstantVariable(item) for item in result])
+        return tx.wrap_sourceless(result)
+
+
+def counter_arithmetic(tx, symbol: str, inplace: bool, left: Variable, right: Variable) -> Variable:
+    """`left <symbol> right` (`+=` when `inplace`) with a Counter on one side: Counter's own operators on
+    constants (`|` is the larger count, not dict's merge); `c += d` changes `c` and is `c`."""
+    import operator
+
+    operators = {"+": (operator.add, operator.iadd), "-": (operator.sub, operator.isub),
+                 "|": (operator.or_, operator.ior), "&": (operator.and_, operator.iand)}
+    if symbol not in operators:
+        raise Unsupported(f"operator {symbol!r} between {left.describe()} and {right.describe()}")
+    operands = [counter_operand(tx, side) for side in (left, right)]
+    result = run_on_constants(operators[symbol][inplace], operands, {})
+    if inplace and result is operands[0] and isinstance(left, CounterVariable):
+        left.entries = CounterVariable.of(result).entries
+        left._mutated(tx)
+        return left
+    if isinstance(result, collections.Counter):
+        return CounterVariable.of(result)
+    return tx.wrap_sourceless(result)
+
+
+def counter_operand(tx, variable: Variable) -> Any:
+    """A Counter method's argument as a Python value: a constant, a dict or counter of constants, or the items of
+    an iterable (each a constant)."""
+    if isinstance(variable, CounterVariable):
+        counts = variable._counts()
+        if counts is None:
+            raise Unsupported(f"a Counter operation on {variable.describe()}, whose counts are not all constants")
+        return counts
+    if variable.is_constant() and not isinstance(variable, BaseIteratorVariable):
+        return variable.as_constant()
+    if issubclass(variable.python_type(), collections.abc.Mapping):  # Counter adds a mapping's values
+        raise Unsupported(f"counting {variable.describe()}, a mapping whose values are not all constants")
+    items = unpack_iterable(tx, variable)
+    if not all(isinstance(item, ConstantVariable) for item in items):
+        raise Unsupported(f"counting {variable.describe()}, whose items are not all constants")
+    return [item.value for item in items]
+
+
+_COUNTER_MUTATORS = frozenset({"update", "subtract", "__delitem__", "clear", "pop", "popitem", "setdefault"})
+_COUNTER_METHODS = _COUNTER_MUTATORS | frozenset({"most_common", "total", "elements", "copy"})
+_DICT_METHODS_OF_COUNTER = frozenset({"__delitem__", "clear", "pop", "popitem", "setdefault", "copy"})
 
 
 _DICT_MUTATORS = frozenset({"__setitem__", "__delitem__", "pop", "popitem", "setdefault", "update", "clear"})

@@ -20,7 +20,7 @@ import torch
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.sources import AttrSource, ClosureCellSource, ItemSource
 from kiln.frontend.variables import builder
-from kiln.frontend.variables.base import NONE, ConstantVariable, Variable, is_trusted_module
+from kiln.frontend.variables.base import NONE, ConstantVariable, Variable, is_constant_value, is_trusted_module
 from kiln.frontend.variables.containers import DictVariable, ExternalDictVariable, TupleVariable
 
 
@@ -488,6 +488,10 @@ class LruCacheVariable(Variable):
         if not all(argument.is_constant() and _is_cacheable_constant(argument) for argument in arguments):
             raise Unsupported(f"calling {self.describe()} with {', '.join(a.describe() for a in arguments)}: kiln "
                               "traces a cached helper only on constant arguments")
+        key = (id(self.wrapper), tuple(_typed(argument) for argument in args),  # typed: f(1), f(True) apart
+               tuple((name, _typed(argument)) for name, argument in kwargs.items()))
+        if key in tx.output.cached_calls:  # called again in this trace: the cache returns the same object
+            return tx.output.cached_calls[key]
         wrapped_source = AttrSource(self.source, "__wrapped__") if self.source is not None else None
         function = tx.wrap(self.wrapper.__wrapped__, wrapped_source, guard=wrapped_source is not None)
         before = effects_fingerprint(tx.output)
@@ -496,9 +500,19 @@ class LruCacheVariable(Variable):
             raise Unsupported(f"{self.describe()} changed state or computed tensors (the cache would skip that on "
                               "a later call: kiln traces only pure cached helpers)")
         if not (isinstance(result, ConstantVariable) or result.identity() is not result):
-            raise Unsupported(f"{self.describe()} returned {result.describe()}, an object made by the call (the cache "
-                              "returns one object every time)")
+            value = result.as_constant() if result.is_constant() else []  # [] stands for "not a constant"
+            if not is_constant_value(value):
+                raise Unsupported(f"{self.describe()} returned {result.describe()}, a mutable object made by the "
+                                  "call (the cache returns that one object every time, mutations included)")
+            # An immutable value (a tuple of ints) equals the cached one; the entry holds it as one object.
+            result = ConstantVariable(value)
+        tx.output.cached_calls[key] = result
         return result
+
+
+def _typed(variable: Variable) -> tuple:
+    value = variable.as_constant()
+    return type(value), value
 
 
 def _is_cacheable_constant(variable: Variable) -> bool:

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Any
+from typing import Any, Callable
 
 from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported
 from kiln.frontend.sources import AttrSource, ItemSource, TypeSource
 from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import (MISSING, NONE, ConstantVariable, TrackerMethod, Variable, is_trusted_module,
-                                          lookup_class_attribute)
+                                          lookup_class_attribute, run_on_constants)
 from kiln.frontend.variables.containers import (DictVariable, IteratorVariable, ListIteratorLike, TupleVariable,
                                                 missing_key)
 from kiln.frontend.variables.functions import BoundMethodVariable, MethodDescriptorVariable, bind_arguments
@@ -724,6 +724,12 @@ class ModelOutputVariable(Variable):
         return f"{codegen.constant(self.cls)}({inner})"
 
 
+# The builtin `__str__`s that read only an exception's `args` (OSError's, SyntaxError's, ... read more).
+_ARGS_TEXT = (BaseException.__str__, KeyError.__str__)
+# The builtin exceptions whose C `__new__` does more than BaseException's (keep `args`).
+_OWN_NEW = (OSError, BaseExceptionGroup)
+
+
 class ExceptionVariable(Variable):
     """An exception object the program made (`ValueError("no")`) or kiln raised for it (a missing key).
 
@@ -743,6 +749,10 @@ class ExceptionVariable(Variable):
         new, _ = lookup_class_attribute(cls, "__new__")
         if isinstance(new, staticmethod) or isinstance(new, types.FunctionType):
             raise Unsupported(f"creating exception {cls.__qualname__}, whose class defines __new__")
+        if issubclass(cls, _OWN_NEW):  # OSError(2, ...) is a FileNotFoundError: the class Python picks, for real
+            if cls.__module__ != "builtins" or kwargs or not all(arg.is_constant() for arg in args):
+                raise Unsupported(f"creating exception {cls.__qualname__} (its builtin __new__ picks the class)")
+            cls = type(run_on_constants(cls, [arg.as_constant() for arg in args], {}))
         exception = cls_(cls, args)
         init, owner = lookup_class_attribute(cls, "__init__")
         if isinstance(init, types.FunctionType):
@@ -785,6 +795,33 @@ class ExceptionVariable(Variable):
             self.args = value.unpack(tx)
             return
         self.attributes[name] = value
+
+    def text(self, tx, conversion: Callable[[Any], str]) -> Variable:
+        """`str(error)` / `repr(error)` / `format(error)`: a user class's Python `__str__` or `__repr__` is
+        inlined; else Python's own text, from an exception object made now from the known arguments."""
+        dunder = "__str__" if conversion is str else "__repr__"
+        raw, owner = lookup_class_attribute(self.cls, dunder)
+        if isinstance(raw, types.FunctionType):
+            if conversion is ascii:
+                raise Unsupported(f"ascii() of {self.describe()}, whose class defines __repr__")
+            return self.getattr(tx, dunder).call(tx, [], {})
+        return ConstantVariable(conversion(self.textual_copy((dunder,))))
+
+    def textual_copy(self, dunders: tuple[str, ...] = ("__format__", "__str__")) -> BaseException:
+        """A real exception of this class holding the same (constant) arguments, whose `dunders` (the methods
+        the caller will run on it) must be builtin ones that read only `args`: made without any `__init__`."""
+        if self.args is None or not all(arg.is_constant() for arg in self.args):
+            raise Unsupported(f"the text of {self.describe()} (its arguments are not all known constants)")
+        allowed = {"__str__": _ARGS_TEXT, "__repr__": (BaseException.__repr__,), "__format__": (object.__format__,)}
+        for dunder in dunders:
+            if lookup_class_attribute(self.cls, dunder)[0] not in allowed[dunder]:
+                raise Unsupported(f"the text of {self.describe()} ({dunder} of {self.cls.__qualname__} reads more "
+                                  "than its arguments)")
+        if issubclass(self.cls, _OWN_NEW):  # OSError(2, ...) makes a FileNotFoundError: not modelled
+            raise Unsupported(f"the text of {self.describe()} (its builtin __new__ does more than keep its arguments)")
+        exception = BaseException.__new__(self.cls)
+        exception.args = tuple(arg.as_constant() for arg in self.args)
+        return exception
 
     def call_method(self, tx, name, args, kwargs) -> Variable:
         if name == "__init__":  # BaseException.__init__ (from a subclass's super().__init__(...))

@@ -58,6 +58,15 @@ class TensorVariable(Variable):
         raise Unsupported(f"the truth value of {self.describe()} depends on its data "
                           f"(branch on tensor values); use torch.where or move the branch out")
 
+    def assert_true(self, tx, message: str) -> bool:
+        """`assert tensor, message` as a graph node (`torch._assert_async`, as Dynamo records it): the graph
+        raises there when the one-element tensor is false, and the trace goes on past the assert. False (the
+        caller breaks) for a tensor of other than one element, whose truth Python refuses."""
+        if self.fake.numel() != 1:
+            return False
+        tx.output.call_tensor_op(tx, "call_function", torch._assert_async, [self, ConstantVariable(message)], {})
+        return True
+
     def length(self, tx) -> int:
         if self.fake.dim() == 0:
             raise Unsupported("len() of a 0-d tensor")
