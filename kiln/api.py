@@ -57,13 +57,16 @@ def compile(model=None, *, fullgraph: bool = False, dynamic: bool | None = None,
         raise TypeError(f"kiln.compile expects a function or nn.Module, got {type(model).__name__}")
     graph_compiler = backend if callable(backend) else _backend.graph_compiler(backend, mode=mode, fullgraph=fullgraph)
     with config.patch(**options):  # the frontend reads options (graph_breaks, frontend) when it is built too
+        # what compiles another callable the same way (torch's OptimizedModule.dynamo_ctx: Lightning's
+        # from_compiled compiles the module's training_step and other methods with it)
+        same_way = compile(fullgraph=fullgraph, dynamic=dynamic, backend=backend, mode=mode, options=options)
         if _is_ddp(model):
             inner = _capture(model.module.forward, graph_compiler, fullgraph=fullgraph, dynamic=dynamic)
-            return OptimizedModule(model, _backend.run_with_options(_DistributedCall(model, inner), options))
+            return OptimizedModule(model, _backend.run_with_options(_DistributedCall(model, inner), options), same_way)
         compiled = _backend.run_with_options(_capture(model, graph_compiler, fullgraph=fullgraph, dynamic=dynamic),
                                              options)
     if isinstance(model, torch.nn.Module):
-        return OptimizedModule(model, compiled)
+        return OptimizedModule(model, compiled, same_way)
     return functools.wraps(model)(compiled)
 
 
@@ -139,13 +142,15 @@ class OptimizedModule(_torch.compiled_module_base()):
     _DELEGATED = ("state_dict", "load_state_dict", "named_parameters", "named_buffers", "parameters",
                   "buffers", "children", "named_children", "train", "eval",
                   "to", "cuda", "cpu", "half", "float", "bfloat16", "requires_grad_", "zero_grad", "apply")
-    _OWN = frozenset(("_orig_mod", "_compiled_call", "_super_module_initialized"))
+    _OWN = frozenset(("_orig_mod", "_compiled_call", "_super_module_initialized", "dynamo_ctx"))
 
-    def __init__(self, module: torch.nn.Module, compiled_call: Callable):
+    def __init__(self, module: torch.nn.Module, compiled_call: Callable, compile_same_way: Callable | None = None):
         # Not torch's OptimizedModule.__init__, which would compile with TorchDynamo. Its `training`
         # property reads `_super_module_initialized` when nn.Module's __init__ sets `training`.
         object.__setattr__(self, "_orig_mod", module)
         object.__setattr__(self, "_compiled_call", compiled_call)
+        # `dynamo_ctx(fn)` compiles `fn` as this module was compiled (torch's wrapper has the same attribute)
+        object.__setattr__(self, "dynamo_ctx", compile_same_way or compile)
         object.__setattr__(self, "_super_module_initialized", False)
         torch.nn.Module.__init__(self)
         object.__setattr__(self, "_super_module_initialized", True)

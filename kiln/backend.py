@@ -82,6 +82,7 @@ def run_with_options(compiled: Callable, options: dict) -> Callable:
         with config.patch(**options):
             return compiled(*args, **kwargs)
 
+    call.__kiln_compiled__ = compiled  # a trace that calls it traces `compiled`'s function instead
     return call
 
 

@@ -124,6 +124,8 @@ def _call_module(module, *args, **kwargs):
 class Dispatcher:
     """A compiled function: guards in front of traced versions of it."""
 
+    __kiln_dispatcher__ = True  # called inside another trace, its function is traced inline (variables/kinds.py)
+
     def __init__(self, fn: Callable, graph_compiler: Callable, *, fullgraph: bool = False,
                  dynamic: bool | None = None):
         bound_self = None

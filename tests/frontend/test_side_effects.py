@@ -735,3 +735,38 @@ def test_mutating_an_outside_set_is_replayed_on_it_without_a_graph_break():
             torch.testing.assert_close(compiled(x, seen), x + 2)
         assert seen == {1, 3}
     _captured(compiled, graphs)
+
+
+# ---------------------------------------------------------------- an outside list's method across a break
+
+
+class _Recorder:
+    def __init__(self):
+        self.losses = []
+
+
+def _record_loss(recorder, x):
+    loss = (x * 2).sum()
+    recorder.losses.append(loss.item())  # the break at .item() leaves `recorder.losses.append` on the stack
+    return loss
+
+
+def _append_to_argument(values, x):
+    loss = (x * 3).mean()
+    values.append(loss.item())
+    return loss
+
+
+@pytest.mark.parametrize("fn, make", [(_record_loss, _Recorder), (_append_to_argument, list)])
+def test_a_list_method_live_across_a_break_keeps_the_items_of_earlier_calls(fn, make):
+    # The resume function gets the list's bound `append` as a stack value. It pinned the list by identity
+    # but not its items, and replayed its mutation as `list[:] = <the items its trace saw> + [new]`: every
+    # call after the first replaced the earlier losses (a Lightning training_step's `self.losses.append(loss.item())`).
+    compiled = kiln.compile(fn)
+    eager_state, compiled_state = make(), make()
+    for step in range(11):  # past the recompile limit (8) too
+        x = torch.full((3,), float(step + 1))
+        torch.testing.assert_close(compiled(compiled_state, x), fn(eager_state, x))
+        got = compiled_state if isinstance(compiled_state, list) else compiled_state.losses
+        want = eager_state if isinstance(eager_state, list) else eager_state.losses
+        assert got == want, f"after call {step + 1}"

@@ -100,6 +100,28 @@ def _set(tx, value: set, source, guards) -> Variable | None:
     return SetVariable(value, source, value)
 
 
+def _kiln_compiled(tx, value: Any, source, guards) -> Variable | None:
+    """A callable kiln already compiled, called in a trace: what it compiles is traced in its place, as
+    Dynamo inlines a nested torch.compile (Lightning's from_compiled compiles training_step, which calls
+    the compiled forward). Marked with `__kiln_compiled__`, the kiln-compiled callable it calls (kiln/backend.py
+    run_with_options), or `__kiln_dispatcher__` (a Dispatcher: its function, bound to its `bound_self`)."""
+    try:
+        inner = getattr(value, "__kiln_compiled__", None)
+        dispatcher = inner is None and getattr(type(value), "__kiln_dispatcher__", False)
+    except Exception:  # an object whose attribute lookup fails is not kiln's
+        return None
+    if inner is None and not dispatcher:
+        return None
+    _guard_identity(guards, source, value)
+    if inner is not None:
+        return builder.wrap(tx, inner, AttrSource(source, "__kiln_compiled__") if source else None)
+    function = builder.wrap(tx, value.fn, AttrSource(source, "fn") if source else None)
+    if value.bound_self is None:
+        return function
+    bound_self = builder.wrap(tx, value.bound_self, AttrSource(source, "bound_self") if source else None)
+    return PartialVariable(function, [bound_self], {}, source)
+
+
 def _torch_callable(tx, value: Any, source, guards) -> Variable | None:
     """torch's functions and classes, and the callables with a handler of their own: graph nodes or handled."""
     if builder.call_handler(value) is None and not is_torch_function(value):
@@ -181,11 +203,13 @@ def _builtin_method(tx, value: types.BuiltinMethodType, source, guards) -> Varia
         guards.type_is(source, type(value))
         guards.identity(AttrSource(source, "__self__"), receiver)
         guards.value(AttrSource(source, "__name__"), value.__name__)
-    # The method is guarded by identity, which pins its receiver: no guard of its own, but a source
-    # (a graph break may need to pass it on).
+    # The identity guard pins which object the method is bound to, not what that object holds: a list's
+    # `append` passed to a resume function must guard the list's length and items like any outside list
+    # (its mutations are replayed from what the trace saw; unguarded, a later call with more items lost
+    # them). The receiver has a source (a graph break may need to pass it on).
     receiver_source = AttrSource(source, "__self__") if source is not None else None
-    bound = builder.wrap(tx, receiver, receiver_source, False) if not builder.wraps_as_constant(receiver) \
-        else ConstantVariable(receiver)
+    bound = builder.wrap(tx, receiver, receiver_source, guards is not None) \
+        if not builder.wraps_as_constant(receiver) else ConstantVariable(receiver)
     return BoundMethodVariable(MethodDescriptorVariable(type(receiver), value.__name__), bound)
 
 
@@ -252,6 +276,7 @@ KINDS = (
     (os._Environ, _environ),
     (dict, _dict),
     (set, _set),
+    (object, _kiln_compiled),
     (object, _torch_callable),
     (object, _builtin),
     (functools._lru_cache_wrapper, _lru_cache),
