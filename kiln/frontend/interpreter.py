@@ -328,6 +328,9 @@ class Frame(ExceptionHandling, PatternMatching):
 
     def LOAD_CONST(self, instruction):
         value = instruction.argval
+        if isinstance(value, (type, types.BuiltinFunctionType)):  # only in resume code: enumerate, next (resume.py)
+            self.push(self.wrap_sourceless(value))
+            return
         self.push(ConstantVariable(value))
 
     def RETURN_CONST(self, instruction):
@@ -819,11 +822,21 @@ class GeneratorVariable(BaseIteratorVariable):
     stops early (break, any(), next()) leaves the rest of the body unrun.
     """
 
+    # A generator passed on at a graph break is rebuilt by the entry (resume.reconstruct_generator, registered by
+    # resume.py, which sits above this module), one object wherever the trace put it.
+    rebuild: Any = None
+    built_once = True
+
     def __init__(self, frame: Frame):
         self.frame = frame
         self.finished = False
         self.running = False
         self.steps = 0
+
+    def reconstruct(self, codegen) -> str:
+        if GeneratorVariable.rebuild is None:
+            return super().reconstruct(codegen)
+        return GeneratorVariable.rebuild(codegen, self)
 
     def describe(self) -> str:
         return f"generator {self.frame.code.co_qualname}"

@@ -410,10 +410,22 @@ class EntryCodegen:
         self.lines: list[str] | None = None
         self.prelude: list[str] = []  # `__nK = <new object>` lines, in the order they must run
         self._built: dict[int, str] = {}
+        # rebuilt by a resume function (resume._texts): id -> (the tracker, kept alive; the calls it goes to)
+        self._passed_on: dict[int, tuple[Variable, list]] = {}
         self._read: dict[Source, str] = {}
+
+    def pass_on(self, variable: Variable, call: object) -> None:
+        """`variable` (a generator or lazy iterator) goes to a resume function as its parts, to be rebuilt there
+        (`call`: that resume function's call; the two sides of a branch each have one): then it may not also be
+        built here, nor passed twice to one call (two objects where the program has one)."""
+        if id(variable) in self._built or call in self._passed_on.get(id(variable), (None, ()))[1]:
+            raise Unsupported(f"{variable.describe()} is held in more than one place at a graph break")
+        self._passed_on.setdefault(id(variable), (variable, []))[1].append(call)
 
     def value(self, variable: Variable) -> str:
         """An expression for the tracker's value; a new mutable object is built once, into a local."""
+        if id(variable) in self._passed_on:
+            raise Unsupported(f"{variable.describe()} is held in more than one place at a graph break")
         if isinstance(variable, CellVariable) and variable.real_cell is None:
             return self._new_cell(variable)
         if variable.source is None and _is_new_mutable(variable):
@@ -513,7 +525,8 @@ class EntryCodegen:
 
 def _is_new_mutable(variable: Variable) -> bool:
     """A tracker for a mutable object made during the trace: every place holding it must get one object."""
-    return isinstance(variable, (ListVariable, DictVariable, SetVariable, NewObjectVariable, ModelOutputVariable))
+    return isinstance(variable, (ListVariable, DictVariable, SetVariable, NewObjectVariable, ModelOutputVariable)) or \
+        getattr(variable, "built_once", False)  # a generator or lazy iterator (trackers above this module)
 
 
 DELETED_GLOBAL = object()  # what `del NAME` stores for a global until the entry deletes it

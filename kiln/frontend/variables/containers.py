@@ -642,6 +642,10 @@ class IteratorVariable(BaseIteratorVariable):
         self.position = len(self.items)
         return rest
 
+    def reconstruct(self, codegen) -> str:
+        """An iterator over the items it has left (a break passing it to a function called in Python)."""
+        return f"iter(({''.join(f'{codegen.value(item)}, ' for item in self.items[self.position:])}))"
+
 
 class LazyIteratorVariable(BaseIteratorVariable):
     """An iterator whose items are computed one `next()` at a time (zip, map, filter, enumerate, chain).
@@ -650,11 +654,28 @@ class LazyIteratorVariable(BaseIteratorVariable):
     like CPython's builtins, which drop their inputs when exhausted.
     """
 
-    def __init__(self, kind: str, step):
+    built_once = True  # one object wherever the trace put it (output._is_new_mutable)
+
+    def __init__(self, kind: str, step, parts=None):
         self.kind = kind
         self.step = step
         self.exhausted = False
         self.steps = 0
+        self.parts = parts  # () -> (callable, argument trackers) making it as it is now, or None
+
+    def rebuild_parts(self) -> tuple[Any, list[Variable]] | None:
+        """(callable, argument trackers) whose call makes this iterator in its present state (enumerate of the
+        source at the next count, zip of the sources, ...), or None when it cannot be rebuilt."""
+        if self.exhausted or self.parts is None:
+            return None
+        return self.parts()
+
+    def reconstruct(self, codegen) -> str:
+        parts = self.rebuild_parts()
+        if parts is None:
+            return super().reconstruct(codegen)
+        function, arguments = parts
+        return f"{codegen.constant(function)}({''.join(f'{codegen.value(argument)}, ' for argument in arguments)})"
 
     def describe(self) -> str:
         return f"{self.kind} iterator"
