@@ -310,6 +310,13 @@ def resume_code(code: types.CodeType, target: int, stack: tuple, live: tuple[tup
         emit(kind, stack_parameters)
     prologue.append(bytecode.create_instruction("JUMP_FORWARD", target=target_instruction))
     decoded.instructions = prologue + body
+    # A handler range that began in the dropped prologue (3.12's around a generator's body starts at its RESUME)
+    # begins at the body; the new prologue runs no user code, so it needs none.
+    kept = {id(instruction) for instruction in body}
+    for entry in decoded.exception_table:
+        if id(entry.start) not in kept:
+            entry.start = body[0]
+    decoded.exception_table = [entry for entry in decoded.exception_table if id(entry.end) in kept]
     line = target_instruction.lineno or code.co_firstlineno
     base = code.co_name.split("_resume_at_line_")[0]
     name = f"{base}_resume_at_line_{line}"
