@@ -621,7 +621,9 @@ class Frame(ExceptionHandling, PatternMatching):
 
     def LIST_APPEND(self, instruction):
         value = self.pop()
-        self.stack[-instruction.arg].items.append(value)
+        target = self.stack[-instruction.arg]
+        target.items.append(value)
+        target._mutated(self)  # a comprehension's list passed to a resume function is the caller's: replayed
 
     def SET_ADD(self, instruction):
         value = self.pop()
@@ -634,7 +636,9 @@ class Frame(ExceptionHandling, PatternMatching):
 
     def LIST_EXTEND(self, instruction):
         iterable = self.pop()
-        self.stack[-instruction.arg].items.extend(unpack_iterable(self, iterable))
+        target = self.stack[-instruction.arg]
+        target.items.extend(unpack_iterable(self, iterable))
+        target._mutated(self)
 
     def SET_UPDATE(self, instruction):
         iterable = self.pop()

@@ -140,8 +140,19 @@ def protected(code: types.CodeType, index: int) -> bool:
             continue
         handler = index_of[id(entry.target)]
         following = [instruction.opname for instruction in instructions[handler:handler + 2]]
-        if following != ["PUSH_EXC_INFO", "WITH_EXCEPT_START"]:
+        if following != ["PUSH_EXC_INFO", "WITH_EXCEPT_START"] and not _restores_locals(instructions, handler):
             return True
+    return False
+
+
+def _restores_locals(instructions: list, handler: int) -> bool:
+    """Whether the handler at `handler` only puts back the locals of a 3.12 inlined comprehension (PEP 709) and
+    re-raises: an exception leaving the entry leaves the frame too, so there is nothing to restore."""
+    for instruction in instructions[handler:]:
+        if instruction.opname == "RERAISE":
+            return True
+        if instruction.opname not in ("SWAP", "POP_TOP", "STORE_FAST"):
+            return False
     return False
 
 
@@ -437,7 +448,8 @@ def _single_instruction(instruction) -> tuple[int, Callable, str] | None:
 
 
 def can_break_at(instruction) -> bool:
-    return instruction.op in CALL_OPS or instruction.op in JUMP_OPS or _single_instruction(instruction) is not None
+    return instruction.op in CALL_OPS or instruction.op in JUMP_OPS or instruction.op == "FOR_ITER" or \
+        _single_instruction(instruction) is not None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -747,6 +759,25 @@ def break_tail(frame, make_resume: Callable, call_name: str) -> Callable:
                 sides.append(resume_call(codegen, Continuation(target, kept), []))
             return _guarded(codegen, stack, [f"__condition = {codegen.constant(bool)}({text})"]) + \
                 ["if __condition:", f"    return {sides[0]}", f"return {sides[1]}"]
+
+        return tail
+    if instruction.op == "FOR_ITER":
+        # The step runs in Python, on the iterator as the trace left it (a generator rebuilt where it was suspended):
+        # what it runs (a generator's body up to its next yield, a `__next__`) is what the trace could not. The
+        # loop body resumes with the real iterator, whose later steps break here again.
+        below = stack[:-1]
+        exhausted = frame.index_of[id(instruction.target)]
+        for skipped in versions.for_iter_exhaust_skip():
+            if frame.instructions[exhausted].opname == skipped:
+                exhausted += 1
+
+        def tail(codegen) -> list[str]:
+            iterator = codegen.value(stack[-1])
+            done = resume_call(codegen, Continuation(exhausted, below), [])
+            stepped = resume_call(codegen, Continuation(index + 1, below), [iterator, "__item"])
+            return _guarded(codegen, below, ["try:", f"    __item = {codegen.constant(next)}({iterator})",
+                                             f"except {codegen.constant(StopIteration)}:", f"    return {done}"]) + \
+                [f"return {stepped}"]
 
         return tail
     single = _single_instruction(instruction)
