@@ -414,6 +414,10 @@ class EntryCodegen:
         self._passed_on: dict[int, tuple[Variable, list]] = {}
         self._read: dict[Source, str] = {}
 
+    def is_built(self, variable: Variable) -> bool:
+        """Whether the entry already builds `variable` as a real object (into a local)."""
+        return id(variable) in self._built
+
     def pass_on(self, variable: Variable, call: object) -> None:
         """`variable` (a generator or lazy iterator) goes to a resume function as its parts, to be rebuilt there
         (`call`: that resume function's call; the two sides of a branch each have one): then it may not also be

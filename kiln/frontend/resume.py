@@ -162,6 +162,12 @@ def resumable(code: types.CodeType) -> str | None:
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
                         inspect.CO_ITERABLE_COROUTINE):
         return f"{code.co_qualname} is a generator or coroutine"
+    return _cells_as_locals(code)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cells_as_locals(code: types.CodeType) -> str | None:
+    """Why a resume function of `code` could not take its cells as its closure, or None."""
     if code.co_cellvars:
         # A resume function takes the frame's cells as its closure; a cell made or read as a plain local past
         # the prologue (3.12's inlined comprehensions: MAKE_CELL, LOAD_FAST_AND_CLEAR of a cell) has no such form.
@@ -570,28 +576,31 @@ def keeps_condition(instruction: bytecode.Instruction, when: bool) -> bool:
 # The end of an entry that breaks
 
 
-def _kind(variable):
-    """How one stack slot or live local reaches a resume function (resume_code's kinds)."""
+def _kind(variable, codegen):
+    """How one stack slot or live local reaches a resume function (resume_code's kinds). A generator or lazy
+    iterator the entry has already built as a real object (an argument of the broken call) is passed as it."""
     if variable is NULL:
         return "null"
     if isinstance(variable, IteratorVariable):
         return "iter"
+    if codegen.is_built(variable):
+        return "value"
     if isinstance(variable, GeneratorVariable) and not variable.finished and not variable.running:
         return "generator", variable.frame.current is not None
     if isinstance(variable, LazyIteratorVariable):
         parts = variable.rebuild_parts()
         if parts is not None:
             function, arguments = parts
-            return "call", function, tuple(_kind(argument) for argument in arguments)
+            return "call", function, tuple(_kind(argument, codegen) for argument in arguments)
     return "value"
 
 
-def _texts(codegen, variable, call: object) -> list[str]:
-    """The expressions the entry passes for one stack slot or local, one per parameter its kind takes (an
-    iterator: its remaining items; a generator: the resume function of its code and what that takes; a lazy
-    iterator: its parts). A generator or lazy iterator passed on this way is rebuilt by the resume function
-    itself, so it must be held nowhere else (`EntryCodegen.pass_on`)."""
-    kind = _kind(variable)
+def _texts(codegen, variable, call: object, kind) -> list[str]:
+    """The expressions the entry passes for one stack slot or local of this kind (`_kind`, taken when the resume
+    code was made), one per parameter it takes (an iterator: its remaining items; a generator: the resume
+    function of its code and what that takes; a lazy iterator: its parts). A generator or lazy iterator passed
+    on this way is rebuilt by the resume function itself, so it must be held nowhere else
+    (`EntryCodegen.pass_on`)."""
     if kind == "null":
         return []
     if kind == "iter":
@@ -601,11 +610,12 @@ def _texts(codegen, variable, call: object) -> list[str]:
         return [codegen.value(variable)]
     codegen.pass_on(variable, call)
     if kind[0] == "generator":
-        function, arguments = _generator_parts(codegen, variable)
-        passed = "".join(f"{text}, " for argument in arguments for text in _texts(codegen, argument, call))
+        function, arguments, kinds = _generator_parts(codegen, variable)
+        passed = "".join(f"{text}, " for argument, part in zip(arguments, kinds)
+                         for text in _texts(codegen, argument, call, part))
         return [function, f"({passed})"]
     _, arguments = variable.rebuild_parts()
-    return [text for argument in arguments for text in _texts(codegen, argument, call)]
+    return [text for argument, part in zip(arguments, kind[2]) for text in _texts(codegen, argument, call, part)]
 
 
 def rebuild_generator(function: types.FunctionType, arguments: tuple, started: bool):
@@ -618,13 +628,16 @@ def rebuild_generator(function: types.FunctionType, arguments: tuple, started: b
     return generator
 
 
-def generator_resume(frame) -> tuple[types.CodeType, list, bool]:
-    """(resume code, trackers it takes, started) rebuilding the generator whose suspended frame is `frame`.
+def generator_resume(frame, codegen) -> tuple[types.CodeType, list, tuple]:
+    """(resume code, trackers it takes, their kinds) rebuilding the generator whose suspended frame is `frame`.
 
     An unstarted generator resumes at the first instruction of its body with its arguments; a suspended one
     at the YIELD_VALUE it stopped at, with its value stack (and a placeholder for the value yielded there,
     which `rebuild_generator` drops) and its live locals. Its cells are the resume function's closure."""
     original, shift = _origins.get(frame.code, (frame.code, 0))
+    reason = _cells_as_locals(original)
+    if reason is not None:
+        raise Unsupported(f"rebuilding generator {frame.code.co_qualname}: {reason}")
     if frame.current is None:
         target = _starts.get(frame.code, body_start(original))
         stack: list = []
@@ -636,30 +649,33 @@ def generator_resume(frame) -> tuple[types.CodeType, list, bool]:
     if any(item is NULL for item in stack):
         raise Unsupported(f"rebuilding generator {frame.code.co_qualname} with a NULL on its stack")
     bound = {name: value for name, value in frame.locals.items() if value is not NULL}
-    live = tuple((name, _kind(bound[name])) for name in original.co_varnames
+    live = tuple((name, _kind(bound[name], codegen)) for name in original.co_varnames
                  if name in live_locals(original, target) and name in bound)
-    code = resume_code(original, target, tuple(_kind(item) for item in stack), live)
-    return code, stack + [bound[name] for name, _ in live], frame.current is not None
+    stack_kinds = tuple(_kind(item, codegen) for item in stack)
+    code = resume_code(original, target, stack_kinds, live)
+    return code, stack + [bound[name] for name, _ in live], stack_kinds + tuple(kind for _, kind in live)
 
 
-def _generator_parts(codegen, generator) -> tuple[str, list]:
-    """(the entry's expression for the resume function of the generator's code, the trackers it takes)."""
+def _generator_parts(codegen, generator) -> tuple[str, list, tuple]:
+    """(the entry's expression for the resume function of the generator's code, the trackers it takes, their
+    kinds)."""
     if generator.finished or generator.running:
         raise Unsupported(f"passing on {generator.describe()} once it has "
                           f"{'ended' if generator.finished else 'started running'}")
     frame = generator.frame
-    code, arguments, _ = generator_resume(frame)
+    code, arguments, kinds = generator_resume(frame, codegen)
     cells = "".join(f"{codegen.value(frame.cells[name])}, " for name in code.co_freevars)
     function = f"{codegen.constant(closure_function)}({codegen.constant(code)}, {codegen.constant(frame.fn_globals)}, " \
                f"({cells}))"
-    return function, arguments
+    return function, arguments, kinds
 
 
 def reconstruct_generator(codegen, generator) -> str:
     """The entry's expression for a generator the trace made (interpreter.GeneratorVariable), as it was left."""
-    function, arguments = _generator_parts(codegen, generator)
+    function, arguments, kinds = _generator_parts(codegen, generator)
     call = object()
-    passed = "".join(f"{text}, " for argument in arguments for text in _texts(codegen, argument, call))
+    passed = "".join(f"{text}, " for argument, kind in zip(arguments, kinds)
+                     for text in _texts(codegen, argument, call, kind))
     return f"{codegen.constant(rebuild_generator)}({function}, ({passed}), {generator.frame.current is not None})"
 
 
@@ -698,14 +714,14 @@ def break_tail(frame, make_resume: Callable, call_name: str) -> Callable:
         """`return <resume>(stack..., locals...)`; `pushed` are texts of values pushed on top of the stack."""
         bound = {name: value for name, value in frame.locals.items() if value is not NULL}
         original, target = original_position(frame.code, continuation.target)
-        live = tuple((name, _kind(bound[name])) for name in original.co_varnames
+        live = tuple((name, _kind(bound[name], codegen)) for name in original.co_varnames
                      if name in live_locals(original, target) and name in bound)
-        kinds = tuple(_kind(item) for item in continuation.stack) + ("value",) * len(pushed)
+        kinds = tuple(_kind(item, codegen) for item in continuation.stack) + ("value",) * len(pushed)
         code = resume_code(original, target, kinds, live)
         call = object()
-        texts = [text for item in continuation.stack for text in _texts(codegen, item, call)]
+        texts = [text for item, kind in zip(continuation.stack, kinds) for text in _texts(codegen, item, call, kind)]
         texts += pushed
-        texts += [text for name, _ in live for text in _texts(codegen, bound[name], call)]
+        texts += [text for name, kind in live for text in _texts(codegen, bound[name], call, kind)]
         dispatcher = codegen.constant(make_resume(frame, code))
         if code.co_freevars:  # the frame's cells, the very objects (inner functions made before the break share them)
             cells = "".join(f"{codegen.value(frame.cells[name])}, " for name in code.co_freevars)
