@@ -817,3 +817,25 @@ def test_a_generator_the_broken_call_also_gets_is_passed_on_as_the_same_object()
     result, described = compiled(x)
     torch.testing.assert_close(result, (x + 1) + (x + 2))
     assert described == "generatorTrue"
+
+
+def _rest_and_its_type(iterator):
+    kind = type(iterator).__name__ + str(os.getpid() > 0)  # a break: the caller passes the iterator to Python
+    return sum(iterator), kind
+
+
+def passes_a_list_iterator_on(x, items):
+    iterator = iter(items)
+    first = next(iterator)
+    rest, kind = _rest_and_its_type(iterator)
+    return x * first + rest, kind
+
+
+def test_a_list_iterator_passed_to_python_at_a_break_is_the_lists_own_advanced_as_far():
+    x, items = torch.randn(3), [1.0, 2.0, 3.0]
+    compiled, _ = _compile(passes_a_list_iterator_on)
+    report = _eager_frames_and_breaks(lambda: compiled(x, items))
+    assert not report.eager_frames, report.eager_frames
+    result, kind = compiled(x, items)
+    torch.testing.assert_close(result, x * 1.0 + 5.0)
+    assert kind == "list_iteratorTrue"

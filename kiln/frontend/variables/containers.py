@@ -122,7 +122,7 @@ class BaseListVariable(Variable):
         if name == "__contains__":
             return ConstantVariable(any(compare_equal(tx, item, args[0]) for item in self.items))
         if name == "__iter__":
-            return IteratorVariable(self.items)
+            return IteratorVariable(self.items, self if self.python_type() in (list, tuple) else None)
         return super().call_method(tx, name, args, kwargs)
 
 
@@ -626,9 +626,10 @@ class BaseIteratorVariable(Variable):
 class IteratorVariable(BaseIteratorVariable):
     """An iterator over a known list of trackers (what GET_ITER makes of a list, tuple, dict...)."""
 
-    def __init__(self, items: list[Variable]):
+    def __init__(self, items: list[Variable], origin: Variable | None = None):
         self.items = list(items)
         self.position = 0
+        self.origin = origin  # the list or tuple iterated over, when the items are its own
 
     def next_item(self, tx) -> Variable | None:
         if self.position >= len(self.items):
@@ -643,8 +644,22 @@ class IteratorVariable(BaseIteratorVariable):
         return rest
 
     def reconstruct(self, codegen) -> str:
-        """An iterator over the items it has left (a break passing it to a function called in Python)."""
-        return f"iter(({''.join(f'{codegen.value(item)}, ' for item in self.items[self.position:])}))"
+        """The iterator of a list or tuple, advanced as far as the trace took it (a break passing it to a
+        function called in Python): the real list's iterator, which sees later changes to the list as this
+        tracker (a copy of its items) would not, so only while the list has the items the copy has."""
+        origin = self.origin
+        if origin is None or len(origin.items) != len(self.items) or \
+                any(item is not copied for item, copied in zip(origin.items, self.items)):
+            raise Unsupported(f"passing on an iterator over {origin.describe() if origin else 'computed items'} "
+                              "to Python at a graph break")
+        return f"{codegen.constant(advanced)}(iter({codegen.value(origin)}), {self.position})"
+
+
+def advanced(iterator, count: int):
+    """`iterator` after `count` steps (an iterator rebuilt where the trace left it)."""
+    for _ in range(count):
+        next(iterator)
+    return iterator
 
 
 class LazyIteratorVariable(BaseIteratorVariable):
@@ -766,7 +781,8 @@ def iterate(tx, variable: Variable) -> BaseIteratorVariable:
             return UserIteratorVariable(iterator)
         raise Unsupported(f"__iter__ of {variable.describe()} returned {iterator.describe()}, not an iterator "
                           "kiln can step")
-    return IteratorVariable(variable.unpack(tx))
+    return IteratorVariable(variable.unpack(tx), variable if isinstance(variable, BaseListVariable) and
+                            variable.python_type() in (list, tuple) else None)
 
 
 def unpack_iterable(tx, variable: Variable, count: int | None = None) -> list[Variable]:
