@@ -328,6 +328,11 @@ class OutputGraph:
             ending = [f"return {codegen.value(result)}"]
         else:
             ending = tail(codegen)
+            for generator in self.generators:  # one the entry neither builds nor passes on is dropped unrun
+                if generator.abandoned_with_cleanup() and not codegen.is_built(generator) and \
+                        id(generator) not in codegen._passed_on:
+                    raise Unsupported(f"{generator.describe()} is left suspended inside a try/with block at a graph "
+                                      "break; Python would run its cleanup (finally/__exit__) when it is dropped")
         if grad_at_end is not None and grad_at_end != self._initial_grad:
             ending.insert(0, f"{codegen.constant(torch._C._set_grad_enabled)}({grad_at_end})")
         side_effect_lines = self.side_effects.codegen(codegen)

@@ -839,3 +839,28 @@ def test_a_list_iterator_passed_to_python_at_a_break_is_the_lists_own_advanced_a
     result, kind = compiled(x, items)
     torch.testing.assert_close(result, x * 1.0 + 5.0)
     assert kind == "list_iteratorTrue"
+
+
+def drops_a_generator_with_cleanup_at_a_break(x):
+    def produce():
+        try:
+            yield x + 1
+            yield x + 2
+        finally:
+            GENERATOR_LOG.append("closed")
+
+    values = produce()
+    first = next(values)
+    GENERATOR_LOG.append(os.getpid() > 0)  # a break; `values` is dead after it, but Python closes it only at return
+    return first * 2
+
+
+def test_a_generator_dropped_at_a_break_inside_try_finally_still_runs_its_cleanup_in_order():
+    x = torch.randn(3)
+    GENERATOR_LOG.clear()
+    expected = drops_a_generator_with_cleanup_at_a_break(x)
+    assert GENERATOR_LOG == [True, "closed"]
+    compiled, _ = _compile(drops_a_generator_with_cleanup_at_a_break)
+    GENERATOR_LOG.clear()
+    torch.testing.assert_close(compiled(x), expected)
+    assert GENERATOR_LOG == [True, "closed"]  # the frame runs eagerly rather than lose the `finally`
