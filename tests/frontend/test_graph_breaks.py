@@ -864,3 +864,50 @@ def test_a_generator_dropped_at_a_break_inside_try_finally_still_runs_its_cleanu
     GENERATOR_LOG.clear()
     torch.testing.assert_close(compiled(x), expected)
     assert GENERATOR_LOG == [True, "closed"]  # the frame runs eagerly rather than lose the `finally`
+
+
+def delegates_across_a_break(x):
+    def inner():
+        GENERATOR_LOG.append("inner")
+        got = yield x + 1
+        GENERATOR_LOG.append(("inner got", got))
+        yield x + 2
+        return 7
+
+    def outer():
+        result = yield from inner()
+        GENERATOR_LOG.append(("result", result))
+        yield x * 3
+
+    values = outer()
+    first = next(values)
+    scale = first.sum().item()  # a break inside `yield from`: both generators are rebuilt, the delegate first
+    second = values.send(scale)
+    return first + second + next(values)
+
+
+def test_a_generator_suspended_in_yield_from_is_rebuilt_with_its_delegate():
+    _check_compiled(delegates_across_a_break, torch.randn(3), max_graphs=2, max_breaks=1)
+
+
+def catches_what_is_thrown(x):
+    def produce():
+        while True:
+            try:
+                yield x + 1
+            except ValueError as error:
+                GENERATOR_LOG.append(("caught", str(error)))
+                yield x * 0
+
+    values = produce()
+    first = next(values)
+    return first + _throw_value_error(values)
+
+
+def _throw_value_error(generator):
+    return generator.throw(ValueError(f"pid {os.getpid() > 0}"))  # a break: the caller passes the generator on
+
+
+def test_throw_into_a_rebuilt_generator_reaches_the_handler_around_its_yield():
+    # breaks: the call of the helper, its getpid, its throw into the (real) generator it was given
+    _check_compiled(catches_what_is_thrown, torch.randn(3), max_graphs=3, max_breaks=3)
