@@ -330,7 +330,7 @@ class OutputGraph:
             ending = tail(codegen)
             for generator in self.generators:  # one the entry neither builds nor passes on is dropped unrun
                 if generator.abandoned_with_cleanup() and not codegen.is_built(generator) and \
-                        id(generator) not in codegen._passed_on:
+                        not codegen.is_passed_on(generator):
                     raise Unsupported(f"{generator.describe()} is left suspended inside a try/with block at a graph "
                                       "break; Python would run its cleanup (finally/__exit__) when it is dropped")
         if grad_at_end is not None and grad_at_end != self._initial_grad:
@@ -422,6 +422,10 @@ class EntryCodegen:
     def is_built(self, variable: Variable) -> bool:
         """Whether the entry already builds `variable` as a real object (into a local)."""
         return id(variable) in self._built
+
+    def is_passed_on(self, variable: Variable) -> bool:
+        """Whether `variable` goes to a resume function as its parts (`pass_on`)."""
+        return id(variable) in self._passed_on
 
     def pass_on(self, variable: Variable, call: object) -> None:
         """`variable` (a generator or lazy iterator) goes to a resume function as its parts, to be rebuilt there
