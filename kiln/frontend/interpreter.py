@@ -865,7 +865,7 @@ class GeneratorVariable(BaseIteratorVariable):
         self.steps += 1
         if self.steps > MAX_ITERATION_STEPS:
             raise Unsupported(f"{self.describe()} yielded more than {MAX_ITERATION_STEPS} times during the trace "
-                              "(an endless generator?)")
+                              "(an endless generator?)", breakable=False)
         self.running = True
         try:
             item = self.frame.throw(tx, thrown) if thrown is not None else self.frame.resume(tx, value)

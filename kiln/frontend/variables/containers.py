@@ -575,7 +575,8 @@ MAX_ITERATION_STEPS = 10_000
 """How many items the trace takes from one lazy iterator (a generator, zip, map...) before it gives up.
 
 An iterator that never ends would otherwise hang the tracer; past this many items the
-frame runs eagerly instead (eager Python, of course, loops as long as the program says).
+frame runs eagerly instead (eager Python, of course, loops as long as the program says),
+not with a graph break, which would unroll that many steps into one graph first.
 """
 
 
@@ -602,7 +603,7 @@ class BaseIteratorVariable(Variable):
         while count is None or len(items) < count:
             if len(items) >= MAX_ITERATION_STEPS:
                 raise Unsupported(f"{self.describe()} gave more than {MAX_ITERATION_STEPS} items while the trace "
-                                  "consumed it (an endless iterator?)")
+                                  "consumed it (an endless iterator?)", breakable=False)
             item = self.next_item(tx)
             if item is None:
                 break
@@ -704,7 +705,7 @@ class LazyIteratorVariable(BaseIteratorVariable):
         self.steps += 1
         if self.steps > MAX_ITERATION_STEPS:
             raise Unsupported(f"{self.describe()} stepped more than {MAX_ITERATION_STEPS} times during the trace "
-                              "(an endless iterator?)")
+                              "(an endless iterator?)", breakable=False)
         item = self.step(tx)
         if item is None:
             self.exhausted = True
@@ -734,7 +735,7 @@ class UserIteratorVariable(BaseIteratorVariable):
         self.steps += 1
         if self.steps > MAX_ITERATION_STEPS:
             raise Unsupported(f"{self.describe()} stepped more than {MAX_ITERATION_STEPS} times during the trace "
-                              "(an endless iterator?)")
+                              "(an endless iterator?)", breakable=False)
         try:
             return self.iterator.call_method(tx, "__next__", [], {})
         except ProgramException as raised:
