@@ -332,6 +332,8 @@ def max_stack_depth(bytecode: Bytecode) -> int:
                 deepest = max(deepest, jumped)
                 worklist.append((index_of[id(instruction.target)], jumped))
             depth += dis.stack_effect(number, arg, jump=False)
+            if instruction.opname == "RETURN_GENERATOR":
+                depth += 1  # the value the first next() sends, which the POP_TOP after it drops (dis says 0)
             deepest = max(deepest, depth)
             if instruction.opname in _ENDS_BLOCK:
                 break

@@ -433,7 +433,7 @@ def capture_frame(output: OutputGraph, fn: types.FunctionType, signature: FrameS
     code = fn.__code__
     root = Frame.__new__(Frame)  # for wrap() during argument setup; replaced by the real frame below
     root.output = output
-    local_values = {name: _wrap_argument(root, name, value) for name, value in bound.arguments.items()}
+    local_values = {_local_name(code, name): _wrap_argument(root, name, value) for name, value in bound.arguments.items()}
     cells = {}
     for name in code.co_cellvars:
         cells[name] = CellVariable(local_values.pop(name) if name in local_values else CellVariable.EMPTY)
@@ -458,6 +458,15 @@ def capture_frame(output: OutputGraph, fn: types.FunctionType, signature: FrameS
         resume.call_compiled, dispatcher.callee_factory())).expr()
     tail = resume.break_tail(broken, dispatcher.resume_dispatcher, call_name)
     return output.finish(None, signature, code.co_name, tail, grad_at_end=grad_at_end)
+
+
+def _local_name(code: types.CodeType, parameter: str) -> str:
+    """The frame's name for a parameter: inspect calls a comprehension's `.0` `implicit0` (the guard and entry
+    functions take it by that name)."""
+    if parameter.startswith("implicit") and parameter[len("implicit"):].isdigit() and \
+            f".{parameter[len('implicit'):]}" in code.co_varnames[:code.co_argcount]:
+        return f".{parameter[len('implicit'):]}"
+    return parameter
 
 
 def _wrap_argument(root: Frame, name: str, value: Any):

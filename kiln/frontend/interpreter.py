@@ -329,6 +329,9 @@ class Frame(ExceptionHandling, PatternMatching):
 
     def LOAD_CONST(self, instruction):
         value = instruction.argval
+        if isinstance(value, (type, types.BuiltinFunctionType)):  # only in resume code: enumerate, next (resume.py)
+            self.push(self.wrap_sourceless(value))
+            return
         self.push(ConstantVariable(value))
 
     def RETURN_CONST(self, instruction):
@@ -648,7 +651,9 @@ class Frame(ExceptionHandling, PatternMatching):
 
     def LIST_APPEND(self, instruction):
         value = self.pop()
-        self.stack[-instruction.arg].items.append(value)
+        target = self.stack[-instruction.arg]
+        target.items.append(value)
+        target._mutated(self)  # a comprehension's list passed to a resume function is the caller's: replayed
 
     def SET_ADD(self, instruction):
         value = self.pop()
@@ -661,7 +666,9 @@ class Frame(ExceptionHandling, PatternMatching):
 
     def LIST_EXTEND(self, instruction):
         iterable = self.pop()
-        self.stack[-instruction.arg].items.extend(unpack_iterable(self, iterable))
+        target = self.stack[-instruction.arg]
+        target.items.extend(unpack_iterable(self, iterable))
+        target._mutated(self)
 
     def SET_UPDATE(self, instruction):
         iterable = self.pop()
@@ -857,11 +864,21 @@ class GeneratorVariable(BaseIteratorVariable):
     stops early (break, any(), next()) leaves the rest of the body unrun.
     """
 
+    # A generator passed on at a graph break is rebuilt by the entry (resume.reconstruct_generator, registered by
+    # resume.py, which sits above this module), one object wherever the trace put it.
+    rebuild: Any = None
+    built_once = True
+
     def __init__(self, frame: Frame):
         self.frame = frame
         self.finished = False
         self.running = False
         self.steps = 0
+
+    def reconstruct(self, codegen) -> str:
+        if GeneratorVariable.rebuild is None:
+            return super().reconstruct(codegen)
+        return GeneratorVariable.rebuild(codegen, self)
 
     def describe(self) -> str:
         return f"generator {self.frame.code.co_qualname}"
@@ -886,7 +903,7 @@ class GeneratorVariable(BaseIteratorVariable):
         self.steps += 1
         if self.steps > MAX_ITERATION_STEPS:
             raise Unsupported(f"{self.describe()} yielded more than {MAX_ITERATION_STEPS} times during the trace "
-                              "(an endless generator?)")
+                              "(an endless generator?)", breakable=False)
         self.running = True
         try:
             item = self.frame.throw(tx, thrown) if thrown is not None else self.frame.resume(tx, value)

@@ -329,6 +329,11 @@ class OutputGraph:
             ending = [f"return {codegen.value(result)}"]
         else:
             ending = tail(codegen)
+            for generator in self.generators:  # one the entry neither builds nor passes on is dropped unrun
+                if generator.abandoned_with_cleanup() and not codegen.is_built(generator) and \
+                        not codegen.is_passed_on(generator):
+                    raise Unsupported(f"{generator.describe()} is left suspended inside a try/with block at a graph "
+                                      "break; Python would run its cleanup (finally/__exit__) when it is dropped")
         if grad_at_end is not None and grad_at_end != self._initial_grad:
             ending.insert(0, f"{codegen.constant(torch._C._set_grad_enabled)}({grad_at_end})")
         side_effect_lines = self.side_effects.codegen(codegen)
@@ -411,10 +416,30 @@ class EntryCodegen:
         self.lines: list[str] | None = None
         self.prelude: list[str] = []  # `__nK = <new object>` lines, in the order they must run
         self._built: dict[int, str] = {}
+        # rebuilt by a resume function (resume._texts): id -> (the tracker, kept alive; the calls it goes to)
+        self._passed_on: dict[int, tuple[Variable, list]] = {}
         self._read: dict[Source, str] = {}
+
+    def is_built(self, variable: Variable) -> bool:
+        """Whether the entry already builds `variable` as a real object (into a local)."""
+        return id(variable) in self._built
+
+    def is_passed_on(self, variable: Variable) -> bool:
+        """Whether `variable` goes to a resume function as its parts (`pass_on`)."""
+        return id(variable) in self._passed_on
+
+    def pass_on(self, variable: Variable, call: object) -> None:
+        """`variable` (a generator or lazy iterator) goes to a resume function as its parts, to be rebuilt there
+        (`call`: that resume function's call; the two sides of a branch each have one): then it may not also be
+        built here, nor passed twice to one call (two objects where the program has one)."""
+        if id(variable) in self._built or call in self._passed_on.get(id(variable), (None, ()))[1]:
+            raise Unsupported(f"{variable.describe()} is held in more than one place at a graph break")
+        self._passed_on.setdefault(id(variable), (variable, []))[1].append(call)
 
     def value(self, variable: Variable) -> str:
         """An expression for the tracker's value; a new mutable object is built once, into a local."""
+        if id(variable) in self._passed_on:
+            raise Unsupported(f"{variable.describe()} is held in more than one place at a graph break")
         if isinstance(variable, CellVariable) and variable.real_cell is None:
             return self._new_cell(variable)
         if variable.source is None and _is_new_mutable(variable):
@@ -514,7 +539,8 @@ class EntryCodegen:
 
 def _is_new_mutable(variable: Variable) -> bool:
     """A tracker for a mutable object made during the trace: every place holding it must get one object."""
-    return isinstance(variable, (ListVariable, DictVariable, SetVariable, NewObjectVariable, ModelOutputVariable))
+    return isinstance(variable, (ListVariable, DictVariable, SetVariable, NewObjectVariable, ModelOutputVariable)) or \
+        getattr(variable, "built_once", False)  # a generator or lazy iterator (trackers above this module)
 
 
 DELETED_GLOBAL = object()  # what `del NAME` stores for a global until the entry deletes it

@@ -44,8 +44,9 @@ import torch
 
 from kiln.frontend import bytecode, versions
 from kiln.frontend.errors import Unsupported
-from kiln.frontend.variables.base import NULL
-from kiln.frontend.variables.containers import IteratorVariable
+from kiln.frontend.interpreter import GeneratorVariable
+from kiln.frontend.variables.base import NONE, NULL
+from kiln.frontend.variables.containers import IteratorVariable, LazyIteratorVariable
 
 CALL_OPS = frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"})
 JUMP_OPS = frozenset({"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"})
@@ -139,8 +140,19 @@ def protected(code: types.CodeType, index: int) -> bool:
             continue
         handler = index_of[id(entry.target)]
         following = [instruction.opname for instruction in instructions[handler:handler + 2]]
-        if following != ["PUSH_EXC_INFO", "WITH_EXCEPT_START"]:
+        if following != ["PUSH_EXC_INFO", "WITH_EXCEPT_START"] and not _restores_locals(instructions, handler):
             return True
+    return False
+
+
+def _restores_locals(instructions: list, handler: int) -> bool:
+    """Whether the handler at `handler` only puts back the locals of a 3.12 inlined comprehension (PEP 709) and
+    re-raises: an exception leaving the entry leaves the frame too, so there is nothing to restore."""
+    for instruction in instructions[handler:]:
+        if instruction.opname == "RERAISE":
+            return True
+        if instruction.opname not in ("SWAP", "POP_TOP", "STORE_FAST"):
+            return False
     return False
 
 
@@ -150,6 +162,12 @@ def resumable(code: types.CodeType) -> str | None:
     if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
                         inspect.CO_ITERABLE_COROUTINE):
         return f"{code.co_qualname} is a generator or coroutine"
+    return _cells_as_locals(code)
+
+
+@functools.lru_cache(maxsize=1024)
+def _cells_as_locals(code: types.CodeType) -> str | None:
+    """Why a resume function of `code` could not take its cells as its closure, or None."""
     if code.co_cellvars:
         # A resume function takes the frame's cells as its closure; a cell made or read as a plain local past
         # the prologue (3.12's inlined comprehensions: MAKE_CELL, LOAD_FAST_AND_CLEAR of a cell) has no such form.
@@ -166,7 +184,7 @@ def resumable(code: types.CodeType) -> str | None:
 
 def closure_function(code: types.CodeType, fn_globals: dict, cells: tuple) -> types.FunctionType:
     """A resume function over these cells (the entry makes one per call; one dispatcher runs them all)."""
-    return types.FunctionType(code, fn_globals, code.co_name, None, cells)
+    return types.FunctionType(code, fn_globals, code.co_name, None, cells or None)
 
 
 def closure_names(code: types.CodeType) -> tuple[str, ...]:
@@ -174,62 +192,148 @@ def closure_names(code: types.CodeType) -> tuple[str, ...]:
     return tuple(code.co_cellvars) + tuple(code.co_freevars)
 
 
+def _parameter_count(kind) -> int:
+    """How many parameters of a resume function one stack slot or local of this kind takes."""
+    if kind == "null":
+        return 0
+    if kind in ("value", "iter"):
+        return 1
+    if kind[0] == "generator":
+        return 2  # the resume function of its code, and the tuple of what it takes
+    return sum(_parameter_count(part) for part in kind[2])  # ("call", callable, parts)
+
+
 @functools.lru_cache(maxsize=1024)
-def resume_code(code: types.CodeType, target: int, stack: tuple[str, ...],
-                live: tuple[tuple[str, str], ...]) -> types.CodeType:
+def resume_code(code: types.CodeType, target: int, stack: tuple, live: tuple[tuple[str, Any], ...]) -> types.CodeType:
     """A copy of `code` that starts at instruction `target` with a value stack and locals given as parameters.
 
     `stack` gives each stack slot's kind, bottom first: "null" (pushed back by PUSH_NULL),
-    "value" (a leading parameter `__stack<i>`), or "iter" (an iterator, passed as the tuple
-    of its remaining items and turned back into one by GET_ITER). The `live` locals
-    ((name, kind) pairs) follow. The locals not passed start unbound, as they are at that
-    point of the original frame.
+    "value" (a leading parameter `__stack<i>`), "iter" (an iterator, passed as the tuple
+    of its remaining items and turned back into one by GET_ITER), ("generator", started)
+    (a generator the trace made, passed as the resume function of its own code and the tuple
+    that function takes: the prologue calls it and, if it had started, runs it to its yield
+    with next(), so a trace of this code steps the generator itself), or ("call", callable,
+    parts) (a lazy iterator: `callable(*parts)`, e.g. enumerate of a generator and its next
+    count). The `live` locals ((name, kind) pairs) follow. The locals not passed start
+    unbound, as they are at that point of the original frame.
     """
     decoded = bytecode.decode(code)
     instructions = decoded.instructions
     target_instruction = instructions[target]
-    first = 0
-    while first < len(instructions) and instructions[first].opname in _PROLOGUE_OPS:
-        first += 1
+    first = body_start(code)
     body = instructions[first:]
-    stack_names = [f"__stack{position}" for position, kind in enumerate(stack) if kind != "null"]
-    live_names = tuple(name for name, _ in live)
+
+    def names(base: str, kind) -> list[str]:
+        count = _parameter_count(kind)
+        return [base] if count == 1 and kind in ("value", "iter") else [f"{base}_{index}" for index in range(count)]
+
+    stack_names = [name for position, kind in enumerate(stack) for name in names(f"__stack{position}", kind)]
+    simple_live = tuple(name for name, kind in live if kind in ("value", "iter"))
+    live_names = [name for local, kind in live
+                  for name in (names(local, kind) if kind in ("value", "iter") else names(f"__live_{local}", kind))]
     # The frame's cells (its own, made by MAKE_CELL, and its closure's) are the resume function's closure:
     # the entry passes the very cells, so inner functions made before the break share them.
     freevars = closure_names(code)
-    varnames = tuple(stack_names) + live_names + tuple(name for name in code.co_varnames
-                                                       if name not in live_names and name not in code.co_cellvars)
+    varnames = tuple(stack_names) + tuple(live_names) + tuple(
+        name for name in code.co_varnames if name not in simple_live and name not in code.co_cellvars)
     position_of = {name: position for position, name in enumerate(varnames)}
     position_of.update({name: len(varnames) + index for index, name in enumerate(freevars)})
     for instruction in body:
         if instruction.opname in _FAST_OPS:
-            names = _names(instruction)
-            if len(names) == 1:
-                instruction.arg = position_of[names[0]]
+            names_used = _names(instruction)
+            if len(names_used) == 1:
+                instruction.arg = position_of[names_used[0]]
             else:  # 3.13's paired forms: two 4-bit indices
-                instruction.arg = (position_of[names[0]] << 4) | position_of[names[1]]
+                instruction.arg = (position_of[names_used[0]] << 4) | position_of[names_used[1]]
         elif instruction.opname in _DEREF_OPS:
             instruction.arg = position_of[instruction.argval]
+    consts = list(code.co_consts)
     prologue = []
+
+    def add(opname: str, arg: int | None = None, argval: Any = None) -> None:
+        prologue.append(bytecode.create_instruction(opname, arg, argval))
+
+    def load_fast(name: str) -> None:
+        add("LOAD_FAST", position_of[name], name)
+
+    def load_const(value: Any) -> None:
+        for index, known in enumerate(consts):
+            if known is value:
+                break
+        else:
+            index = len(consts)
+            consts.append(value)
+        add("LOAD_CONST", index, value)
+
+    def call(count: int) -> None:
+        if versions.PY311:
+            add("PRECALL", count)
+        add("CALL", count)
+
+    def push_callable(load: Callable[[], None]) -> None:
+        if versions.NULL_BELOW_CALLABLE:
+            add("PUSH_NULL")
+            load()
+        else:
+            load()
+            add("PUSH_NULL")
+
+    def emit(kind, parameters) -> None:
+        """Push the value of one slot of this kind, from its parameters."""
+        if kind == "null":
+            add("PUSH_NULL")
+        elif kind == "value":
+            load_fast(next(parameters))
+        elif kind == "iter":
+            load_fast(next(parameters))
+            add("GET_ITER")
+        elif kind[0] == "generator":
+            function, arguments = next(parameters), next(parameters)
+            push_callable(lambda: load_fast(function))
+            load_fast(arguments)
+            add("CALL_FUNCTION_EX", 0)
+            if kind[1]:  # started: run it to the yield it was suspended at, dropping that yield's placeholder
+                push_callable(lambda: load_const(next))
+                add("COPY", 3)
+                call(1)
+                add("POP_TOP")
+        else:
+            _, function, parts = kind
+            push_callable(lambda: load_const(function))
+            for part in parts:
+                emit(part, parameters)
+            call(len(parts))
+
     if freevars:
-        prologue.append(bytecode.create_instruction("COPY_FREE_VARS", len(freevars)))
-    prologue.append(bytecode.create_instruction("RESUME", 0))
+        add("COPY_FREE_VARS", len(freevars))
+    if code.co_flags & inspect.CO_GENERATOR:  # a generator's: calling it makes the generator, next() runs the rest
+        add("RETURN_GENERATOR")
+        add("POP_TOP")
+    add("RESUME", 0)
+    live_parameters = iter(live_names)
     for name, kind in live:
-        if kind == "iter":
-            prologue.append(bytecode.create_instruction("LOAD_FAST", position_of[name], name))
-            prologue.append(bytecode.create_instruction("GET_ITER"))
-            prologue.append(bytecode.create_instruction("STORE_FAST", position_of[name], name))
+        if kind == "value":
+            next(live_parameters)
+        elif kind == "iter":
+            next(live_parameters)
+            load_fast(name)
+            add("GET_ITER")
+            add("STORE_FAST", position_of[name], name)
+        else:
+            emit(kind, live_parameters)
+            add("STORE_FAST", position_of[name], name)
     stack_parameters = iter(stack_names)
     for kind in stack:
-        if kind == "null":
-            prologue.append(bytecode.create_instruction("PUSH_NULL"))
-            continue
-        name = next(stack_parameters)
-        prologue.append(bytecode.create_instruction("LOAD_FAST", position_of[name], name))
-        if kind == "iter":
-            prologue.append(bytecode.create_instruction("GET_ITER"))
+        emit(kind, stack_parameters)
     prologue.append(bytecode.create_instruction("JUMP_FORWARD", target=target_instruction))
     decoded.instructions = prologue + body
+    # A handler range that began in the dropped prologue (3.12's around a generator's body starts at its RESUME)
+    # begins at the body; the new prologue runs no user code, so it needs none.
+    kept = {id(instruction) for instruction in body}
+    for entry in decoded.exception_table:
+        if id(entry.start) not in kept:
+            entry.start = body[0]
+    decoded.exception_table = [entry for entry in decoded.exception_table if id(entry.end) in kept]
     line = target_instruction.lineno or code.co_firstlineno
     base = code.co_name.split("_resume_at_line_")[0]
     name = f"{base}_resume_at_line_{line}"
@@ -237,16 +341,34 @@ def resume_code(code: types.CodeType, target: int, stack: tuple[str, ...],
     resumed = bytecode.assemble(decoded, co_varnames=varnames, co_nlocals=len(varnames), co_cellvars=(),
                                 co_freevars=freevars,
                                 co_argcount=len(stack_names) + len(live_names), co_posonlyargcount=0,
+                                co_consts=tuple(consts),
                                 co_kwonlyargcount=0, co_flags=flags, co_name=name,
                                 co_qualname=f"{code.co_qualname.split('_resume_at_line_')[0]}_resume_at_line_{line}")
     resumed = resumed.replace(co_stacksize=max(bytecode.max_stack_depth(decoded), len(stack), 1))
     original, shift = _origins.get(code, (code, 0))
     _origins[resumed] = (original, shift + first - len(prologue))  # its body is `code`'s from `first` on
+    _starts[resumed] = target + shift
     return resumed
+
+
+@functools.lru_cache(maxsize=1024)
+def body_start(code: types.CodeType) -> int:
+    """The index of `code`'s first instruction past its prologue (free variables, cells, a generator's
+    RETURN_GENERATOR and the POP_TOP of the value its first next() sends, RESUME)."""
+    instructions = bytecode.decode(code).instructions
+    first = 0
+    while first < len(instructions) and (
+            instructions[first].opname in _PROLOGUE_OPS or instructions[first].opname == "RETURN_GENERATOR" or
+            (first > 0 and instructions[first - 1].opname == "RETURN_GENERATOR" and
+             instructions[first].opname == "POP_TOP")):
+        first += 1
+    return first
 
 
 # resume code -> (the user's code it continues, what to add to an instruction index to find it there)
 _origins: "weakref.WeakKeyDictionary[types.CodeType, tuple[types.CodeType, int]]" = weakref.WeakKeyDictionary()
+# resume code -> the instruction of the user's code it starts at
+_starts: "weakref.WeakKeyDictionary[types.CodeType, int]" = weakref.WeakKeyDictionary()
 
 
 def original_position(code: types.CodeType, index: int) -> tuple[types.CodeType, int]:
@@ -332,7 +454,8 @@ def _single_instruction(instruction) -> tuple[int, Callable, str] | None:
 
 
 def can_break_at(instruction) -> bool:
-    return instruction.op in CALL_OPS or instruction.op in JUMP_OPS or _single_instruction(instruction) is not None
+    return instruction.op in CALL_OPS or instruction.op in JUMP_OPS or instruction.op == "FOR_ITER" or \
+        _single_instruction(instruction) is not None
 
 
 # ------------------------------------------------------------------------------------------------
@@ -453,20 +576,107 @@ def keeps_condition(instruction: bytecode.Instruction, when: bool) -> bool:
 # The end of an entry that breaks
 
 
-def _kind(variable) -> str:
+def _kind(variable, codegen):
+    """How one stack slot or live local reaches a resume function (resume_code's kinds). A generator or lazy
+    iterator the entry has already built as a real object (an argument of the broken call) is passed as it."""
     if variable is NULL:
         return "null"
     if isinstance(variable, IteratorVariable):
         return "iter"
+    if codegen.is_built(variable):
+        return "value"
+    if isinstance(variable, GeneratorVariable) and not variable.finished and not variable.running:
+        return "generator", variable.frame.current is not None
+    if isinstance(variable, LazyIteratorVariable):
+        parts = variable.rebuild_parts()
+        if parts is not None:
+            function, arguments = parts
+            return "call", function, tuple(_kind(argument, codegen) for argument in arguments)
     return "value"
 
 
-def _passed(codegen, variable) -> str:
-    """The expression the entry passes for one stack slot or local (an iterator: its remaining items)."""
-    if isinstance(variable, IteratorVariable):
+def _texts(codegen, variable, call: object, kind) -> list[str]:
+    """The expressions the entry passes for one stack slot or local of this kind (`_kind`, taken when the resume
+    code was made), one per parameter it takes (an iterator: its remaining items; a generator: the resume
+    function of its code and what that takes; a lazy iterator: its parts). A generator or lazy iterator passed
+    on this way is rebuilt by the resume function itself, so it must be held nowhere else
+    (`EntryCodegen.pass_on`)."""
+    if kind == "null":
+        return []
+    if kind == "iter":
         items = [codegen.value(item) for item in variable.items[variable.position:]]
-        return "(" + "".join(f"{item}, " for item in items) + ")"
-    return codegen.value(variable)
+        return ["(" + "".join(f"{item}, " for item in items) + ")"]
+    if kind == "value":
+        return [codegen.value(variable)]
+    codegen.pass_on(variable, call)
+    if kind[0] == "generator":
+        function, arguments, kinds = _generator_parts(codegen, variable)
+        passed = "".join(f"{text}, " for argument, part in zip(arguments, kinds)
+                         for text in _texts(codegen, argument, call, part))
+        return [function, f"({passed})"]
+    _, arguments = variable.rebuild_parts()
+    return [text for argument, part in zip(arguments, kind[2]) for text in _texts(codegen, argument, call, part)]
+
+
+def rebuild_generator(function: types.FunctionType, arguments: tuple, started: bool):
+    """A generator in the state a traced one was left in: `function` is a resume function of its code (see
+    `generator_resume`); a started one is run to the yield it was suspended at, whose value is dropped, so that
+    it takes `send`, `throw` and `close` there as the original would."""
+    generator = function(*arguments)
+    if started:
+        next(generator)
+    return generator
+
+
+def generator_resume(frame, codegen) -> tuple[types.CodeType, list, tuple]:
+    """(resume code, trackers it takes, their kinds) rebuilding the generator whose suspended frame is `frame`.
+
+    An unstarted generator resumes at the first instruction of its body with its arguments; a suspended one
+    at the YIELD_VALUE it stopped at, with its value stack (and a placeholder for the value yielded there,
+    which `rebuild_generator` drops) and its live locals. Its cells are the resume function's closure."""
+    original, shift = _origins.get(frame.code, (frame.code, 0))
+    reason = _cells_as_locals(original)
+    if reason is not None:
+        raise Unsupported(f"rebuilding generator {frame.code.co_qualname}: {reason}")
+    if frame.current is None:
+        target = _starts.get(frame.code, body_start(original))
+        stack: list = []
+    else:
+        if frame.current.opname != "YIELD_VALUE":
+            raise Unsupported(f"rebuilding generator {frame.code.co_qualname} suspended at {frame.current.opname}")
+        target = frame.index_of[id(frame.current)] + shift
+        stack = list(frame.stack) + [NONE]
+    if any(item is NULL for item in stack):
+        raise Unsupported(f"rebuilding generator {frame.code.co_qualname} with a NULL on its stack")
+    bound = {name: value for name, value in frame.locals.items() if value is not NULL}
+    live = tuple((name, _kind(bound[name], codegen)) for name in original.co_varnames
+                 if name in live_locals(original, target) and name in bound)
+    stack_kinds = tuple(_kind(item, codegen) for item in stack)
+    code = resume_code(original, target, stack_kinds, live)
+    return code, stack + [bound[name] for name, _ in live], stack_kinds + tuple(kind for _, kind in live)
+
+
+def _generator_parts(codegen, generator) -> tuple[str, list, tuple]:
+    """(the entry's expression for the resume function of the generator's code, the trackers it takes, their
+    kinds)."""
+    if generator.finished or generator.running:
+        raise Unsupported(f"passing on {generator.describe()} once it has "
+                          f"{'ended' if generator.finished else 'started running'}")
+    frame = generator.frame
+    code, arguments, kinds = generator_resume(frame, codegen)
+    cells = "".join(f"{codegen.value(frame.cells[name])}, " for name in code.co_freevars)
+    function = f"{codegen.constant(closure_function)}({codegen.constant(code)}, {codegen.constant(frame.fn_globals)}, " \
+               f"({cells}))"
+    return function, arguments, kinds
+
+
+def reconstruct_generator(codegen, generator) -> str:
+    """The entry's expression for a generator the trace made (interpreter.GeneratorVariable), as it was left."""
+    function, arguments, kinds = _generator_parts(codegen, generator)
+    call = object()
+    passed = "".join(f"{text}, " for argument, kind in zip(arguments, kinds)
+                     for text in _texts(codegen, argument, call, kind))
+    return f"{codegen.constant(rebuild_generator)}({function}, ({passed}), {generator.frame.current is not None})"
 
 
 @dataclass
@@ -504,13 +714,14 @@ def break_tail(frame, make_resume: Callable, call_name: str) -> Callable:
         """`return <resume>(stack..., locals...)`; `pushed` are texts of values pushed on top of the stack."""
         bound = {name: value for name, value in frame.locals.items() if value is not NULL}
         original, target = original_position(frame.code, continuation.target)
-        live = tuple((name, _kind(bound[name])) for name in original.co_varnames
+        live = tuple((name, _kind(bound[name], codegen)) for name in original.co_varnames
                      if name in live_locals(original, target) and name in bound)
-        kinds = tuple(_kind(item) for item in continuation.stack) + ("value",) * len(pushed)
+        kinds = tuple(_kind(item, codegen) for item in continuation.stack) + ("value",) * len(pushed)
         code = resume_code(original, target, kinds, live)
-        texts = [_passed(codegen, item) for item in continuation.stack if item is not NULL]
+        call = object()
+        texts = [text for item, kind in zip(continuation.stack, kinds) for text in _texts(codegen, item, call, kind)]
         texts += pushed
-        texts += [_passed(codegen, bound[name]) for name, _ in live]
+        texts += [text for name, kind in live for text in _texts(codegen, bound[name], call, kind)]
         dispatcher = codegen.constant(make_resume(frame, code))
         if code.co_freevars:  # the frame's cells, the very objects (inner functions made before the break share them)
             cells = "".join(f"{codegen.value(frame.cells[name])}, " for name in code.co_freevars)
@@ -566,6 +777,25 @@ def break_tail(frame, make_resume: Callable, call_name: str) -> Callable:
                 ["if __condition:", f"    return {sides[0]}", f"return {sides[1]}"]
 
         return tail
+    if instruction.op == "FOR_ITER":
+        # The step runs in Python, on the iterator as the trace left it (a generator rebuilt where it was suspended):
+        # what it runs (a generator's body up to its next yield, a `__next__`) is what the trace could not. The
+        # loop body resumes with the real iterator, whose later steps break here again.
+        below = stack[:-1]
+        exhausted = frame.index_of[id(instruction.target)]
+        for skipped in versions.for_iter_exhaust_skip():
+            if frame.instructions[exhausted].opname == skipped:
+                exhausted += 1
+
+        def tail(codegen) -> list[str]:
+            iterator = codegen.value(stack[-1])
+            done = resume_call(codegen, Continuation(exhausted, below), [])
+            stepped = resume_call(codegen, Continuation(index + 1, below), [iterator, "__item"])
+            return _guarded(codegen, below, ["try:", f"    __item = {codegen.constant(next)}({iterator})",
+                                             f"except {codegen.constant(StopIteration)}:", f"    return {done}"]) + \
+                [f"return {stepped}"]
+
+        return tail
     single = _single_instruction(instruction)
     if single is None:
         raise Unsupported(f"a graph break at {instruction.opname}")
@@ -593,3 +823,6 @@ def break_tail(frame, make_resume: Callable, call_name: str) -> Callable:
 
 __all__ = ["BreakPoint", "CALL_OPS", "JUMP_OPS", "break_tail", "can_break_at", "call_compiled", "compiled_callee", "live_locals",
            "protected", "resumable", "resume_code"]
+
+
+GeneratorVariable.rebuild = staticmethod(reconstruct_generator)

@@ -6,8 +6,10 @@ the frontend made and that no frame ran eagerly.
 """
 from __future__ import annotations
 
+import inspect
 import logging
 import os
+import sys
 import time
 import types
 
@@ -653,3 +655,260 @@ def test_a_break_in_a_loop_resumes_through_one_function_for_every_iteration():
     captures = stats.captures
     result, steps = compiled(x * 4)
     assert steps == 15 and stats.captures == captures
+
+
+# --------------------------------------------------------------------------- generators across a break
+
+GENERATOR_LOG: list = []
+
+
+def _check_compiled(fn, *args, max_graphs, max_breaks):
+    """fn compiled: eager's results and GENERATOR_LOG on two calls, no frame run eagerly, no more graphs or breaks
+    than given, and nothing traced on the second call."""
+    GENERATOR_LOG.clear()
+    expected = fn(*args)
+    expected_log = list(GENERATOR_LOG)
+    compiled, graphs = _compile(fn)
+    GENERATOR_LOG.clear()
+    report = _eager_frames_and_breaks(lambda: compiled(*args))
+    assert not report.eager_frames, report.eager_frames
+    assert len(graphs) <= max_graphs and report.break_count <= max_breaks, (len(graphs), report.breaks)
+    GENERATOR_LOG.clear()
+    captures = stats.captures
+    result = compiled(*args)
+    assert stats.captures == captures  # every entry is reused
+    torch.testing.assert_close(result, expected)
+    assert GENERATOR_LOG == expected_log
+    return report, graphs
+
+
+def steps_a_generator_past_a_break(x):
+    def produce():
+        GENERATOR_LOG.append("first")
+        yield x + 1
+        GENERATOR_LOG.append("second")
+        yield x * 2
+        GENERATOR_LOG.append("third")
+        yield x - 3
+
+    values = produce()
+    first = next(values)
+    scale = first.sum().item()  # a break with the generator suspended at its first yield
+    return first * scale + next(values) + next(values)
+
+
+def test_a_suspended_generator_live_across_a_break_is_stepped_by_the_resume_functions_trace():
+    report, graphs = _check_compiled(steps_a_generator_past_a_break, torch.randn(3), max_graphs=2, max_breaks=1)
+    assert len(graphs) == 2 and report.break_count == 1
+
+
+def accumulates_what_it_is_sent(x):
+    def running():
+        total = x * 0
+        while True:
+            step = yield total
+            GENERATOR_LOG.append("step")
+            total = total + step
+
+    accumulator = running()
+    next(accumulator)
+    first = accumulator.send(x)
+    scale = first.sum().item()  # a break: the generator is suspended at its yield, with `total` live
+    return accumulator.send(x * scale)
+
+
+def test_a_rebuilt_generator_takes_send_at_the_yield_it_was_suspended_at():
+    _check_compiled(accumulates_what_it_is_sent, torch.randn(3), max_graphs=2, max_breaks=1)
+
+
+def generator_state(x):
+    def produce():
+        yield x + 1
+        yield x + 2
+
+    fresh = produce()
+    started = produce()
+    first = next(started)
+    states = (inspect.getgeneratorstate(fresh), inspect.getgeneratorstate(started))
+    return first, states, next(started), fresh
+
+
+def test_a_generator_the_entry_rebuilds_is_in_the_state_the_trace_left_it():
+    x = torch.randn(3)
+    compiled, _ = _compile(generator_state)
+    report = _eager_frames_and_breaks(lambda: compiled(x))
+    assert not report.eager_frames, report.eager_frames
+    first, states, second, fresh = compiled(x)
+    assert states == (inspect.GEN_CREATED, inspect.GEN_SUSPENDED)
+    torch.testing.assert_close(first, x + 1)
+    torch.testing.assert_close(second, x + 2)
+    assert inspect.isgenerator(fresh) and [t.tolist() for t in fresh] == [(x + 1).tolist(), (x + 2).tolist()]
+
+
+def breaks_in_a_generators_body(x):
+    def produce():
+        for i in range(3):
+            t = x * (i + 1)
+            GENERATOR_LOG.append(("yield", i, round(t.sum().item(), 3)))  # a break inside the generator
+            yield t
+
+    total = x * 0
+    for value in produce():
+        GENERATOR_LOG.append("consume")
+        total = total + value
+    return total
+
+
+def test_a_break_in_a_generators_body_runs_that_step_in_python():
+    # the loop's FOR_ITER breaks: each step runs in Python, each loop body is a graph
+    _check_compiled(breaks_in_a_generators_body, torch.randn(3), max_graphs=5, max_breaks=4)
+
+
+def enumerates_a_generator_across_branches(x):
+    def produce():
+        for i in range(4):
+            GENERATOR_LOG.append(("produce", i))
+            yield x * (i + 1)
+
+    total = x * 0
+    for index, value in enumerate(produce(), start=10):
+        total = total + value * index
+        if total.sum() > 0:  # a data-dependent branch with enumerate(generator) live: both rebuilt by the resume
+            total = total - 1
+    return total
+
+
+def test_enumerate_of_a_generator_live_across_a_branch_is_rebuilt_by_the_resume_function():
+    for x in (torch.ones(3), -torch.ones(3)):
+        _check_compiled(enumerates_a_generator_across_branches, x, max_graphs=9, max_breaks=4)
+
+
+def comprehension_with_a_break(x, y):
+    return torch.stack([t * t.sum().item() for t in (x, y, x - y)]).sum(0)
+
+
+def test_a_break_in_a_list_comprehension_appends_to_the_list_the_resume_function_gets():
+    x, y = torch.randn(3), torch.randn(3)
+    if sys.version_info < (3, 12):  # the comprehension is a function: its frame breaks at each item and each step
+        _check_compiled(comprehension_with_a_break, x, y, max_graphs=8, max_breaks=8)
+    else:  # inlined (PEP 709): a break at each item's .item()
+        _check_compiled(comprehension_with_a_break, x, y, max_graphs=4, max_breaks=3)
+
+
+def generator_also_passed_to_the_broken_call(x):
+    def produce():
+        yield x + 1
+        yield x + 2
+
+    values = produce()
+    first = next(values)
+    described = _opaque_describe(values)  # the break's call gets the generator; the resume function too
+    return first + next(values), described
+
+
+def _opaque_describe(generator):
+    return type(generator).__name__ + str(os.getpid() > 0)
+
+
+def test_a_generator_the_broken_call_also_gets_is_passed_on_as_the_same_object():
+    x = torch.randn(3)
+    compiled, _ = _compile(generator_also_passed_to_the_broken_call)
+    report = _eager_frames_and_breaks(lambda: compiled(x))
+    assert not report.eager_frames, report.eager_frames
+    result, described = compiled(x)
+    torch.testing.assert_close(result, (x + 1) + (x + 2))
+    assert described == "generatorTrue"
+
+
+def _rest_and_its_type(iterator):
+    kind = type(iterator).__name__ + str(os.getpid() > 0)  # a break: the caller passes the iterator to Python
+    return sum(iterator), kind
+
+
+def passes_a_list_iterator_on(x, items):
+    iterator = iter(items)
+    first = next(iterator)
+    rest, kind = _rest_and_its_type(iterator)
+    return x * first + rest, kind
+
+
+def test_a_list_iterator_passed_to_python_at_a_break_is_the_lists_own_advanced_as_far():
+    x, items = torch.randn(3), [1.0, 2.0, 3.0]
+    compiled, _ = _compile(passes_a_list_iterator_on)
+    report = _eager_frames_and_breaks(lambda: compiled(x, items))
+    assert not report.eager_frames, report.eager_frames
+    result, kind = compiled(x, items)
+    torch.testing.assert_close(result, x * 1.0 + 5.0)
+    assert kind == "list_iteratorTrue"
+
+
+def drops_a_generator_with_cleanup_at_a_break(x):
+    def produce():
+        try:
+            yield x + 1
+            yield x + 2
+        finally:
+            GENERATOR_LOG.append("closed")
+
+    values = produce()
+    first = next(values)
+    GENERATOR_LOG.append(os.getpid() > 0)  # a break; `values` is dead after it, but Python closes it only at return
+    return first * 2
+
+
+def test_a_generator_dropped_at_a_break_inside_try_finally_still_runs_its_cleanup_in_order():
+    x = torch.randn(3)
+    GENERATOR_LOG.clear()
+    expected = drops_a_generator_with_cleanup_at_a_break(x)
+    assert GENERATOR_LOG == [True, "closed"]
+    compiled, _ = _compile(drops_a_generator_with_cleanup_at_a_break)
+    GENERATOR_LOG.clear()
+    torch.testing.assert_close(compiled(x), expected)
+    assert GENERATOR_LOG == [True, "closed"]  # the frame runs eagerly rather than lose the `finally`
+
+
+def delegates_across_a_break(x):
+    def inner():
+        GENERATOR_LOG.append("inner")
+        got = yield x + 1
+        GENERATOR_LOG.append(("inner got", got))
+        yield x + 2
+        return 7
+
+    def outer():
+        result = yield from inner()
+        GENERATOR_LOG.append(("result", result))
+        yield x * 3
+
+    values = outer()
+    first = next(values)
+    scale = first.sum().item()  # a break inside `yield from`: both generators are rebuilt, the delegate first
+    second = values.send(scale)
+    return first + second + next(values)
+
+
+def test_a_generator_suspended_in_yield_from_is_rebuilt_with_its_delegate():
+    _check_compiled(delegates_across_a_break, torch.randn(3), max_graphs=2, max_breaks=1)
+
+
+def catches_what_is_thrown(x):
+    def produce():
+        while True:
+            try:
+                yield x + 1
+            except ValueError as error:
+                GENERATOR_LOG.append(("caught", str(error)))
+                yield x * 0
+
+    values = produce()
+    first = next(values)
+    return first + _throw_value_error(values)
+
+
+def _throw_value_error(generator):
+    return generator.throw(ValueError(f"pid {os.getpid() > 0}"))  # a break: the caller passes the generator on
+
+
+def test_throw_into_a_rebuilt_generator_reaches_the_handler_around_its_yield():
+    # breaks: the call of the helper, its getpid, its throw into the (real) generator it was given
+    _check_compiled(catches_what_is_thrown, torch.randn(3), max_graphs=3, max_breaks=3)

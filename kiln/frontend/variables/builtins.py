@@ -253,13 +253,16 @@ def _iterable_items(tx, variable: Variable) -> list[Variable]:
 def _enumerate(tx, args, kwargs):
     start = (args[1] if len(args) > 1 else kwargs.get("start", ConstantVariable(0))).as_constant()
     source = iterate(tx, args[0])
-    counter = itertools.count(start)
+    counter = [start]
 
     def step(tx):
         item = source.next_item(tx)
-        return None if item is None else TupleVariable([ConstantVariable(next(counter)), item])
+        if item is None:
+            return None
+        counter[0] += 1
+        return TupleVariable([ConstantVariable(counter[0] - 1), item])
 
-    return LazyIteratorVariable("enumerate", step)
+    return LazyIteratorVariable("enumerate", step, lambda: (enumerate, [source, ConstantVariable(counter[0])]))
 
 
 def _zip(tx, args, kwargs):
@@ -280,7 +283,7 @@ def _zip(tx, args, kwargs):
             row.append(item)
         return TupleVariable(row)
 
-    return LazyIteratorVariable("zip", step)
+    return LazyIteratorVariable("zip", step, None if strict else lambda: (zip, list(sources)))
 
 
 def _map(tx, args, kwargs):
@@ -297,7 +300,7 @@ def _map(tx, args, kwargs):
             row.append(item)
         return function.call(tx, row, {})
 
-    return LazyIteratorVariable("map", step)
+    return LazyIteratorVariable("map", step, lambda: (map, [function, *sources]))
 
 
 def _filter(tx, args, kwargs):

@@ -124,7 +124,7 @@ class BaseListVariable(Variable):
         if name == "__contains__":
             return ConstantVariable(any(compare_equal(tx, item, args[0]) for item in self.items))
         if name == "__iter__":
-            return IteratorVariable(self.items)
+            return IteratorVariable(self.items, self if self.python_type() in (list, tuple) else None)
         return super().call_method(tx, name, args, kwargs)
 
 
@@ -684,7 +684,8 @@ MAX_ITERATION_STEPS = 10_000
 """How many items the trace takes from one lazy iterator (a generator, zip, map...) before it gives up.
 
 An iterator that never ends would otherwise hang the tracer; past this many items the
-frame runs eagerly instead (eager Python, of course, loops as long as the program says).
+frame runs eagerly instead (eager Python, of course, loops as long as the program says),
+not with a graph break, which would unroll that many steps into one graph first.
 """
 
 
@@ -711,7 +712,7 @@ class BaseIteratorVariable(Variable):
         while count is None or len(items) < count:
             if len(items) >= MAX_ITERATION_STEPS:
                 raise Unsupported(f"{self.describe()} gave more than {MAX_ITERATION_STEPS} items while the trace "
-                                  "consumed it (an endless iterator?)")
+                                  "consumed it (an endless iterator?)", breakable=False)
             item = self.next_item(tx)
             if item is None:
                 break
@@ -735,9 +736,10 @@ class BaseIteratorVariable(Variable):
 class IteratorVariable(BaseIteratorVariable):
     """An iterator over a known list of trackers (what GET_ITER makes of a list, tuple, dict...)."""
 
-    def __init__(self, items: list[Variable]):
+    def __init__(self, items: list[Variable], origin: Variable | None = None):
         self.items = list(items)
         self.position = 0
+        self.origin = origin  # the list or tuple iterated over, when the items are its own
 
     def next_item(self, tx) -> Variable | None:
         if self.position >= len(self.items):
@@ -751,6 +753,24 @@ class IteratorVariable(BaseIteratorVariable):
         self.position = len(self.items)
         return rest
 
+    def reconstruct(self, codegen) -> str:
+        """The iterator of a list or tuple, advanced as far as the trace took it (a break passing it to a
+        function called in Python): the real list's iterator, which sees later changes to the list as this
+        tracker (a copy of its items) would not, so only while the list has the items the copy has."""
+        origin = self.origin
+        if origin is None or len(origin.items) != len(self.items) or \
+                any(item is not copied for item, copied in zip(origin.items, self.items)):
+            raise Unsupported(f"passing on an iterator over {origin.describe() if origin else 'computed items'} "
+                              "to Python at a graph break")
+        return f"{codegen.constant(advanced)}(iter({codegen.value(origin)}), {self.position})"
+
+
+def advanced(iterator, count: int):
+    """`iterator` after `count` steps (an iterator rebuilt where the trace left it)."""
+    for _ in range(count):
+        next(iterator)
+    return iterator
+
 
 class LazyIteratorVariable(BaseIteratorVariable):
     """An iterator whose items are computed one `next()` at a time (zip, map, filter, enumerate, chain).
@@ -759,11 +779,28 @@ class LazyIteratorVariable(BaseIteratorVariable):
     like CPython's builtins, which drop their inputs when exhausted.
     """
 
-    def __init__(self, kind: str, step):
+    built_once = True  # one object wherever the trace put it (output._is_new_mutable)
+
+    def __init__(self, kind: str, step, parts=None):
         self.kind = kind
         self.step = step
         self.exhausted = False
         self.steps = 0
+        self.parts = parts  # () -> (callable, argument trackers) making it as it is now, or None
+
+    def rebuild_parts(self) -> tuple[Any, list[Variable]] | None:
+        """(callable, argument trackers) whose call makes this iterator in its present state (enumerate of the
+        source at the next count, zip of the sources, ...), or None when it cannot be rebuilt."""
+        if self.exhausted or self.parts is None:
+            return None
+        return self.parts()
+
+    def reconstruct(self, codegen) -> str:
+        parts = self.rebuild_parts()
+        if parts is None:
+            return super().reconstruct(codegen)
+        function, arguments = parts
+        return f"{codegen.constant(function)}({''.join(f'{codegen.value(argument)}, ' for argument in arguments)})"
 
     def describe(self) -> str:
         return f"{self.kind} iterator"
@@ -777,7 +814,7 @@ class LazyIteratorVariable(BaseIteratorVariable):
         self.steps += 1
         if self.steps > MAX_ITERATION_STEPS:
             raise Unsupported(f"{self.describe()} stepped more than {MAX_ITERATION_STEPS} times during the trace "
-                              "(an endless iterator?)")
+                              "(an endless iterator?)", breakable=False)
         item = self.step(tx)
         if item is None:
             self.exhausted = True
@@ -807,7 +844,7 @@ class UserIteratorVariable(BaseIteratorVariable):
         self.steps += 1
         if self.steps > MAX_ITERATION_STEPS:
             raise Unsupported(f"{self.describe()} stepped more than {MAX_ITERATION_STEPS} times during the trace "
-                              "(an endless iterator?)")
+                              "(an endless iterator?)", breakable=False)
         try:
             return self.iterator.call_method(tx, "__next__", [], {})
         except ProgramException as raised:
@@ -854,7 +891,8 @@ def iterate(tx, variable: Variable) -> BaseIteratorVariable:
             return UserIteratorVariable(iterator)
         raise Unsupported(f"__iter__ of {variable.describe()} returned {iterator.describe()}, not an iterator "
                           "kiln can step")
-    return IteratorVariable(variable.unpack(tx))
+    return IteratorVariable(variable.unpack(tx), variable if isinstance(variable, BaseListVariable) and
+                            variable.python_type() in (list, tuple) else None)
 
 
 def unpack_iterable(tx, variable: Variable, count: int | None = None) -> list[Variable]:

@@ -141,8 +141,15 @@ def _lru_cache(tx, value, source, guards) -> Variable:
     return LruCacheVariable(value, source)
 
 
+def _is_argument_item(source) -> bool:
+    """An argument, or an item of one (`args[0][1]`: the resume function of a generator rebuilt inside another's)."""
+    while isinstance(source, ItemSource):
+        source = source.parent
+    return isinstance(source, LocalSource)
+
+
 def _function(tx, value: types.FunctionType, source, guards) -> Variable:
-    if guards is not None and isinstance(source, LocalSource) and not is_library_function(value):
+    if guards is not None and _is_argument_item(source) and not is_library_function(value):
         # An argument (a lambda a resume function takes as a live local, a callback): a function made by the
         # caller is a new object on each call, so its code and globals are guarded, and its identity only
         # when the trace depends on it (UserFunctionVariable.pinned).
@@ -191,6 +198,14 @@ def _builtin_method(tx, value: types.BuiltinMethodType, source, guards) -> Varia
         if guards is not None:
             guards.type_is(source, type(value))
             guards.identity(AttrSource(source, "__self__"), receiver)
+            guards.value(AttrSource(source, "__name__"), value.__name__)
+        return OpaqueFunctionVariable(value, source)
+    if isinstance(receiver, types.GeneratorType) and source is not None:
+        # `generator.send` of a real generator (one a graph break rebuilt, new on each call): the trace cannot step
+        # it, so calling it breaks and nothing depends on which generator it is
+        if guards is not None:
+            guards.type_is(source, type(value))
+            guards.type_is(AttrSource(source, "__self__"), types.GeneratorType)
             guards.value(AttrSource(source, "__name__"), value.__name__)
         return OpaqueFunctionVariable(value, source)
     if isinstance(receiver, torch.Tensor) and source is not None:  # `x.add` held as a value: x is a graph input
