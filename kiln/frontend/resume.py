@@ -487,6 +487,10 @@ def compiled_callee(make_dispatcher: Callable, fn: Any) -> tuple[Any, Any]:
     if isinstance(target, torch.nn.Module):
         if type(target).__call__ is not torch.nn.Module.__call__ or isinstance(target, torch.nn.RNNBase):
             return fn, None
+        if _is_library_module(target):
+            if type(target).forward is torch.nn.Sequential.forward:
+                return functools.partial(_call_sequential, make_dispatcher, target), None
+            return fn, None
     elif not isinstance(target, types.FunctionType) or _is_library(target) or \
             target.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
         return fn, None
@@ -504,6 +508,34 @@ def compiled_callee(make_dispatcher: Callable, fn: Any) -> tuple[Any, Any]:
     if isinstance(target, types.FunctionType) and target.__code__.co_freevars:
         return functools.partial(dispatcher.call_function, target), receiver  # with this closure's cells
     return dispatcher, receiver
+
+
+def _is_library_module(module: torch.nn.Module) -> bool:
+    """A module whose `forward` is torch's own (nn.Linear, nn.ReLU, nn.Sequential, a subclass that keeps it): at a
+    break it runs as it is, as a library function does, and as TorchDynamo runs torch.nn's frames that eager code
+    calls. A user module it holds is still compiled where the library calls it by a rule kiln knows
+    (`_call_sequential`)."""
+    forward = getattr(type(module), "forward", None)
+    return isinstance(forward, types.FunctionType) and _is_library(forward) and "forward" not in module.__dict__
+
+
+def _call_sequential(make_dispatcher: Callable, sequential: torch.nn.Sequential, /, *args: Any, **kwargs: Any) -> Any:
+    """`sequential(input)` at a break, as nn.Module's call and Sequential.forward run it (no hooks: each child
+    in order on the previous one's output), with each child called as a break calls it (`call_compiled`): a
+    user module inside gets its own dispatcher, torch's own modules run as they are. Anything else nn.Module's
+    call would do differently (hooks, a JIT trace, other arguments) calls the Sequential as it is."""
+    from torch.nn.modules import module as module_module
+
+    if len(args) != 1 or kwargs or torch._C._get_tracing_state() or "forward" in sequential.__dict__ or \
+            sequential._forward_pre_hooks or sequential._forward_hooks or sequential._backward_hooks or \
+            sequential._backward_pre_hooks or module_module._global_forward_pre_hooks or \
+            module_module._global_forward_hooks or module_module._global_backward_hooks or \
+            module_module._global_backward_pre_hooks:
+        return sequential(*args, **kwargs)
+    (value,) = args
+    for module in sequential:
+        value = call_compiled(make_dispatcher, module, value)
+    return value
 
 
 # code object -> [(make_dispatcher, dispatcher)]: callees shared by functions that behave the same

@@ -230,7 +230,6 @@ KNOWN_GAPS = {
     "class_defined_in_function": _SPECIALIZED,
     "python_helper_walks_frames": _FRAMES,
     "break_in_each_block_of_a_module_list": _MORE_GRAPHS,
-    "printing_block_in_a_sequential": _MORE_GRAPHS,
     "module_list_compiled_directly": _MORE_GRAPHS,
     "break_inside_a_list_comprehension": ("a break in a comprehension's loop breaks at each item, a graph each (Dynamo "
                                           "runs 3.11's comprehension frame eagerly: 2 graphs)"),

@@ -219,6 +219,52 @@ def test_a_module_whose_submodules_branch_on_data():
     assert report.break_count >= 1 and not report.eager_frames
 
 
+class Noisy(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        h = self.linear(x)
+        LOG.append(round(h.sum().item(), 3))  # .item(): a break inside the block
+        return h * 2
+
+
+SEQUENTIAL = torch.nn.Sequential(torch.nn.Linear(4, 4), Noisy(), torch.nn.ReLU(), torch.nn.Linear(4, 4))
+
+
+def through_a_sequential(x, y):
+    return SEQUENTIAL(x + 1) - y
+
+
+def test_a_break_in_a_sequential_compiles_the_user_block_and_runs_torch_modules_as_they_are():
+    """At a break the Sequential runs its children one by one (resume._call_sequential): the user block gets
+    its own dispatcher (a graph before and after its break), torch's own Linear and ReLU run as they are (as
+    TorchDynamo leaves torch.nn's frames uncompiled): 4 graphs, where compiling Sequential.forward made 6."""
+    compiled, graphs = _compile(through_a_sequential)
+    x, y = torch.randn(3, 4), torch.randn(3, 4)
+    with torch.no_grad():
+        LOG.clear()
+        expected = through_a_sequential(x, y)
+        eager_log = list(LOG)
+        LOG.clear()
+        report = _eager_frames_and_breaks(lambda: torch.testing.assert_close(compiled(x, y), expected))
+        assert LOG == eager_log
+        # the outer frame up to the call; the block before and after its break; the outer frame's rest
+        assert len(graphs) == 4 and report.break_count == 2 and not report.eager_frames
+        captures = stats.captures
+        LOG.clear()
+        torch.testing.assert_close(compiled(x, y), expected)
+        assert stats.captures == captures and LOG == eager_log
+        handle = SEQUENTIAL.register_forward_hook(lambda module, args, output: output * 10)
+        try:  # a hook: the Sequential is called as it is (its children run eagerly inside it)
+            LOG.clear()
+            torch.testing.assert_close(compiled(x, y), through_a_sequential(x, y))
+        finally:
+            handle.remove()
+    LOG.clear()
+
+
 # --------------------------------------------------------------------------- state around the break
 
 def in_a_loop(xs):
