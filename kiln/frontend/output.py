@@ -35,6 +35,7 @@ import torch
 import torch.fx
 
 from kiln import _torch
+from kiln.frontend import graph_reuse
 from kiln.frontend.dynamic import DynamicPolicy
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.guards import FrameSignature, GuardBuilder, SourceRenderer, compile_function
@@ -378,7 +379,8 @@ class OutputGraph:
         so the backend's own tracing shares its symbols and adds its guards to its ShapeEnv."""
         example_inputs = [value for _, value, _ in self.inputs]
         if not self.guards.has_symbolic_inputs():
-            return self.graph_compiler(graph_module, example_inputs)
+            # the policy is one per cached code object: a recompile of the same frame compiles anew
+            return graph_reuse.compile_or_reuse(self.graph_compiler, graph_module, example_inputs, owner=self.dynamic)
         with _torch.backend_tracing(self.fake_mode):
             return self.graph_compiler(graph_module, example_inputs)
 

@@ -223,14 +223,10 @@ def check_kiln_structure(program: BreakProgram, report, graphs: list, counts: di
 # answer, and xfails only on the structural checks; one that starts to pass fails until removed here.
 _FRAMES = "frame introspection must run in the program's own frame: the frame runs eagerly"
 _SPECIALIZED = "a value that differs between the trace's calls (a new function or class object, a float) recompiles"
-_MORE_GRAPHS = ("each module object compiles its own forward (Dynamo's serves every instance), and a break "
-                "nested in module calls ends a graph in each frame: more graphs than Dynamo")
 KNOWN_GAPS = {
     "getframe_has_a_caller": _FRAMES,
     "class_defined_in_function": _SPECIALIZED,
     "python_helper_walks_frames": _FRAMES,
-    "break_in_each_block_of_a_module_list": _MORE_GRAPHS,
-    "module_list_compiled_directly": _MORE_GRAPHS,
     "break_inside_a_list_comprehension": ("a break in a comprehension's loop breaks at each item, a graph each (Dynamo "
                                           "runs 3.11's comprehension frame eagerly: 2 graphs)"),
     "inference_mode_around_a_break": ("inference_mode is not modelled: Dynamo puts _enter/_exit_inference_mode "

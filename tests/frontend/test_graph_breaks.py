@@ -6,6 +6,7 @@ the frontend made and that no frame ran eagerly.
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import os
@@ -263,6 +264,77 @@ def test_a_break_in_a_sequential_compiles_the_user_block_and_runs_torch_modules_
         finally:
             handle.remove()
     LOG.clear()
+
+
+class Gates(torch.nn.Module):
+    def __init__(self, depth):
+        super().__init__()
+        self.gates = torch.nn.ModuleList(Gate() for _ in range(depth))
+
+    def forward(self, x):
+        for gate in self.gates:
+            x = gate(x) * 0.5 + x
+        return x
+
+
+def test_blocks_of_one_class_that_break_share_their_compiled_graphs():
+    """Each Gate breaks at its branch and is compiled by a dispatcher of its own (its guards hold its identity),
+    but their graphs are the same but for the parameters they take as inputs: the first block's are reused
+    (frontend/graph_reuse.py), each call reading its own block's weights, as Dynamo's one cache per code
+    serves every instance."""
+    torch.manual_seed(0)
+    model = Gates(4)
+    compiled, graphs = _compile(model)
+    x = torch.randn(3, 4)
+    with torch.no_grad():
+        expected = model(x)
+        report = _eager_frames_and_breaks(lambda: torch.testing.assert_close(compiled(x), expected))
+        # Gate.forward up to its branch and each side's resume (the blocks here take both), and the loop's
+        # resume function once per remaining length (a recompile of one frame compiles anew): without
+        # reuse each of the four blocks compiled its forward and its side's resume, 12 graphs
+        sides = {bool(gate.linear(value).sum() > 0) for gate, value in _gate_inputs(model, x)}
+        assert len(sides) == 2
+        assert len(graphs) == 1 + 2 + 4 and not report.eager_frames, [graph.code for graph in graphs]
+        for sample in (x * 2, -x):  # new values, the same entries: each block's own weights are read
+            torch.testing.assert_close(compiled(sample), model(sample))
+        assert len(graphs) == 7
+        with torch.no_grad():
+            model.gates[2].linear.weight.mul_(-3)  # one block changes: the shared graph reads it
+        torch.testing.assert_close(compiled(x), model(x))
+        assert len(graphs) == 7
+
+
+def test_graphs_are_shared_only_when_nothing_they_compute_can_differ():
+    from kiln.frontend import graph_reuse
+
+    graph = torch.fx.symbolic_trace(lambda a, b: a.add_(b) * 2)
+    def backend(gm, example_inputs):
+        return gm.forward
+
+    base = torch.randn(2, 3)
+    key = graph_reuse.key_of(backend, graph, [torch.randn(2, 3), torch.randn(2, 3)])
+    assert key is not None and key == graph_reuse.key_of(backend, graph, [torch.randn(2, 3), torch.randn(2, 3)])
+    others = [[base, base],  # the inputs share storage
+              [base[0], base[1]],  # views
+              [torch.randn(2, 3, dtype=torch.float64), torch.randn(2, 3)],
+              [torch.randn(3, 2).t(), torch.randn(2, 3)],  # strides
+              [torch.randn(2, 3, requires_grad=True), torch.randn(2, 3)]]
+    for inputs in others:
+        assert graph_reuse.key_of(backend, graph, inputs) != key
+    with torch.no_grad():
+        assert graph_reuse.key_of(backend, graph, [torch.randn(2, 3), torch.randn(2, 3)]) != key
+    replaying = functools.partial(lambda gm, example_inputs, mode: gm.forward, mode="reduce-overhead")
+    parameter = torch.nn.Parameter(torch.randn(2, 3))
+    assert graph_reuse.key_of(replaying, graph, [parameter, torch.randn(2, 3)]) is None
+    assert graph_reuse.key_of(backend, graph, [parameter, torch.randn(2, 3)]) is not None
+
+
+def _gate_inputs(model, x):
+    pairs = []
+    for gate in model.gates:
+        pairs.append((gate, x))
+        x = gate(x) * 0.5 + x
+    return pairs
 
 
 # --------------------------------------------------------------------------- state around the break
