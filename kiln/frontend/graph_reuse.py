@@ -11,9 +11,9 @@ among them, under the same global state (grad mode, default dtype, autocast, det
 precision) and kiln options, traced for another frame (a recompile of one frame compiles anew). Inputs are passed to it by each entry as before, so it reads each
 instance's own parameters.
 
-Not reused: graphs with symbolic inputs, and graphs taking parameters when the backend replays CUDA
-graphs (`mode="reduce-overhead"` records a parameter's address in place: another instance's would make it
-record again on each alternation).
+Not reused: graphs with symbolic inputs, and any graph when the backend replays CUDA graphs
+(`mode="reduce-overhead"`: a recording holds parameters' addresses and its results live in its own
+buffers until its next replay, so two frames sharing one would record again, or fall back, in turn).
 """
 from __future__ import annotations
 
@@ -60,8 +60,7 @@ def key_of(graph_compiler: Callable, graph_module: torch.fx.GraphModule, example
             targets.append(node.target)
     if not all(isinstance(value, torch.Tensor) for value in example_inputs):
         return None  # a SymInt: the graph is symbolic
-    if _replays_cuda_graphs(graph_compiler) and \
-            any(isinstance(value, torch.nn.Parameter) for value in example_inputs):
+    if _replays_cuda_graphs(graph_compiler):
         return None
     storages = _torch.storage_ids(*example_inputs)
     sharing = tuple(storages.index(storage) for storage in storages)  # the first input sharing each one's storage

@@ -326,6 +326,7 @@ def test_graphs_are_shared_only_when_nothing_they_compute_can_differ():
     replaying = functools.partial(lambda gm, example_inputs, mode: gm.forward, mode="reduce-overhead")
     parameter = torch.nn.Parameter(torch.randn(2, 3))
     assert graph_reuse.key_of(replaying, graph, [parameter, torch.randn(2, 3)]) is None
+    assert graph_reuse.key_of(replaying, graph, [torch.randn(2, 3), torch.randn(2, 3)]) is None
     assert graph_reuse.key_of(backend, graph, [parameter, torch.randn(2, 3)]) is not None
 
 
