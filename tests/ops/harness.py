@@ -30,7 +30,8 @@ import torch.utils._pytree as pytree
 import tests.ops  # noqa: F401  (switches the Triton interpreter on before triton loads)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-DIRECTIONS = ("forward",)  # "backward" will run the AOT joint graph; see run_sample.
+DIRECTIONS = ("forward", "backward")  # backward: gradients through AOTAutograd's joint graph (_run_backward)
+GRAD_DTYPES = ("float32",)  # the dtypes the backward direction sweeps
 BACKENDS = ("kiln", "aot_eager", "eager")
 SEED = 1234
 
@@ -49,9 +50,10 @@ class Outcome:
     NO_TENSOR_OUTPUT = "no tensor output"  # the op returns only Python values: not a graph
     DATA_DEPENDENT = "data-dependent"    # tracing needs tensor values (narrow(x, 0, tensor), nonzero):
                                          # Dynamo graph-breaks there, so kiln never gets this graph
+    NO_GRADIENT = "no gradient"          # backward: no input requires grad, or no output depends on one
 
     FAILURES = (MISMATCH, COMPILE_ERROR, RUNTIME_ERROR, TIMEOUT, CRASH, HARNESS_ERROR)
-    SKIPS = (EAGER_ERROR, NO_TENSOR_OUTPUT, DATA_DEPENDENT)
+    SKIPS = (EAGER_ERROR, NO_TENSOR_OUTPUT, DATA_DEPENDENT, NO_GRADIENT)
 
 
 # Exceptions of fake-tensor tracing that mean "needs a tensor's value" (matched by name:
@@ -162,10 +164,23 @@ def find_opinfo(op_name: str, variant: str):
 
 
 def cases_for(op, dtypes: Iterable[str], directions: Iterable[str] = ("forward",)) -> list[Case]:
-    """The cases of `op` among `dtypes` that the op supports on CPU."""
+    """The cases of `op` among `dtypes` that the op supports on CPU.
+
+    A backward case needs an op that `supports_autograd` and a dtype of GRAD_DTYPES
+    that the op's backward supports on CPU.
+    """
     supported = op.supported_dtypes("cpu")
-    return [Case(op.name, op.variant_test_name, dtype, direction)
-            for dtype in dtypes if DTYPES[dtype] in supported for direction in directions]
+    cases = []
+    for dtype in dtypes:
+        for direction in directions:
+            if direction == "backward":
+                if not op.supports_autograd or dtype not in GRAD_DTYPES \
+                        or DTYPES[dtype] not in op.supported_backward_dtypes("cpu"):
+                    continue
+            elif DTYPES[dtype] not in supported:
+                continue
+            cases.append(Case(op.name, op.variant_test_name, dtype, direction))
+    return cases
 
 
 def shape_only_reason(op) -> str | None:
@@ -372,13 +387,14 @@ def kernel_stats(compiled) -> dict | None:
 def run_sample(op, sample, case: Case, index: int, *, backend: str | Callable = "kiln",
                timeout: float | None = 60.0) -> SampleResult:
     """Compile and run one sample on `backend`, compare with eager, and classify it."""
-    if case.direction != "forward":
-        raise NotImplementedError(f"direction {case.direction!r}: only 'forward' is swept so far")
+    if case.direction not in DIRECTIONS:
+        raise ValueError(f"direction {case.direction!r}: choose from {DIRECTIONS}")
+    run = _run_forward if case.direction == "forward" else _run_backward
     started = time.perf_counter()
     try:
         with time_limit(timeout), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            result = _run_forward(op, sample, index, backend)
+            result = run(op, sample, index, backend)
     except SampleTimeout as timeout_error:
         result = SampleResult(index, Outcome.TIMEOUT, str(timeout_error))
     except Exception as error:  # a bug of this harness (or of kiln.testing) must not end the sweep
@@ -447,6 +463,178 @@ def _run_forward(op, sample, index: int, backend) -> SampleResult:
         verdict_ok, message = verdict.ok, verdict.message
     outcome = Outcome.PASS if verdict_ok else Outcome.MISMATCH
     return SampleResult(index, outcome, "" if verdict_ok else message, check, **stats)
+
+
+def _run_backward(op, sample, index: int, backend) -> SampleResult:
+    """Gradients of `op` through kiln against eager's, for the sample's inputs that require grad.
+
+    The forward graph is the one `_run_forward` compiles; its inputs require grad, so the backend
+    traces AOTAutograd's joint graph and compiles a forward and a backward graph. Every output that
+    requires grad gets a fixed random cotangent (never zeros), the same in eager, kiln and the
+    float64 reference, and `torch.autograd.grad` gives the gradients compared. The forward outputs
+    are compared too. Both compiles and the backward run under strict mode, so a graph kiln could
+    not compile raises instead of running eagerly; `kernels`/`externs` add up both graphs.
+    """
+    import kiln
+    from kiln.testing import compare, to_float64
+
+    shape_only = shape_only_reason(op)
+    leaves = pytree.tree_leaves((sample.input, sample.args, sample.kwargs))
+    distinct = list({id(leaf): leaf for leaf in leaves if isinstance(leaf, torch.Tensor)}.values())
+    wanted = [position for position, tensor in enumerate(distinct) if tensor.requires_grad]
+    if not wanted:
+        return SampleResult(index, Outcome.NO_GRADIENT, "no input requires grad")
+
+    eager_inputs = [_leaf_copy(tensor) for tensor in distinct]
+    try:
+        torch.manual_seed(SEED)
+        eager_result = _call_on(op, sample, distinct, eager_inputs)
+    except Exception as error:
+        return SampleResult(index, Outcome.EAGER_ERROR, _describe(error))
+    eager_outputs = tensor_leaves(eager_result)
+    if not eager_outputs:
+        return SampleResult(index, Outcome.NO_TENSOR_OUTPUT, f"returns {type(eager_result).__name__}")
+    differentiable = [position for position, output in enumerate(eager_outputs) if output.requires_grad]
+    if not differentiable:
+        return SampleResult(index, Outcome.NO_GRADIENT, "no output requires grad")
+    cotangents = _cotangents([eager_outputs[position] for position in differentiable])
+    try:
+        eager_grads = _gradients([eager_outputs[position] for position in differentiable],
+                                 [eager_inputs[position] for position in wanted], cotangents)
+    except Exception as error:
+        return SampleResult(index, Outcome.EAGER_ERROR, "backward: " + _describe(error))
+    if not any(grad.numel() for grad in eager_grads):
+        return SampleResult(index, Outcome.NO_GRADIENT, "every gradient is empty")
+    if not any(grad.count_nonzero() for grad in eager_grads):  # floor, sign, round: nothing to compare
+        return SampleResult(index, Outcome.NO_GRADIENT, "eager's gradients are all zero")
+    shape_only = shape_only or _random_in_eager(op, sample, distinct, eager_outputs)
+    check = "shape" if shape_only else "values"
+
+    try:
+        sample_graph = build_graph(op, sample, eager_result)
+    except Exception as error:
+        return SampleResult(index, Outcome.HARNESS_ERROR, "build_graph: " + _describe(error), check)
+    position_of = {id(tensor): position for position, tensor in enumerate(distinct)}
+    graph_positions = [position_of[id(tensor)] for tensor in sample_graph.tensors]
+
+    compiler = graph_compiler(backend)
+    compiled_graphs: list = []
+    with _recording_aten_compiles(compiled_graphs):
+        try:
+            with kiln.config.patch(strict=True):
+                compiled = compiler(sample_graph.gm, [_leaf_copy(tensor) for tensor in sample_graph.tensors])
+        except Exception as error:
+            outcome = Outcome.DATA_DEPENDENT if _is_data_dependent(error) else Outcome.COMPILE_ERROR
+            return SampleResult(index, outcome, _describe(error), check)
+
+        compiled_inputs = [_leaf_copy(tensor) for tensor in sample_graph.tensors]
+        compiled_by_position = dict(zip(graph_positions, compiled_inputs))
+        try:
+            torch.manual_seed(SEED)
+            with kiln.config.patch(strict=True):
+                actual_outputs = list(compiled(*compiled_inputs))
+        except Exception as error:
+            return SampleResult(index, Outcome.RUNTIME_ERROR, _describe(error), check, **_stats(compiled_graphs))
+        if len(actual_outputs) != len(eager_outputs):
+            return SampleResult(index, Outcome.MISMATCH, f"{len(actual_outputs)} outputs, eager has "
+                                f"{len(eager_outputs)}", check, **_stats(compiled_graphs))
+        detached = [position for position in differentiable if not actual_outputs[position].requires_grad]
+        if detached:
+            return SampleResult(index, Outcome.MISMATCH, f"outputs {detached} do not require grad (eager's do)",
+                                check, **_stats(compiled_graphs))
+        try:
+            with kiln.config.patch(strict=True):
+                actual_grads = _gradients([actual_outputs[position] for position in differentiable],
+                                          [compiled_by_position[position] for position in wanted], cotangents)
+        except Exception as error:
+            return SampleResult(index, Outcome.RUNTIME_ERROR, "backward: " + _describe(error), check,
+                                **_stats(compiled_graphs))
+    stats = _stats(compiled_graphs)
+
+    actual = [_plain(actual_outputs[position].detach()) for position in differentiable] + actual_grads
+    eager = [_plain(eager_outputs[position].detach()) for position in differentiable] + eager_grads
+    if shape_only:
+        verdict_ok, message = compare_metadata(actual, eager)
+    else:
+        reference = _float64_gradients(op, sample, distinct, wanted, differentiable, cotangents, to_float64,
+                                       len(eager))
+        verdict = compare(actual, eager, reference)
+        verdict_ok, message = verdict.ok, verdict.message
+        if not verdict_ok and message.startswith("output "):  # name the part: forward output or gradient
+            position = int(message.split()[1].rstrip(":"))
+            part = (f"forward output {differentiable[position]}" if position < len(differentiable)
+                    else f"gradient of input {wanted[position - len(differentiable)]}")
+            message = part + ":" + message.split(":", 1)[1]
+    outcome = Outcome.PASS if verdict_ok else Outcome.MISMATCH
+    return SampleResult(index, outcome, "" if verdict_ok else message, check, **stats)
+
+
+def _leaf_copy(tensor: torch.Tensor) -> torch.Tensor:
+    """`copy_tensor` as a new autograd leaf that requires grad where `tensor` does."""
+    copy = copy_tensor(tensor.detach())
+    return copy.requires_grad_(True) if tensor.requires_grad else copy
+
+
+def _cotangents(outputs: list) -> list:
+    """A fixed random cotangent per output (standard normal, seeded: never zeros)."""
+    generator = torch.Generator().manual_seed(SEED + 1)
+    return [torch.randn(output.shape, dtype=output.dtype, generator=generator) for output in outputs]
+
+
+def _gradients(outputs: list, inputs: list, cotangents: list) -> list:
+    """d(sum of output * cotangent)/d(input) for each input; zeros where an input is unused (eager and
+    AOTAutograd differ on None versus materialized zeros, which mean the same)."""
+    grads = torch.autograd.grad(outputs, inputs, [cotangent.to(output.dtype) for output, cotangent
+                                                  in zip(outputs, cotangents)], allow_unused=True)
+    return [_plain(torch.zeros_like(tensor) if grad is None else grad.detach())
+            for tensor, grad in zip(inputs, grads)]
+
+
+def _float64_gradients(op, sample, distinct: list, wanted: list, differentiable: list, cotangents: list,
+                       to_float64, expected_leaves: int):
+    """Outputs and gradients of the op run in float64 (the comparison's reference), or None."""
+    if torch.float64 not in op.supported_backward_dtypes("cpu"):
+        return None
+    inputs = [to_float64(copy_tensor(tensor.detach())) for tensor in distinct]
+    inputs = [value.requires_grad_(True) if distinct[position].requires_grad else value
+              for position, value in enumerate(inputs)]
+    try:
+        torch.manual_seed(SEED)
+        outputs = tensor_leaves(_call_on(op, sample, distinct, inputs))
+        outputs = [outputs[position] for position in differentiable]
+        grads = _gradients(outputs, [inputs[position] for position in wanted],
+                           [to_float64(cotangent) for cotangent in cotangents])
+    except Exception:
+        return None
+    reference = [_plain(output.detach()) for output in outputs] + grads
+    return reference if len(reference) == expected_leaves else None
+
+
+@contextlib.contextmanager
+def _recording_aten_compiles(compiled_graphs: list):
+    """Collect what kiln's backend compiles for each ATen graph (forward and backward) meanwhile."""
+    import kiln.backend
+
+    original = kiln.backend.compile_aten_graph
+
+    def recording(*args, **kwargs):
+        compiled = original(*args, **kwargs)
+        compiled_graphs.append(compiled)
+        return compiled
+
+    kiln.backend.compile_aten_graph = recording
+    try:
+        yield
+    finally:
+        kiln.backend.compile_aten_graph = original
+
+
+def _stats(compiled_graphs: list) -> dict:
+    """Kernels and externs over every ATen graph kiln compiled ({} when none reports counts)."""
+    counts = [kernel_stats(compiled) for compiled in compiled_graphs]
+    if not counts or any(count is None for count in counts):
+        return {}
+    return {"kernels": sum(count["kernels"] for count in counts), "externs": sum(count["externs"] for count in counts)}
 
 
 def _random_in_eager(op, sample, distinct: list, eager_outputs: list) -> bool:

@@ -174,7 +174,14 @@ def render_markdown(report: dict) -> str:
              f"CPU kernels: {meta.get('cpu_backend', 'not recorded')}; "
              f"dtypes {', '.join(meta['dtypes'])}; at most {meta.get('max_samples') or 'all'} samples per case; "
              f"{meta.get('timeout')} s per sample; {meta.get('jobs')} workers; {meta.get('seconds', 0):.0f} s in all.",
-             "", "## Totals", "", "| | count |", "|---|---:|"]
+             ""]
+    if meta.get("direction", "forward") != "forward":
+        lines += [f"Direction: {meta['direction']} (gradients of a fixed random cotangent, against eager's and float64's).",
+                  ""]
+    if meta.get("budget"):
+        lines += [f"Time budget {meta['budget']:.0f} s: " + ("cut by the budget (cases not started are `not run`)."
+                                                           if meta.get("cut_by_budget") else "finished within it."), ""]
+    lines += ["## Totals", "", "| | count |", "|---|---:|"]
     lines += [f"| {name} | {value} |" for name, value in report["totals"].items()]
 
     def section(title: str, status: str, column: str, note: str = "") -> None:

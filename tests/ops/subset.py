@@ -50,3 +50,35 @@ def subset_cases() -> list[Case]:
             dtypes = ["float32", "bfloat16"] if name in BFLOAT16 else ["float32"]
             cases.extend(cases_for(op, dtypes))
     return cases
+
+
+# The gradient subset (tests/ops/test_opinfo_grad.py): float32 only, one representative per family
+# that has a derivative, so that both CPU backends run it in a few minutes.
+GRAD_SAMPLES_PER_CASE = 3
+
+GRAD_FAMILIES = {
+    "unary math": ["exp", "log", "sqrt", "tanh", "sigmoid", "abs", "nn.functional.relu"],
+    "binary math": ["add", "mul", "div.no_rounding_mode", "pow", "maximum", "where", "clamp"],
+    "reductions": ["sum", "mean", "amax", "var", "max.reduction_with_dim", "logsumexp", "prod"],
+    "scans": ["cumsum"],
+    "normalization and activations": ["softmax", "log_softmax", "nn.functional.layer_norm",
+                                      "nn.functional.rms_norm", "nn.functional.gelu", "nn.functional.silu"],
+    "matmul family": ["mm", "bmm", "addmm", "matmul", "nn.functional.linear"],
+    "indexing": ["gather", "index_select", "scatter_add", "index_put", "masked_fill"],
+    "views and copies": ["reshape", "permute", "expand", "select", "cat", "stack", "constant_pad_nd"],
+    "embedding": ["nn.functional.embedding"],
+    "losses": ["nn.functional.cross_entropy", "nn.functional.mse_loss", "nn.functional.nll_loss",
+               "nn.functional.soft_margin_loss",  # its sample 0 (y x = 15) cancelled in torch's decomposition
+               "nn.functional.binary_cross_entropy_with_logits"],
+}
+
+
+def grad_subset_cases() -> list[Case]:
+    """Every backward float32 case of GRAD_FAMILIES (ops that support autograd), in family order."""
+    cases = []
+    for names in GRAD_FAMILIES.values():
+        for name in names:
+            (op,) = [op for op in find_opinfos([name])
+                     if (f"{op.name}.{op.variant_test_name}" if op.variant_test_name else op.name) == name]
+            cases.extend(cases_for(op, ["float32"], ["backward"]))
+    return cases

@@ -4,10 +4,12 @@
     python -m tests.ops.sweep --backend aot_eager --jobs 4       # validate the harness itself
     python -m tests.ops.sweep --ops add,max.binary,nn.functional.gelu --max-samples 3
     python -m tests.ops.sweep --subset                          # the CI subset's cases, in workers
+    python -m tests.ops.sweep --grad --cpu-backend cpp --budget 3600   # gradients (float32, ops with autograd)
     python -m tests.ops.sweep --update-known-failures tests/ops/results/sweep_kiln_<date>.json
 
-A sweep writes tests/ops/results/sweep_<backend>_<date>.md and .json and exits with 1
-when a case failed that the known-failure table does not list, 0 otherwise.
+A sweep writes tests/ops/results/sweep_<backend>_<date>.md and .json (sweep_grad_<backend>_<date>
+with --grad) and exits with 1 when a case failed that the known-failure table does not list, 0
+otherwise. With --budget, cases not started when the budget runs out are reported as not run.
 """
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ import sys
 import time
 
 from tests.ops import harness, report
-from tests.ops.subset import SAMPLES_PER_CASE, subset_cases
+from tests.ops.subset import GRAD_SAMPLES_PER_CASE, SAMPLES_PER_CASE, grad_subset_cases, subset_cases
 from tests.ops.workers import run_pool
 
 RESULTS_DIR = pathlib.Path(__file__).with_name("results")
@@ -41,6 +43,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="kiln's kernels for CPU tensors (KILN_CPU_BACKEND); reports are named "
                              "sweep_<backend>-<cpu backend>_<date> when given")
     parser.add_argument("--direction", default="forward", choices=harness.DIRECTIONS)
+    parser.add_argument("--grad", action="store_true",
+                        help="the gradient sweep: --direction backward in float32, every op that supports autograd")
+    parser.add_argument("--budget", type=float, default=0.0,
+                        help="seconds; stop (and report what finished) after this long (0: no limit)")
     parser.add_argument("--jobs", type=int, default=2, help="worker processes")
     parser.add_argument("--max-samples", type=int, default=DEFAULT_MAX_SAMPLES,
                         help="at most this many samples per case, spread over OpInfo's list (0: all; "
@@ -50,6 +56,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--update-known-failures", type=pathlib.Path, metavar="SWEEP_JSON",
                         help="do not sweep: merge this sweep's failures into known_failures.py")
     args = parser.parse_args(argv)
+    if args.grad:
+        args.direction = "backward"
+        if args.dtypes == parser.get_default("dtypes"):
+            args.dtypes = ",".join(harness.GRAD_DTYPES)
     unknown = set(args.dtypes.split(",")) - set(harness.DTYPES)
     if unknown:
         parser.error(f"unknown dtypes {sorted(unknown)}; choose from {sorted(harness.DTYPES)}")
@@ -87,10 +97,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.cpu_backend:
         os.environ["KILN_CPU_BACKEND"] = args.cpu_backend  # read by kiln.config in each worker
         label = f"{args.backend}-{args.cpu_backend}"
+    if args.direction == "backward":
+        label = f"grad_{label}"
     signal.signal(signal.SIGTERM, _interrupt)  # `kill` stops the sweep the way Ctrl-C does: report what finished
+    if args.budget:  # the budget ends the sweep the same way
+        signal.signal(signal.SIGALRM, _interrupt)
+        signal.setitimer(signal.ITIMER_REAL, args.budget)
     max_samples = args.max_samples or None
     dtypes = args.dtypes.split(",")
-    if args.subset:
+    if args.subset and args.direction == "backward":
+        cases, unsupported = [case for case in grad_subset_cases() if case.dtype in dtypes], 0
+        if args.max_samples == DEFAULT_MAX_SAMPLES:
+            max_samples = GRAD_SAMPLES_PER_CASE
+    elif args.subset:
         cases, unsupported = [case for case in subset_cases() if case.dtype in dtypes], 0
         if args.max_samples == DEFAULT_MAX_SAMPLES:
             max_samples = SAMPLES_PER_CASE
@@ -116,9 +135,12 @@ def main(argv: list[str] | None = None) -> int:
     print(f"worker output (C++ warnings, crash dumps) goes to {log_path}", file=sys.stderr)
     records = run_pool(cases, backend=args.backend, jobs=args.jobs, max_samples=max_samples,
                        timeout=args.timeout, on_case_done=progress, log_path=str(log_path))
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    cut_by_budget = bool(args.budget) and not all(record.finished for record in records)
     command = "python -m tests.ops.sweep " + " ".join(shlex.quote(arg) for arg in (argv if argv is not None else sys.argv[1:]))
     meta = report.sweep_meta(label, dtypes, command, direction=args.direction, jobs=args.jobs,
-                             max_samples=max_samples, timeout=args.timeout,
+                             max_samples=max_samples, timeout=args.timeout, budget=args.budget or None,
+                             cut_by_budget=cut_by_budget,
                              ops_without_these_dtypes=unsupported,
                              seconds=round(time.monotonic() - started, 1))
     document = report.build_report(records, meta)

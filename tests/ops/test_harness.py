@@ -141,3 +141,43 @@ def test_known_failures_update_is_a_merge(tmp_path):
     assert table == {still_failing: "hand-written reason", not_swept: "kept",
                      ("op_c", "", "float32", "forward"): "compile error (2/2 samples): no lowering for aten.op_c"}
     assert changes["removed"] == [now_passing] and changes["kept"] == 1
+
+
+class _DoubledGradient(torch.autograd.Function):
+    """The identity, with a backward twice the true one."""
+
+    @staticmethod
+    def forward(ctx, value):
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return 2 * grad
+
+
+def _wrong_gradient_backend(gm, example_inputs):
+    """aot_eager's forward values, every floating output's gradient doubled."""
+    compiled = graph_compiler("aot_eager")(gm, example_inputs)
+    return lambda *args: [_DoubledGradient.apply(out) if out.requires_grad else out for out in compiled(*args)]
+
+
+def _detaching_backend(gm, example_inputs):
+    """aot_eager's values, but outputs cut from autograd."""
+    compiled = graph_compiler("aot_eager")(gm, example_inputs)
+    return lambda *args: [out.detach() for out in compiled(*args)]
+
+
+def test_backward_direction_classifies_gradients():
+    case = Case("mul", "", "float32", "backward")
+    honest = run_case(case, backend="aot_eager", max_samples=2)
+    compared = {result.index for result in honest if result.outcome == Outcome.PASS}
+    assert compared and _outcomes(honest) <= {Outcome.PASS, Outcome.NO_GRADIENT}  # sample 0 is empty
+    wrong = [result for result in run_case(case, backend=_wrong_gradient_backend, max_samples=2)
+             if result.index in compared]
+    assert _outcomes(wrong) == {Outcome.MISMATCH}
+    assert all(result.message.startswith("gradient of input") for result in wrong), wrong
+    detached = [result for result in run_case(case, backend=_detaching_backend, max_samples=2)
+                if result.index in compared]
+    assert _outcomes(detached) == {Outcome.MISMATCH} and "do not require grad" in detached[0].message
+    floor = run_case(Case("floor", "", "float32", "backward"), backend="aot_eager", max_samples=2)
+    assert _outcomes(floor) == {Outcome.NO_GRADIENT}  # a zero gradient is not compared
