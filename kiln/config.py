@@ -111,6 +111,10 @@ OPTIONS = [
     Option("partitioner", str, "min_cut", "what a training graph's forward saves for its backward: 'default' (every "
            "value the backward needs) or 'min_cut' (fewer bytes: cheap pointwise work recomputed in the backward, "
            "as Inductor does)", normalize=_one_of("default", "min_cut")),
+    Option("conv_layout", str, "auto", "the layout of an inference graph's 2-D convolutions (kiln/aot/layouts.py): "
+           "'channels_last' (NHWC, which cuDNN's fastest kernels take; values around the convs follow it, the "
+           "graph's outputs keep their layouts), 'auto' (channels_last on CUDA), 'keep' (the traced layouts)",
+           normalize=_one_of("auto", "channels_last", "keep")),
     Option("parallel_compile", bool, True, "a graph's CUDA kernels are compiled in parallel when it loads, before "
            "their first launch (kiln/runtime/launch.py compile_ahead); off: each compiles at its first launch"),
     Option("cudagraph_invalidate", bool, True, "mode='reduce-overhead': a result still referenced at the next call is "

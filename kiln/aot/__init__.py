@@ -10,6 +10,8 @@ fake metas get eager's strides where torch's meta kernels, functionalization's r
 in-place writes or a composite op's decomposition disagree with eager's (kiln/aot/strides.py).
 A training graph's joint forward and backward are split by `config.partitioner`: which forward
 values the backward reads from memory and which it recomputes (kiln/_torch.py partition_function).
+An inference graph's 2-D convolutions are then laid out channels-last where `config.conv_layout`
+says so (kiln/aot/layouts.py).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from typing import Callable
 from kiln import _torch
 from kiln.config import config
 from kiln.aot.decompositions import decomposition_table
+from kiln.aot.layouts import choose_conv_layouts
 from kiln.aot.strides import keep_written_layouts, restride_to_eager, tag_torch_graph
 from kiln.runtime.locks import compile_lock
 
@@ -30,16 +33,17 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
     keep_written_layouts(gm)  # in-place writes keep the written tensor's layout in the trace too
     facts = tag_torch_graph(gm)  # before tracing: the ATen nodes inherit the tags
 
-    def boxed(aten_gm, aten_inputs, compile_one=compile_aten, forward=True):
+    def boxed(aten_gm, aten_inputs, compile_one=compile_aten, forward=True, inference=False):
         with compile_lock:
             # kiln's buffers and output strides follow these metas
             restride_to_eager(aten_gm, facts if forward else None)
+            choose_conv_layouts(aten_gm, inference=inference)
             compiled = compile_one(aten_gm, aten_inputs)
         if getattr(compiled, "_boxed_call", False):
             return compiled
         return _torch.make_boxed_func(compiled)
 
-    inference = functools.partial(boxed, compile_one=compile_inference or compile_aten)
+    inference = functools.partial(boxed, compile_one=compile_inference or compile_aten, inference=True)
     with compile_lock:
         return _torch.aot_module_simplified(gm, example_inputs, fw_compiler=boxed,
                                             bw_compiler=functools.partial(boxed, forward=False),

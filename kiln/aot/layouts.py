@@ -1,0 +1,208 @@
+"""Channels-last convolutions: an inference graph's 2-D convolutions take NHWC operands.
+
+cuDNN's fastest convolution kernels (tensor cores in fp16/bf16) read and write NHWC. Given NCHW
+operands they transpose them in and out around each convolution, or pick slower kernels; eager
+PyTorch runs a model in the layout its input comes in (NCHW, almost always). Inductor lays out a
+convolutional graph channels-last; `choose_conv_layouts` does the same on kiln's ATen graph,
+after its metas have eager's strides (kiln/aot/strides.py) and before lowering, which allocates every
+buffer by its meta:
+
+- Each 2-D convolution's input and weight become channels-last. Where the operand is made by a
+  copy read by that convolution only (autocast's cast of the weight or of the model's input), the
+  copy itself writes channels-last; anything else (a graph input, a value others read too) gets a
+  channels-last copy of its own, made once.
+- Every node downstream is given its new meta: eager's TensorIterator layout for a broadcasting
+  pointwise op (batch norm's affine, a residual add), the op's meta kernel otherwise (the next
+  convolution, pooling, views). So a chain of conv, batch norm, ReLU, pooling and residual adds
+  stays channels-last, with no copy between.
+- The graph's outputs keep the layouts they had: a changed one is copied back (contiguous).
+
+Nothing changes (the graph keeps its traced layouts) where a downstream op's meaning depends on
+its input's strides (`as_strided`, whose strides were read from the traced layout), where a meta
+kernel refuses the new layout (a `view` the traced layout allowed), where a changed output was not
+contiguous, or where sizes are symbolic. Training graphs are left as traced: their forward's saved
+values would cross into the backward graph, compiled apart on the traced metas.
+
+`config.conv_layout`: "auto" (channels-last on CUDA), "channels_last" (every device: how the CPU
+tests exercise it), "keep".
+"""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from kiln import _torch
+from kiln.config import config
+from kiln.aot.strides import _broadcasting_pointwise, _tensor_iterator_op_strides
+
+aten = _torch.aten
+log = logging.getLogger("kiln")
+
+CONVOLUTION = aten.convolution.default
+# ops whose result depends on their input's strides, read from the traced layout
+_STRIDE_DEPENDENT = {aten.as_strided.default, aten.as_strided_scatter.default, aten._reshape_alias.default}
+_COPIES = {aten._to_copy.default, aten.clone.default}
+
+
+class _KeepLayouts(Exception):
+    """The graph keeps its traced layouts, for the reason given."""
+
+
+def choose_conv_layouts(gm: torch.fx.GraphModule, *, inference: bool) -> bool:
+    """Lay `gm`'s 2-D convolutions out channels-last, in place; whether the graph changed."""
+    if not inference or config.conv_layout == "keep":
+        return False
+    convolutions = [node for node in gm.graph.nodes if _is_2d_convolution(node)]
+    if not convolutions:
+        return False
+    if config.conv_layout == "auto" and any(node.meta["val"].device.type != "cuda" for node in convolutions):
+        return False
+    fake_mode = _torch.fake_mode_of([node.meta.get("val") for node in gm.graph.nodes if node.op == "placeholder"])
+    if fake_mode is None or not all(_static(node) for node in convolutions):
+        return False
+    saved = {node: (node.meta.get("val"), node.args, node.kwargs) for node in gm.graph.nodes}
+    try:
+        with fake_mode:
+            copies = _relayout(gm, saved)
+    except _KeepLayouts as reason:
+        _restore(gm, saved)
+        log.debug("kiln: convolutions keep their traced layout: %s", reason)
+        return False
+    gm.graph.lint()
+    gm.recompile()
+    log.debug("kiln: %d convolutions run channels-last (%d layout copies)", len(convolutions), copies)
+    return True
+
+
+def _is_2d_convolution(node: torch.fx.Node) -> bool:
+    if node.op != "call_function" or node.target is not CONVOLUTION:
+        return False
+    metas = [node.meta.get("val"), *(arg.meta.get("val") for arg in node.args[:2] if isinstance(arg, torch.fx.Node))]
+    return len(metas) == 3 and all(isinstance(meta, torch.Tensor) and meta.dim() == 4 for meta in metas)
+
+
+def _static(node: torch.fx.Node) -> bool:
+    metas = [node.meta["val"], node.args[0].meta["val"], node.args[1].meta["val"]]
+    return all(isinstance(value, int) for meta in metas for value in (*meta.shape, *meta.stride()))
+
+
+def _is_channels_last(meta: torch.Tensor) -> bool:
+    return meta.is_contiguous(memory_format=torch.channels_last)
+
+
+def _relayout(gm: torch.fx.GraphModule, traced: dict) -> int:
+    """Walk the graph once in order: make convolution operands channels-last, re-derive every meta
+    downstream of a change, and copy changed outputs back to their `traced` metas; the number of
+    layout copies inserted."""
+    graph = gm.graph
+    changed: set = set()
+    copies: dict = {}  # operand -> its channels-last copy
+    for node in list(graph.nodes):
+        if node.op == "output":
+            _keep_output_layouts(graph, node, changed, traced)
+            continue
+        if node.op != "call_function":
+            continue
+        if _is_2d_convolution(node):
+            for position in (0, 1):
+                operand = node.args[position]
+                if not _is_channels_last(operand.meta["val"]):
+                    _make_channels_last(graph, node, position, changed, copies)
+        if not any(arg in changed for arg in node.all_input_nodes):
+            continue
+        if node.target in _STRIDE_DEPENDENT:
+            raise _KeepLayouts(f"{node.format_node()} reads its input's traced strides")
+        before = node.meta.get("val")
+        node.meta["val"] = _rederived(node)
+        if _strides(node.meta["val"]) != _strides(before):
+            changed.add(node)
+    return len(copies)
+
+
+def _make_channels_last(graph: torch.fx.Graph, convolution: torch.fx.Node, position: int, changed: set,
+                        copies: dict) -> None:
+    operand = convolution.args[position]
+    if operand.op == "call_function" and operand.target in _COPIES and len(operand.users) == 1:
+        # a copy only this convolution reads (autocast's cast): it writes channels-last itself
+        operand.kwargs = {**operand.kwargs, "memory_format": torch.channels_last}
+        operand.meta["val"] = _channels_last_like(operand.meta["val"])
+        changed.add(operand)
+        return
+    if operand not in copies:
+        with graph.inserting_after(operand):
+            copy = graph.call_function(aten.clone.default, (operand,), {"memory_format": torch.channels_last})
+        copy.meta = {**operand.meta, "val": _channels_last_like(operand.meta["val"])}
+        copies[operand] = copy
+    convolution.update_arg(position, copies[operand])
+    changed.add(copies[operand])
+
+
+def _channels_last_like(meta: torch.Tensor) -> torch.Tensor:
+    strides = torch.empty(meta.shape, device="meta").contiguous(memory_format=torch.channels_last).stride()
+    return torch.empty_strided(meta.shape, strides, dtype=meta.dtype, device=meta.device)
+
+
+def _rederived(node: torch.fx.Node):
+    """`node`'s fake result from its operands' current metas: eager's TensorIterator layout for a
+    broadcasting pointwise op, the op's meta kernel otherwise."""
+    if _broadcasting_pointwise(node):
+        meta = node.meta["val"]
+        strides = _tensor_iterator_op_strides(node, meta)
+        if strides is not None:
+            return torch.empty_strided(meta.shape, strides, dtype=meta.dtype, device=meta.device)
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda arg: arg.meta["val"])
+    try:
+        result = node.target(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001 (a view the new layout does not allow, a data-dependent op)
+        raise _KeepLayouts(f"{node.format_node()}: {type(error).__name__}: {error}") from error
+    if _shapes(result) != _shapes(node.meta.get("val")):
+        raise _KeepLayouts(f"{node.format_node()} changed shape")
+    return result
+
+
+def _keep_output_layouts(graph: torch.fx.Graph, output: torch.fx.Node, changed: set, traced: dict) -> None:
+    """Each changed output copied back to its traced layout (contiguous: any other is refused)."""
+    replacements = {}
+    for value in output.all_input_nodes:
+        if value not in changed or value in replacements:
+            continue
+        meta, was = value.meta["val"], traced[value][0]
+        if not isinstance(meta, torch.Tensor) or not isinstance(was, torch.Tensor) or not was.is_contiguous():
+            raise _KeepLayouts(f"output {value.name} was traced with a layout other than contiguous")
+        with graph.inserting_before(output):
+            copy = graph.call_function(aten.clone.default, (value,), {"memory_format": torch.contiguous_format})
+        copy.meta = {**value.meta, "val": was}
+        replacements[value] = copy
+    for value, copy in replacements.items():
+        output.replace_input_with(value, copy)
+
+
+def _strides(meta):
+    if isinstance(meta, torch.Tensor):
+        return tuple(meta.stride())
+    if isinstance(meta, (list, tuple)):
+        return tuple(_strides(item) for item in meta)
+    return None
+
+
+def _shapes(meta):
+    if isinstance(meta, torch.Tensor):
+        return tuple(meta.shape)
+    if isinstance(meta, (list, tuple)):
+        return tuple(_shapes(item) for item in meta)
+    return None
+
+
+def _restore(gm: torch.fx.GraphModule, saved: dict) -> None:
+    """Undo `_relayout`: inserted copies removed, every node's meta and arguments as they were."""
+    for node in reversed(list(gm.graph.nodes)):
+        if node not in saved:
+            continue
+        meta, args, kwargs = saved[node]
+        node.args, node.kwargs = args, kwargs
+        if meta is not None:
+            node.meta["val"] = meta
+    for node in reversed(list(gm.graph.nodes)):
+        if node not in saved:
+            gm.graph.erase_node(node)
