@@ -128,6 +128,11 @@ def tensor_metadata_checker(tensors: list, names: list[str], sizes: list | None 
         return None
 
 
+def any_autocast_enabled() -> bool:
+    """Whether autocast is on for any device kind (AOTAutograd's wrapper then turns it off around a graph)."""
+    return torch._C._is_any_autocast_enabled()
+
+
 def storage_ids(*tensors) -> list[int]:
     """An identity of each tensor's storage (its StorageImpl's address, `untyped_storage()._cdata`):
     equal exactly when two tensors share one storage, whatever their offsets, views or sizes

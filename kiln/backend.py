@@ -19,6 +19,7 @@ A failure in any stage logs a warning and runs that graph eagerly, unless
 """
 from __future__ import annotations
 
+import contextvars
 import functools
 import logging
 import traceback
@@ -101,12 +102,24 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str |
 
 
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str, fullgraph: bool) -> Callable:
-    from kiln.aot import aot_compile
+    from kiln.aot import aot_compile, plain
 
     try:
         _check_supported_inputs(example_inputs)
+        plain_key = plain.key_of(gm, example_inputs, mode)
+        if plain_key is not None:
+            warm = _load_plain_inference(plain_key, gm, example_inputs, mode, fullgraph)
+            if warm is not None:
+                return warm
         compile_aten = functools.partial(compile_aten_graph, mode=mode, fullgraph=fullgraph)
-        return aot_compile(gm, example_inputs, compile_aten, functools.partial(compile_aten, inference=True))
+        token = _compiled_graphs.set([])
+        try:
+            compiled = aot_compile(gm, example_inputs, compile_aten, functools.partial(compile_aten, inference=True))
+            if plain_key is not None:
+                plain.link(plain_key, _compiled_graphs.get(), gm, example_inputs)
+        finally:
+            _compiled_graphs.reset(token)
+        return compiled
     except KilnCompileError:
         raise
     except Exception as error:  # AOTAutograd itself failed: the graph runs as captured
@@ -127,6 +140,48 @@ def _check_supported_inputs(example_inputs: list) -> None:
             raise NotImplementedError(f"input {position} has layout {value.layout}: kiln compiles strided tensors only")
 
 
+# Each ATen graph compile_aten_graph compiled inside one _compile_graph call, as (its whole-graph cache key
+# when its module is in the cache, whether it is an inference graph, its input, output and node counts):
+# kiln/aot/plain.py links a plain inference graph's torch-level key to the one it yielded.
+_compiled_graphs: contextvars.ContextVar[list | None] = contextvars.ContextVar("kiln_compiled_graphs", default=None)
+
+
+def _load_plain_inference(key: str, gm: torch.fx.GraphModule, example_inputs: list, mode: str,
+                          fullgraph: bool) -> Callable | None:
+    """A warm start without AOTAutograd: the module of the ATen graph that a plain inference graph's `key`
+    links to (kiln/aot/plain.py), called as AOTAutograd's wrapper calls it; None when there is none."""
+    from kiln.aot import plain
+    from kiln.codegen.backends import backend_for
+    from kiln.runtime import cudagraphs, graph_cache
+    from kiln.runtime.loader import load_module
+
+    if _stage_recorder_factory is None:
+        return None
+    linked = graph_cache.load_link(key)
+    found = graph_cache.load(linked[0]) if linked is not None else None
+    if found is None:
+        return None
+    facts = linked[1]
+    module_source, device_type = found
+    module_source.backend = backend_for(device_type)
+    dump = _stage_recorder_factory(gm)
+    try:
+        with dump.stage("load"):
+            compiled = load_module(module_source, mode=mode, name=dump.name, fallback=plain.eager_fallback(gm, facts),
+                                   strict=config.strict or fullgraph)
+        if mode == "reduce-overhead":
+            compiled = cudagraphs.wrap(compiled, dump.name, example_inputs, inference=True)
+    except Exception as error:  # noqa: BLE001 (compiled as on a cold start instead)
+        log.warning("kiln: graph %s: its cached module could not be loaded (%s: %s); compiling it", dump.name,
+                    type(error).__name__, error)
+        return None
+    dump.finish()
+    log.debug("kiln: graph %s: loaded from the whole-graph cache without tracing it to ATen", dump.name)
+    wrapper = plain.runtime_wrapper(compiled, gm, facts)
+    wrapper.kiln_graph = (dump.name, facts["aten_nodes"], dict(dump.timings))  # for kiln.explain
+    return wrapper
+
+
 def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str = "default",
                        fullgraph: bool = False, inference: bool = False) -> Callable:
     """Compile one functional ATen graph (from kiln/aot) into kernels and a wrapper; with
@@ -138,7 +193,13 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
         raise KilnCompileError("kiln.backend has no stage recorder: import kiln (kiln.debug registers it)")
     dump = _stage_recorder_factory(gm)
     try:
-        compiled = _compile_aten_graph(gm, example_inputs, dump, mode)
+        compiled, cached_key = _compile_aten_graph(gm, example_inputs, dump, mode)
+        recorded = _compiled_graphs.get()
+        if recorded is not None:
+            (output,) = [node for node in gm.graph.nodes if node.op == "output"]
+            recorded.append((cached_key, inference, sum(node.op == "placeholder" for node in gm.graph.nodes),
+                             len(torch.utils._pytree.tree_leaves(output.args[0])),
+                             sum(node.op == "call_function" for node in gm.graph.nodes)))
         if fullgraph and hasattr(compiled, "strict"):  # a kernel failing at its first launch raises too
             compiled.strict = True
         if mode == "reduce-overhead":
@@ -156,6 +217,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
 
 
 def _compile_aten_graph(gm, example_inputs, dump, mode):
+    """(the compiled callable, its whole-graph cache key when its module is in the cache, else None)."""
     from kiln.codegen.backends import backend_for
     from kiln.codegen.wrapper import generate_wrapper
     from kiln.ir import format_graph, graph_device_type
@@ -174,7 +236,7 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
         if found is not None:
             module_source, device_type = found
             module_source.backend = backend_for(device_type)
-            return _load(module_source, gm, dump, mode, scheduled=None)
+            return _load(module_source, gm, dump, mode, scheduled=None), key
     with dump.stage("patterns"):
         patterned = apply_patterns(gm)  # gm itself when nothing matched; gm stays the eager fallback
     if patterned is not gm:
@@ -199,8 +261,9 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
         dump.write_kernel(kernel, scheduled.graph, example_inputs)
     if key is not None:
         with dump.stage("graph_cache"):
-            graph_cache.store(key, module_source, graph_device_type(graph))
-    return _load(module_source, gm, dump, mode, scheduled)
+            if not graph_cache.store(key, module_source, graph_device_type(graph)):
+                key = None
+    return _load(module_source, gm, dump, mode, scheduled), key
 
 
 def _load(module_source, gm, dump, mode, scheduled):

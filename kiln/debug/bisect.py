@@ -43,10 +43,10 @@ def capture_aten_graphs():
     from kiln import backend
 
     graphs: list = []
-    original = backend._compile_aten_graph
+    original, original_plain = backend._compile_aten_graph, backend._load_plain_inference
 
     def recording(gm, example_inputs, dump, mode):
-        compiled = original(gm, example_inputs, dump, mode)
+        compiled, cached_key = original(gm, example_inputs, dump, mode)
         saved = copy.deepcopy(gm)
 
         def call(args):
@@ -56,13 +56,14 @@ def capture_aten_graphs():
             return compiled(args)
 
         call._boxed_call = True
-        return call
+        return call, cached_key
 
     backend._compile_aten_graph = recording
+    backend._load_plain_inference = lambda *args, **kwargs: None  # every graph traced to ATen, to be recorded
     try:
         yield graphs
     finally:
-        backend._compile_aten_graph = original
+        backend._compile_aten_graph, backend._load_plain_inference = original, original_plain
 
 
 def _tensor_nodes(gm: torch.fx.GraphModule) -> list:

@@ -123,6 +123,13 @@ class _WarningRecorder(logging.Handler):
         self.sink.append(record.getMessage())
 
 
+def _describe_compiled(graph: GraphReport, compiled, timings: dict) -> None:
+    graph.kernels, graph.externs = compiled.kernel_count, compiled.extern_count
+    for op in compiled.module_source.externs.values():  # also there when the graph came from the graph cache
+        graph.extern_ops[str(op)] = graph.extern_ops.get(str(op), 0) + 1
+    graph.stage_seconds = dict(timings)
+
+
 @contextlib.contextmanager
 def _recording(report: ExplainReport):
     """Record into `report` the graphs compiled, the frames traced and the graph breaks made meanwhile."""
@@ -141,26 +148,37 @@ def _recording(report: ExplainReport):
         graph = GraphReport(dump.name, sum(1 for node in gm.graph.nodes if node.op == "call_function"))
         report.graphs.append(graph)
         try:
-            compiled = original(gm, example_inputs, dump, mode)
+            compiled, cached_key = original(gm, example_inputs, dump, mode)
         except Exception as error:
             graph.fallback = f"{type(error).__name__}: {error}"
             raise
-        graph.kernels, graph.externs = compiled.kernel_count, compiled.extern_count
-        for op in compiled.module_source.externs.values():  # also there when the graph came from the graph cache
-            graph.extern_ops[str(op)] = graph.extern_ops.get(str(op), 0) + 1
-        graph.stage_seconds = dict(dump.timings)
-        return compiled
+        _describe_compiled(graph, compiled, dump.timings)
+        return compiled, cached_key
+
+    original_plain = backend._load_plain_inference
+
+    def recording_plain(*args, **kwargs):
+        """A plain inference graph loaded from the whole-graph cache (no ATen graph compiled)."""
+        wrapper = original_plain(*args, **kwargs)
+        if wrapper is not None:
+            name, aten_nodes, timings = wrapper.kiln_graph
+            graph = GraphReport(name, aten_nodes)
+            report.graphs.append(graph)
+            _describe_compiled(graph, wrapper.__wrapped__, timings)
+        return wrapper
 
     handler = _WarningRecorder(report.warnings)
     logger = logging.getLogger("kiln")
     logger.addHandler(handler)
     backend._compile_aten_graph = recording
+    backend._load_plain_inference = recording_plain
     frontend.break_listeners.append(on_break)
     frontend.capture_listeners.append(on_capture)
     try:
         yield
     finally:
         backend._compile_aten_graph = original
+        backend._load_plain_inference = original_plain
         logger.removeHandler(handler)
         frontend.break_listeners.remove(on_break)
         frontend.capture_listeners.remove(on_capture)

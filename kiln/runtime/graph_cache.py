@@ -139,13 +139,16 @@ def _tensor_digest(tensor: torch.Tensor) -> str:
         return hashlib.sha256(data.numpy().tobytes()).hexdigest()
 
 
-def key_of(gm: torch.fx.GraphModule, example_inputs: list, mode: str) -> str | None:
-    """The hex key of the module compiled from `gm`, or None when this graph is not cached."""
+def key_of(gm: torch.fx.GraphModule, example_inputs: list, mode: str, *, level: str = "aten",
+           extra: list | None = None) -> str | None:
+    """The hex key of the module compiled from `gm`, or None when this graph is not cached. `level`:
+    "aten" (an ATen graph, whose module is stored under the key) or "torch" (a torch-level graph
+    whose key links to its ATen graph's entry: kiln/aot/plain.py), with its `extra` lines."""
     if not config.graph_cache:
         return None
     try:
         devices: set = set()
-        lines = [f"mode {mode}"]
+        lines = [f"level {level}", f"mode {mode}", *(extra or [])]
         for position, value in enumerate(example_inputs):
             lines.append(f"input {position} {_describe(value, devices)}")
         for node in gm.graph.nodes:
@@ -196,9 +199,8 @@ def _relative(key: str) -> str:
     return cache.entry_name("graphs", key, ".pkl")
 
 
-def load(key: str):
-    """(the ModuleSource stored under `key`, its device type), or None (a miss). The module's
-    `backend` is None: the caller attaches the kernel backend of that device type."""
+def _read(key: str) -> dict | None:
+    """The record stored under `key`, or None (a miss)."""
     found: dict = {}
 
     def problem(path: str) -> str | None:
@@ -220,24 +222,52 @@ def load(key: str):
                         "kiln: a graph-cache entry could not be read (%s: %s); compiling the graph instead",
                         type(error).__name__, error)
         return None
-    return found["module"], found["device_type"]
+    return found
 
 
-def store(key: str, module, device_type: str) -> None:
-    """Keep `module` (a ModuleSource) under `key`; a module that cannot be pickled is not kept."""
+def load(key: str):
+    """(the ModuleSource stored under `key`, its device type), or None (a miss). The module's
+    `backend` is None: the caller attaches the kernel backend of that device type."""
+    record = _read(key)
+    if record is None or "module" not in record:
+        return None
+    return record["module"], record["device_type"]
+
+
+def load_link(key: str) -> tuple[str, dict] | None:
+    """(the ATen graph's key, the facts stored with it) that a torch-level graph's `key` links to, or None."""
+    record = _read(key)
+    if record is None or "aten_key" not in record:
+        return None
+    return record["aten_key"], record["facts"]
+
+
+def store_link(key: str, aten_key: str, facts: dict) -> None:
+    """Link a torch-level graph's `key` to the ATen graph entry `aten_key` (kiln/aot/plain.py)."""
+    _write(key, {"format": _FORMAT, "aten_key": aten_key, "facts": facts})
+
+
+def store(key: str, module, device_type: str) -> bool:
+    """Keep `module` (a ModuleSource) under `key`; whether it was kept (one pickle cannot hold is not)."""
     backend, module.backend = module.backend, None
+    try:
+        return _write(key, {"format": _FORMAT, "device_type": device_type, "module": module})
+    finally:
+        module.backend = backend
+
+
+def _write(key: str, record: dict) -> bool:
     try:
         buffer = io.BytesIO()
         with _torch.real_tensors():
-            _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(
-                {"format": _FORMAT, "device_type": device_type, "module": module})
+            _Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL).dump(record)
     except Exception as error:  # an extern or constant pickle cannot hold: compiled, just not cached
         log.debug("kiln: graph cache: not stored (%s: %s)", type(error).__name__, error)
-        return
-    finally:
-        module.backend = backend
+        return False
     try:
         cache.store(_relative(key), cache.seal(buffer.getvalue(), key))
     except OSError as error:
         cache.warn_once(("graph-cache-store", type(error).__name__),
                         "kiln: a graph-cache entry could not be written (%s: %s)", type(error).__name__, error)
+        return False
+    return True

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import kiln
+from kiln.aot import plain
 from kiln.runtime import graph_cache
 
 F = torch.nn.functional
@@ -47,9 +48,9 @@ def test_a_second_compile_loads_the_module_and_matches(cache_dir, backend):
         first = compile_and_explain(program, args)
         assert "lower" in first.stage_seconds and first.kernels > 0
         entries = list((cache_dir / "graphs").rglob("*.pkl"))
-        assert len(entries) == 1
+        assert len(entries) == 2  # the ATen graph's module, and the torch-level graph's link to it (plain)
         second = compile_and_explain(program, args)
-        assert "lower" not in second.stage_seconds and "graph_cache" in second.stage_seconds
+        assert "lower" not in second.stage_seconds and "load" in second.stage_seconds
         assert (second.kernels, second.externs, second.extern_ops) == (first.kernels, first.externs,
                                                                        first.extern_ops)
         kiln.reset()
@@ -80,17 +81,20 @@ def key(fn, args, **options):
     keys = []
     original = graph_cache.key_of
 
-    def recording(gm, example_inputs, mode):
-        keys.append(original(gm, example_inputs, mode))
-        return keys[-1]
+    def recording(gm, example_inputs, mode, **kwargs):
+        found = original(gm, example_inputs, mode, **kwargs)
+        if kwargs.get("level", "aten") == "aten":
+            keys.append(found)
+        return found
 
     graph_cache.key_of = recording
+    original_plain_key, plain.key_of = plain.key_of, lambda *args, **kwargs: None  # no links: every compile lowers
     try:
         with kiln.config.patch(**options):
             kiln.reset()
             kiln.compile(fn)(*args)
     finally:
-        graph_cache.key_of = original
+        graph_cache.key_of, plain.key_of = original, original_plain_key
     (found,) = keys
     return found
 
@@ -143,8 +147,8 @@ def test_symbolic_shapes_are_not_cached(cache_dir):
 def test_a_corrupt_entry_is_rebuilt(cache_dir, caplog):
     args = arguments()
     compile_and_explain(program, args)
-    (entry,) = list((cache_dir / "graphs").rglob("*.pkl"))
-    entry.write_bytes(entry.read_bytes()[:-100] + b"x" * 100)
+    for entry in (cache_dir / "graphs").rglob("*.pkl"):  # the module's entry and the link to it
+        entry.write_bytes(entry.read_bytes()[:-100] + b"x" * 100)
     graph = compile_and_explain(program, args)
     assert "lower" in graph.stage_seconds  # a miss: compiled again
     assert "graph_cache" in caplog.text or "corrupt" in caplog.text or "seal" in caplog.text
@@ -183,3 +187,123 @@ def test_a_new_process_hits(tmp_path):
         assert run.returncode == 0, run.stderr[-2000:]
     first, second = (run.stdout.split()[-2:] for run in runs)
     assert first[0] == "MISS" and second[0] == "HIT" and first[1] == second[1] and int(first[1]) > 0
+
+
+# ---- plain inference graphs: a warm start without AOTAutograd (kiln/aot/plain.py)
+
+@pytest.fixture
+def traces(monkeypatch):
+    """How many times the backend traced a graph to ATen (kiln.aot.aot_compile)."""
+    import kiln.aot
+
+    calls = []
+    original = kiln.aot.aot_compile
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(kiln.aot, "aot_compile", counting)
+    return calls
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_warm_plain_inference_graph_is_not_traced_again(cache_dir, backend, traces):
+    with kiln.config.patch(cpu_backend=backend):
+        kiln.reset()
+        kiln.compile(program)(*arguments())
+        assert len(traces) == 1
+        kiln.reset()
+        compiled = kiln.compile(program)
+        for _ in range(2):
+            fresh = arguments()
+            result = compiled(*fresh)
+            torch.testing.assert_close(result, program(*fresh))
+            assert isinstance(result, torch.Tensor) and not result.requires_grad
+        assert len(traces) == 1  # the second compile loaded the module by the torch-level graph's link
+
+
+def test_a_warm_autocast_graph_computes_as_the_cold_one(cache_dir, traces):
+    """The ATen graph holds autocast's casts: called warm, it runs with autocast off, as AOTAutograd runs it."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
+                                torch.nn.Linear(32, 8), torch.nn.Softmax(-1)).eval()
+    x = torch.randn(8, 16)
+    results = []
+    for _ in range(2):
+        kiln.reset()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # no_grad: an inference graph
+            results.append(kiln.compile(model)(x))
+    assert len(traces) == 1
+    cold, warm = results
+    assert torch.equal(cold, warm)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = model(x)
+    assert warm.dtype == expected.dtype == torch.bfloat16  # computed in bfloat16, as eager's autocast does
+    torch.testing.assert_close(warm, expected, atol=2e-2, rtol=2e-2)
+
+
+def _writes_its_input(x):
+    x.mul_(2)
+    return x + 1
+
+
+def _returns_a_view_of_its_input(x):
+    return x.t(), x.sin()
+
+
+def _returns_one_value_twice(x):
+    y = x.cos()
+    return y, y[1:]
+
+
+@pytest.mark.parametrize("fn", [_writes_its_input, _returns_a_view_of_its_input, _returns_one_value_twice])
+def test_graphs_that_are_not_plain_are_traced_again(cache_dir, traces, fn):
+    """An input written in place, an output that aliases an input or another output: AOTAutograd's wrapper
+    does work around the ATen graph, so a warm start traces them again (their modules still come from the cache)."""
+    for _ in range(2):
+        kiln.reset()
+        x = torch.randn(4, 5)
+        expected_input, expected = x.clone(), fn(x.clone())
+        result = kiln.compile(fn)(x)
+        torch.testing.assert_close(result, expected)
+        if fn is _writes_its_input:
+            torch.testing.assert_close(x, expected_input * 2)
+    assert len(traces) == 2
+
+
+def test_a_graph_that_needs_autograd_is_traced_again(cache_dir, traces):
+    weight = torch.randn(5, 3, requires_grad=True)
+
+    def project(x, w):
+        return (x @ w).tanh()
+
+    for _ in range(2):
+        kiln.reset()
+        x = torch.randn(4, 5)
+        result = kiln.compile(project)(x, weight)
+        result.sum().backward()
+    assert len(traces) == 2 and weight.grad is not None
+
+
+def test_the_warm_call_runs_as_aotautograds_inference_wrapper():
+    """Grad off and autocast off (where it was on when the graph was traced) around the ATen graph's callable;
+    the eager fallback, called inside, runs the torch-level graph under that autocast again."""
+    seen = []
+
+    def compiled(args):
+        seen.append((torch.is_grad_enabled(), torch.is_autocast_enabled("cpu"), len(args)))
+        return (args[0] * 2,)
+
+    compiled._boxed_call = True
+    facts = {"autocast": (("cpu", True, torch.bfloat16), ("cuda", False, torch.float16))}
+    call = plain.runtime_wrapper(compiled, None, facts)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        (result,) = call(torch.ones(3), torch.ones(2))
+    assert seen == [(False, False, 2)] and torch.equal(result, torch.full((3,), 2.0))
+
+    gm = torch.fx.symbolic_trace(lambda x, w: (x @ w,))
+    fallback = plain.eager_fallback(gm, facts)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
+        (product,) = fallback([torch.randn(2, 3), torch.randn(3, 4)])
+    assert product.dtype == torch.bfloat16

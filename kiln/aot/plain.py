@@ -1,0 +1,154 @@
+"""Plain inference graphs: a warm start that skips AOTAutograd.
+
+The whole-graph cache (kiln/runtime/graph_cache.py) keeps each compiled ATen graph's module, but a new
+process still traces the torch-level graph to ATen with AOTAutograd to find that graph's key: most of a
+warm first call. For a *plain inference graph* the trace can be skipped: the torch-level graph's key
+links to the ATen graph's entry, and the module it holds is called as AOTAutograd's runtime wrapper
+would call it.
+
+A graph is plain when AOTAutograd's wrapper around its compiled ATen graph does nothing but call it:
+- it needs no autograd (grad mode off, or no input requires grad): AOTAutograd compiles it as inference;
+- no node may write or restride anything in place (an input mutation is copied back by the wrapper),
+  no input shares storage with another (AOTAutograd dedupes them, or makes a synthetic base), and
+  no output shares storage with an input or another output (the wrapper regenerates aliases);
+- it holds no parameters, buffers or submodules (AOTAutograd would lift them as inputs), every call
+  target is an ATen op, a function of torch's or of `operator`, or a method name (something its
+  qualified name and torch's version identify across processes), and no node enters or leaves a
+  grad or autocast mode;
+- its ATen graph, compiled, took exactly the graph's inputs and gave exactly its outputs.
+Its key is the whole-graph cache's key of the torch-level graph, with the grad and autocast modes
+in force. The call then does what AOTAutograd's inference wrapper does: grad off, autocast off
+when it was on at compile time (the trace applied it), outputs as a list.
+"""
+from __future__ import annotations
+
+import contextlib
+import operator
+import types
+from typing import Any, Callable
+
+import torch
+
+from kiln import _torch
+from kiln.runtime import graph_cache
+
+_MODE_CHANGES = ("_set_grad_enabled", "set_grad_enabled", "_enter_autocast", "_exit_autocast", "_enter_inference_mode",
+                 "_exit_inference_mode", "set_autocast_enabled")
+_AUGMENTED = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
+              operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
+              operator.imatmul, operator.setitem, operator.delitem}
+
+
+def _autocast_state() -> tuple:
+    return tuple((device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+                 for device in ("cpu", "cuda"))
+
+
+def key_of(gm: torch.fx.GraphModule, example_inputs: list, mode: str) -> str | None:
+    """The key linking `gm` to its compiled ATen graph, or None when `gm` is not plain (or not cached)."""
+    if torch.is_grad_enabled() and any(isinstance(value, torch.Tensor) and value.requires_grad
+                                       for value in example_inputs):
+        return None
+    if not all(isinstance(value, torch.Tensor) for value in example_inputs):
+        return None
+    if any(True for _ in gm.parameters()) or any(True for _ in gm.buffers()) or any(True for _ in gm.children()):
+        return None
+    if len(set(_torch.storage_ids(*example_inputs))) != len(example_inputs):
+        return None
+    outputs, inputs = [], []
+    for node in gm.graph.nodes:
+        if node.op == "placeholder":
+            inputs.append(node.meta.get("example_value", node.meta.get("val")))
+        elif node.op == "output":
+            outputs = [item for item in torch.utils._pytree.tree_leaves(node.args[0]) if isinstance(item, torch.fx.Node)]
+        elif node.op in ("call_function", "call_method") and not _plain_call(node):
+            return None
+        elif node.op not in ("placeholder", "call_function", "call_method", "output"):
+            return None
+    values = [node.meta.get("example_value", node.meta.get("val")) for node in outputs]
+    if not all(isinstance(value, torch.Tensor) for value in (*values, *inputs)):
+        return None  # no trace-time values to tell aliasing by
+    output_storages = _torch.storage_ids(*values)  # the trace's fake values: outputs and inputs alike
+    if len(set(output_storages)) != len(values) or set(output_storages) & set(_torch.storage_ids(*inputs)):
+        return None
+    if _torch.any_autocast_enabled() and not any(enabled for _, enabled, _ in _autocast_state()):
+        return None  # autocast on another device kind: the wrapper could not turn it off as AOTAutograd does
+    state = [f"grad {torch.is_grad_enabled()}", f"autocast {_autocast_state()}",
+             f"autocast cache {torch.is_autocast_cache_enabled()}", f"outputs {len(values)}"]
+    return graph_cache.key_of(gm, example_inputs, mode, level="torch", extra=state)
+
+
+def _plain_call(node: torch.fx.Node) -> bool:
+    """A call that writes nothing in place, changes no mode, and whose target a name identifies."""
+    target = node.target
+    if node.kwargs.get("inplace") is True or "out" in node.kwargs or target in _AUGMENTED:
+        return False
+    if isinstance(target, str):
+        return not (target.endswith("_") and not target.endswith("__")) and target not in ("__setitem__", "__delitem__")
+    if isinstance(target, torch._ops.OpOverload):
+        schema = target._schema
+        return not any(argument.alias_info is not None and argument.alias_info.is_write for argument in schema.arguments)
+    name = getattr(target, "__name__", "") or ""
+    if name in _MODE_CHANGES or (name.endswith("_") and not name.endswith("__")):
+        return False
+    module = getattr(target, "__module__", None) or ""
+    if isinstance(target, (types.BuiltinFunctionType, types.FunctionType)):
+        return module in ("_operator", "operator", "torch") or module.startswith("torch.")
+    return False
+
+
+def output_count(gm: torch.fx.GraphModule) -> int:
+    (output,) = [node for node in gm.graph.nodes if node.op == "output"]
+    return len(torch.utils._pytree.tree_leaves(output.args[0]))
+
+
+def link(key: str, compiled_graphs: list, gm: torch.fx.GraphModule, example_inputs: list) -> None:
+    """After a compile: store `key` -> the ATen graph's entry when AOTAutograd made exactly one inference
+    graph that took the inputs and gave the outputs as they were (`compiled_graphs`: what compile_aten_graph
+    recorded, (key, inference, input count, output count, ATen node count) per graph)."""
+    if len(compiled_graphs) != 1:
+        return
+    aten_key, inference, inputs, outputs, aten_nodes = compiled_graphs[0]
+    if aten_key is not None and inference and inputs == len(example_inputs) and outputs == output_count(gm):
+        graph_cache.store_link(key, aten_key, {"autocast": _autocast_state(), "aten_nodes": aten_nodes})
+
+
+def _autocast_blocks(states: tuple, enabled: bool) -> contextlib.ExitStack:
+    """`torch.autocast` blocks for the devices whose autocast was on in `states`: off (`enabled`
+    False), or on again with their dtypes."""
+    stack = contextlib.ExitStack()
+    for device, was_enabled, dtype in states:
+        if was_enabled:
+            stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled))
+    return stack
+
+
+def runtime_wrapper(compiled: Callable, gm: torch.fx.GraphModule, facts: dict) -> Callable:
+    """`compiled` (the ATen graph's callable) called as AOTAutograd's inference wrapper calls it: grad off,
+    autocast off where it was on at compile time (the ATen graph holds its casts), outputs as a list."""
+    states = facts["autocast"]
+    boxed = getattr(compiled, "_boxed_call", False)
+
+    def call(*args: Any) -> list:
+        with torch.no_grad(), _autocast_blocks(states, enabled=False):
+            outputs = compiled(list(args)) if boxed else compiled(*args)
+        return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+    call.__wrapped__ = compiled
+    return call
+
+
+def eager_fallback(gm: torch.fx.GraphModule, facts: dict) -> Callable:
+    """The torch-level graph run by torch, boxed, under the autocast it was traced with (it is called
+    inside `runtime_wrapper`'s autocast-off block, when a kernel fails to compile at its first launch)."""
+    states = facts["autocast"]
+
+    def run(args: list) -> list:
+        inputs = list(args)
+        args.clear()
+        with _autocast_blocks(states, enabled=True):
+            outputs = gm(*inputs)
+        return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+
+    run._boxed_call = True
+    return run
