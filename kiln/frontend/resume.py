@@ -478,6 +478,11 @@ def _is_library(function: types.FunctionType) -> bool:
     return filename.startswith(_LIBRARY_PATHS) and "site-packages/transformers" not in filename
 
 
+# 3.11's comprehension functions: one called at a break broke inside its loop (else it was traced inline), and
+# compiled on its own it would break at every item, a graph each; it runs as it is, as TorchDynamo runs it.
+_COMPREHENSIONS = frozenset(("<listcomp>", "<dictcomp>", "<setcomp>"))
+
+
 def compiled_callee(make_dispatcher: Callable, fn: Any) -> tuple[Any, Any]:
     """(callable, bound receiver or None) to run for `fn` at a break: compiled where kiln can trace it."""
     receiver = None
@@ -492,7 +497,8 @@ def compiled_callee(make_dispatcher: Callable, fn: Any) -> tuple[Any, Any]:
                 return functools.partial(_call_sequential, make_dispatcher, target), None
             return fn, None
     elif not isinstance(target, types.FunctionType) or _is_library(target) or \
-            target.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR):
+            target.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR) or \
+            target.__code__.co_name in _COMPREHENSIONS:
         return fn, None
     try:
         compiled = _callees.setdefault(target, {})

@@ -227,17 +227,15 @@ KNOWN_GAPS = {
     "getframe_has_a_caller": _FRAMES,
     "class_defined_in_function": _SPECIALIZED,
     "python_helper_walks_frames": _FRAMES,
-    "break_inside_a_list_comprehension": ("a break in a comprehension's loop breaks at each item, a graph each (Dynamo "
-                                          "runs 3.11's comprehension frame eagerly: 2 graphs)"),
     "inference_mode_around_a_break": ("inference_mode is not modelled: Dynamo puts _enter/_exit_inference_mode "
                                       "in its graphs, but kiln's codegen backends do not honour them (through "
                                       "Dynamo, `b.is_inference()` after such a region is False, eager's True)"),
 }
 
-if sys.version_info < (3, 12):
-    # 3.11 calls a comprehension as a function: a break in the generator it consumes breaks its caller at that call,
-    # and the comprehension's own frame breaks at the first step of its loop too: one break more than Dynamo's twin.
-    KNOWN_GAPS["zip_of_a_generator_and_a_list"] = "3.11's comprehension frame breaks once more than Dynamo's twin"
+if sys.version_info >= (3, 12):
+    # 3.12 inlines a comprehension into its function: a break in its loop breaks at each item, a graph each (3.11
+    # calls it as a function, which a break runs as it is: kiln/frontend/resume.py _COMPREHENSIONS, as Dynamo does)
+    KNOWN_GAPS["break_inside_a_list_comprehension"] = "3.12's inlined comprehension breaks at each item, a graph each"
 
 
 def check_dynamo(program: BreakProgram, expected: list[Run]) -> None:
