@@ -341,3 +341,25 @@ def test_distributed_checkpoint_state_dict_of_a_compiled_module():
         assert list(get_model_state_dict(kiln.compile(model, backend="eager"))) == list(model.state_dict())
     finally:
         dist.destroy_process_group()
+
+
+def test_torch_ops_namespaces_are_traced():
+    """`torch.ops.<namespace>.<op>` in a compiled function (a regression: the check for a kiln-compiled
+    callable asked torch.ops for `__kiln_compiled__`, which its __getattr__ answered with a new namespace)."""
+    def program(x):
+        return torch.ops.aten.sin(x) + torch.ops.aten.cos.default(x) * 2
+
+    x = torch.randn(5)
+    torch.testing.assert_close(kiln.compile(program, fullgraph=True)(x), program(x))
+
+
+def test_a_kiln_compiled_function_called_in_a_trace_is_traced_inline():
+    inner = kiln.compile(lambda x: x.sin() * 2)
+
+    def outer(x):
+        return inner(x + 1).cos()
+
+    x = torch.randn(6)
+    report = kiln.explain(outer, x)
+    assert report.graph_count == 1 and not report.breaks and not report.eager_frames
+    torch.testing.assert_close(kiln.compile(outer, fullgraph=True)(x), ((x + 1).sin() * 2).cos())

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 import logging
 import os
 import random
@@ -105,11 +106,10 @@ def _kiln_compiled(tx, value: Any, source, guards) -> Variable | None:
     Dynamo inlines a nested torch.compile (Lightning's from_compiled compiles training_step, which calls
     the compiled forward). Marked with `__kiln_compiled__`, the kiln-compiled callable it calls (kiln/backend.py
     run_with_options), or `__kiln_dispatcher__` (a Dispatcher: its function, bound to its `bound_self`)."""
-    try:
-        inner = getattr(value, "__kiln_compiled__", None)
-        dispatcher = inner is None and getattr(type(value), "__kiln_dispatcher__", False)
-    except Exception:  # an object whose attribute lookup fails is not kiln's
-        return None
+    # Looked up statically: a dynamic __getattr__ answers any name (torch.ops made a namespace "__kiln_compiled__",
+    # and every torch.ops.<namespace> call in a trace failed).
+    inner = value.__dict__.get("__kiln_compiled__") if isinstance(value, types.FunctionType) else None
+    dispatcher = inner is None and inspect.getattr_static(type(value), "__kiln_dispatcher__", False) is True
     if inner is None and not dispatcher:
         return None
     _guard_identity(guards, source, value)
