@@ -136,6 +136,13 @@ class OutputGraph:
         self._keep_alive.append(value)
         return variable
 
+    def outside_tensor(self, variable: Variable) -> torch.Tensor | None:
+        """The real tensor an outside tensor's variable stands for (None for a value the trace computed)."""
+        for _, value, known in self.inputs:
+            if known is variable and isinstance(value, torch.Tensor):
+                return value
+        return None
+
     def _placeholder(self, name: str, example: Any) -> torch.fx.Node:
         """A new graph input, after the others (all placeholders come before the first compute node)."""
         first_compute = next((node for node in self.graph.nodes if node.op != "placeholder"), None)

@@ -1031,3 +1031,19 @@ def _throw_value_error(generator):
 def test_throw_into_a_rebuilt_generator_reaches_the_handler_around_its_yield():
     # breaks: the call of the helper, its getpid, its throw into the (real) generator it was given
     _check_compiled(catches_what_is_thrown, torch.randn(3), max_graphs=3, max_breaks=3)
+
+
+def test_a_break_inside_record_function_resumes():
+    """A profiler range is dropped by the trace (as Dynamo drops it), so a break inside its block resumes
+    like one inside a nullcontext, instead of running the frame eagerly."""
+    def program(x):
+        with torch.autograd.profiler.record_function("region"):
+            y = x.sin()
+            scale = y.abs().max().item()  # a break
+            z = y * scale
+        return z.cos()
+
+    x = torch.randn(5)
+    report = kiln.explain(program, x)
+    assert not report.eager_frames and len(report.breaks) == 1 and report.graph_count == 2
+    torch.testing.assert_close(kiln.compile(program)(x), program(x))

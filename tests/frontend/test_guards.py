@@ -531,3 +531,37 @@ def test_a_function_the_entry_rebuilds_with_an_arguments_cells_is_guarded_by_ide
         torch.testing.assert_close(result, x * 2.0)
         set_k(later)
         torch.testing.assert_close(inner(x), x * later)
+
+
+# -- an outside tensor's .grad: another outside value, guarded ---------------------------------------
+
+def sgd_like(weight, lr):
+    if weight.grad is None:
+        return weight * 0
+    return weight - lr * weight.grad
+
+
+def test_reading_grad_of_an_outside_tensor_is_guarded():
+    """`p.grad` of an argument is read as the outside value it is: None (guarded) or a tensor input; a
+    gradient that appears, is replaced or changes shape is seen on the next call."""
+    compiled = _compiled(sgd_like)
+    weight = torch.randn(4, requires_grad=True)
+    _check(compiled, sgd_like, lambda: (weight, 0.1), 1)  # no gradient yet
+    weight.grad = torch.randn(4)
+    _check(compiled, sgd_like, lambda: (weight, 0.1), 2)  # a gradient now: a tensor input
+    weight.grad = torch.randn(4)  # another gradient tensor: the same entry reads it
+    _check(compiled, sgd_like, lambda: (weight, 0.1), 2)
+    weight.grad = None
+    _check(compiled, sgd_like, lambda: (weight, 0.1), 2)
+
+
+def test_reading_grad_of_a_computed_tensor_breaks():
+    def program(x):
+        y = x * 2
+        grad = y.grad
+        return y + (0 if grad is None else 1)
+
+    x = torch.randn(3)
+    report = kiln.explain(program, x)
+    assert report.breaks and "computed" in report.breaks[0].reason
+    torch.testing.assert_close(kiln.compile(program)(x), program(x))

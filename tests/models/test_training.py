@@ -224,18 +224,12 @@ def test_adamw_five_steps_match_eager(case, cpu_backend):
     assert_training_matches(name, actual, eager, reference, ILL_CONDITIONED_PARAMETERS.get((case, cpu_backend)))
 
 
-# What kiln's frontend cannot do yet with `kiln.compile(optimizer.step)` (measured on torch 2.13, at d92c915):
-# Optimizer.profile_hook_step runs the step inside `with torch.autograd.profiler.record_function(...)`;
-# kiln graph-breaks in record_function.__init__ (typing's lru_cache-wrapped `_SpecialForm.__getitem__`:
-# kiln traces a cached helper only on constant arguments), cannot resume after a break inside a `with` block
-# other than a grad-mode one, and runs the whole frame eagerly; called with .grad set by hand, the resume
-# function fails instead on `torch.ops.profiler` (looked up as torch.ops.__kiln_compiled__.profiler). No graph
-# is captured: AdamW's foreach update runs in eager.
-COMPILED_STEP_GAP = ("kiln captures nothing of optimizer.step: Optimizer.profile_hook_step's `with record_function` "
-                     "graph-breaks (typing's lru_cache-wrapped _SpecialForm.__getitem__ on a non-constant argument), "
-                     "a break inside a non-grad-mode `with` cannot be resumed, so the frame runs eagerly "
-                     "(or its resume function fails on torch.ops.profiler, looked up as "
-                     "torch.ops.__kiln_compiled__.profiler)")
+# What kiln's frontend cannot do yet with `kiln.compile(optimizer.step)` (torch 2.13, at 16c403d): the
+# profiler range around the step (record_function) is dropped, and parameters' .grad are read as guarded
+# inputs; AdamW's _init_group then looks up `self.state[p]`, a dict keyed by parameters, and kiln's dicts take
+# no tensor keys: the step breaks there and its update runs eagerly.
+COMPILED_STEP_GAP = ("kiln captures nothing of optimizer.step's update: AdamW's _init_group reads self.state[p], "
+                     "a dict keyed by tensors, which kiln's dicts do not model (a graph break)")
 
 
 def _compiled_step(optimizer):

@@ -23,6 +23,7 @@ import torch
 
 from kiln import _torch
 from kiln.frontend.errors import AttributeFailure, Unsupported
+from kiln.frontend.sources import AttrSource
 from kiln.frontend.variables.base import ConstantVariable, Variable
 
 # Attributes that are plain metadata: read them off the fake tensor.
@@ -85,7 +86,12 @@ class TensorVariable(Variable):
                 return tx.output.call_tensor_op(tx, "call_method", "detach", [self], {})
             return tx.output.call_tensor_op(tx, "call_function", getattr, [self, ConstantVariable(name)], {})
         if name == "grad":
-            raise Unsupported("reading .grad of a tensor inside a compiled function")
+            # an outside tensor's gradient is another outside value (guarded: None, or a tensor input); a
+            # tensor the trace made has none to read yet (Python's is None, but kiln does not model it)
+            value = tx.output.outside_tensor(self) if self.source is not None else None
+            if value is None:
+                raise Unsupported("reading .grad of a tensor the compiled function computed")
+            return tx.wrap(value.grad, AttrSource(self.source, "grad"))
         if name == "__class__":
             return tx.wrap_sourceless(self.real_type)
         if callable(getattr(torch.Tensor, name, None)):

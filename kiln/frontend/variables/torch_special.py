@@ -5,7 +5,8 @@
   queries are False.
 - grad mode and autocast as context managers (`no_grad`, `enable_grad`,
   `set_grad_enabled`, `autocast`): entering one changes the mode for the rest of
-  the trace (so fake tensors see it) and puts the same change into the graph.
+  the trace (so fake tensors see it) and puts the same change into the graph;
+  profiler ranges (`record_function`) are dropped, as Dynamo drops them.
 - constant constructors (`torch.Size`, `torch.device`, `torch.finfo`, ...) run at
   trace time on constant arguments.
 - `warnings.warn`, loggers and the `logging` module's functions are recorded and
@@ -176,6 +177,12 @@ def _nullcontext(tx, args, kwargs):
     return NullContextVariable(args[0] if args else NONE)
 
 
+def _record_function(tx, args, kwargs):
+    """`torch.profiler.record_function(name)`: a profiler range, which a trace drops (as Dynamo's does): the
+    compiled code runs no range of its own, and a break inside the block resumes like one in a nullcontext."""
+    return NullContextVariable(NONE)
+
+
 def _build_table() -> dict[Any, Callable]:
     table: dict[Any, Callable] = {
         torch.compiler.is_compiling: _constant(True),
@@ -202,6 +209,7 @@ def _build_table() -> dict[Any, Callable]:
         logging.getLogger: _get_logger,
         typing.cast: _cast,
         contextlib.nullcontext: _nullcontext,
+        torch.autograd.profiler.record_function: _record_function,
         inspect.signature: _signature,
     }
     for method in (*_LOG_LEVELS, "log"):
