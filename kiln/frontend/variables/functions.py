@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import random
 import sys
+import sysconfig
 import types
 from typing import Any, Callable
 
@@ -492,6 +494,9 @@ class LruCacheVariable(Variable):
                tuple((name, _typed(argument)) for name, argument in kwargs.items()))
         if key in tx.output.cached_calls:  # called again in this trace: the cache returns the same object
             return tx.output.cached_calls[key]
+        if _is_library_function(getattr(self.wrapper, "__wrapped__", None)):
+            tx.output.cached_calls[key] = result = self._call_library_helper(args, kwargs)
+            return result
         wrapped_source = AttrSource(self.source, "__wrapped__") if self.source is not None else None
         function = tx.wrap(self.wrapper.__wrapped__, wrapped_source, guard=wrapped_source is not None)
         before = effects_fingerprint(tx.output)
@@ -508,6 +513,32 @@ class LruCacheVariable(Variable):
             result = ConstantVariable(value)
         tx.output.cached_calls[key] = result
         return result
+
+
+    def _call_library_helper(self, args, kwargs) -> Variable:
+        """A library's cached helper (transformers' `is_torch_available`, typing's `_tp_cache`) called as it is,
+        through its cache, at trace time: its value is what the call would return when the program runs (the
+        cache holds it from now on). Traced instead, such a helper can reach code the tracer has no business in
+        (importlib.metadata's distribution search: a RecursionError, and the whole frame ran eagerly)."""
+        try:
+            value = self.wrapper(*[argument.as_constant() for argument in args],
+                                 **{name: argument.as_constant() for name, argument in kwargs.items()})
+        except Exception as error:  # noqa: BLE001 (raised again where the program calls it)
+            raise Unsupported(f"{self.describe()} raised {type(error).__name__} at trace time") from None
+        if not is_constant_value(value):
+            raise Unsupported(f"{self.describe()} returned {type(value).__name__}, not a constant (a library's cached "
+                              "helper is called, not traced)")
+        return ConstantVariable(value)
+
+
+def _is_library_function(function: Any) -> bool:
+    """A function of the standard library's or of an installed package's (not the program's own)."""
+    filename = getattr(getattr(function, "__code__", None), "co_filename", None)
+    return isinstance(filename, str) and filename.startswith(_LIBRARY_PATHS)
+
+
+_LIBRARY_PATHS = tuple(os.path.join(path, "") for path in {sysconfig.get_paths()[key] for key in
+                                                            ("stdlib", "platstdlib", "purelib", "platlib")})
 
 
 def _typed(variable: Variable) -> tuple:

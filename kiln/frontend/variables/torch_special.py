@@ -32,9 +32,11 @@ from kiln.frontend import replay
 from kiln.frontend.errors import ProgramException, Unsupported, unbreakable
 from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import NONE, ConstantVariable, TrackerMethod, Variable
+from kiln.frontend.variables.containers import ListVariable, TupleVariable
 from kiln.frontend.variables.functions import BoundMethodVariable
 from kiln.frontend.variables.modules import _MODULE_CALLS, ModuleVariable, call_module
 from kiln.frontend.variables.objects import ExceptionVariable
+from kiln.frontend.variables.tensor import TensorVariable
 
 
 def _constant(value):
@@ -177,6 +179,67 @@ def _nullcontext(tx, args, kwargs):
     return NullContextVariable(args[0] if args else NONE)
 
 
+class InlineFunctionContext:
+    """The `ctx` of a torch.autograd.Function's forward traced inline where no gradient can flow
+    (`_autograd_function_apply`): it keeps what the forward stores on it and records nothing for a backward."""
+
+    def __init__(self, needs_input_grad):
+        self.needs_input_grad = needs_input_grad
+        self.saved_tensors = ()
+
+    def save_for_backward(self, *tensors):
+        self.saved_tensors = tensors
+
+    def save_for_forward(self, *tensors):
+        pass
+
+    def mark_dirty(self, *tensors):
+        pass
+
+    def mark_non_differentiable(self, *tensors):
+        pass
+
+    def set_materialize_grads(self, value):
+        pass
+
+
+def _autograd_function_apply(tx, args, kwargs):
+    """`Fn.apply(*args)` for a torch.autograd.Function: where no gradient can flow (grad mode off, or no tensor
+    argument requires grad) its forward is traced inline, under no_grad as autograd runs it, with a context
+    that records nothing (the custom backward can never run). Where one can, a graph break: Fn.apply runs in
+    Python and its backward stays its own."""
+    cls_variable, *arguments = args
+    cls = cls_variable.as_constant()
+    leaves = [*arguments, *kwargs.values()]
+    leaves = [item for leaf in leaves for item in (leaf.unpack(tx) if isinstance(leaf, (TupleVariable, ListVariable))
+                                                    else [leaf])]
+    if torch.is_grad_enabled() and any(not isinstance(leaf, TensorVariable) and not leaf.is_constant()
+                                       or isinstance(leaf, TensorVariable) and leaf.fake.requires_grad
+                                       for leaf in leaves):
+        raise Unsupported(f"{cls.__qualname__}.apply where a gradient can flow (kiln does not model a custom "
+                          "autograd.Function's backward; it runs in Python)")
+    forward = cls_variable.getattr(tx, "forward")
+    no_grad = GradModeVariable(False)
+    no_grad.enter(tx)
+    try:
+        if _setup_context_defined(cls):  # forward(*args); setup_context only fills ctx for a backward
+            result = forward.call(tx, arguments, kwargs)
+        else:
+            needs_input_grad = ConstantVariable(tuple(False for _ in arguments))
+            ctx = tx.wrap(InlineFunctionContext, None, guard=False).call(tx, [needs_input_grad], {})
+            result = forward.call(tx, [ctx, *arguments], kwargs)
+    except ProgramException:
+        no_grad.exit(tx)
+        raise
+    no_grad.exit(tx)
+    return result
+
+
+def _setup_context_defined(cls: type) -> bool:
+    base = inspect.getattr_static(torch.autograd.function._SingleLevelFunction, "setup_context")
+    return inspect.getattr_static(cls, "setup_context") is not base
+
+
 def _record_function(tx, args, kwargs):
     """`torch.profiler.record_function(name)`: a profiler range, which a trace drops (as Dynamo's does): the
     compiled code runs no range of its own, and a break inside the block resumes like one in a nullcontext."""
@@ -210,6 +273,7 @@ def _build_table() -> dict[Any, Callable]:
         typing.cast: _cast,
         contextlib.nullcontext: _nullcontext,
         torch.autograd.profiler.record_function: _record_function,
+        inspect.getattr_static(torch.autograd.Function, "apply").__func__: _autograd_function_apply,
         inspect.signature: _signature,
     }
     for method in (*_LOG_LEVELS, "log"):
