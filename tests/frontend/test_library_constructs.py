@@ -55,17 +55,22 @@ def test_an_autograd_function_is_traced_inline_where_no_gradient_flows():
     torch.testing.assert_close(kiln.compile(program)(x), program(x))
 
 
-def test_an_autograd_function_with_a_gradient_keeps_its_own_backward():
-    """Where a gradient can flow, Fn.apply runs in Python (a graph break): its custom backward is the one used."""
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_an_autograd_function_with_a_gradient_keeps_its_own_backward(cpu_backend):
+    """Where a gradient can flow, Fn.apply is one node of the graph: AOTAutograd traces its own backward, which is
+    the one used (7, not tanh's derivative), in one graph with kernels."""
     def scaled(x):
-        return ScaledTanh.apply(x * 1.0, 2.0).sum()
+        return ScaledTanh.apply(x * 1.0, 2.0).sum() * 3
 
     x = torch.randn(5, requires_grad=True)
-    report = kiln.explain(scaled, x)
-    assert report.breaks and "apply" in report.breaks[0].reason
-    x.grad = None
-    kiln.compile(scaled)(x).backward()
-    torch.testing.assert_close(x.grad, torch.full((5,), 7.0))  # the custom backward, not tanh's derivative
+    with kiln.config.patch(cpu_backend=cpu_backend, strict=True):
+        report = kiln.explain(scaled, x)
+        assert report.graph_count == 1 and not report.breaks and not report.eager_frames
+        x.grad = None
+        result = kiln.compile(scaled)(x)
+        result.backward()
+    torch.testing.assert_close(result, scaled(x.detach()))
+    torch.testing.assert_close(x.grad, torch.full((5,), 21.0))  # the custom backward, not tanh's derivative
 
 
 @functools.lru_cache

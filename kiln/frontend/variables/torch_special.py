@@ -206,8 +206,9 @@ class InlineFunctionContext:
 def _autograd_function_apply(tx, args, kwargs):
     """`Fn.apply(*args)` for a torch.autograd.Function: where no gradient can flow (grad mode off, or no tensor
     argument requires grad) its forward is traced inline, under no_grad as autograd runs it, with a context
-    that records nothing (the custom backward can never run). Where one can, a graph break: Fn.apply runs in
-    Python and its backward stays its own."""
+    that records nothing (the custom backward can never run). Where one can, `Fn.apply` is one node of the
+    graph (its arguments tensors and constants): AOTAutograd runs its forward, and traces its own backward
+    into the backward graph."""
     cls_variable, *arguments = args
     cls = cls_variable.as_constant()
     leaves = [*arguments, *kwargs.values()]
@@ -216,8 +217,11 @@ def _autograd_function_apply(tx, args, kwargs):
     if torch.is_grad_enabled() and any(not isinstance(leaf, TensorVariable) and not leaf.is_constant()
                                        or isinstance(leaf, TensorVariable) and leaf.fake.requires_grad
                                        for leaf in leaves):
-        raise Unsupported(f"{cls.__qualname__}.apply where a gradient can flow (kiln does not model a custom "
-                          "autograd.Function's backward; it runs in Python)")
+        if not all(isinstance(leaf, TensorVariable) or leaf.is_constant() for leaf in leaves):
+            raise Unsupported(f"{cls.__qualname__}.apply where a gradient can flow, with arguments other than "
+                              "tensors and constants (it runs in Python, with its own backward)")
+        # Fn.apply itself in the graph: AOTAutograd traces its forward, and its backward into the joint graph
+        return tx.output.call_tensor_op(tx, "call_function", cls.apply, list(arguments), dict(kwargs))
     forward = cls_variable.getattr(tx, "forward")
     no_grad = GradModeVariable(False)
     no_grad.enter(tx)
