@@ -193,17 +193,18 @@ def test_a_new_process_hits(tmp_path):
 
 @pytest.fixture
 def traces(monkeypatch):
-    """How many times the backend traced a graph to ATen (kiln.aot.aot_compile)."""
+    """How many times the backend traced a graph to ATen (kiln.aot.aot_compile, or compile_plain's make_fx)."""
     import kiln.aot
 
     calls = []
-    original = kiln.aot.aot_compile
+    for name in ("aot_compile", "compile_plain"):
+        original = getattr(kiln.aot, name)
 
-    def counting(*args, **kwargs):
-        calls.append(1)
-        return original(*args, **kwargs)
+        def counting(*args, __original=original, **kwargs):
+            calls.append(1)
+            return __original(*args, **kwargs)
 
-    monkeypatch.setattr(kiln.aot, "aot_compile", counting)
+        monkeypatch.setattr(kiln.aot, name, counting)
     return calls
 
 
