@@ -11,7 +11,6 @@ import functools
 import torch
 from torch._decomp import core_aten_decompositions, get_decompositions  # noqa: F401
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func  # noqa: F401
-from torch.fx.experimental.proxy_tensor import make_fx  # noqa: F401
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: F401
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing as untraced  # noqa: F401
 from torch.fx.experimental.symbolic_shapes import ShapeEnv  # noqa: F401

@@ -102,21 +102,19 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str |
 
 
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str, fullgraph: bool) -> Callable:
-    from kiln.aot import aot_compile, compile_plain, plain
+    from kiln.aot import aot_compile, plain
 
     try:
         _check_supported_inputs(example_inputs)
-        compile_aten = functools.partial(compile_aten_graph, mode=mode, fullgraph=fullgraph)
-        if not plain.is_plain(gm, example_inputs) or _torch.fake_mode_of(example_inputs) is not None:
-            return aot_compile(gm, example_inputs, compile_aten, functools.partial(compile_aten, inference=True))
-        plain_key = plain.key_of(gm, example_inputs, mode)  # before compiling: tracing tags gm's nodes
+        plain_key = plain.key_of(gm, example_inputs, mode)
         if plain_key is not None:
             warm = _load_plain_inference(plain_key, gm, example_inputs, mode, fullgraph)
             if warm is not None:
                 return warm
+        compile_aten = functools.partial(compile_aten_graph, mode=mode, fullgraph=fullgraph)
         token = _compiled_graphs.set([])
         try:
-            compiled = compile_plain(gm, example_inputs, functools.partial(compile_aten, inference=True))
+            compiled = aot_compile(gm, example_inputs, compile_aten, functools.partial(compile_aten, inference=True))
             if plain_key is not None:
                 plain.link(plain_key, _compiled_graphs.get(), gm, example_inputs)
         finally:

@@ -11,8 +11,7 @@ in-place writes or a composite op's decomposition disagree with eager's (kiln/ao
 A training graph's joint forward and backward are split by `config.partitioner`: which forward
 values the backward reads from memory and which it recomputes (kiln/_torch.py partition_function).
 An inference graph's 2-D convolutions are then laid out channels-last where `config.conv_layout`
-says so (kiln/aot/layouts.py). A plain inference graph (no autograd, nothing written in place, no
-output aliasing) skips AOTAutograd: `compile_plain` traces it with make_fx (kiln/aot/plain.py).
+says so (kiln/aot/layouts.py).
 """
 from __future__ import annotations
 
@@ -22,7 +21,6 @@ from typing import Callable
 from kiln import _torch
 from kiln.config import config
 from kiln.aot.decompositions import decomposition_table
-from kiln.aot import plain
 from kiln.aot.layouts import choose_conv_layouts
 from kiln.aot.strides import keep_written_layouts, restride_to_eager, tag_torch_graph
 from kiln.runtime.locks import compile_lock
@@ -51,16 +49,3 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
                                             bw_compiler=functools.partial(boxed, forward=False),
                                             inference_compiler=inference, decompositions=decomposition_table(),
                                             partition_fn=_torch.partition_function(config.partitioner))
-
-
-def compile_plain(gm, example_inputs, compile_inference: Callable) -> Callable:
-    """A plain inference graph (kiln/aot/plain.py) traced to ATen by make_fx instead of AOTAutograd, given
-    eager's strides and its convolutions' layouts as aot_compile's graphs are, compiled by `compile_inference`
-    and called as AOTAutograd's inference wrapper would call it."""
-    facts = tag_torch_graph(gm)
-    with compile_lock:
-        aten_gm, aten_inputs = plain.trace(gm, example_inputs)
-        restride_to_eager(aten_gm, facts)
-        choose_conv_layouts(aten_gm, inference=True)
-        compiled = compile_inference(aten_gm, aten_inputs)
-    return plain.runtime_wrapper(compiled, gm, {"autocast": plain.autocast_state()})

@@ -39,67 +39,43 @@ _AUGMENTED = {operator.iadd, operator.isub, operator.imul, operator.itruediv, op
               operator.imatmul, operator.setitem, operator.delitem}
 
 
-def autocast_state() -> tuple:
+def _autocast_state() -> tuple:
     return tuple((device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
                  for device in ("cpu", "cuda"))
 
 
-def is_plain(gm: torch.fx.GraphModule, example_inputs: list) -> bool:
-    """Whether AOTAutograd's wrapper would do nothing around `gm`'s compiled ATen graph but call it (above)."""
+def key_of(gm: torch.fx.GraphModule, example_inputs: list, mode: str) -> str | None:
+    """The key linking `gm` to its compiled ATen graph, or None when `gm` is not plain (or not cached)."""
     if torch.is_grad_enabled() and any(isinstance(value, torch.Tensor) and value.requires_grad
                                        for value in example_inputs):
-        return False
+        return None
     if not all(isinstance(value, torch.Tensor) for value in example_inputs):
-        return False
+        return None
     if any(True for _ in gm.parameters()) or any(True for _ in gm.buffers()) or any(True for _ in gm.children()):
-        return False
+        return None
     if len(set(_torch.storage_ids(*example_inputs))) != len(example_inputs):
-        return False
-    if any(_torch.is_symbolic(tuple(value.shape) + tuple(value.stride())) for value in example_inputs):
-        return False
-    outputs, inputs = None, []
+        return None
+    outputs, inputs = [], []
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             inputs.append(node.meta.get("example_value", node.meta.get("val")))
         elif node.op == "output":
-            outputs = node.args[0]
+            outputs = [item for item in torch.utils._pytree.tree_leaves(node.args[0]) if isinstance(item, torch.fx.Node)]
         elif node.op in ("call_function", "call_method") and not _plain_call(node):
-            return False
+            return None
         elif node.op not in ("placeholder", "call_function", "call_method", "output"):
-            return False
-    if not isinstance(outputs, (tuple, list)) or not all(isinstance(item, torch.fx.Node) for item in outputs):
-        return False  # a flat sequence of values, as the ATen graph returns them
+            return None
     values = [node.meta.get("example_value", node.meta.get("val")) for node in outputs]
     if not all(isinstance(value, torch.Tensor) for value in (*values, *inputs)):
-        return False  # no trace-time values to tell aliasing by
+        return None  # no trace-time values to tell aliasing by
     output_storages = _torch.storage_ids(*values)  # the trace's fake values: outputs and inputs alike
     if len(set(output_storages)) != len(values) or set(output_storages) & set(_torch.storage_ids(*inputs)):
-        return False
-    if _torch.any_autocast_enabled() and not any(enabled for _, enabled, _ in autocast_state()):
-        return False  # autocast on another device kind: the wrapper could not turn it off as AOTAutograd does
-    return True
-
-
-def key_of(gm: torch.fx.GraphModule, example_inputs: list, mode: str) -> str | None:
-    """The key linking plain `gm` to its compiled ATen graph's cache entry, or None (not cached)."""
-    state = [f"grad {torch.is_grad_enabled()}", f"autocast {autocast_state()}",
-             f"autocast cache {torch.is_autocast_cache_enabled()}", f"outputs {output_count(gm)}"]
+        return None
+    if _torch.any_autocast_enabled() and not any(enabled for _, enabled, _ in _autocast_state()):
+        return None  # autocast on another device kind: the wrapper could not turn it off as AOTAutograd does
+    state = [f"grad {torch.is_grad_enabled()}", f"autocast {_autocast_state()}",
+             f"autocast cache {torch.is_autocast_cache_enabled()}", f"outputs {len(values)}"]
     return graph_cache.key_of(gm, example_inputs, mode, level="torch", extra=state)
-
-
-def trace(gm: torch.fx.GraphModule, example_inputs: list) -> tuple[torch.fx.GraphModule, list]:
-    """Plain `gm` traced to a functional ATen graph with kiln's decompositions by make_fx, without AOTAutograd
-    (whose functionalization and metadata pass are half a cold first call, and do nothing for a plain graph:
-    it writes nothing in place). Grad off, under the autocast in force, each ATen node keeping the metadata
-    of the torch-level node it came from (kiln/aot/strides.py's tags); (the graph, its fake example inputs)."""
-    from kiln.aot.decompositions import decomposition_table
-
-    interpreter = torch.fx.Interpreter(gm)
-    with torch.no_grad(), torch.fx.traceback.preserve_node_meta():
-        aten_gm = _torch.make_fx(interpreter.run, decomposition_table=decomposition_table(),
-                                 tracing_mode="fake")(*example_inputs)
-    placeholders = [node.meta["val"] for node in aten_gm.graph.nodes if node.op == "placeholder"]
-    return aten_gm, placeholders
 
 
 def _plain_call(node: torch.fx.Node) -> bool:
@@ -134,7 +110,7 @@ def link(key: str, compiled_graphs: list, gm: torch.fx.GraphModule, example_inpu
         return
     aten_key, inference, inputs, outputs, aten_nodes = compiled_graphs[0]
     if aten_key is not None and inference and inputs == len(example_inputs) and outputs == output_count(gm):
-        graph_cache.store_link(key, aten_key, {"autocast": autocast_state(), "aten_nodes": aten_nodes})
+        graph_cache.store_link(key, aten_key, {"autocast": _autocast_state(), "aten_nodes": aten_nodes})
 
 
 def _autocast_blocks(states: tuple, enabled: bool) -> contextlib.ExitStack:

@@ -193,18 +193,17 @@ def test_a_new_process_hits(tmp_path):
 
 @pytest.fixture
 def traces(monkeypatch):
-    """How many times the backend traced a graph to ATen (kiln.aot.aot_compile, or compile_plain's make_fx)."""
+    """How many times the backend traced a graph to ATen (kiln.aot.aot_compile)."""
     import kiln.aot
 
     calls = []
-    for name in ("aot_compile", "compile_plain"):
-        original = getattr(kiln.aot, name)
+    original = kiln.aot.aot_compile
 
-        def counting(*args, __original=original, **kwargs):
-            calls.append(1)
-            return __original(*args, **kwargs)
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return original(*args, **kwargs)
 
-        monkeypatch.setattr(kiln.aot, name, counting)
+    monkeypatch.setattr(kiln.aot, "aot_compile", counting)
     return calls
 
 
