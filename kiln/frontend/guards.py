@@ -34,7 +34,7 @@ import torch
 import torch.fx
 
 from kiln import _torch
-from kiln.frontend.sources import AttrSource, LocalSource, NamedSource, Source, chain
+from kiln.frontend.sources import AttrSource, DictKeySource, LocalSource, NamedSource, Source, TensorKey, chain
 
 _LITERAL_TYPES = (int, float, str, bool, type(None), bytes)
 
@@ -63,6 +63,7 @@ class GuardBuilder:
         # and the fakes of tensors with symbolic sizes, whose static sizes the tensor check compares
         self._symbolic_inputs: list[tuple[Source, str, Any]] = []
         self._symbolic_tensors: dict[Source, torch.Tensor] = {}
+        self._tensor_keys: dict[int, Source] = {}  # id of each tensor used as a dict key -> its first source
 
     def constant(self, value: Any, by_identity: bool = False) -> str:
         """A name under which the guard function holds `value` (equal hashable values share one, unless the
@@ -130,11 +131,32 @@ class GuardBuilder:
         if not keys:  # the common `**kwargs` left empty: a truth test is the cheapest check
             self.add(source, "{}", "keys changed from ()")
             return
+        if any(isinstance(key, TensorKey) for key in keys):
+            self._keys_with_tensors(source, keys)
+            return
         self.add(source, f"tuple({{}}) != {self.constant(keys)}", f"keys changed from {keys!r}")
+
+    def _keys_with_tensors(self, source: Source, keys: tuple) -> None:
+        """The keys of a dict keyed (partly) by tensors, in order: each tensor key is the very tensor now at its
+        source (one the trace only met by listing this dict, `list(d)[i]`, just a tensor: its own guards check
+        it), each other key equal to the traced one."""
+        sourced = [isinstance(key, TensorKey) and not isinstance(key.source, DictKeySource) for key in keys]
+        constants = tuple(_SOURCED_TENSOR_KEY if own else _ANY_TENSOR_KEY if isinstance(key, TensorKey) else key
+                          for key, own in zip(keys, sourced))
+        tensors = "(" + "".join(f"{key.source.expr()}, " for key, own in zip(keys, sourced) if own) + ")"
+        self.constants["__dict_keys_differ"] = dict_keys_differ
+        self.add(source, f"__dict_keys_differ({{}}, {self.constant(constants)}, {tensors})",
+                 f"keys changed from {keys!r} (tensor keys by identity)")
 
     def contains(self, source: Source, key: Any, present: bool) -> None:
         test = "not in" if present else "in"
-        self.add(source, f"{self.constant(key)} {test} {{}}", f"{'lost' if present else 'gained'} key {key!r}")
+        key_text = key.source.expr() if isinstance(key, TensorKey) else self.constant(key)
+        self.add(source, f"{key_text} {test} {{}}", f"{'lost' if present else 'gained'} key {key!r}")
+
+    def tensor_key(self, key: TensorKey) -> None:
+        """A tensor the trace used as a dict key: the distinct tensors keys stood for stay distinct (a lookup
+        through one source found, or missed, what a store through another one left)."""
+        self._tensor_keys.setdefault(key.identity, key.source)
 
     def has_attr(self, source: Source, name: str, present: bool) -> None:
         test = "not hasattr" if present else "hasattr"
@@ -258,6 +280,7 @@ class GuardBuilder:
         else:
             body.extend(self._symbolic_tensor_lines(renderer, body))
         body.extend(self._shape_guard_lines(renderer, body, namespace))
+        body.extend(self._distinct_tensor_keys_lines())
         body.extend(self._storage_aliasing_lines(renderer, body, namespace))
         lines = [f"def __guard({signature.text}):", "    try:"]
         lines += ["        " + line for line in body] or ["        pass"]
@@ -339,6 +362,15 @@ class GuardBuilder:
         namespace.update({key: value for key, value in _torch.shape_guard_namespace().items() if key not in namespace})
         return lines
 
+    def _distinct_tensor_keys_lines(self) -> list[str]:
+        """The tensors the trace used as dict keys are still distinct objects (after the tensor check)."""
+        if len(self._tensor_keys) < 2:
+            return []
+        texts = [source.expr() for source in self._tensor_keys.values()]
+        reason = f"tensor dict keys: two of {', '.join(texts[:4])}{', ...' if len(texts) > 4 else ''} " \
+                 "are now the same tensor"
+        return [f"if len(set(map(id, ({', '.join(texts)},)))) != {len(texts)}: return {reason!r}"]
+
     def _storage_aliasing_lines(self, renderer: "SourceRenderer", body: list[str],
                                 namespace: dict) -> list[str]:
         """Checks that every mutated input shares storage with exactly the inputs it shared it
@@ -379,6 +411,26 @@ class GuardBuilder:
                 f"not set(__storages[:{count}]).isdisjoint(__storages[{start}:])"
             lines.append(f"if {test}: return {f'an input now shares storage with a mutated input ({names})'!r}")
         return lines
+
+
+# A tensor's place among a dict's traced keys (`dict_keys_differ`): any tensor (one the trace met only by listing
+# the dict, whose own guards check it), or the very tensor at the key's own source.
+_ANY_TENSOR_KEY, _SOURCED_TENSOR_KEY = object(), object()
+
+
+def dict_keys_differ(actual: dict, traced: tuple, tensors: tuple) -> bool:
+    """Whether `actual`'s keys differ, in order, from the `traced` ones: a tensor key by identity (`tensors`: the
+    tensor now at each `_SOURCED_TENSOR_KEY`'s source, in order), any other key by type and equality."""
+    if len(actual) != len(traced):
+        return True
+    expected = iter(tensors)
+    for key, was in zip(actual, traced):
+        if was is _ANY_TENSOR_KEY or was is _SOURCED_TENSOR_KEY:
+            if not isinstance(key, torch.Tensor) or (was is _SOURCED_TENSOR_KEY and key is not next(expected)):
+                return True
+        elif isinstance(key, torch.Tensor) or type(key) is not type(was) or key != was:
+            return True
+    return False
 
 
 @dataclass(frozen=True)
