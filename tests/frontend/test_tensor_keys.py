@@ -2,7 +2,8 @@
 testing or inserting into a dict the trace built or an outside one (an optimizer's `state[p]`, a
 `collections.defaultdict(dict)` whose missing-key insertion is replayed after the graph), iteration over a dict
 keyed by tensors, and the guards that see a new key, a replaced tensor or two keys that became one tensor. A tensor
-the trace computed stays refused, with its reason."""
+the trace computed stays refused, with its reason. Also the two tensor-valued scalars torch.optim passes while
+compiling (`addcdiv_(..., value=t)`, `_foreach_addcdiv_(..., scalars)`), decomposed into graph ops."""
 from __future__ import annotations
 
 import collections
@@ -187,3 +188,38 @@ def test_a_replaced_default_factory_recompiles():
         assert compiled(collections.defaultdict(list), key) == []
     assert len(compiled.entries) == 2
 
+
+def test_tensor_valued_step_sizes_stay_in_the_graph():
+    def update(param, avg, denom, step_size, params, avgs, denoms):
+        param.addcdiv_(avg, denom, value=-step_size)
+        torch._foreach_addcdiv_(params, avgs, denoms, torch.stack([step_size, step_size * 2]))
+        return param
+
+    def arguments():
+        torch.manual_seed(0)
+        tensors = [torch.randn(4), torch.randn(4), torch.rand(4) + 1, torch.tensor(0.1)]
+        return tensors + [[torch.randn(3), torch.randn(2)], [torch.randn(3), torch.randn(2)],
+                          [torch.rand(3) + 1, torch.rand(2) + 1]]
+
+    compiled = _compiled(update)
+    got, want = arguments(), arguments()
+    with kiln.config.patch(strict=True):
+        compiled(*got)
+    update(*want)
+    _captured(compiled, 1)
+    torch.testing.assert_close(got, want)
+
+
+def test_an_optimizers_step_count_is_read_as_a_double_precision_number():
+    """torch.optim's `_get_value(step)` is `step.item()` eagerly: the bias correction is double-precision arithmetic
+    (float32's cancellation in `1 - 0.999 ** step` would cost 1e-4 relative), rounded to float32 where it meets x."""
+    from torch.optim.optimizer import _get_value
+
+    def corrected(x, step):
+        return x / (1 - 0.999 ** _get_value(step)) ** 0.5
+
+    compiled = _compiled(corrected)
+    x, step = torch.randn(5), torch.tensor(3.0)
+    with kiln.config.patch(strict=True):
+        torch.testing.assert_close(compiled(x, step), corrected(x, step), rtol=0, atol=0)
+    _captured(compiled, 1)

@@ -142,7 +142,48 @@ class TensorMethodVariable(Variable):
             if keywords or not _torch.is_symbolic(result):
                 return ConstantVariable(_torch.specialize(result))
             return tx.output.tensor_metadata(tx, self.tensor, name, values, result)
+        if name in ("addcdiv_", "addcmul_", "addcdiv", "addcmul") and isinstance(kwargs.get("value"), TensorVariable):
+            return _pointwise_with_tensor_value(tx, self.tensor, name, args, kwargs)
         return tx.output.call_tensor_op(tx, "call_method", name, [self.tensor, *args], kwargs)
+
+
+def _pointwise_with_tensor_value(tx, tensor: TensorVariable, name: str, args: list, kwargs: dict) -> Variable:
+    """`x.addcdiv_(a, b, value=t)` (or addcmul) with a 0-d tensor `t`: an optimizer's step size while compiling
+    (torch.optim's `_get_value` keeps the step a tensor then). The op takes `value` as a Scalar, which would need
+    `t.item()`; decomposed instead, as Dynamo does, into `x + t * (a / b)` (`a * b` for addcmul), all in the graph."""
+    value = kwargs["value"]
+    if len(args) != 2 or len(kwargs) != 1 or value.fake.numel() != 1 or not tensor.fake.is_floating_point():
+        raise Unsupported(f"Tensor.{name}() with a tensor `value` other than a one-element scalar on a "
+                          f"floating-point tensor ({tensor.describe()}, value {value.describe()})")
+    output = tx.output
+    combine = torch.div if name.startswith("addcdiv") else torch.mul
+    term = output.call_tensor_op(tx, "call_function", combine, list(args), {})
+    scaled = output.call_tensor_op(tx, "call_function", torch.mul, [term, value], {})
+    if name.endswith("_"):
+        return output.call_tensor_op(tx, "call_method", "add_", [tensor, scaled], {})
+    return output.call_tensor_op(tx, "call_function", torch.add, [tensor, scaled], {})
+
+
+def foreach_pointwise_with_tensor_scalars(tx, name: str, args: list, kwargs: dict) -> Variable:
+    """`torch._foreach_addcdiv_(xs, as, bs, scalars)` (or addcmul, in place or not) with `scalars` a 1-D tensor
+    (torch.optim's foreach Adam while compiling: `_stack_if_compiling` stacks the step sizes). torch's fake kernel
+    refuses a CPU scalars tensor ("Expected scalars to be on CPU, got meta"), so the call is decomposed into foreach
+    ops on tensor lists: `xs + [a / b for a, b] * scalars.unbind()`, every element in the graph."""
+    output = tx.output
+    operands = list(args) + [kwargs[key] for key in ("scalars",) if key in kwargs]
+    scalars = operands[3] if len(operands) == 4 else None
+    if not isinstance(scalars, TensorVariable) or len(kwargs) > 1 or set(kwargs) - {"scalars"} or \
+            scalars.fake.dim() != 1:
+        raise Unsupported(f"torch.{name}() with these arguments ({', '.join(arg.describe() for arg in operands)})")
+    combine = torch._foreach_div if "addcdiv" in name else torch._foreach_mul
+    terms = output.call_tensor_op(tx, "call_function", combine, operands[1:3], {})
+    parts = output.call_tensor_op(tx, "call_function", torch.unbind, [scalars], {})
+    from kiln.frontend.variables.containers import ListVariable  # containers imports this module
+
+    scaled = output.call_tensor_op(tx, "call_function", torch._foreach_mul, [terms, ListVariable(parts.unpack(tx))],
+                                   {})
+    add = torch._foreach_add_ if name.endswith("_") else torch._foreach_add
+    return output.call_tensor_op(tx, "call_function", add, [operands[0], scaled], {})
 
 
 class SymNumberVariable(Variable):

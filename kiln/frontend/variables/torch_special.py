@@ -35,6 +35,7 @@ from kiln.frontend.variables.base import NONE, ConstantVariable, TrackerMethod, 
 from kiln.frontend.variables.functions import BoundMethodVariable
 from kiln.frontend.variables.modules import _MODULE_CALLS, ModuleVariable, call_module
 from kiln.frontend.variables.objects import ExceptionVariable
+from kiln.frontend.variables.tensor import TensorVariable, foreach_pointwise_with_tensor_scalars
 
 
 def _constant(value):
@@ -183,6 +184,36 @@ def _record_function(tx, args, kwargs):
     return NullContextVariable(NONE)
 
 
+def _foreach_with_scalars(name: str) -> Callable:
+    """A foreach addcdiv/addcmul: as it is, unless its `scalars` are a tensor (tensor.py decomposes that call)."""
+    function = getattr(torch, name)
+
+    def handler(tx, args, kwargs):
+        scalars = args[3] if len(args) == 4 else kwargs.get("scalars")
+        if isinstance(scalars, TensorVariable):
+            return foreach_pointwise_with_tensor_scalars(tx, name, args, kwargs)
+        return tx.output.call_tensor_op(tx, "call_function", function, list(args), kwargs)
+
+    return handler
+
+
+def _optimizer_value(tx, args, kwargs):
+    """torch.optim's `_get_value(step)`: eagerly `step.item()`, a Python number, so the bias corrections that follow
+    (`1 - beta2 ** step`, `lr / ...`) are double-precision arithmetic. While compiling torch returns the tensor
+    itself, and those corrections become float32 tensor math, whose cancellation in `1 - 0.999 ** step` costs about
+    1e-4 of relative error (parameters drift from eager's by several times eager's own rounding). In the graph it is
+    the number `.item()` would give: the tensor as float64 (int64 for an integer step), so the arithmetic on it is
+    eager's, and where it meets float32 tensors it is rounded to float32 as eager's Python float is."""
+    value = args[0] if args else kwargs.get("x")
+    if not isinstance(value, TensorVariable):
+        return value
+    if value.fake.numel() != 1 or value.fake.is_complex():
+        raise Unsupported(f"torch.optim's _get_value() of {value.describe()}, not a one-element real tensor")
+    dtype = torch.float64 if value.fake.is_floating_point() else torch.bool if value.fake.dtype is torch.bool \
+        else torch.int64
+    return tx.output.call_tensor_op(tx, "call_method", "to", [value, ConstantVariable(dtype)], {})
+
+
 def _build_table() -> dict[Any, Callable]:
     table: dict[Any, Callable] = {
         torch.compiler.is_compiling: _constant(True),
@@ -212,6 +243,11 @@ def _build_table() -> dict[Any, Callable]:
         torch.autograd.profiler.record_function: _record_function,
         inspect.signature: _signature,
     }
+    from torch.optim import optimizer  # the table is built on the first call, after torch's own imports
+
+    table[optimizer._get_value] = _optimizer_value
+    for name in ("_foreach_addcdiv_", "_foreach_addcdiv", "_foreach_addcmul_", "_foreach_addcmul"):
+        table[getattr(torch, name)] = _foreach_with_scalars(name)
     for method in (*_LOG_LEVELS, "log"):
         if hasattr(logging, method):
             table[getattr(logging, method)] = _logging_function(method)
