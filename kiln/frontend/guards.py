@@ -34,18 +34,21 @@ import torch
 import torch.fx
 
 from kiln import _torch
-from kiln.frontend.sources import AttrSource, DictKeySource, LocalSource, NamedSource, Source, TensorKey, chain
+from kiln.frontend.sources import (AttrSource, DictKeySource, ItemSource, LocalSource, NamedSource, Source, TensorKey,
+                                   chain)
 
 _LITERAL_TYPES = (int, float, str, bool, type(None), bytes)
 
 
 @dataclass(frozen=True)
 class Check:
-    """One guard line: `failure` (with `{}` for the rendered source) true means the guard fails."""
+    """One guard line: `failure` (with `{}` for the rendered source, `{key}` for the rendered `key`, a tensor dict
+    key's source) true means the guard fails."""
 
     source: Source | None
     failure: str
     reason: str
+    key: Source | None = None
 
 
 class GuardBuilder:
@@ -80,12 +83,12 @@ class GuardBuilder:
             self.constants[name] = value
         return self._constant_names[key]
 
-    def add(self, source: Source | None, failure: str, reason: str) -> None:
-        key = (source, failure)
-        if key in self._seen:
+    def add(self, source: Source | None, failure: str, reason: str, key: Source | None = None) -> None:
+        seen = (source, failure, key)
+        if seen in self._seen:
             return
-        self._seen.add(key)
-        self.checks.append(Check(source, failure, reason))
+        self._seen.add(seen)
+        self.checks.append(Check(source, failure, reason, key))
 
     # -- kinds of guard -------------------------------------------------------------------------
 
@@ -150,8 +153,11 @@ class GuardBuilder:
 
     def contains(self, source: Source, key: Any, present: bool) -> None:
         test = "not in" if present else "in"
-        key_text = key.source.expr() if isinstance(key, TensorKey) else self.constant(key)
-        self.add(source, f"{key_text} {test} {{}}", f"{'lost' if present else 'gained'} key {key!r}")
+        reason = f"{'lost' if present else 'gained'} key {key!r}"
+        if isinstance(key, TensorKey):  # whatever tensor is at the key's source now
+            self.add(source, f"{{key}} {test} {{}}", reason, key.source)
+            return
+        self.add(source, f"{self.constant(key)} {test} {{}}", reason)
 
     def tensor_key(self, key: TensorKey) -> None:
         """A tensor the trace used as a dict key: the distinct tensors keys stood for stay distinct (a lookup
@@ -255,6 +261,7 @@ class GuardBuilder:
         rendered = [check.source for check in self.checks
                     if check.source is not None and (check.source, check.failure) not in skipped
                     for _ in range(check.failure.count("{}"))]
+        rendered += [check.key for check in self.checks if check.key is not None] + list(self._tensor_keys.values())
         renderer = SourceRenderer(rendered + (tensor_sources if checker is not None else list(self._symbolic_tensors)))
         body: list[str] = []
         for check in self.checks:
@@ -266,6 +273,8 @@ class GuardBuilder:
             else:
                 text = renderer.render(check.source, body)
                 condition = check.failure.replace("{}", text)
+                if check.key is not None:
+                    condition = condition.replace("{key}", renderer.render(check.key, body))
                 label = check.source.expr()
             body.append(f"if {condition}: return {label + ': ' + check.reason!r}")
         namespace = dict(signature.namespace)
@@ -280,7 +289,7 @@ class GuardBuilder:
         else:
             body.extend(self._symbolic_tensor_lines(renderer, body))
         body.extend(self._shape_guard_lines(renderer, body, namespace))
-        body.extend(self._distinct_tensor_keys_lines())
+        body.extend(self._distinct_tensor_keys_lines(renderer, body))
         body.extend(self._storage_aliasing_lines(renderer, body, namespace))
         lines = [f"def __guard({signature.text}):", "    try:"]
         lines += ["        " + line for line in body] or ["        pass"]
@@ -362,14 +371,15 @@ class GuardBuilder:
         namespace.update({key: value for key, value in _torch.shape_guard_namespace().items() if key not in namespace})
         return lines
 
-    def _distinct_tensor_keys_lines(self) -> list[str]:
+    def _distinct_tensor_keys_lines(self, renderer: "SourceRenderer", body: list[str]) -> list[str]:
         """The tensors the trace used as dict keys are still distinct objects (after the tensor check)."""
         if len(self._tensor_keys) < 2:
             return []
-        texts = [source.expr() for source in self._tensor_keys.values()]
-        reason = f"tensor dict keys: two of {', '.join(texts[:4])}{', ...' if len(texts) > 4 else ''} " \
+        names = [source.expr() for source in self._tensor_keys.values()]
+        values = [renderer.render(source, body) for source in self._tensor_keys.values()]
+        reason = f"tensor dict keys: two of {', '.join(names[:4])}{', ...' if len(names) > 4 else ''} " \
                  "are now the same tensor"
-        return [f"if len(set(map(id, ({', '.join(texts)},)))) != {len(texts)}: return {reason!r}"]
+        return [f"if len(set(map(id, ({', '.join(values)},)))) != {len(values)}: return {reason!r}"]
 
     def _storage_aliasing_lines(self, renderer: "SourceRenderer", body: list[str],
                                 namespace: dict) -> list[str]:
@@ -496,9 +506,12 @@ class SourceRenderer:
 
     def __init__(self, sources: list[Source]):
         uses: dict[Source, int] = {}
-        for source in sources:  # a source listed twice is used twice
-            for ancestor in chain(source):
+        pending = list(sources)
+        while pending:  # a source listed twice is used twice
+            for ancestor in chain(pending.pop()):
                 uses[ancestor] = uses.get(ancestor, 0) + 1
+                if isinstance(ancestor, ItemSource) and isinstance(ancestor.key, TensorKey):
+                    pending.append(ancestor.key.source)  # `d[<the key tensor's source>]` reads that source too
         self._hoist = {source for source, count in uses.items()
                        if count >= 2 and not isinstance(source, (LocalSource, NamedSource))}
         self._locals: dict[Source, str] = {}
@@ -508,6 +521,8 @@ class SourceRenderer:
             return self._locals[source]
         if source.parent is None:
             text = source.expr()
+        elif isinstance(source, ItemSource) and isinstance(source.key, TensorKey):
+            text = f"{self.render(source.parent, lines)}[{self.render(source.key.source, lines)}]"
         else:
             text = source.with_parent(self.render(source.parent, lines))
         if source in self._hoist:
