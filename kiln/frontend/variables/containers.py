@@ -339,10 +339,12 @@ class DictVariable(Variable):
     def python_type(self) -> type:
         return self.dict_type
 
-    def is_constant(self) -> bool:
-        return all(value.is_constant() for _, value in self.entries.values())
+    def is_constant(self) -> bool:  # a tensor key (a TensorKey here) is no constant: only the entry has the tensor
+        return all(value.is_constant() and not isinstance(key, TensorKey) for key, (_, value) in self.entries.items())
 
     def as_constant(self) -> Any:
+        if any(isinstance(key, TensorKey) for key in self.entries):
+            raise Unsupported(f"the value of {self.describe()}, keyed by tensors, as a Python constant")
         return self.dict_type((key, value.as_constant()) for key, (_, value) in self.entries.items())
 
     def truth(self, tx) -> bool:

@@ -198,20 +198,24 @@ def _foreach_with_scalars(name: str) -> Callable:
 
 
 def _optimizer_value(tx, args, kwargs):
-    """torch.optim's `_get_value(step)`: eagerly `step.item()`, a Python number, so the bias corrections that follow
+    """torch.optim's `_get_value(step)`: eagerly `step.item()`, a Python float, so the bias corrections that follow
     (`1 - beta2 ** step`, `lr / ...`) are double-precision arithmetic. While compiling torch returns the tensor
     itself, and those corrections become float32 tensor math, whose cancellation in `1 - 0.999 ** step` costs about
     1e-4 of relative error (parameters drift from eager's by several times eager's own rounding). In the graph it is
-    the number `.item()` would give: the tensor as float64 (int64 for an integer step), so the arithmetic on it is
-    eager's, and where it meets float32 tensors it is rounded to float32 as eager's Python float is."""
+    the number `.item()` gives: the tensor detached, as a 0-d float64 tensor, so the arithmetic on it is eager's,
+    and where it meets a float32 tensor it is rounded to float32 as eager's Python float is. A step that is not a
+    floating-point number (an int or bool, whose Python arithmetic a tensor's would not follow) is unsupported."""
     value = args[0] if args else kwargs.get("x")
     if not isinstance(value, TensorVariable):
         return value
-    if value.fake.numel() != 1 or value.fake.is_complex():
-        raise Unsupported(f"torch.optim's _get_value() of {value.describe()}, not a one-element real tensor")
-    dtype = torch.float64 if value.fake.is_floating_point() else torch.bool if value.fake.dtype is torch.bool \
-        else torch.int64
-    return tx.output.call_tensor_op(tx, "call_method", "to", [value, ConstantVariable(dtype)], {})
+    if value.fake.numel() != 1 or not value.fake.is_floating_point():
+        raise Unsupported(f"torch.optim's _get_value() of {value.describe()}: kiln models it only for a one-element "
+                          "floating-point tensor (a Python float, read as a float64 tensor in the graph)")
+    output = tx.output
+    number = output.call_tensor_op(tx, "call_method", "detach", [value], {})
+    if value.fake.dim() != 0:
+        number = output.call_tensor_op(tx, "call_method", "reshape", [number, ConstantVariable(())], {})
+    return output.call_tensor_op(tx, "call_method", "to", [number, ConstantVariable(torch.float64)], {})
 
 
 def _build_table() -> dict[Any, Callable]:
