@@ -7,6 +7,7 @@ compiling (`addcdiv_(..., value=t)`, `_foreach_addcdiv_(..., scalars)`), decompo
 from __future__ import annotations
 
 import collections
+import logging
 
 import pytest
 import torch
@@ -223,3 +224,42 @@ def test_an_optimizers_step_count_is_read_as_a_double_precision_number():
     with kiln.config.patch(strict=True):
         torch.testing.assert_close(compiled(x, step), corrected(x, step), rtol=0, atol=0)
     _captured(compiled, 1)
+
+
+class _SizeAtEmit(logging.Handler):
+    """Records how many entries `table` has when each record is emitted."""
+
+    def __init__(self, table):
+        super().__init__()
+        self.table, self.sizes = table, []
+
+    def emit(self, record):
+        self.sizes.append(len(self.table))
+
+
+_LOG = logging.getLogger("kiln.tests.tensor_keys")
+
+
+def _fill_with_logs(table, a, b):
+    _LOG.warning("before")
+    table[a]["n"] = 1
+    _LOG.warning("between")
+    table[b]["n"] = 2
+    return a + b
+
+
+def test_defaultdict_insertions_are_replayed_in_program_order():
+    a, b = torch.randn(2), torch.randn(2)
+    sizes = []
+    for run in (_fill_with_logs, _compiled(_fill_with_logs)):
+        table = collections.defaultdict(dict)
+        handler = _SizeAtEmit(table)
+        _LOG.addHandler(handler)
+        try:
+            with kiln.config.patch(strict=True):
+                run(table, a, b)
+        finally:
+            _LOG.removeHandler(handler)
+        assert list(table) == [a, b] and [entry["n"] for entry in table.values()] == [1, 2]
+        sizes.append(handler.sizes)
+    assert sizes[0] == sizes[1] == [0, 1]
