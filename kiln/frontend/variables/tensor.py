@@ -164,28 +164,6 @@ def _pointwise_with_tensor_value(tx, tensor: TensorVariable, name: str, args: li
     return output.call_tensor_op(tx, "call_function", torch.add, [tensor, scaled], {})
 
 
-def foreach_pointwise_with_tensor_scalars(tx, name: str, args: list, kwargs: dict) -> Variable:
-    """`torch._foreach_addcdiv_(xs, as, bs, scalars)` (or addcmul, in place or not) with `scalars` a 1-D tensor
-    (torch.optim's foreach Adam while compiling: `_stack_if_compiling` stacks the step sizes). torch's fake kernel
-    refuses a CPU scalars tensor ("Expected scalars to be on CPU, got meta"), so the call is decomposed into foreach
-    ops on tensor lists: `xs + [a / b for a, b] * scalars.unbind()`, every element in the graph."""
-    output = tx.output
-    operands = list(args) + [kwargs[key] for key in ("scalars",) if key in kwargs]
-    scalars = operands[3] if len(operands) == 4 else None
-    if not isinstance(scalars, TensorVariable) or len(kwargs) > 1 or set(kwargs) - {"scalars"} or \
-            scalars.fake.dim() != 1:
-        raise Unsupported(f"torch.{name}() with these arguments ({', '.join(arg.describe() for arg in operands)})")
-    combine = torch._foreach_div if "addcdiv" in name else torch._foreach_mul
-    terms = output.call_tensor_op(tx, "call_function", combine, operands[1:3], {})
-    parts = output.call_tensor_op(tx, "call_function", torch.unbind, [scalars], {})
-    from kiln.frontend.variables.containers import ListVariable  # containers imports this module
-
-    scaled = output.call_tensor_op(tx, "call_function", torch._foreach_mul, [terms, ListVariable(parts.unpack(tx))],
-                                   {})
-    add = torch._foreach_add_ if name.endswith("_") else torch._foreach_add
-    return output.call_tensor_op(tx, "call_function", add, [operands[0], scaled], {})
-
-
 class SymNumberVariable(Variable):
     """An int or float the graph computes: a symbolic size (SymInt), an int or float argument made a
     graph input, or arithmetic on them. `node` computes it in the graph; `value` is its SymInt/SymFloat.

@@ -32,10 +32,11 @@ from kiln.frontend import replay
 from kiln.frontend.errors import ProgramException, Unsupported, unbreakable
 from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import NONE, ConstantVariable, TrackerMethod, Variable
+from kiln.frontend.variables.containers import ListVariable
 from kiln.frontend.variables.functions import BoundMethodVariable
 from kiln.frontend.variables.modules import _MODULE_CALLS, ModuleVariable, call_module
 from kiln.frontend.variables.objects import ExceptionVariable
-from kiln.frontend.variables.tensor import TensorVariable, foreach_pointwise_with_tensor_scalars
+from kiln.frontend.variables.tensor import TensorVariable
 
 
 def _constant(value):
@@ -184,14 +185,34 @@ def _record_function(tx, args, kwargs):
     return NullContextVariable(NONE)
 
 
+def _foreach_pointwise_with_tensor_scalars(tx, name: str, args: list, kwargs: dict) -> Variable:
+    """`torch._foreach_addcdiv_(xs, as, bs, scalars)` (or addcmul, in place or not) with `scalars` a 1-D tensor
+    (torch.optim's foreach Adam while compiling: `_stack_if_compiling` stacks the step sizes). torch's fake kernel
+    refuses a CPU scalars tensor ("Expected scalars to be on CPU, got meta"), so the call is decomposed into foreach
+    ops on tensor lists: `xs + [a / b for a, b] * scalars.unbind()`, every element in the graph."""
+    output = tx.output
+    operands = list(args) + [kwargs[key] for key in ("scalars",) if key in kwargs]
+    scalars = operands[3] if len(operands) == 4 else None
+    if not isinstance(scalars, TensorVariable) or len(kwargs) > 1 or set(kwargs) - {"scalars"} or \
+            scalars.fake.dim() != 1:
+        raise Unsupported(f"torch.{name}() with these arguments ({', '.join(arg.describe() for arg in operands)})")
+    combine = torch._foreach_div if "addcdiv" in name else torch._foreach_mul
+    terms = output.call_tensor_op(tx, "call_function", combine, operands[1:3], {})
+    parts = output.call_tensor_op(tx, "call_function", torch.unbind, [scalars], {})
+    scaled = output.call_tensor_op(tx, "call_function", torch._foreach_mul, [terms, ListVariable(parts.unpack(tx))],
+                                   {})
+    add = torch._foreach_add_ if name.endswith("_") else torch._foreach_add
+    return output.call_tensor_op(tx, "call_function", add, [operands[0], scaled], {})
+
+
 def _foreach_with_scalars(name: str) -> Callable:
-    """A foreach addcdiv/addcmul: as it is, unless its `scalars` are a tensor (tensor.py decomposes that call)."""
+    """A foreach addcdiv/addcmul: as it is, unless its `scalars` are a tensor (decomposed, above)."""
     function = getattr(torch, name)
 
     def handler(tx, args, kwargs):
         scalars = args[3] if len(args) == 4 else kwargs.get("scalars")
         if isinstance(scalars, TensorVariable):
-            return foreach_pointwise_with_tensor_scalars(tx, name, args, kwargs)
+            return _foreach_pointwise_with_tensor_scalars(tx, name, args, kwargs)
         return tx.output.call_tensor_op(tx, "call_function", function, list(args), kwargs)
 
     return handler
