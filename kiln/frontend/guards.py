@@ -34,18 +34,21 @@ import torch
 import torch.fx
 
 from kiln import _torch
-from kiln.frontend.sources import AttrSource, LocalSource, NamedSource, Source, chain
+from kiln.frontend.sources import (AttrSource, DictKeySource, ItemSource, LocalSource, NamedSource, Source, TensorKey,
+                                   chain)
 
 _LITERAL_TYPES = (int, float, str, bool, type(None), bytes)
 
 
 @dataclass(frozen=True)
 class Check:
-    """One guard line: `failure` (with `{}` for the rendered source) true means the guard fails."""
+    """One guard line: `failure` (with `{}` for the rendered source, `{key}` for the rendered `key`, a tensor dict
+    key's source) true means the guard fails."""
 
     source: Source | None
     failure: str
     reason: str
+    key: Source | None = None
 
 
 class GuardBuilder:
@@ -63,6 +66,7 @@ class GuardBuilder:
         # and the fakes of tensors with symbolic sizes, whose static sizes the tensor check compares
         self._symbolic_inputs: list[tuple[Source, str, Any]] = []
         self._symbolic_tensors: dict[Source, torch.Tensor] = {}
+        self._tensor_keys: dict[int, Source] = {}  # id of each tensor used as a dict key -> its first source
 
     def constant(self, value: Any, by_identity: bool = False) -> str:
         """A name under which the guard function holds `value` (equal hashable values share one, unless the
@@ -79,12 +83,12 @@ class GuardBuilder:
             self.constants[name] = value
         return self._constant_names[key]
 
-    def add(self, source: Source | None, failure: str, reason: str) -> None:
-        key = (source, failure)
-        if key in self._seen:
+    def add(self, source: Source | None, failure: str, reason: str, key: Source | None = None) -> None:
+        seen = (source, failure, key)
+        if seen in self._seen:
             return
-        self._seen.add(key)
-        self.checks.append(Check(source, failure, reason))
+        self._seen.add(seen)
+        self.checks.append(Check(source, failure, reason, key))
 
     # -- kinds of guard -------------------------------------------------------------------------
 
@@ -130,11 +134,35 @@ class GuardBuilder:
         if not keys:  # the common `**kwargs` left empty: a truth test is the cheapest check
             self.add(source, "{}", "keys changed from ()")
             return
+        if any(isinstance(key, TensorKey) for key in keys):
+            self._keys_with_tensors(source, keys)
+            return
         self.add(source, f"tuple({{}}) != {self.constant(keys)}", f"keys changed from {keys!r}")
+
+    def _keys_with_tensors(self, source: Source, keys: tuple) -> None:
+        """The keys of a dict keyed (partly) by tensors, in order: each tensor key is the very tensor now at its
+        source (one the trace only met by listing this dict, `list(d)[i]`, just a tensor: its own guards check
+        it), each other key equal to the traced one."""
+        sourced = [isinstance(key, TensorKey) and not isinstance(key.source, DictKeySource) for key in keys]
+        constants = tuple(_SOURCED_TENSOR_KEY if own else _ANY_TENSOR_KEY if isinstance(key, TensorKey) else key
+                          for key, own in zip(keys, sourced))
+        tensors = "(" + "".join(f"{key.source.expr()}, " for key, own in zip(keys, sourced) if own) + ")"
+        self.constants["__dict_keys_differ"] = dict_keys_differ
+        self.add(source, f"__dict_keys_differ({{}}, {self.constant(constants)}, {tensors})",
+                 f"keys changed from {keys!r} (tensor keys by identity)")
 
     def contains(self, source: Source, key: Any, present: bool) -> None:
         test = "not in" if present else "in"
-        self.add(source, f"{self.constant(key)} {test} {{}}", f"{'lost' if present else 'gained'} key {key!r}")
+        reason = f"{'lost' if present else 'gained'} key {key!r}"
+        if isinstance(key, TensorKey):  # whatever tensor is at the key's source now
+            self.add(source, f"{{key}} {test} {{}}", reason, key.source)
+            return
+        self.add(source, f"{self.constant(key)} {test} {{}}", reason)
+
+    def tensor_key(self, key: TensorKey) -> None:
+        """A tensor the trace used as a dict key: the distinct tensors keys stood for stay distinct (a lookup
+        through one source found, or missed, what a store through another one left)."""
+        self._tensor_keys.setdefault(key.identity, key.source)
 
     def has_attr(self, source: Source, name: str, present: bool) -> None:
         test = "not hasattr" if present else "hasattr"
@@ -233,6 +261,7 @@ class GuardBuilder:
         rendered = [check.source for check in self.checks
                     if check.source is not None and (check.source, check.failure) not in skipped
                     for _ in range(check.failure.count("{}"))]
+        rendered += [check.key for check in self.checks if check.key is not None] + list(self._tensor_keys.values())
         renderer = SourceRenderer(rendered + (tensor_sources if checker is not None else list(self._symbolic_tensors)))
         body: list[str] = []
         for check in self.checks:
@@ -244,6 +273,8 @@ class GuardBuilder:
             else:
                 text = renderer.render(check.source, body)
                 condition = check.failure.replace("{}", text)
+                if check.key is not None:
+                    condition = condition.replace("{key}", renderer.render(check.key, body))
                 label = check.source.expr()
             body.append(f"if {condition}: return {label + ': ' + check.reason!r}")
         namespace = dict(signature.namespace)
@@ -258,6 +289,7 @@ class GuardBuilder:
         else:
             body.extend(self._symbolic_tensor_lines(renderer, body))
         body.extend(self._shape_guard_lines(renderer, body, namespace))
+        body.extend(self._distinct_tensor_keys_lines(renderer, body))
         body.extend(self._storage_aliasing_lines(renderer, body, namespace))
         lines = [f"def __guard({signature.text}):", "    try:"]
         lines += ["        " + line for line in body] or ["        pass"]
@@ -339,6 +371,16 @@ class GuardBuilder:
         namespace.update({key: value for key, value in _torch.shape_guard_namespace().items() if key not in namespace})
         return lines
 
+    def _distinct_tensor_keys_lines(self, renderer: "SourceRenderer", body: list[str]) -> list[str]:
+        """The tensors the trace used as dict keys are still distinct objects (after the tensor check)."""
+        if len(self._tensor_keys) < 2:
+            return []
+        names = [source.expr() for source in self._tensor_keys.values()]
+        values = [renderer.render(source, body) for source in self._tensor_keys.values()]
+        reason = f"tensor dict keys: two of {', '.join(names[:4])}{', ...' if len(names) > 4 else ''} " \
+                 "are now the same tensor"
+        return [f"if len(set(map(id, ({', '.join(values)},)))) != {len(values)}: return {reason!r}"]
+
     def _storage_aliasing_lines(self, renderer: "SourceRenderer", body: list[str],
                                 namespace: dict) -> list[str]:
         """Checks that every mutated input shares storage with exactly the inputs it shared it
@@ -379,6 +421,26 @@ class GuardBuilder:
                 f"not set(__storages[:{count}]).isdisjoint(__storages[{start}:])"
             lines.append(f"if {test}: return {f'an input now shares storage with a mutated input ({names})'!r}")
         return lines
+
+
+# A tensor's place among a dict's traced keys (`dict_keys_differ`): any tensor (one the trace met only by listing
+# the dict, whose own guards check it), or the very tensor at the key's own source.
+_ANY_TENSOR_KEY, _SOURCED_TENSOR_KEY = object(), object()
+
+
+def dict_keys_differ(actual: dict, traced: tuple, tensors: tuple) -> bool:
+    """Whether `actual`'s keys differ, in order, from the `traced` ones: a tensor key by identity (`tensors`: the
+    tensor now at each `_SOURCED_TENSOR_KEY`'s source, in order), any other key by type and equality."""
+    if len(actual) != len(traced):
+        return True
+    expected = iter(tensors)
+    for key, was in zip(actual, traced):
+        if was is _ANY_TENSOR_KEY or was is _SOURCED_TENSOR_KEY:
+            if not isinstance(key, torch.Tensor) or (was is _SOURCED_TENSOR_KEY and key is not next(expected)):
+                return True
+        elif isinstance(key, torch.Tensor) or type(key) is not type(was) or key != was:
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -444,9 +506,12 @@ class SourceRenderer:
 
     def __init__(self, sources: list[Source]):
         uses: dict[Source, int] = {}
-        for source in sources:  # a source listed twice is used twice
-            for ancestor in chain(source):
+        pending = list(sources)
+        while pending:  # a source listed twice is used twice
+            for ancestor in chain(pending.pop()):
                 uses[ancestor] = uses.get(ancestor, 0) + 1
+                if isinstance(ancestor, ItemSource) and isinstance(ancestor.key, TensorKey):
+                    pending.append(ancestor.key.source)  # `d[<the key tensor's source>]` reads that source too
         self._hoist = {source for source, count in uses.items()
                        if count >= 2 and not isinstance(source, (LocalSource, NamedSource))}
         self._locals: dict[Source, str] = {}
@@ -456,6 +521,8 @@ class SourceRenderer:
             return self._locals[source]
         if source.parent is None:
             text = source.expr()
+        elif isinstance(source, ItemSource) and isinstance(source.key, TensorKey):
+            text = f"{self.render(source.parent, lines)}[{self.render(source.key.source, lines)}]"
         else:
             text = source.with_parent(self.render(source.parent, lines))
         if source in self._hoist:

@@ -143,6 +143,13 @@ class OutputGraph:
                 return value
         return None
 
+    def tensor_by_id(self, identity: int) -> torch.Tensor:
+        """The outside tensor whose `id` is `identity` (a graph input: kept alive while the trace runs)."""
+        for _, value, _ in self.inputs:
+            if id(value) == identity and isinstance(value, torch.Tensor):
+                return value
+        raise KeyError(identity)
+
     def _placeholder(self, name: str, example: Any) -> torch.fx.Node:
         """A new graph input, after the others (all placeholders come before the first compute node)."""
         first_compute = next((node for node in self.graph.nodes if node.op != "placeholder"), None)

@@ -12,7 +12,7 @@ globals dict of each function the trace read a global in).
 from __future__ import annotations
 
 import keyword
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 class Source:
@@ -80,7 +80,8 @@ class AttrSource(Source):
 
 @dataclass(frozen=True, eq=True)
 class ItemSource(Source):
-    """`parent[key]` for a key that prints as a literal (str, int, bool, None)."""
+    """`parent[key]` for a key that prints as a literal (str, int, bool, None), or as the name or source of the
+    object it stands for (containers.NamedKey, TensorKey)."""
 
     parent: Source
     key: object
@@ -115,6 +116,37 @@ class ClosureCellSource(Source):
 
     def with_parent(self, text: str) -> str:
         return f"{text}.__closure__[{self.index}].cell_contents"
+
+
+@dataclass(frozen=True, eq=True)
+class TensorKey:
+    """An outside tensor used as a dict key, by identity as Python hashes it (`state[p]`): it equals another
+    TensorKey of the same tensor object, and prints as the tensor's source, so `ItemSource(d, key)` renders as
+    `d[<the tensor's source>]`, a lookup of whatever tensor is there when the guard or entry runs.
+
+    It holds the tensor's `id`, not the tensor: the trace keeps its inputs alive while it runs, and a guard
+    or entry never sees the object, only the expression."""
+
+    identity: int
+    source: Source = field(compare=False)
+
+    def __repr__(self) -> str:
+        return self.source.expr()
+
+
+@dataclass(frozen=True, eq=True)
+class DictKeySource(Source):
+    """Key number `index` of the dict at `parent` (a key the trace met by listing the dict, not by a
+    source of its own): `list(d)[index]`."""
+
+    parent: Source
+    index: int
+
+    def expr(self) -> str:
+        return self.with_parent(self.parent.expr())
+
+    def with_parent(self, text: str) -> str:
+        return f"list({text})[{self.index}]"
 
 
 def is_literal_key(key: object) -> bool:

@@ -1149,3 +1149,15 @@ def _errors_of_constant_operations(x, shape):
 
 def test_errors_of_operations_on_constants_are_the_programs():
     check(_errors_of_constant_operations, X, (2, 3))
+
+
+# --------------------------------------------------------------------------- builtin generic aliases
+
+def _cast_to_generic_aliases(xs, table):
+    # torch.optim's foreach code: `cast(list[Tensor], device_params_)`
+    first = typing.cast(list[torch.Tensor], xs)[0]
+    return first + typing.cast(dict[str, int], table)["n"] + typing.cast(tuple[int, ...], (1, 2))[1]
+
+
+def test_builtin_generic_aliases():
+    check(_cast_to_generic_aliases, [X, X + 1], {"n": 2})

@@ -15,9 +15,10 @@ Whisper on the default CPU backend (C++), and GPT-2 with its default dropout for
 test_models.py checks Llama's and a ResNet's step (BatchNorm statistics included). None has BERT training,
 dropout compared by value, the Triton backend, or an optimizer.
 
-The optimizer: `torch.optim.AdamW` (default: foreach) steps eagerly between compiled forward/backward
-passes. Compiling `optimizer.step` itself is checked twice: its results must equal eager's whatever kiln
-captured of it, and, as a strict xfail, kiln must capture it whole (it does not yet: see COMPILED_STEP_GAP).
+The optimizer: `torch.optim.AdamW` (its defaults: the single-tensor loop on CPU) steps eagerly between compiled
+forward/backward passes. Compiling `optimizer.step` itself, with the default loop and with foreach=True (the
+`torch._foreach_*` ops through kiln's backend), must capture the step whole (one capture for the first step, which
+fills the optimizer's state, one for the later steps) and give eager's losses, parameters and optimizer state.
 """
 from __future__ import annotations
 
@@ -163,10 +164,11 @@ CASES = {"mlp": _mlp_case, "llama": _llama_case}
 
 
 def train(model: torch.nn.Module, run, loss_of, batches: list, make_step=lambda optimizer: optimizer.step,
-          report: ExplainReport | None = None):
-    """STEPS of AdamW (lr 1e-2, defaults otherwise: foreach): the losses and the final parameters.
-    `report` records what kiln does in the forward and backward passes (not in the step)."""
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
+          report: ExplainReport | None = None, foreach: bool | None = None, keep_optimizer: bool = False):
+    """STEPS of AdamW (lr 1e-2, defaults otherwise: the single-tensor loop on CPU, unless `foreach`): the losses and
+    the final parameters (and the optimizer, with `keep_optimizer`). `report` records what kiln does in the forward
+    and backward passes (not in the step)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, foreach=foreach)
     step = make_step(optimizer)
     losses = []
     for batch in batches:
@@ -177,7 +179,8 @@ def train(model: torch.nn.Module, run, loss_of, batches: list, make_step=lambda 
             loss.backward()
         step()
         losses.append(loss.detach())
-    return torch.stack(losses), [parameter.detach().clone() for parameter in model.parameters()]
+    trained = torch.stack(losses), [parameter.detach().clone() for parameter in model.parameters()]
+    return (*trained, optimizer) if keep_optimizer else trained
 
 
 # Final parameters that AdamW makes ill-conditioned to compare, as data: (case, cpu_backend) -> why. Adam divides
@@ -224,47 +227,50 @@ def test_adamw_five_steps_match_eager(case, cpu_backend):
     assert_training_matches(name, actual, eager, reference, ILL_CONDITIONED_PARAMETERS.get((case, cpu_backend)))
 
 
-# What kiln's frontend cannot do yet with `kiln.compile(optimizer.step)` (torch 2.13, at 16c403d): the
-# profiler range around the step (record_function) is dropped, and parameters' .grad are read as guarded
-# inputs; AdamW's _init_group then looks up `self.state[p]`, a dict keyed by parameters, and kiln's dicts take
-# no tensor keys: the step breaks there and its update runs eagerly.
-COMPILED_STEP_GAP = ("kiln captures nothing of optimizer.step's update: AdamW's _init_group reads self.state[p], "
-                     "a dict keyed by tensors, which kiln's dicts do not model (a graph break)")
-
-
-def _compiled_step(optimizer):
+def _compiled_step(optimizer, report: ExplainReport):
+    """`kiln.compile(optimizer.step)`, each call recorded in `report`."""
     step = kiln.compile(optimizer.step)
 
     def run_step():
-        with kiln.config.patch(strict=False):  # what kiln cannot compile runs eagerly (COMPILED_STEP_GAP)
+        with _recording(report):
             step()
 
     return run_step
 
 
+def assert_same_optimizer_state(name: str, compiled, eager, reference) -> None:
+    """The compiled run's optimizer state is eager's: keyed by its own parameters in their order, the same step
+    counts, and moments no farther from the float64 run's than eager's are (`compare`)."""
+    for optimizer in (compiled, eager):
+        assert list(optimizer.state) == [p for group in optimizer.param_groups for p in group["params"]], name
+    for got, want, exact in zip(compiled.state.values(), eager.state.values(), reference.state.values()):
+        assert list(got) == list(want) == ["step", "exp_avg", "exp_avg_sq"], f"{name}: state {list(got)}"
+        assert got["step"].dtype == want["step"].dtype and got["step"].item() == want["step"].item() == STEPS, name
+        for key in ("exp_avg", "exp_avg_sq"):
+            verdict = compare(got[key], want[key], exact[key])
+            assert verdict, f"{name}: optimizer state {key}: {verdict.message}"
+
+
 @CPU_BACKENDS
-def test_adamw_compiled_step_matches_eager(cpu_backend):
-    """`kiln.compile(optimizer.step)`: whatever kiln captures of it, five steps give eager's losses and
-    parameters (the MLP's forward and backward compiled whole; only the step's own frames may run eagerly)."""
+@pytest.mark.parametrize("foreach", [None, True], ids=["default", "foreach"])
+def test_adamw_compiled_step_matches_eager(cpu_backend, foreach):
+    """`kiln.compile(optimizer.step)` (AdamW's default on CPU is the single-tensor loop; foreach=True is the
+    `torch._foreach_*` path): the step is captured whole, once for the first step (which fills the state) and once
+    for the later ones, and five steps give eager's losses, parameters and optimizer state (the MLP's forward and
+    backward compiled whole too)."""
     model, batches, loss_of = _mlp_case()
-    eager, reference = _eager_and_reference(model, loss_of, batches)
+    reference_model, eager_model = copy.deepcopy(model).double(), copy.deepcopy(model)
+    eager = train(eager_model, eager_model, loss_of, batches, foreach=foreach, keep_optimizer=True)
+    reference = train(reference_model, reference_model, loss_of, to_float64(batches), foreach=foreach,
+                      keep_optimizer=True)
     compiled = kiln.compile(model)
-    name = f"mlp with a compiled AdamW step on {cpu_backend}"
-    report = ExplainReport()  # the forward and backward passes': the step runs partly eagerly (COMPILED_STEP_GAP)
+    name = f"mlp with a compiled AdamW step ({'foreach' if foreach else 'default'}) on {cpu_backend}"
+    report, step_report = ExplainReport(), ExplainReport()
     with kiln.config.patch(cpu_backend=cpu_backend):
-        actual = train(model, compiled, loss_of, batches, make_step=_compiled_step, report=report)
+        actual = train(model, compiled, loss_of, batches, make_step=lambda optimizer: _compiled_step(optimizer,
+                       step_report), report=report, foreach=foreach, keep_optimizer=True)
     assert_compiled(name, report)
-    assert_training_matches(name, actual, eager, reference)
-
-
-@pytest.mark.xfail(reason=COMPILED_STEP_GAP, strict=True)
-@CPU_BACKENDS
-def test_adamw_step_is_compiled_whole(cpu_backend):
-    """The gap, kept visible: kiln compiles AdamW's step as graphs with kernels, nothing eagerly."""
-    model, _, _ = _mlp_case()
-    for parameter in model.parameters():
-        parameter.grad = torch.randn_like(parameter)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE)
-    step = kiln.compile(optimizer.step)
-    with kiln.config.patch(cpu_backend=cpu_backend, strict=False), compiled_by_kiln("AdamW.step"):
-        step()
+    assert_compiled(f"{name}: the step", step_report)
+    assert len(step_report.frames) == 2, f"{name}: the step was captured {len(step_report.frames)} times, not twice"
+    assert_training_matches(name, actual[:2], eager[:2], reference[:2])
+    assert_same_optimizer_state(name, actual[2], eager[2], reference[2])

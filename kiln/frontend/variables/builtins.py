@@ -72,6 +72,21 @@ class BuiltinVariable(Variable):
     def truth(self, tx) -> bool:
         return True
 
+    def getitem(self, tx, key: Variable) -> Variable:
+        """`list[Tensor]`, `dict[str, int]`: a builtin class's generic alias (annotations, `typing.cast`), made now
+        from the classes or constants it is parameterized by."""
+        if not isinstance(self.fn, type) or "__class_getitem__" not in vars(self.fn):
+            return super().getitem(tx, key)
+        items = key.unpack(tx) if type(key).__name__ == "TupleVariable" else [key]
+        parameters = []
+        for item in items:
+            parameter = item.as_constant() if item.is_constant() else item.identity()
+            if isinstance(parameter, Variable):
+                raise Unsupported(f"{self.describe()}[...] parameterized by {item.describe()}")
+            parameters.append(parameter)
+        alias = self.fn[tuple(parameters) if len(items) != 1 or type(key).__name__ == "TupleVariable" else parameters[0]]
+        return tx.wrap_sourceless(alias)
+
     def call(self, tx, args, kwargs) -> Variable:
         return self.handler(tx, list(args), dict(kwargs))
 

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from kiln.frontend.errors import ProgramException, Unsupported
-from kiln.frontend.sources import AttrSource, ItemSource, is_literal_key
+from kiln.frontend.sources import AttrSource, DictKeySource, ItemSource, TensorKey, is_literal_key
 from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, has_python_method, is_same,
                                           is_trusted_module, lookup_class_attribute, run_on_constants)
 from kiln.frontend.variables.tensor import TensorVariable
@@ -59,9 +59,9 @@ def _is_identity_key(key: Any) -> bool:
 
 
 def hashable_key(tx, key: Variable) -> Any:
-    """The Python object a tracker stands for as a dict key."""
+    """The Python object a tracker stands for as a dict key; an outside tensor is a `TensorKey` (by identity)."""
     if isinstance(key, TensorVariable):
-        raise Unsupported("a tensor used as a dict key")
+        return tensor_key(tx, key)
     if isinstance(key, TupleVariable):
         return tuple(hashable_key(tx, item) for item in key.items)
     identity = key.identity()
@@ -70,6 +70,27 @@ def hashable_key(tx, key: Variable) -> Any:
     except TypeError:
         raise Unsupported(f"unhashable dict key {key.describe()}") from None
     return identity
+
+
+def tensor_key(tx, key: TensorVariable) -> TensorKey:
+    """A tensor as a dict key: Python hashes a tensor by identity, so the key is the real tensor object, which only
+    an outside tensor has (a parameter, an argument, an attribute: the graph's own inputs). A tensor the graph
+    computes exists only when the graph runs (and a tensor the trace changed in place is a new tracker)."""
+    real = tx.output.outside_tensor(key) if key.source is not None else None
+    if real is None:
+        raise Unsupported(f"{key.describe()}, a tensor the trace computed, used as a dict key (only outside tensors, "
+                          "which the compiled function receives or reads, can be keys: the computed one does not "
+                          "exist until the graph runs)")
+    python_key = TensorKey(id(real), key.source)
+    tx.output.guards.tensor_key(python_key)
+    return python_key
+
+
+def real_key(tx, key: Any) -> Any:
+    """The object a Python key stands for in a real dict: the tensor for a `TensorKey`."""
+    if isinstance(key, TensorKey):
+        return tx.output.tensor_by_id(key.identity)
+    return key
 
 
 class BaseListVariable(Variable):
@@ -295,10 +316,11 @@ class DictVariable(Variable):
     """A dict of trackers, keyed by the Python objects the keys stand for (insertion ordered)."""
 
     def __init__(self, entries: dict[Any, tuple[Variable, Variable]] | None = None, source=None,
-                 dict_type: type = dict):
+                 dict_type: type = dict, default_factory: Variable | None = None):
         self.entries = dict(entries or {})
         self.source = source
         self.dict_type = dict_type
+        self.default_factory = default_factory  # a defaultdict's (None: a missing key raises KeyError)
 
     @property
     def items(self) -> dict:
@@ -317,10 +339,12 @@ class DictVariable(Variable):
     def python_type(self) -> type:
         return self.dict_type
 
-    def is_constant(self) -> bool:
-        return all(value.is_constant() for _, value in self.entries.values())
+    def is_constant(self) -> bool:  # a tensor key (a TensorKey here) is no constant: only the entry has the tensor
+        return all(value.is_constant() and not isinstance(key, TensorKey) for key, (_, value) in self.entries.items())
 
     def as_constant(self) -> Any:
+        if any(isinstance(key, TensorKey) for key in self.entries):
+            raise Unsupported(f"the value of {self.describe()}, keyed by tensors, as a Python constant")
         return self.dict_type((key, value.as_constant()) for key, (_, value) in self.entries.items())
 
     def truth(self, tx) -> bool:
@@ -335,8 +359,21 @@ class DictVariable(Variable):
     def getitem(self, tx, key: Variable) -> Variable:
         python_key = hashable_key(tx, key)
         if python_key not in self.entries:
-            raise missing_key(key, self)
+            return self.missing(tx, key)
         return self.entries[python_key][1]
+
+    def missing(self, tx, key: Variable) -> Variable:
+        """`d[key]` for a key `d` lacks: a defaultdict stores and returns a new default (`__missing__`), any other
+        dict raises KeyError."""
+        if self.default_factory is None and hasattr(self.dict_type, "__missing__") and \
+                self.dict_type is not collections.defaultdict:
+            raise Unsupported(f"a missing key of {self.describe()}, whose __missing__ kiln does not model")
+        if self.default_factory is None or self.default_factory.is_constant() and \
+                self.default_factory.as_constant() is None:
+            raise missing_key(key, self)
+        value = self.default_factory.call(tx, [], {})
+        self.setitem(tx, key, value)
+        return value
 
     def setitem(self, tx, key: Variable, value: Variable) -> None:
         self.entries[hashable_key(tx, key)] = (key, value)
@@ -386,7 +423,7 @@ class DictVariable(Variable):
             self._mutated(tx)
             return NONE
         if name == "copy":
-            return DictVariable(self.entries, dict_type=self.dict_type)
+            return DictVariable(self.entries, dict_type=self.dict_type, default_factory=self.default_factory)
         if name == "clear":
             self.entries.clear()
             self._mutated(tx)
@@ -408,7 +445,7 @@ class DictVariable(Variable):
             self.entries.update(other.entries)
         elif isinstance(other, ExternalDictVariable):
             for key in other.keys(tx):
-                self.entries[key] = (ConstantVariable(key), other.item(tx, key))
+                self.entries[key] = (other.key_variable(key), other.item(tx, key))
         else:
             for pair in other.unpack(tx):
                 key, value = pair.unpack(tx)
@@ -424,6 +461,9 @@ class DictVariable(Variable):
         inner = ", ".join(f"{codegen.value(key)}: {codegen.value(value)}" for key, value in self.entries.values())
         if self.dict_type is dict:
             return "{" + inner + "}"
+        if self.dict_type is collections.defaultdict:
+            factory = codegen.value(self.default_factory) if self.default_factory is not None else "None"
+            return f"{codegen.constant(self.dict_type)}({factory}, {{{inner}}})"
         return f"{codegen.constant(self.dict_type)}({{{inner}}})"
 
 
@@ -546,6 +586,7 @@ class ExternalDictVariable(Variable):
         self.value = value
         self.source = source
         self.materialized: DictVariable | None = None
+        self.tensor_keys: dict[TensorKey, Variable] = {}  # the trackers of its tensor keys the trace listed
 
     def describe(self) -> str:
         return f"dict at {self.source}"
@@ -565,18 +606,45 @@ class ExternalDictVariable(Variable):
             if _is_module_namespace(self.value):
                 raise Unsupported(f"assigning into a module's globals dict ({self.describe()}); assign the global "
                                   "itself (`global NAME` or `module.NAME = ...`), which kiln tracks")
-            entries = {key: (ConstantVariable(key), self.item(tx, key)) for key in self.keys(tx)}
-            self.materialized = DictVariable(entries, self.source, type(self.value))
+            entries = {key: (self.key_variable(key), self.item(tx, key)) for key in self.keys(tx)}
+            self.materialized = DictVariable(entries, self.source, type(self.value), self._default_factory(tx))
         return self.materialized
+
+    def _default_factory(self, tx) -> Variable | None:
+        """A defaultdict's factory (read and guarded), None for a dict without one; a dict whose missing keys
+        run other code (`__missing__` of a Counter or a user subclass) is not modelled."""
+        if type(self.value) is collections.defaultdict:
+            source = AttrSource(self.source, "default_factory")
+            tx.output.guards.identity(source, self.value.default_factory)  # a builtin (`dict`) is wrapped unguarded
+            return tx.wrap(self.value.default_factory, source)
+        return None
+
+    def key_variable(self, key: Any) -> Variable:
+        """The tracker for one of its keys (a key of `keys`)."""
+        if isinstance(key, TensorKey):
+            return self.tensor_keys[key]
+        return ConstantVariable(key)
 
     def keys(self, tx) -> list:
         if self.materialized is not None:
             return list(self.materialized.entries)
         if tx.output.side_effects.stores_globals_into(self.value):
             raise Unsupported(f"listing {self.describe()}, a module's globals, after the trace assigned one of them")
-        keys = tuple(self.value)
+        keys = tuple(self._python_key(tx, key, index) for index, key in enumerate(self.value))
         tx.output.guards.keys(self.source, keys)
         return list(keys)
+
+    def _python_key(self, tx, key: Any, index: int) -> Any:
+        """A listed key as the trace holds it: a tensor becomes a `TensorKey` with the source the trace knows it
+        by (a parameter met before), else `list(d)[index]`, a new graph input."""
+        if not isinstance(key, torch.Tensor):
+            return key
+        variable = tx.output.tensors_by_id.get(id(key))
+        if variable is None:
+            variable = tx.wrap(key, DictKeySource(self.source, index))
+        python_key = tensor_key(tx, variable)
+        self.tensor_keys.setdefault(python_key, variable)
+        return python_key
 
     def item(self, tx, key) -> Variable:
         if self.materialized is not None:
@@ -586,6 +654,8 @@ class ExternalDictVariable(Variable):
             if not isinstance(stored, Variable):
                 raise missing_key(ConstantVariable(key), self)
             return stored
+        if isinstance(key, TensorKey):
+            return tx.wrap(self.value[real_key(tx, key)], ItemSource(self.source, key))
         if not is_literal_key(key):
             if not _is_identity_key(key):
                 raise Unsupported(f"reading key {key!r} of an outside dict (only str/int keys, classes, functions and "
@@ -601,7 +671,7 @@ class ExternalDictVariable(Variable):
         stored = tx.output.side_effects.stored_global(self.value, python_key)
         if stored is not None:
             return isinstance(stored, Variable)
-        present = python_key in self.value
+        present = real_key(tx, python_key) in self.value
         tx.output.guards.contains(self.source, python_key, present)
         return present
 
@@ -614,11 +684,13 @@ class ExternalDictVariable(Variable):
     def unpack(self, tx) -> list[Variable]:
         if self.materialized is not None:
             return self.materialized.unpack(tx)
-        return [ConstantVariable(key) for key in self.keys(tx)]
+        return [self.key_variable(key) for key in self.keys(tx)]
 
     def getitem(self, tx, key: Variable) -> Variable:
         python_key = hashable_key(tx, key)
         if not self.contains(tx, key):
+            if hasattr(type(self.value), "__missing__"):  # a defaultdict stores a new default: a mutation
+                return self._materialize(tx).missing(tx, key)
             raise missing_key(key, self)
         return self.item(tx, python_key)
 
@@ -643,11 +715,11 @@ class ExternalDictVariable(Variable):
                 materialized.call_method(tx, "pop", [key_variable], {})
                 return TupleVariable([key_variable, value])
             return materialized.call_method(tx, name, args, kwargs)
-        if name in ("get", "__getitem__") and args:
+        if name == "__getitem__" and args:
+            return self.getitem(tx, args[0])
+        if name == "get" and args:
             if self.contains(tx, args[0]):
                 return self.item(tx, hashable_key(tx, args[0]))
-            if name == "__getitem__":
-                raise missing_key(args[0], self)
             return args[1] if len(args) > 1 else NONE
         if name == "__contains__":
             return ConstantVariable(self.contains(tx, args[0]))
@@ -656,10 +728,12 @@ class ExternalDictVariable(Variable):
         if name == "values":
             return ListIteratorLike([self.item(tx, key) for key in self.keys(tx)], "dict_values")
         if name == "items":
-            return ListIteratorLike([TupleVariable([ConstantVariable(key), self.item(tx, key)])
+            return ListIteratorLike([TupleVariable([self.key_variable(key), self.item(tx, key)])
                                      for key in self.keys(tx)], "dict_items")
         if name == "copy":
-            return DictVariable({key: (ConstantVariable(key), self.item(tx, key)) for key in self.keys(tx)})
+            return DictVariable({key: (self.key_variable(key), self.item(tx, key)) for key in self.keys(tx)},
+                                dict_type=collections.defaultdict if isinstance(self.value, collections.defaultdict)
+                                else dict, default_factory=self._default_factory(tx))
         if name == "__len__":
             return ConstantVariable(self.length(tx))
         raise Unsupported(f"dict.{name} on {self.describe()}")

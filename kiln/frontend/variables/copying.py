@@ -137,7 +137,7 @@ class _Copier:
         if dict_type not in (dict, collections.OrderedDict):
             raise Unsupported(f"{self.what} of {variable.describe()} ({dict_type.__qualname__})")
         if isinstance(variable, ExternalDictVariable):
-            pairs = [(ConstantVariable(name), variable.item(self.tx, name)) for name in variable.keys(self.tx)]
+            pairs = [(variable.key_variable(name), variable.item(self.tx, name)) for name in variable.keys(self.tx)]
         else:
             pairs = list(variable.entries.values())
         result = DictVariable(dict_type=dict_type)

@@ -142,7 +142,26 @@ class TensorMethodVariable(Variable):
             if keywords or not _torch.is_symbolic(result):
                 return ConstantVariable(_torch.specialize(result))
             return tx.output.tensor_metadata(tx, self.tensor, name, values, result)
+        if name in ("addcdiv_", "addcmul_", "addcdiv", "addcmul") and isinstance(kwargs.get("value"), TensorVariable):
+            return _pointwise_with_tensor_value(tx, self.tensor, name, args, kwargs)
         return tx.output.call_tensor_op(tx, "call_method", name, [self.tensor, *args], kwargs)
+
+
+def _pointwise_with_tensor_value(tx, tensor: TensorVariable, name: str, args: list, kwargs: dict) -> Variable:
+    """`x.addcdiv_(a, b, value=t)` (or addcmul) with a 0-d tensor `t`: an optimizer's step size while compiling
+    (torch.optim's `_get_value` keeps the step a tensor then). The op takes `value` as a Scalar, which would need
+    `t.item()`; decomposed instead, as Dynamo does, into `x + t * (a / b)` (`a * b` for addcmul), all in the graph."""
+    value = kwargs["value"]
+    if len(args) != 2 or len(kwargs) != 1 or value.fake.numel() != 1 or not tensor.fake.is_floating_point():
+        raise Unsupported(f"Tensor.{name}() with a tensor `value` other than a one-element scalar on a "
+                          f"floating-point tensor ({tensor.describe()}, value {value.describe()})")
+    output = tx.output
+    combine = torch.div if name.startswith("addcdiv") else torch.mul
+    term = output.call_tensor_op(tx, "call_function", combine, list(args), {})
+    scaled = output.call_tensor_op(tx, "call_function", torch.mul, [term, value], {})
+    if name.endswith("_"):
+        return output.call_tensor_op(tx, "call_method", "add_", [tensor, scaled], {})
+    return output.call_tensor_op(tx, "call_function", torch.add, [tensor, scaled], {})
 
 
 class SymNumberVariable(Variable):

@@ -250,6 +250,60 @@ def _record_function(tx, args, kwargs):
     return NullContextVariable(NONE)
 
 
+def _foreach_pointwise_with_tensor_scalars(tx, name: str, args: list, kwargs: dict) -> Variable:
+    """`torch._foreach_addcdiv_(xs, as, bs, scalars)` (or addcmul, in place or not) with `scalars` a 1-D tensor
+    (torch.optim's foreach Adam while compiling: `_stack_if_compiling` stacks the step sizes). torch's fake kernel
+    refuses a CPU scalars tensor ("Expected scalars to be on CPU, got meta"), so the call is decomposed into foreach
+    ops on tensor lists: `xs + [a / b for a, b] * scalars.unbind()`, every element in the graph."""
+    output = tx.output
+    operands = list(args) + [kwargs[key] for key in ("scalars",) if key in kwargs]
+    scalars = operands[3] if len(operands) == 4 else None
+    if not isinstance(scalars, TensorVariable) or len(kwargs) > 1 or set(kwargs) - {"scalars"} or \
+            scalars.fake.dim() != 1:
+        raise Unsupported(f"torch.{name}() with these arguments ({', '.join(arg.describe() for arg in operands)})")
+    combine = torch._foreach_div if "addcdiv" in name else torch._foreach_mul
+    terms = output.call_tensor_op(tx, "call_function", combine, operands[1:3], {})
+    parts = output.call_tensor_op(tx, "call_function", torch.unbind, [scalars], {})
+    scaled = output.call_tensor_op(tx, "call_function", torch._foreach_mul, [terms, ListVariable(parts.unpack(tx))],
+                                   {})
+    add = torch._foreach_add_ if name.endswith("_") else torch._foreach_add
+    return output.call_tensor_op(tx, "call_function", add, [operands[0], scaled], {})
+
+
+def _foreach_with_scalars(name: str) -> Callable:
+    """A foreach addcdiv/addcmul: as it is, unless its `scalars` are a tensor (decomposed, above)."""
+    function = getattr(torch, name)
+
+    def handler(tx, args, kwargs):
+        scalars = args[3] if len(args) == 4 else kwargs.get("scalars")
+        if isinstance(scalars, TensorVariable):
+            return _foreach_pointwise_with_tensor_scalars(tx, name, args, kwargs)
+        return tx.output.call_tensor_op(tx, "call_function", function, list(args), kwargs)
+
+    return handler
+
+
+def _optimizer_value(tx, args, kwargs):
+    """torch.optim's `_get_value(step)`: eagerly `step.item()`, a Python float, so the bias corrections that follow
+    (`1 - beta2 ** step`, `lr / ...`) are double-precision arithmetic. While compiling torch returns the tensor
+    itself, and those corrections become float32 tensor math, whose cancellation in `1 - 0.999 ** step` costs about
+    1e-4 of relative error (parameters drift from eager's by several times eager's own rounding). In the graph it is
+    the number `.item()` gives: the tensor detached, as a 0-d float64 tensor, so the arithmetic on it is eager's,
+    and where it meets a float32 tensor it is rounded to float32 as eager's Python float is. A step that is not a
+    floating-point number (an int or bool, whose Python arithmetic a tensor's would not follow) is unsupported."""
+    value = args[0] if args else kwargs.get("x")
+    if not isinstance(value, TensorVariable):
+        return value
+    if value.fake.numel() != 1 or not value.fake.is_floating_point():
+        raise Unsupported(f"torch.optim's _get_value() of {value.describe()}: kiln models it only for a one-element "
+                          "floating-point tensor (a Python float, read as a float64 tensor in the graph)")
+    output = tx.output
+    number = output.call_tensor_op(tx, "call_method", "detach", [value], {})
+    if value.fake.dim() != 0:
+        number = output.call_tensor_op(tx, "call_method", "reshape", [number, ConstantVariable(())], {})
+    return output.call_tensor_op(tx, "call_method", "to", [number, ConstantVariable(torch.float64)], {})
+
+
 def _build_table() -> dict[Any, Callable]:
     table: dict[Any, Callable] = {
         torch.compiler.is_compiling: _constant(True),
@@ -280,6 +334,11 @@ def _build_table() -> dict[Any, Callable]:
         inspect.getattr_static(torch.autograd.Function, "apply").__func__: _autograd_function_apply,
         inspect.signature: _signature,
     }
+    from torch.optim import optimizer  # the table is built on the first call, after torch's own imports
+
+    table[optimizer._get_value] = _optimizer_value
+    for name in ("_foreach_addcdiv_", "_foreach_addcdiv", "_foreach_addcmul_", "_foreach_addcmul"):
+        table[getattr(torch, name)] = _foreach_with_scalars(name)
     for method in (*_LOG_LEVELS, "log"):
         if hasattr(logging, method):
             table[getattr(logging, method)] = _logging_function(method)
