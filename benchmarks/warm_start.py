@@ -61,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         for backend in [name.strip() for name in args.backends.split(",") if name.strip()]:
             spec = {"suite": "models", "workload": model, "backend": backend, "mode": "infer", "device": device,
                     "small": small, "warmup": 1, "iterations": 3, "kiln_backend": "kiln", "kiln_strict": False,
-                    "check": False, "spin_up_s": 0.0}
+                    "check": True, "spin_up_s": 0.0}
             cache_dir = tempfile.mkdtemp(prefix="kiln_warm_cache_")
             try:
                 cold = first_call(spec, cache_dir, args.timeout)
@@ -70,23 +70,29 @@ def main(argv: list[str] | None = None) -> int:
                 shutil.rmtree(cache_dir, ignore_errors=True)
             rows.append((model, backend, cold, warm))
             print(f"{model:10} {backend:9} cold {cold.get('first_call_s', cold.get('error'))} s, "
-                  f"warm {warm.get('first_call_s', warm.get('error'))} s", flush=True)
+                  f"warm {warm.get('first_call_s', warm.get('error'))} s, accuracy {cold.get('accuracy_ok')} / "
+                  f"{warm.get('accuracy_ok')}", flush=True)
     command = "python -m benchmarks.warm_start " + " ".join(shlex.quote(arg) for arg in (argv or sys.argv[1:]))
     env = report.environment(device, REPO_ROOT, command)
     lines = [f"# Cold and warm first calls ({args.label})", "",
              *(f"- {key}: {value}" for key, value in env.items() if value is not None),
              "- method: each row is one case run twice, each time in a new process; the two share one cache "
              "folder (KILN_CACHE_DIR, TRITON_CACHE_DIR, TORCHINDUCTOR_CACHE_DIR), empty before the first (cold) "
-             "and as the first left it for the second (warm); first call = wall time of the first compiled call, "
+             "and as the first left it for the second (warm); first call = wall time of the first compiled call (each result checked against eager and float64), "
              "inference" + (", bf16 autocast" if device == "cuda" else ", float32, small models"), "",
-             "| model | backend | cold first call s | warm first call s | median ms (cold / warm process) |",
-             "|---|---|---:|---:|---|"]
+             "| model | backend | cold first call s | warm first call s | median ms (cold / warm process) | accuracy "
+             "(cold / warm) |",
+             "|---|---|---:|---:|---|---|"]
     for model, backend, cold, warm in rows:
         def cell(record, key="first_call_s"):
             value = record.get(key)
             return f"{value:.2f}" if isinstance(value, (int, float)) else record.get("status", "?")
+        def verdict(record):
+            return {True: "ok", False: "WRONG " + str(record.get("accuracy", ""))[:80]}.get(record.get("accuracy_ok"),
+                                                                                            "-")
+
         lines.append(f"| {model} | {backend} | {cell(cold)} | {cell(warm)} | "
-                     f"{cell(cold, 'median_ms')} / {cell(warm, 'median_ms')} |")
+                     f"{cell(cold, 'median_ms')} / {cell(warm, 'median_ms')} | {verdict(cold)} / {verdict(warm)} |")
     text = "\n".join(lines) + "\n"
     stem = f"{env['date'][:10]}_{args.label}_{report.hardware_tag(env)}"
     path = os.path.join(REPO_ROOT, "benchmarks", "results", stem + ".md")
