@@ -111,7 +111,7 @@ OPTIONS = [
     Option("partitioner", str, "min_cut", "what a training graph's forward saves for its backward: 'default' (every "
            "value the backward needs) or 'min_cut' (fewer bytes: cheap pointwise work recomputed in the backward, "
            "as Inductor does)", normalize=_one_of("default", "min_cut")),
-    Option("conv_layout", str, "auto", "the layout of an inference graph's 2-D convolutions (kiln/aot/layouts.py): "
+    Option("conv_layout", str, "keep", "the layout of an inference graph's 2-D convolutions (kiln/aot/layouts.py): "
            "'channels_last' (NHWC, which cuDNN's fastest kernels take; values around the convs follow it, the "
            "graph's outputs keep their layouts), 'auto' (channels_last on CUDA), 'keep' (the traced layouts)",
            normalize=_one_of("auto", "channels_last", "keep")),
