@@ -128,6 +128,12 @@ def tensor_metadata_checker(tensors: list, names: list[str], sizes: list | None 
         return None
 
 
+def autocast_state() -> tuple:
+    """((device, enabled, dtype) for the CPU and CUDA autocast): what a trace under autocast depends on."""
+    return tuple((device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
+                 for device in ("cpu", "cuda"))
+
+
 def any_autocast_enabled() -> bool:
     """Whether autocast is on for any device kind (AOTAutograd's wrapper then turns it off around a graph)."""
     return torch._C._is_any_autocast_enabled()

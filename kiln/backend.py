@@ -153,7 +153,6 @@ def _load_plain_inference(key: str, gm: torch.fx.GraphModule, example_inputs: li
     from kiln.aot import plain
     from kiln.codegen.backends import backend_for
     from kiln.runtime import cudagraphs, graph_cache
-    from kiln.runtime.loader import load_module
 
     if _stage_recorder_factory is None:
         return None
@@ -166,18 +165,17 @@ def _load_plain_inference(key: str, gm: torch.fx.GraphModule, example_inputs: li
     module_source.backend = backend_for(device_type)
     dump = _stage_recorder_factory(gm)
     try:
-        with dump.stage("load"):
-            compiled = load_module(module_source, mode=mode, name=dump.name, fallback=plain.eager_fallback(gm, facts),
-                                   strict=config.strict or fullgraph)
+        compiled = _load(module_source, gm, dump, mode, scheduled=None, fallback=plain.eager_fallback(gm, facts))
+        if fullgraph:  # a kernel failing at its first launch raises too
+            compiled.strict = True
         if mode == "reduce-overhead":
             compiled = cudagraphs.wrap(compiled, dump.name, example_inputs, inference=True)
     except Exception as error:  # noqa: BLE001 (compiled as on a cold start instead)
         log.warning("kiln: graph %s: its cached module could not be loaded (%s: %s); compiling it", dump.name,
                     type(error).__name__, error)
         return None
-    dump.finish()
     log.debug("kiln: graph %s: loaded from the whole-graph cache without tracing it to ATen", dump.name)
-    wrapper = plain.runtime_wrapper(compiled, gm, facts)
+    wrapper = plain.runtime_wrapper(compiled, facts)
     wrapper.kiln_graph = (dump.name, facts["aten_nodes"], dict(dump.timings))  # for kiln.explain
     return wrapper
 
@@ -266,13 +264,13 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
     return _load(module_source, gm, dump, mode, scheduled), key
 
 
-def _load(module_source, gm, dump, mode, scheduled):
+def _load(module_source, gm, dump, mode, scheduled, fallback=None):
     from kiln.runtime.loader import load_module
 
     with dump.stage("load"):
         # Triton compiles at a kernel's first launch: a failure there runs this same eager fallback.
         compiled = load_module(module_source, mode=mode, scheduled=scheduled, name=dump.name,
-                               fallback=_torch.make_boxed_func(gm), strict=config.strict)
+                               fallback=fallback or _torch.make_boxed_func(gm), strict=config.strict)
     dump.finish()
     return compiled
 

@@ -37,7 +37,7 @@ import torch
 
 from kiln import _torch
 from kiln.config import config
-from kiln.aot.strides import _broadcasting_pointwise, _tensor_iterator_op_strides
+from kiln.aot.strides import _broadcasting_pointwise, _tensor_iterator_op_strides, meta_from_operands
 
 aten = _torch.aten
 log = logging.getLogger("kiln")
@@ -154,9 +154,8 @@ def _rederived(node: torch.fx.Node):
         strides = _tensor_iterator_op_strides(node, meta)
         if strides is not None:
             return torch.empty_strided(meta.shape, strides, dtype=meta.dtype, device=meta.device)
-    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda arg: arg.meta["val"])
     try:
-        result = node.target(*args, **kwargs)
+        result = meta_from_operands(node)
     except Exception as error:  # noqa: BLE001 (a view the new layout does not allow, a data-dependent op)
         raise _KeepLayouts(f"{node.format_node()}: {type(error).__name__}: {error}") from error
     if _shapes(result) != _shapes(node.meta.get("val")):

@@ -30,18 +30,12 @@ from typing import Any, Callable
 import torch
 
 from kiln import _torch
+from kiln.aot.strides import _AUGMENTED_ASSIGNMENTS
 from kiln.runtime import graph_cache
 
 _MODE_CHANGES = ("_set_grad_enabled", "set_grad_enabled", "_enter_autocast", "_exit_autocast", "_enter_inference_mode",
                  "_exit_inference_mode", "set_autocast_enabled")
-_AUGMENTED = {operator.iadd, operator.isub, operator.imul, operator.itruediv, operator.ifloordiv, operator.imod,
-              operator.ipow, operator.iand, operator.ior, operator.ixor, operator.ilshift, operator.irshift,
-              operator.imatmul, operator.setitem, operator.delitem}
-
-
-def _autocast_state() -> tuple:
-    return tuple((device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
-                 for device in ("cpu", "cuda"))
+_AUGMENTED = _AUGMENTED_ASSIGNMENTS | {operator.setitem, operator.delitem}
 
 
 def key_of(gm: torch.fx.GraphModule, example_inputs: list, mode: str) -> str | None:
@@ -71,9 +65,9 @@ def key_of(gm: torch.fx.GraphModule, example_inputs: list, mode: str) -> str | N
     output_storages = _torch.storage_ids(*values)  # the trace's fake values: outputs and inputs alike
     if len(set(output_storages)) != len(values) or set(output_storages) & set(_torch.storage_ids(*inputs)):
         return None
-    if _torch.any_autocast_enabled() and not any(enabled for _, enabled, _ in _autocast_state()):
+    if _torch.any_autocast_enabled() and not any(enabled for _, enabled, _ in _torch.autocast_state()):
         return None  # autocast on another device kind: the wrapper could not turn it off as AOTAutograd does
-    state = [f"grad {torch.is_grad_enabled()}", f"autocast {_autocast_state()}",
+    state = [f"grad {torch.is_grad_enabled()}", f"autocast {_torch.autocast_state()}",
              f"autocast cache {torch.is_autocast_cache_enabled()}", f"outputs {len(values)}"]
     return graph_cache.key_of(gm, example_inputs, mode, level="torch", extra=state)
 
@@ -110,7 +104,7 @@ def link(key: str, compiled_graphs: list, gm: torch.fx.GraphModule, example_inpu
         return
     aten_key, inference, inputs, outputs, aten_nodes = compiled_graphs[0]
     if aten_key is not None and inference and inputs == len(example_inputs) and outputs == output_count(gm):
-        graph_cache.store_link(key, aten_key, {"autocast": _autocast_state(), "aten_nodes": aten_nodes})
+        graph_cache.store_link(key, aten_key, {"autocast": _torch.autocast_state(), "aten_nodes": aten_nodes})
 
 
 def _autocast_blocks(states: tuple, enabled: bool) -> contextlib.ExitStack:
@@ -123,15 +117,21 @@ def _autocast_blocks(states: tuple, enabled: bool) -> contextlib.ExitStack:
     return stack
 
 
-def runtime_wrapper(compiled: Callable, gm: torch.fx.GraphModule, facts: dict) -> Callable:
+def runtime_wrapper(compiled: Callable, facts: dict) -> Callable:
     """`compiled` (the ATen graph's callable) called as AOTAutograd's inference wrapper calls it: grad off,
-    autocast off where it was on at compile time (the ATen graph holds its casts), outputs as a list."""
+    autocast off where it was on at compile time (the ATen graph holds its casts), outputs as a list.
+    Without autocast (the usual case) a call enters one block, no_grad."""
     states = facts["autocast"]
+    autocast = any(enabled for _, enabled, _ in states)
     boxed = getattr(compiled, "_boxed_call", False)
 
     def call(*args: Any) -> list:
-        with torch.no_grad(), _autocast_blocks(states, enabled=False):
-            outputs = compiled(list(args)) if boxed else compiled(*args)
+        with torch.no_grad():
+            if autocast:
+                with _autocast_blocks(states, enabled=False):
+                    outputs = compiled(list(args)) if boxed else compiled(*args)
+            else:
+                outputs = compiled(list(args)) if boxed else compiled(*args)
         return list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
 
     call.__wrapped__ = compiled

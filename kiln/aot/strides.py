@@ -261,13 +261,18 @@ def restride_to_eager(gm: torch.fx.GraphModule, facts: TorchGraphFacts | None = 
                     node.meta["val"] = torch.empty_strided(meta.shape, strides, dtype=meta.dtype, device=meta.device)
                     replaced.add(node)
             elif any(isinstance(arg, torch.fx.Node) and arg in replaced for arg in node.all_input_nodes):
-                args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda arg: arg.meta["val"])
                 try:
-                    node.meta["val"] = node.target(*args, **kwargs)  # the op's meta kernel on the new layout
+                    node.meta["val"] = meta_from_operands(node)  # the op's meta kernel on the new layout
                 except Exception:  # noqa: BLE001 (a data-dependent op): its meta stands, shapes are unchanged
                     continue
                 replaced.add(node)
     return bool(replaced)
+
+
+def meta_from_operands(node: torch.fx.Node):
+    """`node`'s op run (under the graph's fake mode) on its operands' current metas: its result's meta."""
+    args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda arg: arg.meta["val"])
+    return node.target(*args, **kwargs)
 
 
 def _eager_strides(node, meta: torch.Tensor, replaced_values: dict, composites: dict) -> list[int] | None:

@@ -38,9 +38,8 @@ def _tensor_key(tensor: torch.Tensor) -> tuple:
 
 
 def _global_state() -> tuple:
-    autocast = tuple((device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))
-                     for device in ("cpu", "cuda"))
-    return (torch.is_grad_enabled(), torch.get_default_dtype(), autocast, torch.is_inference_mode_enabled(),
+    return (torch.is_grad_enabled(), torch.get_default_dtype(), _torch.autocast_state(),
+            torch.is_inference_mode_enabled(),
             torch.are_deterministic_algorithms_enabled(), torch.get_float32_matmul_precision(),
             tuple(sorted((name, repr(value)) for name, value in config.snapshot().items())))
 

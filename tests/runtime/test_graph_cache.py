@@ -297,7 +297,7 @@ def test_the_warm_call_runs_as_aotautograds_inference_wrapper():
 
     compiled._boxed_call = True
     facts = {"autocast": (("cpu", True, torch.bfloat16), ("cuda", False, torch.float16))}
-    call = plain.runtime_wrapper(compiled, None, facts)
+    call = plain.runtime_wrapper(compiled, facts)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         (result,) = call(torch.ones(3), torch.ones(2))
     assert seen == [(False, False, 2)] and torch.equal(result, torch.full((3,), 2.0))
