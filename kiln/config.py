@@ -112,7 +112,7 @@ OPTIONS = [
            "value the backward needs) or 'min_cut' (fewer bytes: cheap pointwise work recomputed in the backward, "
            "as Inductor does)", normalize=_one_of("default", "min_cut")),
     Option("conv_layout", str, "keep", "the layout of an inference graph's 2-D convolutions (kiln/aot/layouts.py): "
-           "'keep' (the traced layouts; the default: 'auto' measured 3x slower on ResNet-50 on the H200), "
+           "'keep' (the traced layouts; the default: 'auto' made ResNet-50 slower than eager on the H200), "
            "'channels_last' (NHWC, which cuDNN's fastest kernels take; values around the convs follow it, the "
            "graph's outputs keep their layouts), 'auto' (channels_last on CUDA)",
            normalize=_one_of("auto", "channels_last", "keep")),

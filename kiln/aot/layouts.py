@@ -24,10 +24,11 @@ contiguous, or where sizes are symbolic. Training graphs are left as traced: the
 values would cross into the backward graph, compiled apart on the traced metas.
 
 `config.conv_layout`: "keep" (the default), "auto" (channels-last on CUDA), "channels_last" (every
-device: how the CPU tests exercise it). Measured on the H200 at 4626a8a with "auto", channels-last made
-ResNet-50 3x slower (15.42 ms against 5.05 with "keep" at 8ff7eb7, eager 7.3-8.5) and ResNet-18 1.7x
-slower, ViT 4% faster: kiln's own kernels over NHWC buffers are the first suspect (not profiled yet).
-Until a profile says why and a fix is measured, it is off by default.
+device: how the CPU tests exercise it). On the H200 at 4626a8a with "auto", ResNet-50 took 15.42 ms per call
+against eager's 7.33 in the same run, ResNet-18 4.45 against 2.98 (with "keep", in a run at 8ff7eb7: 5.05
+against 8.46, and 2.60 against 3.14). The cause, seen in the dumped kernels: a pointwise kernel walks its
+output's logical index, so over NHWC buffers its lanes are C elements apart (docs/design/schedule.md).
+Until loops follow the buffers' stride order, it is off by default.
 """
 from __future__ import annotations
 
