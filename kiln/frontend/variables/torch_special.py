@@ -214,10 +214,10 @@ def _autograd_function_apply(tx, args, kwargs):
     leaves = [*arguments, *kwargs.values()]
     leaves = [item for leaf in leaves for item in (leaf.unpack(tx) if isinstance(leaf, (TupleVariable, ListVariable))
                                                     else [leaf])]
-    if torch.is_grad_enabled() and any(not isinstance(leaf, TensorVariable) and not leaf.is_constant()
-                                       or isinstance(leaf, TensorVariable) and leaf.fake.requires_grad
-                                       for leaf in leaves):
-        if not all(isinstance(leaf, TensorVariable) or leaf.is_constant() for leaf in leaves):
+    opaque = any(not isinstance(leaf, TensorVariable) and not leaf.is_constant() for leaf in leaves)
+    if torch.is_grad_enabled() and (opaque or any(isinstance(leaf, TensorVariable) and leaf.fake.requires_grad
+                                                  for leaf in leaves)):
+        if opaque:
             raise Unsupported(f"{cls.__qualname__}.apply where a gradient can flow, with arguments other than "
                               "tensors and constants (it runs in Python, with its own backward)")
         # Fn.apply itself in the graph: AOTAutograd traces its forward, and its backward into the joint graph
