@@ -5,8 +5,8 @@ function `extern "C" int kiln_kernel(pointers..., sizes...)` compiled into its o
 shared library by kiln/runtime/cpp_build.py.
 
 Loop structure:
-- pointwise kernels: one loop per row dim; the innermost (the contiguous one in the
-  common case) is `#pragma omp simd`, the outer ones are shared out over OpenMP
+- pointwise kernels: one loop per row dim, nested in the kernel's walk order (its output's
+  memory order: kiln/schedule/loop_order.py); the innermost (the contiguous one) is `#pragma omp simd`, the outer ones are shared out over OpenMP
   threads (`parallel for collapse`) when the kernel is large enough;
 - reduction kernels: the row loops run in parallel; inside a row, nodes run in order:
   a "reduction" node accumulates into LANES vector lanes (an array the compiler keeps
@@ -573,13 +573,14 @@ class CppKernelGenerator:
             self.out.add(f"#pragma omp parallel for simd {parallel}{self._status_reduction()}")
             self._open_scope(self._loop("x0", rows[0]), ["x0"])
         else:
+            *outer, inner = self.kernel.walk_order  # the loops' nesting, outermost first
             self.out.add(f"#pragma omp parallel for collapse({len(rows) - 1}) {parallel}{self._status_reduction()}")
-            for dim, extent in enumerate(rows[:-1]):
-                self.out.open(self._loop(f"x{dim}", extent))
-            self._open_scope(None, [f"x{dim}" for dim in range(len(rows) - 1)])
-            preheader = self._preheader(rows[-1:])  # per outer row: what the simd loop does not change
+            for dim in outer:
+                self.out.open(self._loop(f"x{dim}", rows[dim]))
+            self._open_scope(None, [f"x{dim}" for dim in outer])
+            preheader = self._preheader([rows[inner]])  # per outer row: what the simd loop does not change
             self.out.add(self._simd())
-            self._open_scope(self._loop(f"x{len(rows) - 1}", rows[-1]), [f"x{len(rows) - 1}"], preheader)
+            self._open_scope(self._loop(f"x{inner}", rows[inner]), [f"x{inner}"], preheader)
         for position in positions:
             self._emit_stores(position)
         self._close_scope()

@@ -306,27 +306,29 @@ class TritonKernelGenerator:
         num_warps = 8 if rblock * xblock >= 2048 else 4
         return rblock, xblock, num_warps
 
-    def _index_setup(self, flat: str, ranges: list, prefix: str) -> None:
-        strides = []
-        running = sympy.Integer(1)
-        for size in reversed(ranges):
-            strides.append(running)
-            running = running * size
-        strides.reverse()
-        for position, (size, stride) in enumerate(zip(ranges, strides)):
+    def _index_setup(self, flat: str, ranges: list, prefix: str, order: list | None = None) -> None:
+        """`{prefix}k` for each dim k of `ranges`, unravelled from `flat` with the dims walked in
+        `order` (outermost first; the last moves fastest from lane to lane), listed order by default."""
+        order = list(range(len(ranges))) if order is None else order
+        strides, running = {}, sympy.Integer(1)
+        for dim in reversed(order):
+            strides[dim] = running
+            running = running * ranges[dim]
+        for dim in range(len(ranges)):
+            stride = strides[dim]
             # Parenthesized: a symbolic stride or size prints as a product (`s1*s2`), and
             # `x // s1*s2` is `(x // s1) * s2` in Python.
             value = flat if stride == 1 else f"({flat} // ({self.index_source(stride)}))"
-            if position > 0:
-                value = f"({value} % ({self.index_source(size)}))"
-            self.out.add(f"{prefix}{position} = {value}")
+            if dim != order[0]:
+                value = f"({value} % ({self.index_source(ranges[dim])}))"
+            self.out.add(f"{prefix}{dim} = {value}")
 
     def _pointwise_body(self) -> None:
         program = "tl.program_id(0).to(tl.int64)" if self.use_int64 else "tl.program_id(0)"
         self.out.add(f"xoffset = {program} * XBLOCK")
         self.out.add("xindex = xoffset + tl.arange(0, XBLOCK)")
         self.out.add("xmask = xindex < xnumel")
-        self._index_setup("xindex", self.kernel.row_ranges, "x")
+        self._index_setup("xindex", self.kernel.row_ranges, "x", self.kernel.walk_order)
         for position, (node, role) in enumerate(zip(self.kernel.nodes, self.kernel.roles)):
             self._emit_node(node, role, position, "xmask")
 

@@ -151,6 +151,14 @@ class Kernel:
     local_buffers: set = field(default_factory=set)  # produced and consumed here: never stored
     # `loop_variables(self)` once computed (schedule/passes.py `annotate_loop_variables`); printed
     op_loop_variables: list = field(default_factory=list)
+    # The order a backend walks the rows in, outermost dim first (schedule/loop_order.py); None: as
+    # listed, the last innermost. It changes which row tuple a lane or iteration gets, never a value.
+    row_order: tuple | None = None
+
+    @property
+    def walk_order(self) -> list:
+        """The row dims, outermost first: `row_order`, or listed order."""
+        return list(self.row_order) if self.row_order is not None else list(range(len(self.row_ranges)))
 
     @property
     def is_reduction(self) -> bool:
@@ -175,6 +183,8 @@ class Kernel:
         if self.is_reduction:
             shape += f" cols=[{', '.join(map(str, self.col_ranges))}] " + \
                 ("persistent" if self.persistent else "looped")
+        if self.row_order is not None:
+            shape += f" order=[{', '.join(f'x{dim}' for dim in self.row_order)}]"
         lines = [f"kernel {self.name}: {shape} writes {', '.join(self.outputs()) or '-'}"]
         if self.local_buffers:
             lines.append(f"  in registers: {', '.join(sorted(self.local_buffers))}")

@@ -1,12 +1,16 @@
 """LoopIR -> LoopIR passes on the scheduled kernels, for every backend (kiln/schedule owns them).
 
-    optimize(scheduled) = annotate_loop_variables(eliminate_common_subexpressions(reduce_strength(scheduled)))
+    optimize(scheduled) = annotate_loop_variables(eliminate_common_subexpressions(reduce_strength(
+                              order_loops(scheduled))))
 
 A rewriting pass rewrites the body of every node of every kernel and returns a new
 `ScheduledGraph` (the input is not changed); a body the pass leaves alone is kept as it is, op numbers included,
 so its kernel text does not change. `optimize` lists the passes in order (PASSES); under
 KILN_DEBUG each one's result is dumped as `loopir_after_<pass>.txt` and timed as its own stage.
 
+- `order_loops` (loop_order.py): each pointwise kernel walks its rows in its first output's memory
+  order (`Kernel.row_order`), so that neighbouring lanes touch neighbouring elements of a permuted
+  (channels-last, transposed) output.
 - `reduce_strength`: a floating pow by the constant 2 or 3 becomes multiplies, x * x and
   (x * x) * x, which is what ATen's pow(tensor, scalar) computes for those exponents on CPU and
   CUDA alike. The lowering of aten.pow.Tensor_Scalar already emits that arithmetic
@@ -38,6 +42,7 @@ import torch
 
 from kiln.ir.nodes import Body, Op, indirect_symbol, indirect_value
 from kiln.ir.kernel import Kernel, ScheduledGraph, loop_variables
+from kiln.schedule.loop_order import order_loops
 
 # Ops that act, rather than compute a value from their operands: never merged.
 _NOT_MERGED = frozenset({"store", "reduce"})
@@ -73,6 +78,7 @@ def annotate_loop_variables(scheduled: ScheduledGraph) -> ScheduledGraph:
 
 # The pipeline, in order: (name, pass). The names key the dump files and the timings.
 PASSES: tuple = (
+    ("loop_order", order_loops),
     ("reduce_strength", reduce_strength),
     ("cse", eliminate_common_subexpressions),
     ("loop_variables", annotate_loop_variables),

@@ -5,6 +5,7 @@
   write (fusion may hoist a node into an earlier kernel, never before what it reads).
 - A kernel's `local_buffers` (kept in registers) are written by one of its nodes, read only by
   its later nodes, and are neither graph outputs nor read by any other step.
+- A kernel's `row_order`, if any, lists each of its row dims once.
 - Each node's role is the one its ranges give in the kernel's rows and columns (`node_role`),
   and each node passes `ir.verify`'s checks, in the order the steps run.
 """
@@ -53,6 +54,9 @@ def _check_kernel(kernel: Kernel, scheduled: ScheduledGraph, prefix: str) -> Non
     where = f"{prefix}kernel {kernel.name}"
     if len(kernel.roles) != len(kernel.nodes):
         raise IRVerificationError(f"{where}: {len(kernel.nodes)} nodes but {len(kernel.roles)} roles")
+    if kernel.row_order is not None and sorted(kernel.row_order) != list(range(len(kernel.row_ranges))):
+        raise IRVerificationError(f"{where}: row order {kernel.row_order} is not an order of its "
+                                  f"{len(kernel.row_ranges)} rows")
     for node, role in zip(kernel.nodes, kernel.roles):
         fits = node_role(node, kernel.row_ranges, kernel.col_ranges)
         # An empty node's element counts match any split of its dims, so node_role may find none:
