@@ -33,13 +33,12 @@ from kiln.backend import KilnCompileError
 from kiln.config import config
 from kiln.frontend.dynamic import DynamicPolicy
 from kiln.frontend.errors import HOW_TO_FIX, HOW_TO_FIX_EAGER, FullgraphError, Unsupported
-from kiln.frontend import resume
+from kiln.frontend import resume, wrapped_calls
 from kiln.frontend.guards import FrameSignature
 from kiln.frontend.interpreter import BreakHere, Frame
 from kiln.frontend.output import OutputGraph
 from kiln.frontend.sources import ClosureCellSource, LocalSource, NamedSource
 from kiln.frontend.variables.functions import CellVariable
-from kiln.frontend.variables.modules import _HOOK_DICTS
 from kiln.runtime.locks import compile_lock
 
 log = logging.getLogger("kiln")
@@ -299,7 +298,7 @@ class Dispatcher:
             # fullgraph=True and strict mode (KILN_STRICT=1) raise instead: a break runs code eagerly.
             point = None if self.fullgraph or config.strict else self._break_point(error)
             if point is None:
-                return self._eager_entry(output, error)
+                return self._callee_compiled_entry(output, error, fn) or self._eager_entry(output, error)
             output = OutputGraph(self.graph_compiler, self._dynamic_policy())
             output.break_point = point
             try:
@@ -319,7 +318,7 @@ class Dispatcher:
                     raise FullgraphError(f"kiln.compile cannot capture {self._name()}: "
                                          f"{unexpected.describe()}") from failure
                 return self._eager_entry(output, unexpected)
-            self._record_break(point)
+            self._record_break(point.reason, point.location)
         except KilnCompileError:
             raise  # the backend already chose to raise (strict mode or fullgraph=True)
         except Exception as error:  # a frontend bug must not break the user's program
@@ -344,18 +343,10 @@ class Dispatcher:
         module's forward. A call there into a function that failed deeper is made through
         that function's own dispatcher, which breaks at the next level in turn.
         """
-        if not config.graph_breaks or not error.breakable:
-            return None
-        frames = list(reversed(error.frames))  # the compiled frame first
-        if not frames or frames[0].parent is not None:
+        frames = self._breakable_frames(error)
+        if frames is None:
             return None
         chosen = frames[0]
-        if chosen.code is _call_module.__code__:
-            module = self.bound_self
-            hooked = isinstance(module, torch.nn.Module) and any(getattr(module, table, None) for table in _HOOK_DICTS)
-            if len(frames) < 2 or hooked or frames[1].parent is not chosen:
-                return None
-            chosen = frames[1]
         instruction = chosen.current
         index = chosen.ip - 1
         if instruction is None or not resume.can_break_at(instruction):
@@ -365,11 +356,50 @@ class Dispatcher:
         return resume.BreakPoint(chosen.depth, chosen.code, index, chosen.visits[index] - 1, error.message,
                                  error.locations[0] if error.locations else chosen.location())
 
-    def _record_break(self, point: resume.BreakPoint) -> None:
+    def _breakable_frames(self, error: Unsupported) -> list | None:
+        """The interpreter frames `error` left, outermost first from the one a break could go to (the
+        compiled function's, or a hook-less module's forward); None when no break can go anywhere."""
+        if not config.graph_breaks or not error.breakable:
+            return None
+        frames = list(reversed(error.frames))  # the compiled frame first
+        if not frames or frames[0].parent is not None:
+            return None
+        if frames[0].code is _call_module.__code__:
+            if len(frames) < 2 or wrapped_calls.hooked(self.bound_self) or frames[1].parent is not frames[0]:
+                return None
+            frames = frames[1:]
+        return frames
+
+    def _callee_compiled_entry(self, output: OutputGraph, error: Unsupported, fn) -> CacheEntry | None:
+        """Where the outermost frame cannot break, but calls the failing function through a closure cell (a
+        decorator's wrapper, its call in a try block): an entry that runs the frame in Python and that function
+        through its own dispatcher (kiln/frontend/wrapped_calls.py); None elsewhere."""
+        if self.fullgraph or config.strict:
+            return None
+        frames = self._breakable_frames(error)
+        if frames is None or len(frames) < 2 or frames[1].parent is not frames[0]:
+            return None
+        module_call = fn is _call_module
+        if module_call:
+            fn = wrapped_calls.forward_function(self.bound_self)
+        if fn is None or fn.__code__ is not frames[0].code:
+            return None
+        position = wrapped_calls.callee_cell(fn, frames[1].code)
+        if position is None:
+            return None
+        entry = wrapped_calls.CalleeCompiled(position, self.callee_factory(), module_call=module_call,
+                                             fn=None if module_call or self._closure_parameter else fn)
+        self._record_break(f"{error.message} (in a call made inside a try block of {frames[0].code.co_qualname}: "
+                           f"that frame runs in Python, the function it calls is compiled on its own)",
+                           error.locations[0] if error.locations else frames[0].location())
+        guard, guard_source = output.guards.build(self.signature, output.guard_namespace)
+        return CacheEntry(guard, entry, guard_source, "", None)
+
+    def _record_break(self, reason: str, location: str) -> None:
         stats.breaks += 1
-        graph_break = GraphBreak(point.reason, point.location, self._name())
+        graph_break = GraphBreak(reason, location, self._name())
         if config.log_enabled("graph_breaks"):
-            log.warning("kiln: graph break in %s: %s\n  at %s", graph_break.frame, point.reason, point.location)
+            log.warning("kiln: graph break in %s: %s\n  at %s", graph_break.frame, reason, location)
         for listener in break_listeners:
             listener(graph_break)
 

@@ -1,0 +1,152 @@
+"""kiln/frontend/wrapped_calls.py: a decorator's wrapper calls, inside a try block, a function that breaks.
+
+The wrapper's frame cannot break there (its handler would not see an exception raised after the
+break), so it runs in Python and the function it calls through its closure cell is compiled on its
+own, breaking in turn. Each test checks results and side effects against eager, and that graphs
+were compiled and no frame ran eagerly.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy
+import pytest
+import torch
+
+import kiln
+from kiln.frontend.dispatcher import Dispatcher
+
+from tests.frontend.test_graph_breaks import _compile, _eager_frames_and_breaks
+
+restored: list = []
+
+
+def restoring(func):
+    """A decorator in transformers' shape: reads the function's signature, calls it in a try block, and
+    puts something back in `finally`."""
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        assert "x" in func.__code__.co_varnames  # the stand-in in the cell reads as the function
+        try:
+            return func(*args, **kwargs)
+        finally:
+            restored.append(len(args))
+    return wrapper
+
+
+@restoring
+def breaks_inside(x, y):
+    a = torch.relu(x) * y
+    pid = os.getpid()  # a C function kiln does not model: a graph break
+    return a.exp() + (pid > 0)
+
+
+def test_the_wrapper_runs_in_python_and_the_function_it_calls_is_compiled():
+    compiled, graphs = _compile(breaks_inside)
+    x, y = torch.randn(4, 5), torch.randn(4, 5)
+    restored.clear()
+    report = _eager_frames_and_breaks(lambda: compiled(x, y))
+    expected = breaks_inside.__wrapped__(x, y).clone()
+    torch.testing.assert_close(compiled(x, y), expected)
+    assert restored == [2, 2], "the wrapper's finally ran on each call"
+    assert len(graphs) == 2 and not report.eager_frames, (graphs, report.eager_frames)
+    assert report.break_count == 2  # the wrapper's, then print's in the function
+    assert "try block" in report.breaks[0].reason and "getpid" in report.breaks[1].reason
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    @restoring
+    def forward(self, x):
+        h = self.linear(x)
+        if h.sum() > 0:  # a branch on data: a graph break
+            h = h * 2
+        return torch.tanh(h)
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_module_whose_forward_is_wrapped_compiles_around_a_break(sign):
+    torch.manual_seed(0)
+    block = Block()
+    x = torch.randn(3, 8) * sign
+    expected = block(x)
+    compiled, graphs = _compile(block)
+    report = _eager_frames_and_breaks(lambda: compiled(x))
+    torch.testing.assert_close(compiled(x), expected)
+    assert len(graphs) >= 2 and report.break_count >= 2 and not report.eager_frames, report
+
+
+def test_a_module_with_hooks_is_called_as_python_calls_it():
+    """The copy of forward skips nn.Module's call machinery: a hook added after the trace still runs."""
+    torch.manual_seed(0)
+    block = Block()
+    x = torch.randn(3, 8)
+    compiled = Dispatcher(block, lambda gm, _: gm.forward)
+    compiled(x)
+    calls = []
+    handle = block.register_forward_hook(lambda module, args, output: calls.append(1))
+    try:
+        torch.testing.assert_close(compiled(x), block(x))
+    finally:
+        handle.remove()
+    assert calls == [1, 1]
+
+
+def reassigning(func):
+    def wrapper(x):
+        nonlocal func
+        try:
+            return func(x)
+        finally:
+            func = func  # the wrapper assigns its cell: no copy is made
+    return wrapper
+
+
+@reassigning
+def breaks_too(x):
+    return x + (os.getpid() > 0)
+
+
+def test_a_wrapper_that_assigns_its_cell_runs_eagerly():
+    compiled, graphs = _compile(breaks_too)
+    x = torch.randn(3)
+    report = _eager_frames_and_breaks(lambda: compiled(x))
+    torch.testing.assert_close(compiled(x), x + 1)
+    assert len(report.eager_frames) == 1 and not graphs
+
+
+def test_wav2vec2_trains_in_pieces_around_its_breaks():
+    """Wav2Vec2 (default config, small) in train mode sets requires_grad on a view of its input inside
+    a forward wrapped twice by transformers: the breaks go into the calls, and forward and backward match
+    eager's (dropout and the time masks drawn alike)."""
+    transformers = pytest.importorskip("transformers")
+    small = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64)
+    config = transformers.Wav2Vec2Config(conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3),
+                                         num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2, **small)
+    torch.manual_seed(0)
+    model = transformers.Wav2Vec2Model(config).train()
+    reference = __import__("copy").deepcopy(model)
+    x = torch.randn(2, 800)
+
+    def step(module):
+        torch.manual_seed(1234)
+        numpy.random.seed(1234)
+        output = module(input_values=x).last_hidden_state
+        output.float().sum().backward()
+        return output
+
+    expected = step(reference)
+    outputs = []
+    report = _eager_frames_and_breaks(lambda: outputs.append(step(kiln.compile(model))))
+    torch.testing.assert_close(outputs[0], expected, rtol=1e-3, atol=1e-4)
+    assert report.graph_count >= 3, report.graph_count
+    # only the time masks' drawing with numpy (_compute_mask_indices) runs eagerly
+    assert [reason for frame in report.eager_frames if "cython" not in (reason := frame.eager_reason)] == []
+    for (name, got), want in zip(model.named_parameters(), reference.parameters()):
+        assert (got.grad is None) == (want.grad is None), name
+        if want.grad is not None:
+            torch.testing.assert_close(got.grad, want.grad, rtol=1e-3, atol=1e-4, msg=name)
