@@ -149,3 +149,17 @@ def test_training_graphs_keep_their_traced_layouts():
     for parameter, want in zip(model.parameters(), reference.parameters()):
         assert kiln.testing.compare(parameter.grad, want.grad)
     assert layouts.calls and not any(input_is_nhwc for input_is_nhwc, _ in layouts.calls)
+
+
+def test_pointwise_kernels_after_channels_last_convolutions_walk_the_channel_innermost():
+    """Batch norm, ReLU and the residual add over NHWC activations: each such kernel's rows [N, C, H, W] are
+    walked N, H, W, C (kiln/schedule/loop_order.py), so neighbouring lanes touch neighbouring channels."""
+    from tests.golden.capture import record_graphs
+
+    model = _set_batchnorm_statistics(TinyResNet()).eval()
+    with record_graphs("triton") as graphs, kiln.config.patch(conv_layout="channels_last"), torch.no_grad():
+        kiln.compile(model)(torch.randn(2, 3, 16, 16))
+    (graph,) = graphs
+    headers = [line for line in graph.files["loopir_after_loop_order.txt"].splitlines() if line.startswith("kernel ")]
+    walked = [line for line in headers if "order=[x0, x2, x3, x1]" in line]
+    assert len(walked) >= 5, headers
