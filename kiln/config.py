@@ -111,10 +111,9 @@ OPTIONS = [
     Option("partitioner", str, "min_cut", "what a training graph's forward saves for its backward: 'default' (every "
            "value the backward needs) or 'min_cut' (fewer bytes: cheap pointwise work recomputed in the backward, "
            "as Inductor does)", normalize=_one_of("default", "min_cut")),
-    Option("conv_layout", str, "keep", "the layout of an inference graph's 2-D convolutions (kiln/aot/layouts.py): "
-           "'keep' (the traced layouts; the default: 'auto' made ResNet-50 slower than eager on the H200), "
-           "'channels_last' (NHWC, which cuDNN's fastest kernels take; values around the convs follow it, the "
-           "graph's outputs keep their layouts), 'auto' (channels_last on CUDA)",
+    Option("conv_layout", str, "auto", "the layout of an inference graph's 2-D convolutions (kiln/aot/layouts.py): "
+           "'auto' (the default: channels_last on CUDA), 'channels_last' (NHWC, which cuDNN's fastest kernels take; "
+           "values around the convs follow it, the graph's outputs keep their layouts), 'keep' (the traced layouts)",
            normalize=_one_of("auto", "channels_last", "keep")),
     Option("parallel_compile", bool, True, "a graph's CUDA kernels are compiled in parallel when it loads, before "
            "their first launch (kiln/runtime/launch.py compile_ahead); off: each compiles at its first launch"),

@@ -23,12 +23,11 @@ kernel refuses the new layout (a `view` the traced layout allowed), where a chan
 contiguous, or where sizes are symbolic. Training graphs are left as traced: their forward's saved
 values would cross into the backward graph, compiled apart on the traced metas.
 
-`config.conv_layout`: "keep" (the default), "auto" (channels-last on CUDA), "channels_last" (every
-device: how the CPU tests exercise it). On the H200 at 4626a8a with "auto", ResNet-50 took 15.42 ms per call
-against eager's 7.33 in the same run, ResNet-18 4.45 against 2.98 (with "keep", in a run at 8ff7eb7: 5.05
-against 8.46, and 2.60 against 3.14). The cause, seen in the dumped kernels: a pointwise kernel walks its
-output's logical index, so over NHWC buffers its lanes are C elements apart (docs/design/schedule.md).
-Until loops follow the buffers' stride order, it is off by default.
+`config.conv_layout`: "auto" (the default: channels-last on CUDA), "keep", "channels_last" (every
+device: how the CPU tests exercise it). It was "keep" until pointwise kernels walked their rows in
+their output's memory order (kiln/schedule/loop_order.py): before that, on the H200 at 4626a8a with
+"auto", ResNet-50 took 15.42 ms per call against eager's 7.33 in the same run, since a kernel over
+NHWC buffers had its lanes C elements apart.
 """
 from __future__ import annotations
 
