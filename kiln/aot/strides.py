@@ -41,8 +41,6 @@ The rules of `restride_to_eager`, each in one function:
 """
 from __future__ import annotations
 
-import functools
-
 import operator
 from dataclasses import dataclass, field
 
@@ -467,23 +465,8 @@ def _tensor_iterator_op_strides(node, meta: torch.Tensor) -> list[int] | None:
         values += [*operand.shape, *operand.stride()]
     if not all(isinstance(value, int) for value in values):
         return None
-    return _tensor_iterator_strides(shape, [_broadcast_strides(operand.shape, _operand_strides(operand, operands),
-                                                               shape) for operand in operands])
-
-
-def _operand_strides(operand: torch.Tensor, operands: list) -> list[int]:
-    """The strides TensorIterator orders dims by for `operand`. A CPU TensorIterator casts an input of
-    another dtype than the operands' common one to a copy first (CUDA kernels cast as they load), and
-    the copy of an overlapping or gapped input (an expanded one) is contiguous: `fmod(x.expand(1, 13, 11),
-    y)` with x bf16, y float32 transposed is laid out as x's contiguous copy, (143, 11, 1), on the CPU
-    (fuzz seed 7202 #650)."""
-    strides = list(operand.stride())
-    if operand.device.type != "cpu" or _dense_without_overlap(list(operand.shape), strides):
-        return strides
-    common = functools.reduce(torch.promote_types, [value.dtype for value in operands])
-    if operand.dtype == common:
-        return strides
-    return dense_strides(list(operand.shape), list(range(operand.dim() - 1, -1, -1)))
+    return _tensor_iterator_strides(shape, [_broadcast_strides(operand.shape, operand.stride(), shape)
+                                            for operand in operands])
 
 
 def _broadcast_strides(size, stride, shape: list[int]) -> list[int]:

@@ -126,10 +126,6 @@ EAGER_LAYOUT_PROGRAMS = {
     # An operand expanded to the result's shape (stride 0) is broadcast too (fuzz seed 7201 #281).
     "expanded_operand_of_one_shape": (lambda x, y: (x.unsqueeze(-2).transpose(0, 1).expand(-1, 7) - y,),
                                       lambda: (torch.randn(6), torch.randn(7, 6).t())),
-    # On the CPU an expanded input of another dtype is cast to a contiguous copy first (fuzz seed 7202 #650).
-    "expanded_operand_cast_on_the_cpu": (lambda x, y: (torch.fmod(x, y) >= x.neg(),),
-                                         lambda: (torch.randn(1, 11).bfloat16().expand(1, 13, 11),
-                                                  torch.randn(1, 11, 13).transpose(1, 2))),
     # A Python number the op wraps as an operand: TensorIterator orders dims by the tensor's strides, size-1
     # dims' included; with all operands contiguous it takes the fast path (fuzz seed 3013 #5055).
     "wrapped_scalar_and_fast_path": (lambda x: (x + 2, (x * 3) % 2 > 0, x.clamp(0, 1), torch.pow(x, 2), x.sin()),
@@ -145,9 +141,8 @@ def test_in_place_and_meta_layouts_match_eager(name, backend):
     fn, make_inputs = EAGER_LAYOUT_PROGRAMS[name]
     inputs = make_inputs()
     compiled, got = _compile_and_call(fn, inputs, backend)
-    # One ATen call stays an Extern in these two today (not checked which); strict=True makes any compile failure
-    # raise.
-    assert compiled.extern_count == (1 if name in ("index_after_size1_dim", "expanded_operand_cast_on_the_cpu") else 0)
+    # One ATen call stays an Extern there today (not checked which); strict=True makes any compile failure raise.
+    assert compiled.extern_count == (1 if name == "index_after_size1_dim" else 0)
     _assert_same_strides(name, got, fn(*inputs))
 
 
