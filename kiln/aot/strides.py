@@ -283,24 +283,7 @@ def _eager_strides(node, meta: torch.Tensor, replaced_values: dict, composites: 
         return _composite_strides(meta, *composites[node])
     if node.target in _TENSOR_ITERATOR_OPS or _broadcasting_pointwise(node):
         return _tensor_iterator_op_strides(node, meta)
-    if _contiguous_fast_path(node):
-        return dense_strides(list(meta.shape), list(range(meta.dim() - 1, -1, -1)))
     return None
-
-
-def _contiguous_fast_path(node) -> bool:
-    """A pointwise op (not broadcasting: `_broadcasting_pointwise` says) whose tensor operands are all
-    contiguous: TensorIterator's fast path allocates its result contiguous, size-1 dims included, where
-    the meta kernel may keep an operand's strides in a size-1 dim (`x.clamp(0, 1)` with x of shape (7, 1)
-    and strides (1, 7) is (1, 1) in eager, (1, 7) by its meta)."""
-    if torch.Tag.pointwise not in getattr(node.target, "tags", ()) or node.target in _NOT_TENSOR_ITERATORS:
-        return False
-    values = [arg.meta.get("val") for arg in node.args if isinstance(arg, torch.fx.Node)]
-    if not values or not all(isinstance(value, torch.Tensor) for value in values):
-        return False
-    if not all(isinstance(size, int) for value in values for size in value.shape):
-        return False
-    return all(value.is_contiguous() for value in values)
 
 
 def _broadcasting_pointwise(node) -> bool:
@@ -313,12 +296,8 @@ def _broadcasting_pointwise(node) -> bool:
     shape (1, 1, 1, 2) and strides (1, 2, 2, 1) is (1, 4, 1, 2) in eager and (4, 4, 2, 1) by its meta
     (fuzz seed 3012 #5711). An operand already expanded to the result's shape (a stride 0 in a dim
     longer than 1) is broadcast too: `a.expand(6, 7) - b` with a's strides (1, 0) and b's (1, 6) is
-    (1, 6) in eager and (7, 1) by its meta (fuzz seed 7201 #281). So is a Python number that the op
-    wraps as a 0-dim operand (`_WRAPPED_SCALAR_OPS`): TensorIterator then orders the dims by the
-    tensor's strides, those of size-1 dims included, where the meta kernel takes the contiguous fast
-    path: `x + 2` with x of shape (7, 1) and strides (1, 7) is (1, 7) in eager and (1, 1) by its meta
-    (fuzz seed 3013 #5055). masked_fill is no TensorIterator: it fills a contiguous clone of the
-    expanded input.
+    (1, 6) in eager and (7, 1) by its meta (fuzz seed 7201 #281). masked_fill is no TensorIterator:
+    it fills a contiguous clone of the expanded input.
     """
     if torch.Tag.pointwise not in getattr(node.target, "tags", ()) or node.target in _NOT_TENSOR_ITERATORS:
         return False
@@ -329,18 +308,10 @@ def _broadcasting_pointwise(node) -> bool:
         return False  # symbolic sizes: the meta's strides stand (as for every rule here)
     expanded = any(isinstance(step, int) and step == 0 and size > 1
                    for value in values for size, step in zip(value.shape, value.stride()))
-    wrapped_scalar = (getattr(node.target, "overloadpacket", None) in _WRAPPED_SCALAR_OPS
-                      and any(isinstance(arg, (bool, int, float)) for arg in node.args))
-    return len(set(shapes)) > 1 or expanded or wrapped_scalar
+    return len(set(shapes)) > 1 or expanded
 
 
 _NOT_TENSOR_ITERATORS = {aten.masked_fill.Scalar, aten.masked_fill.Tensor}
-# Ops whose Python-number operand eager wraps as a 0-dim tensor operand of its TensorIterator (measured on
-# CPU eager with a (7, 1) input of strides (1, 7): each gave (1, 7)); pow, clamp, leaky_relu and threshold
-# take theirs as a kernel argument instead and keep the fast path (1, 1), as their metas do.
-_WRAPPED_SCALAR_OPS = {aten.add, aten.sub, aten.rsub, aten.mul, aten.div, aten.remainder, aten.fmod,
-                       aten.floor_divide, aten.eq, aten.ne, aten.lt, aten.le, aten.gt, aten.ge, aten.bitwise_and,
-                       aten.bitwise_or, aten.bitwise_xor, aten.__lshift__, aten.__rshift__, aten.where}
 
 
 # ---------------------------------------------------------------------------- in-place writes

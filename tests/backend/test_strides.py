@@ -126,10 +126,6 @@ EAGER_LAYOUT_PROGRAMS = {
     # An operand expanded to the result's shape (stride 0) is broadcast too (fuzz seed 7201 #281).
     "expanded_operand_of_one_shape": (lambda x, y: (x.unsqueeze(-2).transpose(0, 1).expand(-1, 7) - y,),
                                       lambda: (torch.randn(6), torch.randn(7, 6).t())),
-    # A Python number the op wraps as an operand: TensorIterator orders dims by the tensor's strides, size-1
-    # dims' included; with all operands contiguous it takes the fast path (fuzz seed 3013 #5055).
-    "wrapped_scalar_and_fast_path": (lambda x: (x + 2, (x * 3) % 2 > 0, x.clamp(0, 1), torch.pow(x, 2), x.sin()),
-                                     lambda: (torch.randn(1, 7).t(),)),
     "index_after_size1_dim": (lambda x, i: ((x.t().unsqueeze(0) * 2.0)[:, i % 5],),
                               lambda: (torch.randn(7, 5), torch.randint(0, 5, (7, 16)).t())),
 }
