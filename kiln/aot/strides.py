@@ -289,26 +289,20 @@ def _eager_strides(node, meta: torch.Tensor, replaced_values: dict, composites: 
 def _broadcasting_pointwise(node) -> bool:
     """A pointwise ATen op (eager: a TensorIterator) over tensor operands of different shapes.
 
-    With one shape and no expanded operand, TensorIterator's fast path and torch's meta kernels
-    agree. Broadcast, the meta kernels (torch's refs) take the row-major fast path whenever every
-    operand is contiguous, which size-1 dims make easy, while TensorIterator orders the dims by the
-    operands' strides, size-1 dims included: `torch.where(c, x, y)` with c of shape (2, 1) and y of
-    shape (1, 1, 1, 2) and strides (1, 2, 2, 1) is (1, 4, 1, 2) in eager and (4, 4, 2, 1) by its meta
-    (fuzz seed 3012 #5711). An operand already expanded to the result's shape (a stride 0 in a dim
-    longer than 1) is broadcast too: `a.expand(6, 7) - b` with a's strides (1, 0) and b's (1, 6) is
-    (1, 6) in eager and (7, 1) by its meta (fuzz seed 7201 #281). masked_fill is no TensorIterator:
-    it fills a contiguous clone of the expanded input.
+    With one shape, TensorIterator's fast path and torch's meta kernels agree. Broadcast, the meta
+    kernels (torch's refs) take the row-major fast path whenever every operand is contiguous,
+    which size-1 dims make easy, while TensorIterator orders the dims by the operands' strides,
+    size-1 dims included: `torch.where(c, x, y)` with c of shape (2, 1) and y of shape (1, 1, 1, 2)
+    and strides (1, 2, 2, 1) is (1, 4, 1, 2) in eager and (4, 4, 2, 1) by its meta (fuzz seed 3012
+    #5711). masked_fill is no TensorIterator: it fills a contiguous clone of the expanded input.
     """
     if torch.Tag.pointwise not in getattr(node.target, "tags", ()) or node.target in _NOT_TENSOR_ITERATORS:
         return False
-    values = [arg.meta["val"] for arg in node.args
+    shapes = [tuple(arg.meta["val"].shape) for arg in node.args
               if isinstance(arg, torch.fx.Node) and isinstance(arg.meta.get("val"), torch.Tensor)]
-    shapes = [tuple(value.shape) for value in values]
     if not all(isinstance(size, int) for shape in shapes for size in shape):
         return False  # symbolic sizes: the meta's strides stand (as for every rule here)
-    expanded = any(isinstance(step, int) and step == 0 and size > 1
-                   for value in values for size, step in zip(value.shape, value.stride()))
-    return len(set(shapes)) > 1 or expanded
+    return len(set(shapes)) > 1
 
 
 _NOT_TENSOR_ITERATORS = {aten.masked_fill.Scalar, aten.masked_fill.Tensor}

@@ -123,9 +123,6 @@ EAGER_LAYOUT_PROGRAMS = {
     "where_broadcast_size1_dims": (lambda x, y, c: (torch.where(c > 2.0, c, x != y), x * c.t()),
                                    lambda: (torch.randn(1, 1, 2, 1).permute(3, 0, 1, 2), torch.randn(1, 1, 1),
                                             torch.randn(2, 1))),
-    # An operand expanded to the result's shape (stride 0) is broadcast too (fuzz seed 7201 #281).
-    "expanded_operand_of_one_shape": (lambda x, y: (x.unsqueeze(-2).transpose(0, 1).expand(-1, 7) - y,),
-                                      lambda: (torch.randn(6), torch.randn(7, 6).t())),
     "index_after_size1_dim": (lambda x, i: ((x.t().unsqueeze(0) * 2.0)[:, i % 5],),
                               lambda: (torch.randn(7, 5), torch.randint(0, 5, (7, 16)).t())),
 }
