@@ -91,6 +91,21 @@ def hardware_tag(env: dict) -> str:
     return tag
 
 
+def text_header(title: str, env: dict, method: str) -> list[str]:
+    """A text result's first lines: its title, the environment (date, hardware, versions, commit, command)
+    and its method."""
+    return [f"# {title}", "", *(f"- {key}: {value}" for key, value in env.items() if value is not None),
+            f"- method: {method}", ""]
+
+
+def write_text_result(results_dir: str, kind: str, env: dict, lines: list[str]) -> str:
+    """`lines` written to <results_dir>/<date>_<kind>_<hardware>.md; its path."""
+    path = os.path.join(results_dir, f"{env['date'][:10]}_{kind}_{hardware_tag(env)}.md")
+    with open(path, "w") as handle:
+        handle.write("\n".join(lines) + "\n")
+    return path
+
+
 # --------------------------------------------------------------------------- tables
 
 def _index(cases: list[dict]) -> dict:

@@ -13,6 +13,7 @@ benchmarks/results/<date>_saved-bytes_<hardware>.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -40,12 +41,13 @@ def build(name: str) -> torch.nn.Module:
     raise SystemExit(f"unknown model {name!r}: bert, gpt2, llama")
 
 
-def forward_outputs(name: str, partitioner: str, batch: int, length: int) -> tuple[int, int, float]:
-    """(outputs, bytes) of the forward graph of one training step, and the step's loss."""
-    import kiln
+@contextlib.contextmanager
+def forward_graph_outputs():
+    """Within the block, each forward ATen graph kiln compiles appends its outputs' metas (model outputs and
+    the values saved for the backward; None for a non-tensor output) to the list yielded."""
     from kiln import _torch
 
-    recorded = []
+    recorded: list = []
     original = _torch.aot_module_simplified
 
     def recording(gm, inputs, **options):
@@ -53,25 +55,33 @@ def forward_outputs(name: str, partitioner: str, batch: int, length: int) -> tup
 
         def record(aten_gm, aten_inputs):
             outputs = next(node for node in aten_gm.graph.nodes if node.op == "output").args[0]
-            values = [getattr(node, "meta", {}).get("val") for node in outputs]
-            recorded.append((len(outputs), sum(value.numel() * value.element_size() for value in values
-                                               if isinstance(value, torch.Tensor))))
+            recorded.append([getattr(node, "meta", {}).get("val") for node in outputs])
             return forward(aten_gm, aten_inputs)
 
         return original(gm, inputs, **{**options, "fw_compiler": record})
 
+    _torch.aot_module_simplified = recording
+    try:
+        yield recorded
+    finally:
+        _torch.aot_module_simplified = original
+
+
+def tensor_bytes(values: list) -> int:
+    return sum(value.numel() * value.element_size() for value in values if isinstance(value, torch.Tensor))
+
+
+def forward_outputs(name: str, partitioner: str, batch: int, length: int) -> tuple[int, int, float]:
+    """(outputs, bytes) of the forward graph of one training step, and the step's loss."""
+    import kiln
+
     torch.manual_seed(0)
     model = build(name).train()
     ids = torch.randint(0, 1000, (batch, length))
-    _torch.aot_module_simplified = recording
-    try:
-        with kiln.config.patch(partitioner=partitioner):
-            output = kiln.compile(model, backend="aot_eager")(input_ids=ids, labels=ids)
-            output.loss.backward()
-    finally:
-        _torch.aot_module_simplified = original
-    count, size = recorded[0]
-    return count, size, float(output.loss)
+    with forward_graph_outputs() as recorded, kiln.config.patch(partitioner=partitioner):
+        output = kiln.compile(model, backend="aot_eager")(input_ids=ids, labels=ids)
+        output.loss.backward()
+    return len(recorded[0]), tensor_bytes(recorded[0]), float(output.loss)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,22 +94,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = "python -m benchmarks.saved_bytes " + " ".join(shlex.quote(arg) for arg in (argv or sys.argv[1:]))
     env = report.environment("cpu", REPO_ROOT, command)
-    lines = ["# Forward outputs of a training step (model outputs + values saved for the backward), by partitioner",
-             "", *(f"- {key}: {value}" for key, value in env.items() if value is not None),
-             f"- method: {__doc__.split(chr(10) + chr(10))[2].replace(chr(10), ' ')}", "",
-             "| model | partitioner | forward outputs | MB | loss |", "|---|---|---:|---:|---:|"]
+    lines = report.text_header(
+        "Forward outputs of a training step (model outputs + values saved for the backward), by partitioner", env,
+        __doc__.split(chr(10) + chr(10))[2].replace(chr(10), " "))
+    lines += ["| model | partitioner | forward outputs | MB | loss |", "|---|---|---:|---:|---:|"]
     for name in [model.strip() for model in args.models.split(",") if model.strip()]:
         for partitioner in PARTITIONERS:
             count, size, loss = forward_outputs(name, partitioner, args.batch, args.length)
             lines.append(f"| {name} | {partitioner} | {count} | {size / 1e6:.1f} | {loss:.6f} |")
             print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
     if not args.no_write:
-        path = os.path.join(REPO_ROOT, "benchmarks", "results",
-                            f"{env['date'][:10]}_saved-bytes_{report.hardware_tag(env)}.md")
-        with open(path, "w") as handle:
-            handle.write(text)
-        print(f"wrote {path}")
+        print("wrote " + report.write_text_result(os.path.join(REPO_ROOT, "benchmarks", "results"), "saved-bytes",
+                                                  env, lines))
     return 0
 
 

@@ -29,6 +29,7 @@ import sys
 import torch
 
 from benchmarks import report
+from benchmarks.saved_bytes import forward_graph_outputs, tensor_bytes
 from benchmarks.workloads import build
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -77,50 +78,17 @@ class _Phases:
         return f"{peak:.2f} / {after:.2f}"
 
 
-def _recording_forward_outputs(recorded: list):
-    """Patch kiln's AOT entry so that each forward ATen graph's outputs are recorded (dtype -> bytes)."""
-    from kiln import _torch
-
-    original = _torch.aot_module_simplified
-
-    def recording(gm, inputs, **options):
-        forward = options["fw_compiler"]
-
-        def record(aten_gm, aten_inputs):
-            outputs = next(node for node in aten_gm.graph.nodes if node.op == "output").args[0]
-            by_dtype: collections.Counter = collections.Counter()
-            for node in outputs:
-                value = getattr(node, "meta", {}).get("val")
-                if isinstance(value, torch.Tensor):
-                    by_dtype[str(value.dtype).replace("torch.", "")] += value.numel() * value.element_size()
-            recorded.append(by_dtype)
-            return forward(aten_gm, aten_inputs)
-
-        options["fw_compiler"] = record
-        return original(gm, inputs, **options)
-
-    return original, recording
-
-
 def measure(name: str, backend: str, small: bool, device: str) -> dict:
     import kiln
-    from kiln import _torch
 
     torch.manual_seed(0)
     workload = build("models", name, small, device)
     model = workload.program.train()
-    recorded: list = []
-    original = None
-    if backend == "kiln":
-        original, recording = _recording_forward_outputs(recorded)
-        _torch.aot_module_simplified = recording
-        program = kiln.compile(model)
-    else:
-        program = model
+    program = kiln.compile(model) if backend == "kiln" else model
     autocast = torch.autocast("cuda", dtype=torch.bfloat16) if device.startswith("cuda") else torch.autocast(
         "cpu", enabled=False)
     phases = _Phases(device)
-    try:
+    with forward_graph_outputs() as recorded:
         for step in range(2):  # the first compiles (kiln) and warms the allocator; the second is measured
             model.zero_grad(set_to_none=True)
             phases.start()
@@ -132,12 +100,11 @@ def measure(name: str, backend: str, small: bool, device: str) -> dict:
             loss.backward()
             phases.end("backward")
             del loss
-    finally:
-        if original is not None:
-            _torch.aot_module_simplified = original
-    outputs = collections.Counter()
-    for by_dtype in recorded:
-        outputs.update(by_dtype)
+    outputs: collections.Counter = collections.Counter()
+    for values in recorded:
+        for value in values:
+            if isinstance(value, torch.Tensor):
+                outputs[str(value.dtype).replace("torch.", "")] += tensor_bytes([value])
     return {"saved": saved, "outputs": outputs, "phases": phases}
 
 
@@ -151,28 +118,23 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     command = "python -m benchmarks.train_memory " + " ".join(shlex.quote(arg) for arg in (argv or sys.argv[1:]))
     env = report.environment(device, REPO_ROOT, command)
-    lines = ["# Training step memory, eager against kiln", "",
-             *(f"- {key}: {value}" for key, value in env.items() if value is not None),
-             f"- method: {__doc__.split(chr(10) + chr(10))[1].replace(chr(10), ' ')}", "",
-             "| model | backend | saved MB | kiln forward outputs MB (by dtype) | forward peak / after GiB "
-             "| backward peak / after GiB |", "|---|---|---:|---|---|---|"]
+    lines = report.text_header("Training step memory, eager against kiln", env,
+                               __doc__.split(chr(10) + chr(10))[1].replace(chr(10), " "))
+    lines += ["| model | backend | saved MB | kiln forward outputs MB (by dtype) | forward peak / after GiB "
+              "| backward peak / after GiB |", "|---|---|---:|---|---|---|"]
     for name in [model.strip() for model in args.models.split(",") if model.strip()]:
         for backend in ("eager", "kiln"):
             result = measure(name, backend, args.small, device)
             outputs = result["outputs"]
-            by_dtype = ", ".join(f"{dtype} {size / 1e6:.1f}" for dtype, size in sorted(outputs.items())) or "-"
+            by_dtype = ", ".join(f"{dtype} {size / 1e6:.1f}" for dtype, size in sorted(outputs.items()))
             total = f"{sum(outputs.values()) / 1e6:.1f} ({by_dtype})" if outputs else "-"
             phases = result["phases"]
             lines.append(f"| {name} | {backend} | {result['saved'] / 1e6:.1f} | {total} | {phases.cell('forward')} "
                          f"| {phases.cell('backward')} |")
             print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
     if not args.no_write:
-        path = os.path.join(REPO_ROOT, "benchmarks", "results",
-                            f"{env['date'][:10]}_train-memory_{report.hardware_tag(env)}.md")
-        with open(path, "w") as handle:
-            handle.write(text)
-        print(f"wrote {path}")
+        print("wrote " + report.write_text_result(os.path.join(REPO_ROOT, "benchmarks", "results"), "train-memory",
+                                                  env, lines))
     return 0
 
 
