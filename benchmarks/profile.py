@@ -71,7 +71,29 @@ def _profile_table(runner, calls: int = 5) -> tuple[str, float]:
     return table, launches
 
 
-def profile_case(name: str, backend: str, mode: str, out_dir: str, tag: str = "") -> str:
+def _python_profile(runner, calls: int = 20, rows: int = 45) -> str:
+    """Where the host's time goes, by Python function (cProfile), over `calls` calls issued without a
+    synchronize (the last one synchronizes, outside the profile): the wrapper, the launcher, the guards,
+    each ATen call made from Python. Sorted by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    torch.cuda.synchronize()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        runner()
+    profiler.disable()
+    torch.cuda.synchronize()
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("tottime").print_stats(rows)
+    return f"cProfile over {calls} calls (seconds are totals over them)\n" + text.getvalue()
+
+
+def profile_case(name: str, backend: str, mode: str, out_dir: str, tag: str = "",
+                 python_profile: bool = False) -> str:
     """One model x backend x mode ("infer" or "cudagraphs"): its row of the summary table."""
     workload = workloads.build("models", name, small=False, device="cuda")
     if workload.is_module:
@@ -96,6 +118,8 @@ def profile_case(name: str, backend: str, mode: str, out_dir: str, tag: str = ""
              f"host (issue only) {host_ms:.3f} ms/call; ~{launches:.0f} device events/call; "
              f"peak allocated {peak_gib:.2f} GiB, reserved {reserved_gib:.2f} GiB"]
     lines += ["", table]
+    if python_profile:
+        lines += ["", _python_profile(runner)]
     with open(os.path.join(out_dir, f"profile_{name}_{backend}_{mode}{tag}.txt"), "w") as handle:
         handle.write("\n".join(lines) + "\n")
     return (f"| {name} | {backend}{tag} | {mode} | {device_ms:.3f} | {host_ms:.3f} | {launches:.0f} | "
@@ -109,6 +133,8 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--modes", default="infer", help="infer and/or cudagraphs (reduce-overhead)")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/out"))
     parser.add_argument("--tag", default="", help="suffix for the file names (e.g. which kiln options were set)")
+    parser.add_argument("--python-profile", action="store_true",
+                        help="add a cProfile table of the host's Python time per function to each case's file")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
     rows = ["| model | backend | mode | device ms | host ms | device events/call | peak allocated GiB | "
@@ -117,7 +143,7 @@ def main(argv: list[str]) -> int:
         for mode in args.modes.split(","):
             for backend in args.backends.split(","):
                 try:
-                    rows.append(profile_case(name, backend, mode, args.out, args.tag))
+                    rows.append(profile_case(name, backend, mode, args.out, args.tag, args.python_profile))
                 except Exception as error:  # a diagnosis run reports every case it can
                     rows.append(f"| {name} | {backend} | {mode} | error: {type(error).__name__}: "
                                 f"{str(error)[:200]} | | | | | |")
