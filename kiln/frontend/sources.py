@@ -28,6 +28,11 @@ class Source:
     def __str__(self) -> str:
         return self.expr()
 
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state.pop("_hash", None)  # str hashes differ between processes: a copy hashes itself anew
+        return state
+
     def readable_name(self) -> str:
         """A short identifier for graph placeholders: `self.fc.weight` -> `self_fc_weight`."""
         text = self.expr()
@@ -40,7 +45,32 @@ class Source:
         return name if not name[0].isdigit() else "v_" + name
 
 
-@dataclass(frozen=True, eq=True)
+def _source(cls):
+    """A frozen dataclass whose hash is computed once. Guard building hashes and compares sources
+    thousands of times (a deep module tree's chains are ten sources long), and a dataclass's own
+    hash and equality recurse through every parent each time."""
+    cls = dataclass(frozen=True, eq=True)(cls)
+    fields_hash, fields_eq = cls.__hash__, cls.__eq__
+
+    def __hash__(self) -> int:
+        cached = self.__dict__.get("_hash")
+        if cached is None:
+            cached = fields_hash(self)
+            object.__setattr__(self, "_hash", cached)
+        return cached
+
+    def __eq__(self, other) -> bool:
+        if self is other:
+            return True
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return hash(self) == hash(other) and fields_eq(self, other)
+
+    cls.__hash__, cls.__eq__ = __hash__, __eq__
+    return cls
+
+
+@_source
 class LocalSource(Source):
     """An argument of the compiled frame."""
 
@@ -51,7 +81,7 @@ class LocalSource(Source):
         return self.name
 
 
-@dataclass(frozen=True, eq=True)
+@_source
 class NamedSource(Source):
     """An object the guard and entry functions hold directly under `name` (e.g. `__fn`, a globals dict)."""
 
@@ -62,7 +92,7 @@ class NamedSource(Source):
         return self.name
 
 
-@dataclass(frozen=True, eq=True)
+@_source
 class AttrSource(Source):
     parent: Source
     name: str
@@ -78,7 +108,7 @@ class AttrSource(Source):
         return f"getattr({text}, {self.name!r})"
 
 
-@dataclass(frozen=True, eq=True)
+@_source
 class ItemSource(Source):
     """`parent[key]` for a key that prints as a literal (str, int, bool, None), or as the name or source of the
     object it stands for (containers.NamedKey, TensorKey)."""
@@ -93,7 +123,7 @@ class ItemSource(Source):
         return f"{text}[{self.key!r}]"
 
 
-@dataclass(frozen=True, eq=True)
+@_source
 class TypeSource(Source):
     parent: Source
 
@@ -104,7 +134,7 @@ class TypeSource(Source):
         return f"type({text})"
 
 
-@dataclass(frozen=True, eq=True)
+@_source
 class ClosureCellSource(Source):
     """The contents of closure cell `index` of the function at `parent`."""
 
@@ -134,7 +164,7 @@ class TensorKey:
         return self.source.expr()
 
 
-@dataclass(frozen=True, eq=True)
+@_source
 class DictKeySource(Source):
     """Key number `index` of the dict at `parent` (a key the trace met by listing the dict, not by a
     source of its own): `list(d)[index]`."""
@@ -163,7 +193,7 @@ def chain(source: Source) -> list[Source]:
     return out[::-1]
 
 
-@dataclass(frozen=True, eq=True)
+@_source
 class TensorPropertySource(Source):
     """A size (`kind="size"`), stride or storage offset of the tensor at `parent`: a graph input
     that binds one symbol of a symbolic shape."""
@@ -179,7 +209,7 @@ class TensorPropertySource(Source):
         return f"{text}.{self.kind}({'' if self.dim is None else self.dim})"
 
 
-@dataclass(frozen=True, eq=True)
+@_source
 class ScalarTensorSource(Source):
     """The float at `parent` as the 0-d float64 tensor a graph takes it as (`__scalar_tensor` is
     `torch.scalar_tensor(value, dtype=torch.float64)`, bound in the entry's namespace)."""
