@@ -7,6 +7,7 @@ seconds with the device synchronized on both sides: it is the compile time.
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Any, Callable
@@ -33,12 +34,41 @@ def spin_up(device: str, seconds: float) -> None:
 
 
 def time_first_call(call: Callable[[], Any], device: str) -> tuple[float, Any]:
-    """Wall seconds of one call (the compiling one) and its result."""
+    """Wall seconds of one call (the compiling one) and its result.
+
+    With KILN_BENCH_PROFILE_FIRST_CALL=<path>, the call also runs under cProfile and the functions
+    with the most cumulative time are written to <path> (a diagnosis of where a first call goes;
+    the profiler's own cost is in the seconds returned then)."""
+    profile_path = os.environ.get("KILN_BENCH_PROFILE_FIRST_CALL")
+    profiler = None
+    if profile_path:
+        import cProfile
+
+        profiler = cProfile.Profile()
     synchronize(device)
     start = time.perf_counter()
+    if profiler is not None:
+        profiler.enable()
     result = call()
     synchronize(device)
-    return time.perf_counter() - start, result
+    if profiler is not None:
+        profiler.disable()
+    seconds = time.perf_counter() - start
+    if profiler is not None:
+        _write_profile(profiler, profile_path, seconds)
+    return seconds, result
+
+
+def _write_profile(profiler, path: str, seconds: float) -> None:
+    import io
+    import pstats
+
+    text = io.StringIO()
+    stats = pstats.Stats(profiler, stream=text)
+    stats.sort_stats("cumulative").print_stats(120)
+    stats.sort_stats("tottime").print_stats(60)
+    with open(path, "w") as handle:
+        handle.write(f"first call {seconds:.2f} s under cProfile\n\n" + text.getvalue())
 
 
 def time_calls(call: Callable[[], Any], device: str, iterations: int,

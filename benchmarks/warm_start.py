@@ -25,14 +25,17 @@ from benchmarks import report
 from benchmarks.run import REPO_ROOT, _case_environment
 
 
-def first_call(spec: dict, cache_dir: str, timeout: float) -> dict:
-    """One case in a new process with `cache_dir` as its caches: its result record."""
+def first_call(spec: dict, cache_dir: str, timeout: float, profile_path: str | None = None) -> dict:
+    """One case in a new process with `cache_dir` as its caches: its result record (and, with
+    `profile_path`, a cProfile of its first call written there)."""
     scratch = tempfile.mkdtemp(prefix="kiln_warm_")
     result_path = os.path.join(scratch, "result.json")
     try:
         command = [sys.executable, "-m", "benchmarks.case", json.dumps(spec), result_path]
-        completed = subprocess.run(command, cwd=REPO_ROOT, env=_case_environment(spec["device"], cache_dir),
-                                   capture_output=True, text=True, timeout=timeout)
+        env = _case_environment(spec["device"], cache_dir)
+        if profile_path:
+            env["KILN_BENCH_PROFILE_FIRST_CALL"] = profile_path
+        completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         if os.path.exists(result_path):
             with open(result_path) as handle:
                 return json.load(handle)
@@ -51,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=150.0, help="seconds per process")
     parser.add_argument("--label", default="warm-start")
     parser.add_argument("--out", default=None, help="also copy the .md here")
+    parser.add_argument("--profile-dir", default=None,
+                        help="also run a third (warm) process under cProfile and write its first call's profile here")
     args = parser.parse_args(argv)
     import torch
 
@@ -66,6 +71,10 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 cold = first_call(spec, cache_dir, args.timeout)
                 warm = first_call(spec, cache_dir, args.timeout)
+                if args.profile_dir:  # a third process, profiled, so that the two timed ones are not
+                    os.makedirs(args.profile_dir, exist_ok=True)
+                    first_call(spec, cache_dir, args.timeout,
+                               os.path.join(os.path.abspath(args.profile_dir), f"warm_first_call_{model}_{backend}.txt"))
             finally:
                 shutil.rmtree(cache_dir, ignore_errors=True)
             rows.append((model, backend, cold, warm))
