@@ -134,6 +134,14 @@ def autocast_state() -> tuple:
                  for device in ("cpu", "cuda"))
 
 
+def autocast_region_functions() -> tuple:
+    """(enter, exit): the functions an FX graph calls to enter and leave a `torch.autocast` block
+    (what Dynamo and kiln's frontend record for one)."""
+    from torch.amp import autocast_mode
+
+    return autocast_mode._enter_autocast, autocast_mode._exit_autocast
+
+
 def any_autocast_enabled() -> bool:
     """Whether autocast is on for any device kind (AOTAutograd's wrapper then turns it off around a graph)."""
     return torch._C._is_any_autocast_enabled()

@@ -13,8 +13,10 @@ A graph is plain when AOTAutograd's wrapper around its compiled ATen graph does 
   no output shares storage with an input or another output (the wrapper regenerates aliases);
 - it holds no parameters, buffers or submodules (AOTAutograd would lift them as inputs), every call
   target is an ATen op, a function of torch's or of `operator`, or a method name (something its
-  qualified name and torch's version identify across processes), and no node enters or leaves a
-  grad or autocast mode;
+  qualified name and torch's version identify across processes), and no node changes grad mode;
+  autocast regions are allowed when each one the graph enters it also leaves (Llama's rotary
+  embedding turns autocast off around its float32 math): the trace bakes their casts into the ATen
+  graph, and the global state after the graph is what it was before;
 - its ATen graph, compiled, took exactly the graph's inputs and gave exactly its outputs.
 Its key is the whole-graph cache's key of the torch-level graph, with the grad and autocast modes
 in force. The call then does what AOTAutograd's inference wrapper does: grad off, autocast off
@@ -36,6 +38,7 @@ from kiln.runtime import graph_cache
 _MODE_CHANGES = ("_set_grad_enabled", "set_grad_enabled", "_enter_autocast", "_exit_autocast", "_enter_inference_mode",
                  "_exit_inference_mode", "set_autocast_enabled")
 _AUGMENTED = _AUGMENTED_ASSIGNMENTS | {operator.setitem, operator.delitem}
+_ENTER_AUTOCAST, _EXIT_AUTOCAST = _torch.autocast_region_functions()
 
 
 def key_of(gm: torch.fx.GraphModule, example_inputs: list, mode: str) -> str | None:
@@ -50,15 +53,24 @@ def key_of(gm: torch.fx.GraphModule, example_inputs: list, mode: str) -> str | N
     if len(set(_torch.storage_ids(*example_inputs))) != len(example_inputs):
         return None
     outputs, inputs = [], []
+    open_autocasts: list[torch.fx.Node] = []
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             inputs.append(node.meta.get("example_value", node.meta.get("val")))
         elif node.op == "output":
             outputs = [item for item in torch.utils._pytree.tree_leaves(node.args[0]) if isinstance(item, torch.fx.Node)]
+        elif node.target is _ENTER_AUTOCAST:
+            open_autocasts.append(node)
+        elif node.target is _EXIT_AUTOCAST:
+            if not open_autocasts or node.args != (open_autocasts[-1],):
+                return None
+            open_autocasts.pop()
         elif node.op in ("call_function", "call_method") and not _plain_call(node):
             return None
         elif node.op not in ("placeholder", "call_function", "call_method", "output"):
             return None
+    if open_autocasts:  # a region left open (a graph break inside it): the graph changes the global state
+        return None
     values = [node.meta.get("example_value", node.meta.get("val")) for node in outputs]
     if not all(isinstance(value, torch.Tensor) for value in (*values, *inputs)):
         return None  # no trace-time values to tell aliasing by

@@ -32,7 +32,9 @@ Under the interpreter (CPU), kernels are always launched through Triton.
 """
 from __future__ import annotations
 
+import functools
 import traceback as _traceback
+import types
 
 from typing import Callable
 
@@ -98,26 +100,8 @@ def _fast_launcher(kernel, name: str, pointer_count: int, int_count: int, conste
     from triton import knobs
     from triton.runtime import driver
 
-    pointers = [f"p{k}" for k in range(pointer_count)]
-    ints = [f"s{k}" for k in range(int_count)]
-    params = ", ".join(["grid_x"] + pointers + ints)
-    key_parts = [f"{p}.data_ptr() & 15" for p in pointers]
-    key_parts += [f"{s} == 1, {s} & 15, {s} > 0x7FFFFFFF" for s in ints]
-    key = "(" + "".join(part + ", " for part in key_parts) + ")"
-    call_args = ", ".join(pointers + ints + [repr(value) for value in constexprs.values()])
-    source = f"""
-def launch_{name}({params}):
-    key = {key}
-    entry = compiled.get(key)
-    if entry is None:
-        compiled[key] = first_launch(grid_x, {', '.join(pointers + ints)})
-        return
-    run, function, metadata = entry
-    if hooked(runtime_knobs.launch_enter_hook) or hooked(runtime_knobs.launch_exit_hook):
-        slow_launch(grid_x, {', '.join(pointers + ints)})  # a profiler's hooks want Triton's own path
-    else:
-        run(grid_x, 1, 1, current_stream(current_device()), function, metadata, None, None, None, {call_args})
-"""
+    code = _launcher_code(pointer_count, int_count, len(constexprs)).replace(  # named for profiles and tracebacks
+        co_name=f"launch_{name}", co_qualname=f"launch_{name}", co_filename=f"<kiln launcher {name}>")
 
     def first_launch(grid_x, *args):
         """Compile for this specialization (Triton compiles as it launches) and launch."""
@@ -133,9 +117,37 @@ def launch_{name}({params}):
     namespace = {"compiled": {}, "first_launch": first_launch,
                  "slow_launch": _triton_launcher(kernel, name, constexprs, num_warps),
                  "runtime_knobs": knobs.runtime, "hooked": _hooked, "current_stream": driver.active.get_current_stream,
-                 "current_device": driver.active.get_current_device}
-    exec(compile(source, f"<kiln launcher {name}>", "exec"), namespace)
-    return namespace[f"launch_{name}"]
+                 "current_device": driver.active.get_current_device,
+                 **{f"c{k}": value for k, value in enumerate(constexprs.values())}}
+    return types.FunctionType(code, namespace, f"launch_{name}")
+
+
+@functools.lru_cache(maxsize=None)
+def _launcher_code(pointer_count: int, int_count: int, constexpr_count: int) -> types.CodeType:
+    """The code of a launcher for kernels of this many pointers, ints and constexprs (which it reads as
+    the globals c0, c1, ...): compiled once per signature, not once per kernel (a graph has hundreds)."""
+    pointers = [f"p{k}" for k in range(pointer_count)]
+    ints = [f"s{k}" for k in range(int_count)]
+    params = ", ".join(["grid_x"] + pointers + ints)
+    key_parts = [f"{p}.data_ptr() & 15" for p in pointers]
+    key_parts += [f"{s} == 1, {s} & 15, {s} > 0x7FFFFFFF" for s in ints]
+    key = "(" + "".join(part + ", " for part in key_parts) + ")"
+    call_args = ", ".join(pointers + ints + [f"c{k}" for k in range(constexpr_count)])
+    source = f"""
+def launch({params}):
+    key = {key}
+    entry = compiled.get(key)
+    if entry is None:
+        compiled[key] = first_launch(grid_x, {', '.join(pointers + ints)})
+        return
+    run, function, metadata = entry
+    if hooked(runtime_knobs.launch_enter_hook) or hooked(runtime_knobs.launch_exit_hook):
+        slow_launch(grid_x, {', '.join(pointers + ints)})  # a profiler's hooks want Triton's own path
+    else:
+        run(grid_x, 1, 1, current_stream(current_device()), function, metadata, None, None, None, {call_args})
+"""
+    module = compile(source, "<kiln launcher>", "exec")
+    return next(constant for constant in module.co_consts if isinstance(constant, types.CodeType))
 
 
 def compile_ahead(jobs: list, workers: int) -> int:

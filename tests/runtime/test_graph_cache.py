@@ -307,3 +307,53 @@ def test_the_warm_call_runs_as_aotautograds_inference_wrapper():
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=False):
         (product,) = fallback([torch.randn(2, 3), torch.randn(3, 4)])
     assert product.dtype == torch.bfloat16
+
+
+def _float32_region(x):
+    """Llama's rotary embedding's shape: autocast turned off around float32 math, inside an autocast region."""
+    with torch.autocast("cpu", enabled=False):
+        angles = x.float().sin()
+    return (x @ x.t()) + angles.sum(-1)
+
+
+def _autocast_graph(close: bool) -> torch.fx.GraphModule:
+    """x @ x.t() inside an autocast-off region, closed or left open (as a graph break inside one leaves it)."""
+    enter, exit_ = kiln._torch.autocast_region_functions()
+    x = torch.randn(4, 4)
+    graph = torch.fx.Graph()
+    placeholder = graph.placeholder("x")
+    placeholder.meta["example_value"] = x
+    region = graph.call_function(enter, ("cpu", None, False, None))
+    region.meta["example_value"] = None
+    transposed = graph.call_method("t", (placeholder,))
+    transposed.meta["example_value"] = x.t()
+    product = graph.call_function(torch.matmul, (placeholder, transposed))
+    product.meta["example_value"] = x @ x.t()
+    if close:
+        graph.call_function(exit_, (region,)).meta["example_value"] = None
+    graph.output(product)
+    return torch.fx.GraphModule(torch.nn.Module(), graph), x
+
+
+def test_a_graph_is_plain_only_if_it_closes_its_autocast_regions(cache_dir):
+    with torch.no_grad():
+        closed, x = _autocast_graph(close=True)
+        assert plain.key_of(closed, [x], "default") is not None
+        left_open, x = _autocast_graph(close=False)
+        assert plain.key_of(left_open, [x], "default") is None
+
+
+def test_a_warm_graph_with_an_autocast_off_region_is_not_traced_again(cache_dir, traces):
+    results = []
+    x = torch.randn(6, 6)
+    for _ in range(2):
+        kiln.reset()
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            results.append(kiln.compile(_float32_region)(x))
+    assert len(traces) == 1
+    cold, warm = results
+    assert torch.equal(cold, warm)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = _float32_region(x)
+    assert warm.dtype == expected.dtype
+    torch.testing.assert_close(warm, expected, atol=5e-2, rtol=2e-2)

@@ -73,6 +73,25 @@ def test_compiles_once_per_specialization_then_launches_directly(fake_driver):
     assert arguments[0] is buffer and arguments[1:] == (48, 16)  # pointers, ints, then constexprs
 
 
+def test_launchers_of_one_signature_share_code_but_not_constants_or_caches(fake_driver):
+    """The launcher's code is compiled once per (pointers, ints, constexprs) count; each kernel's
+    launcher keeps its own constexpr values, specialization cache and name."""
+    first, second = _Kernel(), _Kernel()
+    launch_first = _fast_launcher(first, "k0", pointer_count=1, int_count=1, constexprs={"XBLOCK": 16}, num_warps=4)
+    second.run = lambda *args, grid, warmup, **options: (setattr(second, "compiles", second.compiles + 1),
+                                                         second.compiled)[1]
+    launch_second = _fast_launcher(second, "k1", pointer_count=1, int_count=1, constexprs={"RBLOCK": 64},
+                                   num_warps=4)
+    assert launch_first.__code__.co_code == launch_second.__code__.co_code
+    assert (launch_first.__name__, launch_second.__name__) == ("launch_k0", "launch_k1")
+    assert launch_first.__code__.co_filename == "<kiln launcher k0>"
+    buffer = torch.zeros(64)
+    for launch in (launch_first, launch_second, launch_first, launch_second):
+        launch(2, buffer, 32)
+    assert first.compiles == 1 and second.compiles == 1
+    assert first.compiled.launches[0][-1] == 16 and second.compiled.launches[0][-1] == 64
+
+
 def test_a_registered_launch_hook_takes_tritons_path(fake_driver):
     kernel = _Kernel()
     launch = _fast_launcher(kernel, "k0", pointer_count=1, int_count=0, constexprs={"XBLOCK": 16}, num_warps=4)
