@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     command = "python -m benchmarks.train_memory " + " ".join(shlex.quote(arg) for arg in (argv or sys.argv[1:]))
     env = report.environment(device, REPO_ROOT, command)
     lines = report.text_header("Training step memory, eager against kiln", env,
-                               __doc__.split(chr(10) + chr(10))[1].replace(chr(10), " "))
+                               __doc__.split(chr(10) + chr(10))[2].replace(chr(10), " "))
     lines += ["| model | backend | saved MB | kiln forward outputs MB (by dtype) | forward peak / after GiB "
               "| backward peak / after GiB |", "|---|---|---:|---|---|---|"]
     for name in [model.strip() for model in args.models.split(",") if model.strip()]:
