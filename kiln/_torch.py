@@ -134,6 +134,12 @@ def autocast_state() -> tuple:
                  for device in ("cpu", "cuda"))
 
 
+def current_cuda_stream(index: int | None) -> int:
+    """The handle of the current CUDA stream on device `index` (None: the current device), as an int
+    (torch's C binding, which Triton's launcher reads too: no Stream object is built)."""
+    return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device() if index is None else index)
+
+
 def autocast_region_functions() -> tuple:
     """(enter, exit): the functions an FX graph calls to enter and leave a `torch.autocast` block
     (what Dynamo and kiln's frontend record for one)."""

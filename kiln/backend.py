@@ -191,7 +191,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
         raise KilnCompileError("kiln.backend has no stage recorder: import kiln (kiln.debug registers it)")
     dump = _stage_recorder_factory(gm)
     try:
-        compiled, cached_key = _compile_aten_graph(gm, example_inputs, dump, mode)
+        compiled, cached_key = _compile_aten_graph(gm, example_inputs, dump, mode, inference)
         recorded = _compiled_graphs.get()
         if recorded is not None:
             (output,) = [node for node in gm.graph.nodes if node.op == "output"]
@@ -214,7 +214,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
         return _torch.make_boxed_func(gm)
 
 
-def _compile_aten_graph(gm, example_inputs, dump, mode):
+def _compile_aten_graph(gm, example_inputs, dump, mode, inference=False):
     """(the compiled callable, its whole-graph cache key when its module is in the cache, else None)."""
     from kiln.codegen.backends import backend_for
     from kiln.codegen.wrapper import generate_wrapper
@@ -229,7 +229,7 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
     key = None
     if not dump.wanted:  # KILN_DEBUG and the HTML report show the stages a cache hit skips
         with dump.stage("graph_cache"):
-            key = graph_cache.key_of(gm, example_inputs, mode)
+            key = graph_cache.key_of(gm, example_inputs, mode, extra=[f"inference {inference}"])
             found = graph_cache.load(key) if key is not None else None
         if found is not None:
             module_source, device_type = found
@@ -250,7 +250,7 @@ def _compile_aten_graph(gm, example_inputs, dump, mode):
     scheduled = optimize(scheduled, dump)  # LoopIR -> LoopIR passes, each dumped and timed
     _check("optimize", scheduled)
     with dump.stage("plan_memory"):
-        memory_plan = plan_memory(scheduled)
+        memory_plan = plan_memory(scheduled, inference=inference)
     dump.write("memory_plan.txt", memory_plan.format)
     with dump.stage("codegen"):
         module_source = generate_wrapper(scheduled, memory_plan)

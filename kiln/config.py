@@ -97,6 +97,9 @@ OPTIONS = [
     Option("cpp_parallel_min", int, 32768, "C++ kernels over fewer elements than this run on one thread"),
     Option("cpu_scratch_arena", bool, True, "a compiled CPU graph's intermediates live in one block, allocated at its "
                                             "first call and reused by later calls (kiln/runtime/scratch.py)"),
+    Option("cuda_scratch_arena", bool, False, "a compiled CUDA inference graph's intermediates live in one block, kept "
+                                              "between calls, instead of one caching-allocator call each (off until "
+                                              "an H200 run shows the host time it saves)"),
     Option("cpu_huge_pages_min_bytes", int, 32 << 20, "CPU buffers kiln allocates of at least this size ask for "
                                                        "transparent huge pages, when their memory is untouched (kiln/runtime/host_memory.py); 0: never"),
     Option("cpu_gemm", str, "onednn", "fp32 CPU products of nn.Linear's layout: 'onednn' (oneDNN's linear, "

@@ -102,7 +102,7 @@ class WrapperGenerator:
         if scratch is not None:
             from kiln.runtime.scratch import ScratchArena
 
-            module.constants["_arena"] = ScratchArena(scratch.nbytes, scratch.layouts)
+            module.constants["_arena"] = ScratchArena(scratch.nbytes, scratch.layouts, scratch.device)
         for step, step_plan in zip(self.scheduled.steps, self.memory_plan.steps):
             if isinstance(step, Kernel):
                 body += self._kernel_call(step, module)

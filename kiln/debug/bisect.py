@@ -45,8 +45,8 @@ def capture_aten_graphs():
     graphs: list = []
     original, original_plain = backend._compile_aten_graph, backend._load_plain_inference
 
-    def recording(gm, example_inputs, dump, mode):
-        compiled, cached_key = original(gm, example_inputs, dump, mode)
+    def recording(gm, example_inputs, dump, mode, inference=False):
+        compiled, cached_key = original(gm, example_inputs, dump, mode, inference)
         saved = copy.deepcopy(gm)
 
         def call(args):

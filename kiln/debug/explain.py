@@ -144,11 +144,11 @@ def _recording(report: ExplainReport):
 
     original = backend._compile_aten_graph
 
-    def recording(gm, example_inputs, dump, mode):
+    def recording(gm, example_inputs, dump, mode, inference=False):
         graph = GraphReport(dump.name, sum(1 for node in gm.graph.nodes if node.op == "call_function"))
         report.graphs.append(graph)
         try:
-            compiled, cached_key = original(gm, example_inputs, dump, mode)
+            compiled, cached_key = original(gm, example_inputs, dump, mode, inference)
         except Exception as error:
             graph.fallback = f"{type(error).__name__}: {error}"
             raise

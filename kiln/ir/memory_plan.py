@@ -68,6 +68,7 @@ class ScratchPlan:
     nbytes: int
     buffers: list  # buffer names, by view index
     layouts: list
+    device: str = "cpu"  # where the block lives ("cuda:0": an inference graph's, config.cuda_scratch_arena)
 
 
 @dataclass
@@ -91,7 +92,8 @@ class MemoryPlan:
     def format(self) -> str:
         lines = [f"memory plan: {len(self.steps)} steps"]
         if self.scratch is not None:
-            lines.append(f"scratch block: {self.scratch.nbytes} B ({self.scratch.nbytes:#x}), "
+            where = "" if self.scratch.device == "cpu" else f" on {self.scratch.device}"
+            lines.append(f"scratch block{where}: {self.scratch.nbytes} B ({self.scratch.nbytes:#x}), "
                          f"{len(self.scratch.buffers)} buffers")
         lines += [step.format() for step in self.steps]
         lines.append("escape: " + (" ".join(self.escaping) or "-"))

@@ -12,7 +12,8 @@ Decisions, all made here:
   (`config.cpu_huge_pages_min_bytes`), or a view into the graph's scratch block; any other extern
   output is what the extern returns, fresh or, when its schema does not rule it out, a view of
   its arguments;
-- **the scratch block** (CPU only, `config.cpu_scratch_arena`): the buffers the wrapper allocates,
+- **the scratch block** (CPU graphs, `config.cpu_scratch_arena`; CUDA inference graphs,
+  `config.cuda_scratch_arena`, off by default): the buffers the wrapper allocates,
   of static size, that no graph output aliases and no extern that may return a view of its
   arguments reads or returns, placed at offsets by lifetime (`plan_offsets`), so buffers never
   live at the same step share bytes. kiln/runtime/scratch.py's `ScratchArena` builds the block;
@@ -39,14 +40,16 @@ ALIGNMENT = 64  # bytes: a cache line, and a multiple of every dtype's size
 MAX_COMPARED_PEAKS = 32  # distinct symbolic live-byte expressions the peak is simplified over
 
 
-def plan_memory(scheduled: ScheduledGraph, device_type: str | None = None) -> MemoryPlan:
+def plan_memory(scheduled: ScheduledGraph, device_type: str | None = None, inference: bool = False) -> MemoryPlan:
     """The memory plan of `scheduled`; `device_type` ("cpu" or "cuda") defaults to the graph's
-    (`graph_device_type`: cuda when any buffer is on a GPU)."""
+    (`graph_device_type`: cuda when any buffer is on a GPU). `inference`: the graph needs no autograd
+    (a CUDA graph's scratch block is kept between calls, which only an inference graph may afford: a
+    training forward's block would stay allocated through the backward)."""
     graph = scheduled.graph
     if device_type is None:
         device_type = graph_device_type(graph)
     last_use = last_uses(scheduled)
-    scratch, scratch_slots = _plan_scratch(scheduled, last_use, device_type)
+    scratch, scratch_slots = _plan_scratch(scheduled, last_use, device_type, inference)
     steps = []
     for step_index, step in enumerate(scheduled.steps):
         step_plan = StepPlan(step_index, step.name, "" if isinstance(step, Kernel) else str(step.op))
@@ -90,13 +93,20 @@ def last_uses(scheduled: ScheduledGraph) -> dict:
     return {name: index for name, index in last.items() if name not in keep and name not in local}
 
 
-def _plan_scratch(scheduled: ScheduledGraph, last_use: dict, device_type: str) -> tuple:
-    """(ScratchPlan or None, {buffer name: (view index, offset)}): the CPU intermediates the
-    wrapper allocates, of static size, that no output aliases and no extern that may return a
-    view of its inputs reads or returns."""
+def _plan_scratch(scheduled: ScheduledGraph, last_use: dict, device_type: str, inference: bool) -> tuple:
+    """(ScratchPlan or None, {buffer name: (view index, offset)}): the intermediates the wrapper
+    allocates, of static size, that no output aliases and no extern that may return a view of its
+    inputs reads or returns. CPU graphs (config.cpu_scratch_arena) and CUDA inference graphs
+    (config.cuda_scratch_arena) on one device have one."""
     graph = scheduled.graph
-    if device_type != "cpu" or not config.cpu_scratch_arena:
+    devices = {str(buffer.device) for buffer in graph.buffers.values()}
+    if device_type == "cpu":
+        wanted = config.cpu_scratch_arena
+    else:
+        wanted = device_type == "cuda" and config.cuda_scratch_arena and inference and len(devices - {"cpu"}) == 1
+    if not wanted:
         return None, {}
+    device = "cpu" if device_type == "cpu" else next(iter(devices - {"cpu"}))
     inputs = {graph_input.buffer.name for graph_input in graph.inputs if graph_input.kind == "tensor"}
     escaping = {output.buffer for output in graph.outputs if isinstance(output, TensorArg)}
     first_step: dict = {}
@@ -113,7 +123,8 @@ def _plan_scratch(scheduled: ScheduledGraph, last_use: dict, device_type: str) -
     for name, first in first_step.items():
         layout = graph.buffers[name].layout
         static = all(sympy.sympify(value).is_Integer for value in (*layout.size, *layout.stride, layout.offset))
-        if name in escaping or name in inputs or name not in last_use or not static:
+        if name in escaping or name in inputs or name not in last_use or not static \
+                or str(graph.buffers[name].device) != device:
             continue
         nbytes = int(layout.storage_span()) * graph.buffers[name].dtype.itemsize
         candidates.append((name, nbytes, first, last_use[name]))
@@ -125,7 +136,7 @@ def _plan_scratch(scheduled: ScheduledGraph, last_use: dict, device_type: str) -
                 tuple(map(int, graph.buffers[name].layout.stride)), graph.buffers[name].dtype)
                for name in names]
     slots = {name: (index, offsets[name]) for index, name in enumerate(names)}
-    return ScratchPlan(total, names, layouts), slots
+    return ScratchPlan(total, names, layouts, device), slots
 
 
 def plan_offsets(buffers: list) -> tuple[dict, int]:

@@ -98,3 +98,55 @@ def test_view_at_counts_the_offset_from_the_tensors_own_start():
         got, want = view_at(base, size, stride, offset), _view_at(base, size, stride, offset)
         assert got.storage_offset() == want.storage_offset() and got.stride() == want.stride()
         assert torch.equal(got, want)
+
+
+def test_a_cuda_block_is_handed_again_only_on_the_stream_it_was_last_used_on(monkeypatch):
+    """A CUDA block given back may still be in use by work in flight: only a call on the same stream
+    (whose work runs after it) may take it again. (On "meta" memory, with the stream faked.)"""
+    from kiln import _torch
+
+    stream = {"now": 7}
+    monkeypatch.setattr(_torch, "current_cuda_stream", lambda index: stream["now"])
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: stream.get("capturing", False))
+    arena = ScratchArena(256, [(0, (8,), (1,), torch.float32), (64, (4, 4), (4, 1), torch.float16)], "meta")
+    first = arena.acquire()
+    assert first[0].device.type == "meta" and first[1].dtype == torch.float16
+    arena.release(first)
+    stream["now"] = 9
+    other = arena.acquire()
+    assert other is not first  # another stream: a block of its own
+    arena.release(other)
+    stream["now"] = 7
+    assert arena.acquire() is first
+    stream["capturing"] = True  # recorded into a CUDA graph: a block of its own, never handed on
+    captured = arena.acquire()
+    assert captured is not first and captured is not other
+    arena.release(captured)
+    stream["capturing"] = False
+    assert all(views is not captured for _, views in arena.idle)
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(arena))  # the graph cache keeps the plan, never a block
+    assert copy.idle == [] and copy.device == "meta" and copy.layouts == arena.layouts
+
+
+def test_cuda_scratch_blocks_are_for_inference_graphs_on_one_gpu_only():
+    from kiln.schedule import memory
+
+    class _Buffer:
+        def __init__(self, device):
+            self.device = torch.device(device)
+
+    class _Graph:
+        def __init__(self, *devices):
+            self.buffers = {f"b{index}": _Buffer(device) for index, device in enumerate(devices)}
+
+    class _Scheduled:
+        def __init__(self, *devices):
+            self.graph = _Graph(*devices)
+
+    with kiln.config.patch(cuda_scratch_arena=True):
+        for graph, inference in ((_Scheduled("cuda:0"), False), (_Scheduled("cuda:0", "cuda:1"), True)):
+            assert memory._plan_scratch(graph, {}, "cuda", inference) == (None, {})
+    with kiln.config.patch(cuda_scratch_arena=False):
+        assert memory._plan_scratch(_Scheduled("cuda:0"), {}, "cuda", True) == (None, {})
