@@ -17,6 +17,9 @@
 #                                                                 # eager / torch.compile / kiln, inference and
 #                                                                 # CUDA graphs ($MODES, default infer,cudagraphs;
 #                                                                 # $MODELS_BUDGET s, default 530)
+#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh diagnose  # GPT-2's sync check (with and without the CUDA
+#                                                                 # scratch block), BERT training's attention ops,
+#                                                                 # Llama's profiled warm start: ~300 s
 # Files land in $OUT (at most 8 come back) and the benchmark results under benchmarks/results/.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -80,6 +83,20 @@ models)
         "$@" 2>&1 | tail -25
     rm -f "$OUT_DIR"/*.log
     ;;
-*) echo "usage: gpu_verify.sh checks|kernels|models" >&2; exit 2 ;;
+diagnose)
+    # The open questions of 2026-12-03 (benchmarks/results/2026-12-03_diagnosis-cff19b1_nvidia-h200.md), ~300 s:
+    # does GPT-2's call wait for the GPU (and does the CUDA scratch block change its host time); which
+    # attention BERT's training graph runs; does Llama's warm start skip AOTAutograd now.
+    {
+        timeout 90 "$PYTHON" -m benchmarks.gpu_sync_check --only gpt2 2>&1 | grep -v "Warning"
+        KILN_CUDA_SCRATCH_ARENA=1 timeout 90 "$PYTHON" -m benchmarks.gpu_sync_check --only gpt2 2>&1 | grep -v "Warning"
+        KILN_DEBUG=1 KILN_DEBUG_DIR=/tmp/kiln_attention timeout 120 "$PYTHON" -m benchmarks.gpu_attention_check --model bert 2>&1 \
+            | grep -v "Warning" | head -80
+        KILN_LOGS=perf timeout 120 "$PYTHON" -m benchmarks.warm_start --only llama --label "warm-start-llama-$commit" \
+            --out "$OUT_DIR" --profile-dir "$OUT_DIR" 2>&1 | tail -4
+    } > "$OUT_DIR/diagnose.txt" 2>&1
+    tail -60 "$OUT_DIR/diagnose.txt"
+    ;;
+*) echo "usage: gpu_verify.sh checks|kernels|models|diagnose" >&2; exit 2 ;;
 esac
 ls -la "$OUT_DIR"
