@@ -15,39 +15,14 @@ max(host, GPU) and lower than the synchronized one. If it is not, something in t
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
-import time
 import traceback
 import warnings
 
 import torch
 
-from benchmarks import workloads
+from benchmarks import timing, workloads
 from benchmarks.case import Runner, compile_program
-
-
-def _per_call_ms(runner, calls: int, synchronize_each: bool) -> float:
-    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
-    torch.cuda.synchronize()
-    for start, end in events:
-        start.record()
-        runner()
-        end.record()
-        if synchronize_each:
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events)
-
-
-def _issue_ms(runner, calls: int) -> float:
-    torch.cuda.synchronize()
-    begin = time.perf_counter()
-    for _ in range(calls):
-        runner()
-    issued = time.perf_counter() - begin
-    torch.cuda.synchronize()
-    return issued * 1000 / calls
 
 
 def check(name: str, backend: str) -> str:
@@ -70,9 +45,9 @@ def check(name: str, backend: str) -> str:
         if "synchroniz" in str(warning.message):
             syncs.append(f"{str(warning.message)[:120]} at {warning.filename}:{warning.lineno}")
     torch.cuda.synchronize()
-    pipelined = _per_call_ms(runner, 20, synchronize_each=False)
-    synchronized = _per_call_ms(runner, 20, synchronize_each=True)
-    issue = _issue_ms(runner, 20)
+    pipelined = timing.per_call_ms(runner, 20, synchronize_each=False)
+    synchronized = timing.per_call_ms(runner, 20, synchronize_each=True)
+    issue = timing.issue_ms(runner, 20)
     lines = [f"{name} / {backend}: back-to-back {pipelined:.3f} ms/call, synchronized {synchronized:.3f}, "
              f"issue {issue:.3f}; synchronizing calls in one call: {len(syncs)}"]
     lines += [f"  {item}" for item in syncs[:10]]

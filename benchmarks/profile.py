@@ -23,36 +23,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import time
 
 import torch
 
-from benchmarks import workloads
+from benchmarks import timing, workloads
 from benchmarks.case import Runner, compile_program
-
-
-def _device_ms(runner, calls: int = 20) -> float:
-    times = []
-    for _ in range(calls):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        runner()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def _host_ms(runner, calls: int = 20) -> float:
-    torch.cuda.synchronize()
-    begin = time.perf_counter()
-    for _ in range(calls):
-        runner()
-    issued = time.perf_counter() - begin
-    torch.cuda.synchronize()
-    return issued * 1000 / calls
 
 
 def _profile_table(runner, calls: int = 5) -> tuple[str, float]:
@@ -109,8 +86,8 @@ def profile_case(name: str, backend: str, mode: str, out_dir: str, tag: str = ""
         runner()
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
-    device_ms = _device_ms(runner)
-    host_ms = _host_ms(runner)
+    device_ms = timing.per_call_ms(runner, 20, synchronize_each=True)
+    host_ms = timing.issue_ms(runner, 20)
     peak_gib = torch.cuda.max_memory_allocated() / 2**30
     reserved_gib = torch.cuda.memory_reserved() / 2**30
     table, launches = _profile_table(runner)

@@ -100,6 +100,32 @@ def _time_cuda(call, iterations, before_each) -> list[float]:
     return [start.elapsed_time(end) for start, end in events]
 
 
+def per_call_ms(call: Callable[[], Any], calls: int, synchronize_each: bool) -> float:
+    """Median CUDA-event milliseconds of `calls` calls, each followed by a synchronize or issued back
+    to back (benchmarks.run's method: the host may run ahead of the GPU)."""
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(calls)]
+    torch.cuda.synchronize()
+    for start, end in events:
+        start.record()
+        call()
+        end.record()
+        if synchronize_each:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def issue_ms(call: Callable[[], Any], calls: int) -> float:
+    """Wall milliseconds per call to issue `calls` calls without waiting for the GPU."""
+    torch.cuda.synchronize()
+    begin = time.perf_counter()
+    for _ in range(calls):
+        call()
+    issued = time.perf_counter() - begin
+    torch.cuda.synchronize()
+    return issued * 1000 / calls
+
+
 def summarize(times_ms: list[float]) -> dict:
     """Median (the quoted number) plus spread, in milliseconds."""
     ordered = sorted(times_ms)

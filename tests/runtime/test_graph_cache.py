@@ -228,19 +228,25 @@ def test_a_warm_autocast_graph_computes_as_the_cold_one(cache_dir, traces):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.GELU(), torch.nn.LayerNorm(32),
                                 torch.nn.Linear(32, 8), torch.nn.Softmax(-1)).eval()
-    x = torch.randn(8, 16)
+    warm, expected = _cold_then_warm_under_autocast(model, torch.randn(8, 16), traces)
+    assert warm.dtype == expected.dtype == torch.bfloat16  # computed in bfloat16, as eager's autocast does
+    torch.testing.assert_close(warm, expected, atol=2e-2, rtol=2e-2)
+
+
+def _cold_then_warm_under_autocast(fn, x, traces):
+    """`fn` compiled twice, each time after kiln.reset(), under no_grad (an inference graph) and CPU
+    autocast: the second compile must load the first one's module without tracing to ATen, and give the
+    same values. Returns (the warm result, eager's)."""
     results = []
     for _ in range(2):
         kiln.reset()
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):  # no_grad: an inference graph
-            results.append(kiln.compile(model)(x))
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+            results.append(kiln.compile(fn)(x))
     assert len(traces) == 1
     cold, warm = results
     assert torch.equal(cold, warm)
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        expected = model(x)
-    assert warm.dtype == expected.dtype == torch.bfloat16  # computed in bfloat16, as eager's autocast does
-    torch.testing.assert_close(warm, expected, atol=2e-2, rtol=2e-2)
+        return warm, fn(x)
 
 
 def _writes_its_input(x):
@@ -344,16 +350,6 @@ def test_a_graph_is_plain_only_if_it_closes_its_autocast_regions(cache_dir):
 
 
 def test_a_warm_graph_with_an_autocast_off_region_is_not_traced_again(cache_dir, traces):
-    results = []
-    x = torch.randn(6, 6)
-    for _ in range(2):
-        kiln.reset()
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-            results.append(kiln.compile(_float32_region)(x))
-    assert len(traces) == 1
-    cold, warm = results
-    assert torch.equal(cold, warm)
-    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        expected = _float32_region(x)
+    warm, expected = _cold_then_warm_under_autocast(_float32_region, torch.randn(6, 6), traces)
     assert warm.dtype == expected.dtype
     torch.testing.assert_close(warm, expected, atol=5e-2, rtol=2e-2)
