@@ -91,19 +91,26 @@ def hardware_tag(env: dict) -> str:
     return tag
 
 
-def text_header(title: str, env: dict, method: str) -> list[str]:
+def text_header(title: str, env: dict, doc: str) -> list[str]:
     """A text result's first lines: its title, the environment (date, hardware, versions, commit, command)
-    and its method."""
+    and its method: the third paragraph of the tool's docstring `doc` (after its title and usage)."""
+    method = doc.split("\n\n")[2].replace("\n", " ")
     return [f"# {title}", "", *(f"- {key}: {value}" for key, value in env.items() if value is not None),
             f"- method: {method}", ""]
 
 
-def write_text_result(results_dir: str, kind: str, env: dict, lines: list[str]) -> str:
-    """`lines` written to <results_dir>/<date>_<kind>_<hardware>.md; its path."""
-    path = os.path.join(results_dir, f"{env['date'][:10]}_{kind}_{hardware_tag(env)}.md")
+def write_text_result(kind: str, env: dict, lines: list[str]) -> str:
+    """`lines` written to benchmarks/results/<date>_<kind>_<hardware>.md; its path."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                        f"{env['date'][:10]}_{kind}_{hardware_tag(env)}.md")
     with open(path, "w") as handle:
         handle.write("\n".join(lines) + "\n")
     return path
+
+
+def names(text: str) -> list[str]:
+    """The items of a comma-separated command-line list (`--models bert,llama`), blanks dropped."""
+    return [item.strip() for item in text.split(",") if item.strip()]
 
 
 # --------------------------------------------------------------------------- tables

@@ -96,16 +96,15 @@ def main(argv: list[str] | None = None) -> int:
     env = report.environment("cpu", REPO_ROOT, command)
     lines = report.text_header(
         "Forward outputs of a training step (model outputs + values saved for the backward), by partitioner", env,
-        __doc__.split(chr(10) + chr(10))[2].replace(chr(10), " "))
+        __doc__)
     lines += ["| model | partitioner | forward outputs | MB | loss |", "|---|---|---:|---:|---:|"]
-    for name in [model.strip() for model in args.models.split(",") if model.strip()]:
+    for name in report.names(args.models):
         for partitioner in PARTITIONERS:
             count, size, loss = forward_outputs(name, partitioner, args.batch, args.length)
             lines.append(f"| {name} | {partitioner} | {count} | {size / 1e6:.1f} | {loss:.6f} |")
             print(lines[-1], flush=True)
     if not args.no_write:
-        print("wrote " + report.write_text_result(os.path.join(REPO_ROOT, "benchmarks", "results"), "saved-bytes",
-                                                  env, lines))
+        print("wrote " + report.write_text_result("saved-bytes", env, lines))
     return 0
 
 

@@ -118,11 +118,10 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     command = "python -m benchmarks.train_memory " + " ".join(shlex.quote(arg) for arg in (argv or sys.argv[1:]))
     env = report.environment(device, REPO_ROOT, command)
-    lines = report.text_header("Training step memory, eager against kiln", env,
-                               __doc__.split(chr(10) + chr(10))[2].replace(chr(10), " "))
+    lines = report.text_header("Training step memory, eager against kiln", env, __doc__)
     lines += ["| model | backend | saved MB | kiln forward outputs MB (by dtype) | forward peak / after GiB "
               "| backward peak / after GiB |", "|---|---|---:|---|---|---|"]
-    for name in [model.strip() for model in args.models.split(",") if model.strip()]:
+    for name in report.names(args.models):
         for backend in ("eager", "kiln"):
             result = measure(name, backend, args.small, device)
             outputs = result["outputs"]
@@ -133,8 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                          f"| {phases.cell('backward')} |")
             print(lines[-1], flush=True)
     if not args.no_write:
-        print("wrote " + report.write_text_result(os.path.join(REPO_ROOT, "benchmarks", "results"), "train-memory",
-                                                  env, lines))
+        print("wrote " + report.write_text_result("train-memory", env, lines))
     return 0
 
 

@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     small = device == "cpu"
     rows = []
-    for model in [name.strip() for name in args.only.split(",") if name.strip()]:
-        for backend in [name.strip() for name in args.backends.split(",") if name.strip()]:
+    for model in report.names(args.only):
+        for backend in report.names(args.backends):
             spec = {"suite": "models", "workload": model, "backend": backend, "mode": "infer", "device": device,
                     "small": small, "warmup": 1, "iterations": 3, "kiln_backend": "kiln", "kiln_strict": False,
                     "check": True, "spin_up_s": 0.0}
