@@ -140,6 +140,15 @@ def current_cuda_stream(index: int | None) -> int:
     return torch._C._cuda_getCurrentRawStream(torch.cuda.current_device() if index is None else index)
 
 
+def cuda_stream_functions() -> tuple | None:
+    """(current device index, raw current stream of a device index): torch's C bindings, which a
+    kernel launch calls without torch.cuda.current_device()'s Python frames (its lazy-init check;
+    a launcher only runs after CUDA is initialized). None where torch is built without CUDA."""
+    device = getattr(torch._C, "_cuda_getDevice", None)
+    stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    return (device, stream) if device is not None and stream is not None else None
+
+
 def autocast_region_functions() -> tuple:
     """(enter, exit): the functions an FX graph calls to enter and leave a `torch.autocast` block
     (what Dynamo and kiln's frontend record for one)."""

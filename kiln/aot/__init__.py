@@ -10,7 +10,8 @@ fake metas get eager's strides where torch's meta kernels, functionalization's r
 in-place writes or a composite op's decomposition disagree with eager's (kiln/aot/strides.py).
 A training graph's joint forward and backward are split by `config.partitioner`: which forward
 values the backward reads from memory and which it recomputes (kiln/_torch.py partition_function).
-An inference graph's 2-D convolutions are then laid out channels-last where `config.conv_layout`
+Before tracing, a training graph's CUDA attention calls get inputs that the fused SDPA kernels
+accept (kiln/aot/attention.py). An inference graph's 2-D convolutions are then laid out channels-last where `config.conv_layout`
 says so (kiln/aot/layouts.py).
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Callable
 
 from kiln import _torch
 from kiln.config import config
+from kiln.aot.attention import make_attention_fusable
 from kiln.aot.decompositions import decomposition_table
 from kiln.aot.layouts import choose_conv_layouts
 from kiln.aot.strides import keep_written_layouts, restride_to_eager, tag_torch_graph
@@ -31,6 +33,7 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
     (an inference graph, one with no backward, with `compile_inference` when given)."""
 
     keep_written_layouts(gm)  # in-place writes keep the written tensor's layout in the trace too
+    make_attention_fusable(gm)  # training SDPA calls get inputs the fused kernels accept
     facts = tag_torch_graph(gm)  # before tracing: the ATen nodes inherit the tags
 
     def boxed(aten_gm, aten_inputs, compile_one=compile_aten, forward=True, inference=False):

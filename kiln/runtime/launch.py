@@ -7,7 +7,7 @@ cache key, look it up, check globals). kiln's launcher does that work once: the 
 call goes through Triton (which compiles), and later calls whose arguments have the
 same specialization-relevant properties (pointer alignment to 16 bytes; an int's
 being 1, its divisibility by 16 and whether it needs 64 bits) call the compiled
-kernel's launcher directly. A changed property takes Triton's path again, so a
+launcher's C entry point directly, with the stream from torch's C bindings. A changed property takes Triton's path again, so a
 kernel is never run with a specialization its arguments do not satisfy.
 
 On by default (`KILN_FAST_LAUNCH=0` turns it off). Triton 3.6's `launch_enter_hook` is an
@@ -100,6 +100,8 @@ def _fast_launcher(kernel, name: str, pointer_count: int, int_count: int, conste
     from triton import knobs
     from triton.runtime import driver
 
+    from kiln import _torch
+
     code = _launcher_code(pointer_count, int_count, len(constexprs)).replace(  # named for profiles and tracebacks
         co_name=f"launch_{name}", co_qualname=f"launch_{name}", co_filename=f"<kiln launcher {name}>")
 
@@ -112,14 +114,34 @@ def _fast_launcher(kernel, name: str, pointer_count: int, int_count: int, conste
                 compiled_kernel = compiled_kernel.result()
         except Exception as error:
             raise KernelCompileError(name, error) from error
-        return compiled_kernel.run, compiled_kernel.function, compiled_kernel.packed_metadata
+        launcher = compiled_kernel.run
+        return (_driver_launch(launcher), compiled_kernel.function, compiled_kernel.packed_metadata,
+                launcher.launch_cooperative_grid, launcher.launch_pdl)
 
+    current_device, current_stream = _torch.cuda_stream_functions() or (driver.active.get_current_device,
+                                                                         driver.active.get_current_stream)
     namespace = {"compiled": {}, "first_launch": first_launch,
                  "slow_launch": _triton_launcher(kernel, name, constexprs, num_warps),
-                 "runtime_knobs": knobs.runtime, "hooked": _hooked, "current_stream": driver.active.get_current_stream,
-                 "current_device": driver.active.get_current_device,
+                 "runtime_knobs": knobs.runtime, "hooked": _hooked, "current_stream": current_stream,
+                 "current_device": current_device,
                  **{f"c{k}": value for k, value in enumerate(constexprs.values())}}
     return types.FunctionType(code, namespace, f"launch_{name}")
+
+
+def _driver_launch(launcher) -> Callable:
+    """The compiled launcher's C entry point, `launch(grid_x, grid_y, grid_z, stream, function,
+    cooperative, pdl, global_scratch, profile_scratch, metadata, launch_metadata, enter_hook, exit_hook,
+    *args)`, called without Triton's Python `CudaLauncher.__call__` (a closure and two scratch
+    lookups per launch). A kernel that needs global or profile scratch memory (none of kiln's so
+    far) goes through `__call__`, which allocates it."""
+    if launcher.global_scratch_size == 0 and launcher.profile_scratch_size == 0:
+        return launcher.launch
+
+    def through_triton(grid_x, grid_y, grid_z, stream, function, cooperative, pdl, global_scratch, profile_scratch,
+                       *rest):
+        launcher(grid_x, grid_y, grid_z, stream, function, *rest)
+
+    return through_triton
 
 
 @functools.lru_cache(maxsize=None)
@@ -140,11 +162,12 @@ def launch({params}):
     if entry is None:
         compiled[key] = first_launch(grid_x, {', '.join(pointers + ints)})
         return
-    run, function, metadata = entry
+    launch, function, metadata, cooperative, pdl = entry
     if hooked(runtime_knobs.launch_enter_hook) or hooked(runtime_knobs.launch_exit_hook):
         slow_launch(grid_x, {', '.join(pointers + ints)})  # a profiler's hooks want Triton's own path
     else:
-        run(grid_x, 1, 1, current_stream(current_device()), function, metadata, None, None, None, {call_args})
+        launch(grid_x, 1, 1, current_stream(current_device()), function, cooperative, pdl, None, None, metadata,
+               None, None, None, {call_args})
 """
     module = compile(source, "<kiln launcher>", "exec")
     return next(constant for constant in module.co_consts if isinstance(constant, types.CodeType))

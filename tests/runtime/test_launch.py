@@ -23,14 +23,27 @@ class _Driver:
     get_current_stream = staticmethod(lambda device: 1234)
 
 
+class _Launcher:
+    """Stands in for Triton's CudaLauncher: `launch` is its C entry point, `__call__` its Python one."""
+    launch_cooperative_grid, launch_pdl, profile_scratch_size = False, False, 0
+
+    def __init__(self, launches: list, global_scratch_size: int):
+        self.launches, self.global_scratch_size, self.python_calls = launches, global_scratch_size, 0
+
+    def launch(self, *args):
+        self.launches.append(args)
+
+    def __call__(self, grid_x, grid_y, grid_z, stream, function, *rest):
+        self.python_calls += 1  # Triton's would allocate the scratch here, then call launch
+        self.launch(grid_x, grid_y, grid_z, stream, function, False, False, "scratch", None, *rest)
+
+
 class _Compiled:
     function, packed_metadata = "function", "metadata"
 
-    def __init__(self):
+    def __init__(self, global_scratch_size: int = 0):
         self.launches = []
-
-    def run(self, *args):
-        self.launches.append(args)
+        self.run = _Launcher(self.launches, global_scratch_size)
 
 
 class _Kernel:
@@ -68,9 +81,22 @@ def test_compiles_once_per_specialization_then_launches_directly(fake_driver):
     launch(3, buffer[1:], 48)  # a pointer off 16-byte alignment: another specialization
     assert kernel.compiles == 2 and kernel.triton_launches == 0
     assert len(kernel.compiled.launches) == 4
-    grid_and_handles, arguments = kernel.compiled.launches[0][:9], kernel.compiled.launches[0][9:]
-    assert grid_and_handles == (3, 1, 1, 1234, "function", "metadata", None, None, None)
+    grid_and_handles, arguments = kernel.compiled.launches[0][:13], kernel.compiled.launches[0][13:]
+    # straight into the C entry point: grid, stream, function, cooperative, pdl, no scratch, metadata, no hooks
+    assert grid_and_handles == (3, 1, 1, 1234, "function", False, False, None, None, "metadata", None, None, None)
     assert arguments[0] is buffer and arguments[1:] == (48, 16)  # pointers, ints, then constexprs
+    assert kernel.compiled.run.python_calls == 0
+
+
+def test_a_kernel_that_needs_scratch_memory_launches_through_triton_python_launcher(fake_driver):
+    kernel = _Kernel()
+    kernel.compiled = _Compiled(global_scratch_size=128)
+    launch = _fast_launcher(kernel, "k0", pointer_count=1, int_count=1, constexprs={"XBLOCK": 16}, num_warps=4)
+    buffer = torch.zeros(64)
+    launch(2, buffer, 48)  # compiles
+    launch(2, buffer, 48)
+    assert kernel.compiled.run.python_calls == 1
+    assert kernel.compiled.launches[0][:9] == (2, 1, 1, 1234, "function", False, False, "scratch", None)
 
 
 def test_launchers_of_one_signature_share_code_but_not_constants_or_caches(fake_driver):
