@@ -20,6 +20,9 @@
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh diagnose  # GPT-2's sync check (with and without the CUDA
 #                                                                 # scratch block), BERT training's attention ops,
 #                                                                 # Llama's profiled warm start: ~300 s
+#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh verify1; ... verify2   # the lean end-of-session pair (below)
+#   bash benchmarks/gpu_verify.sh install|host|train                           # kiln verify from a fresh install;
+#                                                                 # host ms per call, kiln vs torch.compile; training
 # Files land in $OUT (at most 8 come back) and the benchmark results under benchmarks/results/.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -97,6 +100,65 @@ diagnose)
     } > "$OUT_DIR/diagnose.txt" 2>&1
     tail -60 "$OUT_DIR/diagnose.txt"
     ;;
-*) echo "usage: gpu_verify.sh checks|kernels|models|diagnose" >&2; exit 2 ;;
+verify1|verify2)
+    # The end-of-session verification as it fit in 2026-12-03's budget after one refused start (two calls
+    # back to back on one machine; benchmarks/results/2026-12-03_session-summary-417ff95_nvidia-h200.md):
+    # verify1 ~310 s (smoke, BERT, GPT-2, Llama), verify2 ~400 s (the CNNs and ViT, one kernel, kiln verify
+    # from a fresh non-editable install, Llama training).
+    if [ "$1" = verify1 ]; then
+        { timeout 150 "$PYTHON" -m benchmarks.gpu_smoke 2>&1 | grep -v "Warn\|runners = "
+          echo "gpu_smoke exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/smoke.txt" 2>&1
+        "$PYTHON" -m benchmarks.run --suite models --modes infer --backends eager,inductor,kiln --only bert,gpt2 \
+            --budget 220 --timeout 110 --label "models-lm-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
+        "$PYTHON" -m benchmarks.run --suite models --modes infer --backends eager,inductor,kiln --only llama \
+            --budget 105 --timeout 100 --label "models-llama-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| llama"
+        tail -3 "$OUT_DIR/smoke.txt"
+    else
+        "$PYTHON" -m benchmarks.run --suite models --modes infer --backends eager,inductor,kiln \
+            --only resnet50,resnet18,vit --budget 235 --timeout 100 --label "models-cnn-$commit" --copy-to "$OUT_DIR" \
+            2>&1 | grep "^\[\|^| "
+        # torch.compile's gelu_bias compile took over 33 s on 2026-12-03: 60 s per case
+        "$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,inductor,kiln --only gelu_bias \
+            --budget 110 --timeout 60 --label "kernels-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| gelu"
+        bash benchmarks/gpu_verify.sh install
+        "$PYTHON" -m benchmarks.run --suite models --modes train --backends eager,inductor,kiln --only llama \
+            --budget 150 --timeout 110 --label "train-llama-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| llama"
+    fi
+    rm -f "$OUT_DIR"/*.log
+    ;;
+install)
+    # kiln verify from a fresh venv with a non-editable install (issue 17), ~40 s. The GPU machine has no
+    # network and keeps torch in a venv of its own (so `venv --system-site-packages` finds no torch): the
+    # fresh venv sees that venv's site-packages through a .pth file; kiln itself is built and installed.
+    site="$("$PYTHON" -c "import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))")"
+    # The wheel is built by the outer environment's setuptools (a fresh venv may have none, or one without
+    # bdist_wheel), then installed into the fresh venv.
+    work="$(mktemp -d)"
+    venv="$work/venv"
+    { "$PYTHON" -m pip wheel -q --no-deps --no-build-isolation -w "$work/wheel" . \
+        && "$PYTHON" -m venv --without-pip "$venv" \
+        && echo "$site" > "$(echo "$venv"/lib/python3*/site-packages)/outer_torch.pth" \
+        && "$PYTHON" -m pip --python "$venv/bin/python" install -q --no-deps "$work"/wheel/kiln-*.whl \
+        && (cd /tmp && timeout 90 "$venv/bin/kiln" verify); } > "$OUT_DIR/verify.txt" 2>&1
+    echo "kiln verify exit $?" >> "$OUT_DIR/verify.txt"
+    tail -4 "$OUT_DIR/verify.txt"
+    ;;
+host)
+    # Host time per call (issue 14), kiln and torch.compile, one process per model and backend: back-to-back,
+    # synchronized and issue ms per call (benchmarks/gpu_sync_check.py), ~40 s per case, all six ~480 s
+    for backend in kiln inductor; do
+        timeout 500 "$PYTHON" -m benchmarks.gpu_sync_check --only "${ONLY:-bert,gpt2,llama,resnet50,resnet18,vit}" \
+            --backend "$backend" 2>&1 | grep -v "Warn\|prototype"
+    done | tee "$OUT_DIR/host.txt"
+    ;;
+train)
+    # The four training models of issue 16 (BERT, Llama-style, ResNet-50, ViT), eager / torch.compile / kiln,
+    # ~150 s a model: give it a call of its own
+    "$PYTHON" -m benchmarks.run --suite models --modes train --backends eager,inductor,kiln \
+        --only "${ONLY:-bert,llama,resnet50,vit}" --budget "${TRAIN_BUDGET:-580}" --timeout 130 \
+        --label "train-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
+    rm -f "$OUT_DIR"/*.log
+    ;;
+*) echo "usage: gpu_verify.sh checks|kernels|models|diagnose|verify1|verify2|install|host|train" >&2; exit 2 ;;
 esac
 ls -la "$OUT_DIR"
