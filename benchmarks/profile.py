@@ -2,14 +2,17 @@
 
     python -m benchmarks.profile --only bert,llama --backends kiln,inductor [--modes infer,cudagraphs] [--out DIR]
 
-For each model x backend (one process for all: this is a diagnosis tool, not the
-benchmark of record, which is `benchmarks.run`), after compiling and warming up:
+For each model x backend (each in a process of its own, as benchmarks.run runs a case; `--in-process`
+runs them all in this one), after compiling and warming up:
 
-- device ms per call: median of CUDA-event-timed calls (as benchmarks.run times);
+- device ms per call: median of CUDA-event-timed calls, each followed by a synchronize;
+- back-to-back ms per call: median of CUDA-event-timed calls issued without a synchronize
+  (benchmarks.run's method: about max(host, GPU) once the host runs ahead);
 - host ms per call: wall time to *issue* 20 calls without synchronizing, per call.
   When host ms is close to device ms, the program is launch-bound (Python and launch
   overhead), not kernel-bound;
-- kernel launches per call and the top kernels by device time (torch.profiler);
+- kernel launches per call, GPU kernel ms per call (the device events' own time, summed) and the
+  top kernels by device time (torch.profiler);
 - memory: peak allocated GiB over the timed calls (what benchmarks.run reports), and the
   allocator's reserved GiB. Under CUDA graphs the two backends' allocated bytes do not compare:
   torch.compile's CUDA-graph trees hand out outputs from their pool without the allocator
@@ -32,7 +35,8 @@ from benchmarks import timing, workloads
 from benchmarks.case import Runner, compile_program
 
 
-def _profile_table(runner, calls: int = 5) -> tuple[str, float]:
+def _profile_table(runner, calls: int = 5) -> tuple[str, float, float]:
+    """The profiler's table, device events per call, and the device events' own milliseconds per call."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -43,9 +47,14 @@ def _profile_table(runner, calls: int = 5) -> tuple[str, float]:
     device_events = [event for event in events if getattr(event, "device_type", None) is not None
                      and "CUDA" in str(event.device_type)]
     launches = sum(event.count for event in device_events) / calls
+    # the device events' own time, as the profiler's "Self CUDA time total" sums it (a CPU op's row repeats
+    # its kernels' time, so only device-side events count); microseconds in the profile
+    own_time = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
+    kernel_ms = sum(getattr(event, own_time) for event in device_events
+                    if not getattr(event, "is_user_annotation", False)) / calls / 1000.0
     table = events.table(sort_by="self_cuda_time_total" if hasattr(events[0], "self_cuda_time_total")
                          else "self_device_time_total", row_limit=30, max_name_column_width=90)
-    return table, launches
+    return table, launches, kernel_ms
 
 
 def _python_profile(runner, calls: int = 20, rows: int = 45) -> str:
@@ -87,20 +96,41 @@ def profile_case(name: str, backend: str, mode: str, out_dir: str, tag: str = ""
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     device_ms = timing.per_call_ms(runner, 20, synchronize_each=True)
+    back_to_back_ms = timing.per_call_ms(runner, 20, synchronize_each=False)
     host_ms = timing.issue_ms(runner, 20)
     peak_gib = torch.cuda.max_memory_allocated() / 2**30
     reserved_gib = torch.cuda.memory_reserved() / 2**30
-    table, launches = _profile_table(runner)
+    table, launches, kernel_ms = _profile_table(runner)
     lines = [f"# {name} / {backend} / {mode}", f"first call {first_call:.1f} s; device {device_ms:.3f} ms/call; "
-             f"host (issue only) {host_ms:.3f} ms/call; ~{launches:.0f} device events/call; "
+             f"back-to-back {back_to_back_ms:.3f} ms/call; host (issue only) {host_ms:.3f} ms/call; "
+             f"GPU kernels {kernel_ms:.3f} ms/call; ~{launches:.0f} device events/call; "
              f"peak allocated {peak_gib:.2f} GiB, reserved {reserved_gib:.2f} GiB"]
     lines += ["", table]
     if python_profile:
         lines += ["", _python_profile(runner)]
     with open(os.path.join(out_dir, f"profile_{name}_{backend}_{mode}{tag}.txt"), "w") as handle:
         handle.write("\n".join(lines) + "\n")
-    return (f"| {name} | {backend}{tag} | {mode} | {device_ms:.3f} | {host_ms:.3f} | {launches:.0f} | "
-            f"{peak_gib:.2f} | {reserved_gib:.2f} | {first_call:.1f} |")
+    return (f"| {name} | {backend}{tag} | {mode} | {device_ms:.3f} | {back_to_back_ms:.3f} | {host_ms:.3f} | "
+            f"{kernel_ms:.3f} | {launches:.0f} | {peak_gib:.2f} | {reserved_gib:.2f} | {first_call:.1f} |")
+
+
+_ROW = "profile row: "
+
+
+def _case_in_its_own_process(name: str, backend: str, mode: str, args) -> str:
+    """Runs one case as `python -m benchmarks.profile --in-process ...` and returns its row."""
+    import subprocess
+
+    command = [sys.executable, "-m", "benchmarks.profile", "--in-process", "--row-only", "--only", name,
+               "--backends", backend, "--modes", mode, "--out", args.out, "--tag", args.tag]
+    if args.python_profile:
+        command.append("--python-profile")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
+    rows = [line[len(_ROW):] for line in done.stdout.splitlines() if line.startswith(_ROW)]
+    if rows:
+        return rows[-1]
+    return (f"| {name} | {backend} | {mode} | error: exit {done.returncode}: "
+            f"{(done.stderr or done.stdout)[-200:]!r} | | | | | | | | |")
 
 
 def main(argv: list[str]) -> int:
@@ -112,24 +142,34 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--tag", default="", help="suffix for the file names (e.g. which kiln options were set)")
     parser.add_argument("--python-profile", action="store_true",
                         help="add a cProfile table of the host's Python time per function to each case's file")
+    parser.add_argument("--in-process", action="store_true", help="every case in this process")
+    parser.add_argument("--row-only", action="store_true", help=argparse.SUPPRESS)  # a case's own process
+    parser.add_argument("--timeout", type=float, default=300.0, help="seconds per case in its own process")
     args = parser.parse_args(argv)
     os.makedirs(args.out, exist_ok=True)
-    rows = ["| model | backend | mode | device ms | host ms | device events/call | peak allocated GiB | "
-            "reserved GiB | first call s |", "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| model | backend | mode | device ms | back-to-back ms | host ms | GPU kernel ms | device events/call | "
+            "peak allocated GiB | reserved GiB | first call s |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name in args.only.split(","):
         for mode in args.modes.split(","):
             for backend in args.backends.split(","):
+                if not args.in_process:
+                    rows.append(_case_in_its_own_process(name, backend, mode, args))
+                    print(rows[-1], flush=True)
+                    continue
                 try:
                     rows.append(profile_case(name, backend, mode, args.out, args.tag, args.python_profile))
                 except Exception as error:  # a diagnosis run reports every case it can
                     rows.append(f"| {name} | {backend} | {mode} | error: {type(error).__name__}: "
-                                f"{str(error)[:200]} | | | | | |")
-                print(rows[-1], flush=True)
+                                f"{str(error)[:200]} | | | | | | | | |")
+                print((_ROW if args.row_only else "") + rows[-1], flush=True)
                 torch._dynamo.reset()
                 torch.cuda.empty_cache()
+    if args.row_only:
+        return 0
     summary = "\n".join(rows) + "\n"
     with open(os.path.join(args.out, f"profile_summary{args.tag}.md"), "w") as handle:
-        handle.write(f"torch {torch.__version__}, {torch.cuda.get_device_name(0)}\n\n" + summary)
+        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+        handle.write(f"torch {torch.__version__}, {device}\n\n" + summary)
     print(summary)
     return 0
 
