@@ -14,9 +14,10 @@ Decisions, all made here:
   its arguments;
 - **the scratch block** (CPU graphs, `config.cpu_scratch_arena`; CUDA inference graphs,
   `config.cuda_scratch_arena`, off by default): the buffers the wrapper allocates,
-  of static size, that no graph output aliases and no extern that may return a view of its
-  arguments reads or returns, placed at offsets by lifetime (`plan_offsets`), so buffers never
-  live at the same step share bytes. kiln/runtime/scratch.py's `ScratchArena` builds the block;
+  of static size, that no graph output aliases, no extern that may return a view of its
+  arguments reads or returns, and no extern that takes a storage offset reads, placed at
+  offsets by lifetime (`plan_offsets`), so buffers never live at the same step share bytes.
+  kiln/runtime/scratch.py's `ScratchArena` builds the block;
 - **peak**: the bytes live during each step, from the buffers' sizes (expressions when sizes are
   symbols), and the step where they peak.
 
@@ -117,6 +118,8 @@ def _plan_scratch(scheduled: ScheduledGraph, last_use: dict, device_type: str, i
             written = list(step.outputs) if step.writes_into_outputs else []
             if not returns_fresh_tensors(step.op):
                 escaping |= {arg.buffer for arg in step.tensor_args()} | set(step.outputs)
+            elif reads_storage_offsets(step.op):
+                escaping |= {arg.buffer for arg in step.tensor_args()}
         for name in written:
             first_step.setdefault(name, step_index)
     candidates = []
@@ -185,6 +188,18 @@ def wants_huge_pages(buffer) -> bool:
         return False
     elements = sympy.sympify(buffer.layout.storage_span())
     return elements.is_Integer and int(elements) * buffer.dtype.itemsize >= config.cpu_huge_pages_min_bytes
+
+
+def reads_storage_offsets(op) -> bool:
+    """Whether an extern takes a `storage_offset`, which counts from its operand's storage start
+    (`as_strided_scatter`): the result depends on where the operand sits in its storage.
+    Such an operand cannot live in the scratch block, where it would sit at an offset. A fresh
+    allocation sits at 0, as the trace assumed. Eager's `as_strided_scatter(full, src, [2, 8],
+    [8, 1], 0)`, with `full` a view at storage offset 16, returned zeros. That was the backward of
+    `linear(adaptive_avg_pool2d(x, 1).flatten(1))` for a channels-last x under CPU autocast: the
+    gradient of x and of every parameter before it came back 0."""
+    schema = getattr(op, "_schema", None)
+    return schema is not None and any(argument.name == "storage_offset" for argument in schema.arguments)
 
 
 def returns_fresh_tensors(op) -> bool:

@@ -2,10 +2,12 @@
 offsets shared only by buffers never live together, peak bytes; and the wrapper renders the plan."""
 from __future__ import annotations
 
+import pytest
 import sympy
 import torch
 
 import kiln
+import kiln.testing
 from kiln.aot import aot_compile
 from kiln.codegen.wrapper import generate_wrapper
 from kiln.ir import Buffer, Extern, Graph, GraphInput, Layout, TensorArg
@@ -124,3 +126,24 @@ def test_symbolic_sizes_are_counted_as_expressions():
     assert "step 0 node0 (aten._to_copy.default): alloc buf0 [s0] f64 returned; free arg0  (live 8*s0 B)" \
         in plan.format()
     assert "peak: 8*s0 B live during step 0 node0" in plan.format()
+
+
+@pytest.mark.parametrize("cpu_backend", ["cpp", "triton"])
+def test_an_operand_of_an_op_that_takes_a_storage_offset_is_allocated_fresh(cpu_backend):
+    """as_strided_scatter's storage_offset counts from its operand's storage start, so that operand may
+    not be a view into the scratch block. The backward of a linear layer over a pooled channels-last
+    map under autocast scatters into such a buffer: its gradients came back 0 on both CPU backends."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 4)
+
+    def head(x):
+        return linear(torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1))
+
+    x = torch.randn(2, 8, 4, 4).to(memory_format=torch.channels_last).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = torch.autograd.grad(head(x).float().sum(), [x, linear.weight])
+    with kiln.config.patch(cpu_backend=cpu_backend, strict=True), torch.autocast("cpu", dtype=torch.bfloat16):
+        result = kiln.compile(head)(x)
+    got = torch.autograd.grad(result.float().sum(), [x, linear.weight])
+    assert got[0].abs().sum() > 0
+    assert kiln.testing.compare(got, expected)
