@@ -102,7 +102,8 @@ diagnose)
     ;;
 verify1|verify2)
     # The end-of-session verification as it fit in 2026-12-03's budget after one refused start (two calls
-    # back to back on one machine; benchmarks/results/2026-12-03_session-summary-417ff95_nvidia-h200.md):
+    # back to back on one machine; the same commands, typed by hand, gave
+    # benchmarks/results/2026-12-03_session-summary-417ff95_nvidia-h200.md; these modes have not run on a GPU):
     # verify1 ~310 s (smoke, BERT, GPT-2, Llama), verify2 ~400 s (the CNNs and ViT, one kernel, kiln verify
     # from a fresh non-editable install, Llama training).
     if [ "$1" = verify1 ]; then

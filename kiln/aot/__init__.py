@@ -11,8 +11,8 @@ in-place writes or a composite op's decomposition disagree with eager's (kiln/ao
 A training graph's joint forward and backward are split by `config.partitioner`: which forward
 values the backward reads from memory and which it recomputes (kiln/_torch.py partition_function).
 Before tracing, a training graph's CUDA attention calls get inputs that the fused SDPA kernels
-accept (kiln/aot/attention.py). An inference graph's 2-D convolutions are then laid out channels-last where `config.conv_layout`
-says so (kiln/aot/layouts.py).
+accept (kiln/aot/attention.py). An inference graph's 2-D convolutions are then laid out
+channels-last where `config.conv_layout` says so (kiln/aot/layouts.py).
 """
 from __future__ import annotations
 

@@ -7,8 +7,9 @@ cache key, look it up, check globals). kiln's launcher does that work once: the 
 call goes through Triton (which compiles), and later calls whose arguments have the
 same specialization-relevant properties (pointer alignment to 16 bytes; an int's
 being 1, its divisibility by 16 and whether it needs 64 bits) call the compiled
-launcher's C entry point directly, with the stream from torch's C bindings. A changed property takes Triton's path again, so a
-kernel is never run with a specialization its arguments do not satisfy.
+launcher's C entry point directly, with the stream from torch's C bindings. A changed
+property takes Triton's path again, so a kernel is never run with a specialization its
+arguments do not satisfy.
 
 On by default (`KILN_FAST_LAUNCH=0` turns it off). Triton 3.6's `launch_enter_hook` is an
 empty hook chain, never None, so the direct path asks whether a chain holds hooks, and a

@@ -96,8 +96,8 @@ def last_uses(scheduled: ScheduledGraph) -> dict:
 
 def _plan_scratch(scheduled: ScheduledGraph, last_use: dict, device_type: str, inference: bool) -> tuple:
     """(ScratchPlan or None, {buffer name: (view index, offset)}): the intermediates the wrapper
-    allocates, of static size, that no output aliases and no extern that may return a view of its
-    inputs reads or returns. CPU graphs (config.cpu_scratch_arena) and CUDA inference graphs
+    allocates, of static size, that no output aliases, no extern that may return a view of its
+    inputs reads or returns, and no extern that takes a storage offset reads. CPU graphs (config.cpu_scratch_arena) and CUDA inference graphs
     (config.cuda_scratch_arena) on one device have one."""
     graph = scheduled.graph
     devices = {str(buffer.device) for buffer in graph.buffers.values()}
