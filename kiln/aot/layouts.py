@@ -296,6 +296,11 @@ def _rederive_examples(gm: torch.fx.GraphModule, fake_mode) -> None:
     placeholders = [node.meta["example_value"] for node in gm.graph.nodes if node.op == "placeholder"]
     with fake_mode:
         _Examples(gm).run(*placeholders)
+    # Under autocast the run may have cached its casts of the (fake, leaf) parameters, keyed by tensor.
+    # AOTAutograd's trace of the same fakes could then take them as constants, cut off from the
+    # parameters. The cache only saves recomputing casts, so empty it. This is a precaution: no test
+    # has shown the effect.
+    torch.clear_autocast_cache()
 
 
 def _undo_training_relayout(gm: torch.fx.GraphModule, fake_mode) -> None:
