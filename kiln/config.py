@@ -118,6 +118,9 @@ OPTIONS = [
            "'auto' (the default: channels_last on CUDA), 'channels_last' (NHWC, which cuDNN's fastest kernels take; "
            "values around the convs follow it, the graph's outputs keep their layouts), 'keep' (the traced layouts)",
            normalize=_one_of("auto", "channels_last", "keep")),
+    Option("conv_layout_training", bool, False, "training graphs' 2-D convolutions take channels-last operands too, "
+           "where conv_layout says so (kiln/aot/layouts.py channels_last_training_convs: before AOTAutograd's joint "
+           "trace); off until an H200 run measures it"),
     Option("parallel_compile", bool, True, "a graph's CUDA kernels are compiled in parallel when it loads, before "
            "their first launch (kiln/runtime/launch.py compile_ahead); off: each compiles at its first launch"),
     Option("cudagraph_invalidate", bool, True, "mode='reduce-overhead': a result still referenced at the next call is "

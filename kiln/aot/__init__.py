@@ -23,7 +23,7 @@ from kiln import _torch
 from kiln.config import config
 from kiln.aot.attention import make_attention_fusable
 from kiln.aot.decompositions import decomposition_table
-from kiln.aot.layouts import choose_conv_layouts
+from kiln.aot.layouts import channels_last_training_convs, choose_conv_layouts
 from kiln.aot.strides import keep_written_layouts, restride_to_eager, tag_torch_graph
 from kiln.runtime.locks import compile_lock
 
@@ -34,6 +34,7 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
 
     keep_written_layouts(gm)  # in-place writes keep the written tensor's layout in the trace too
     make_attention_fusable(gm)  # training SDPA calls get inputs the fused kernels accept
+    channels_last_training_convs(gm)  # config.conv_layout_training: NHWC through the joint trace
     facts = tag_torch_graph(gm)  # before tracing: the ATen nodes inherit the tags
 
     def boxed(aten_gm, aten_inputs, compile_one=compile_aten, forward=True, inference=False):

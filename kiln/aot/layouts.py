@@ -208,3 +208,107 @@ def _restore(gm: torch.fx.GraphModule, saved: dict) -> None:
     for node in reversed(list(gm.graph.nodes)):
         if node not in saved:
             gm.graph.erase_node(node)
+
+
+# ---- training graphs: channels-last before the joint trace ---------------------------------------------
+
+TORCH_CONVOLUTIONS = (torch.conv2d, torch.nn.functional.conv2d)
+
+
+def channels_last_training_convs(gm: torch.fx.GraphModule) -> bool:
+    """Lay a training graph's 2-D convolutions out channels-last in the torch-level graph, before
+    AOTAutograd traces forward and backward together (`config.conv_layout_training`); whether it did.
+
+    `choose_conv_layouts` rewrites the ATen graph after the trace, which a training graph cannot take:
+    its forward saves values for a backward compiled apart on the traced metas. Here each
+    `torch.conv2d`'s input and weight get a `contiguous(memory_format=torch.channels_last)`, so the joint
+    trace sees NHWC convolutions, and batch norm, ReLU, pooling and residual adds follow them through
+    eager's layout rules, in the forward and in the backward alike. Where a value is NHWC already in the
+    trace the call is a no-op. The frontend's example values downstream are re-derived by running the
+    graph under its fake mode, so kiln/aot/strides.py's facts hold the new layouts. A changed 4-D output
+    is copied back to its traced layout. The graph is left as traced where a call changes a mode (the re-derivation runs every call; in-place writes reach only
+    the fake examples), where shapes are symbolic, or where an output
+    changed and was not contiguous."""
+    from kiln.aot.plain import changes_mode
+
+    if not config.conv_layout_training or config.conv_layout == "keep":
+        return False
+    convolutions = [node for node in gm.graph.nodes if node.op == "call_function" and node.target in TORCH_CONVOLUTIONS
+                    and all(_example_4d(arg) is not None for arg in node.args[:2])]
+    if not convolutions:
+        return False
+    weights = [_example_4d(node.args[1]) for node in convolutions]
+    if not any(weight.requires_grad for weight in weights):
+        return False  # an inference graph: choose_conv_layouts lays it out after the trace
+    if config.conv_layout == "auto" and any(weight.device.type != "cuda" for weight in weights):
+        return False
+    placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+    fake_mode = _torch.fake_mode_of([node.meta.get("example_value") for node in placeholders])
+    if fake_mode is None or fake_mode.shape_env is not None:
+        return False  # symbolic shapes: left as traced
+    if any(changes_mode(node) for node in gm.graph.nodes):
+        return False  # re-running it would change grad or autocast state
+    output = next(node for node in gm.graph.nodes if node.op == "output")
+    traced = {node: node.meta.get("example_value") for node in gm.graph.nodes}
+    for node in convolutions:
+        for position in (0, 1):
+            with gm.graph.inserting_before(node):
+                dense = gm.graph.call_method("contiguous", (node.args[position],),
+                                             {"memory_format": torch.channels_last})
+            node.update_arg(position, dense)
+    _rederive_examples(gm, fake_mode)
+    for item in torch.utils._pytree.tree_leaves(output.args[0]):
+        if not isinstance(item, torch.fx.Node):
+            continue
+        before, after = traced.get(item), item.meta.get("example_value")
+        if not isinstance(before, torch.Tensor) or before.stride() == after.stride():
+            continue
+        if not before.is_contiguous():
+            _undo_training_relayout(gm, fake_mode)
+            return False
+        with gm.graph.inserting_before(output):
+            back = gm.graph.call_method("contiguous", (item,))
+        back.meta = {**item.meta, "example_value": before}
+        output.replace_input_with(item, back)
+    gm.graph.lint()
+    gm.recompile()
+    log.debug("kiln: %d training convolutions take channels-last operands", len(convolutions))
+    return True
+
+
+def _example_4d(operand):
+    value = operand.meta.get("example_value") if isinstance(operand, torch.fx.Node) else None
+    return value if isinstance(value, torch.Tensor) and value.dim() == 4 else None
+
+
+def _rederive_examples(gm: torch.fx.GraphModule, fake_mode) -> None:
+    """Every node's example value, computed anew from the placeholders' under `fake_mode`."""
+
+    class _Examples(torch.fx.Interpreter):
+        def run_node(self, node):
+            if node.op == "placeholder":
+                return node.meta["example_value"]
+            value = super().run_node(node)
+            if node.op != "output":
+                node.meta["example_value"] = value
+            return value
+
+    placeholders = [node.meta["example_value"] for node in gm.graph.nodes if node.op == "placeholder"]
+    with fake_mode:
+        _Examples(gm).run(*placeholders)
+    # Under autocast the run may have cached its casts of the (fake, leaf) parameters, keyed by tensor.
+    # AOTAutograd's trace of the same fakes could then take them as constants, cut off from the
+    # parameters. The cache only saves recomputing casts, so empty it. This is a precaution: no test
+    # has shown the effect.
+    torch.clear_autocast_cache()
+
+
+def _undo_training_relayout(gm: torch.fx.GraphModule, fake_mode) -> None:
+    for node in list(gm.graph.nodes):
+        if node.op == "call_method" and node.target == "contiguous" and \
+                node.kwargs.get("memory_format") is torch.channels_last and \
+                any(user.target in TORCH_CONVOLUTIONS for user in node.users):
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+    _rederive_examples(gm, fake_mode)
+    gm.recompile()

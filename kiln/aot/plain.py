@@ -84,6 +84,14 @@ def key_of(gm: torch.fx.GraphModule, example_inputs: list, mode: str) -> str | N
     return graph_cache.key_of(gm, example_inputs, mode, level="torch", extra=state)
 
 
+def changes_mode(node: torch.fx.Node) -> bool:
+    """Whether a call changes grad or autocast mode (kiln/aot/layouts.py re-runs a graph without such calls
+    under its fake mode)."""
+    if node.op not in ("call_function", "call_method"):
+        return False
+    return node.target in (_ENTER_AUTOCAST, _EXIT_AUTOCAST) or getattr(node.target, "__name__", "") in _MODE_CHANGES
+
+
 def _plain_call(node: torch.fx.Node) -> bool:
     """A call that writes nothing in place, changes no mode, and whose target a name identifies."""
     target = node.target

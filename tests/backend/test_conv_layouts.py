@@ -163,3 +163,60 @@ def test_pointwise_kernels_after_channels_last_convolutions_walk_the_channel_inn
     headers = [line for line in graph.files["loopir_after_loop_order.txt"].splitlines() if line.startswith("kernel ")]
     walked = [line for line in headers if "order=[x0, x2, x3, x1]" in line]
     assert len(walked) >= 5, headers
+
+
+@CPU_BACKENDS
+def test_training_convolutions_channels_last_with_conv_layout_training(cpu_backend):
+    """config.conv_layout_training: the torch-level graph's convolutions take NHWC operands before the joint
+    trace, so forward and backward convolutions run channels-last; loss, gradients and strides are eager's."""
+    torch.manual_seed(0)
+    model = TinyResNet().train()
+    reference = TinyResNet().train()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 16, 16)
+    initial = {name: value.clone() for name, value in reference.state_dict().items()}
+    expected = reference(x)
+    expected.sum().backward()
+    report = ExplainReport()
+    with kiln.config.patch(conv_layout="channels_last", conv_layout_training=True, strict=True,
+                           cpu_backend=cpu_backend), _recording(report), ConvolutionLayouts() as layouts:
+        compiled = kiln.compile(model)
+        compiled(x)  # compiles (the frontend's and AOTAutograd's traces go through the mode too)
+        model.zero_grad(set_to_none=True)
+        model.load_state_dict(initial)  # the first call's batch-norm statistics undone
+        layouts.calls.clear()
+        result = compiled(x)
+        result.sum().backward()
+    assert report.graphs and not report.breaks and not report.eager_frames
+    assert all(graph.fallback is None for graph in report.graphs), "a graph ran eagerly"
+    assert_matches_eager(result, expected)
+    for name, parameter in model.named_parameters():
+        assert kiln.testing.compare(parameter.grad, dict(reference.named_parameters())[name].grad), name
+        # the parameter's layout (a size-1 dim's stride is free: AccumulateGrad keeps such a gradient as it is)
+        assert [stride for size, stride in zip(parameter.shape, parameter.grad.stride()) if size != 1] == \
+            [stride for size, stride in zip(parameter.shape, parameter.stride()) if size != 1], name
+    forward = layouts.calls  # the compiled forward's convolutions (the backward's run as convolution_backward)
+    assert forward and all(input_is_nhwc for input_is_nhwc, _ in forward), forward
+
+
+def test_training_convolutions_channels_last_under_autocast():
+    """The benchmarks' setting: bf16 autocast around the compiled call (no autocast node in the graph)."""
+    torch.manual_seed(0)
+    model = TinyResNet().train()
+    reference = TinyResNet().train()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 16, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        expected = reference(x)
+    expected.float().sum().backward()
+    with kiln.config.patch(conv_layout="channels_last", conv_layout_training=True, strict=True), \
+            torch.autocast("cpu", dtype=torch.bfloat16), ConvolutionLayouts() as layouts:
+        result = kiln.compile(model)(x)
+    result.float().sum().backward()
+    assert kiln.testing.compare(result, expected)
+    for name, parameter in model.named_parameters():
+        # bf16 products summed in another order: about 1% of the gradient's largest entry (0.0137 of 1.41
+        # for the stem's weight, the same with the traced layouts)
+        want = dict(reference.named_parameters())[name].grad
+        torch.testing.assert_close(parameter.grad, want, rtol=0.05, atol=0.02 * float(want.abs().max()), msg=name)
+    assert any(input_is_nhwc for input_is_nhwc, _ in layouts.calls), layouts.calls  # the compiled forward's
