@@ -24,7 +24,7 @@ from kiln.ir.indexing import simplify_index
 from kiln.ir.nodes import indirect_value
 from kiln.ir.ops import OPS, triton_variants
 from kiln.runtime.loader import load_triton_kernels
-from kiln.ir.kernel import Kernel, var_map
+from kiln.ir.kernel import OUTER_ROWS_PER_PROGRAM, Kernel, var_map
 
 INT32_LIMIT = 2**31 - 1
 # The pseudo-buffer a kernel with check_index ops takes as one of its pointers: the graph's one-int32
@@ -295,12 +295,23 @@ class TritonKernelGenerator:
             xnumel = self.kernel.row_numel
             xblock = min(1024, _next_power_of_2(max(int(xnumel), 1))) if xnumel.is_Integer else 1024
             return 1, xblock, 4
+        xnumel = self.kernel.row_numel
+        if self.kernel.outer:
+            # Rows are the contiguous dim (kiln/schedule/outer.py): a tile of many rows, so that a
+            # warp's loads cover neighbouring elements, and of enough columns to keep 2048 in flight.
+            most = _next_power_of_2(int(rnumel)) if rnumel.is_Integer else 1024
+            xblock = max(32, min(OUTER_ROWS_PER_PROGRAM, 4096 // most)) if self.kernel.persistent \
+                else OUTER_ROWS_PER_PROGRAM
+            if xnumel.is_Integer:
+                xblock = min(xblock, _next_power_of_2(max(int(xnumel), 1)))
+            rblock = most if self.kernel.persistent else min(most, max(8, 2048 // xblock))
+            num_warps = 8 if rblock * xblock >= 2048 else 4
+            return rblock, xblock, num_warps
         if self.kernel.persistent:
             rblock = _next_power_of_2(int(rnumel))
             xblock = 1 if rblock >= 1024 else max(1, min(64, 1024 // rblock))
         else:
             rblock, xblock = 1024, 1
-        xnumel = self.kernel.row_numel
         if xnumel.is_Integer:
             xblock = min(xblock, _next_power_of_2(max(int(xnumel), 1)))
         num_warps = 8 if rblock * xblock >= 2048 else 4

@@ -22,6 +22,13 @@ from kiln.ir.indexing import contiguous_strides, index_var, product, simplify_in
 from kiln.ir.printer import format_body, format_node
 
 
+# Outer reductions (kiln/schedule/outer.py): the rows one program covers (Triton's XBLOCK), which
+# split_reductions counts programs by; an outer kernel stays persistent (every column in registers)
+# only when its columns are this few, its tile being [>= 32 rows, all the columns].
+OUTER_ROWS_PER_PROGRAM = 64
+OUTER_PERSISTENT_MAX = 128
+
+
 def nonunit(sizes) -> list:
     return [size for size in sizes if size != 1]
 
@@ -154,6 +161,9 @@ class Kernel:
     # The order a backend walks the rows in, outermost dim first (schedule/loop_order.py); None: as
     # listed, the last innermost. It changes which row tuple a lane or iteration gets, never a value.
     row_order: tuple | None = None
+    # An outer reduction (kiln/schedule/outer.py): its loads are contiguous along the rows and strided
+    # along the columns, so a backend tiles many rows by a few columns. Never changes a value.
+    outer: bool = False
 
     @property
     def walk_order(self) -> list:
@@ -183,6 +193,8 @@ class Kernel:
         if self.is_reduction:
             shape += f" cols=[{', '.join(map(str, self.col_ranges))}] " + \
                 ("persistent" if self.persistent else "looped")
+        if self.outer:
+            shape += " outer"
         if self.row_order is not None:
             shape += f" order=[{', '.join(f'x{dim}' for dim in self.row_order)}]"
         lines = [f"kernel {self.name}: {shape} writes {', '.join(self.outputs()) or '-'}"]

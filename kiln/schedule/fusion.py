@@ -15,6 +15,7 @@ from kiln.ir import Extern, Graph, LoopNode
 from kiln.ir.indexing import fold_div_mod
 from kiln.ir.nodes import indirect_value
 from kiln.schedule.inline import buffer_uses
+from kiln.schedule.outer import OUTER_PERSISTENT_MAX, is_outer_reduction
 from kiln.ir.kernel import Kernel, ScheduledGraph, node_role, nonunit, var_map
 
 
@@ -28,7 +29,7 @@ def group_kernels(graph: Graph) -> ScheduledGraph:
         else:
             position = _join_recent_kernel(steps, node, graph, produced_at)
             if position is None:
-                steps.append(_new_kernel(f"k{len([s for s in steps if isinstance(s, Kernel)])}", node))
+                steps.append(_new_kernel(f"k{len([s for s in steps if isinstance(s, Kernel)])}", node, graph))
                 position = len(steps) - 1
         for name in node.outputs:
             produced_at[name] = position
@@ -58,11 +59,13 @@ def _columns(node: LoopNode) -> list:
     return nonunit(node.reduction_ranges) or [sympy.Integer(1)]
 
 
-def _new_kernel(name: str, node: LoopNode) -> Kernel:
+def _new_kernel(name: str, node: LoopNode, graph: Graph) -> Kernel:
     if node.is_reduction:
         kernel = Kernel(name, nonunit(node.ranges), _columns(node))
+        kernel.outer = is_outer_reduction(node, graph.buffers)
         numel = kernel.col_numel
-        kernel.persistent = bool(numel.is_Integer and 0 < int(numel) <= config.persistent_reduction_max)
+        longest = OUTER_PERSISTENT_MAX if kernel.outer else config.persistent_reduction_max
+        kernel.persistent = bool(numel.is_Integer and 0 < int(numel) <= longest)
         role = "reduction"
     else:
         kernel = Kernel(name, nonunit(node.ranges), [])

@@ -24,6 +24,7 @@ from kiln.ir import Body, Buffer, Graph, Layout, LoopNode, Op, Reduction
 from kiln.ir.indexing import contiguous_strides, index_var, product, unravel
 from kiln.ir.nodes import indirect_value
 from kiln.schedule.inline import buffer_uses
+from kiln.schedule.outer import OUTER_ROWS_PER_PROGRAM, is_outer_reduction
 
 SPLITTABLE = ("sum", "prod", "max", "min")
 
@@ -33,9 +34,11 @@ def split_reductions(graph: Graph) -> Graph:
     nodes = []
     for node in graph.nodes:
         stages = None
-        if isinstance(node, LoopNode) and node.is_reduction and \
-                (product(node.ranges) == 1 or not _feeds_its_rows(node, uses)):
-            stages = _split(node, graph)
+        if isinstance(node, LoopNode) and node.is_reduction:
+            if is_outer_reduction(node, graph.buffers):
+                stages = _split(node, graph, outer=True)
+            elif product(node.ranges) == 1 or not _feeds_its_rows(node, uses):
+                stages = _split(node, graph)
         nodes += stages if stages else [node]
     graph.nodes = nodes
     return graph
@@ -65,7 +68,21 @@ def split_count(rows: int, columns: int) -> int:
     return 1
 
 
-def _split(node: LoopNode, graph: Graph) -> list | None:
+def outer_split_count(rows: int, columns: int) -> int:
+    """How many chunks to split an outer reduction's columns into (1: do not split): enough that
+    its row tiles times the chunks make about `split_reduction_target_programs` programs, each
+    chunk at least 256 columns long."""
+    programs = -(-rows // OUTER_ROWS_PER_PROGRAM)
+    target = config.split_reduction_target_programs
+    if 2 * programs > target:
+        return 1
+    for count in range(min(target // programs, columns // 256), 1, -1):
+        if columns % count == 0:
+            return count
+    return 1
+
+
+def _split(node: LoopNode, graph: Graph, outer: bool = False) -> list | None:
     sizes = [*node.ranges, *node.reduction_ranges]
     if not all(sympy.sympify(size).is_Integer for size in sizes):
         return None
@@ -77,17 +94,20 @@ def _split(node: LoopNode, graph: Graph) -> list | None:
     if carried is None:
         return None
     rows, columns = int(product(node.ranges)), int(product(node.reduction_ranges))
-    count = split_count(rows, columns)
+    count = (outer_split_count if outer else split_count)(rows, columns)
     if count == 1:
         return None
     reduce_op = node.body.ops[position]
     output = graph.buffers[node.outputs[0]]
-    partial_sizes = [sympy.Integer(int(size)) for size in node.ranges] + [sympy.Integer(count)]
+    # An outer reduction's partials are chunk-major ([chunks, rows]): stage 1 then stores, and
+    # stage 2 loads, neighbouring rows next to each other, as the outer tiling wants.
+    row_sizes = [sympy.Integer(int(size)) for size in node.ranges]
+    partial_sizes = [sympy.Integer(count), *row_sizes] if outer else [*row_sizes, sympy.Integer(count)]
     partial = Buffer(f"{node.name}_partial", output.device, reduce_op.dtype,
                      Layout(tuple(partial_sizes), tuple(contiguous_strides(partial_sizes))))
     graph.buffers[partial.name] = partial
-    return [_first_stage(node, position, partial, count, columns),
-            _second_stage(node, position, partial, count, carried)]
+    return [_first_stage(node, position, partial, count, columns, outer),
+            _second_stage(node, position, partial, count, carried, outer)]
 
 
 def _constants_used_after(body: Body, position: int) -> set | None:
@@ -106,24 +126,29 @@ def _constants_used_after(body: Body, position: int) -> set | None:
     return carried
 
 
-def _first_stage(node: LoopNode, position: int, partial: Buffer, count: int, columns: int) -> Reduction:
-    """Each (row, chunk) reduces columns [chunk * width, (chunk + 1) * width)."""
+def _first_stage(node: LoopNode, position: int, partial: Buffer, count: int, columns: int,
+                 outer: bool) -> Reduction:
+    """Each (row, chunk) reduces columns [chunk * width, (chunk + 1) * width). The chunk is the last
+    row variable, or the first for an outer reduction (the node's own rows then move up by one)."""
     width = columns // count
-    chunk = index_var("i", len(node.ranges))
+    rank = len(node.ranges)
+    chunk = index_var("i", 0 if outer else rank)
+    row_vars = [index_var("i", k + 1 if outer else k) for k in range(rank)]
     column = index_var("r", 0)
     flat = chunk * width + column
     reduction_vars = [index_var("r", k) for k in range(len(node.reduction_ranges))]
     original = dict(zip(reduction_vars, unravel(flat, list(node.reduction_ranges))))
+    original.update(zip([index_var("i", k) for k in range(rank)], row_vars))  # one simultaneous xreplace
     body = Body()
     for op in node.body.ops[:position + 1]:
         body.ops.append(_substituted(op, original))
-    row_vars = [index_var("i", k) for k in range(len(node.ranges))]
-    body.store(partial, row_vars + [chunk], position)
-    return Reduction(f"{node.name}_stage1", [*node.ranges, sympy.Integer(count)], body, [partial.name],
-                     reduction_ranges=[sympy.Integer(width)])
+    body.store(partial, [chunk, *row_vars] if outer else [*row_vars, chunk], position)
+    ranges = [sympy.Integer(count), *node.ranges] if outer else [*node.ranges, sympy.Integer(count)]
+    return Reduction(f"{node.name}_stage1", ranges, body, [partial.name], reduction_ranges=[sympy.Integer(width)])
 
 
-def _second_stage(node: LoopNode, position: int, partial: Buffer, count: int, carried: set) -> Reduction:
+def _second_stage(node: LoopNode, position: int, partial: Buffer, count: int, carried: set,
+                  outer: bool) -> Reduction:
     """Reduce each row's partials, then finish as the original body did after its reduce."""
     body = Body()
     renumber = {}
@@ -131,7 +156,8 @@ def _second_stage(node: LoopNode, position: int, partial: Buffer, count: int, ca
         body.ops.append(node.body.ops[operand])
         renumber[operand] = len(body.ops) - 1
     row_vars = [index_var("i", k) for k in range(len(node.ranges))]
-    loaded = body.load(partial, row_vars + [index_var("r", 0)])
+    chunk = index_var("r", 0)
+    loaded = body.load(partial, [chunk, *row_vars] if outer else [*row_vars, chunk])
     reduce_op = node.body.ops[position]
     renumber[position] = body.emit("reduce", (loaded,), reduce_op.dtype, attr=reduce_op.attr)
     for offset, op in enumerate(node.body.ops[position + 1:], start=position + 1):
@@ -148,4 +174,4 @@ def _substituted(op: Op, mapping: dict) -> Op:
     return Op(op.name, op.operands, op.dtype, op.buffer, index, attr)
 
 
-__all__ = ["split_count", "split_reductions"]
+__all__ = ["outer_split_count", "split_count", "split_reductions"]
