@@ -80,10 +80,11 @@ def _python_profile(runner, calls: int = 20, rows: int = 45) -> str:
 
 def profile_case(name: str, backend: str, mode: str, out_dir: str, tag: str = "",
                  python_profile: bool = False) -> str:
-    """One model x backend x mode ("infer" or "cudagraphs"): its row of the summary table."""
+    """One model x backend x mode ("infer", "cudagraphs" or "train"): its row of the summary table."""
     workload = workloads.build("models", name, small=False, device="cuda")
     if workload.is_module:
-        workload.program.eval()  # inference, as benchmarks.run measures it (no dropout)
+        # inference, as benchmarks.run measures it (no dropout); training: forward and backward, dropout on
+        workload.program.train(mode == "train")
     program = compile_program(workload.program, backend, mode, "kiln")
     runner = Runner(workload, program, mode, "cuda", use_autocast=True,
                     mark_cudagraph_steps=(backend == "inductor" and mode == "cudagraphs"))
@@ -137,7 +138,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="bert,gpt2,llama,resnet50,vit,resnet18")
     parser.add_argument("--backends", default="kiln,inductor")
-    parser.add_argument("--modes", default="infer", help="infer and/or cudagraphs (reduce-overhead)")
+    parser.add_argument("--modes", default="infer", help="infer, cudagraphs (reduce-overhead) and/or train")
     parser.add_argument("--out", default=os.environ.get("OUT", "benchmarks/results/out"))
     parser.add_argument("--tag", default="", help="suffix for the file names (e.g. which kiln options were set)")
     parser.add_argument("--python-profile", action="store_true",

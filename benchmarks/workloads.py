@@ -237,6 +237,11 @@ def rmsnorm_silu_gate(x, weight, gate):
     return F.silu(normed) * gate
 
 
+def column_sum(x):
+    """A linear layer's bias gradient: the sum over the leading (token) dim, an outer reduction."""
+    return x.sum(0)
+
+
 def copy_into(source, destination):
     """The copy ceiling: read 1 GiB, write 1 GiB."""
     return destination.copy_(source)
@@ -277,16 +282,20 @@ def kernel_workload(name: str, small: bool, device: str) -> Workload:
         return _kernel(name, matrix, layer_norm, randn(rows, cols), randn(cols), randn(cols))
     if name == "softmax":
         return _kernel(name, matrix, softmax_last, randn(rows, cols))
+    if name == "column_sum":
+        workload = _kernel(name, matrix, column_sum, randn(rows, cols))
+        workload.bytes_moved = (rows + 1) * cols * workload.infer_args[0].element_size()
+        return workload
     if name == "rmsnorm_silu_gate":
         return _kernel(name, matrix, rmsnorm_silu_gate, randn(rows, cols), randn(cols), randn(rows, cols))
     raise KeyError(f"unknown kernel workload {name!r}; choose from {KERNELS}")
 
 
-KERNELS = ["copy", "sin_10k", "sin_large", "gelu_bias", "layer_norm", "softmax", "rmsnorm_silu_gate"]
+KERNELS = ["copy", "sin_10k", "sin_large", "gelu_bias", "layer_norm", "softmax", "rmsnorm_silu_gate", "column_sum"]
 KERNEL_TITLES = {
     "copy": "copy (the ceiling)", "sin_10k": "sin(x)+sin(y)", "sin_large": "sin(x)+sin(y)",
     "gelu_bias": "gelu(x + b)", "layer_norm": "layer_norm", "softmax": "softmax(dim=-1)",
-    "rmsnorm_silu_gate": "RMSNorm * w, silu, * gate",
+    "rmsnorm_silu_gate": "RMSNorm * w, silu, * gate", "column_sum": "x.sum(0) (a bias gradient)",
 }
 
 

@@ -12,8 +12,7 @@ training (whose backward has about 70 such reductions) ran 28.6 ms per step agai
 
 `is_outer_reduction(node, buffers)` says which reductions are of that kind: the node's main loads
 (those indexed by both a row and a column variable; a per-column statistic such as a norm's mean
-is small) move by one element with the innermost row, and by more than one with the innermost
-column. For them:
+is small) move by one element with the innermost row, and not by one with any column. For them:
 - fusion makes the kernel looped unless its columns are few (`OUTER_PERSISTENT_MAX`), and marks it
   `outer` (kiln/schedule/fusion.py);
 - the Triton generator tiles it [64 rows, 32 columns], so a warp's loads cover consecutive rows
@@ -32,17 +31,16 @@ from kiln.ir.kernel import OUTER_PERSISTENT_MAX, OUTER_ROWS_PER_PROGRAM
 from kiln.ir.indexing import FloorDiv, Mod, fold_div_mod, index_var
 
 
-
 def is_outer_reduction(node: LoopNode, buffers: dict) -> bool:
     """Whether `node` is a reduction whose main loads are contiguous along its innermost row and
-    strided along its innermost column (static, linear offsets only)."""
+    along none of its columns (static, linear offsets only)."""
     if not node.is_reduction:
         return False
     rows = [position for position, size in enumerate(node.ranges) if size != 1]
     columns = [position for position, size in enumerate(node.reduction_ranges) if size != 1]
     if not rows or not columns:
         return False
-    row, column = index_var("i", rows[-1]), index_var("r", columns[-1])
+    row = index_var("i", rows[-1])
     row_vars = {index_var("i", position) for position in rows}
     column_vars = {index_var("r", position) for position in columns}
     verdicts = []
@@ -55,10 +53,12 @@ def is_outer_reduction(node: LoopNode, buffers: dict) -> bool:
             continue
         if offset.has(FloorDiv, Mod) or not offset.is_polynomial(*symbols):
             return False  # a view whose index divides: its strides are not constant
-        row_stride, column_stride = _stride(offset, row), _stride(offset, column)
-        if row_stride is None or column_stride is None:
+        strides = [_stride(offset, var) for var in (row, *sorted(column_vars, key=str))]
+        if any(stride is None for stride in strides):
             return False
-        verdicts.append(abs(row_stride) == 1 and abs(column_stride) > 1)
+        row_stride, *column_strides = strides
+        # contiguous along the rows; along no column (a column it does not move with is fine)
+        verdicts.append(abs(row_stride) == 1 and all(abs(stride) != 1 for stride in column_strides))
     return bool(verdicts) and all(verdicts)
 
 

@@ -74,7 +74,7 @@ def outer_split_count(rows: int, columns: int) -> int:
     chunk at least 256 columns long."""
     programs = -(-rows // OUTER_ROWS_PER_PROGRAM)
     target = config.split_reduction_target_programs
-    if 2 * programs > target:
+    if programs == 0 or 2 * programs > target:
         return 1
     for count in range(min(target // programs, columns // 256), 1, -1):
         if columns % count == 0:
