@@ -128,25 +128,32 @@ class _DistributedCall:
 
 
 class OptimizedModule(_torch.compiled_module_base()):
-    """A compiled module that *is* the original for everything but calling.
+    """A compiled module laid out as torch.compile's: the original is its one submodule, `_orig_mod`.
 
-    Parameters, buffers, `state_dict` (its keys are the original's, no `_orig_mod.` prefix),
-    `train()/eval()` and attributes are the original module's (shared, not copied); only
-    `__call__` goes through the compiled program. Like torch.compile's wrapper, whose class it
-    subclasses (so tools that unwrap that, such as Accelerate's `unwrap_model`, unwrap this),
-    it holds the original as `_orig_mod`, sets class attributes (`__class__`, as FSDP2's
-    `fully_shard` does) on itself and any other attribute on the original. Hooks registered on
-    the wrapper itself (FSDP2's) run around the compiled call.
+    Users swap `torch.compile(model)` for `kiln.compile(model)` and keep their checkpoints, so the
+    wrapper names state as torch's does: `state_dict`, `named_parameters`, `named_buffers` and
+    `named_modules` give the original's names under `_orig_mod.`, and `load_state_dict` takes those
+    keys (a plain model's checkpoint goes into `compiled._orig_mod`, as with torch.compile).
+    torch.distributed.checkpoint relies on that layout: under an OptimizedModule it expects every key
+    to go through `_orig_mod.` (it asserts otherwise) and drops that prefix, so `get_model_state_dict`,
+    `set_model_state_dict` and `get_state_dict` (an optimizer over `compiled.parameters()`) name the
+    state by the original's keys, for the compiled module and for a model of `fully_shard`ed compiled blocks.
+
+    Parameters and buffers are the original's (shared, not copied); nn.Module's methods (`train()`,
+    `.to()`, `zero_grad()`, ...) reach them through the submodule and return the wrapper. As with
+    torch's wrapper, whose class it subclasses (so tools that unwrap that, such as Accelerate's
+    `unwrap_model`, unwrap this), `training` and any attribute the wrapper does not own are read from
+    and set on the original, and class attributes (`__class__`, as FSDP2's `fully_shard` sets it) on
+    the wrapper itself. Only `__call__` goes through the compiled program; hooks registered on the
+    wrapper itself (FSDP2's) run around it.
     """
 
-    _DELEGATED = ("state_dict", "load_state_dict", "named_parameters", "named_buffers", "parameters",
-                  "buffers", "children", "named_children", "train", "eval",
-                  "to", "cuda", "cpu", "half", "float", "bfloat16", "requires_grad_", "zero_grad", "apply")
-    _OWN = frozenset(("_orig_mod", "_compiled_call", "_super_module_initialized", "dynamo_ctx"))
+    _OWN = frozenset(("_compiled_call", "_super_module_initialized", "dynamo_ctx"))
 
     def __init__(self, module: torch.nn.Module, compiled_call: Callable, compile_same_way: Callable | None = None):
-        # Not torch's OptimizedModule.__init__, which would compile with TorchDynamo. Its `training`
-        # property reads `_super_module_initialized` when nn.Module's __init__ sets `training`.
+        # Not torch's OptimizedModule.__init__, which would compile with TorchDynamo. Until nn.Module's __init__
+        # has made `_modules`, `_orig_mod` is a plain attribute, as in torch's: its `training` property reads it,
+        # and its setter ignores nn.Module's __init__ setting `training` while `_super_module_initialized` is False.
         object.__setattr__(self, "_orig_mod", module)
         object.__setattr__(self, "_compiled_call", compiled_call)
         # `dynamo_ctx(fn)` compiles `fn` as this module was compiled (torch's wrapper has the same attribute)
@@ -154,6 +161,7 @@ class OptimizedModule(_torch.compiled_module_base()):
         object.__setattr__(self, "_super_module_initialized", False)
         torch.nn.Module.__init__(self)
         object.__setattr__(self, "_super_module_initialized", True)
+        self._orig_mod = module  # registered as a submodule (nn.Module's __setattr__ drops the plain attribute)
 
         def forward(*args: Any, **kwargs: Any) -> Any:
             return compiled_call(*args, **kwargs)
@@ -173,58 +181,24 @@ class OptimizedModule(_torch.compiled_module_base()):
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         return self._compiled_call(*args, **kwargs)
 
-    def named_modules(self, memo: set | None = None, prefix: str = "", remove_duplicate: bool = True):
-        """The wrapper itself, then the original's modules, all under the original's names (the wrapper and
-        the original both under `prefix`): state that tools keep on the wrapper (FSDP2's) is found from it."""
-        memo = set() if memo is None else memo
-        if self not in memo or not remove_duplicate:
-            if remove_duplicate:
-                memo.add(self)
-            yield prefix, self
-        yield from self._orig_mod.named_modules(memo, prefix, remove_duplicate)
-
-    def modules(self):
-        for _, module in self.named_modules():
-            yield module
-
-    def __getattribute__(self, name: str) -> Any:
-        if name in OptimizedModule._DELEGATED:
-            result = getattr(object.__getattribute__(self, "_orig_mod"), name)
-            if name in ("train", "eval", "to", "cuda", "cpu", "half", "float", "bfloat16",
-                        "requires_grad_", "apply"):
-                return _returning(self, result)
-            return result
-        if name == "training":
-            return object.__getattribute__(self, "_orig_mod").training
-        return super().__getattribute__(name)
-
     def __getattr__(self, name: str) -> Any:
-        return getattr(object.__getattribute__(self, "_orig_mod"), name)
+        original = torch.nn.Module.__getattr__(self, "_orig_mod")  # from `_modules`
+        return original if name == "_orig_mod" else getattr(original, name)
 
     def __setattr__(self, name: str, value: Any) -> None:
-        if name in OptimizedModule._OWN:
-            object.__setattr__(self, name, value)  # not nn.Module's: `_orig_mod` is no submodule (no key prefix)
-        elif hasattr(type(self), name):  # `__class__`, `forward`, `training` (torch's property: the original's)
+        if name in OptimizedModule._OWN:  # plain attributes, never submodules (torch.compile's call, with the
+            object.__setattr__(self, name, value)  # dynamo frontend, is a module: its state is the original's)
+        elif name == "_orig_mod" or hasattr(type(self), name):
+            # the submodule; class attributes: `__class__`, `forward`, `training` (torch's property: the original's)
             torch.nn.Module.__setattr__(self, name, value)
         else:
             setattr(self._orig_mod, name, value)
 
     def __delattr__(self, name: str) -> None:
-        if name in OptimizedModule._OWN or hasattr(type(self), name):
+        if name in OptimizedModule._OWN or name == "_orig_mod" or hasattr(type(self), name):
             torch.nn.Module.__delattr__(self, name)
         else:
             delattr(self._orig_mod, name)
 
     def __repr__(self) -> str:
         return f"kiln.OptimizedModule({self._orig_mod!r})"
-
-
-def _returning(wrapper: OptimizedModule, method: Callable) -> Callable:
-    """Module methods that return `self` return the wrapper, so chaining keeps the compiled call."""
-
-    @functools.wraps(method)
-    def call(*args: Any, **kwargs: Any) -> Any:
-        result = method(*args, **kwargs)
-        return wrapper if result is wrapper._orig_mod else result
-
-    return call

@@ -4,7 +4,8 @@
   in whatever order (each case in a fresh interpreter, against the installed entry point);
 - `kiln.compile` takes torch.compile's arguments, and `torch.compile(backend="kiln", options=...)` works;
 - kiln's compiled module unwraps like torch.compile's (`_orig_mod`, Accelerate, FSDP2's fully_shard),
-  with the plain model's state_dict keys;
+  and names its state as torch.compile's does (`_orig_mod.`-prefixed keys; torch.distributed.checkpoint's
+  plain ones), so a checkpoint is the same whichever compiled the model;
 - the wheel holds kiln/ only, and asks for triton as a lower bound, not a pin.
 """
 from __future__ import annotations
@@ -212,13 +213,27 @@ def _block():
     return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
 
 
-def test_compiled_module_is_torchs_optimized_module_with_the_plain_models_state():
+def _names(pairs) -> list[str]:
+    return [name for name, _ in pairs]
+
+
+def test_compiled_module_is_torchs_optimized_module_and_names_its_state_as_torchs_does():
     model = _block()
     compiled = kiln.compile(model, backend="aot_eager")
+    torchs = torch.compile(model, backend="eager")
     assert isinstance(compiled, torch._dynamo.eval_frame.OptimizedModule)
-    assert compiled._orig_mod is model and "_orig_mod" not in compiled._modules
-    assert list(compiled.state_dict()) == list(model.state_dict()) == ["0.weight", "0.bias", "2.weight", "2.bias"]
-    assert [name for name, _ in compiled.named_parameters()] == [name for name, _ in model.named_parameters()]
+    assert compiled._orig_mod is model and compiled._modules == {"_orig_mod": model} == torchs._modules
+    assert list(compiled.state_dict()) == list(torchs.state_dict()) == \
+        ["_orig_mod.0.weight", "_orig_mod.0.bias", "_orig_mod.2.weight", "_orig_mod.2.bias"]
+    assert _names(compiled.named_parameters()) == _names(torchs.named_parameters())
+    assert list(compiled.parameters()) == list(model.parameters())  # the original's, shared
+    assert _names(compiled.named_modules()) == _names(torchs.named_modules()) == \
+        ["", "_orig_mod", "_orig_mod.0", "_orig_mod.1", "_orig_mod.2"]
+    # a plain model's checkpoint does not fit either wrapper: the same keys missing and unexpected
+    assert compiled.load_state_dict(model.state_dict(), strict=False) == \
+        torchs.load_state_dict(model.state_dict(), strict=False)
+    with pytest.raises(RuntimeError, match="Missing key.*_orig_mod.0.weight"):
+        compiled.load_state_dict(model.state_dict())
     compiled.custom_flag = 7  # attributes are the original's, both ways
     assert model.custom_flag == 7 and compiled.custom_flag == 7 and len(compiled) == 3
     compiled.eval()
@@ -226,14 +241,19 @@ def test_compiled_module_is_torchs_optimized_module_with_the_plain_models_state(
     compiled.training = True
     assert model.training
 
-    buffer = io.BytesIO()
-    torch.save(compiled.state_dict(), buffer)
+    # a compiled model's checkpoint loads into a model compiled by either, and the other's into kiln's
     x = torch.randn(5, 8)
-    for fresh in (torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)),):
+    for save_from, compile_fresh in ((compiled, lambda fresh: kiln.compile(fresh, backend="aot_eager")),
+                                     (compiled, lambda fresh: torch.compile(fresh, backend="eager")),
+                                     (torchs, lambda fresh: kiln.compile(fresh, backend="aot_eager"))):
+        buffer = io.BytesIO()
+        torch.save(save_from.state_dict(), buffer)
         buffer.seek(0)
-        kiln.compile(fresh, backend="aot_eager").load_state_dict(torch.load(buffer))
+        fresh = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4))
+        fresh_compiled = compile_fresh(fresh)
+        assert str(fresh_compiled.load_state_dict(torch.load(buffer))) == "<All keys matched successfully>"
         torch.testing.assert_close(fresh(x), model(x))
-        torch.testing.assert_close(kiln.compile(fresh, backend="aot_eager")(x), compiled(x))
+        torch.testing.assert_close(fresh_compiled(x), compiled(x))
 
 
 def test_hooks_on_the_compiled_module_run_around_the_compiled_call():
@@ -253,13 +273,16 @@ def test_accelerate_unwraps_kilns_compiled_module():
     compiled = kiln.compile(model, backend="eager")
     assert extract_model_from_parallel(compiled, keep_torch_compile=False) is model
     assert extract_model_from_parallel(compiled) is compiled and compiled._orig_mod is model
-    assert "_orig_mod" not in model._modules and list(compiled.state_dict()) == list(model.state_dict())
+    assert "_orig_mod" not in model._modules
+    assert list(compiled.state_dict()) == list(torch.compile(model, backend="eager").state_dict())
     accelerator = accelerate.Accelerator(cpu=True)
     assert accelerator.unwrap_model(compiled, keep_torch_compile=False) is model
 
 
 def test_fsdp2_fully_shard_per_compiled_block():
-    """One process (gloo, CPU): fully_shard of kiln-compiled blocks and their parent trains as the plain model."""
+    """One process (gloo, CPU): fully_shard of kiln-compiled blocks and their parent trains as the plain model,
+    its keys are those of the same model of torch.compile'd blocks, and torch.distributed.checkpoint gets
+    and sets its state under the plain model's keys."""
     import torch.distributed as dist
 
     if not dist.is_available():
@@ -268,17 +291,22 @@ def test_fsdp2_fully_shard_per_compiled_block():
         from torch.distributed.fsdp import fully_shard
     except ImportError:
         pytest.skip("this torch has no torch.distributed.fsdp.fully_shard (FSDP2)")
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
+    from torch.distributed.device_mesh import init_device_mesh
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
+        mesh = init_device_mesh("cpu", (1,))  # fully_shard's default mesh is on the GPU where there is one
         torch.manual_seed(0)
         reference = torch.nn.Sequential(_block(), torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Linear(4, 4)))
-        model = copy.deepcopy(reference)
+        model, torchs = copy.deepcopy(reference), copy.deepcopy(reference)
         for index in (0, 2):
             model[index] = kiln.compile(model[index], backend="aot_eager")
-            fully_shard(model[index])
-        fully_shard(model)
+            fully_shard(model[index], mesh=mesh)
+            torchs[index] = torch.compile(torchs[index], backend="eager")
+        fully_shard(model, mesh=mesh)
         assert type(model[0]).__name__ == "FSDPOptimizedModule" and type(model[0]._orig_mod) is torch.nn.Sequential
-        assert list(model.state_dict()) == list(reference.state_dict())
+        assert list(model.state_dict()) == list(torchs.state_dict())
+        assert "0._orig_mod.0.weight" in model.state_dict()
         for _ in range(2):
             x = torch.randn(5, 8)
             expected = reference(x).square().sum()
@@ -288,6 +316,18 @@ def test_fsdp2_fully_shard_per_compiled_block():
             torch.testing.assert_close(loss, expected)
         for (name, mine), theirs in zip(model.named_parameters(), reference.parameters()):
             torch.testing.assert_close(mine.grad.full_tensor(), theirs.grad, msg=name)
+
+        full = StateDictOptions(full_state_dict=True)
+        state = get_model_state_dict(model, options=full)
+        assert list(state) == list(reference.state_dict())
+        for name, value in reference.state_dict().items():
+            torch.testing.assert_close(state[name], value, msg=name)
+        shifted = {name: value + 1 for name, value in reference.state_dict().items()}
+        set_model_state_dict(model, dict(shifted), options=full)  # it pops what it loads
+        loaded = get_model_state_dict(model, options=full)
+        assert list(loaded) == list(shifted)
+        for name, value in shifted.items():
+            torch.testing.assert_close(loaded[name], value, msg=name)
     finally:
         dist.destroy_process_group()
 
@@ -325,20 +365,54 @@ def test_wheel_holds_kiln_only_and_asks_for_triton_as_a_lower_bound(tmp_path):
     assert any("torch" in line for line in requirements)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError,
-                   reason="torch.distributed.checkpoint's _get_fqns expects every key under an OptimizedModule to "
-                          "go through '_orig_mod.' (torch's key prefix); kiln's wrapper is an OptimizedModule (for "
-                          "Accelerate's unwrapping) with the plain model's keys, so get_model_state_dict(compiled) "
-                          "asserts. get_model_state_dict(compiled._orig_mod) works")
 def test_distributed_checkpoint_state_dict_of_a_compiled_module():
+    """torch.distributed.checkpoint gets and sets a kiln-compiled module's state, and its optimizer's, under the
+    plain model's keys, as it does torch.compile's wrapper's (it asserted: kiln's keys had no `_orig_mod.`)."""
     import torch.distributed as dist
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
-    model = _block()
-    assert list(get_model_state_dict(model)) == list(model.state_dict())  # the workaround: the original module
+    if not dist.is_available():
+        pytest.skip("torch.distributed is not built")
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict, set_model_state_dict
+
+    def model_with_buffers():  # no bias before the batch norm: its gradient would be rounding noise, Adam's step too
+        torch.manual_seed(0)
+        return torch.nn.Sequential(torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 16), torch.nn.GELU(),
+                                   torch.nn.Linear(16, 4))
+
+    model, torchs_model = model_with_buffers(), model_with_buffers()
+    # the eager rung: the same ops as torch.compile(backend="eager") runs, so values agree to rounding
+    compiled, torchs = kiln.compile(model, backend="eager"), torch.compile(torchs_model, backend="eager")
+    plain_keys = list(model.state_dict())
+    assert "0.running_mean" in plain_keys and list(compiled.state_dict())[0] == "_orig_mod.0.weight"
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        assert list(get_model_state_dict(kiln.compile(model, backend="eager"))) == list(model.state_dict())
+        state, torchs_state = get_model_state_dict(compiled), get_model_state_dict(torchs)
+        assert list(state) == list(torchs_state) == plain_keys
+        for name, value in model.state_dict().items():
+            assert torch.equal(state[name], value) and torch.equal(torchs_state[name], value), name
+
+        shifted = {name: value + 1 for name, value in model.state_dict().items()}
+        assert set_model_state_dict(compiled, dict(shifted)) == set_model_state_dict(torchs, dict(shifted))  # it pops
+        for name, value in shifted.items():
+            assert torch.equal(model.state_dict()[name], value) and torch.equal(torchs_model.state_dict()[name], value)
+
+        # an optimizer over the compiled module's parameters: its state is keyed by the plain names too
+        optimizers = [torch.optim.AdamW(wrapper.parameters(), lr=0.1) for wrapper in (compiled, torchs)]
+        x = torch.randn(6, 8)
+        for wrapper, optimizer in zip((compiled, torchs), optimizers):
+            wrapper(x).square().sum().backward()
+            optimizer.step()
+        (state, optimizer_state), (torchs_state, torchs_optimizer_state) = (
+            get_state_dict(wrapper, optimizer) for wrapper, optimizer in zip((compiled, torchs), optimizers))
+        parameter_names = [name for name, _ in model.named_parameters()]
+        assert list(state) == list(torchs_state) == plain_keys
+        assert list(optimizer_state["state"]) == list(torchs_optimizer_state["state"]) == parameter_names
+        assert optimizer_state["param_groups"][0]["params"] == parameter_names
+        for name in parameter_names:
+            torch.testing.assert_close(state[name], torchs_state[name], msg=name)
+            for moment in ("exp_avg", "exp_avg_sq"):
+                torch.testing.assert_close(optimizer_state["state"][name][moment],
+                                           torchs_optimizer_state["state"][name][moment], msg=name)
     finally:
         dist.destroy_process_group()
 

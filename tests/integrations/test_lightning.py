@@ -4,8 +4,8 @@ Lightning has no backend option of its own: its users compile the LightningModul
 `torch.compile(module, backend=...)` and hand the result to `Trainer.fit`, which unwraps
 torch's `OptimizedModule` (`_orig_mod`) and re-wraps the module's forward and step methods with
 the compiled module's `dynamo_ctx`. So `torch.compile(module, backend="kiln")` is how Lightning
-selects kiln by name, and it works. `kiln.compile(module)` is an `OptimizedModule` too, but it has
-no `dynamo_ctx` (a known failure, strict: it fails the day it passes).
+selects kiln by name, and it works. `kiln.compile(module)` is an `OptimizedModule` too, with a
+`dynamo_ctx` that compiles a method as kiln compiled the module, and works the same way.
 """
 from __future__ import annotations
 
