@@ -200,5 +200,10 @@ class OptimizedModule(_torch.compiled_module_base()):
         else:
             delattr(self._orig_mod, name)
 
+    def __reduce__(self):
+        """`copy.deepcopy` and pickle rebuild the wrapper by compiling the (copied) original the same way.
+        torch's `__reduce__` calls the class with `dynamo_ctx` as the compiled call, which kiln's is not."""
+        return (self.dynamo_ctx, (self._orig_mod,))
+
     def __repr__(self) -> str:
         return f"kiln.OptimizedModule({self._orig_mod!r})"

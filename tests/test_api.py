@@ -437,3 +437,24 @@ def test_a_kiln_compiled_function_called_in_a_trace_is_traced_inline():
     report = kiln.explain(outer, x)
     assert report.graph_count == 1 and not report.breaks and not report.eager_frames
     torch.testing.assert_close(kiln.compile(outer, fullgraph=True)(x), ((x + 1).sin() * 2).cos())
+
+
+def test_deepcopy_of_a_compiled_module_compiles_a_copy_of_the_original():
+    """copy.deepcopy (and pickle) rebuild the wrapper through `dynamo_ctx` on the copied original: the copy
+    has its own parameters, and changing them changes its results only (torch's `__reduce__` called the
+    class with `dynamo_ctx` as the compiled call, and the copy failed)."""
+    import copy
+
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU())
+    compiled = kiln.compile(model)
+    x = torch.randn(2, 3)
+    before = compiled(x)
+    duplicate = copy.deepcopy(compiled)
+    assert isinstance(duplicate, type(compiled)) and duplicate._orig_mod is not model
+    assert duplicate._orig_mod[0].weight is not model[0].weight
+    torch.testing.assert_close(duplicate(x), before)
+    with torch.no_grad():
+        duplicate._orig_mod[0].weight.add_(1)
+    torch.testing.assert_close(compiled(x), before)
+    torch.testing.assert_close(duplicate(x), duplicate._orig_mod(x))
+    assert not torch.allclose(duplicate(x), before)
