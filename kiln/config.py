@@ -138,6 +138,8 @@ OPTIONS = [
     Option("split_reduction_max_rows", int, 32, "reductions with at most this many rows are split in two stages..."),
     Option("split_reduction_min_columns", int, 8192, "... when a row has at least this many columns"),
     Option("split_reduction_target_programs", int, 256, "... into chunks so that rows x chunks is about this"),
+    Option("split_outer_target_programs", int, 1024, "an outer reduction (kiln/schedule/outer.py) is split into "
+           "chunks so that its row tiles x chunks is about this: 8 programs of 64 x 32 per SM of an H200"),
     Option("persistent_reduction_max", int, 8192, "rows up to this length stay in registers"),
     Option("gpu_index_checks", str, "deferred",
            "how a graph whose Triton kernels gather (index, gather, embedding) learns of an out-of-range index "

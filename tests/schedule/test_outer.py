@@ -62,11 +62,11 @@ def test_an_outer_split_is_chunk_major_and_both_stages_stay_outer():
     assert is_outer_reduction(first, graph.buffers) and is_outer_reduction(second, graph.buffers)
 
 
-@pytest.mark.parametrize("rows, columns, count", [(768, 12608, 16), (64, 200704, 256), (4096, 12608, 4),
+@pytest.mark.parametrize("rows, columns, count", [(768, 12608, 32), (64, 200704, 784), (4096, 12608, 16),
                                                    (768, 300, 1), (0, 4096, 1)])
 def test_outer_split_count(rows, columns, count):
-    # enough chunks for about 256 programs of 64 rows, each chunk at least 256 columns, dividing exactly
-    # (12608 = 64 x 197: 16 for 12 row tiles; 4 for 64; none where a chunk would be under 256)
+    # enough chunks for about 1024 programs of 64 rows, each chunk at least 256 columns, dividing exactly
+    # (12608 = 64 x 197: 32 for 12 row tiles (85 wanted, 49 at most); 16 for 64; none under 256 columns)
     assert split.outer_split_count(rows, columns) == count
 
 
