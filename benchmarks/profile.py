@@ -168,9 +168,15 @@ def main(argv: list[str]) -> int:
     if args.row_only:
         return 0
     summary = "\n".join(rows) + "\n"
+    from benchmarks import report
+
+    env = report.environment("cuda" if torch.cuda.is_available() else "cpu",
+                             os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                             "python -m benchmarks.profile " + " ".join(argv))
+    header = report.text_header(f"Profile: {args.only} x {args.backends} x {args.modes}", env, __doc__)
+    text = "\n".join(header) + "\n" + summary
     with open(os.path.join(args.out, f"profile_summary{args.tag}.md"), "w") as handle:
-        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-        handle.write(f"torch {torch.__version__}, {device}\n\n" + summary)
+        handle.write(text)
     print(summary)
     return 0
 
