@@ -410,6 +410,12 @@ class TritonKernelGenerator:
             text += " + 0 * xindex"  # a scalar address, broadcast to the block so masks apply
         return text
 
+    def _index_letters(self, op) -> set:
+        """The kinds of kernel variable ('x', 'r') a load's mapped index uses."""
+        index = [sympy.sympify(expr).xreplace(self._mapping) for expr in op.index]
+        return {str(symbol)[0] for expr in index for symbol in expr.free_symbols
+                if str(symbol)[0] in "xr" and str(symbol)[1:].isdigit()}
+
     def _emit_op(self, op, name: str, mask: str, role: str) -> None:
         names = self._current_names
         args = [names[operand] for operand in op.operands]
@@ -417,8 +423,11 @@ class TritonKernelGenerator:
             if op.buffer in self.register_values and not op.operands:
                 self.out.add(f"{name} = {self.register_values[op.buffer]}")
                 return
+            offset = self._offset(op)
+            if self.kernel.is_reduction and not op.operands and "r" not in self._index_letters(op):
+                mask = "xmask"  # a per-row value ([XBLOCK, 1]): a tile's mask would not broadcast to its pointer
             load_mask = mask if not op.operands else f"({mask}) & {args[0]}"
-            self.out.add(f"{name} = tl.load({self.pointer(op.buffer)} + ({self._offset(op)}), {load_mask}, other=0)")
+            self.out.add(f"{name} = tl.load({self.pointer(op.buffer)} + ({offset}), {load_mask}, other=0)")
         elif op.name == "store":
             self.register_values[op.buffer] = args[0]
             if op.buffer in self.kernel.local_buffers:

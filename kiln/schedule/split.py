@@ -88,7 +88,10 @@ def _split(node: LoopNode, graph: Graph, outer: bool = False) -> list | None:
     if not all(sympy.sympify(size).is_Integer for size in sizes):
         return None
     reduces = [position for position, op in enumerate(node.body.ops) if op.name == "reduce"]
-    if len(reduces) != 1 or node.body.ops[reduces[0]].attr not in SPLITTABLE:
+    if len(reduces) != 1:
+        return None
+    kind = node.body.ops[reduces[0]].attr
+    if kind not in SPLITTABLE and not (kind == "welford" and outer):
         return None
     position = reduces[0]
     carried = _constants_used_after(node.body, position)
@@ -98,6 +101,8 @@ def _split(node: LoopNode, graph: Graph, outer: bool = False) -> list | None:
     count = (outer_split_count if outer else split_count)(rows, columns)
     if count == 1:
         return None
+    if kind == "welford":
+        return _two_pass_welford(node, graph, position, carried, columns)
     reduce_op = node.body.ops[position]
     output = graph.buffers[node.outputs[0]]
     # An outer reduction's partials are chunk-major ([chunks, rows]): stage 1 then stores, and
@@ -167,6 +172,73 @@ def _second_stage(node: LoopNode, position: int, partial: Buffer, count: int, ca
         renumber[offset] = len(body.ops) - 1
     return Reduction(f"{node.name}_stage2", list(node.ranges), body, list(node.outputs),
                      reduction_ranges=[sympy.Integer(count)])
+
+
+def _two_pass_welford(node: LoopNode, graph: Graph, position: int, carried: set, columns: int) -> list:
+    """An outer welford (var_mean over leading dims: a channels-last batch norm's training statistics) as
+    three sums, each split like any outer sum:
+
+        m0   = sum(x / n)                  a first estimate of the mean (no overflow where sum(x) would)
+        mean = m0 + sum(x - m0) / n        corrected: exact for a row of equal values, as eager's
+        m2   = sum((x - mean)^2)           then the original finish (var, std, the stores)
+
+    Welford's three values per chunk cannot be merged from float32 partials without their compensation
+    (chunk means near 1000 with a spread of 0.01 lost 3 digits of the variance), and sum(x) / n rounds
+    the mean at the sum's magnitude (n times the mean's ulp), which the deviations' squares then carry
+    (n d^2). These passes read x three times and keep the persistent welford's accuracy."""
+    reduce_op = node.body.ops[position]
+    dtype, value = reduce_op.dtype, reduce_op.operands[0]
+    rows = [index_var("i", k) for k in range(len(node.ranges))]
+    device = graph.buffers[node.outputs[0]].device
+    sizes = [sympy.Integer(int(size)) for size in node.ranges]
+
+    def row_buffer(suffix):
+        made = Buffer(f"{node.name}_{suffix}", device, dtype, Layout(tuple(sizes), tuple(contiguous_strides(sizes))))
+        graph.buffers[made.name] = made
+        return made
+
+    def pass_over_x(suffix, summand, finish, outputs):
+        """A sum node over the welford's columns: `summand(body)` the value summed, `finish(body, sum)` after."""
+        body = Body()
+        body.ops = list(node.body.ops[:position])
+        total = body.emit("reduce", (summand(body),), dtype, attr="sum")
+        finish(body, total)
+        return Reduction(f"{node.name}_{suffix}", list(node.ranges), body, outputs,
+                         reduction_ranges=list(node.reduction_ranges))
+
+    estimate, mean = row_buffer("m0"), row_buffer("mean")
+    first = pass_over_x(
+        "m0", lambda body: body.emit("mul", (value, body.constant(1.0 / columns, dtype)), dtype),
+        lambda body, total: body.store(estimate, rows, total), [estimate.name])
+    second = pass_over_x(
+        "mean", lambda body: body.emit("sub", (value, body.load(estimate, rows)), dtype),
+        lambda body, total: body.store(mean, rows, body.emit("add", (
+            body.load(estimate, rows), body.emit("truediv", (total, body.constant(float(columns), dtype)), dtype)),
+            dtype)), [mean.name])
+
+    def finish_as_the_node(body, m2):
+        renumber = {operand: operand for operand in carried}
+        for offset, op in enumerate(node.body.ops[position + 1:], start=position + 1):
+            if op.name == "getitem" and op.operands == (position,):
+                renumber[offset] = (body.load(mean, rows) if op.attr == 0 else m2 if op.attr == 1
+                                    else body.constant(float(columns), op.dtype))
+                continue
+            body.ops.append(Op(op.name, tuple(renumber[operand] for operand in op.operands), op.dtype, op.buffer,
+                               op.index, op.attr))
+            renumber[offset] = len(body.ops) - 1
+
+    def squared_deviation(body):
+        deviation = body.emit("sub", (value, body.load(mean, rows)), dtype)
+        return body.emit("mul", (deviation, deviation), dtype)
+
+    third = pass_over_x("m2", squared_deviation, finish_as_the_node, list(node.outputs))
+    stages = []
+    for part in (first, second, third):
+        split = _split(part, graph, outer=True)
+        if split is None:  # the node's own sizes, which split: a sum of them that does not is a bug here
+            raise AssertionError(f"{part.name}: an outer sum of {columns} columns did not split")
+        stages += split
+    return stages
 
 
 def _substituted(op: Op, mapping: dict) -> Op:

@@ -85,6 +85,11 @@ def _channels_last_statistics(x):
     return x.sum(dim=(0, 2, 3)), x.amax(dim=(0, 2, 3)), variance, mean
 
 
+def _channels_last_batch_norm(x, weight, bias):  # training statistics: an outer welford, split in three sums
+    variance, mean = torch.var_mean(x, dim=(0, 2, 3), correction=0)
+    return torch.nn.functional.batch_norm(x, None, None, weight, bias, training=True), variance, mean
+
+
 def _middle_dim(x):
     return x.sum(1), (x * 2).mean(1)
 
@@ -95,6 +100,9 @@ PROGRAMS = {
     "channels_last_statistics": (_channels_last_statistics,
                                  lambda dtype: [_random((4, 24, 9, 8), 2, dtype).to(memory_format=torch.channels_last)]),
     "middle_dim": (_middle_dim, lambda dtype: [_random((3, 300, 40), 3, dtype)]),
+    "channels_last_batch_norm": (_channels_last_batch_norm, lambda dtype: [
+        (_random((8, 24, 16, 16), 4) + 5).to(dtype).to(memory_format=torch.channels_last),
+        _random((24,), 5, dtype), _random((24,), 6, dtype)]),
 }
 
 
@@ -141,3 +149,41 @@ def test_without_the_outer_rule_the_values_are_the_same():
             plain = compile_graph(torch.fx.symbolic_trace(fn), list(inputs))(*inputs)
     for a, b in zip(outer, plain):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_a_split_welford_keeps_eager_exactness_on_equal_values(backend):
+    """Three passes (m0 = sum(x / n), mean = m0 + sum(x - m0) / n, m2 = sum((x - mean)^2)): a channel of equal
+    values has its exact mean and variance 0, as eager's (sum(x) / n alone was a few ulp off, and every
+    squared deviation then counted)."""
+    x = torch.full((8, 24, 16, 16), 3.7).to(memory_format=torch.channels_last)
+    x[:, 1] = 0.1  # another value in another channel
+
+    def stats(x):
+        return torch.var_mean(x, dim=(0, 2, 3))
+
+    with kiln.config.patch(strict=True, cpu_backend=backend):
+        compiled = compile_graph(torch.fx.symbolic_trace(stats), [x])
+        variance, mean = compiled(x)
+    # 2048 columns of 24 rows: split (m0, mean, m2; two stages each), every kernel an outer one
+    assert len(compiled.scheduled.kernels) >= 6 and all(kernel.outer for kernel in compiled.scheduled.kernels)
+    assert torch.equal(variance, torch.zeros(24)) and torch.equal(mean, stats(x)[1])
+
+
+def test_the_split_welford_is_as_accurate_as_the_whole_one():
+    """A mean 1e5 times the spread (1000 +- 0.01): float32 statistics lose digits here, eager's CPU kernel
+    (double accumulators) does not. The split passes must lose no more than the unsplit welford kernel."""
+    x = (_random((8, 24, 16, 16), 7) * 0.01 + 1000).to(memory_format=torch.channels_last)
+
+    def stats(x):
+        return torch.var_mean(x, dim=(0, 2, 3))
+
+    reference = stats(x.double())
+    with kiln.config.patch(strict=True, cpu_backend="triton"):
+        split_variance, _ = compile_graph(torch.fx.symbolic_trace(stats), [x])(x)
+        with mock.patch("kiln.schedule.split.is_outer_reduction", lambda node, buffers: False), \
+                mock.patch("kiln.schedule.fusion.is_outer_reduction", lambda node, buffers: False):
+            whole_variance, _ = compile_graph(torch.fx.symbolic_trace(stats), [x])(x)
+    split_error = float((split_variance.double() - reference[0]).abs().max())
+    whole_error = float((whole_variance.double() - reference[0]).abs().max())
+    assert split_error <= 1.5 * whole_error, (split_error, whole_error)
