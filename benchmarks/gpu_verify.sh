@@ -21,6 +21,7 @@
 #                                                                 # scratch block), BERT training's attention ops,
 #                                                                 # Llama's profiled warm start: ~300 s
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh verify1; ... verify2   # the lean end-of-session pair (below)
+#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh final     # all of it in one call, eager and kiln only (below)
 #   bash benchmarks/gpu_verify.sh install|host|train                           # kiln verify from a fresh install;
 #                                                                 # host ms per call, kiln vs torch.compile; training
 # Files land in $OUT (at most 8 come back) and the benchmark results under benchmarks/results/.
@@ -127,6 +128,24 @@ verify1|verify2)
     fi
     rm -f "$OUT_DIR"/*.log
     ;;
+final)
+    # The end-of-session check in one call when the device budget leaves one (~500 s): the smoke check; x.sum(0)
+    # against the copy ceiling; the six TARGETS models and the training models (ViT, ResNet-50, Llama, BERT),
+    # eager and kiln in this call (torch.compile left out for time: its numbers come from other calls); ResNet-50
+    # training with channels-last training convolutions (KILN_CONV_LAYOUT_TRAINING=1). At most 8 files come back.
+    { timeout 150 "$PYTHON" -m benchmarks.gpu_smoke 2>&1 | grep -v "Warn\|runners = "
+      echo "gpu_smoke exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/smoke.txt" 2>&1
+    tail -2 "$OUT_DIR/smoke.txt"
+    "$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,kiln --only copy,column_sum \
+        --budget 30 --timeout 40 --label "kernels-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^| "
+    "$PYTHON" -m benchmarks.run --suite models --modes infer --backends eager,kiln --budget 230 --timeout 70 \
+        --label "models-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
+    "$PYTHON" -m benchmarks.run --suite models --modes train --backends eager,kiln --only vit,resnet50,llama,bert \
+        --budget 150 --timeout 70 --label "train-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
+    KILN_CONV_LAYOUT_TRAINING=1 "$PYTHON" -m benchmarks.run --suite models --modes train --backends kiln \
+        --only resnet50 --budget 40 --timeout 60 --label "train-cl-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
+    rm -f "$OUT_DIR"/*.log "$OUT_DIR"/*train-cl-*.json
+    ;;
 install)
     # kiln verify from a fresh venv with a non-editable install (issue 17), ~40 s. The GPU machine has no
     # network and keeps torch in a venv of its own (so `venv --system-site-packages` finds no torch): the
@@ -160,6 +179,6 @@ train)
         --label "train-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
     rm -f "$OUT_DIR"/*.log
     ;;
-*) echo "usage: gpu_verify.sh checks|kernels|models|diagnose|verify1|verify2|install|host|train" >&2; exit 2 ;;
+*) echo "usage: gpu_verify.sh checks|kernels|models|diagnose|verify1|verify2|final|install|host|train" >&2; exit 2 ;;
 esac
 ls -la "$OUT_DIR"
