@@ -138,10 +138,10 @@ final)
     tail -2 "$OUT_DIR/smoke.txt"
     "$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,kiln --only copy,column_sum \
         --budget 30 --timeout 40 --label "kernels-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^| "
-    "$PYTHON" -m benchmarks.run --suite models --modes infer --backends eager,kiln --budget 230 --timeout 70 \
+    "$PYTHON" -m benchmarks.run --suite models --modes infer --backends eager,kiln --budget "${MODELS_BUDGET:-230}" --timeout 70 \
         --label "models-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
-    "$PYTHON" -m benchmarks.run --suite models --modes train --backends eager,kiln --only vit,resnet50,llama,bert \
-        --budget 150 --timeout 70 --label "train-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
+    "$PYTHON" -m benchmarks.run --suite models --modes train --backends eager,kiln --only "${TRAIN_ONLY:-vit,resnet50,llama,bert}" \
+        --budget "${TRAIN_BUDGET:-150}" --timeout 70 --label "train-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
     KILN_CONV_LAYOUT_TRAINING=1 "$PYTHON" -m benchmarks.run --suite models --modes train --backends kiln \
         --only resnet50 --budget 40 --timeout 60 --label "train-cl-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
     rm -f "$OUT_DIR"/*.log "$OUT_DIR"/*train-cl-*.json
