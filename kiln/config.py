@@ -120,7 +120,7 @@ OPTIONS = [
            normalize=_one_of("auto", "channels_last", "keep")),
     Option("conv_layout_training", bool, False, "training graphs' 2-D convolutions take channels-last operands too, "
            "where conv_layout says so (kiln/aot/layouts.py channels_last_training_convs: before AOTAutograd's joint "
-           "trace); off until an H200 run measures it"),
+           "trace); off: on the H200 at 3786325 it made ResNet-50 training slower, 29.70 ms a step against 24.11"),
     Option("parallel_compile", bool, True, "a graph's CUDA kernels are compiled in parallel when it loads, before "
            "their first launch (kiln/runtime/launch.py compile_ahead); off: each compiles at its first launch"),
     Option("cudagraph_invalidate", bool, True, "mode='reduce-overhead': a result still referenced at the next call is "

@@ -226,9 +226,9 @@ def channels_last_training_convs(gm: torch.fx.GraphModule) -> bool:
     eager's layout rules, in the forward and in the backward alike. Where a value is NHWC already in the
     trace the call is a no-op. The frontend's example values downstream are re-derived by running the
     graph under its fake mode, so kiln/aot/strides.py's facts hold the new layouts. A changed 4-D output
-    is copied back to its traced layout. The graph is left as traced where a call changes a mode (the re-derivation runs every call; in-place writes reach only
-    the fake examples), where shapes are symbolic, or where an output
-    changed and was not contiguous."""
+    is copied back to its traced layout. The graph is left as traced where a call changes a mode (the
+    re-derivation runs every call; in-place writes reach only the fake examples), where shapes are
+    symbolic, or where an output changed and was not contiguous."""
     from kiln.aot.plain import changes_mode
 
     if not config.conv_layout_training or config.conv_layout == "keep":

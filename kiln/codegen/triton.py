@@ -401,20 +401,18 @@ class TritonKernelGenerator:
     def _ranges_dict(self) -> dict:
         return kernel_ranges(self.kernel)
 
-    def _offset(self, op) -> str:
+    def _offset(self, op) -> tuple[str, set]:
+        """A load's or store's element offset in kernel variables, and the kinds of kernel variable
+        ('x', 'r') it uses."""
         layout = self.graph.buffers[op.buffer].layout
         index = [sympy.sympify(expr).xreplace(self._mapping) for expr in op.index]
         offset = simplify_index(sympy.expand(layout.offset_of(index)), self._ranges_dict())
         text = self.index_source(offset)
-        if not any(str(symbol)[0] in "xr" and str(symbol)[1:].isdigit() for symbol in offset.free_symbols):
+        letters = {str(symbol)[0] for symbol in offset.free_symbols
+                   if str(symbol)[0] in "xr" and str(symbol)[1:].isdigit()}
+        if not letters:
             text += " + 0 * xindex"  # a scalar address, broadcast to the block so masks apply
-        return text
-
-    def _index_letters(self, op) -> set:
-        """The kinds of kernel variable ('x', 'r') a load's mapped index uses."""
-        index = [sympy.sympify(expr).xreplace(self._mapping) for expr in op.index]
-        return {str(symbol)[0] for expr in index for symbol in expr.free_symbols
-                if str(symbol)[0] in "xr" and str(symbol)[1:].isdigit()}
+        return text, letters
 
     def _emit_op(self, op, name: str, mask: str, role: str) -> None:
         names = self._current_names
@@ -423,8 +421,8 @@ class TritonKernelGenerator:
             if op.buffer in self.register_values and not op.operands:
                 self.out.add(f"{name} = {self.register_values[op.buffer]}")
                 return
-            offset = self._offset(op)
-            if self.kernel.is_reduction and not op.operands and "r" not in self._index_letters(op):
+            offset, letters = self._offset(op)
+            if self.kernel.is_reduction and not op.operands and "r" not in letters:
                 mask = "xmask"  # a per-row value ([XBLOCK, 1]): a tile's mask would not broadcast to its pointer
             load_mask = mask if not op.operands else f"({mask}) & {args[0]}"
             self.out.add(f"{name} = tl.load({self.pointer(op.buffer)} + ({offset}), {load_mask}, other=0)")
@@ -435,7 +433,7 @@ class TritonKernelGenerator:
             dtype = self.graph.buffers[op.buffer].dtype
             value = args[0] if dtype != torch.bool else f"({args[0]} != 0)"
             store_mask = "xmask" if role in ("row", "reduction") else mask
-            self.out.add(f"tl.store({self.pointer(op.buffer)} + ({self._offset(op)}), "
+            self.out.add(f"tl.store({self.pointer(op.buffer)} + ({self._offset(op)[0]}), "
                           f"{value}.to({TRITON_DTYPES[dtype]}), {store_mask})")
         elif op.name == "constant":
             value = op.attr

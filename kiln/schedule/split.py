@@ -10,10 +10,17 @@ partials of each row and finish as the original node did:
                                  stage 2: cols [S]                 -> the original output
 
 Reductions of several rows whose result feeds a loop over their whole input (softmax,
-norms) are left whole: they fuse with it into one kernel. A single row is always split. Only sum, prod, max and min are split (argmax/argmin would carry indices, welford
-three values), only static sizes, and only when S divides the columns exactly (no
-masks). What follows the reduce in the body (a mean's division, a cast) must depend
-on the reduced value and constants only; it moves to stage 2.
+norms) are left whole: they fuse with it into one kernel. A single row is always split.
+Only sum, prod, max and min are split (argmax/argmin would carry indices), only static
+sizes, and only when S divides the columns exactly (no masks). What follows the reduce
+in the body (a mean's division, a cast) must depend on the reduced value and constants
+only; it moves to stage 2.
+
+Outer reductions (kiln/schedule/outer.py: rows contiguous, columns strided) are split
+whatever their consumers, into about `split_outer_target_programs` programs, with the
+partials chunk-major ([S, rows]); an outer welford becomes three such sums
+(`_welford_as_sums`), since welford's three values per chunk do not merge accurately
+from float32 partials.
 """
 from __future__ import annotations
 
@@ -102,7 +109,7 @@ def _split(node: LoopNode, graph: Graph, outer: bool = False) -> list | None:
     if count == 1:
         return None
     if kind == "welford":
-        return _two_pass_welford(node, graph, position, carried, columns)
+        return _welford_as_sums(node, graph, position, carried, columns)
     reduce_op = node.body.ops[position]
     output = graph.buffers[node.outputs[0]]
     # An outer reduction's partials are chunk-major ([chunks, rows]): stage 1 then stores, and
@@ -174,7 +181,7 @@ def _second_stage(node: LoopNode, position: int, partial: Buffer, count: int, ca
                      reduction_ranges=[sympy.Integer(count)])
 
 
-def _two_pass_welford(node: LoopNode, graph: Graph, position: int, carried: set, columns: int) -> list:
+def _welford_as_sums(node: LoopNode, graph: Graph, position: int, carried: set, columns: int) -> list:
     """An outer welford (var_mean over leading dims: a channels-last batch norm's training statistics) as
     three sums, each split like any outer sum:
 
@@ -185,7 +192,8 @@ def _two_pass_welford(node: LoopNode, graph: Graph, position: int, carried: set,
     Welford's three values per chunk cannot be merged from float32 partials without their compensation
     (chunk means near 1000 with a spread of 0.01 lost 3 digits of the variance), and sum(x) / n rounds
     the mean at the sum's magnitude (n times the mean's ulp), which the deviations' squares then carry
-    (n d^2). These passes read x three times and keep the persistent welford's accuracy."""
+    (n d^2). These passes read x three times; on a 1000 +- 0.01 input their variance is as accurate as
+    the unsplit welford kernel's (tests/schedule/test_outer.py)."""
     reduce_op = node.body.ops[position]
     dtype, value = reduce_op.dtype, reduce_op.operands[0]
     rows = [index_var("i", k) for k in range(len(node.ranges))]
