@@ -8,7 +8,8 @@ weight and bias gradients, a channels-last batch norm's statistics over (N, H, W
 There the columns are a whole row of the input apart, and the 1 x 1024 tile gives each lane its own
 32-byte sector for 2 or 4 useful bytes; it also makes one program per output element, few enough
 (768 for a bias) that each walks thousands of strided loads in turn. On the H200 at 8dd84d3, ViT-B/16
-training (whose backward has about 70 such reductions) ran 28.6 ms per step against eager's 25.7.
+training (whose backward has about 100 such reductions by its architecture: 12 blocks of 4 bias
+and 4 layer-norm gradients) ran 28.6 ms per step against eager's 25.7.
 
 `is_outer_reduction(node, buffers)` says which reductions are of that kind: the node's main loads
 (those indexed by both a row and a column variable; a per-column statistic such as a norm's mean
