@@ -354,7 +354,8 @@ class Dispatcher:
         if resume.resumable(chosen.code) is not None or resume.protected(chosen.code, index):
             return None
         return resume.BreakPoint(chosen.depth, chosen.code, index, chosen.visits[index] - 1, error.message,
-                                 error.locations[0] if error.locations else chosen.location())
+                                 error.locations[0] if error.locations else chosen.location(),
+                                 direct_call=error.reads_frames)
 
     def _breakable_frames(self, error: Unsupported) -> list | None:
         """The interpreter frames `error` left, outermost first from the one a break could go to (the
@@ -484,10 +485,11 @@ def capture_frame(output: OutputGraph, fn: types.FunctionType, signature: FrameS
                           ("at a graph break" if broken is not None else "when it returns"))
     if broken is None:
         return output.finish(result, signature, code.co_name, grad_at_end=grad_at_end)
-    call_name = output.named_source("__call_compiled", functools.partial(
+    call_name = None if output.break_point.direct_call else output.named_source("__call_compiled", functools.partial(
         resume.call_compiled, dispatcher.callee_factory())).expr()
     tail = resume.break_tail(broken, dispatcher.resume_dispatcher, call_name)
-    return output.finish(None, signature, code.co_name, tail, grad_at_end=grad_at_end)
+    return output.finish(None, signature, code.co_name, tail, grad_at_end=grad_at_end,
+                         stand_in=(broken.code, broken.lineno(), broken.fn_globals))
 
 
 def _local_name(code: types.CodeType, parameter: str) -> str:

@@ -19,8 +19,12 @@ class Unsupported(Exception):
         self.locations: list[str] = []  # innermost first: "file:line in function"
         self.frames: list = []  # the interpreter frames it left, innermost first (where a graph break can go)
         # False for what must not run in Python from an entry function, whose frame is not the program's:
-        # warnings and log records (they name their caller's line), frame introspection.
+        # warnings and log records (they name their caller's line and module's registry).
         self.breakable = breakable
+        # True for frame introspection (`sys._getframe`): a break makes the call from the entry function
+        # itself, which stands in for the program's frame (its file, name, line and globals), so no frame
+        # of kiln's lies between the call and that stand-in (resume.break_tail).
+        self.reads_frames = False
 
     def add_location(self, location: str) -> None:
         if location not in self.locations:

@@ -23,9 +23,13 @@ local (`SourceRenderer`), which keeps the per-call cost low for deep module tree
 """
 from __future__ import annotations
 
+import ast
+import builtins
 import enum
 import inspect
+import keyword
 import math
+import re
 import types
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -589,11 +593,40 @@ class FrameSignature:
         return cls(", ".join(parts), namespace, tuple(names), var_positional, var_keyword)
 
 
-def compile_function(source_text: str, name: str, namespace: dict, filename: str) -> Callable:
-    """exec `source_text` (one def) in `namespace` and return the function called `name`."""
-    code = compile(source_text, f"<{filename}>", "exec")
-    exec(code, namespace)
-    return namespace[name]
+def compile_function(source_text: str, name: str, namespace: dict, filename: str,
+                     stand_in: tuple[types.CodeType, int, dict] | None = None) -> Callable:
+    """exec `source_text` (one def) in `namespace` and return the function called `name`.
+
+    With `stand_in` (a code object, a line, its globals), the function stands in for that frame: it
+    reports the code's file, name and qualified name, every line of it is the given line, and it
+    runs with those globals, reading the namespace's names as closure cells. A graph break's entry
+    is such a stand-in, so what its broken call reads of its caller's frame (`sys._getframe(1)`,
+    `f_globals`, the module a namedtuple or a warning names, a traceback's line) is the program's.
+    """
+    if stand_in is None:
+        code = compile(source_text, f"<{filename}>", "exec")
+        exec(code, namespace)
+        return namespace[name]
+    program, line, program_globals = stand_in
+    names = [key for key in namespace if key.isidentifier() and key != "__builtins__"]
+    # builtins the text names, bound here: the program's globals may shadow them
+    words = set(re.findall(r"[A-Za-z_]\w*", source_text))
+    shadowed = {word: getattr(builtins, word) for word in words
+                if word not in namespace and not keyword.iskeyword(word) and hasattr(builtins, word)}
+    cells = [*names, *shadowed]
+    factory = f"def __stand_in({', '.join(cells)}):\n" + \
+        "".join(f"    {text}\n" for text in source_text.splitlines()) + f"    return {name}\n"
+    tree = ast.parse(factory)
+    for node in ast.walk(tree):
+        if "lineno" in node._attributes:
+            node.lineno = node.end_lineno = line
+    scope: dict = {"__builtins__": builtins}
+    exec(compile(tree, program.co_filename, "exec"), scope)
+    made = scope["__stand_in"](*(namespace[key] for key in names), *shadowed.values())
+    renamed = made.__code__.replace(co_name=program.co_name, co_qualname=program.co_qualname)
+    function = types.FunctionType(renamed, program_globals, program.co_name, made.__defaults__, made.__closure__)
+    function.__kwdefaults__ = made.__kwdefaults__
+    return function
 
 
 def _short(value: Any) -> str:

@@ -530,7 +530,7 @@ class Frame(ExceptionHandling, PatternMatching):
     def IS_OP(self, instruction):
         right = self.pop()
         left = self.pop()
-        self.push(ConstantVariable(is_same(left, right) != bool(instruction.arg)))
+        self.push(ConstantVariable(is_same(left, right, self) != bool(instruction.arg)))
 
     def CONTAINS_OP(self, instruction):
         container = self.pop()

@@ -324,8 +324,8 @@ class OutputGraph:
     # -- finishing -------------------------------------------------------------------------------------
 
     def finish(self, result: Variable | None, signature: FrameSignature, name: str,
-               tail: Callable[["EntryCodegen"], list[str]] | None = None, grad_at_end: bool | None = None
-               ) -> TracedGraph:
+               tail: Callable[["EntryCodegen"], list[str]] | None = None, grad_at_end: bool | None = None,
+               stand_in: tuple[types.CodeType, int, dict] | None = None) -> TracedGraph:
         """Compile the graph and build the guard and entry functions.
 
         The entry returns `result`; after a graph break it ends with `tail`'s lines instead
@@ -333,6 +333,8 @@ class OutputGraph:
         When the trace ends (or breaks) in another grad mode than it began in
         (`torch.set_grad_enabled(False)` as a call, or a break inside `with torch.no_grad()`),
         the entry switches to it after the graph and the side effects, as eager would be by then.
+        A breaking entry is compiled as the stand-in of the frame it broke (`stand_in`: its code,
+        line and globals; guards.compile_function).
         """
         if tail is None:
             for generator in self.generators:
@@ -382,7 +384,7 @@ class OutputGraph:
         body.extend(replayed)
         body.extend(final_lines)
         entry_source = "\n".join([f"def __entry({signature.text}):"] + ["    " + line for line in body])
-        entry = compile_function(entry_source, "__entry", namespace, f"kiln_entry_{name}")
+        entry = compile_function(entry_source, "__entry", namespace, f"kiln_entry_{name}", stand_in)
         guard, guard_source = self.guards.build(signature, self.guard_namespace)
         return TracedGraph(guard, guard_source, entry, entry_source, graph_module)
 

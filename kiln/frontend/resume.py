@@ -71,6 +71,8 @@ class BreakPoint:
     count: int
     reason: str
     location: str
+    # the broken call is made from the entry itself, not through `call_compiled` (Unsupported.reads_frames)
+    direct_call: bool = False
 
 
 def _names(instruction: bytecode.Instruction) -> tuple[str, ...]:
@@ -483,6 +485,24 @@ def _is_library(function: types.FunctionType) -> bool:
 _COMPREHENSIONS = frozenset(("<listcomp>", "<dictcomp>", "<setcomp>"))
 
 
+def runs_as_it_is(fn: Any) -> bool:
+    """Whether a break calls `fn` as it is (`compiled_callee` gives it back unchanged) whatever its receiver: a C
+    function, a class, or a plain function of the standard library or torch. The entry then calls it itself, not
+    through `call_compiled`, so its caller is the entry, which stands in for the program's frame: a log record or
+    warning names the program's line, `namedtuple` the program's module."""
+    if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType, type)):
+        return True
+    return isinstance(fn, types.FunctionType) and _is_library(fn) and \
+        not fn.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR)
+
+
+def _callee_object(function) -> Any:
+    """The object a break's callee tracker stands for, read without pinning it: a Python function's tracker is
+    guarded by its code (all `runs_as_it_is` reads of it), not by its identity, until the trace depends on that."""
+    fn = getattr(function, "fn", None)
+    return fn if isinstance(fn, types.FunctionType) else function.identity()
+
+
 def compiled_callee(make_dispatcher: Callable, fn: Any) -> tuple[Any, Any]:
     """(callable, bound receiver or None) to run for `fn` at a break: compiled where kiln can trace it."""
     receiver = None
@@ -738,11 +758,12 @@ def _guarded(codegen, stack: list, lines: list[str]) -> list[str]:
             [f"    {exit_text}(*{info}())" for exit_text in exits] + ["    raise"])
 
 
-def break_tail(frame, make_resume: Callable, call_name: str) -> Callable:
+def break_tail(frame, make_resume: Callable, call_name: str | None) -> Callable:
     """The entry's last lines for a frame stopped before its current instruction (a call or a branch).
 
     `make_resume(frame, code)` gives the compiled resume function for a code object of the
-    frame; `call_name` is the name the entry binds `call_compiled` to.
+    frame; `call_name` is the name the entry binds `call_compiled` to, or None for a call the entry
+    makes itself (frame introspection: then the callee's caller is the entry, the program's stand-in).
     """
     index = frame.index_of[id(frame.current)]
     instruction = frame.current
@@ -797,8 +818,10 @@ def break_tail(frame, make_resume: Callable, call_name: str) -> Callable:
                 arguments += [codegen.value(item) for item in positional]
                 arguments += [f"{name}={codegen.value(item)}" for name, item in zip(names, keywords)]
             resumed = resume_call(codegen, Continuation(index + 1, below), ["__broken"])
-            return _guarded(codegen, below, [f"__broken = {call_name}({', '.join(arguments)})"]) + \
-                [f"return {resumed}"]
+            direct = call_name is None or runs_as_it_is(_callee_object(function))
+            call = f"({arguments[0]})({', '.join(arguments[1:])})" if direct else \
+                f"{call_name}({', '.join(arguments)})"
+            return _guarded(codegen, below, [f"__broken = {call}"]) + [f"return {resumed}"]
 
         return tail
     if instruction.op in JUMP_OPS:
@@ -860,7 +883,7 @@ def break_tail(frame, make_resume: Callable, call_name: str) -> Callable:
 
 
 __all__ = ["BreakPoint", "CALL_OPS", "JUMP_OPS", "break_tail", "can_break_at", "call_compiled", "compiled_callee", "live_locals",
-           "protected", "resumable", "resume_code"]
+           "protected", "resumable", "resume_code", "runs_as_it_is"]
 
 
 GeneratorVariable.rebuild = staticmethod(reconstruct_generator)

@@ -221,12 +221,9 @@ def check_kiln_structure(program: BreakProgram, report, graphs: list, counts: di
 # Programs whose results and side effects match eager but where kiln does not yet compile as Dynamo does
 # (a frame runs eagerly, a recompile, or more graphs than Dynamo's). Each is checked for the right
 # answer, and xfails only on the structural checks; one that starts to pass fails until removed here.
-_FRAMES = "frame introspection must run in the program's own frame: the frame runs eagerly"
 _SPECIALIZED = "a value that differs between the trace's calls (a new function or class object, a float) recompiles"
 KNOWN_GAPS = {
-    "getframe_has_a_caller": _FRAMES,
     "class_defined_in_function": _SPECIALIZED,
-    "python_helper_walks_frames": _FRAMES,
     "inference_mode_around_a_break": ("inference_mode is not modelled: Dynamo puts _enter/_exit_inference_mode "
                                       "in its graphs, but kiln's codegen backends do not honour them (through "
                                       "Dynamo, `b.is_inference()` after such a region is False, eager's True)"),

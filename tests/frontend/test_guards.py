@@ -565,3 +565,23 @@ def test_reading_grad_of_a_computed_tensor_breaks():
     report = kiln.explain(program, x)
     assert report.breaks and "computed" in report.breaks[0].reason
     torch.testing.assert_close(kiln.compile(program)(x), program(x))
+
+
+# -- `is` between two objects read from sources -----------------------------------------------------
+
+
+def compares_identity(x, a, b):
+    return x + (1.0 if a is b else 0.0)
+
+
+def test_is_between_distinct_arguments_is_guarded():
+    """Traced with two distinct dicts (or lists, or modules' namespaces), then called with one object passed
+    twice: the first trace's `a is b` was False, and its entry must not serve the aliased call."""
+    for make in (lambda: {1: 2}, lambda: [1], lambda: {"k": torch.ones(1)}):
+        compiled = _compiled(compares_identity)
+        one = make()
+        x = torch.zeros(1)
+        torch.testing.assert_close(compiled(x, one, make()), compares_identity(x, one, make()))
+        torch.testing.assert_close(compiled(x, one, one), compares_identity(x, one, one))
+        torch.testing.assert_close(compiled(x, one, make()), compares_identity(x, one, make()))
+        assert len(compiled.entries) == 2

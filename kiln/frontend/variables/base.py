@@ -329,8 +329,9 @@ def constant(value: Any) -> ConstantVariable:
 NONE = ConstantVariable(None)
 
 
-def is_same(left: Variable, right: Variable) -> bool:
-    """Python `is`."""
+def is_same(left: Variable, right: Variable, tx: "Tracer | None" = None) -> bool:
+    """Python `is`. Two objects read from the outside world that are not the same object now may be next
+    call (one dict passed as two arguments): with `tx`, the answer False is guarded."""
     if left is right:
         return True
     for one, other in ((left, right), (right, left)):
@@ -340,9 +341,20 @@ def is_same(left: Variable, right: Variable) -> bool:
             one.as_constant()  # its value (and type) guarded: an argument that is a function next time is not this
             return False
     a, b = left.identity(), right.identity()
-    if a is left or b is right:
-        return False  # one side is a fresh tracker (new list, tensor): identical only to itself
-    return a is b
+    same = a is b and a is not left and b is not right  # a fresh tracker (new list, tensor) is only itself
+    if not same and tx is not None:
+        _guard_distinct(tx, left, right)
+    return same
+
+
+def _guard_distinct(tx: "Tracer", left: Variable, right: Variable) -> None:
+    """Guard that two objects read from sources stay distinct (the wrapper gives one object read twice one
+    tracker, and guards that; distinct ones get two trackers, guarded here once `is` depended on it)."""
+    if isinstance(left, ConstantVariable) or isinstance(right, ConstantVariable):
+        return  # values: guarded by value where the trace reads them
+    ours, theirs = getattr(left, "source", None), getattr(right, "source", None)
+    if ours is not None and theirs is not None and ours != theirs:
+        tx.output.guards.add(ours, f"{{}} is {theirs.expr()}", f"now the same object as {theirs.expr()}")
 
 
 def _is_function_tracker(variable: Variable) -> bool:

@@ -27,7 +27,7 @@ from typing import Any, Callable
 import torch
 
 from kiln.frontend import replay
-from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported
+from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported, unbreakable
 from kiln.frontend.operations import BINARY_OPERATORS, COMPARE_OPERATORS, binary_op, compare_op, contains, unary_op
 from kiln.frontend.sources import TypeSource
 from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, is_constant_value, is_same,
@@ -134,10 +134,20 @@ def _pure(fn):
 def _eval(tx, args, kwargs):
     """`eval` of a constant string that is a literal (`"(1, 'a')"`) or arithmetic on numbers (`"2 + 3"`), as
     Dynamo folds it: no names, calls or attributes, so nothing it reads can change. Anything else (globals or
-    locals given, a name in the text, a syntax error) is a graph break: Python evaluates it."""
-    if len(args) != 1 or kwargs or not isinstance(args[0], ConstantVariable) or not isinstance(args[0].value, str):
-        raise Unsupported("eval() of anything but one constant string (a graph break evaluates it)")
-    text = args[0].value
+    locals given, a name in the text, a syntax error) is a graph break: Python evaluates it, except where it
+    would read the caller's locals (no namespaces given): only the program's own frame has them, so that
+    frame runs eagerly."""
+    if len(args) == 1 and not kwargs and isinstance(args[0], ConstantVariable) and isinstance(args[0].value, str):
+        with unbreakable():
+            return _eval_text(tx, args[0].value)
+    if len(args) < 2 and "globals" not in kwargs:
+        raise Unsupported("eval() without its own namespaces reads the caller's locals (only the program's own "
+                          "frame has them: the frame runs eagerly)", breakable=False)
+    raise Unsupported("eval() with its own namespaces (a graph break evaluates it)")
+
+
+def _eval_text(tx, text: str) -> Variable:
+    """One constant string, evaluated in the caller's frame: folded where it is a literal or arithmetic."""
     try:
         tree = ast.parse(text.strip(), mode="eval")
     except SyntaxError:
@@ -615,8 +625,11 @@ def _slice(tx, args, kwargs):
 
 def _vars(tx, args, kwargs):
     """vars(obj): `obj.__dict__`, looked up as an attribute (a class's __getattribute__ sees it)."""
+    if not args and not kwargs:
+        raise Unsupported("vars() without an object reads the caller's locals (only the program's own frame has "
+                          "them: the frame runs eagerly)", breakable=False)
     if len(args) != 1 or kwargs:
-        raise Unsupported("vars() without an object (the caller's locals)")
+        raise Unsupported("vars() with other than one object (Python raises TypeError)")
     return args[0].getattr(tx, "__dict__")
 
 
@@ -665,7 +678,7 @@ def _operator_contains(tx, args, kwargs):
 
 
 def _operator_is(negate):
-    return lambda tx, args, kwargs: ConstantVariable(is_same(args[0], args[1]) != negate)
+    return lambda tx, args, kwargs: ConstantVariable(is_same(args[0], args[1], tx) != negate)
 
 
 def _operator_not(tx, args, kwargs):

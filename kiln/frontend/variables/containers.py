@@ -1032,4 +1032,4 @@ def compare_equal(tx, left: Variable, right: Variable) -> bool:
             pass
     if has_python_method(left, "__eq__"):
         return left.call_method(tx, "__eq__", [right], {}).truth(tx)
-    return is_same(left, right)
+    return is_same(left, right, tx)

@@ -638,18 +638,35 @@ class OpaqueFunctionVariable(Variable):
     def as_constant(self) -> Any:
         return self.value
 
+    def identity(self) -> Any:
+        return self.value
+
     def reconstruct(self, codegen) -> str:
         if self.source is not None:
             return codegen.source(self.source)
         return codegen.constant(self.value)
 
     def call(self, tx, args, kwargs) -> Variable:
-        # Frame introspection called from an entry function would see the entry's frame, not the program's.
         if isinstance(getattr(self.value, "__self__", None), random.Random):
             raise Unsupported(f"random.{self.value.__name__}(): a draw from Python's random number generator, whose "
                               "value exists only when the program runs (a graph break makes it in Python)")
-        raise Unsupported(f"calling {self.describe()}, which kiln does not model",
-                          breakable=self.value not in _FRAME_INTROSPECTION)
+        if _reads_callers_locals(self.value, args, kwargs):
+            raise Unsupported(f"calling {self.describe()}, which reads the calling frame's local variables (a graph "
+                              "break would make the call from kiln's entry function, whose locals are not the "
+                              "program's)", breakable=False)
+        error = Unsupported(f"calling {self.describe()}, which kiln does not model")
+        error.reads_frames = self.value in _FRAME_INTROSPECTION
+        raise error
+
+
+def _reads_callers_locals(function: Any, args: list, kwargs: dict) -> bool:
+    """`locals()`, `vars()`, `dir()`, and `eval`/`exec` without their own namespaces: they read the locals of
+    the frame that calls them, which only the program's own frame has."""
+    if function in (locals, vars, dir):
+        return not args and not kwargs
+    if function in (eval, exec):
+        return len(args) < 2 and "globals" not in kwargs
+    return False
 
 
 def is_torch_function(value: Any) -> bool:
