@@ -349,7 +349,10 @@ class Dispatcher:
         chosen = frames[0]
         instruction = chosen.current
         index = chosen.ip - 1
-        if instruction is None or not resume.can_break_at(instruction):
+        span = resume.inlined_comprehension(chosen.code, index)
+        if span is not None:  # 3.12+: the whole comprehension runs in Python (resume.Comprehension)
+            index = span.start
+        elif instruction is None or not resume.can_break_at(instruction):
             return None
         if resume.resumable(chosen.code) is not None or resume.protected(chosen.code, index):
             return None

@@ -206,7 +206,8 @@ def _parameter_count(kind) -> int:
 
 
 @functools.lru_cache(maxsize=1024)
-def resume_code(code: types.CodeType, target: int, stack: tuple, live: tuple[tuple[str, Any], ...]) -> types.CodeType:
+def resume_code(code: types.CodeType, target: int, stack: tuple, live: tuple[tuple[str, Any], ...],
+                stop: int | None = None) -> types.CodeType:
     """A copy of `code` that starts at instruction `target` with a value stack and locals given as parameters.
 
     `stack` gives each stack slot's kind, bottom first: "null" (pushed back by PUSH_NULL),
@@ -217,11 +218,18 @@ def resume_code(code: types.CodeType, target: int, stack: tuple, live: tuple[tup
     with next(), so a trace of this code steps the generator itself), or ("call", callable,
     parts) (a lazy iterator: `callable(*parts)`, e.g. enumerate of a generator and its next
     count). The `live` locals ((name, kind) pairs) follow. The locals not passed start
-    unbound, as they are at that point of the original frame.
+    unbound, as they are at that point of the original frame. With `stop`, instruction `stop`
+    becomes a return of the top of the stack: the copy runs one span of the code (an inlined
+    comprehension, `Comprehension`) and gives back what that span left on top.
     """
     decoded = bytecode.decode(code)
     instructions = decoded.instructions
     target_instruction = instructions[target]
+    if stop is not None:
+        returns = bytecode.create_instruction("RETURN_VALUE")
+        instruction = instructions[stop]  # jumps keep their target object: it becomes the return in place
+        instruction.opname, instruction.arg, instruction.argval, instruction.argrepr = "RETURN_VALUE", None, None, ""
+        instruction.target, instruction.op = None, returns.op
     first = body_start(code)
     body = instructions[first:]
 
@@ -338,14 +346,14 @@ def resume_code(code: types.CodeType, target: int, stack: tuple, live: tuple[tup
     decoded.exception_table = [entry for entry in decoded.exception_table if id(entry.end) in kept]
     line = target_instruction.lineno or code.co_firstlineno
     base = code.co_name.split("_resume_at_line_")[0]
-    name = f"{base}_resume_at_line_{line}"
+    name = f"{base}_{'resume' if stop is None else 'comprehension'}_at_line_{line}"
     flags = code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
     resumed = bytecode.assemble(decoded, co_varnames=varnames, co_nlocals=len(varnames), co_cellvars=(),
                                 co_freevars=freevars,
                                 co_argcount=len(stack_names) + len(live_names), co_posonlyargcount=0,
                                 co_consts=tuple(consts),
                                 co_kwonlyargcount=0, co_flags=flags, co_name=name,
-                                co_qualname=f"{code.co_qualname.split('_resume_at_line_')[0]}_resume_at_line_{line}")
+                                co_qualname=f"{code.co_qualname.split('_resume_at_line_')[0]}{name[len(base):]}")
     resumed = resumed.replace(co_stacksize=max(bytecode.max_stack_depth(decoded), len(stack), 1))
     original, shift = _origins.get(code, (code, 0))
     _origins[resumed] = (original, shift + first - len(prologue))  # its body is `code`'s from `first` on
@@ -452,6 +460,61 @@ def _single_instruction(instruction) -> tuple[int, Callable, str] | None:
         return 1, (lambda obj: getattr(obj, name)), "method"
     if op == "STORE_ATTR":
         return 2, (lambda obj, value: _store_attribute(value, obj, name)), "nothing"
+    return None
+
+
+@dataclass(frozen=True)
+class Comprehension:
+    """A comprehension Python 3.12+ inlined into its function: from `start` (its first LOAD_FAST_AND_CLEAR,
+    which saves the variables it binds: `names`) to `end` (the instruction after its loop, where the stack
+    holds the saved values and then the result). A break inside its loop goes to `start`, and the entry runs
+    the whole span in Python (`resume_code` with `stop`), as TorchDynamo does: breaking inside the loop would
+    break at every item, a graph each. 3.11 calls a comprehension as a function, run whole the same way
+    (`_COMPREHENSIONS`)."""
+
+    start: int
+    end: int
+    names: tuple[str, ...]
+
+
+@functools.lru_cache(maxsize=256)
+def _comprehensions(code: types.CodeType) -> tuple[Comprehension, ...]:
+    """The inlined comprehensions of `code`, outer ones before those nested in them."""
+    instructions = bytecode.decode(code).instructions
+    index_of = {id(instruction): position for position, instruction in enumerate(instructions)}
+    found = []
+    position = 0
+    while position < len(instructions):
+        if instructions[position].opname != "LOAD_FAST_AND_CLEAR":
+            position += 1
+            continue
+        start = position
+        while position < len(instructions) and instructions[position].opname == "LOAD_FAST_AND_CLEAR":
+            position += 1
+        # then SWAP, BUILD_LIST/SET/MAP, SWAP (an iterator below the new container), and the loop's FOR_ITER
+        loop = next((index for index in range(position, min(position + 4, len(instructions)))
+                     if instructions[index].op == "FOR_ITER"), None)
+        if loop is None or instructions[loop].target is None:
+            continue
+        end = index_of[id(instructions[loop].target)]
+        for skipped in versions.for_iter_exhaust_skip():
+            if instructions[end].opname == skipped:
+                end += 1
+        found.append(Comprehension(start, end, tuple(instruction.argval for instruction in instructions[start:position])))
+    return tuple(found)
+
+
+def inlined_comprehension(code: types.CodeType, index: int) -> Comprehension | None:
+    """The outermost inlined comprehension whose loop holds instruction `index`, if a break can run it whole: it
+    stores no local but its own variables (an assignment expression inside would be lost with the span's frame)."""
+    for span in _comprehensions(code):
+        if not span.start < index < span.end:
+            continue
+        instructions = bytecode.decode(code).instructions[span.start:span.end]
+        own = {instruction.argval for instruction in instructions if instruction.opname == "LOAD_FAST_AND_CLEAR"}
+        stored = {name for instruction in instructions if instruction.opname in _WRITES | {"DELETE_FAST"}
+                  for name in _names(instruction)}
+        return span if stored <= own else None
     return None
 
 
@@ -769,25 +832,44 @@ def break_tail(frame, make_resume: Callable, call_name: str | None) -> Callable:
     instruction = frame.current
     stack = list(frame.stack)
 
-    def resume_call(codegen, continuation: Continuation, pushed: list[str]) -> str:
-        """`return <resume>(stack..., locals...)`; `pushed` are texts of values pushed on top of the stack."""
+    def resume_call(codegen, continuation: Continuation, pushed: list[str], stop: int | None = None) -> str:
+        """`<resume>(stack..., locals...)`; `pushed` are texts of values pushed on top of the stack. With `stop`
+        (an instruction of the frame's code), a plain function running from the target to there, not compiled."""
         bound = {name: value for name, value in frame.locals.items() if value is not NULL}
         original, target = original_position(frame.code, continuation.target)
         live = tuple((name, _kind(bound[name], codegen)) for name in original.co_varnames
                      if name in live_locals(original, target) and name in bound)
         kinds = tuple(_kind(item, codegen) for item in continuation.stack) + ("value",) * len(pushed)
-        code = resume_code(original, target, kinds, live)
+        code = resume_code(original, target, kinds, live,
+                           None if stop is None else original_position(frame.code, stop)[1])
         call = object()
         texts = [text for item, kind in zip(continuation.stack, kinds) for text in _texts(codegen, item, call, kind)]
         texts += pushed
         texts += [text for name, kind in live for text in _texts(codegen, bound[name], call, kind)]
-        dispatcher = codegen.constant(make_resume(frame, code))
         if code.co_freevars:  # the frame's cells, the very objects (inner functions made before the break share them)
             cells = "".join(f"{codegen.value(frame.cells[name])}, " for name in code.co_freevars)
             function = f"{codegen.constant(closure_function)}({codegen.constant(code)}, " \
                        f"{codegen.constant(frame.fn_globals)}, ({cells}))"
-            return f"{dispatcher}.call_function({', '.join([function] + texts)})"
-        return f"{dispatcher}({', '.join(texts)})"
+            if stop is not None:
+                return f"{function}({', '.join(texts)})"
+            return f"{codegen.constant(make_resume(frame, code))}.call_function({', '.join([function] + texts)})"
+        if stop is not None:
+            return f"{codegen.constant(closure_function(code, frame.fn_globals, ()))}({', '.join(texts)})"
+        return f"{codegen.constant(make_resume(frame, code))}({', '.join(texts)})"
+
+    span = next((span for span in _comprehensions(frame.code) if span.start == index), None) \
+        if instruction.opname == "LOAD_FAST_AND_CLEAR" else None
+    if span is not None:
+        # at its end the iterator (on top now) is gone; the saved variables (NULL where unbound, as
+        # LOAD_FAST_AND_CLEAR pushes them) and then the span's result are on the stack
+        saved = [frame.locals.get(name, NULL) for name in span.names]
+
+        def tail(codegen) -> list[str]:
+            run = resume_call(codegen, Continuation(index, stack), [], stop=span.end)
+            resumed = resume_call(codegen, Continuation(span.end, stack[:-1] + saved), ["__broken"])
+            return _guarded(codegen, stack, [f"__broken = {run}"]) + [f"return {resumed}"]
+
+        return tail
 
     if instruction.op in CALL_OPS:
         if instruction.op == "CALL_FUNCTION_EX":
@@ -882,8 +964,8 @@ def break_tail(frame, make_resume: Callable, call_name: str | None) -> Callable:
     return tail
 
 
-__all__ = ["BreakPoint", "CALL_OPS", "JUMP_OPS", "break_tail", "can_break_at", "call_compiled", "compiled_callee", "live_locals",
-           "protected", "resumable", "resume_code", "runs_as_it_is"]
+__all__ = ["BreakPoint", "CALL_OPS", "Comprehension", "JUMP_OPS", "break_tail", "can_break_at", "call_compiled", "compiled_callee", "live_locals",
+           "inlined_comprehension", "protected", "resumable", "resume_code", "runs_as_it_is"]
 
 
 GeneratorVariable.rebuild = staticmethod(reconstruct_generator)

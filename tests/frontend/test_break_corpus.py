@@ -229,10 +229,6 @@ KNOWN_GAPS = {
                                       "Dynamo, `b.is_inference()` after such a region is False, eager's True)"),
 }
 
-if sys.version_info >= (3, 12):
-    # 3.12 inlines a comprehension into its function: a break in its loop breaks at each item, a graph each (3.11
-    # calls it as a function, which a break runs as it is: kiln/frontend/resume.py _COMPREHENSIONS, as Dynamo does)
-    KNOWN_GAPS["break_inside_a_list_comprehension"] = "3.12's inlined comprehension breaks at each item, a graph each"
 
 
 def check_dynamo(program: BreakProgram, expected: list[Run]) -> None:

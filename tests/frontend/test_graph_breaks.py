@@ -997,12 +997,30 @@ def comprehension_with_a_break(x, y):
     return torch.stack([t * t.sum().item() for t in (x, y, x - y)]).sum(0)
 
 
-def test_a_break_in_a_list_comprehension_appends_to_the_list_the_resume_function_gets():
+def test_a_break_in_a_list_comprehension_runs_the_comprehension_whole():
+    """3.11 calls the comprehension as a function, and the break runs that call as it is; 3.12 inlines it
+    (PEP 709), and the break runs its span of the code (resume.Comprehension): one break, not one per item."""
     x, y = torch.randn(3), torch.randn(3)
-    if sys.version_info < (3, 12):  # the comprehension is a function: its frame breaks at each item and each step
-        _check_compiled(comprehension_with_a_break, x, y, max_graphs=8, max_breaks=8)
-    else:  # inlined (PEP 709): a break at each item's .item()
-        _check_compiled(comprehension_with_a_break, x, y, max_graphs=4, max_breaks=3)
+    _check_compiled(comprehension_with_a_break, x, y, max_graphs=2, max_breaks=1)
+
+
+def comprehensions_nested_and_a_dict_one(x, y):
+    t = x.sum()  # a variable of the same name outside: restored after the comprehension, as Python does
+    rows = [[u * u.sum().item() for u in v] for v in (x, y)]
+    sums = {i: v.sum().item() for i, v in enumerate((x, y))}
+    return rows[0][0] + rows[1][1] + sums[1] + t
+
+
+def assigns_inside_a_comprehension(x):
+    out = [(last := v.sum().item()) for v in (x, x * 2)]  # an assignment expression: the span cannot run alone
+    return torch.tensor(out) + last
+
+
+@pytest.mark.parametrize("fn, breaks", [(comprehensions_nested_and_a_dict_one, 2), (assigns_inside_a_comprehension, 2)])
+def test_comprehensions_that_break(fn, breaks):
+    x, y = torch.randn(2, 3), torch.randn(2, 3)
+    args = (x, y) if fn is comprehensions_nested_and_a_dict_one else (x,)
+    _check_compiled(fn, *args, max_graphs=breaks + 1, max_breaks=breaks)
 
 
 def generator_also_passed_to_the_broken_call(x):
