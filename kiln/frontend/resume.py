@@ -226,10 +226,9 @@ def resume_code(code: types.CodeType, target: int, stack: tuple, live: tuple[tup
     instructions = decoded.instructions
     target_instruction = instructions[target]
     if stop is not None:
-        returns = bytecode.create_instruction("RETURN_VALUE")
         instruction = instructions[stop]  # jumps keep their target object: it becomes the return in place
         instruction.opname, instruction.arg, instruction.argval, instruction.argrepr = "RETURN_VALUE", None, None, ""
-        instruction.target, instruction.op = None, returns.op
+        instruction.target, instruction.op = None, versions.normalized_opname("RETURN_VALUE", None)
     first = body_start(code)
     body = instructions[first:]
 
@@ -551,8 +550,8 @@ _COMPREHENSIONS = frozenset(("<listcomp>", "<dictcomp>", "<setcomp>"))
 def runs_as_it_is(fn: Any) -> bool:
     """Whether a break calls `fn` as it is (`compiled_callee` gives it back unchanged) whatever its receiver: a C
     function, a class, or a plain function of the standard library or torch. The entry then calls it itself, not
-    through `call_compiled`, so its caller is the entry, which stands in for the program's frame: a log record or
-    warning names the program's line, `namedtuple` the program's module."""
+    through `call_compiled`, so its caller is the entry, which stands in for the program's frame: `globals()` is
+    the program's, `namedtuple` names the program's module."""
     if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType, type)):
         return True
     return isinstance(fn, types.FunctionType) and _is_library(fn) and \

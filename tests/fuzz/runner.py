@@ -357,9 +357,10 @@ def compare_outputs(actual: list, expected: list, reference: list | None, progra
             sensitive = sensitive or (f"output {position}: {message} (eager's NaN/inf where the exact math is finite "
                                       f"and kiln gives it)")
             continue
-        if _exact_where_eager_decides_otherwise(got, widened_output(position), program, device):
-            sensitive = sensitive or (f"output {position}: {message} (eager's rounding turns a decision, "
-                                      "{}, the exact math decides kiln's way)".format(_flipped_decisions(program, device)))
+        flipped = _exact_where_eager_decides_otherwise(got, widened_output(position), program, device)
+        if flipped:
+            sensitive = sensitive or (f"output {position}: {message} (eager's rounding turns a decision, {flipped}, "
+                                      "the exact math decides kiln's way)")
             continue
         reason = _float_rounding_reason(got, want, ref, trace, position)
         if reason:
@@ -463,9 +464,9 @@ def _exact_where_eager_overflows(got, want, ref, exact) -> bool:
     return compare(got[kept], want[kept]).ok
 
 
-def _exact_where_eager_decides_otherwise(got, exact, program, device: str) -> bool:
-    """Is kiln's output the exact math's (the widened run, rounded to the output's dtype: kiln.testing's rule
-    against it), where eager's run takes a bool or int decision that the exact math takes the other way?
+def _exact_where_eager_decides_otherwise(got, exact, program, device: str) -> str:
+    """The bool or int statements eager's run decides the other way from the exact math, named, when kiln's
+    output is the exact math's (the widened run rounded to the output's dtype, by kiln.testing's rule); else ''.
 
     Eager's CPU layer_norm of two equal bfloat16 values is -9.5e-07, not 0 (it computes x * rstd - mean * rstd
     with rstd ~ 1/sqrt(eps)), so all() of it is True in eager and False in the exact math and in kiln, and a
@@ -474,13 +475,13 @@ def _exact_where_eager_decides_otherwise(got, exact, program, device: str) -> bo
     from kiln.testing import compare
 
     if program is None or not isinstance(got, torch.Tensor) or not isinstance(exact, torch.Tensor):
-        return False
+        return ""
     if not got.is_floating_point() or got.shape != exact.shape:
-        return False
+        return ""
     exact = exact.detach().cpu()
     if not compare(got.detach().cpu(), exact.to(got.dtype), exact).ok:
-        return False
-    return bool(_flipped_decisions(program, device))
+        return ""
+    return _flipped_decisions(program, device)
 
 
 def _flipped_decisions(program, device: str) -> str:

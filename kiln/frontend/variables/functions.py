@@ -660,11 +660,11 @@ class OpaqueFunctionVariable(Variable):
 
 
 def _reads_callers_locals(function: Any, args: list, kwargs: dict) -> bool:
-    """`locals()`, `vars()`, `dir()`, and `eval`/`exec` without their own namespaces: they read the locals of
-    the frame that calls them, which only the program's own frame has."""
-    if function in (locals, vars, dir):
+    """`locals()`, `dir()`, and `exec` without its own namespaces: they read the locals of the frame that calls
+    them, which only the program's own frame has (`vars()` and `eval`: their handlers in builtins.py)."""
+    if function in (locals, dir):
         return not args and not kwargs
-    if function in (eval, exec):
+    if function is exec:
         return len(args) < 2 and "globals" not in kwargs
     return False
 
