@@ -286,8 +286,7 @@ class OutputGraph:
             # made inside an inference-mode region: an inference tensor, except a view, which is one if its base is
             # (the view's base is then among the op's tensor arguments)
             if result._is_view():
-                bases = [arg for arg in node.all_input_nodes if isinstance(arg.meta.get("example_value"), torch.Tensor)]
-                node.meta["kiln_inference"] = any(_is_inference_node(base) for base in bases)
+                node.meta["kiln_inference"] = any(_is_inference_node(base) for base in _view_bases(node))
             else:
                 node.meta["kiln_inference"] = self.inference_mode
             return TensorVariable(node, result)
@@ -452,6 +451,14 @@ class OutputGraph:
 
 def _is_inference_node(node: torch.fx.Node) -> bool:
     return bool(node.meta.get("kiln_inference"))
+
+
+def _view_bases(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The tensor arguments a view node's base is among: its own, or, for one item of an op's several
+    outputs (`a.split(2)[0]`), that op's."""
+    if node.target is operator.getitem and not isinstance(node.args[0].meta.get("example_value"), torch.Tensor):
+        node = node.args[0]
+    return [arg for arg in node.all_input_nodes if isinstance(arg.meta.get("example_value"), torch.Tensor)]
 
 
 def _check_inference_tensor_use(kind: str, target: Any, node_args, node_kwargs, fake_args, fake_kwargs) -> None:

@@ -68,7 +68,8 @@ def views_in_the_region(x):
     with torch.inference_mode():
         view = x.view(-1)  # a view of a normal tensor is a normal tensor, even in the region
         made = (x * 3).view(-1)  # a view of an inference tensor is one
-    return view, made, view.is_inference(), made.is_inference()
+        first, second = (x + 1).split(2)  # and so are the views one op makes
+    return view, made, view.is_inference(), made.is_inference(), first, second.is_inference()
 
 
 @torch.inference_mode()
