@@ -157,10 +157,9 @@ def _hardware() -> dict:
 
 
 def _commit() -> str:
-    if os.environ.get("KILN_GIT_COMMIT"):  # a snapshot without .git (git archive)
-        return os.environ["KILN_GIT_COMMIT"]
-    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO_ROOT, capture_output=True,
-                          text=True).stdout.strip()
+    from benchmarks.report import git_commit  # $KILN_GIT_COMMIT, else HEAD ('-dirty' when changed)
+
+    return git_commit(REPO_ROOT)
 
 
 def render(rows: list, meta: dict) -> str:

@@ -88,13 +88,10 @@ def run_case(case: str, small: bool, device: str, new_tokens: int, repeats: int)
 
 
 def _commit() -> str:
-    if os.environ.get("KILN_GIT_COMMIT"):  # the device's copy of the tree has no commits of its own
-        return os.environ["KILN_GIT_COMMIT"]
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("KILN_GIT_COMMIT", "unknown")
+    """The commit of the tree that ran (report.git_commit: $KILN_GIT_COMMIT, else HEAD, '-dirty' when changed)."""
+    from benchmarks.report import git_commit
+
+    return git_commit(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def drive(args) -> int:

@@ -32,6 +32,9 @@ PYTHON="${PYTHON:-python3}"
 OUT_DIR="${OUT:-benchmarks/results/out}"
 mkdir -p "$OUT_DIR"
 commit="${KILN_GIT_COMMIT:-unknown}"
+if [ -z "${KILN_GIT_COMMIT:-}" ]; then  # the device's copy of the tree keeps an older .git: its HEAD is not this tree's
+    echo "gpu_verify.sh: KILN_GIT_COMMIT is not set: result files name the copy's git HEAD, marked -dirty" >&2
+fi
 case "${1:-checks}" in
 checks)
     {

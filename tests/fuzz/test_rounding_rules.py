@@ -397,3 +397,23 @@ def test_nan_signs_through_a_view_and_an_in_place_write_are_sensitive():
     off = every_nan_negative.clone()
     off[~torch.isnan(rounded)] ^= True  # every non-NaN element flipped: no NaN decides those
     assert classify(NAN_SIGN_THROUGH_VIEWS, [off])[0] == Outcome.WRONG
+
+
+# Seed 9311 #573 (minimized): eager's CPU layer_norm of two equal bfloat16 values is -9.5e-07, not 0, so all()
+# of it is True in eager, False in the exact math, and masked_fill_ rewrites the output in eager only.
+DECISION = make_program([InputSpec("x0", (1, 1), "float32", seed=764972017),
+                         InputSpec("x1", (2,), "int64", values="randint", low=-3, high=-2, seed=1913983955)],
+                        [("v0", "x0[((x1 + 0) % 3)]"), ("v3", "v0.movedim(0, 1)"), ("v5", "v3.bfloat16()"),
+                         ("v11", "F.layer_norm(v5, (2,))"), ("v12", "torch.all(v11, dim=(0, 1))"),
+                         ("v14", "v5.masked_fill_(v12, 3.0)")], ["v5"])
+
+
+def test_a_decision_eager_rounds_the_other_way_is_sensitive_where_kiln_is_the_exact_math():
+    expected, _ = eager_and_reference(DECISION)
+    make_inputs, _ = DECISION.load()
+    kiln_like = make_inputs()[0].expand(1, 2).bfloat16()  # the exact math: layer_norm is 0, all() False, no fill
+    assert torch.equal(expected[0], torch.full((1, 2), 3.0, dtype=torch.bfloat16))  # eager filled
+    outcome, message = classify(DECISION, [kiln_like])
+    assert outcome == Outcome.SENSITIVE and "v12" in message, message
+    # A value that is neither eager's nor the exact math's stays wrong, decision or not.
+    assert classify(DECISION, [kiln_like + 1])[0] == Outcome.WRONG
