@@ -41,7 +41,8 @@ from kiln.frontend.variables.functions import (BaseFunctionVariable, CellVariabl
                                                OpaqueFunctionVariable)
 from kiln.frontend.variables.objects import ClassVariable, ExceptionVariable, UserObjectVariable, bind_class_attribute
 from kiln.frontend.variables.tensor import TensorVariable
-from kiln.frontend.variables.torch_special import GradModeExit, GradModeVariable, NullContextVariable
+from kiln.frontend.variables.torch_special import (GradModeExit, GradModeVariable, InferenceModeVariable,
+                                                   NullContextVariable)
 
 MAX_INLINE_DEPTH = 64
 _GENERATOR_FLAGS = inspect.CO_GENERATOR
@@ -965,7 +966,10 @@ class ContextExitVariable(Variable):
             return codegen.constant(GradModeExit(manager.previous[-1]))
         if isinstance(manager, NullContextVariable):
             return codegen.constant(GradModeExit(None))
-        raise Unsupported(f"a graph break inside `with` {manager.describe()} (only grad-mode blocks can be resumed)")
+        if isinstance(manager, InferenceModeVariable) and manager.exit_object() is not None:
+            return codegen.constant(manager.exit_object())  # the entry enters it before the break (output.finish)
+        raise Unsupported(f"a graph break inside `with` {manager.describe()} (only grad-mode and inference-mode "
+                          "blocks can be resumed)")
 
 
 class SuperVariable(Variable):

@@ -82,6 +82,11 @@ class OutputGraph:
         self.guard_namespace: dict[str, Any] = {}
         self._names: set[str] = set()
         self._initial_grad = torch.is_grad_enabled()
+        # inference mode as the trace models it (the real mode is never switched while tracing): the tensors the
+        # graph makes inside a region are the program's inference tensors (node.meta["kiln_inference"])
+        self.inference_mode = torch.is_inference_mode_enabled()
+        self.inference_switched = False  # the trace entered or left a region: the entry handles the graph's outputs
+        self.open_inference: list = []  # torch_special.InferenceModeExit of the regions the trace entered, still open
         self._autocast_exits: list[Callable] = []
         self.compute_nodes = 0
         self.generators: list[Variable] = []  # every generator made by the trace (interpreter.GeneratorVariable)
@@ -129,6 +134,7 @@ class OutputGraph:
         if _torch.is_symbolic(tuple(fake.shape) + tuple(fake.stride()) + (fake.storage_offset(),)):
             self._bind_symbols(source, fake)
         node = self._placeholder(source.readable_name(), fake)
+        node.meta["kiln_inference"] = value.is_inference()
         self.guards.tensor_storage(source, value, fake, self.graph)
         variable = TensorVariable(node, fake, source, type(value))
         self.inputs.append((source, value, variable))
@@ -246,6 +252,8 @@ class OutputGraph:
         """Run `target` on fake tensors; a tensor (or None, i.e. in-place) result becomes a graph node."""
         node_args, fake_args = _convert_all(args)
         node_kwargs, fake_kwargs = _convert_all(kwargs)
+        if self.inference_switched and not self.inference_mode:
+            _check_inference_tensor_use(kind, target, node_args, node_kwargs, fake_args, fake_kwargs)
         try:
             with _torch.fake_tracing(self.fake_mode):
                 if kind == "call_method":
@@ -275,6 +283,12 @@ class OutputGraph:
         if result is None:
             return NONE
         if isinstance(result, torch.Tensor):
+            # made inside an inference-mode region: an inference tensor, except a view, which is one if its base is
+            # (the view's base is then among the op's tensor arguments)
+            if result._is_view():
+                node.meta["kiln_inference"] = any(_is_inference_node(base) for base in _view_bases(node))
+            else:
+                node.meta["kiln_inference"] = self.inference_mode
             return TensorVariable(node, result)
         if isinstance(result, (tuple, list)):
             items = []
@@ -297,6 +311,22 @@ class OutputGraph:
         node = self.graph.create_node("call_function", torch._C._set_grad_enabled, (enabled,))
         node.meta["example_value"] = None
         torch._C._set_grad_enabled(enabled)
+
+    def set_inference_mode(self, tx, enabled: bool, grad_after: bool) -> None:
+        """Enter or leave an inference-mode region for the rest of the trace: grad mode as the region sets it
+        (`grad_after`), and the mode the tensors made from here on are made in."""
+        if enabled != self.inference_mode:
+            self.inference_switched = True
+            self.guard_inference_mode()
+        self.inference_mode = enabled
+        if torch.is_grad_enabled() != grad_after:
+            self.set_grad_enabled(tx, grad_after)
+
+    def guard_inference_mode(self) -> None:
+        """Guard the inference mode the trace began in (the real one: the trace never switches it)."""
+        initial = torch.is_inference_mode_enabled()
+        self.guards.add(None, f"{self.guards.constant(torch.is_inference_mode_enabled)}() is not {initial}",
+                        f"inference mode changed from {initial}")
 
     def enter_autocast(self, autocast: torch.autocast) -> torch.fx.Node:
         args = (autocast.device, autocast.fast_dtype, autocast._enabled, autocast._cache_enabled)
@@ -353,6 +383,8 @@ class OutputGraph:
                                       "break; Python would run its cleanup (finally/__exit__) when it is dropped")
         if grad_at_end is not None and grad_at_end != self._initial_grad:
             ending.insert(0, f"{codegen.constant(torch._C._set_grad_enabled)}({grad_at_end})")
+        if tail is not None:  # a break inside inference-mode regions the trace entered: the program is in them now
+            ending[0:0] = [f"{codegen.constant(region)}.enter()" for region in self.open_inference]
         side_effect_lines = self.side_effects.codegen(codegen)
         self.graph.output(tuple(codegen.output_nodes))
         self._drop_unused_symbolic_nodes()
@@ -369,7 +401,16 @@ class OutputGraph:
         body: list[str] = []
         renderer = SourceRenderer([source for source, _, _ in self.inputs] + codegen.sources_used)
         input_texts = [renderer.render(source, body) for source, _, _ in self.inputs]
-        if compiled is not None:
+        if compiled is not None and self.inference_switched:
+            # The trace entered or left an inference-mode region: the graph runs outside inference mode, and each
+            # tensor it made inside a region becomes an inference tensor, as eager made it (a copy made in the mode).
+            made_inside = tuple(index for index, node in enumerate(codegen.output_nodes)
+                                if node.op != "placeholder" and node.meta.get("kiln_inference"))
+            body.append(f"with {codegen.constant(torch.inference_mode)}(False):")
+            body.append(f"    __outs = __compiled({', '.join(input_texts)}{',' if len(input_texts) == 1 else ''})")
+            if made_inside:
+                body.append(f"__outs = {codegen.constant(_as_inference_tensors)}(__outs, {made_inside!r})")
+        elif compiled is not None:
             body.append(f"__outs = __compiled({', '.join(input_texts)}{',' if len(input_texts) == 1 else ''})")
         else:
             body.append(f"__outs = ({', '.join(input_texts)}{',' if len(input_texts) == 1 else ''})")
@@ -383,6 +424,7 @@ class OutputGraph:
         body.extend(built)
         body.extend(replayed)
         body.extend(final_lines)
+        namespace.update(codegen.namespace)  # the constants the lines above named
         entry_source = "\n".join([f"def __entry({signature.text}):"] + ["    " + line for line in body])
         entry = compile_function(entry_source, "__entry", namespace, f"kiln_entry_{name}", stand_in)
         guard, guard_source = self.guards.build(signature, self.guard_namespace)
@@ -405,6 +447,53 @@ class OutputGraph:
         for node in reversed(list(self.graph.nodes)):
             if node.meta.get("kiln_symbolic") and not node.users:
                 self.graph.erase_node(node)
+
+
+def _is_inference_node(node: torch.fx.Node) -> bool:
+    return bool(node.meta.get("kiln_inference"))
+
+
+def _view_bases(node: torch.fx.Node) -> list[torch.fx.Node]:
+    """The tensor arguments a view node's base is among: its own, or, for one item of an op's several
+    outputs (`a.split(2)[0]`), that op's."""
+    if node.target is operator.getitem and not isinstance(node.args[0].meta.get("example_value"), torch.Tensor):
+        node = node.args[0]
+    return [arg for arg in node.all_input_nodes if isinstance(arg.meta.get("example_value"), torch.Tensor)]
+
+
+def _check_inference_tensor_use(kind: str, target: Any, node_args, node_kwargs, fake_args, fake_kwargs) -> None:
+    """Outside inference mode, eager refuses to update an inference tensor in place, or to save one for a
+    backward: an op that might do either, on an inference tensor the trace made in a region, runs the frame
+    eagerly (where Python raises, or not, as the program does)."""
+    nodes = [item for item in _flatten((node_args, node_kwargs)) if isinstance(item, torch.fx.Node)]
+    if not any(node.meta.get("kiln_inference") for node in nodes):
+        return
+    name = target if isinstance(target, str) else getattr(target, "__name__", "")
+    in_place = (name.endswith("_") and not name.startswith("__")) or target is operator.setitem or "out" in node_kwargs
+    records_grad = torch.is_grad_enabled() and any(
+        isinstance(item, torch.Tensor) and item.requires_grad for item in _flatten((fake_args, fake_kwargs)))
+    if in_place or records_grad:
+        raise Unsupported(f"{name}() on an inference tensor outside inference mode "
+                          f"({'in place' if in_place else 'with autograd recording'}): eager decides whether that "
+                          "raises", breakable=False)
+
+
+def _flatten(value: Any) -> list:
+    if isinstance(value, (list, tuple)):
+        return [leaf for item in value for leaf in _flatten(item)]
+    if isinstance(value, dict):
+        return [leaf for item in value.values() for leaf in _flatten(item)]
+    return [value]
+
+
+def _as_inference_tensors(outputs, indices: tuple[int, ...]) -> list:
+    """The graph's outputs with those at `indices` copied inside inference mode: inference tensors, as the
+    program made them inside its `torch.inference_mode()` region."""
+    outputs = list(outputs)
+    with torch.inference_mode():
+        for index in indices:
+            outputs[index] = outputs[index].clone()
+    return outputs
 
 
 _NUMBER_OPERATORS = frozenset({operator.add, operator.sub, operator.mul, operator.floordiv, operator.mod,

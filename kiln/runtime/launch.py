@@ -33,6 +33,7 @@ Under the interpreter (CPU), kernels are always launched through Triton.
 """
 from __future__ import annotations
 
+import builtins
 import functools
 import traceback as _traceback
 import types
@@ -121,7 +122,8 @@ def _fast_launcher(kernel, name: str, pointer_count: int, int_count: int, conste
 
     current_device, current_stream = _torch.cuda_stream_functions() or (driver.active.get_current_device,
                                                                          driver.active.get_current_stream)
-    namespace = {"compiled": {}, "first_launch": first_launch,
+    namespace = {"__builtins__": builtins,  # C functions it calls may run Python that reads the caller's builtins
+                 "compiled": {}, "first_launch": first_launch,
                  "slow_launch": _triton_launcher(kernel, name, constexprs, num_warps),
                  "runtime_knobs": knobs.runtime, "hooked": _hooked, "current_stream": current_stream,
                  "current_device": current_device,

@@ -224,9 +224,6 @@ def check_kiln_structure(program: BreakProgram, report, graphs: list, counts: di
 _SPECIALIZED = "a value that differs between the trace's calls (a new function or class object, a float) recompiles"
 KNOWN_GAPS = {
     "class_defined_in_function": _SPECIALIZED,
-    "inference_mode_around_a_break": ("inference_mode is not modelled: Dynamo puts _enter/_exit_inference_mode "
-                                      "in its graphs, but kiln's codegen backends do not honour them (through "
-                                      "Dynamo, `b.is_inference()` after such a region is False, eager's True)"),
 }
 
 

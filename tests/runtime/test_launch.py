@@ -271,3 +271,12 @@ def test_the_loader_compiles_static_cuda_kernels_ahead_once_each(monkeypatch):
         submitted.clear()
         loader._compile_ahead([source("k0", [sympy.Integer(8), sympy.Integer(4096)])])
         assert not submitted
+
+
+def test_the_launcher_runs_with_the_builtins(fake_driver):
+    """C functions the launcher calls may run Python that reads the calling frame's builtins: torch's
+    `_cuda_getDevice` on a machine without a GPU raised KeyError: '__builtins__' there, not its RuntimeError."""
+    import builtins
+
+    launch = _fast_launcher(_Kernel(), "k0", pointer_count=1, int_count=1, constexprs={"XBLOCK": 16}, num_warps=4)
+    assert launch.__globals__["__builtins__"] is builtins

@@ -34,7 +34,8 @@ from kiln.frontend.variables.functions import (BoundMethodVariable, LruCacheVari
 from kiln.frontend.variables.modules import ModuleVariable, PythonModuleVariable
 from kiln.frontend.variables.objects import ClassVariable, ContextVarVariable, UserObjectVariable
 from kiln.frontend.variables.tensor import TensorMethodVariable
-from kiln.frontend.variables.torch_special import GradModeExit, GradModeExitVariable, LoggerVariable
+from kiln.frontend.variables.torch_special import (GradModeExit, GradModeExitVariable, InferenceModeExit,
+                                                   InferenceModeExitVariable, LoggerVariable)
 
 
 def _guard_identity(guards, source, value: Any) -> None:
@@ -253,6 +254,11 @@ def _grad_mode_exit(tx, value: GradModeExit, source, guards) -> Variable:
     return GradModeExitVariable(value, source)
 
 
+def _inference_mode_exit(tx, value: InferenceModeExit, source, guards) -> Variable:
+    _guard_identity(guards, source, value)  # one per (mode, modes before it), never changed: its identity pins them
+    return InferenceModeExitVariable(value, source)
+
+
 def _random_generator(tx, value: random.Random, source, guards) -> Variable:
     raise Unsupported(f"{type(value).__module__}.{type(value).__qualname__}: Python's random number generator, whose "
                       "draws exist only when the program runs (kiln does not trace them; use torch's random "
@@ -305,6 +311,7 @@ KINDS = (
     (contextvars.ContextVar, _context_var),
     ((logging.Logger, logging.LoggerAdapter), _logger),
     (GradModeExit, _grad_mode_exit),
+    (InferenceModeExit, _inference_mode_exit),
     (random.Random, _random_generator),
     (object, _user_object),
 )

@@ -133,6 +133,8 @@ class TensorMethodVariable(Variable):
 
     def call(self, tx, args, kwargs) -> Variable:
         name = self.name
+        if name == "is_inference" and not args and not kwargs:
+            return ConstantVariable(bool(self.tensor.node.meta.get("kiln_inference")))
         if name in _DATA_DEPENDENT:
             raise Unsupported(f"Tensor.{name}() needs the tensor's data in Python (data-dependent)")
         if name in _METADATA_METHODS and not (name == "type" and (args or kwargs)):

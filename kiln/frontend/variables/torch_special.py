@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import threading
 import typing
 import warnings
 from typing import Any, Callable
@@ -67,6 +68,24 @@ def _set_grad_enabled(tx, args, kwargs):
 
 def _is_grad_enabled(tx, args, kwargs):
     return ConstantVariable(torch.is_grad_enabled())
+
+
+def _inference_mode(tx, args, kwargs):
+    """torch.inference_mode(mode=True)."""
+    mode = kwargs.get("mode", args[0] if args else ConstantVariable(True))
+    return InferenceModeVariable(bool(mode.as_constant()))
+
+
+def _is_inference_mode_enabled(tx, args, kwargs):
+    tx.output.guard_inference_mode()
+    return ConstantVariable(tx.output.inference_mode)
+
+
+def _is_inference(tx, args, kwargs):
+    """torch.is_inference(t), as t.is_inference()."""
+    if len(args) != 1 or kwargs or not isinstance(args[0], TensorVariable):
+        raise Unsupported("torch.is_inference() of other than one tensor")
+    return args[0].call_method(tx, "is_inference", [], {})
 
 
 def _autocast(tx, args, kwargs):
@@ -316,6 +335,9 @@ def _build_table() -> dict[Any, Callable]:
         torch.enable_grad: _grad_mode(True),
         torch.set_grad_enabled: _set_grad_enabled,
         torch.is_grad_enabled: _is_grad_enabled,
+        torch.inference_mode: _inference_mode,
+        torch.is_inference_mode_enabled: _is_inference_mode_enabled,
+        torch.is_inference: _is_inference,
         torch.autocast: _autocast,
         torch.amp.autocast: _autocast,
         torch.Size: _constant_call(torch.Size),
@@ -440,6 +462,100 @@ class GradModeExitVariable(Variable):
             raise Unsupported("a with-block exited by an exception")
         if self.value.previous is not None:
             tx.output.set_grad_enabled(tx, self.value.previous)
+        return ConstantVariable(False)
+
+
+class InferenceModeVariable(ContextManagerVariable):
+    """torch.inference_mode(mode): a region whose tensors are inference tensors, with grad mode off (on for
+    mode=False). The trace models it (`OutputGraph.set_inference_mode`); the real mode is switched only by an
+    entry function that breaks inside the region (`InferenceModeExit`)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.previous: list[tuple[bool, bool, "InferenceModeExit"]] = []
+
+    def describe(self) -> str:
+        return f"inference_mode({self.enabled})"
+
+    def python_type(self) -> type:
+        return torch.inference_mode
+
+    def enter(self, tx) -> Variable:
+        output = tx.output
+        region = InferenceModeExit.of(self.enabled, output.inference_mode, torch.is_grad_enabled())
+        self.previous.append((output.inference_mode, torch.is_grad_enabled(), region))
+        output.open_inference.append(region)
+        output.set_inference_mode(tx, self.enabled, grad_after=not self.enabled)
+        return NONE
+
+    def exit(self, tx) -> None:
+        if self.previous:
+            inference, grad, region = self.previous.pop()
+            tx.output.open_inference.remove(region)
+            tx.output.set_inference_mode(tx, inference, grad_after=grad)
+
+    def exit_object(self) -> "InferenceModeExit | None":
+        """The exit a resume function finds on its stack when the trace breaks inside this region."""
+        return self.previous[-1][2] if self.previous else None
+
+
+class InferenceModeExit:
+    """The real side of an inference-mode region a graph break left open. The breaking entry calls `enter()`
+    (the program is inside the region when the broken call and the resume function run); the resume function
+    finds the object where the block's `__exit__` was, and its entry calls it (after its graph) where the
+    block ends, or its handler does when an exception leaves the block.
+
+    One object per (mode, inference mode and grad mode before it): the entry holds it as a constant, so a
+    resume function's guard on its identity pins all three. What it entered is kept per thread, innermost last."""
+
+    _made: dict[tuple[bool, bool, bool], "InferenceModeExit"] = {}
+
+    def __init__(self, enabled: bool, inference_before: bool, grad_before: bool):
+        self.enabled = enabled
+        self.inference_before = inference_before
+        self.grad_before = grad_before
+        self._entered = threading.local()
+
+    @classmethod
+    def of(cls, enabled: bool, inference_before: bool, grad_before: bool) -> "InferenceModeExit":
+        key = (enabled, inference_before, grad_before)
+        if key not in cls._made:
+            cls._made[key] = cls(*key)
+        return cls._made[key]
+
+    def _stack(self) -> list:
+        if not hasattr(self._entered, "stack"):
+            self._entered.stack = []
+        return self._entered.stack
+
+    def enter(self) -> "InferenceModeExit":
+        context = torch.inference_mode(self.enabled)
+        context.__enter__()
+        self._stack().append(context)
+        return self
+
+    def __call__(self, exc_type=None, exc=None, traceback=None) -> bool:
+        self._stack().pop().__exit__(exc_type, exc, traceback)
+        return False
+
+
+class InferenceModeExitVariable(Variable):
+    def __init__(self, value: InferenceModeExit, source=None):
+        self.value = value
+        self.source = source
+
+    def describe(self) -> str:
+        return f"exit of an inference_mode({self.value.enabled}) block left open by a graph break"
+
+    def python_type(self) -> type:
+        return InferenceModeExit
+
+    def call(self, tx, args, kwargs) -> Variable:
+        if any(not (isinstance(arg, ConstantVariable) and arg.value is None) for arg in args):
+            raise Unsupported("an inference_mode block exited by an exception")
+        # the real mode is left after this entry's graph, in program order with its other effects
+        tx.output.side_effects.replay_call(self.value, [], {})
+        tx.output.set_inference_mode(tx, self.value.inference_before, grad_after=self.value.grad_before)
         return ConstantVariable(False)
 
 
