@@ -31,7 +31,8 @@ def inline_pointwise(graph: Graph, loop_dependent_ops: frozenset = frozenset()) 
     uses = buffer_uses(graph)
     kept = []
     for node in graph.nodes:
-        if isinstance(node, Pointwise) and _can_inline(node, uses.get(node.outputs[0], []), loop_dependent_ops):
+        if isinstance(node, Pointwise) and _can_inline(node, uses.get(node.outputs[0], []), loop_dependent_ops,
+                                                       graph.buffers):
             consumers = _unique(user for user, _ in uses[node.outputs[0]])
             new_bodies = {id(consumer): substitute_loads(consumer.body, node) for consumer in consumers}
             if all(len(body.ops) <= config.max_fusion_ops for body in new_bodies.values()):
@@ -68,7 +69,7 @@ def _unique(items):
     return result
 
 
-def _can_inline(node: Pointwise, uses: list, loop_dependent_ops: frozenset) -> bool:
+def _can_inline(node: Pointwise, uses: list, loop_dependent_ops: frozenset, buffers: dict) -> bool:
     if not uses or len(node.outputs) != 1:
         return False
     if any(kind != "load" for _, kind in uses):
@@ -86,9 +87,20 @@ def _can_inline(node: Pointwise, uses: list, loop_dependent_ops: frozenset) -> b
     # Read by several consumers: each recomputes it. Cheap when the body is small and reads
     # little; a body that reads many buffers (a layer norm's output: x, mean, rstd, weight,
     # bias) would make every consumer read them all, and a residual stream inlined layer
-    # after layer grows without bound, so it is written to memory once instead.
-    distinct_reads = {op.buffer for op in node.body.reads()}
-    return len(node.body.ops) <= config.inline_max_ops and len(distinct_reads) <= config.inline_max_reads
+    # after layer grows without bound, so it is written to memory once instead. Only reads of
+    # buffers as large as the node count: a scalar or a per-row value (nll_loss's backward reads
+    # its target, mask and two scalars beside its [rows, vocab] output) stays in cache.
+    full_reads = {op.buffer for op in node.body.reads() if not _smaller_than(buffers.get(op.buffer), node.ranges)}
+    return len(node.body.ops) <= config.inline_max_ops and len(full_reads) <= config.inline_max_reads
+
+
+def _smaller_than(buffer, ranges) -> bool:
+    """Whether `buffer` provably has fewer elements than a loop over `ranges` (it is read broadcast)."""
+    elements = sympy.prod(ranges)
+    if buffer is None or elements == 0:
+        return False
+    ratio = sympy.simplify(buffer.layout.numel / elements)
+    return ratio.is_number and bool(ratio < 1)
 
 
 def _recomputes_expensive_work(node: Pointwise, consumers: list) -> bool:
