@@ -73,6 +73,7 @@ class WrapperGenerator:
         self.symbols = _symbol_sources(self.graph)
         self.referenced_symbols: set = set()  # every symbol a line of the wrapper reads (`py` adds them)
         self.index_status_kernels: dict = {}  # index-error flag's name -> the kernels that set it
+        self.cuda_allocators: dict = {}  # wrapper name -> CUDA device index (runtime/support.py cuda_allocator)
 
     def py(self, expr) -> str:
         expr = sympy.sympify(expr)
@@ -115,6 +116,7 @@ class WrapperGenerator:
         used_symbols = self._used_symbols() | {symbol for symbol in self.referenced_symbols if symbol in self.symbols}
         body[bindings:bindings] = [f"{symbol} = {self.symbols[symbol]}" for symbol in sorted(used_symbols, key=str)
                                    if str(symbol) not in input_names]
+        body[bindings:bindings] = [f"{name} = cuda_allocator({index})" for name, index in self.cuda_allocators.items()]
         if scratch is not None:
             body = (["_scratch = _arena.acquire()", "try:"] + ["    " + line for line in body]
                     + ["finally:", "    _arena.release(_scratch)"])
@@ -169,7 +171,7 @@ class WrapperGenerator:
 
     def _header(self, module: ModuleSource) -> list[str]:
         lines = ["# kiln generated wrapper", "import torch", "from kiln.runtime.support import empty_strided, "
-                 "empty_strided_huge, restride, view_at, cdiv, flatten_result as _flatten_result, raise_index_error", ""]
+                 "cuda_allocator, empty_strided_huge, restride, view_at, cdiv, flatten_result as _flatten_result, raise_index_error", ""]
         return lines
 
     def _allocate(self, allocation) -> str:
@@ -182,6 +184,11 @@ class WrapperGenerator:
         strides = self.py_tuple(buffer.layout.stride)
         if allocation.kind == HUGE:
             return f"{buffer_name} = empty_strided_huge({sizes}, {strides}, {buffer.dtype})"
+        if buffer.device.type == "cuda":
+            index = buffer.device.index if buffer.device.index is not None else 0
+            allocator = f"_empty_cuda{index}"
+            self.cuda_allocators[allocator] = index
+            return f"{buffer_name} = {allocator}({sizes}, {strides}, {buffer.dtype})"
         return (f"{buffer_name} = empty_strided({sizes}, {strides}, device='{buffer.device}', "
                 f"dtype={buffer.dtype})")
 

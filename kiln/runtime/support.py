@@ -7,6 +7,17 @@ from kiln import _torch
 from kiln.runtime.host_memory import empty_strided_huge  # noqa: F401 (generated wrappers import it)
 
 empty_strided = torch.empty_strided
+_EMPTY_ON_CURRENT_CUDA = _torch.empty_strided_on_current_device("cuda")
+
+
+def cuda_allocator(index: int):
+    """What a wrapper calls, as `alloc(size, stride, dtype)`, for this call's buffers on cuda:<index>:
+    torch's C++ allocator for the current device when that is the buffers' device (the usual case;
+    checked once per call, not once per buffer), else torch.empty_strided naming the device."""
+    if _EMPTY_ON_CURRENT_CUDA is not None and torch.cuda.current_device() == index:
+        return _EMPTY_ON_CURRENT_CUDA
+    device = torch.device("cuda", index)
+    return lambda size, stride, dtype: torch.empty_strided(size, stride, dtype=dtype, device=device)
 
 
 def cdiv(numerator: int, denominator: int) -> int:

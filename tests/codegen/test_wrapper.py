@@ -31,3 +31,39 @@ def test_extern_arguments_without_a_python_literal_are_bound_by_name():
     value = torch.randn(5)
     (result,) = compiled([value])
     assert torch.equal(result, torch.sin(value))
+
+
+def test_cuda_buffers_come_from_the_allocator_bound_once_per_call():
+    """A CUDA graph's wrapper binds one allocator per device at the top of the call and allocates
+    every buffer through it (torch's C++ `_empty_strided_cuda` when the device is current)."""
+    from kiln.ir import Body, Pointwise
+    from kiln.ir.indexing import range_vars
+
+    layout = Layout((sympy.Integer(8),), (sympy.Integer(1),))
+    device = torch.device("cuda", 0)
+    x, hidden, out = (Buffer(name, device, torch.float32, layout) for name in ("arg0", "buf0", "buf1"))
+    (i0,) = range_vars(1)
+    nodes = []
+    for source, target in ((x, hidden), (hidden, out)):
+        body = Body()
+        body.store(target, [i0], body.emit("sin", (body.load(source, [i0]),), torch.float32))
+        nodes.append(Pointwise(f"node{len(nodes)}", [sympy.Integer(8)], body, [target.name]))
+    graph = Graph(inputs=[GraphInput("tensor", "x", buffer=x)], buffers={b.name: b for b in (x, hidden, out)},
+                  nodes=nodes, outputs=[TensorArg("buf1", layout)])
+    scheduled = schedule_graph(graph)
+    wrapper = generate_wrapper(scheduled, plan_memory(scheduled)).wrapper
+    assert wrapper.count("_empty_cuda0 = cuda_allocator(0)") == 1
+    assert "_empty_cuda0((8, ), (1, ), torch.float32)" in wrapper
+    assert "empty_strided((8" not in wrapper
+
+
+def test_cuda_allocator_takes_the_fast_path_only_on_the_current_device(monkeypatch):
+    from kiln.runtime import support
+
+    made = []
+    monkeypatch.setattr(support, "_EMPTY_ON_CURRENT_CUDA", lambda size, stride, dtype: made.append("fast"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch, "empty_strided", lambda size, stride, dtype, device: made.append(str(device)))
+    support.cuda_allocator(1)((4,), (1,), torch.float32)
+    support.cuda_allocator(0)((4,), (1,), torch.float32)
+    assert made == ["fast", "cuda:0"]
