@@ -171,7 +171,9 @@ class WrapperGenerator:
 
     def _header(self, module: ModuleSource) -> list[str]:
         lines = ["# kiln generated wrapper", "import torch", "from kiln.runtime.support import empty_strided, "
-                 "cuda_allocator, empty_strided_huge, restride, view_at, cdiv, flatten_result as _flatten_result, raise_index_error", ""]
+                 "empty_strided_huge, restride, view_at, cdiv, flatten_result as _flatten_result, raise_index_error", ""]
+        if self.cuda_allocators:
+            lines.insert(-1, "from kiln.runtime.support import cuda_allocator")
         return lines
 
     def _allocate(self, allocation) -> str:
