@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sympy
+import torch
 
 from kiln.config import config
 from kiln.ir import Body, Extern, Graph, LoopNode, Op, Pointwise, TensorArg, range_vars
@@ -72,7 +73,11 @@ def _unique(items):
 def _can_inline(node: Pointwise, uses: list, loop_dependent_ops: frozenset, buffers: dict) -> bool:
     if not uses or len(node.outputs) != 1:
         return False
-    if any(kind != "load" for _, kind in uses):
+    if any(kind not in ("load", "masked_load") for _, kind in uses):
+        return False
+    if any(kind == "masked_load" for _, kind in uses) and any(op.name == "check_index" for op in node.body.ops):
+        # inlined under a mask, its loads read 0 in masked lanes; an index computed from those
+        # (an offset subtracted) could fail its check in a lane whose value nothing uses
         return False
     consumers = _unique(user for user, _ in uses)
     if _recomputes_expensive_work(node, consumers):
@@ -131,17 +136,30 @@ def substitute_loads(body: Body, producer: LoopNode) -> Body:
             # The consumer's index, its `ind<k>` renumbered into `new` first: the producer's loop
             # variables then stand for expressions over `new`'s values only.
             index = [_renumbered(expr, mapping, {}) for expr in op.index]
-            mapping[position] = _copy_producer(new, producer.body, dict(zip(loop_vars, index)))
+            mask = mapping[op.operands[0]] if op.operands else None
+            value = _copy_producer(new, producer.body, dict(zip(loop_vars, index)), mask)
+            if mask is not None:  # a masked load reads 0 where its mask is false: so does its inlined copy
+                value = new.emit("where", (mask, value, new.constant(0, op.dtype)), op.dtype)
+            mapping[position] = value
         else:
             mapping[position] = _copy_op(new, op, mapping, {})
     return new
 
 
-def _copy_producer(new: Body, producer_body: Body, substitution: dict) -> int:
+def _copy_producer(new: Body, producer_body: Body, substitution: dict, mask: int | None = None) -> int:
+    """The producer's computation appended to `new`; under `mask` (the consumer's load was masked)
+    every load of the producer is masked too, so no lane the consumer leaves out reads memory."""
     local: dict[int, int] = {}
     for position, op in enumerate(producer_body.ops):
         if op.name == "store":
             return local[op.operands[0]]
+        if mask is not None and op.name == "load":
+            own = [local[operand] for operand in op.operands]
+            combined = mask if not own else new.emit("logical_and", (mask, own[0]), torch.bool)
+            index = tuple(_renumbered(expr, local, substitution) for expr in op.index)
+            new.ops.append(Op("load", (combined,), op.dtype, op.buffer, index, op.attr))
+            local[position] = len(new.ops) - 1
+            continue
         local[position] = _copy_op(new, op, local, substitution)
     raise AssertionError("pointwise body without a store")
 

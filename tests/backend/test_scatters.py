@@ -2,7 +2,9 @@
 
 slice_scatter, select_scatter and a scatter with one index per row are pointwise choices between
 base and source, so they fuse: a slice's backward (slice_scatter into zeros, added to other
-gradients) and nll_loss's backward (scatter into zeros) run as kernels, not as ATen copies.
+gradients) and nll_loss's backward (scatter into zeros) run as kernels, not as ATen copies. The
+forward's partner, cat (rotate_half), reads its parts under masks: kiln/schedule/inline.py inlines
+them there, so the rotary embedding is one kernel too.
 """
 from __future__ import annotations
 
@@ -146,3 +148,21 @@ def test_nll_loss_backward_runs_without_scatter_externs():
         (grad,) = torch.autograd.grad(loss, logits)
     (want,) = torch.autograd.grad(F.cross_entropy(logits, target), logits)
     torch.testing.assert_close(grad, want)
+
+
+def test_rotate_half_runs_as_one_kernel():
+    """Llama's rotary embedding: cat of a negated half and a half, read under masks; the negation is
+    inlined into the cat (its load masked), so q * cos + rotate_half(q) * sin is one kernel."""
+    def fn(q, cos, sin):
+        half = q.shape[-1] // 2
+        rotated = torch.cat((-q[..., half:], q[..., :half]), dim=-1)
+        return (q * cos + rotated * sin,)
+
+    q = torch.randn(2, 4, 16, 64, dtype=torch.bfloat16)
+    cos, sin = torch.randn(16, 64), torch.randn(16, 64)
+    graphs = []
+    with kiln.config.patch(strict=True):
+        aot_compile(torch.fx.symbolic_trace(fn), [q, cos, sin],
+                    lambda gm, inputs: graphs.append(compile_aten_graph(gm, inputs)) or graphs[-1])
+    assert [graph.kernel_count for graph in graphs] == [1]
+    _check(fn, q, cos, sin, lowered=False)

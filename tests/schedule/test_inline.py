@@ -60,3 +60,39 @@ def test_a_producer_reading_many_full_buffers_is_written_once():
     reads = [_buffer(name, (ROWS, COLS)) for name in ("a", "b", "c", "d")]
     graph = inline_pointwise(_graph(reads))
     assert [node.name for node in graph.nodes] == ["producer", "use1", "use2"]
+
+
+def _masked_graph(producer_ops):
+    """A producer `made` = f(x) read by one consumer under a mask (i1 < 500), as cat and pad read."""
+    x, made, out = _buffer("x", (ROWS, COLS)), _buffer("made", (ROWS, COLS)), _buffer("out", (ROWS, COLS))
+    body = Body()
+    value = producer_ops(body, body.load(x, [I0, I1]))
+    body.store(made, [I0, I1], value)
+    producer = Pointwise("producer", [sympy.Integer(ROWS), sympy.Integer(COLS)], body, ["made"])
+    use = Body()
+    inside = use.emit("lt", (use.index_expr(I1), use.index_expr(sympy.Integer(500))), torch.bool)
+    loaded = use.load(made, [I0, I1], mask=inside)
+    use.store(out, [I0, I1], use.emit("where", (inside, loaded, use.constant(1.0, torch.float32)), torch.float32))
+    consumer = Pointwise("use", [sympy.Integer(ROWS), sympy.Integer(COLS)], use, ["out"])
+    return Graph(buffers={b.name: b for b in (x, made, out)}, nodes=[producer, consumer],
+                 outputs=[TensorArg("out", out.layout)])
+
+
+def test_a_producer_read_under_a_mask_is_inlined_with_its_loads_masked():
+    graph = inline_pointwise(_masked_graph(lambda body, x: body.emit("neg", (x,), torch.float32)))
+    assert [node.name for node in graph.nodes] == ["use"]
+    ops = graph.nodes[0].body.ops
+    (load,) = [op for op in ops if op.name == "load"]
+    assert load.buffer == "x" and load.operands, "the inlined load of x must carry the consumer's mask"
+    # masked lanes of the consumer's load read 0, as the load it replaces did
+    assert [op.name for op in ops].count("where") == 2
+
+
+def test_a_producer_with_an_index_check_is_not_inlined_under_a_mask():
+    """Its loads would read 0 in masked lanes, and an index computed from 0 may fail its check there."""
+    def gather_position(body, x):
+        position = body.emit("to_dtype", (x,), torch.int64)
+        return body.emit("to_dtype", (body.check_index(position, sympy.Integer(COLS)),), torch.float32)
+
+    graph = inline_pointwise(_masked_graph(gather_position))
+    assert [node.name for node in graph.nodes] == ["producer", "use"]
