@@ -101,11 +101,12 @@ def _can_inline(node: Pointwise, uses: list, loop_dependent_ops: frozenset, buff
 
 def _smaller_than(buffer, ranges) -> bool:
     """Whether `buffer` provably has fewer elements than a loop over `ranges` (it is read broadcast)."""
-    elements = sympy.prod(ranges)
-    if buffer is None or elements == 0:
+    if buffer is None:
         return False
-    ratio = sympy.simplify(buffer.layout.numel / elements)
-    return ratio.is_number and bool(ratio < 1)
+    numel, elements = buffer.layout.numel, sympy.prod(ranges)
+    if numel.is_Integer and elements.is_Integer:  # static shapes: no symbolic algebra on the hot path
+        return int(numel) < int(elements)
+    return bool((numel - elements).is_negative)  # symbolic: only what sympy proves (sizes are positive)
 
 
 def _recomputes_expensive_work(node: Pointwise, consumers: list) -> bool:
