@@ -152,6 +152,15 @@ class CompiledGraph:
         self._call, self._first_call = self._fallback, False
 
 
+def python_binding(op):
+    """What the wrapper calls for an extern of `op`: torch's own Python binding where one takes the
+    overload's arguments as the wrapper passes them (kiln/runtime/support.py PYTHON_BINDINGS), else
+    the OpOverload."""
+    from kiln.runtime.support import PYTHON_BINDINGS
+
+    return PYTHON_BINDINGS.get(op, op)
+
+
 def load_module(module_source, *, mode: str = "default", scheduled=None, name: str = "", fallback=None,
                 strict: bool = False) -> CompiledGraph:
     """The CompiledGraph of `module_source` (kiln/codegen/wrapper.py's ModuleSource): its kernels
@@ -159,7 +168,7 @@ def load_module(module_source, *, mode: str = "default", scheduled=None, name: s
     and externs into the namespace its wrapper runs in."""
     namespace = dict(module_source.backend.load_kernels(module_source.kernel_sources))
     namespace.update(module_source.constants)
-    namespace.update(module_source.externs)
+    namespace.update({name: python_binding(op) for name, op in module_source.externs.items()})
     _execute(module_source.wrapper, "wrappers", namespace)
     return CompiledGraph(namespace["call"], module_source, scheduled, name=name, fallback=fallback, strict=strict,
                          index_status=[namespace[name] for name in module_source.index_status])

@@ -20,6 +20,19 @@ def cuda_allocator(index: int):
     return lambda size, stride, dtype: torch.empty_strided(size, stride, dtype=dtype, device=device)
 
 
+# Externs called through torch's own Python bindings rather than the OpOverload (runtime/loader.py
+# python_binding): the same ATen kernel, without OpOverload.__call__'s Python frame and its
+# schema-driven argument conversion; a transformer's training step calls a product 170 times. Each
+# binding takes the overload's arguments as the wrapper passes them: tensors positionally, beta and
+# alpha by keyword, out= for an .out overload.
+PYTHON_BINDINGS = {
+    _torch.aten.mm.default: torch.mm, _torch.aten.mm.out: torch.mm,
+    _torch.aten.bmm.default: torch.bmm, _torch.aten.bmm.out: torch.bmm,
+    _torch.aten.addmm.default: torch.addmm, _torch.aten.addmm.out: torch.addmm,
+    _torch.aten.baddbmm.default: torch.baddbmm, _torch.aten.baddbmm.out: torch.baddbmm,
+}
+
+
 def cdiv(numerator: int, denominator: int) -> int:
     return -(-numerator // denominator)
 

@@ -67,3 +67,26 @@ def test_cuda_allocator_takes_the_fast_path_only_on_the_current_device(monkeypat
     support.cuda_allocator(1)((4,), (1,), torch.float32)
     support.cuda_allocator(0)((4,), (1,), torch.float32)
     assert made == ["fast", "cuda:0"]
+
+
+def test_product_externs_run_through_torchs_own_bindings():
+    """aten.mm runs as torch.mm (no OpOverload frame per call), with the same result; the module
+    source still names the op (explain and the graph cache read it)."""
+    a_layout = Layout((sympy.Integer(3), sympy.Integer(4)), (sympy.Integer(4), sympy.Integer(1)))
+    b_layout = Layout((sympy.Integer(4), sympy.Integer(5)), (sympy.Integer(5), sympy.Integer(1)))
+    out_layout = Layout((sympy.Integer(3), sympy.Integer(5)), (sympy.Integer(5), sympy.Integer(1)))
+    a, b = (Buffer(name, torch.device("cpu"), torch.float32, layout)
+            for name, layout in (("arg0", a_layout), ("arg1", b_layout)))
+    out = Buffer("buf0", torch.device("cpu"), torch.float32, out_layout)
+    extern = Extern("node0", torch.ops.aten.mm.default, (TensorArg("arg0", a_layout), TensorArg("arg1", b_layout)),
+                    {}, ["buf0"], 0)
+    graph = Graph(inputs=[GraphInput("tensor", "a", buffer=a), GraphInput("tensor", "b", buffer=b)],
+                  buffers={"arg0": a, "arg1": b, "buf0": out}, nodes=[extern], outputs=[TensorArg("buf0", out_layout)])
+    scheduled = schedule_graph(graph)
+    module = generate_wrapper(scheduled, plan_memory(scheduled))
+    compiled = load_module(module)
+    assert module.externs["node0"] is torch.ops.aten.mm.default
+    assert compiled._call.__globals__["node0"] is torch.mm
+    x, y = torch.randn(3, 4), torch.randn(4, 5)
+    (result,) = compiled([x, y])
+    assert torch.equal(result, torch.mm(x, y))
