@@ -104,7 +104,9 @@ def _fast_launcher(kernel, name: str, pointer_count: int, int_count: int, conste
 
     from kiln import _torch
 
-    code = _launcher_code(pointer_count, int_count, len(constexprs)).replace(  # named for profiles and tracebacks
+    hook_chains = all(hasattr(hook, "calls") for hook in (knobs.runtime.launch_enter_hook,
+                                                          knobs.runtime.launch_exit_hook))
+    code = _launcher_code(pointer_count, int_count, len(constexprs), hook_chains).replace(  # named for profiles
         co_name=f"launch_{name}", co_qualname=f"launch_{name}", co_filename=f"<kiln launcher {name}>")
 
     def first_launch(grid_x, *args):
@@ -148,9 +150,12 @@ def _driver_launch(launcher) -> Callable:
 
 
 @functools.lru_cache(maxsize=None)
-def _launcher_code(pointer_count: int, int_count: int, constexpr_count: int) -> types.CodeType:
+def _launcher_code(pointer_count: int, int_count: int, constexpr_count: int, hook_chains: bool = False
+                   ) -> types.CodeType:
     """The code of a launcher for kernels of this many pointers, ints and constexprs (which it reads as
-    the globals c0, c1, ...): compiled once per signature, not once per kernel (a graph has hundreds)."""
+    the globals c0, c1, ...): compiled once per signature, not once per kernel (a graph has hundreds).
+    `hook_chains`: Triton keeps its launch hooks in HookChains (3.6), whose hook lists the launcher
+    reads inline, rather than calling `_hooked` twice per launch."""
     pointers = [f"p{k}" for k in range(pointer_count)]
     ints = [f"s{k}" for k in range(int_count)]
     params = ", ".join(["grid_x"] + pointers + ints)
@@ -158,6 +163,8 @@ def _launcher_code(pointer_count: int, int_count: int, constexpr_count: int) -> 
     key_parts += [f"{s} == 1, {s} & 15, {s} > 0x7FFFFFFF" for s in ints]
     key = "(" + "".join(part + ", " for part in key_parts) + ")"
     call_args = ", ".join(pointers + ints + [f"c{k}" for k in range(constexpr_count)])
+    hooks_set = ("runtime_knobs.launch_enter_hook.calls or runtime_knobs.launch_exit_hook.calls" if hook_chains
+                 else "hooked(runtime_knobs.launch_enter_hook) or hooked(runtime_knobs.launch_exit_hook)")
     source = f"""
 def launch({params}):
     key = {key}
@@ -166,7 +173,7 @@ def launch({params}):
         compiled[key] = first_launch(grid_x, {', '.join(pointers + ints)})
         return
     launch, function, metadata, cooperative, pdl = entry
-    if hooked(runtime_knobs.launch_enter_hook) or hooked(runtime_knobs.launch_exit_hook):
+    if {hooks_set}:
         slow_launch(grid_x, {', '.join(pointers + ints)})  # a profiler's hooks want Triton's own path
     else:
         launch(grid_x, 1, 1, current_stream(current_device()), function, cooperative, pdl, None, None, metadata,
