@@ -103,7 +103,7 @@ def _smaller_than(buffer, ranges) -> bool:
     """Whether `buffer` provably has fewer elements than a loop over `ranges` (it is read broadcast)."""
     if buffer is None:
         return False
-    numel, elements = buffer.layout.numel, sympy.prod(ranges)
+    numel, elements = sympy.sympify(buffer.layout.numel), sympy.sympify(sympy.prod(ranges))  # prod([]) is int 1
     if numel.is_Integer and elements.is_Integer:  # static shapes: no symbolic algebra on the hot path
         return int(numel) < int(elements)
     return bool((numel - elements).is_negative)  # symbolic: only what sympy proves (sizes are positive)

@@ -96,3 +96,20 @@ def test_a_producer_with_an_index_check_is_not_inlined_under_a_mask():
 
     graph = inline_pointwise(_masked_graph(gather_position))
     assert [node.name for node in graph.nodes] == ["producer", "use"]
+
+
+def test_a_zero_dim_producer_is_judged_too():
+    """A 0-dim node (no ranges: its element count is the int 1) reading a 0-dim buffer (fuzz seed 9401 #49)."""
+    scalar, made, out = _buffer("s", ()), _buffer("made", ()), _buffer("out", ())
+    body = Body()
+    body.store(made, [], body.emit("neg", (body.load(scalar, []),), torch.float32))
+    use = Body()
+    loaded = use.load(made, [])
+    use.store(out, [], use.emit("add", (loaded, use.load(made, [])), torch.float32))
+    second = Body()
+    second.store(_buffer("out2", ()), [], second.load(made, []))
+    graph = Graph(buffers={b.name: b for b in (scalar, made, out, _buffer("out2", ()))},
+                  nodes=[Pointwise("producer", [], body, ["made"]), Pointwise("use", [], use, ["out"]),
+                         Pointwise("use2", [], second, ["out2"])],
+                  outputs=[TensorArg("out", out.layout), TensorArg("out2", out.layout)])
+    assert [node.name for node in inline_pointwise(graph).nodes] == ["use", "use2"]
