@@ -630,5 +630,8 @@ def compile_function(source_text: str, name: str, namespace: dict, filename: str
 
 
 def _short(value: Any) -> str:
-    text = getattr(value, "__qualname__", None) or type(value).__name__
+    # A class's or function's own name; any other object is named by its type, never through getattr on the
+    # object (a module's own __getattr__ may answer any name with anything).
+    text = value.__qualname__ if isinstance(value, (type, types.FunctionType, types.BuiltinFunctionType)) else None
+    text = text if isinstance(text, str) and text else type(value).__name__
     return text if len(text) < 60 else text[:57] + "..."

@@ -656,6 +656,38 @@ def test_getattribute_setattr_and_getattr_fallback_on_a_new_object():
     check(_mapped, X)
 
 
+class _Forwarding(torch.nn.Module):
+    """A wrapper that forwards unknown attributes to the model it wraps (PEFT's LoraModel, for one), with a
+    property over a submodule and a default for names neither has."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    @property
+    def weight(self):
+        return self.model.weight
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)  # parameters, buffers, submodules
+        except AttributeError:
+            if name == "model":
+                raise
+            return getattr(self.model, name, 0.5)
+
+    def forward(self, x):
+        return x @ self.weight.T + self.bias + self.missing, self.in_features
+
+
+def test_a_modules_own_getattr_is_traced_not_a_break():
+    torch.manual_seed(0)
+    wrapper = _Forwarding(torch.nn.Linear(4, 3))
+    compiled = check(wrapper, X)
+    wrapper.model.bias = torch.nn.Parameter(torch.ones(3))  # through the submodule's table: a guarded read
+    _equal(compiled(X), wrapper(X))
+
+
 class _Scaled:
     factor = 2
 

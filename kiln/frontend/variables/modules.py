@@ -77,6 +77,10 @@ class ModuleVariable(Variable):
                 getattr(torch.nn.Module, name):
             return TrackerMethod(self, name)  # nn.Module's own: read from the module tree, under guards
         if _falls_back(self.value, name):
+            fallback, _ = lookup_class_attribute(type(self.value), "__getattr__")
+            if fallback is not _MODULE_GETATTR:  # the class's own __getattr__ (forwarding to a wrapped model, say)
+                return bind_class_attribute(tx, fallback, "__getattr__", self, type(self.value),
+                                            _type_source(self)).call(tx, [ConstantVariable(name)], {})
             return self._table_lookup(tx, name)
         return object_getattr(tx, self, self.value, name)
 
@@ -252,6 +256,9 @@ def _module_tables(module: torch.nn.Module) -> set[str]:
     for table in ("_parameters", "_buffers", "_modules"):
         names.update(module.__dict__.get(table, {}).keys())
     return names
+
+
+_MODULE_GETATTR = torch.nn.Module.__getattr__
 
 
 def _falls_back(module: torch.nn.Module, name: str) -> bool:
