@@ -494,3 +494,22 @@ def backend_tracing(mode: FakeTensorMode):
     from torch._guards import TracingContext, tracing
 
     return tracing(TracingContext(mode))
+
+
+def active_ddp_bucket_caps() -> tuple[int, int] | None:
+    """(first bucket's byte cap, other buckets' byte cap) of the DistributedDataParallel whose forward is
+    running (DDP sets `_active_ddp_module` around its call of the wrapped module), or None outside one."""
+    if not torch.distributed.is_available():
+        return None
+    from torch.nn.parallel import DistributedDataParallel
+
+    ddp = DistributedDataParallel._get_active_ddp_module()
+    cap = getattr(ddp, "bucket_bytes_cap", None)
+    if not isinstance(cap, int) or cap <= 0:
+        return None
+    config = getattr(ddp, "_bucket_config", None)  # torch 2.13; 2.11 keeps the first cap as a module default
+    first = getattr(config, "first_bucket_bytes_cap", None)
+    if not isinstance(first, int):
+        first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES if getattr(ddp, "bucket_bytes_cap_default", False) \
+            else cap
+    return min(first, cap), cap

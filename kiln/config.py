@@ -121,6 +121,9 @@ OPTIONS = [
     Option("conv_layout_training", bool, False, "training graphs' 2-D convolutions take channels-last operands too, "
            "where conv_layout says so (kiln/aot/layouts.py channels_last_training_convs: before AOTAutograd's joint "
            "trace); off: on the H200 at 3786325 it made ResNet-50 training slower, 29.70 ms a step against 24.11"),
+    Option("ddp_split", bool, True, "a graph traced inside DistributedDataParallel's forward is compiled as one piece "
+           "per gradient bucket, so each bucket's all-reduce overlaps the rest of the backward (kiln/frontend/ddp.py); "
+           "off: one graph, whose gradients are all ready at the end of its backward"),
     Option("parallel_compile", bool, True, "a graph's CUDA kernels are compiled in parallel when it loads, before "
            "their first launch (kiln/runtime/launch.py compile_ahead); off: each compiles at its first launch"),
     Option("cudagraph_invalidate", bool, True, "mode='reduce-overhead': a result still referenced at the next call is "

@@ -35,7 +35,8 @@ import torch
 import torch.fx
 
 from kiln import _torch
-from kiln.frontend import graph_reuse
+from kiln.config import config
+from kiln.frontend import ddp, graph_reuse
 from kiln.frontend.dynamic import DynamicPolicy
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.guards import FrameSignature, GuardBuilder, SourceRenderer, compile_function
@@ -436,6 +437,11 @@ class OutputGraph:
         symbolic inputs, passed as Dynamo passes them: inside a TracingContext with the trace's fake mode,
         so the backend's own tracing shares its symbols and adds its guards to its ShapeEnv."""
         example_inputs = [value for _, value, _ in self.inputs]
+        caps = _torch.active_ddp_bucket_caps() if config.ddp_split and torch.is_grad_enabled() else None
+        if caps is not None and not self.guards.has_symbolic_inputs():  # traced inside DDP's forward
+            split = ddp.compile_split(self.graph_compiler, graph_module, example_inputs, caps)
+            if split is not None:
+                return split
         if not self.guards.has_symbolic_inputs():
             # the policy is one per cached code object: a recompile of the same frame compiles anew
             return graph_reuse.compile_or_reuse(self.graph_compiler, graph_module, example_inputs, owner=self.dynamic)

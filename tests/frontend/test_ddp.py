@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 import kiln
+from kiln.backend import graph_compiler
 from kiln.debug.explain import ExplainReport, _recording
 
 pytestmark = pytest.mark.skipif(not dist.is_available(), reason="torch.distributed is not built")
@@ -52,3 +53,84 @@ def test_ddp_model_is_compiled_and_matches_eager_ddp(process_group):
     assert "forward" not in compiled_model.__dict__  # the module is left as it was
     # torch.compile's key layout (`_orig_mod.` first), which torch.distributed.checkpoint relies on
     assert compiled.state_dict().keys() == torch.compile(ddp, backend="eager").state_dict().keys()
+
+
+def _blocks():
+    torch.manual_seed(0)
+    layers = [torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU()) for _ in range(4)]
+    return torch.nn.Sequential(*layers, torch.nn.Linear(64, 4))
+
+
+@pytest.mark.parametrize("split", [True, False], ids=["split", "whole"])
+@pytest.mark.parametrize("form", ["compile_ddp", "ddp_of_compiled"])
+def test_a_graph_inside_ddp_is_split_at_its_buckets(process_group, form, split):
+    """With 20 KB buckets (a layer is 16.6 KB), the graph is compiled in pieces, and DDP sends the last layers'
+    bucket while the first layer's gradient is still to be computed: the all-reduce overlaps the backward.
+    Whole (ddp_split off), no bucket is sent before the backward is over. Either way, eager DDP's parameters."""
+    reference, model = _blocks(), _blocks()
+    eager = torch.nn.parallel.DistributedDataParallel(reference, bucket_cap_mb=0.02)
+    graphs = []
+
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_compiler("aot_eager")(graph_module, example_inputs)
+
+    inner = kiln.compile(model, backend=backend) if form == "ddp_of_compiled" else model
+    ddp = torch.nn.parallel.DistributedDataParallel(inner, bucket_cap_mb=0.02)
+    compiled = kiln.compile(ddp, backend=backend) if form == "compile_ddp" else ddp
+    sent_early = []
+
+    def hook(state, bucket):
+        sent_early.append(model[0][0].weight.grad is None)
+        future = torch.futures.Future()
+        future.set_result(bucket.buffer())
+        return future
+
+    ddp.register_comm_hook(None, hook)
+    optimizers = [torch.optim.SGD(reference.parameters(), lr=0.1), torch.optim.SGD(model.parameters(), lr=0.1)]
+    report = ExplainReport()
+    with kiln.config.patch(ddp_split=split):
+        for _ in range(3):
+            x = torch.randn(8, 64)
+            for optimizer in optimizers:
+                optimizer.zero_grad()
+            eager(x).square().sum().backward()
+            with _recording(report):
+                loss = compiled(x).square().sum()
+            loss.backward()
+            for optimizer in optimizers:
+                optimizer.step()
+    for mine, theirs in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(mine, theirs)
+    assert report.frames and not report.eager_frames and not report.breaks
+    assert len(graphs) == (2 if split else 1)
+    assert any(sent_early) == split, sent_early
+
+
+def _traced(program):
+    graph_module = torch.fx.symbolic_trace(program)
+    for node in graph_module.graph.nodes:  # the trace's metadata, as kiln's frontend records it
+        node.meta["example_value"] = (torch.empty(2, 4), torch.empty(2, 4)) if node.target == "split" else \
+            torch.empty(0)
+    return graph_module
+
+
+def test_a_cut_a_non_tensor_would_cross_is_dropped():
+    """ddp.plan with 1-byte buckets: a cut between two products, unless split's tuple would cross it."""
+    from kiln.frontend import ddp as ddp_split
+
+    inputs = [torch.randn(2, 8), torch.nn.Parameter(torch.randn(8, 8)), torch.nn.Parameter(torch.randn(8, 8))]
+
+    def tensors_cross(x, w0, w1):
+        return torch.mm(torch.mm(x, w0).relu(), w1)
+
+    pieces = ddp_split.plan(_traced(tensors_cross), inputs, first_cap=1, cap=1)
+    assert [(piece.start, piece.stop, piece.parameter_bytes) for piece in pieces] == [(0, 2, 256), (2, 3, 256)]
+    assert [node.name for node in pieces[1].inputs] == ["relu", "w1"]
+
+    def a_tuple_crosses(x, w0, w1):
+        halves = torch.mm(x, w0).split(4, dim=1)
+        return torch.mm(halves[0].repeat(1, 2), w1) + halves[1].sum()
+
+    pieces = ddp_split.plan(_traced(a_tuple_crosses), inputs, first_cap=1, cap=1)
+    assert [(piece.start, piece.stop, piece.parameter_bytes) for piece in pieces] == [(0, 8, 512)]
