@@ -513,3 +513,15 @@ def active_ddp_bucket_caps() -> tuple[int, int] | None:
         first = torch.distributed._DEFAULT_FIRST_BUCKET_BYTES if getattr(ddp, "bucket_bytes_cap_default", False) \
             else cap
     return min(first, cap), cap
+
+
+def count_aot_autograd_call() -> None:
+    """Tell TorchDynamo that a graph went through AOTAutograd, as torch's own AOT backends do.
+
+    Dynamo's DDPOptimizer (torch.compile of a DDP model, split at its buckets) asks AOTAutograd for a
+    compiled piece whose first call returns fake outputs (`fakify_first_call`), makes that first call
+    itself while compiling, and knows AOTAutograd ran by this counter only: left unchanged, the user's
+    first step got the leftover fake outputs (`Please convert all Tensors to FakeTensors first`)."""
+    from torch._dynamo.utils import counters
+
+    counters["aot_autograd"]["total"] += 1

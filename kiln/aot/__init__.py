@@ -49,7 +49,9 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
 
     inference = functools.partial(boxed, compile_one=compile_inference or compile_aten, inference=True)
     with compile_lock:
-        return _torch.aot_module_simplified(gm, example_inputs, fw_compiler=boxed,
-                                            bw_compiler=functools.partial(boxed, forward=False),
-                                            inference_compiler=inference, decompositions=decomposition_table(),
-                                            partition_fn=_torch.partition_function(config.partitioner))
+        compiled = _torch.aot_module_simplified(gm, example_inputs, fw_compiler=boxed,
+                                                bw_compiler=functools.partial(boxed, forward=False),
+                                                inference_compiler=inference, decompositions=decomposition_table(),
+                                                partition_fn=_torch.partition_function(config.partitioner))
+    _torch.count_aot_autograd_call()
+    return compiled

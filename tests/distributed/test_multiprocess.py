@@ -223,14 +223,9 @@ def test_ddp_of_kiln_compiled_model_with_several_buckets(workers):
     _check_compiled(results)
 
 
-@pytest.mark.xfail(strict=True, raises=WorkerFailure, reason=(
-    "kiln bug: with 2+ buckets TorchDynamo's DDPOptimizer compiles each piece with TracingContext.fakify_first_call "
-    "set, so AOTAutograd makes the compiled forward's first call return the FakeTensor outputs of the trace; "
-    "DDPOptimizer consumes that call at compile time only when counters['aot_autograd']['total'] grew, which "
-    "torch's aot_autograd backend wrapper counts and kiln/aot aot_compile (aot_module_simplified directly) does "
-    "not: the first training step gets a FakeTensor ('Please convert all Tensors to FakeTensors first ...')"))
 def test_torch_compile_of_ddp_with_several_buckets(workers):
-    """TorchDynamo's DDPOptimizer splits the graph at the buckets' boundaries; kiln compiles each piece."""
+    """TorchDynamo's DDPOptimizer splits the graph at the buckets' boundaries; kiln compiles each piece (it
+    failed the first step with a FakeTensor until kiln/aot counted its AOTAutograd calls for Dynamo)."""
     results = workers("ddp_torch_compile_small_buckets")
     _check_buckets(results, 2)
     _check_matches_eager(results)
