@@ -38,6 +38,7 @@ from kiln.frontend.guards import FrameSignature
 from kiln.frontend.interpreter import BreakHere, Frame
 from kiln.frontend.output import OutputGraph
 from kiln.frontend.sources import ClosureCellSource, LocalSource, NamedSource
+from kiln.frontend.variables.modules import untraceable_hooks
 from kiln.frontend.variables.functions import CellVariable
 from kiln.runtime.locks import compile_lock
 
@@ -142,6 +143,9 @@ class Dispatcher:
             bound_self, fn = fn, _call_module
         self.fn = fn
         self.bound_self = bound_self
+        # a module's call: its hooks are checked at each call (kiln cannot trace FSDP2's: ForwardCompiled)
+        self._module = bound_self if fn is _call_module and isinstance(bound_self, torch.nn.Module) else None
+        self._forward_compiled = None
         self.graph_compiler = graph_compiler
         self.fullgraph = fullgraph
         self.caches: dict[types.CodeType, CodeCache] = {}
@@ -182,6 +186,8 @@ class Dispatcher:
             kwdefaults.get(name, _MISSING) is not value for name, value in self._traced_kwdefault_values))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self._module is not None and untraceable_hooks(self._module) is not None:
+            return self._call_with_forward_compiled(args, kwargs)
         if self.bound_self is not None:
             args = (self.bound_self, *args)
         if self._function_changed():
@@ -192,6 +198,14 @@ class Dispatcher:
             if entry.guard(*args, **kwargs) is None:
                 return entry.entry(*args, **kwargs)
         return self._miss(args, kwargs)
+
+    def _call_with_forward_compiled(self, args: tuple, kwargs: dict) -> Any:
+        if self._forward_compiled is None:
+            self._forward_compiled = wrapped_calls.ForwardCompiled(self.callee_factory())
+            if config.log_enabled("graph_breaks"):
+                log.warning("kiln: %s runs its hooks in Python (%s), its forward compiled", self._name(),
+                            untraceable_hooks(self._module))
+        return self._forward_compiled(self._module, *args, **kwargs)
 
     def call_function(self, fn: types.FunctionType, *args: Any, **kwargs: Any) -> Any:
         """`fn(*args, **kwargs)` for a function that runs as this dispatcher's does except for its closure
@@ -219,6 +233,11 @@ class Dispatcher:
     @property
     def entries(self) -> list[CacheEntry]:
         return self._cache.entries
+
+    @property
+    def forward_dispatchers(self) -> list:
+        """A module's call whose hooks run in Python (ForwardCompiled): the dispatchers of its forward."""
+        return list(self._forward_compiled.dispatchers()) if self._forward_compiled is not None else []
 
     def _miss(self, args: tuple, kwargs: dict, fn: types.FunctionType | None = None) -> Any:
         if fn is not None:  # a closure: the guards and entries take it, and an eager run calls it

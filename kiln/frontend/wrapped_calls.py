@@ -111,3 +111,46 @@ class _CompiledFunction:
 
     def __get__(self, instance, owner=None):  # bound as the function would be
         return self if instance is None else types.MethodType(self, instance)
+
+
+class ForwardCompiled:
+    """A module whose hooks kiln cannot trace (`untraceable_hooks`: FSDP2's forward hooks, registered with
+    kwargs, or backward hooks): its call runs nn.Module's machinery in Python, hooks and all, and the
+    forward that machinery calls is compiled on its own, as TorchDynamo runs torch.nn's call frames and
+    compiles the forward frame they start. (Tracing the module's call would give up on the whole frame.)
+
+    For the length of the call the module's instance attribute `forward` is the compiled forward (nn.Module's
+    call reads `self.forward`), then it is restored, as kiln.compile(DDP(model)) does for DDP's module."""
+
+    _ABSENT = object()
+
+    def __init__(self, callee_dispatcher: Callable):
+        self.callee_dispatcher = callee_dispatcher  # makes a function's dispatcher (Dispatcher.callee_factory())
+        self._dispatchers: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()  # forward function -> its own
+
+    def dispatchers(self) -> list:
+        return list(self._dispatchers.values())
+
+    def __call__(self, module: torch.nn.Module, *args, **kwargs):
+        state = module.__dict__
+        own = state.get("forward", self._ABSENT)
+        function = own if own is not self._ABSENT else getattr(type(module), "forward", None)
+        if not isinstance(function, types.FunctionType):  # a partial, a callable object: as Python runs it
+            return torch.nn.Module.__call__(module, *args, **kwargs)
+        dispatcher = self._dispatchers.get(function)
+        if dispatcher is None:
+            dispatcher = self._dispatchers[function] = self.callee_dispatcher(function)
+
+        def forward(*forward_args, **forward_kwargs):
+            if own is not self._ABSENT:  # an instance's own forward takes no module
+                return dispatcher(*forward_args, **forward_kwargs)
+            return dispatcher(module, *forward_args, **forward_kwargs)
+
+        state["forward"] = forward
+        try:
+            return torch.nn.Module.__call__(module, *args, **kwargs)
+        finally:
+            if own is self._ABSENT:
+                state.pop("forward", None)
+            else:
+                state["forward"] = own

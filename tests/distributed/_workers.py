@@ -177,8 +177,13 @@ def _result(model, losses, reference, expected_losses, facts) -> dict:
 
 
 def _entries_compiled(compiled_module) -> bool:
-    entries = list(compiled_module._compiled_call.entries)
-    return bool(entries) and all(entry.graph_module is not None for entry in entries)
+    dispatcher = compiled_module._compiled_call
+    entries = list(dispatcher.entries)
+    for forward in getattr(dispatcher, "forward_dispatchers", []):  # FSDP2's hooks run in Python, forward compiled
+        entries += forward.entries
+    # none runs its frame eagerly (a frame that breaks before any tensor work, at a sharded block's call, holds no
+    # graph of its own: its resume functions do, and the facts count their graphs)
+    return bool(entries) and all(entry.eager_reason is None for entry in entries)
 
 
 # ---------------------------------------------------------------- DDP

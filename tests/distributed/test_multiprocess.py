@@ -253,10 +253,6 @@ def test_fsdp2_of_kiln_compiled_blocks(workers, fsdp2):
     _check_compiled(results)
 
 
-@pytest.mark.xfail(strict=True, raises=NotCompiled, reason=(
-    "kiln's frontend does not trace forward pre-hooks registered with_kwargs=True (FSDP2's, kiln/frontend/"
-    "variables/modules.py _call_hooks_and_forward: Unsupported), so the whole model's frame runs eagerly: "
-    "0 graphs compiled (the result is eager's)"))
 def test_kiln_compile_of_fsdp2_model(workers, fsdp2):
     """kiln.compile(model) of a model fully_shard'ed block by block and whole."""
     results = workers("fsdp2_whole_model_sharded_first")
@@ -264,10 +260,6 @@ def test_kiln_compile_of_fsdp2_model(workers, fsdp2):
     _check_compiled(results)
 
 
-@pytest.mark.xfail(strict=True, raises=NotCompiled, reason=(
-    "kiln's frontend does not trace forward pre-hooks registered with_kwargs=True (FSDP2's): the model's forward "
-    "breaks at each sharded block's call and the blocks' frames run eagerly; only the head is compiled "
-    "(the result is eager's)"))
 def test_fsdp2_of_kiln_compiled_model(workers, fsdp2):
     """fully_shard of the blocks of a kiln-compiled model, then of the compiled model."""
     results = workers("fsdp2_whole_model_compiled_first")

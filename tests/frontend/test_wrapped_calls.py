@@ -150,3 +150,57 @@ def test_wav2vec2_trains_in_pieces_around_its_breaks():
         assert (got.grad is None) == (want.grad is None), name
         if want.grad is not None:
             torch.testing.assert_close(got.grad, want.grad, rtol=1e-3, atol=1e-4, msg=name)
+
+
+# --------------------------------------------------------------------------- hooks kiln cannot trace (ForwardCompiled)
+
+class _Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x, *, scale=1.0):
+        return torch.relu(self.linear(x)) * scale
+
+
+class _Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.first, self.second = _Block(), _Block()
+
+    def forward(self, x):
+        return self.second(self.first(x) + 1, scale=2.0).sum(-1)
+
+
+def _hook_kwargs(calls):
+    """A forward pre-hook registered with kwargs, as FSDP2 registers its own: it sees and may change them."""
+    def hook(module, args, kwargs):
+        calls.append(("pre", type(module).__name__, sorted(kwargs)))
+        return (args[0] * 3,), kwargs
+    return hook
+
+
+@pytest.mark.parametrize("where", ["root", "child"])
+def test_hooks_registered_with_kwargs_run_in_python_and_the_forward_is_compiled(where):
+    """FSDP2's shape: the module's call runs in Python (hooks with kwargs, a backward hook), its forward is
+    compiled on its own. Results, gradients and the hooks' calls are eager's; no frame runs eagerly."""
+    torch.manual_seed(0)
+    model, reference = _Model(), _Model()
+    reference.load_state_dict(model.state_dict())
+    calls, expected_calls = [], []
+    for module, log in ((model, calls), (reference, expected_calls)):
+        hooked = module if where == "root" else module.second
+        hooked.register_forward_pre_hook(_hook_kwargs(log), with_kwargs=True)
+        hooked.register_full_backward_hook(lambda module, grad_in, grad_out, log=log: log.append(("backward",)))
+    compiled, graphs = _compile(model)
+    x = torch.randn(3, 4)
+    for _ in range(2):
+        report = _eager_frames_and_breaks(lambda: compiled(x).sum().backward())
+        reference(x).sum().backward()
+        assert not report.eager_frames, report
+    assert calls == expected_calls and len(calls) == 4
+    for mine, theirs in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(mine.grad, theirs.grad)
+    assert graphs  # the forward (and, for a child, the model's frame around its call) compiled
+    assert "forward" not in model.__dict__ and "forward" not in model.second.__dict__  # left as found
+    assert len(compiled.forward_dispatchers) == (1 if where == "root" else 0)

@@ -291,14 +291,28 @@ def call_module(tx, module_variable: ModuleVariable, args: list[Variable], kwarg
         return _call_hooks_and_forward(tx, module_variable, args, kwargs)
 
 
+def untraceable_hooks(module: torch.nn.Module) -> str | None:
+    """What of the module's own hooks kiln cannot trace, or None: backward hooks, and forward hooks registered
+    with kwargs (FSDP2's). Such a module's call machinery runs in Python, with its forward compiled
+    (kiln/frontend/wrapped_calls.py ForwardCompiled)."""
+    state = module.__dict__
+    if state.get("_backward_hooks") or state.get("_backward_pre_hooks"):
+        return "backward hooks"
+    for table, what in (("_forward_pre_hooks", "forward pre-hooks"), ("_forward_hooks", "forward hooks")):
+        hooks, with_kwargs = state.get(table), state.get(table + "_with_kwargs")
+        if hooks and with_kwargs and any(hook_id in with_kwargs for hook_id in hooks):
+            return what + " with kwargs"
+    return None
+
+
 def _call_hooks_and_forward(tx, module_variable: ModuleVariable, args: list[Variable],
                             kwargs: dict[str, Variable]) -> Variable:
     module = module_variable.value
     guard_global_hooks(tx)
     source = module_variable.source
-    for table in ("_backward_hooks", "_backward_pre_hooks"):
-        if getattr(module, table, None):
-            raise Unsupported(f"backward hooks on {module_variable.describe()}")
+    untraceable = untraceable_hooks(module)
+    if untraceable is not None:  # a break: the call runs nn.Module's machinery in Python, its forward compiled
+        raise Unsupported(f"{untraceable} on {module_variable.describe()}")
     hook_tables = ("_forward_pre_hooks", "_forward_hooks", "_backward_hooks", "_backward_pre_hooks")
     if not any(getattr(module, table, None) for table in hook_tables):
         if source is not None:
@@ -310,8 +324,6 @@ def _call_hooks_and_forward(tx, module_variable: ModuleVariable, args: list[Vari
     if source is not None:
         tx.output.guards.keys(AttrSource(source, "_forward_pre_hooks"), tuple(pre_hooks))
     for hook_id, hook in pre_hooks.items():
-        if hook_id in getattr(module, "_forward_pre_hooks_with_kwargs", {}):
-            raise Unsupported("forward pre-hooks with kwargs")
         result = tx.wrap(hook, ItemSource(AttrSource(source, "_forward_pre_hooks"), hook_id) if source else None)\
             .call(tx, [module_variable, TupleVariable(args)], {})
         if not (isinstance(result, ConstantVariable) and result.value is None):
@@ -321,8 +333,6 @@ def _call_hooks_and_forward(tx, module_variable: ModuleVariable, args: list[Vari
     if source is not None:
         tx.output.guards.keys(AttrSource(source, "_forward_hooks"), tuple(hooks))
     for hook_id, hook in hooks.items():
-        if hook_id in getattr(module, "_forward_hooks_with_kwargs", {}):
-            raise Unsupported("forward hooks with kwargs")
         result = tx.wrap(hook, ItemSource(AttrSource(source, "_forward_hooks"), hook_id) if source else None)\
             .call(tx, [module_variable, TupleVariable(args), output], {})
         if not (isinstance(result, ConstantVariable) and result.value is None):
