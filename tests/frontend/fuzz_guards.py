@@ -209,6 +209,37 @@ INGREDIENTS: tuple[Ingredient, ...] = (
     Ingredient("dict argument", "y = y * opts['a']\nif 'c' in opts:\n    y = y - opts['c']",
                ("ARGS['opts'] = dict(ARGS['opts'], c=1.0)", "ARGS['opts']['a'] = 3.0", "del ARGS['opts']['b']",
                 "ARGS['opts'] = {'c': 2.0, 'a': 1.0}")),
+    Ingredient("forwarding module", "y = FW{i}(y) * FW{i}.gain",
+               ("FW{i}.model.gain = 3.0", "FW{i}.gain = -1.0", "del FW{i}.model.gain", "FW{i}.model = linear()",
+                "FW{i}.model.weight = torch.nn.Parameter(rand(3, 3))"),
+               setup=textwrap.dedent('''\
+                   class Forward{i}(torch.nn.Module):  # forwards unknown names to the model it wraps (PEFT's shape)
+                       def __init__(self, model):
+                           super().__init__()
+                           self.model = model
+                       def __getattr__(self, name):
+                           try:
+                               return super().__getattr__(name)
+                           except AttributeError:
+                               if name == "model":
+                                   raise
+                               return getattr(self.model, name, 0.5)
+                       def forward(self, t):
+                           return t @ self.weight.T + self.bias
+                   FW{i} = Forward{i}(linear())
+                   FW{i}.model.gain = 2.0'''),
+               state=("FW{i}",)),
+    Ingredient("hook with kwargs", "y = HK{i}(y)",
+               ("HANDLE{i}.remove()", "HK{i}.register_forward_pre_hook(lambda m, a, k: ((a[0] - 1,), k), "
+                "with_kwargs=True)", "HK{i}.register_forward_pre_hook(lambda m, a: (a[0] * 3,))",
+                "HK{i}.register_full_backward_hook(lambda m, gi, go: None)"),
+               setup="HK{i} = linear()\nHANDLE{i} = HK{i}.register_forward_pre_hook("
+                     "lambda m, a, k: ((a[0] * 2,), k), with_kwargs=True)",
+               state=("HK{i}",)),
+    # the branch reads the input, not a computed value: a sum that cancels to ~0 (after a batch norm) would take
+    # whichever side its rounding gives, in eager as in kiln
+    Ingredient("graph break", "if x.sum() > 0:\n    y = y + 1\nelse:\n    y = y - 1\ny = y * BK{i}",
+               ("ARGS['x'] = -ARGS['x']", "BK{i} = 3.0", "ARGS['x'] = ARGS['x'] + 100.0"), setup="BK{i} = 2.0"),
     Ingredient("list argument", "for v in seq:\n    y = y + v",
                ("ARGS['seq'].append(4.0)", "ARGS['seq'] = ARGS['seq'][:1]", "ARGS['seq'][0] = rand(3)",
                 "ARGS['seq'] = tuple(ARGS['seq'])")),

@@ -686,6 +686,35 @@ def test_a_modules_own_getattr_is_traced_not_a_break():
     compiled = check(wrapper, X)
     wrapper.model.bias = torch.nn.Parameter(torch.ones(3))  # through the submodule's table: a guarded read
     _equal(compiled(X), wrapper(X))
+    wrapper.missing = 2.0  # now found on the instance: __getattr__ is no longer asked (the guard fuzzer, seed 36)
+    _equal(compiled(X), wrapper(X))
+    _Forwarding.in_features = 7  # or on the class
+    try:
+        _equal(compiled(X), wrapper(X))
+    finally:
+        del _Forwarding.in_features
+
+
+class _Fallback:
+    def __getattr__(self, name):
+        return 1.5
+
+
+def _reads_through_getattr(x, holder):
+    return x * holder.factor
+
+
+def test_a_read_that_reached_getattr_is_guarded_to_still_reach_it():
+    holder = _Fallback()
+    compiled = check(_reads_through_getattr, X, holder)
+    holder.factor = 4.0
+    _equal(compiled(X, holder), X * 4.0)
+    del holder.factor
+    _Fallback.factor = -2.0
+    try:
+        _equal(compiled(X, holder), X * -2.0)
+    finally:
+        del _Fallback.factor
 
 
 class _Scaled:

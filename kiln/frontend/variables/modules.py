@@ -79,6 +79,7 @@ class ModuleVariable(Variable):
         if _falls_back(self.value, name):
             fallback, _ = lookup_class_attribute(type(self.value), "__getattr__")
             if fallback is not _MODULE_GETATTR:  # the class's own __getattr__ (forwarding to a wrapped model, say)
+                _guard_falls_back(tx, self.source, type(self.value), name)
                 return bind_class_attribute(tx, fallback, "__getattr__", self, type(self.value),
                                             _type_source(self)).call(tx, [ConstantVariable(name)], {})
             return self._table_lookup(tx, name)
@@ -259,6 +260,14 @@ def _module_tables(module: torch.nn.Module) -> set[str]:
 
 
 _MODULE_GETATTR = torch.nn.Module.__getattr__
+
+
+def _guard_falls_back(tx, source, cls: type, name: str) -> None:
+    """Guards that a read which reached `__getattr__` still does: the name is not set on the instance (`wrapper.gain =
+    -1.0` after a trace that forwarded `gain` to the wrapped model) nor on its class."""
+    if source is not None:
+        tx.output.guards.contains(AttrSource(source, "__dict__"), name, False)
+        tx.output.guards.has_attr(TypeSource(source), name, False)
 
 
 def _falls_back(module: torch.nn.Module, name: str) -> bool:

@@ -237,6 +237,10 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
         return tx.wrap(instance_dict, AttrSource(source, "__dict__") if source is not None else None)
     fallback, _ = lookup_class_attribute(cls, "__getattr__")
     if fallback is not MISSING:
+        if source is not None:  # the read reaches __getattr__ only while neither the instance nor its class has it
+            if isinstance(instance_dict, dict):
+                tx.output.guards.contains(AttrSource(source, "__dict__"), name, False)
+            tx.output.guards.has_attr(TypeSource(source), name, False)
         return bind_class_attribute(tx, fallback, "__getattr__", variable, cls,
                                     _class_source(tx, source)).call(tx, [ConstantVariable(name)], {})
     if source is not None:
