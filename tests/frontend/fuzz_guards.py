@@ -240,6 +240,48 @@ INGREDIENTS: tuple[Ingredient, ...] = (
     # whichever side its rounding gives, in eager as in kiln
     Ingredient("graph break", "if x.sum() > 0:\n    y = y + 1\nelse:\n    y = y - 1\ny = y * BK{i}",
                ("ARGS['x'] = -ARGS['x']", "BK{i} = 3.0", "ARGS['x'] = ARGS['x'] + 100.0"), setup="BK{i} = 2.0"),
+    Ingredient("generator with side effects", "for v in gen{i}(y, 3):\n    y = y + v",
+               ("GS{i} = 2.0", "GLOG{i}.clear()", "GLOG{i} = [9]"),
+               setup="GLOG{i} = []\nGS{i} = 1.0\ndef gen{i}(t, n):\n    for k in range(n):\n"
+                     "        GLOG{i}.append(k)\n        yield t * (k + GS{i})",
+               state=("GLOG{i}",)),
+    Ingredient("endless generator left early", "for k, v in enumerate(ggen{i}(y)):\n    if k == STOP{i}:\n"
+               "        break\n    y = y + v",
+               ("STOP{i} = 1", "STOP{i} = 4", "GLOG2{i}.clear()"),
+               setup="GLOG2{i} = []\nSTOP{i} = 2\ndef ggen{i}(t):\n    k = 0\n    while True:\n"
+                     "        GLOG2{i}.append(k)\n        yield t * k\n        k += 1",
+               state=("GLOG2{i}",)),
+    Ingredient("user context manager", "with CTX{i} as k{i}:\n    y = y * k{i}",
+               ("CTX{i}.k = -1.0", "EV{i}.clear()", "CTX{i} = Ctx{i}()", "Ctx{i}.__exit__ = lambda self, *e: "
+                "EV{i}.append('other')"),
+               setup="EV{i} = []\nclass Ctx{i}:\n    def __init__(self):\n        self.k = 2.0\n"
+                     "    def __enter__(self):\n        EV{i}.append('in')\n        return self.k\n"
+                     "    def __exit__(self, *exc):\n        EV{i}.append('out')\n        return False\nCTX{i} = Ctx{i}()",
+               state=("EV{i}",)),
+    Ingredient("caught KeyError", "try:\n    y = y * TRY{i}['k']\nexcept KeyError:\n    y = y + 1",
+               ("TRY{i}['k'] = 3.0", "TRY{i} = {'k': -2.0}", "TRY{i}['j'] = 1.0"), setup="TRY{i} = {}"),
+    Ingredient("NamedTuple global", "y = y * NTV{i}.a + NTV{i}.b",
+               ("NTV{i} = NTV{i}._replace(a=3.0)", "NTV{i} = NTT{i}(1.0, -1.0)", "NTV{i} = (5.0, 1.0)"),
+               setup="import typing\nclass NTT{i}(typing.NamedTuple):\n    a: float\n    b: float = 1.0\n"
+                     "NTV{i} = NTT{i}(2.0)"),
+    Ingredient("enum global", "if COL{i} is Color{i}.RED:\n    y = y * 2\nelse:\n    y = y * COL{i}.value",
+               ("COL{i} = Color{i}.BLUE", "COL{i} = 1"),
+               setup="import enum\nclass Color{i}(enum.Enum):\n    RED = 1\n    BLUE = 3\nCOL{i} = Color{i}.RED"),
+    Ingredient("lru_cache helper", "y = y * cached{i}(KC{i})",
+               ("KC{i} = 3", "cached{i}.cache_clear()", "CALLS{i}.clear()"),
+               setup="import functools\nCALLS{i} = []\nKC{i} = 2\n@functools.lru_cache\ndef cached{i}(n):\n"
+                     "    CALLS{i}.append(n)\n    return n * 2.0",
+               state=("CALLS{i}",)),
+    Ingredient("getattr fallback object", "y = y * FB{i}.factor",
+               ("FB{i}.factor = 4.0", "Fall{i}.factor = -2.0", "Fall{i}.__getattr__ = lambda self, name: 3.0"),
+               setup="class Fall{i}:\n    def __getattr__(self, name):\n        return 1.5\nFB{i} = Fall{i}()"),
+    Ingredient("partial global", "y = PF{i}(y)",
+               ("PF{i} = functools.partial(torch.add, other=1.0)", "PF{i}.keywords['other'] = 5.0"),
+               setup="import functools\nPF{i} = functools.partial(torch.mul, other=2.0)"),
+    Ingredient("mutates an object's attribute", "CNT{i}.n = CNT{i}.n + 1\ny = y + CNT{i}.n",
+               ("CNT{i}.n = 10", "CNT{i}.n = 0.5", "CNT{i} = Counter{i}()\nCNT{i}.n = 3\nCNTD{i} = CNT{i}.__dict__"),
+               setup="class Counter{i}:\n    pass\nCNT{i} = Counter{i}()\nCNT{i}.n = 0\nCNTD{i} = CNT{i}.__dict__",
+               state=("CNTD{i}",)),
     Ingredient("list argument", "for v in seq:\n    y = y + v",
                ("ARGS['seq'].append(4.0)", "ARGS['seq'] = ARGS['seq'][:1]", "ARGS['seq'][0] = rand(3)",
                 "ARGS['seq'] = tuple(ARGS['seq'])")),
@@ -357,6 +399,21 @@ def _agree(actual, eager, reference=None) -> str | None:
             actual.requires_grad != eager.requires_grad:
         return f"requires_grad {actual.requires_grad}, eager {eager.requires_grad}"
     return None
+
+
+def _commit() -> str:
+    """The checkout's commit, with '+changes' when the worktree differs from it."""
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown (no git)"
+    return head + ("+changes" if dirty else "")
 
 
 def _leaves(value) -> list:
@@ -487,6 +544,7 @@ def summary(outcomes: list[Outcome], seed: int, backend: str, seconds: float) ->
     lines = [f"# kiln guard fuzzer: {len(outcomes)} cases, seed {seed}, backend {backend}", "",
              f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
              f"- python {platform.python_version()}, torch {torch.__version__}, {seconds:.0f} s",
+             f"- kiln commit: {_commit()}",
              f"- command: python -m tests.frontend.fuzz_guards --cases {len(outcomes)} --seed {seed} "
              f"--backend {backend}", "",
              f"| passed | wrong answers | crashes | compiled (no fallback) | fell back to eager |",
