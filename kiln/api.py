@@ -104,23 +104,15 @@ class _DistributedCall:
     into the same parameters, so the reducer's hooks see them as in eager DDP.
     """
 
-    _ABSENT = object()
-
     def __init__(self, ddp: torch.nn.Module, compiled_forward: Callable):
         self.ddp = ddp
         self.compiled_forward = compiled_forward
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        inner = self.ddp.module
-        previous = inner.__dict__.get("forward", self._ABSENT)
-        inner.__dict__["forward"] = self.compiled_forward
-        try:
+        from kiln.frontend.wrapped_calls import forward_swapped
+
+        with forward_swapped(self.ddp.module, self.compiled_forward):
             return self.ddp(*args, **kwargs)
-        finally:
-            if previous is self._ABSENT:
-                inner.__dict__.pop("forward", None)
-            else:
-                inner.__dict__["forward"] = previous
 
     @property
     def entries(self):

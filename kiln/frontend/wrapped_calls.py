@@ -18,6 +18,7 @@ turn). A cell whose contents changed since the copy was made gets a new copy.
 """
 from __future__ import annotations
 
+import contextlib
 import types
 import weakref
 from typing import Callable
@@ -119,8 +120,8 @@ class ForwardCompiled:
     forward that machinery calls is compiled on its own, as TorchDynamo runs torch.nn's call frames and
     compiles the forward frame they start. (Tracing the module's call would give up on the whole frame.)
 
-    For the length of the call the module's instance attribute `forward` is the compiled forward (nn.Module's
-    call reads `self.forward`), then it is restored, as kiln.compile(DDP(model)) does for DDP's module."""
+    For the length of the call the module's instance attribute `forward` is the compiled forward
+    (`forward_swapped`, as kiln.compile(DDP(model)) does for DDP's module)."""
 
     _ABSENT = object()
 
@@ -146,11 +147,21 @@ class ForwardCompiled:
                 return dispatcher(*forward_args, **forward_kwargs)
             return dispatcher(module, *forward_args, **forward_kwargs)
 
-        state["forward"] = forward
-        try:
+        with forward_swapped(module, forward):
             return torch.nn.Module.__call__(module, *args, **kwargs)
-        finally:
-            if own is self._ABSENT:
-                state.pop("forward", None)
-            else:
-                state["forward"] = own
+
+
+@contextlib.contextmanager
+def forward_swapped(module: torch.nn.Module, forward: Callable):
+    """For the block's length the module's instance attribute `forward` is `forward` (nn.Module's call reads
+    `self.forward`: its hooks run around it), then the module's own is back, or none."""
+    state = module.__dict__
+    own = state.get("forward", ForwardCompiled._ABSENT)
+    state["forward"] = forward
+    try:
+        yield
+    finally:
+        if own is ForwardCompiled._ABSENT:
+            state.pop("forward", None)
+        else:
+            state["forward"] = own
