@@ -11,7 +11,8 @@ DDP fills its buckets with the parameters in reverse order of use: the first buc
 `first_bucket_bytes_cap` (1 MiB by default), holds the last parameters the forward uses. `plan`
 walks the graph backwards, adds each parameter the first time a node reads it, and ends a piece
 when the parameters read so far fill the bucket's cap. A cut that a non-tensor value would cross
-(a tuple, a number) is dropped: its two pieces stay one.
+(a tuple, a number, an autocast region's state), or inside a no_grad region, is dropped: its two
+pieces stay one.
 
 Each piece is an FX graph of its own, compiled by the graph compiler with example inputs: the
 frame's own tensors for graph inputs, and for values another piece computes, tensors of the
@@ -71,7 +72,8 @@ def plan(graph_module: torch.fx.GraphModule, example_inputs: list, first_cap: in
             cuts.append(position + 1)
             filled, limit = 0, cap
         filled += bytes_at.get(position, 0)
-    bounds = [0] + sorted(cuts) + [len(nodes)]
+    grad_at = _grad_mode_at(nodes)
+    bounds = [0] + sorted(cut for cut in cuts if grad_at[cut]) + [len(nodes)]
     pieces = [_piece(nodes, index, start, stop, bytes_at) for start, stop in zip(bounds, bounds[1:])]
     merged = pieces[:1]
     for piece in pieces[1:]:
@@ -80,6 +82,18 @@ def plan(graph_module: torch.fx.GraphModule, example_inputs: list, first_cap: in
         else:  # a tuple or a number would cross the cut: the two pieces stay one
             merged[-1] = _piece(nodes, index, merged[-1].start, piece.stop, bytes_at)
     return merged
+
+
+def _grad_mode_at(nodes: list) -> list[bool]:
+    """Per position, whether grad mode is on there as at the graph's start (a split traces with it on): a cut inside
+    a `torch.no_grad()` region would leave the region's end to another piece. (An autocast region's enter and exit
+    are joined by the value they pass, so no cut separates them.)"""
+    enabled, at = True, []
+    for node in nodes:
+        at.append(enabled)
+        if node.op == "call_function" and node.target is torch._C._set_grad_enabled:
+            enabled = bool(node.args[0])
+    return at + [enabled]
 
 
 def _piece(nodes: list, index: dict, start: int, stop: int, bytes_at: dict) -> Piece:

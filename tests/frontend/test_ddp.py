@@ -134,3 +134,24 @@ def test_a_cut_a_non_tensor_would_cross_is_dropped():
 
     pieces = ddp_split.plan(_traced(a_tuple_crosses), inputs, first_cap=1, cap=1)
     assert [(piece.start, piece.stop, piece.parameter_bytes) for piece in pieces] == [(0, 8, 512)]
+
+
+def test_no_cut_inside_a_no_grad_region():
+    """ddp.plan with 1-byte buckets: the product that fills the bucket is inside a no_grad region (the frontend's
+    _set_grad_enabled nodes), so the cut before it would leave the region's end to another piece: one piece."""
+    from kiln.frontend import ddp as ddp_split
+
+    graph = torch.fx.Graph()
+    x, w0, w1 = (graph.placeholder(name) for name in ("x", "w0", "w1"))
+    first = graph.call_function(torch.mm, (x, w0))
+    graph.call_function(torch._C._set_grad_enabled, (False,))
+    relu = graph.call_function(torch.relu, (first,))
+    second = graph.call_function(torch.mm, (relu, w1))
+    graph.call_function(torch._C._set_grad_enabled, (True,))
+    graph.output((second,))
+    graph_module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    for node in graph_module.graph.nodes:
+        node.meta["example_value"] = torch.empty(0)
+    inputs = [torch.randn(2, 8), torch.nn.Parameter(torch.randn(8, 8)), torch.nn.Parameter(torch.randn(8, 8))]
+    pieces = ddp_split.plan(graph_module, inputs, first_cap=1, cap=1)
+    assert [(piece.start, piece.stop) for piece in pieces] == [(0, 5)], pieces
