@@ -155,3 +155,41 @@ def test_no_cut_inside_a_no_grad_region():
     inputs = [torch.randn(2, 8), torch.nn.Parameter(torch.randn(8, 8)), torch.nn.Parameter(torch.randn(8, 8))]
     pieces = ddp_split.plan(graph_module, inputs, first_cap=1, cap=1)
     assert [(piece.start, piece.stop) for piece in pieces] == [(0, 5)], pieces
+
+
+def test_llama_default_config_trains_split_at_ddp_buckets(process_group):
+    """transformers' Llama (default config, tiny sizes; its rotary embedding's autocast region and causal mask
+    in the graph) under kiln.compile(DDP(m)) with 50 KB buckets: several pieces, eager DDP's losses and
+    parameters after 3 AdamW steps."""
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                                      num_attention_heads=4, num_key_value_heads=2, vocab_size=256)
+    torch.manual_seed(0)
+    reference = transformers.LlamaForCausalLM(config)
+    model = copy.deepcopy(reference)
+    graphs = []
+
+    def backend(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_compiler("aot_eager")(graph_module, example_inputs)
+
+    eager = torch.nn.parallel.DistributedDataParallel(reference, bucket_cap_mb=0.05)
+    compiled = kiln.compile(torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.05), backend=backend)
+    optimizers = [torch.optim.AdamW(reference.parameters(), lr=1e-3), torch.optim.AdamW(model.parameters(), lr=1e-3)]
+    report = ExplainReport()
+    for _ in range(3):
+        ids = torch.randint(0, 256, (2, 16))
+        for optimizer in optimizers:
+            optimizer.zero_grad()
+        expected = eager(input_ids=ids, labels=ids).loss
+        expected.backward()
+        with _recording(report):
+            loss = compiled(input_ids=ids, labels=ids).loss
+        loss.backward()
+        torch.testing.assert_close(loss, expected)
+        for optimizer in optimizers:
+            optimizer.step()
+    for mine, theirs in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
+    assert report.frames and not report.eager_frames and not report.breaks
+    assert len(graphs) >= 5, len(graphs)  # 260 KB of parameters in 50 KB buckets
