@@ -186,8 +186,6 @@ class Dispatcher:
             kwdefaults.get(name, _MISSING) is not value for name, value in self._traced_kwdefault_values))
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        if self._module is not None and untraceable_hooks(self._module) is not None:
-            return self._call_with_forward_compiled(args, kwargs)
         if self.bound_self is not None:
             args = (self.bound_self, *args)
         if self._function_changed():
@@ -240,6 +238,9 @@ class Dispatcher:
         return list(self._forward_compiled.dispatchers()) if self._forward_compiled is not None else []
 
     def _miss(self, args: tuple, kwargs: dict, fn: types.FunctionType | None = None) -> Any:
+        if self._module is not None and untraceable_hooks(self._module) is not None:
+            # hooks kiln cannot trace (an entry's guard checks the module has none): checked on a miss only
+            return self._call_with_forward_compiled(args[1:], kwargs)
         if fn is not None:  # a closure: the guards and entries take it, and an eager run calls it
             kwargs = {**kwargs, "__fn": fn}
         with compile_lock:
