@@ -9,8 +9,8 @@ the same for torch.compile.)
 
 DDP fills its buckets with the parameters in reverse order of use: the first bucket, capped at
 `first_bucket_bytes_cap` (1 MiB by default), holds the last parameters the forward uses. `plan`
-walks the graph backwards, adds each parameter the first time a node reads it, and ends a piece
-when the parameters read so far fill the bucket's cap. A cut that a non-tensor value would cross
+walks the graph backwards, counts each parameter at its last use in the forward (where the backward
+makes its gradient), and ends a piece when the parameters counted so far fill the bucket's cap. A cut that a non-tensor value would cross
 (a tuple, a number, an autocast region's state), or inside a no_grad region, is dropped: its two
 pieces stay one.
 
