@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=None, help="also copy the .md here")
     parser.add_argument("--profile-dir", default=None,
                         help="also run a third (warm) process under cProfile and write its first call's profile here")
+    parser.add_argument("--profile-cold", action="store_true",
+                        help="with --profile-dir: also a cold process (empty caches of its own) under cProfile, "
+                             "cold_first_call_<model>_<backend>.txt: where a cold first call's seconds go")
     args = parser.parse_args(argv)
     import torch
 
@@ -75,6 +78,13 @@ def main(argv: list[str] | None = None) -> int:
                     os.makedirs(args.profile_dir, exist_ok=True)
                     first_call(spec, cache_dir, args.timeout,
                                os.path.join(os.path.abspath(args.profile_dir), f"warm_first_call_{model}_{backend}.txt"))
+                    if args.profile_cold:
+                        cold_cache = tempfile.mkdtemp(prefix="kiln_cold_cache_")
+                        try:
+                            first_call(spec, cold_cache, args.timeout, os.path.join(
+                                os.path.abspath(args.profile_dir), f"cold_first_call_{model}_{backend}.txt"))
+                        finally:
+                            shutil.rmtree(cold_cache, ignore_errors=True)
             finally:
                 shutil.rmtree(cache_dir, ignore_errors=True)
             rows.append((model, backend, cold, warm))

@@ -50,3 +50,69 @@ def test_a_training_case_judges_its_loss_and_its_gradients_apart(monkeypatch):
 
     verdict = case.check_accuracy(None, Result(eager), Result(eager), "train")
     assert verdict["accuracy_ok"] and verdict["accuracy"] == "ok"
+
+
+def test_ddp_benchmark_trains_eager_and_kiln_on_one_and_two_ranks(tmp_path):
+    """benchmarks/ddp.py on the CPU (gloo): eager DDP and kiln.compile(DDP(model)) of the small Llama on 1 and 2
+    ranks, each case in processes of its own; the report has both world sizes, tokens/s and kiln's losses
+    within the float32 tolerance of eager's (about 40 s on 2 cores)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    command = [sys.executable, "-m", "benchmarks.ddp", "--small", "--device", "cpu", "--world-sizes", "1,2",
+               "--backends", "eager,kiln", "--steps", "2", "--warmup", "1", "--timeout", "240",
+               "--results-dir", str(tmp_path)]
+    done = subprocess.run(command, cwd=repo_root, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+    (json_path,) = tmp_path.glob("*_ddp-llama-compile-ddp-small_cpu.json")
+    assert json_path.with_suffix(".md").exists() and json_path.with_suffix(".log").exists()
+    document = json.loads(json_path.read_text())
+    assert document["environment"]["git_commit"] and document["environment"]["command"].startswith(
+        "python -m benchmarks.ddp --small")
+    cases = {(case["backend"], case["world_size"]): case for case in document["cases"]}
+    assert set(cases) == {("eager", 1), ("eager", 2), ("kiln", 1), ("kiln", 2)}
+    for (backend, world_size), case in cases.items():
+        assert case["status"] == "ok", case
+        assert case["tokens_per_s"] == world_size * 2 * 16 / (case["median_ms"] / 1000) > 0
+        assert case["peak_gib"] == [None] * world_size  # no CUDA allocator on a CPU
+        assert len(case["losses"]) == 4  # the first step, the warm-up step, the 2 timed steps
+    for world_size in (1, 2):
+        kiln_case = cases[("kiln", world_size)]
+        assert kiln_case["losses_ok"], kiln_case["loss_check"]
+        assert kiln_case["graphs"] == [1] * world_size and kiln_case["graph_breaks"] == [0] * world_size
+    assert "scaling_efficiency" in cases[("eager", 2)] and "scaling_efficiency" in cases[("kiln", 2)]
+    text = json_path.with_suffix(".md").read_text()
+    assert "| kiln DDP | 2 | ok |" in text and "scaling to 2 ranks" in text
+
+
+def test_ddp_benchmark_reports_a_failed_case_without_crashing():
+    """A rank that raised, and a case cut by its timeout, are rows of the report (the others are compared)."""
+    from benchmarks import ddp
+
+    def ok_rank(rank, losses, median_ms=10.0):
+        return {"status": "ok", "rank": rank, "batch": 2, "seq": 16, "median_ms": median_ms, "p20_ms": median_ms,
+                "p80_ms": median_ms, "first_step_s": 1.0, "peak_gib": None, "losses": losses}
+
+    eager = {"backend": "eager", "world_size": 2, **ddp.merge_ranks([ok_rank(0, [4.0, 3.0]), ok_rank(1, [4.1, 3.1])],
+                                                                     None, 60)}
+    kiln_case = {"backend": "kiln", "world_size": 2, **ddp.merge_ranks(
+        [ok_rank(0, [4.0, 3.5], 5.0), ok_rank(1, [4.1, 3.1], 8.0)], None, 60)}
+    failed = {"backend": "inductor", "world_size": 2, **ddp.merge_ranks(
+        [{"status": "error", "rank": 0, "error": "exit code -9: (no output)"},
+         {"status": "error", "rank": 1, "error": "AssertionError: First bucket should be smaller"}], "killed", 60)}
+    timed_out = {"backend": "kiln", "world_size": 1, **ddp.merge_ranks(
+        [{"status": "timeout", "rank": 0, "error": "exit code -9: (no output)"}], "timeout", 60)}
+    cases = [eager, failed, kiln_case, timed_out]
+    ddp.derive(cases, "float32")
+    assert kiln_case["median_ms"] == 8.0 and kiln_case["speedup"] == 1.25  # the slowest rank's step
+    assert kiln_case["losses_ok"] is False and "FAIL" in kiln_case["loss_check"]  # rank 0's 3.5 against 3.0
+    assert failed["status"] == "error" and failed["error"].startswith("rank 1: AssertionError")
+    assert timed_out["status"] == "timeout" and "killed after 60 s" in timed_out["error"]
+    plan = {"backends": ["eager", "inductor", "kiln"], "world_sizes": [1, 2], "form": "compile_ddp",
+            "device": "cpu", "kiln_backend": "kiln", "method": "test"}
+    env = {"date": "2026-12-04", "gpu": None, "cpu": "cpu", "cpu_count": 2, "git_commit": "abc", "command": "x"}
+    text = ddp.markdown(env, cases, plan, "test")
+    assert "**error**: rank 1: AssertionError" in text and "**timeout**" in text and "**losses FAIL**" in text
