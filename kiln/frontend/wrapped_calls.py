@@ -133,9 +133,14 @@ class ForwardCompiled:
         return list(self._dispatchers.values())
 
     def __call__(self, module: torch.nn.Module, *args, **kwargs):
-        state = module.__dict__
-        own = state.get("forward", self._ABSENT)
-        function = own if own is not self._ABSENT else getattr(type(module), "forward", None)
+        own = module.__dict__.get("forward", self._ABSENT)
+        # the function forward runs and what it is bound to: the class's (the module), an instance's own bound
+        # method (accelerate's patched forward: its receiver), an instance's own plain function (nothing)
+        function, receiver = getattr(type(module), "forward", None), module
+        if isinstance(own, types.MethodType):
+            function, receiver = own.__func__, own.__self__
+        elif own is not self._ABSENT:
+            function, receiver = own, None
         if not isinstance(function, types.FunctionType):  # a partial, a callable object: as Python runs it
             return torch.nn.Module.__call__(module, *args, **kwargs)
         dispatcher = self._dispatchers.get(function)
@@ -143,9 +148,9 @@ class ForwardCompiled:
             dispatcher = self._dispatchers[function] = self.callee_dispatcher(function)
 
         def forward(*forward_args, **forward_kwargs):
-            if own is not self._ABSENT:  # an instance's own forward takes no module
+            if receiver is None:
                 return dispatcher(*forward_args, **forward_kwargs)
-            return dispatcher(module, *forward_args, **forward_kwargs)
+            return dispatcher(receiver, *forward_args, **forward_kwargs)
 
         with forward_swapped(module, forward):
             return torch.nn.Module.__call__(module, *args, **kwargs)

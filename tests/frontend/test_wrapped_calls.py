@@ -204,3 +204,26 @@ def test_hooks_registered_with_kwargs_run_in_python_and_the_forward_is_compiled(
     assert graphs  # the forward (and, for a child, the model's frame around its call) compiled
     assert "forward" not in model.__dict__ and "forward" not in model.second.__dict__  # left as found
     assert len(compiled.forward_dispatchers) == (1 if where == "root" else 0)
+
+
+def test_hooks_with_kwargs_around_an_instances_own_bound_forward():
+    """accelerate patches `model.forward` with a bound method of its own; with FSDP2-style hooks the call runs in
+    Python and that forward is the one compiled."""
+    import types
+
+    torch.manual_seed(0)
+    model = _Block()
+    calls = []
+    model.register_forward_pre_hook(_hook_kwargs(calls), with_kwargs=True)
+
+    def patched(self, x, *, scale=1.0):
+        return _Block.forward(self, x, scale=scale) - 1
+
+    model.forward = types.MethodType(patched, model)
+    compiled, graphs = _compile(model)
+    x = torch.randn(3, 4)
+    report = _eager_frames_and_breaks(lambda: compiled(x))
+    torch.testing.assert_close(compiled(x), model(x))
+    assert not report.eager_frames and graphs and len(calls) == 3
+    assert [dispatcher.fn for dispatcher in compiled.forward_dispatchers] == [patched]
+    assert model.__dict__["forward"].__func__ is patched  # left as found
