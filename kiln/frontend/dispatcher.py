@@ -492,7 +492,7 @@ def capture_frame(output: OutputGraph, fn: types.FunctionType, signature: FrameS
     for name in code.co_cellvars:
         cells[name] = CellVariable(local_values.pop(name) if name in local_values else CellVariable.EMPTY)
     for index, (name, cell) in enumerate(zip(code.co_freevars, fn.__closure__ or ())):
-        cells[name] = CellVariable(real_cell=cell, source=ClosureCellSource(NamedSource("__fn"), index))
+        cells[name] = output.outside_cell(cell, ClosureCellSource(NamedSource("__fn"), index))
     frame = Frame(output, code, fn.__globals__, local_values, cells)
     broken = None
     try:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import operator
 import types
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -40,7 +40,8 @@ from kiln.frontend import ddp, graph_reuse
 from kiln.frontend.dynamic import DynamicPolicy
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.guards import FrameSignature, GuardBuilder, SourceRenderer, compile_function
-from kiln.frontend.sources import LocalSource, NamedSource, ScalarTensorSource, Source, TensorPropertySource
+from kiln.frontend.sources import (AttrSource, ClosureCellSource, ItemSource, LocalSource, NamedSource, ScalarTensorSource,
+                                   Source, TensorPropertySource)
 from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
 from kiln.frontend.variables.builtins import SetVariable
 from kiln.frontend.variables.containers import DictVariable, ListVariable, SliceVariable, TupleVariable
@@ -80,6 +81,7 @@ class OutputGraph:
         self.wrapped: dict[int, Variable] = {}
         self._keep_alive: list[Any] = []
         self.side_effects = SideEffects()
+        self.outside_cells: dict[int, Any] = {}  # id of a real closure cell -> its one tracker in this trace
         self.guard_namespace: dict[str, Any] = {}
         self._names: set[str] = set()
         self._initial_grad = torch.is_grad_enabled()
@@ -248,6 +250,21 @@ class OutputGraph:
             return TupleVariable(items, tuple_type=type(value))
         return self.symbolic_number(tx, value, lambda: self.symbolic_node(
             "call_method", method, (tensor.node, *args), value))
+
+    def outside_cell(self, cell, source: ClosureCellSource, pin: Callable | None = None):
+        """The tracker of a real closure cell: one per cell in a trace, however many functions it is read
+        through (a compiled closure and a helper it inlines share their enclosing function's cells), so a
+        `nonlocal` store through one is what a load through another sees. A second function's view of it is
+        guarded to stay the same cell object."""
+        from kiln.frontend.variables.functions import CellVariable
+
+        known = self.outside_cells.get(id(cell))
+        if known is None:
+            known = self.outside_cells[id(cell)] = CellVariable(real_cell=cell, source=source, pin=pin)
+        elif known.source != source:
+            self.guards.add(_cell_object(known.source), "{} is not {key}", "no longer the closure cell of "
+                            + source.parent.expr(), key=_cell_object(source))
+        return known
 
     def call_tensor_op(self, tx, kind: str, target: Any, args: list[Variable], kwargs: dict[str, Variable]) -> Variable:
         """Run `target` on fake tensors; a tensor (or None, i.e. in-place) result becomes a graph node."""
@@ -665,12 +682,14 @@ class OutsideState:
 
     `attributes`: (id of the object's tracker, name) -> (tracker, name, value or DELETED);
     `containers`: id of the tracker -> (tracker, its items or entries then);
-    `globals`: as `SideEffects.globals`.
+    `globals`: as `SideEffects.globals`;
+    `cells`: closure cells of functions defined outside the compiled code, assigned through `nonlocal`.
     """
 
     attributes: dict[tuple[int, str], tuple[Variable, str, Any]]
     containers: dict[int, tuple[Variable, Any]]
     globals: dict[tuple[int, str], tuple[NamedSource, str, Any]]
+    cells: dict[int, tuple[Variable, Any]] = field(default_factory=dict)  # id of an outside cell's tracker -> value
 
 
 @dataclass
@@ -701,6 +720,7 @@ class SideEffects:
         self.globals: dict[tuple[int, str], tuple[NamedSource, str, Any]] = {}
         self.context_vars: set = set()
         self.calls: list[ReplayedCall] = []
+        self.cells: dict[int, tuple[Variable, Any]] = {}  # id of a real cell's tracker -> (tracker, value stored)
 
     def mutated_object(self, variable: Variable) -> None:
         if variable not in self.objects:
@@ -722,6 +742,10 @@ class SideEffects:
     def stores_globals_into(self, fn_globals: dict) -> bool:
         return any(key[0] == id(fn_globals) for key in self.globals)
 
+    def store_cell(self, cell: Variable, value: Variable) -> None:
+        """`nonlocal name; name = value` into a real cell (of a function defined outside the compiled code)."""
+        self.cells[id(cell)] = (cell, value)
+
     def replay_call(self, function: Callable, args: list[Variable], kwargs: dict[str, Variable]) -> None:
         self.calls.append(ReplayedCall(function, list(args), dict(kwargs), self.current_state()))
 
@@ -732,7 +756,7 @@ class SideEffects:
                                      else tuple(variable.calls) if isinstance(variable, SetVariable)
                                      else dict(variable.entries))
                       for variable in self.containers}
-        return OutsideState(attributes, containers, dict(self.globals))
+        return OutsideState(attributes, containers, dict(self.globals), dict(self.cells))
 
     def codegen(self, codegen: EntryCodegen) -> list[str]:
         for variable in self.context_vars:
@@ -791,6 +815,11 @@ def _write_state(codegen: EntryCodegen, state: OutsideState, written: OutsideSta
             lines.append(f"del {namespace}[{name!r}]")
         else:
             lines.append(f"{namespace}[{name!r}] = {codegen.value(value)}")
+    for key, (cell, value) in state.cells.items():
+        previous = written.cells.get(key)
+        if previous is not None and previous[1] is value:
+            continue
+        lines.append(f"{cell.reconstruct(codegen)}.cell_contents = {codegen.value(value)}")
     return lines
 
 
@@ -862,3 +891,8 @@ def _convert_all(values):
         return {key: pair[0] for key, pair in pairs.items()}, {key: pair[1] for key, pair in pairs.items()}
     pairs = [_convert(value) for value in values]
     return [pair[0] for pair in pairs], [pair[1] for pair in pairs]
+
+
+def _cell_object(source: ClosureCellSource) -> Source:
+    """The cell itself (`fn.__closure__[i]`), where `source` is its contents."""
+    return ItemSource(AttrSource(source.parent, "__closure__"), source.index)

@@ -770,3 +770,45 @@ def test_a_list_method_live_across_a_break_keeps_the_items_of_earlier_calls(fn, 
         got = compiled_state if isinstance(compiled_state, list) else compiled_state.losses
         want = eager_state if isinstance(eager_state, list) else eager_state.losses
         assert got == want, f"after call {step + 1}"
+
+
+# ---------------------------------------------------------------- nonlocal stores into cells of outside functions
+
+def _counter_program():
+    """A compiled closure that assigns its enclosing function's variables (`nonlocal`), directly and through a
+    helper it inlines, with a graph break (a tensor printed) after the stores."""
+    calls, scale = 0, 1.0
+
+    def bump(t):
+        nonlocal calls
+        calls += 1
+        return t + calls
+
+    def program(x):
+        nonlocal scale
+        scale = scale * 2
+        y = bump(x) * scale
+        print(y.sum())
+        return bump(y), calls, scale
+
+    return program
+
+
+def _cells(fn):
+    cells = {name: cell.cell_contents for name, cell in zip(fn.__code__.co_freevars, fn.__closure__)}
+    return cells["scale"], cells["bump"].__closure__[0].cell_contents
+
+
+def test_nonlocal_stores_into_outside_cells_are_replayed(capsys):
+    """They ran the whole frame eagerly ('assigning to a nonlocal variable of a function defined outside the
+    compiled code'); now the cells are written back in program order, the break's resume function reads them."""
+    program, expected_program = _counter_program(), _counter_program()
+    compiled, graphs = _compiled(program)
+    x = torch.arange(3.0)
+    for _ in range(3):
+        got, want = compiled(x), expected_program(x)
+        assert torch.equal(got[0], want[0]) and got[1:] == want[1:], (got, want)
+        assert _cells(program) == _cells(expected_program)
+    assert compiled.entries[-1].eager_reason is None and graphs
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0::2] == printed[1::2]  # the same prints, compiled then eager, call by call

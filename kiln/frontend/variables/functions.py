@@ -72,8 +72,10 @@ class CellVariable(Variable):
         return codegen.constant(self.pinned_cell())
 
     def store(self, tx, value: Variable) -> None:
-        if self.real_cell is not None:
-            raise Unsupported("assigning to a nonlocal variable of a function defined outside the compiled code")
+        if self.real_cell is not None:  # a cell of a function defined outside: written back by the entry
+            if not isinstance(self.source, ClosureCellSource) and self._pin is None:
+                raise Unsupported("assigning to a nonlocal variable of a function kiln cannot name (no source)")
+            tx.output.side_effects.store_cell(self, value)
         self.contents = value
 
 
@@ -200,7 +202,7 @@ class UserFunctionVariable(BaseFunctionVariable):
         cells = self.fn.__closure__ or ()
         # A function reached without a source (e.g. a method found on a class) is held by the guard directly.
         function_source = self._function_source(tx)
-        return [CellVariable(real_cell=cell, source=ClosureCellSource(function_source, index), pin=self.pinned)
+        return [tx.output.outside_cell(cell, ClosureCellSource(function_source, index), pin=self.pinned)
                 for index, cell in enumerate(cells)]
 
     def _function_source(self, tx):
