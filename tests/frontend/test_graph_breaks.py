@@ -979,6 +979,31 @@ def test_a_list_iterator_passed_to_python_at_a_break_is_the_lists_own_advanced_a
     assert kind == "list_iteratorTrue"
 
 
+def item_of_each_row(x):
+    return [row.sum().item() for row in x * 2]  # 3.11: the comprehension is called with iter(x * 2)
+
+
+def passes_a_tensor_iterator_on(x):
+    iterator = iter(x * 2)
+    first = next(iterator)
+    x.mul_(10)  # eager's rows are views of x * 2 (unbind), not of x: untouched
+    rest, kind = _rest_and_its_type(iterator)
+    return first + rest, kind
+
+
+def test_an_iterator_over_a_tensors_rows_passed_to_python_at_a_break():
+    """iter(tensor) is iter(tensor.unbind(0)), a tuple computed at once: the rows the trace has not taken are
+    rebuilt as that tuple's iterator (it ran the frame eagerly: 'passing on an iterator over computed items')."""
+    x = torch.randn(3, 2)
+    _check_compiled(item_of_each_row, x, max_graphs=2, max_breaks=1)
+    compiled, _ = _compile(passes_a_tensor_iterator_on)
+    report = _eager_frames_and_breaks(lambda: compiled(x.clone()))
+    assert not report.eager_frames, report.eager_frames
+    got, want = compiled(x.clone()), passes_a_tensor_iterator_on(x.clone())
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1] == want[1] == "tuple_iteratorTrue"
+
+
 def drops_a_generator_with_cleanup_at_a_break(x):
     def produce():
         try:

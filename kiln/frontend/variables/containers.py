@@ -810,10 +810,12 @@ class BaseIteratorVariable(Variable):
 class IteratorVariable(BaseIteratorVariable):
     """An iterator over a known list of trackers (what GET_ITER makes of a list, tuple, dict...)."""
 
-    def __init__(self, items: list[Variable], origin: Variable | None = None):
+    def __init__(self, items: list[Variable], origin: Variable | None = None, over_tensor: bool = False):
         self.items = list(items)
         self.position = 0
         self.origin = origin  # the list or tuple iterated over, when the items are its own
+        # iter(tensor): Tensor.__iter__ is iter(self.unbind(0)), a tuple computed at once, as the items here
+        self.over_tensor = over_tensor
 
     def next_item(self, tx) -> Variable | None:
         if self.position >= len(self.items):
@@ -832,6 +834,9 @@ class IteratorVariable(BaseIteratorVariable):
         function called in Python): the real list's iterator, which sees later changes to the list as this
         tracker (a copy of its items) would not, so only while the list has the items the copy has."""
         origin = self.origin
+        if self.over_tensor:  # the rows the trace has not taken yet, as eager's tuple iterator holds them
+            rest = self.items[self.position:]
+            return "iter((" + "".join(f"{codegen.value(item)}, " for item in rest) + "))"
         if origin is None or len(origin.items) != len(self.items) or \
                 any(item is not copied for item, copied in zip(origin.items, self.items)):
             raise Unsupported(f"passing on an iterator over {origin.describe() if origin else 'computed items'} "
@@ -966,7 +971,8 @@ def iterate(tx, variable: Variable) -> BaseIteratorVariable:
         raise Unsupported(f"__iter__ of {variable.describe()} returned {iterator.describe()}, not an iterator "
                           "kiln can step")
     return IteratorVariable(variable.unpack(tx), variable if isinstance(variable, BaseListVariable) and
-                            variable.python_type() in (list, tuple) else None)
+                            variable.python_type() in (list, tuple) else None,
+                            over_tensor=variable.python_type() is torch.Tensor)
 
 
 def unpack_iterable(tx, variable: Variable, count: int | None = None) -> list[Variable]:
