@@ -1016,6 +1016,8 @@ def _formattable(variable: Variable) -> Any:
         raise Unsupported(f"formatting {variable.describe()} into a string (its text is not guarded)")
     if isinstance(variable, ExceptionVariable):  # `f"{error}"`: its builtin text, from its known arguments
         return variable.textual_copy()
+    if isinstance(variable, TensorVariable):  # a graph break formats it in Python
+        raise Unsupported(f"formatting {variable.describe()} into a string needs its values (data-dependent)")
     return variable.as_constant()
 
 

@@ -286,6 +286,9 @@ class OutputGraph:
                 "DynamicOutputShape" in type(error).__name__ else "an error"
             raise Unsupported(f"{name}() raised {kind_text} during tracing: {type(error).__name__}: "
                               f"{str(error).splitlines()[0] if str(error) else ''}") from None
+        if isinstance(result, (str, bytes)):  # `"%s" % t` formatted the fake tensor: the text needs the real data
+            raise Unsupported(f"{getattr(target, '__name__', target)}() of a tensor makes text from its values "
+                              "(data-dependent)")
         if not _has_tensor(result) and result is not None:
             if _torch.is_symbolic(result) and not isinstance(result, (tuple, list)):  # torch.numel(x), torch.sym_max
                 return self.symbolic_number(tx, result, lambda: self.symbolic_node(

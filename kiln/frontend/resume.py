@@ -452,6 +452,17 @@ def _single_instruction(instruction) -> tuple[int, Callable, str] | None:
     if op in ("UNARY_NEGATIVE", "UNARY_INVERT", "UNARY_NOT"):
         return 1, {"UNARY_NEGATIVE": operator.neg, "UNARY_INVERT": operator.invert,
                    "UNARY_NOT": operator.not_}[op], "value"
+    if op == "FORMAT_VALUE":  # 3.11, 3.12: an f-string's field (a tensor's text needs its values)
+        flags = instruction.arg
+        convert = _CONVERSIONS[flags & 0x03]
+        if flags & 0x04:
+            return 2, (lambda value, spec: format(convert(value), spec)), "value"
+        return 1, (lambda value: format(convert(value))), "value"
+    if op in ("FORMAT_SIMPLE", "CONVERT_VALUE"):  # 3.13
+        convert = format if op == "FORMAT_SIMPLE" else _CONVERSIONS[instruction.arg]
+        return 1, convert, "value"
+    if op == "FORMAT_WITH_SPEC":
+        return 2, format, "value"
     name = instruction.argval
     if op == "LOAD_ATTR":
         return 1, (lambda obj: getattr(obj, name)), "value"
@@ -515,6 +526,10 @@ def inlined_comprehension(code: types.CodeType, index: int) -> Comprehension | N
                   for name in _names(instruction)}
         return span if stored <= own else None
     return None
+
+
+# FORMAT_VALUE's and CONVERT_VALUE's conversions: none, !s, !r, !a
+_CONVERSIONS = {0: lambda value: value, 1: str, 2: repr, 3: ascii}
 
 
 def can_break_at(instruction) -> bool:

@@ -245,14 +245,19 @@ def _uses_settings_text(x, settings):
 
 
 def test_object_text_is_not_baked_into_a_trace():
-    # str(settings) depends on an attribute the type guard would not watch: run eagerly instead.
+    # str(settings) depends on an attribute the type guard would not watch: a graph break formats it in Python
+    # (it ran the whole frame eagerly before f-string fields could break)
     compiled = compile_function(_uses_settings_text, _counting()[1])
     x = torch.ones(2)
     settings = _Settings("double")
-    torch.testing.assert_close(compiled(x, settings), x * 2)
+    report = kiln.debug.explain.ExplainReport()
+    with kiln.debug.explain._recording(report):
+        torch.testing.assert_close(compiled(x, settings), x * 2)
     settings.name = "same"
     torch.testing.assert_close(compiled(x, settings), x)
-    assert "formatting" in compiled.entries[0].eager_reason
+    assert all(entry.eager_reason is None for entry in compiled.entries)
+    assert [item.reason for item in report.breaks] == ["formatting _Settings object into a string (its text is not "
+                                                       "guarded)"], report.breaks
 
 
 class _RemembersBatch(torch.nn.Module):

@@ -1004,6 +1004,24 @@ def test_an_iterator_over_a_tensors_rows_passed_to_python_at_a_break():
     assert got[1] == want[1] == "tuple_iteratorTrue"
 
 
+def formats_tensors_into_text(x):
+    fields = f"{x[0]:.3f}|{x[1] > 0}|{x[0]!r}"  # each field a break (FORMAT_VALUE with a spec, plain, !r)
+    percent = "%s" % (x[0] > 0)  # a silent wrong answer: the trace formatted its fake tensor ('FakeTensor(...)')
+    return x * len(fields), fields, percent
+
+
+def test_text_made_from_tensors_breaks_and_is_eagers():
+    """An f-string field or a `%` of a tensor needs the tensor's values: a break formats it in Python. The
+    f-string ran the whole frame eagerly ('... is not a constant here'); `"%s" % t` gave the fake tensor's text."""
+    x = torch.tensor([0.25, -2.0])
+    compiled, _ = _compile(formats_tensors_into_text)
+    report = _eager_frames_and_breaks(lambda: compiled(x))
+    assert not report.eager_frames, report.eager_frames
+    got, want = compiled(x), formats_tensors_into_text(x)
+    torch.testing.assert_close(got[0], want[0])
+    assert got[1:] == want[1:] == ("0.250|False|tensor(0.2500)", "tensor(True)"), got[1:]
+
+
 def drops_a_generator_with_cleanup_at_a_break(x):
     def produce():
         try:
