@@ -288,9 +288,11 @@ class Dispatcher:
         return f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno})"
 
     def _capture(self, args: tuple, kwargs: dict) -> CacheEntry:
+        grad = torch.is_grad_enabled()  # a compile that raises midway (in AOTAutograd) may leave it switched
         try:
             entry = self._capture_entry(args, kwargs)
         except Exception as error:
+            torch._C._set_grad_enabled(grad)
             policy = self._dynamic_policy()
             if not _torch.is_tensorify_restart(error) or policy.static_floats:
                 raise

@@ -785,14 +785,12 @@ def _write_state(codegen: EntryCodegen, state: OutsideState, written: OutsideSta
         if previous is not None and previous[2] is value:
             continue
         target = codegen.source(variable.source)
-        if previous is None:  # the object still holds its original attribute
-            original = getattr(variable.value, name, _ABSENT)
-            if value is DELETED and original is _ABSENT:
-                continue
-            if isinstance(value, ConstantVariable) and original is not _ABSENT and \
-                    type(original) is type(value.value) and original == value.value:
-                continue  # restored to what it was: nothing to replay
-        if value is DELETED:
+        # Every store is replayed, as eager makes it: an attribute's value when the trace ran is not guarded (a
+        # store of that same value was skipped, and a later call's object kept whatever it held; the break fuzzer).
+        if value is DELETED and previous is None and getattr(variable.value, name, _ABSENT) is _ABSENT:
+            # set and deleted by the trace: absent afterwards, whatever the object holds when the entry runs
+            lines.append(f"{codegen.constant(_discard_attribute)}({target}, {name!r})")
+        elif value is DELETED:
             lines.append(f"delattr({target}, {name!r})")
         else:
             lines.append(f"setattr({target}, {name!r}, {codegen.value(value)})")
@@ -899,3 +897,11 @@ def _convert_all(values):
 def _cell_object(source: ClosureCellSource) -> Source:
     """The cell itself (`fn.__closure__[i]`), where `source` is its contents."""
     return ItemSource(AttrSource(source.parent, "__closure__"), source.index)
+
+
+def _discard_attribute(obj: Any, name: str) -> None:
+    """`del obj.name` where the program set it first: the attribute ends absent, whether or not it was there."""
+    try:
+        delattr(obj, name)
+    except AttributeError:
+        pass

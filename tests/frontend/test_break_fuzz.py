@@ -125,7 +125,7 @@ def test_the_fuzzer_reports_a_second_call_that_traces_again(monkeypatch):
     assert outcome.status == "retraced", outcome
 
 
-# ---------------------------------------------------------------- kiln bugs the fuzzer found, minimized
+# ---------------------------------------------------------------- kiln bugs the fuzzer found, minimized (both fixed)
 
 # Seed 5 case 383 (aot_eager), minimized: an attribute store of a constant equal to the attribute's value when the
 # trace ran is not replayed (kiln/frontend/output.py `_write_state`: "restored to what it was"), and no guard
@@ -143,9 +143,7 @@ def program(x, w):
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="kiln bug: an attribute store equal to the traced value is not replayed "
-                                       "(output.py _write_state), unguarded")
-def test_known_bug_attribute_store_equal_to_the_traced_value():
+def test_an_attribute_store_equal_to_the_traced_value_is_replayed():  # fixed (output.py _write_state)
     outcome = fuzz_breaks.run_case(fuzz_breaks.case_from_program(ATTRIBUTE_STORE_PROGRAM))
     assert outcome.status == "pass", outcome.detail
 
@@ -166,8 +164,6 @@ def program(x, w):
 '''
 
 
-@pytest.mark.xfail(strict=True, reason="kiln bug: grad mode leaks from a compile aborted by torch's tensorify "
-                                       "restart (dispatcher.py _capture)")
-def test_known_bug_grad_mode_after_a_tensorify_restart():
+def test_grad_mode_after_a_tensorify_restart():  # fixed (dispatcher.py _capture restores it)
     outcome = fuzz_breaks.run_case(fuzz_breaks.case_from_program(GRAD_MODE_PROGRAM))
     assert outcome.status == "pass", outcome.detail
