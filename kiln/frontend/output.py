@@ -286,7 +286,8 @@ class OutputGraph:
                 "DynamicOutputShape" in type(error).__name__ else "an error"
             raise Unsupported(f"{name}() raised {kind_text} during tracing: {type(error).__name__}: "
                               f"{str(error).splitlines()[0] if str(error) else ''}") from None
-        if isinstance(result, (str, bytes)):  # `"%s" % t` formatted the fake tensor: the text needs the real data
+        if isinstance(result, (str, bytes)) and (_has_tensor(fake_args) or _has_tensor(list(fake_kwargs.values()))):
+            # `"%s" % t` formatted the fake tensor: the text needs the real data
             raise Unsupported(f"{getattr(target, '__name__', target)}() of a tensor makes text from its values "
                               "(data-dependent)")
         if not _has_tensor(result) and result is not None:
