@@ -539,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.perf_counter() + args.budget if args.budget else None
     cases: list[dict] = []
     logs = [open(os.path.join(folder, stem + ".log"), "w") for folder in folders]
-    log = _Tee(logs)
+    log = report.Tee(logs)
     try:
         for position, spec in enumerate(specs, 1):
             remaining = deadline - time.perf_counter() if deadline else None
@@ -572,19 +572,6 @@ def _progress_line(position: int, total: int, case: dict, unit: str) -> str:
     return (f"{name}: {case['median_ms']:.4g} ms/step, {case['tokens_per_s']:,.0f} tokens/s, first step "
             f"{case['first_step_s']:.1f} s, peak GiB {_list_cell(case['peak_gib'])}, last loss {case['last_loss']:.5f}"
             f"{'  ' + case['loss_check'] if 'loss_check' in case else ''}  ({case['wall_s']:.0f} s)")
-
-
-class _Tee:
-    def __init__(self, handles):
-        self.handles = handles
-
-    def write(self, text: str) -> None:
-        for handle in self.handles:
-            handle.write(text)
-
-    def flush(self) -> None:
-        for handle in self.handles:
-            handle.flush()
 
 
 if __name__ == "__main__":

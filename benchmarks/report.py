@@ -322,3 +322,18 @@ def write(results_dir: str, stem: str, env: dict, cases: list[dict], plan: dict,
         os.replace(json_path + ".tmp", json_path)
         paths += [md_path, json_path]
     return paths
+
+
+class Tee:
+    """Writes to several open files at once (a benchmark's log in the results folder and in --copy-to)."""
+
+    def __init__(self, handles):
+        self.handles = handles
+
+    def write(self, text: str) -> None:
+        for handle in self.handles:
+            handle.write(text)
+
+    def flush(self) -> None:
+        for handle in self.handles:
+            handle.flush()

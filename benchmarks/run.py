@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     deadline = time.perf_counter() + args.budget if args.budget else None
     cases: list[dict] = []
     logs = [open(path, "w") for path in log_paths]
-    log = _Tee(logs)
+    log = report.Tee(logs)
     try:
         for position, spec in enumerate(specs, 1):
             remaining = deadline - time.perf_counter() if deadline else None
@@ -253,21 +253,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"written: {os.path.join(args.results_dir, stem)}.{{md,json,log}}")
     failed = [c for c in cases if c.get("status") in ("error", "timeout") or c.get("accuracy_ok") is False]
     return 1 if failed else 0
-
-
-class _Tee:
-    """Writes the per-case logs to every log file (the results folder and --copy-to)."""
-
-    def __init__(self, handles):
-        self.handles = handles
-
-    def write(self, text: str) -> None:
-        for handle in self.handles:
-            handle.write(text)
-
-    def flush(self) -> None:
-        for handle in self.handles:
-            handle.flush()
 
 
 if __name__ == "__main__":
