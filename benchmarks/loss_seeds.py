@@ -1,6 +1,6 @@
 """A training loss's error against float64 over several inputs, for eager, torch.compile and kiln.
 
-    python -m benchmarks.loss_seeds --model vit --seeds 6 [--backends eager,inductor,kiln]
+    python -m benchmarks.loss_seeds --model vit --seeds 6 [--backends eager,inductor,kiln,kiln:aot_eager]
 
 benchmarks.run judges a training loss by one draw: the loss of one batch, whose error against a
 float64 run of the same model is the sum of many bf16 roundings. This asks whether a backend's error
@@ -8,7 +8,9 @@ is larger than eager's on every batch (a real loss of precision) or only on some
 rounding). Each seed draws new images and labels into the workload's own tensors (the compiled
 graphs see the same shapes: no recompile); each backend runs the forward, the loss and the backward
 under bf16 autocast, as benchmarks.run's training mode does. Prints one row per seed and the median
-error per backend; writes nothing else.
+error per backend; writes nothing else. `kiln:<rung>` compiles with kiln's frontend and a rung of its
+backend ladder (`kiln.compile(..., backend="aot_eager")`: AOTAutograd and kiln's decompositions, the graphs
+run by torch), which tells a loss of precision in kiln's kernels from one before them.
 """
 from __future__ import annotations
 
@@ -41,8 +43,11 @@ def main(argv: list[str]) -> int:
     workload.program.train(True)
     reference_model = copy.deepcopy(workload.program).double()
     backends = args.backends.split(",")
-    programs = {backend: workload.program if backend == "eager" else
-                compile_program(workload.program, backend, "train", "kiln") for backend in backends}
+    programs = {}
+    for backend in backends:
+        name, _, rung = backend.partition(":")
+        programs[backend] = workload.program if name == "eager" else \
+            compile_program(workload.program, name, "train", rung or "kiln")
     (images,) = workload.train_args
     errors: dict = {backend: [] for backend in backends}
     print(f"{args.model}: loss error against float64, bf16 autocast, forward + loss + backward")

@@ -398,7 +398,7 @@ class Dispatcher:
 
     def _callee_compiled_entry(self, output: OutputGraph, error: Unsupported, fn) -> CacheEntry | None:
         """Where the outermost frame cannot break, but calls the failing function through a closure cell (a
-        decorator's wrapper, its call in a try block): an entry that runs the frame in Python and that function
+        decorator's wrapper, its call in an except clause): an entry that runs the frame in Python and that function
         through its own dispatcher (kiln/frontend/wrapped_calls.py); None elsewhere."""
         if self.fullgraph or config.strict:
             return None
@@ -415,7 +415,7 @@ class Dispatcher:
             return None
         entry = wrapped_calls.CalleeCompiled(position, self.callee_factory(), module_call=module_call,
                                              fn=None if module_call or self._closure_parameter else fn)
-        self._record_break(f"{error.message} (in a call made inside a try block of {frames[0].code.co_qualname}: "
+        self._record_break(f"{error.message} (in a call made where {frames[0].code.co_qualname} cannot break: "
                            f"that frame runs in Python, the function it calls is compiled on its own)",
                            error.locations[0] if error.locations else frames[0].location())
         guard, guard_source = output.guards.build(self.signature, output.guard_namespace)

@@ -21,11 +21,19 @@ construct that stopped the trace runs eagerly; builtins, C functions, classes an
 functions of the standard library and of torch are called as they are.
 
 What a break needs, checked by `plan_break` (otherwise the frame runs eagerly, as before):
-the instruction is a call or a conditional jump; it is outside every `try`/`with` block
-of its code (a handler would not see an exception raised in the entry); the code is not a
-generator, and uses its cells only through their own opcodes (`resumable`); and every stack
+the instruction is a call, a conditional jump or another instruction the entry can run
+(`can_break_at`); it is outside every `with` block but grad-mode ones, and outside an
+`except` clause's own body (`protected`); the code is not a generator, and uses its cells only through their own opcodes (`resumable`); and every stack
 value and live local can be rebuilt by the entry (tensors become graph outputs; objects are
 re-read from their source). The frame's cells become the resume function's closure.
+
+A break inside a try block: an exception the broken operation raises goes to the block's
+handler, as it would in the frame. The entry catches it and calls a resume function that
+starts at the handler, with the stack the handler expects (the exception-table entry's
+depth, then the exception); it runs in plain Python, uncompiled (an exception is the rare
+path). The normal resume function keeps the code's exception table, so an exception raised
+later in the block reaches the handler inside it. An exception raised inside the compiled
+graph itself (a kernel's error) is not the handler's to see, as under TorchDynamo.
 """
 from __future__ import annotations
 
@@ -130,10 +138,21 @@ def live_locals(code: types.CodeType, start: int) -> frozenset[str]:
     return live[start] if start < len(instructions) else frozenset()
 
 
+@dataclass(frozen=True)
+class TryHandler:
+    """Where an exception raised at an instruction goes: instruction `target`, with the value stack cut to
+    `depth` items, then (`lasti`) the raising instruction's offset, then the exception."""
+
+    target: int
+    depth: int
+    lasti: bool
+
+
 @functools.lru_cache(maxsize=1024)
-def protected(code: types.CodeType, index: int) -> bool:
-    """Whether instruction `index` lies inside a try block (an exception-table range whose handler is not a
-    `with` block's cleanup): a handler there would not see an exception raised in the entry."""
+def try_handler(code: types.CodeType, index: int) -> TryHandler | None:
+    """The handler of the try block holding instruction `index` (the exception-table range around it, when its
+    handler is neither a `with` block's cleanup nor 3.12's restoring of an inlined comprehension's locals),
+    else None. An exception the entry's broken operation raises goes to that handler (`break_tail`)."""
     decoded = bytecode.decode(code)
     instructions = decoded.instructions
     index_of = {id(instruction): position for position, instruction in enumerate(instructions)}
@@ -143,8 +162,16 @@ def protected(code: types.CodeType, index: int) -> bool:
         handler = index_of[id(entry.target)]
         following = [instruction.opname for instruction in instructions[handler:handler + 2]]
         if following != ["PUSH_EXC_INFO", "WITH_EXCEPT_START"] and not _restores_locals(instructions, handler):
-            return True
-    return False
+            return TryHandler(handler, entry.depth, entry.lasti)
+    return None
+
+
+def protected(code: types.CodeType, index: int) -> bool:
+    """Whether instruction `index` lies inside a try block whose handler a resume function cannot start: one
+    that takes the raising instruction's offset below the exception (`lasti`: an `except` clause's own body,
+    whose cleanup re-raises from that offset, which a resume function's code does not have)."""
+    entry = try_handler(code, index)
+    return entry is not None and entry.lasti
 
 
 def _restores_locals(instructions: list, handler: int) -> bool:
@@ -814,6 +841,10 @@ def reconstruct_generator(codegen, generator) -> str:
     return f"{codegen.constant(rebuild_generator)}({function}, ({passed}), {generator.frame.current is not None})"
 
 
+# What the entry's FOR_ITER step holds when the iterator is exhausted (its StopIteration caught)
+_EXHAUSTED = object()
+
+
 @dataclass
 class Continuation:
     """Where the frame goes on after the break: an instruction, with this stack (bottom first)."""
@@ -846,9 +877,11 @@ def break_tail(frame, make_resume: Callable, call_name: str | None) -> Callable:
     instruction = frame.current
     stack = list(frame.stack)
 
-    def resume_call(codegen, continuation: Continuation, pushed: list[str], stop: int | None = None) -> str:
+    def resume_call(codegen, continuation: Continuation, pushed: list[str], stop: int | None = None,
+                    compiled: bool = True) -> str:
         """`<resume>(stack..., locals...)`; `pushed` are texts of values pushed on top of the stack. With `stop`
-        (an instruction of the frame's code), a plain function running from the target to there, not compiled."""
+        (an instruction of the frame's code), a plain function running from the target to there, not compiled;
+        with `compiled=False`, a plain function running the rest of the frame."""
         bound = {name: value for name, value in frame.locals.items() if value is not NULL}
         original, target = original_position(frame.code, continuation.target)
         live = tuple((name, _kind(bound[name], codegen)) for name in original.co_varnames
@@ -864,12 +897,26 @@ def break_tail(frame, make_resume: Callable, call_name: str | None) -> Callable:
             cells = "".join(f"{codegen.value(frame.cells[name])}, " for name in code.co_freevars)
             function = f"{codegen.constant(closure_function)}({codegen.constant(code)}, " \
                        f"{codegen.constant(frame.fn_globals)}, ({cells}))"
-            if stop is not None:
+            if stop is not None or not compiled:
                 return f"{function}({', '.join(texts)})"
             return f"{codegen.constant(make_resume(frame, code))}.call_function({', '.join([function] + texts)})"
-        if stop is not None:
+        if stop is not None or not compiled:
             return f"{codegen.constant(closure_function(code, frame.fn_globals, ()))}({', '.join(texts)})"
         return f"{codegen.constant(make_resume(frame, code))}({', '.join(texts)})"
+
+    handler = try_handler(frame.code, index)
+
+    def guarded(codegen, below: list, lines: list[str]) -> list[str]:
+        """`lines` (the broken operation, which returns nothing), so that an exception leaving it goes where it
+        would in the frame: to the handler of the try block around the break (its resume function, in plain
+        Python), else out of the entry past the exits of the with-blocks the break left open (`_guarded`)."""
+        if handler is None:
+            return _guarded(codegen, below, lines)
+        caught = resume_call(codegen, Continuation(handler.target, stack[:handler.depth]), ["__raised"],
+                             compiled=False)
+        return (["try:"] + ["    " + line for line in lines] +
+                ["except BaseException as __error:", "    __raised = __error", "else:", "    __raised = None",
+                 "if __raised is not None:", f"    return {caught}"])
 
     span = next((span for span in _comprehensions(frame.code) if span.start == index), None) \
         if instruction.opname == "LOAD_FAST_AND_CLEAR" else None
@@ -881,7 +928,7 @@ def break_tail(frame, make_resume: Callable, call_name: str | None) -> Callable:
         def tail(codegen) -> list[str]:
             run = resume_call(codegen, Continuation(index, stack), [], stop=span.end)
             resumed = resume_call(codegen, Continuation(span.end, stack[:-1] + saved), ["__broken"])
-            return _guarded(codegen, stack, [f"__broken = {run}"]) + [f"return {resumed}"]
+            return guarded(codegen, stack, [f"__broken = {run}"]) + [f"return {resumed}"]
 
         return tail
 
@@ -917,7 +964,7 @@ def break_tail(frame, make_resume: Callable, call_name: str | None) -> Callable:
             direct = call_name is None or runs_as_it_is(_callee_object(function))
             call = f"({arguments[0]})({', '.join(arguments[1:])})" if direct else \
                 f"{call_name}({', '.join(arguments)})"
-            return _guarded(codegen, below, [f"__broken = {call}"]) + [f"return {resumed}"]
+            return guarded(codegen, below, [f"__broken = {call}"]) + [f"return {resumed}"]
 
         return tail
     if instruction.op in JUMP_OPS:
@@ -930,7 +977,7 @@ def break_tail(frame, make_resume: Callable, call_name: str | None) -> Callable:
             for when, target in ((True, true_target), (False, false_target)):
                 kept = stack if keeps_condition(instruction, when) else stack[:-1]
                 sides.append(resume_call(codegen, Continuation(target, kept), []))
-            return _guarded(codegen, stack, [f"__condition = {codegen.constant(bool)}({text})"]) + \
+            return guarded(codegen, stack, [f"__condition = {codegen.constant(bool)}({text})"]) + \
                 ["if __condition:", f"    return {sides[0]}", f"return {sides[1]}"]
 
         return tail
@@ -948,9 +995,11 @@ def break_tail(frame, make_resume: Callable, call_name: str | None) -> Callable:
             iterator = codegen.value(stack[-1])
             done = resume_call(codegen, Continuation(exhausted, below), [])
             stepped = resume_call(codegen, Continuation(index + 1, below), [iterator, "__item"])
-            return _guarded(codegen, below, ["try:", f"    __item = {codegen.constant(next)}({iterator})",
-                                             f"except {codegen.constant(StopIteration)}:", f"    return {done}"]) + \
-                [f"return {stepped}"]
+            exhausted_marker = codegen.constant(_EXHAUSTED)
+            return guarded(codegen, below, ["try:", f"    __item = {codegen.constant(next)}({iterator})",
+                                            f"except {codegen.constant(StopIteration)}:",
+                                            f"    __item = {exhausted_marker}"]) + \
+                [f"if __item is {exhausted_marker}:", f"    return {done}", f"return {stepped}"]
 
         return tail
     single = _single_instruction(instruction)
@@ -966,20 +1015,20 @@ def break_tail(frame, make_resume: Callable, call_name: str | None) -> Callable:
         arguments = ", ".join(codegen.value(item) for item in items)
         call = f"{codegen.constant(function)}({arguments})"
         if pushes == "nothing":
-            return _guarded(codegen, below, [call]) + [f"return {resume_call(codegen, Continuation(index + 1, below), [])}"]
+            return guarded(codegen, below, [call]) + [f"return {resume_call(codegen, Continuation(index + 1, below), [])}"]
         after = list(below)
         if pushes == "method":  # the bound method, with the NULL a method load pushes below it (3.11, 3.12)
             if not versions.NULL_BELOW_CALLABLE:
                 raise Unsupported("a graph break at a method load (NULL above the method: Python 3.13)")
             after.append(NULL)
-        return _guarded(codegen, below, [f"__broken = {call}"]) + \
+        return guarded(codegen, below, [f"__broken = {call}"]) + \
             [f"return {resume_call(codegen, Continuation(index + 1, after), ['__broken'])}"]
 
     return tail
 
 
 __all__ = ["BreakPoint", "CALL_OPS", "Comprehension", "JUMP_OPS", "break_tail", "can_break_at", "call_compiled", "compiled_callee", "live_locals",
-           "inlined_comprehension", "protected", "resumable", "resume_code", "runs_as_it_is"]
+           "inlined_comprehension", "protected", "resumable", "try_handler", "resume_code", "runs_as_it_is"]
 
 
 GeneratorVariable.rebuild = staticmethod(reconstruct_generator)

@@ -2,12 +2,15 @@
 Python and the function it calls through its own dispatcher.
 
 A graph break goes to the outermost frame that can resume (dispatcher.py `_break_point`). A frame
-whose call into the failing function sits in a `try` block cannot: its handler would not see an
-exception raised after the break. That is how decorators wrap a function, and transformers wraps
-every model's forward in two (`merge_with_config_defaults` restores the config in a `finally`,
-`capture_outputs` resets its collector in one): a graph break anywhere inside such a forward would
-make the whole model run eagerly. TorchDynamo does not hit this, since it compiles every frame
-Python starts: the wrapper's frame runs in Python, and the forward it calls is compiled on its own.
+whose call into the failing function sits where a resume function cannot start (an `except` clause's
+own body, whose cleanup re-raises from an offset of the frame's code; a generator) cannot. A
+decorator's wrapper there would make a graph break anywhere inside the function it wraps run the
+whole call eagerly. (A call inside a `try` block breaks there: resume.py hands an exception to the
+block's handler. transformers wraps every model's forward in two such wrappers,
+`merge_with_config_defaults` restoring the config in a `finally` and `capture_outputs` resetting its
+collector in one, and those frames break at the call.) TorchDynamo does not hit this, since it
+compiles every frame Python starts: the wrapper's frame runs in Python, and the function it calls is
+compiled on its own.
 
 kiln gets the same for the decorator's shape: where the outermost frame calls the failing function
 through one of its closure cells (`func(self, *args, **kwargs)` with `func` a free variable that the

@@ -434,11 +434,116 @@ def in_a_try(x):
     return y * 2
 
 
-def test_a_break_inside_a_try_block_runs_the_frame_eagerly():
+def test_a_break_inside_a_try_block_resumes_inside_it():
     compiled, graphs = _compile(in_a_try)
     x = torch.randn(2)
     torch.testing.assert_close(compiled(x), in_a_try(x))
+    assert compiled.entries[0].eager_reason is None and len(graphs) == 1  # the part after the break
+
+
+TRY_LOG = []
+
+
+def _raise_after_a_break(x, kind):
+    print("raising", x.sum().item() > -1e9)  # a break inside this callee: the caller breaks at the call
+    raise kind("from the callee")
+
+
+def handled_at_a_break(x, kind):
+    try:
+        try:
+            y = x + 1
+            _raise_after_a_break(y, kind)
+            y = y * 100
+        finally:
+            TRY_LOG.append("finally")
+    except KeyError as error:
+        TRY_LOG.append(("caught", str(error), sys.exc_info()[0]))
+        y = x - 5
+    TRY_LOG.append(("after", sys.exc_info()[0]))
+    return y * 2
+
+
+@pytest.mark.parametrize("kind", [KeyError, ValueError])
+def test_an_exception_from_the_broken_call_goes_to_the_try_blocks_handler(kind, capsys):
+    """The broken call raises: the entry hands the exception to a resume function at the handler (the finally
+    block, then the except clause that matches, or out of the frame when none does), with sys.exc_info as in
+    eager inside the handler and after it."""
+    compiled, graphs = _compile(handled_at_a_break)
+    x = torch.randn(3)
+    results = []
+    for run in (handled_at_a_break, compiled, compiled):
+        TRY_LOG.clear()
+        try:
+            results.append((run(x, kind), None, list(TRY_LOG)))
+        except Exception as error:
+            results.append((None, type(error), list(TRY_LOG)))
+    expected = results[0]
+    for result in results[1:]:
+        assert result[1:] == expected[1:]
+        if expected[0] is not None:
+            torch.testing.assert_close(result[0], expected[0])
+    assert expected[1] is (None if kind is KeyError else ValueError)
+    assert compiled.entries[0].eager_reason is None and graphs
+    assert capsys.readouterr().out.count("raising True") == 3
+
+
+def breaks_in_an_except_clause(x):
+    try:
+        y = {}["missing"]
+    except KeyError:
+        os.getpid()
+        y = x + 1
+    return y
+
+
+def test_a_break_inside_an_except_clause_runs_the_frame_eagerly():
+    """An except clause's body re-raises from the raising instruction's offset (its handler's `lasti`), which a
+    resume function's code does not have: the frame runs eagerly."""
+    compiled, graphs = _compile(breaks_in_an_except_clause)
+    x = torch.randn(2)
+    torch.testing.assert_close(compiled(x), breaks_in_an_except_clause(x))
     assert compiled.entries[0].eager_reason is not None and graphs == []
+
+
+def try_in_a_loop(x):
+    rows = []
+    for index in range(3):
+        try:
+            if x[index].sum() > 0:  # a branch on data, inside the try block, inside the loop
+                rows.append(x[index] * 2)
+            else:
+                raise ValueError("negative")
+        except ValueError:
+            rows.append(x[index] * 0)
+    return torch.stack(rows)
+
+
+def test_breaks_inside_a_try_block_in_a_loop():
+    compiled, graphs = _compile(try_in_a_loop)
+    x = torch.tensor([[1.0, 2.0], [-3.0, -1.0], [0.5, 0.25]])
+    for _ in range(2):
+        torch.testing.assert_close(compiled(x), try_in_a_loop(x))
+    torch.testing.assert_close(compiled(-x), try_in_a_loop(-x))
+    assert all(entry.eager_reason is None for entry in compiled.entries) and graphs
+
+
+def _scaled_by_an_item(x, k):
+    return x * x[k].sum().item()
+
+
+def comprehension_over_a_range(x):
+    parts = [_scaled_by_an_item(x, k) for k in range(3)]
+    return parts[-1] - parts[0]
+
+
+def test_an_iterator_over_a_range_is_passed_on_at_a_break():
+    """The comprehension's call (3.11) or its span (3.12) runs at the break with the range's iterator as the trace
+    left it, rebuilt from the items it has left: the frame compiles around it rather than running eagerly."""
+    compiled, graphs = _compile(comprehension_over_a_range)
+    x = torch.randn(3, 2)
+    torch.testing.assert_close(compiled(x), comprehension_over_a_range(x))
+    assert all(entry.eager_reason is None for entry in compiled.entries)
 
 
 # --------------------------------------------------------------------------- resume functions

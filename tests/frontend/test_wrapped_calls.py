@@ -1,9 +1,10 @@
-"""kiln/frontend/wrapped_calls.py: a decorator's wrapper calls, inside a try block, a function that breaks.
+"""kiln/frontend/wrapped_calls.py: a decorator's wrapper calls a function that breaks, from where the wrapper's
+frame cannot break (inside an `except` clause's body).
 
-The wrapper's frame cannot break there (its handler would not see an exception raised after the
-break), so it runs in Python and the function it calls through its closure cell is compiled on its
+The wrapper's frame runs in Python and the function it calls through its closure cell is compiled on its
 own, breaking in turn. Each test checks results and side effects against eager, and that graphs
-were compiled and no frame ran eagerly.
+were compiled and no frame ran eagerly. transformers' wrappers call the function inside a try block,
+where the frame breaks at the call (test_graph_breaks.py); they are checked here too, with the modules.
 """
 from __future__ import annotations
 
@@ -35,24 +36,42 @@ def restoring(func):
     return wrapper
 
 
-@restoring
-def breaks_inside(x, y):
+def retrying(func):
+    """A decorator whose call sits in an `except` clause's body, where its frame cannot break."""
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        assert "x" in func.__code__.co_varnames  # the stand-in in the cell reads as the function
+        try:
+            raise LookupError("first try")
+        except LookupError:
+            restored.append(len(args))
+            return func(*args, **kwargs)
+    return wrapper
+
+
+def _breaks_inside(x, y):
     a = torch.relu(x) * y
     pid = os.getpid()  # a C function kiln does not model: a graph break
     return a.exp() + (pid > 0)
 
 
-def test_the_wrapper_runs_in_python_and_the_function_it_calls_is_compiled():
+@pytest.mark.parametrize("decorator", [retrying, restoring])
+def test_the_wrapper_runs_in_python_and_the_function_it_calls_is_compiled(decorator):
+    """In an except clause, the wrapper runs in Python and the function it calls is compiled on its own; in a try
+    block (transformers' shape), the wrapper's frame breaks at the call, which goes to the function's own
+    dispatcher: either way the function breaks in turn, and the wrapper's own code runs on each call."""
+    breaks_inside = decorator(_breaks_inside)
     compiled, graphs = _compile(breaks_inside)
     x, y = torch.randn(4, 5), torch.randn(4, 5)
     restored.clear()
     report = _eager_frames_and_breaks(lambda: compiled(x, y))
-    expected = breaks_inside.__wrapped__(x, y).clone()
+    expected = _breaks_inside(x, y).clone()
     torch.testing.assert_close(compiled(x, y), expected)
-    assert restored == [2, 2], "the wrapper's finally ran on each call"
+    assert restored == [2, 2], "the wrapper's own code ran on each call"
     assert len(graphs) == 2 and not report.eager_frames, (graphs, report.eager_frames)
-    assert report.break_count == 2  # the wrapper's, then print's in the function
-    assert "try block" in report.breaks[0].reason and "getpid" in report.breaks[1].reason
+    assert report.break_count == 2  # the wrapper's, then getpid's in the function
+    assert ("cannot break" in report.breaks[0].reason) == (decorator is retrying)
+    assert "getpid" in report.breaks[1].reason
 
 
 class Block(torch.nn.Module):
@@ -100,9 +119,10 @@ def reassigning(func):
     def wrapper(x):
         nonlocal func
         try:
-            return func(x)
-        finally:
+            raise LookupError("first try")
+        except LookupError:
             func = func  # the wrapper assigns its cell: no copy is made
+            return func(x)
     return wrapper
 
 
