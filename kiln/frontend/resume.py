@@ -141,18 +141,21 @@ def live_locals(code: types.CodeType, start: int) -> frozenset[str]:
 @dataclass(frozen=True)
 class TryHandler:
     """Where an exception raised at an instruction goes: instruction `target`, with the value stack cut to
-    `depth` items, then (`lasti`) the raising instruction's offset, then the exception."""
+    `depth` items, then (`lasti`) the raising instruction's offset, then the exception. `with_cleanup`: the
+    handler is a `with` block's (it calls the block's exit, then re-raises unless the exit suppressed it)."""
 
     target: int
     depth: int
     lasti: bool
+    with_cleanup: bool
 
 
 @functools.lru_cache(maxsize=1024)
 def try_handler(code: types.CodeType, index: int) -> TryHandler | None:
-    """The handler of the try block holding instruction `index` (the exception-table range around it, when its
-    handler is neither a `with` block's cleanup nor 3.12's restoring of an inlined comprehension's locals),
-    else None. An exception the entry's broken operation raises goes to that handler (`break_tail`)."""
+    """The handler an exception raised at instruction `index` goes to (the exception-table range around it: a try
+    block's, or a `with` block's cleanup), else None (none, or 3.12's restoring of an inlined comprehension's
+    locals, which re-raises out of the frame). An exception the entry's broken operation raises goes to that
+    handler (`break_tail`), whose code then passes it on to the handlers around it, as the frame would."""
     decoded = bytecode.decode(code)
     instructions = decoded.instructions
     index_of = {id(instruction): position for position, instruction in enumerate(instructions)}
@@ -160,18 +163,19 @@ def try_handler(code: types.CodeType, index: int) -> TryHandler | None:
         if not index_of[id(entry.start)] <= index <= index_of[id(entry.end)]:
             continue
         handler = index_of[id(entry.target)]
+        if _restores_locals(instructions, handler):
+            return None
         following = [instruction.opname for instruction in instructions[handler:handler + 2]]
-        if following != ["PUSH_EXC_INFO", "WITH_EXCEPT_START"] and not _restores_locals(instructions, handler):
-            return TryHandler(handler, entry.depth, entry.lasti)
+        return TryHandler(handler, entry.depth, entry.lasti, following == ["PUSH_EXC_INFO", "WITH_EXCEPT_START"])
     return None
 
 
 def protected(code: types.CodeType, index: int) -> bool:
-    """Whether instruction `index` lies inside a try block whose handler a resume function cannot start: one
-    that takes the raising instruction's offset below the exception (`lasti`: an `except` clause's own body,
-    whose cleanup re-raises from that offset, which a resume function's code does not have)."""
+    """Whether instruction `index` lies inside an `except` clause's own body, where a break cannot resume: the
+    stack there holds the exception being handled and the one it replaced (PUSH_EXC_INFO's), which the entry
+    cannot pass on, and the clause's cleanup handler restores them."""
     entry = try_handler(code, index)
-    return entry is not None and entry.lasti
+    return entry is not None and entry.lasti and not entry.with_cleanup
 
 
 def _restores_locals(instructions: list, handler: int) -> bool:
@@ -908,12 +912,15 @@ def break_tail(frame, make_resume: Callable, call_name: str | None) -> Callable:
 
     def guarded(codegen, below: list, lines: list[str]) -> list[str]:
         """`lines` (the broken operation, which returns nothing), so that an exception leaving it goes where it
-        would in the frame: to the handler of the try block around the break (its resume function, in plain
-        Python), else out of the entry past the exits of the with-blocks the break left open (`_guarded`)."""
+        would in the frame: to the handler around the break, a try block's or a with-block's cleanup (its resume
+        function, in plain Python, whose code passes it on to the handlers around that one), else out of the
+        entry (past the exits of the with-blocks the break left open, `_guarded`)."""
         if handler is None:
             return _guarded(codegen, below, lines)
-        caught = resume_call(codegen, Continuation(handler.target, stack[:handler.depth]), ["__raised"],
-                             compiled=False)
+        # The offset below the exception (`lasti`) only places a re-raise's traceback line (CPython looks the
+        # next handler up from the RERAISE itself): the resume function's first instruction.
+        pushed = (["0"] if handler.lasti else []) + ["__raised"]
+        caught = resume_call(codegen, Continuation(handler.target, stack[:handler.depth]), pushed, compiled=False)
         return (["try:"] + ["    " + line for line in lines] +
                 ["except BaseException as __error:", "    __raised = __error", "else:", "    __raised = None",
                  "if __raised is not None:", f"    return {caught}"])

@@ -488,6 +488,34 @@ def test_an_exception_from_the_broken_call_goes_to_the_try_blocks_handler(kind, 
     assert capsys.readouterr().out.count("raising True") == 3
 
 
+def with_block_in_a_try(x, kind):
+    try:
+        with torch.no_grad():
+            y = x * 2
+            _raise_after_a_break(y, kind)
+    except KeyError:
+        return x - 1, torch.is_grad_enabled()
+    return y, torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize("kind", [KeyError, ValueError])
+def test_an_exception_from_the_broken_call_leaves_the_with_block_then_reaches_the_try(kind, capsys):
+    """The handler around the break is the no_grad block's cleanup: it exits the block (grad mode back on), then
+    passes the exception to the try block around it, or out of the frame with grad mode restored."""
+    compiled, graphs = _compile(with_block_in_a_try)
+    x = torch.randn(3)
+    for _ in range(2):
+        if kind is KeyError:
+            result, grad_enabled = compiled(x, kind)
+            torch.testing.assert_close(result, x - 1)
+            assert grad_enabled
+        else:
+            with pytest.raises(ValueError):
+                compiled(x, kind)
+        assert torch.is_grad_enabled()
+    assert compiled.entries[0].eager_reason is None
+
+
 def breaks_in_an_except_clause(x):
     try:
         y = {}["missing"]
