@@ -48,9 +48,9 @@ def test_explain_reports_frames_graphs_kernels_and_fallbacks():
 
     def raises(x):
         try:
-            print("side effect", x * 2)  # inside a try block: no break there, the frame runs eagerly
-        finally:
-            pass
+            raise KeyError("k")
+        except KeyError:
+            print("side effect", x * 2)  # inside an except clause: no break there, the frame runs eagerly
         return x + 1
 
     report = kiln.explain(raises, torch.randn(3))
