@@ -5,7 +5,10 @@ A call runs the cache entries' guard functions newest first; the first that
 returns None has its entry called. On a miss the frame is traced
 (`capture_frame`), which adds an entry; a recompile logs why the previous entries
 failed (logger "kiln", `KILN_LOGS=recompiles`). After `RECOMPILE_LIMIT` entries for
-one code object, misses run eagerly with one warning. A miss traces under the
+one code object, misses run eagerly with one warning. A resume function entered in a loop
+whose body breaks on every iteration (a ModuleList of blocks that break) gets a new entry per
+iteration, since the iterator it is passed holds fewer items each time: its limit counts the
+entries of each iteration apart (`loop_position`), up to `LOOP_RECOMPILE_LIMIT` in all. A miss traces under the
 process's compile lock (kiln/runtime/locks.py) and first looks again, so threads that
 miss at once trace once and share the entry. A frame the interpreter
 cannot capture runs eagerly (its entry's guards cover everything the trace read
@@ -45,6 +48,8 @@ from kiln.runtime.locks import compile_lock
 log = logging.getLogger("kiln")
 
 RECOMPILE_LIMIT = 8
+# the entries of one resume function over all the iterations of a loop that breaks (RECOMPILE_LIMIT for each)
+LOOP_RECOMPILE_LIMIT = 64
 _MISSING = object()
 
 
@@ -58,6 +63,7 @@ class CacheEntry:
     entry_source: str
     graph_module: torch.fx.GraphModule | None
     eager_reason: str | None = None  # set when the frame could not be captured and runs eagerly
+    loop_position: tuple = ()  # a resume function's: the lengths of the iterators it was passed (loop_position)
 
 
 @dataclass
@@ -66,6 +72,16 @@ class CodeCache:
 
     entries: list[CacheEntry] = field(default_factory=list)
     over_limit: bool = False
+    over_limit_positions: set = field(default_factory=set)  # a resume function's loop iterations past the limit
+    by_position: dict = field(default_factory=dict)  # loop position -> its entries, newest first (loop_position)
+
+    def add(self, entry: CacheEntry) -> None:
+        self.entries.insert(0, entry)
+        self.by_position.setdefault(entry.loop_position, []).insert(0, entry)
+
+    def clear(self) -> None:
+        self.entries.clear()
+        self.by_position.clear()
     defaults: tuple | None = None  # (__defaults__, __kwdefaults__ items) the entries were made with
     dynamic: DynamicPolicy | None = None  # what its traces make symbolic (sizes, scalars that changed)
 
@@ -170,9 +186,10 @@ class Dispatcher:
         # A closure's guard and entry take the function as `__fn=` (its cells differ between functions of one code)
         self._closure_parameter = bool(fn.__code__.co_freevars)
         self._cache = self.caches.setdefault(fn.__code__, CodeCache())
+        self._iterator_parameters = resume.iterator_parameters(fn.__code__) if self.bound_self is None else ()
         defaults = (fn.__defaults__, self._traced_kwdefault_values)
         if self._cache.defaults is not None and not _same_defaults(self._cache.defaults, defaults):
-            self._cache.entries.clear()  # their guards and entries bind the old defaults
+            self._cache.clear()  # their guards and entries bind the old defaults
         self._cache.defaults = defaults
 
     def _function_changed(self) -> bool:
@@ -192,10 +209,17 @@ class Dispatcher:
             self._use_current_function()
         if self._closure_parameter:
             return self._call_closure(self.fn, args, kwargs)
-        for entry in self._cache.entries:
+        for entry in self._entries_for(args):
             if entry.guard(*args, **kwargs) is None:
                 return entry.entry(*args, **kwargs)
         return self._miss(args, kwargs)
+
+    def _entries_for(self, args: tuple) -> list[CacheEntry]:
+        """The entries that may serve these arguments: all of them, or a resume function's for this iteration of
+        the loop around its break (each iteration's guards check its iterators' lengths: the others would fail)."""
+        if not self._iterator_parameters:
+            return self._cache.entries
+        return self._cache.by_position.get(self.loop_position(args), ())
 
     def _call_with_forward_compiled(self, args: tuple, kwargs: dict) -> Any:
         if self._forward_compiled is None:
@@ -217,7 +241,7 @@ class Dispatcher:
         return self._call_closure(fn, args, kwargs)
 
     def _call_closure(self, fn: types.FunctionType, args: tuple, kwargs: dict) -> Any:
-        for entry in self._cache.entries:
+        for entry in self._entries_for(args):
             if entry.guard(*args, __fn=fn, **kwargs) is None:
                 return entry.entry(*args, __fn=fn, **kwargs)
         return self._miss(args, kwargs, fn)
@@ -257,23 +281,41 @@ class Dispatcher:
                 return self.fn if entry.eager_reason is not None else entry.entry
         return None
 
+    def loop_position(self, args: tuple) -> tuple:
+        """For a resume function, the lengths of the iterators it is passed as tuples of their remaining items
+        (resume.iterator_parameters): which iteration of the loop around the break it continues. () otherwise."""
+        return tuple(len(args[position]) if position < len(args) and isinstance(args[position], tuple) else -1
+                     for position in self._iterator_parameters)
+
     def _compile_miss(self, args: tuple, kwargs: dict) -> Callable:
         """Trace a new entry for these arguments (or give up past the limit); what to run for them."""
         cache = self._cache
-        if cache.over_limit:
+        position = self.loop_position(args)
+        if cache.over_limit or position in cache.over_limit_positions:
             return self.fn
-        if len(cache.entries) >= RECOMPILE_LIMIT:
-            cache.over_limit = True
-            log.warning("kiln: %s hit the recompile limit (%d); it runs eagerly from now on. Last reason: %s",
-                        self._name(), RECOMPILE_LIMIT, self._failure_reasons(args, kwargs)[0])
+        same_position = sum(entry.loop_position == position for entry in cache.entries)
+        if same_position >= RECOMPILE_LIMIT or len(cache.entries) >= LOOP_RECOMPILE_LIMIT:
+            if same_position >= RECOMPILE_LIMIT and position:
+                cache.over_limit_positions.add(position)
+                where = f" at loop position {position}"
+            else:
+                cache.over_limit = True
+                where = ""
+            log.warning("kiln: %s hit the recompile limit (%d)%s; it runs eagerly from now on. Last reason: %s",
+                        self._name(), RECOMPILE_LIMIT, where, self._failure_reasons(args, kwargs)[0])
             return self.fn
         if cache.entries:
             stats.recompiles += 1
             if config.log_enabled("recompiles"):
-                reasons = self._failure_reasons(args, kwargs)
+                if position and not same_position:  # a loop iteration this resume function has not seen
+                    reasons = [f"a new loop iteration (iterators of {', '.join(map(str, position))} items left)"]
+                else:
+                    reasons = [entry.guard(*args, **kwargs) or "guards pass" for entry in cache.entries
+                               if entry.loop_position == position]
                 log.warning("kiln: recompiling %s: %s", self._name(), "; ".join(reasons))
         entry = self._capture(args, kwargs)
-        cache.entries.insert(0, entry)
+        entry.loop_position = position
+        cache.add(entry)
         return self.fn if entry.eager_reason is not None else entry.entry
 
     def _failure_reasons(self, args: tuple, kwargs: dict) -> list[str]:

@@ -388,7 +388,17 @@ def resume_code(code: types.CodeType, target: int, stack: tuple, live: tuple[tup
     original, shift = _origins.get(code, (code, 0))
     _origins[resumed] = (original, shift + first - len(prologue))  # its body is `code`'s from `first` on
     _starts[resumed] = target + shift
+    parameter_kinds = [kind for kind in stack for _ in range(_parameter_count(kind))] + \
+        [kind for _, kind in live for _ in range(_parameter_count(kind))]
+    _iterator_parameters[resumed] = tuple(position for position, kind in enumerate(parameter_kinds) if kind == "iter")
     return resumed
+
+
+def iterator_parameters(code: types.CodeType) -> tuple[int, ...]:
+    """The positions of a resume function's parameters that pass an iterator as the tuple of its remaining items
+    (resume_code's "iter" kind); () for any other code. Their lengths tell a loop's iterations apart: the
+    dispatcher keeps a recompile limit per iteration (`Dispatcher.loop_position`)."""
+    return _iterator_parameters.get(code, ())
 
 
 @functools.lru_cache(maxsize=1024)
@@ -409,6 +419,8 @@ def body_start(code: types.CodeType) -> int:
 _origins: "weakref.WeakKeyDictionary[types.CodeType, tuple[types.CodeType, int]]" = weakref.WeakKeyDictionary()
 # resume code -> the instruction of the user's code it starts at
 _starts: "weakref.WeakKeyDictionary[types.CodeType, int]" = weakref.WeakKeyDictionary()
+# resume code -> the positions of its parameters of the "iter" kind
+_iterator_parameters: "weakref.WeakKeyDictionary[types.CodeType, tuple[int, ...]]" = weakref.WeakKeyDictionary()
 
 
 def original_position(code: types.CodeType, index: int) -> tuple[types.CodeType, int]:
@@ -1035,7 +1047,7 @@ def break_tail(frame, make_resume: Callable, call_name: str | None) -> Callable:
 
 
 __all__ = ["BreakPoint", "CALL_OPS", "Comprehension", "JUMP_OPS", "break_tail", "can_break_at", "call_compiled", "compiled_callee", "live_locals",
-           "inlined_comprehension", "protected", "resumable", "try_handler", "resume_code", "runs_as_it_is"]
+           "inlined_comprehension", "iterator_parameters", "protected", "resumable", "try_handler", "resume_code", "runs_as_it_is"]
 
 
 GeneratorVariable.rebuild = staticmethod(reconstruct_generator)

@@ -574,6 +574,48 @@ def test_an_iterator_over_a_range_is_passed_on_at_a_break():
     assert all(entry.eager_reason is None for entry in compiled.entries)
 
 
+class _BranchingBlock(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x):
+        y = self.linear(x)
+        if y.sum() > 1e9:  # a branch on data: every block breaks
+            y = y * 2
+        return torch.relu(y)
+
+
+class _BlockStack(torch.nn.Module):
+    def __init__(self, count: int):
+        super().__init__()
+        self.blocks = torch.nn.ModuleList(_BranchingBlock() for _ in range(count))
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return x
+
+
+def test_a_loop_whose_body_breaks_on_every_iteration_stays_compiled(caplog):
+    """forward's resume function continues the loop at each block, passed an iterator one item shorter each
+    time: one entry per iteration after the first block, 12 in all, past the recompile limit of 8, which counts each
+    iteration's entries apart. Before, the blocks after the 8th ran eagerly. A second call traces nothing."""
+    torch.manual_seed(0)
+    model = _BlockStack(12)
+    compiled, graphs = _compile(model)
+    x = torch.randn(2, 4)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        torch.testing.assert_close(compiled(x), model(x))
+        traced = len(graphs)
+        torch.testing.assert_close(compiled(x), model(x))
+    assert "recompile limit" not in caplog.text and "eagerly" not in caplog.text, caplog.text
+    assert len(graphs) == traced
+    (resumed,) = [dispatcher for dispatcher in compiled._resumes.values() if "forward" in dispatcher._name()]
+    assert len(resumed.entries) == 12 and all(entry.eager_reason is None for entry in resumed.entries)
+    assert {entry.loop_position for entry in resumed.entries} == {(count,) for count in range(12)}
+
+
 # --------------------------------------------------------------------------- resume functions
 
 def test_live_locals_are_those_read_before_written():
