@@ -21,7 +21,7 @@ import functools
 import inspect
 import operator
 import types
-from typing import Any
+from typing import Any, Callable
 
 from kiln.frontend import bytecode, versions
 from kiln.frontend.errors import ProgramException, Unsupported
@@ -330,7 +330,9 @@ class Frame(ExceptionHandling, PatternMatching):
 
     def LOAD_CONST(self, instruction):
         value = instruction.argval
-        if isinstance(value, (type, types.BuiltinFunctionType)):  # only in resume code: enumerate, next (resume.py)
+        if isinstance(value, (type, types.BuiltinFunctionType)) or \
+                (isinstance(value, types.FunctionType) and builder.call_handler(value) is not None):
+            # only in resume code: enumerate, next, bound_exit (resume.py)
             self.push(self.wrap_sourceless(value))
             return
         self.push(ConstantVariable(value))
@@ -959,6 +961,12 @@ class ContextExitVariable(Variable):
     def call(self, tx, args, kwargs) -> Variable:
         return self.manager.call_method(tx, "__exit__", list(args), {})
 
+    def rebuild_parts(self) -> tuple[Callable, list[Variable]] | None:
+        """A user context manager's exit, passed to a resume function as its manager: the resume function's prologue
+        calls `bound_exit(manager)`, which its trace takes for this tracker again (so it guards the manager as any
+        argument, not the identity of a bound method made anew on each call)."""
+        return (bound_exit, [self.manager]) if _user_context_manager(self.manager) else None
+
     def reconstruct(self, codegen) -> str:
         """At a graph break inside the block: an object restoring what the block's exit would."""
         manager = self.manager
@@ -968,8 +976,31 @@ class ContextExitVariable(Variable):
             return codegen.constant(GradModeExit(None))
         if isinstance(manager, InferenceModeVariable) and manager.exit_object() is not None:
             return codegen.constant(manager.exit_object())  # the entry enters it before the break (output.finish)
-        raise Unsupported(f"a graph break inside `with` {manager.describe()} (only grad-mode and inference-mode "
-                          "blocks can be resumed)")
+        if _user_context_manager(manager):  # its own `__exit__`, bound to the object as the trace left it
+            return f"{codegen.constant(bound_exit)}({codegen.value(manager)})"
+        raise Unsupported(f"a graph break inside `with` {manager.describe()} (grad-mode and inference-mode blocks "
+                          "and user classes with their own __enter__ and __exit__ can be resumed; not this one)")
+
+
+def _user_context_manager(manager: Variable) -> bool:
+    """An instance of a user class whose `__enter__` and `__exit__` are plain Python functions (not contextlib's
+    generator-based managers, whose exit steps a generator suspended inside the block)."""
+    from kiln.frontend.variables.objects import NewObjectVariable, UserObjectVariable
+
+    if not isinstance(manager, (NewObjectVariable, UserObjectVariable)):
+        return False
+    cls = manager.python_type()
+    methods = [inspect.getattr_static(cls, name, None) for name in ("__enter__", "__exit__")]
+    return all(isinstance(method, types.FunctionType) for method in methods) and \
+        not cls.__module__.startswith("contextlib")
+
+
+def bound_exit(manager: Any) -> Callable:
+    """`type(manager).__exit__` bound to `manager`: what BEFORE_WITH pushes (a special method, looked up on the type)."""
+    return type(manager).__exit__.__get__(manager)
+
+
+builder.register_call_handler(bound_exit, lambda tx, args, kwargs: ContextExitVariable(args[0]))
 
 
 class SuperVariable(Variable):

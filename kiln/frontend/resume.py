@@ -52,7 +52,7 @@ import torch
 
 from kiln.frontend import bytecode, versions
 from kiln.frontend.errors import Unsupported
-from kiln.frontend.interpreter import GeneratorVariable
+from kiln.frontend.interpreter import ContextExitVariable, GeneratorVariable
 from kiln.frontend.variables.base import NONE, NULL
 from kiln.frontend.variables.containers import IteratorVariable, LazyIteratorVariable
 
@@ -765,7 +765,7 @@ def _kind(variable, codegen):
         return "value"
     if isinstance(variable, GeneratorVariable) and not variable.finished and not variable.running:
         return "generator", variable.frame.current is not None
-    if isinstance(variable, LazyIteratorVariable):
+    if isinstance(variable, (LazyIteratorVariable, ContextExitVariable)):
         parts = variable.rebuild_parts()
         if parts is not None:
             function, arguments = parts
@@ -872,8 +872,6 @@ class Continuation:
 def _guarded(codegen, stack: list, lines: list[str]) -> list[str]:
     """`lines` (the broken operation), so that an exception leaving it runs the exits of the with-blocks a
     break left open (innermost first), as leaving the blocks in eager would."""
-    from kiln.frontend.interpreter import ContextExitVariable
-
     exits = [codegen.value(item) for item in reversed(stack) if isinstance(item, ContextExitVariable)]
     if not exits:
         return lines

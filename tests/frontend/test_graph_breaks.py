@@ -616,6 +616,53 @@ def test_a_loop_whose_body_breaks_on_every_iteration_stays_compiled(caplog):
     assert {entry.loop_position for entry in resumed.entries} == {(count,) for count in range(12)}
 
 
+CONTEXT_LOG = []
+
+
+class _Logged:
+    """A user context manager: logs its enter and its exit, and suppresses a KeyError."""
+
+    def __init__(self, tag):
+        self.tag = tag
+
+    def __enter__(self):
+        CONTEXT_LOG.append(("enter", self.tag))
+        self.entered = True
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        CONTEXT_LOG.append(("exit", self.tag, kind.__name__ if kind else None))
+        return kind is KeyError
+
+
+def breaks_in_a_user_context_manager(x, table):
+    with _Logged("a") as manager:
+        y = x * 2
+        if y.sum() > 0:  # a break inside the block
+            y = y + 1
+        CONTEXT_LOG.append(("inside", manager.tag, manager.entered))
+        y = y * table["scale"]  # a KeyError after the break: the manager's exit suppresses it
+    return y
+
+
+@pytest.mark.parametrize("table", [{"scale": 3.0}, {}])
+def test_a_break_inside_a_user_context_managers_block_resumes_inside_it(table):
+    """The resume function is passed the manager, and its prologue binds the manager's `__exit__` again, so the
+    block's end (or an exception's cleanup) calls it as eager does; a new manager on each call reuses the
+    entries (the manager is guarded as any argument, not by identity)."""
+    compiled, graphs = _compile(breaks_in_a_user_context_manager)
+    for x in (torch.randn(3).abs(), -torch.randn(3).abs(), torch.randn(3).abs()):
+        CONTEXT_LOG.clear()
+        expected = breaks_in_a_user_context_manager(x, dict(table))
+        expected_log = list(CONTEXT_LOG)
+        CONTEXT_LOG.clear()
+        torch.testing.assert_close(compiled(x, dict(table)), expected)
+        assert CONTEXT_LOG == expected_log
+    entries = compiled.entries + [entry for resumed in compiled._resumes.values() for entry in resumed.entries]
+    assert all(entry.eager_reason is None for entry in entries)
+    assert len(entries) == 3  # the frame, and the two sides of the branch: no entry per call
+
+
 # --------------------------------------------------------------------------- resume functions
 
 def test_live_locals_are_those_read_before_written():

@@ -128,12 +128,21 @@ def register_call_handlers(build_table: Callable[[], dict[Any, Callable]]) -> No
     _build_call_handlers, _call_handlers = build_table, None
 
 
+_own_call_handlers: dict[Any, Callable] = {}
+
+
+def register_call_handler(value: Any, handler: Callable) -> None:
+    """One more handler(tx, args, kwargs) for calling `value`: a function of kiln's own that generated code calls
+    (a resume function's prologue), registered by the module that defines it."""
+    _own_call_handlers[value] = handler
+
+
 def call_handler(value: Any) -> Callable | None:
     """The special handler for calling `value`, or None when it is an ordinary callable."""
     global _call_handlers
     if _call_handlers is None:
-        _call_handlers = _build_call_handlers()
+        _call_handlers = {**_build_call_handlers(), **_own_call_handlers}
     try:
-        return _call_handlers.get(value)
+        return _call_handlers.get(value) or _own_call_handlers.get(value)
     except TypeError:  # unhashable
         return None

@@ -315,8 +315,13 @@ KINDS = (
     (random.Random, _random_generator),
     (object, _user_object),
 )
+def _sourceless_handled(tx, value: types.FunctionType) -> Variable | None:
+    """A function with a call handler, as generated code loads it (a constant of a resume function's prologue)."""
+    return TorchFunctionVariable(value, None) if builder.call_handler(value) is not None else None
+
+
 SOURCELESS_KINDS = ((list, _sourceless_list), (tuple, _sourceless_tuple),
-                    ((dict, types.MappingProxyType), _sourceless_dict))
+                    ((dict, types.MappingProxyType), _sourceless_dict), (types.FunctionType, _sourceless_handled))
 
 for kind, maker in KINDS:
     builder.register(kind, maker)
