@@ -74,6 +74,8 @@ class CodeCache:
     over_limit: bool = False
     over_limit_positions: set = field(default_factory=set)  # a resume function's loop iterations past the limit
     by_position: dict = field(default_factory=dict)  # loop position -> its entries, newest first (loop_position)
+    defaults: tuple | None = None  # (__defaults__, __kwdefaults__ items) the entries were made with
+    dynamic: DynamicPolicy | None = None  # what its traces make symbolic (sizes, scalars that changed)
 
     def add(self, entry: CacheEntry) -> None:
         self.entries.insert(0, entry)
@@ -82,8 +84,6 @@ class CodeCache:
     def clear(self) -> None:
         self.entries.clear()
         self.by_position.clear()
-    defaults: tuple | None = None  # (__defaults__, __kwdefaults__ items) the entries were made with
-    dynamic: DynamicPolicy | None = None  # what its traces make symbolic (sizes, scalars that changed)
 
 
 @dataclass
