@@ -971,9 +971,9 @@ class ContextExitVariable(Variable):
         """At a graph break inside the block: an object restoring what the block's exit would."""
         manager = self.manager
         if isinstance(manager, GradModeVariable) and manager.previous:
-            return codegen.constant(GradModeExit(manager.previous[-1]))
+            return codegen.constant(GradModeExit.restoring(manager.previous[-1]))
         if isinstance(manager, NullContextVariable):
-            return codegen.constant(GradModeExit(None))
+            return codegen.constant(GradModeExit.restoring(None))
         if isinstance(manager, InferenceModeVariable) and manager.exit_object() is not None:
             return codegen.constant(manager.exit_object())  # the entry enters it before the break (output.finish)
         if _user_context_manager(manager):  # its own `__exit__`, bound to the object as the trace left it

@@ -440,10 +440,19 @@ class GradModeExit:
     def __init__(self, previous: bool | None):
         self.previous = previous
 
+    @classmethod
+    def restoring(cls, previous: bool | None) -> "GradModeExit":
+        """The one object restoring `previous`: entries made by different traces pass the resume function the
+        same object, which its guards compare by identity (a new object per trace made a resume entry per trace)."""
+        return _GRAD_MODE_EXITS[previous]
+
     def __call__(self, exc_type=None, exc=None, traceback=None) -> bool:
         if self.previous is not None:
             torch._C._set_grad_enabled(self.previous)
         return False
+
+
+_GRAD_MODE_EXITS = {previous: GradModeExit(previous) for previous in (True, False, None)}
 
 
 class GradModeExitVariable(Variable):
