@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from kiln.config import config
-from kiln.frontend.sources import AttrSource, ItemSource, LocalSource, Source, chain
+from kiln.frontend.sources import AttrSource, ItemSource, LocalSource, NamedSource, Source, chain
 
 log = logging.getLogger("kiln")
 
@@ -97,6 +97,9 @@ def _may_be_dynamic(source: Source, tensor: torch.Tensor) -> bool:
 
 
 def _is_argument(source: Source) -> bool:
-    """An argument of the compiled frame, or an item of one (of `*args`, `**kwargs`, a list argument)."""
+    """An argument of the compiled frame, or an item of one (of `*args`, `**kwargs`, a list argument); a global,
+    or an attribute or item of an argument or a global (a step counter or a scale kept on an object or in a
+    module): read from where the frame finds it on each call, as an argument is."""
     links = chain(source)
-    return isinstance(links[0], LocalSource) and all(isinstance(link, ItemSource) for link in links[1:])
+    return isinstance(links[0], (LocalSource, NamedSource)) and \
+        all(isinstance(link, (ItemSource, AttrSource)) for link in links[1:])

@@ -180,6 +180,35 @@ def test_ints_that_change_become_graph_inputs(cpu_backend):
     assert any(isinstance(value, torch.SymInt) for value in graph_inputs(compiled.entries[0]))
 
 
+class _Counter:
+    def __init__(self):
+        self.calls = 0
+
+
+COUNTER = _Counter()
+STEP = 0
+
+
+def counted(x):
+    global STEP
+    COUNTER.calls = COUNTER.calls + 1  # a step counter on an object
+    STEP += 2  # and one in the module
+    return x * COUNTER.calls + STEP
+
+
+def test_step_counters_on_objects_and_globals_become_graph_inputs(cpu_backend):
+    """A counter the program bumps on every call, on an object or in its module, becomes a graph input at its
+    first change (and its new value is written back from the graph's inputs), not a recompile per value."""
+    global STEP
+    compiled = kiln.compile(counted)
+    COUNTER.calls, STEP = 0, 0
+    with Captures() as captures:
+        results = [compiled(torch.ones(2)) for _ in range(12)]
+    assert [result.tolist() for result in results] == [[3.0 * call] * 2 for call in range(1, 13)]
+    assert (COUNTER.calls, STEP) == (12, 24)
+    assert captures.count == 2 and all(entry.eager_reason is None for entry in compiled.entries)
+
+
 def test_floats_that_change_become_graph_inputs(cpu_backend):
     def fn(x, lr, step):
         return x - lr * (step + 1) * x
