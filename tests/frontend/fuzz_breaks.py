@@ -64,7 +64,6 @@ import logging
 import platform
 import random
 import signal
-import subprocess
 import sys
 import time
 import traceback
@@ -77,6 +76,7 @@ import kiln
 from kiln.frontend import dispatcher as frontend_dispatcher
 from kiln.frontend import stats as frontend_stats
 from kiln.testing import compare
+from tests.frontend.fuzz_guards import checkout_commit
 
 RESULTS = Path(__file__).resolve().parent / "results"
 CASE_TIMEOUT_S = 180
@@ -825,19 +825,6 @@ def run(count: int, seed: int, backend: str = "aot_eager", progress: bool = Fals
 # ---------------------------------------------------------------- the report
 
 
-def _commit() -> str:
-    """The checkout's commit, with '+changes' when the worktree differs from it."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
-                              check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown (no git)"
-    return head + ("+changes" if dirty else "")
-
-
 def _reason_key(reason: str) -> str:
     """An eager reason without its line numbers and case numbers, to count alike reasons together."""
     import re
@@ -864,7 +851,7 @@ def summary(outcomes: list[Outcome], seed: int, backend: str, seconds: float, co
     lines = [f"# kiln graph-break fuzzer: {len(outcomes)} cases, seed {seed}, backend {backend}", "",
              f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
              f"- python {platform.python_version()}, torch {torch.__version__}, {seconds:.0f} s",
-             f"- kiln commit: {_commit()}",
+             f"- kiln commit: {checkout_commit()}",
              f"- command: {command}", "",
              "| passed | wrong answers | crashes | retraced | ran a frame eagerly (correct) |",
              "| ---: | ---: | ---: | ---: | ---: |",

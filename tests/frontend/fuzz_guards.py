@@ -404,7 +404,7 @@ def _agree(actual, eager, reference=None) -> str | None:
     return None
 
 
-def _commit() -> str:
+def checkout_commit() -> str:
     """The checkout's commit, with '+changes' when the worktree differs from it."""
     import subprocess
 
@@ -551,7 +551,7 @@ def summary(outcomes: list[Outcome], seed: int, backend: str, seconds: float) ->
     lines = [f"# kiln guard fuzzer: {len(outcomes)} cases, seed {seed}, backend {backend}", "",
              f"- date: {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M UTC}",
              f"- python {platform.python_version()}, torch {torch.__version__}, {seconds:.0f} s",
-             f"- kiln commit: {_commit()}",
+             f"- kiln commit: {checkout_commit()}",
              f"- command: python -m tests.frontend.fuzz_guards --cases {len(outcomes)} --seed {seed} "
              f"--backend {backend}", "",
              f"| passed | wrong answers | crashes | compiled (no fallback) | fell back to eager |",
