@@ -293,7 +293,7 @@ class Dispatcher:
         position = self.loop_position(args)
         if cache.over_limit or position in cache.over_limit_positions:
             return self.fn
-        same_position = sum(entry.loop_position == position for entry in cache.entries)
+        same_position = len(cache.by_position.get(position, ()))
         if same_position >= RECOMPILE_LIMIT or len(cache.entries) >= LOOP_RECOMPILE_LIMIT:
             if same_position >= RECOMPILE_LIMIT and position:
                 cache.over_limit_positions.add(position)
@@ -310,8 +310,7 @@ class Dispatcher:
                 if position and not same_position:  # a loop iteration this resume function has not seen
                     reasons = [f"a new loop iteration (iterators of {', '.join(map(str, position))} items left)"]
                 else:
-                    reasons = [entry.guard(*args, **kwargs) or "guards pass" for entry in cache.entries
-                               if entry.loop_position == position]
+                    reasons = [entry.guard(*args, **kwargs) or "guards pass" for entry in cache.by_position[position]]
                 log.warning("kiln: recompiling %s: %s", self._name(), "; ".join(reasons))
         entry = self._capture(args, kwargs)
         entry.loop_position = position

@@ -22,8 +22,9 @@ functions of the standard library and of torch are called as they are.
 
 What a break needs, checked by `plan_break` (otherwise the frame runs eagerly, as before):
 the instruction is a call, a conditional jump or another instruction the entry can run
-(`can_break_at`); it is outside every `with` block but grad-mode ones, and outside an
-`except` clause's own body (`protected`); the code is not a generator, and uses its cells only through their own opcodes (`resumable`); and every stack
+(`can_break_at`); it is outside every `with` block but those of grad mode, inference mode and
+user classes, and outside an `except` clause's own body (`protected`); the code is not a
+generator, and uses its cells only through their own opcodes (`resumable`); and every stack
 value and live local can be rebuilt by the entry (tensors become graph outputs; objects are
 re-read from their source). The frame's cells become the resume function's closure.
 
@@ -931,6 +932,8 @@ def break_tail(frame, make_resume: Callable, call_name: str | None) -> Callable:
         # next handler up from the RERAISE itself): the resume function's first instruction.
         pushed = (["0"] if handler.lasti else []) + ["__raised"]
         caught = resume_call(codegen, Continuation(handler.target, stack[:handler.depth]), pushed, compiled=False)
+        # The handler's resume function runs after the entry's own `except`, not in it: inside, the thread's
+        # handled exception would outlive the user's try statement (sys.exc_info() after it).
         return (["try:"] + ["    " + line for line in lines] +
                 ["except BaseException as __error:", "    __raised = __error", "else:", "    __raised = None",
                  "if __raised is not None:", f"    return {caught}"])

@@ -810,15 +810,13 @@ class BaseIteratorVariable(Variable):
 class IteratorVariable(BaseIteratorVariable):
     """An iterator over a known list of trackers (what GET_ITER makes of a list, tuple, dict...)."""
 
-    def __init__(self, items: list[Variable], origin: Variable | None = None, over_tensor: bool = False,
-                 over_immutable: bool = False):
+    def __init__(self, items: list[Variable], origin: Variable | None = None, fixed_items: bool = False):
         self.items = list(items)
         self.position = 0
         self.origin = origin  # the list or tuple iterated over, when the items are its own
-        # iter(tensor): Tensor.__iter__ is iter(self.unbind(0)), a tuple computed at once, as the items here
-        self.over_tensor = over_tensor
-        # over a range, a tuple, a string...: no later change to what it iterates over can change its items
-        self.over_immutable = over_immutable
+        # over a range, a tuple, a string or a tensor (Tensor.__iter__ is iter(self.unbind(0)), a tuple made at
+        # once): no later change to what it iterates over can change the items it yields
+        self.fixed_items = fixed_items
 
     def next_item(self, tx) -> Variable | None:
         if self.position >= len(self.items):
@@ -837,9 +835,7 @@ class IteratorVariable(BaseIteratorVariable):
         function called in Python): the real list's iterator, which sees later changes to the list as this
         tracker (a copy of its items) would not, so only while the list has the items the copy has."""
         origin = self.origin
-        if self.over_tensor or (origin is None and self.over_immutable):
-            # the rows the trace has not taken yet, as eager's tuple iterator holds them; or the items of an
-            # immutable sequence not taken yet (a range's iterator, rebuilt as a tuple's: it yields the same)
+        if self.fixed_items:  # the items not taken yet, in a tuple's iterator (a range's yields the same)
             rest = self.items[self.position:]
             return "iter((" + "".join(f"{codegen.value(item)}, " for item in rest) + "))"
         if origin is None or len(origin.items) != len(self.items) or \
@@ -977,13 +973,12 @@ def iterate(tx, variable: Variable) -> BaseIteratorVariable:
                           "kiln can step")
     return IteratorVariable(variable.unpack(tx), variable if isinstance(variable, BaseListVariable) and
                             variable.python_type() in (list, tuple) else None,
-                            over_tensor=variable.python_type() is torch.Tensor,
-                            over_immutable=variable.python_type() in _IMMUTABLE_SEQUENCES)
+                            fixed_items=variable.python_type() in _FIXED_ITEMS)
 
 
-# Iterables whose items cannot change once made: an iterator over one, passed on at a graph break, is rebuilt
-# from the items it has left
-_IMMUTABLE_SEQUENCES = frozenset({range, tuple, str, bytes, frozenset, torch.Size})
+# Iterables whose iterator's items cannot change once it is made: one passed on at a graph break is rebuilt from
+# the items it has left
+_FIXED_ITEMS = frozenset({range, tuple, str, bytes, frozenset, torch.Size, torch.Tensor})
 
 
 def unpack_iterable(tx, variable: Variable, count: int | None = None) -> list[Variable]:
