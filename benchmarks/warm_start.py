@@ -25,20 +25,29 @@ from benchmarks import report
 from benchmarks.run import REPO_ROOT, _case_environment
 
 
+# What kiln logs (KILN_LOGS=perf) when a warm start cannot skip AOTAutograd for a graph (kiln/aot/plain.py).
+_RETRACE_MESSAGES = ("a warm start traces this graph to ATen", "is not linked to its ATen graph")
+
+
 def first_call(spec: dict, cache_dir: str, timeout: float, profile_path: str | None = None) -> dict:
-    """One case in a new process with `cache_dir` as its caches: its result record (and, with
+    """One case in a new process with `cache_dir` as its caches: its result record, with "retraced": what
+    kiln logged about graphs it traced to ATen although their modules may be cached (and, with
     `profile_path`, a cProfile of its first call written there)."""
     scratch = tempfile.mkdtemp(prefix="kiln_warm_")
     result_path = os.path.join(scratch, "result.json")
     try:
         command = [sys.executable, "-m", "benchmarks.case", json.dumps(spec), result_path]
         env = _case_environment(spec["device"], cache_dir)
+        env["KILN_LOGS"] = ",".join(filter(None, [env.get("KILN_LOGS", ""), "perf"]))
         if profile_path:
             env["KILN_BENCH_PROFILE_FIRST_CALL"] = profile_path
         completed = subprocess.run(command, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
         if os.path.exists(result_path):
             with open(result_path) as handle:
-                return json.load(handle)
+                record = json.load(handle)
+            record["retraced"] = sorted({line.strip() for line in completed.stderr.splitlines()
+                                         if any(message in line for message in _RETRACE_MESSAGES)})
+            return record
         return {"status": "error", "error": (completed.stdout + completed.stderr).strip()[-300:]}
     except subprocess.TimeoutExpired:
         return {"status": "timeout", "error": f"killed after {timeout:.0f} s"}
@@ -112,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
 
         lines.append(f"| {model} | {backend} | {cell(cold)} | {cell(warm)} | "
                      f"{cell(cold, 'median_ms')} / {cell(warm, 'median_ms')} | {verdict(cold)} / {verdict(warm)} |")
+    notes = [(model, backend, line) for model, backend, _, warm in rows for line in warm.get("retraced", [])]
+    if notes:
+        lines += ["", "## Graphs the warm process traced to ATen again (KILN_LOGS=perf)", "",
+                  *(f"- {model}, {backend}: {line}" for model, backend, line in notes)]
     text = "\n".join(lines) + "\n"
     stem = f"{env['date'][:10]}_{args.label}_{report.hardware_tag(env)}"
     path = os.path.join(REPO_ROOT, "benchmarks", "results", stem + ".md")

@@ -25,6 +25,7 @@ when it was on at compile time (the trace applied it), outputs as a list.
 from __future__ import annotations
 
 import contextlib
+import logging
 import operator
 import types
 from typing import Any, Callable
@@ -33,7 +34,10 @@ import torch
 
 from kiln import _torch
 from kiln.aot.strides import _AUGMENTED_ASSIGNMENTS
+from kiln.config import config
 from kiln.runtime import graph_cache
+
+log = logging.getLogger("kiln")
 
 _MODE_CHANGES = ("_set_grad_enabled", "set_grad_enabled", "_enter_autocast", "_exit_autocast", "_enter_inference_mode",
                  "_exit_inference_mode", "set_autocast_enabled")
@@ -42,16 +46,30 @@ _ENTER_AUTOCAST, _EXIT_AUTOCAST = _torch.autocast_region_functions()
 
 
 def key_of(gm: torch.fx.GraphModule, example_inputs: list, mode: str) -> str | None:
-    """The key linking `gm` to its compiled ATen graph, or None when `gm` is not plain (or not cached)."""
+    """The key linking `gm` to its compiled ATen graph, or None when `gm` is not plain (or not cached).
+    Why a graph is not plain is logged under KILN_LOGS=perf: its warm start traces it to ATen."""
+    reason = not_plain_reason(gm, example_inputs)
+    if reason is not None:
+        if config.log_enabled("perf"):
+            log.warning("kiln: a warm start traces this graph to ATen with AOTAutograd (not a plain inference "
+                        "graph: %s)", reason)
+        return None
+    state = [f"grad {torch.is_grad_enabled()}", f"autocast {_torch.autocast_state()}",
+             f"autocast cache {torch.is_autocast_cache_enabled()}", f"outputs {output_count(gm)}"]
+    return graph_cache.key_of(gm, example_inputs, mode, level="torch", extra=state)
+
+
+def not_plain_reason(gm: torch.fx.GraphModule, example_inputs: list) -> str | None:
+    """Why `gm` is not a plain inference graph (the module docstring's rules), or None when it is."""
     if torch.is_grad_enabled() and any(isinstance(value, torch.Tensor) and value.requires_grad
                                        for value in example_inputs):
-        return None
+        return "it needs autograd"
     if not all(isinstance(value, torch.Tensor) for value in example_inputs):
-        return None
+        return "an input is not a tensor"
     if any(True for _ in gm.parameters()) or any(True for _ in gm.buffers()) or any(True for _ in gm.children()):
-        return None
+        return "it holds parameters, buffers or submodules"
     if len(set(_torch.storage_ids(*example_inputs))) != len(example_inputs):
-        return None
+        return "two inputs share storage"
     outputs, inputs = [], []
     open_autocasts: list[torch.fx.Node] = []
     for node in gm.graph.nodes:
@@ -63,25 +81,26 @@ def key_of(gm: torch.fx.GraphModule, example_inputs: list, mode: str) -> str | N
             open_autocasts.append(node)
         elif node.target is _EXIT_AUTOCAST:
             if not open_autocasts or node.args != (open_autocasts[-1],):
-                return None
+                return f"{node.name} leaves an autocast region it did not enter last"
             open_autocasts.pop()
         elif node.op in ("call_function", "call_method") and not _plain_call(node):
-            return None
+            return f"{node.name} ({node.op} {getattr(node.target, '__name__', node.target)}) may write in place, " \
+                   "change a mode, or is not named by a qualified name"
         elif node.op not in ("placeholder", "call_function", "call_method", "output"):
-            return None
+            return f"{node.name} is a {node.op} node"
     if open_autocasts:  # a region left open (a graph break inside it): the graph changes the global state
-        return None
+        return "an autocast region stays open after the graph"
     values = [node.meta.get("example_value", node.meta.get("val")) for node in outputs]
     if not all(isinstance(value, torch.Tensor) for value in (*values, *inputs)):
-        return None  # no trace-time values to tell aliasing by
+        return "an input or output has no trace-time tensor to tell aliasing by"
     output_storages = _torch.storage_ids(*values)  # the trace's fake values: outputs and inputs alike
-    if len(set(output_storages)) != len(values) or set(output_storages) & set(_torch.storage_ids(*inputs)):
-        return None
+    if len(set(output_storages)) != len(values):
+        return "two outputs share storage"
+    if set(output_storages) & set(_torch.storage_ids(*inputs)):
+        return "an output shares storage with an input"
     if _torch.any_autocast_enabled() and not any(enabled for _, enabled, _ in _torch.autocast_state()):
-        return None  # autocast on another device kind: the wrapper could not turn it off as AOTAutograd does
-    state = [f"grad {torch.is_grad_enabled()}", f"autocast {_torch.autocast_state()}",
-             f"autocast cache {torch.is_autocast_cache_enabled()}", f"outputs {len(values)}"]
-    return graph_cache.key_of(gm, example_inputs, mode, level="torch", extra=state)
+        return "autocast is on for a device kind the wrapper cannot turn off as AOTAutograd does"
+    return None
 
 
 def changes_mode(node: torch.fx.Node) -> bool:
@@ -121,10 +140,22 @@ def link(key: str, compiled_graphs: list, gm: torch.fx.GraphModule, example_inpu
     graph that took the inputs and gave the outputs as they were (`compiled_graphs`: what compile_aten_graph
     recorded, (key, inference, input count, output count, ATen node count) per graph)."""
     if len(compiled_graphs) != 1:
-        return
-    aten_key, inference, inputs, outputs, aten_nodes = compiled_graphs[0]
-    if aten_key is not None and inference and inputs == len(example_inputs) and outputs == output_count(gm):
-        graph_cache.store_link(key, aten_key, {"autocast": _torch.autocast_state(), "aten_nodes": aten_nodes})
+        reason = f"AOTAutograd made {len(compiled_graphs)} ATen graphs"
+    else:
+        aten_key, inference, inputs, outputs, aten_nodes = compiled_graphs[0]
+        if aten_key is None:
+            reason = "its ATen graph's module is not in the whole-graph cache"
+        elif not inference:
+            reason = "AOTAutograd compiled it for training"
+        elif inputs != len(example_inputs) or outputs != output_count(gm):
+            reason = (f"its ATen graph takes {inputs} inputs and gives {outputs} outputs, where the graph takes "
+                      f"{len(example_inputs)} and gives {output_count(gm)}")
+        else:
+            graph_cache.store_link(key, aten_key, {"autocast": _torch.autocast_state(), "aten_nodes": aten_nodes})
+            return
+    if config.log_enabled("perf"):
+        log.warning("kiln: a plain inference graph is not linked to its ATen graph, so a warm start traces it "
+                    "with AOTAutograd: %s", reason)
 
 
 def _autocast_blocks(states: tuple, enabled: bool) -> contextlib.ExitStack:

@@ -3,6 +3,7 @@ after kiln.reset() or in a new one, loads its generated module from disk instead
 and runs exactly as the first compile did; anything that changes the module changes the key."""
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -263,15 +264,21 @@ def _returns_one_value_twice(x):
     return y, y[1:]
 
 
-@pytest.mark.parametrize("fn", [_writes_its_input, _returns_a_view_of_its_input, _returns_one_value_twice])
-def test_graphs_that_are_not_plain_are_traced_again(cache_dir, traces, fn):
+@pytest.mark.parametrize("fn, reason", [(_writes_its_input, "may write in place"),
+                                        (_returns_a_view_of_its_input, "an output shares storage with an input"),
+                                        (_returns_one_value_twice, "two outputs share storage")])
+def test_graphs_that_are_not_plain_are_traced_again(cache_dir, traces, fn, reason, caplog):
     """An input written in place, an output that aliases an input or another output: AOTAutograd's wrapper
-    does work around the ATen graph, so a warm start traces them again (their modules still come from the cache)."""
+    does work around the ATen graph, so a warm start traces them again (their modules still come from the cache),
+    and KILN_LOGS=perf says why."""
     for _ in range(2):
         kiln.reset()
         x = torch.randn(4, 5)
         expected_input, expected = x.clone(), fn(x.clone())
-        result = kiln.compile(fn)(x)
+        with kiln.config.patch(logs="perf"), caplog.at_level(logging.WARNING, logger="kiln"):
+            result = kiln.compile(fn)(x)
+        assert reason in caplog.text and "a warm start traces this graph to ATen" in caplog.text
+        caplog.clear()
         torch.testing.assert_close(result, expected)
         if fn is _writes_its_input:
             torch.testing.assert_close(x, expected_input * 2)
