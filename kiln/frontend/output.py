@@ -875,9 +875,14 @@ def _convert(variable: Any) -> tuple[Any, Any]:
         value = variable.as_constant()
         if isinstance(value, (torch.nn.Module,)):
             raise Unsupported(f"passing {variable.describe()} to a torch function")
-        value = _python_scalar(value)
+        value = _PYTHON_TYPE_DTYPES.get(value, value) if isinstance(value, type) else _python_scalar(value)
         return value, value
     return variable, variable
+
+
+# A Python type torch takes as a dtype (`torch.tensor(0, dtype=int)`, `x.to(float)`), as the dtype torch reads it
+# as: the graph's code cannot spell the type (`dtype = <class 'int'>`).
+_PYTHON_TYPE_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool, complex: torch.complex128}
 
 
 def _python_scalar(value: Any) -> Any:

@@ -124,6 +124,15 @@ class ItemSource(Source):
 
 
 @_source
+class DictItemSource(ItemSource):
+    """`dict.__getitem__(parent, key)`: an entry of a dict subclass whose own `__getitem__` does something else
+    (transformers' `ClassInstantier` makes a module): read as dict's method reads it, never running the override."""
+
+    def with_parent(self, text: str) -> str:
+        return f"dict.__getitem__({text}, {self.key!r})"
+
+
+@_source
 class TypeSource(Source):
     parent: Source
 

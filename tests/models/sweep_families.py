@@ -37,6 +37,47 @@ CASES = {
  "deit": lambda: (T.DeiTModel(T.DeiTConfig(image_size=32, patch_size=8, **{k: v for k, v in small.items() if k != "vocab_size"})), dict(pixel_values=torch.randn(B, 3, 32, 32))),
  "wav2vec2": lambda: (T.Wav2Vec2Model(T.Wav2Vec2Config(conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2, **{k: v for k, v in small.items() if k != "vocab_size"})), dict(input_values=torch.randn(B, 800))),
  "segformer": lambda: (T.SegformerModel(T.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[8, 16], num_attention_heads=[1, 2], patch_sizes=[7, 3], strides=[4, 2], mlp_ratios=[2, 2], decoder_hidden_size=16)), dict(pixel_values=torch.randn(B, 3, 32, 32))),
+
+ # the second batch (2026-12-04)
+ "gpt_neo": lambda: (T.GPTNeoForCausalLM(T.GPTNeoConfig(hidden_size=32, num_heads=4, num_layers=2, attention_types=[[["global", "local"], 1]], window_size=4, vocab_size=V)), dict(input_ids=ids())),
+ "codegen": lambda: (T.CodeGenForCausalLM(T.CodeGenConfig(n_embd=32, n_head=4, n_layer=2, rotary_dim=4, vocab_size=V)), dict(input_ids=ids())),
+ "stablelm": lambda: (T.StableLmForCausalLM(T.StableLmConfig(num_key_value_heads=2, **small)), dict(input_ids=ids())),
+ "starcoder2": lambda: (T.Starcoder2ForCausalLM(T.Starcoder2Config(num_key_value_heads=2, **small)), dict(input_ids=ids())),
+ "olmo": lambda: (T.OlmoForCausalLM(T.OlmoConfig(**small)), dict(input_ids=ids())),
+ "phi3": lambda: (T.Phi3ForCausalLM(T.Phi3Config(num_key_value_heads=2, pad_token_id=0, **small)), dict(input_ids=ids())),
+ "gemma2": lambda: (T.Gemma2ForCausalLM(T.Gemma2Config(head_dim=8, num_key_value_heads=2, **small)), dict(input_ids=ids())),
+ "qwen2_moe": lambda: (T.Qwen2MoeForCausalLM(T.Qwen2MoeConfig(num_key_value_heads=2, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=32, **small)), dict(input_ids=ids())),
+ "xglm": lambda: (T.XGLMForCausalLM(T.XGLMConfig(d_model=32, attention_heads=4, num_layers=2, ffn_dim=64, vocab_size=V)), dict(input_ids=ids())),
+ "marian": lambda: (T.MarianMTModel(T.MarianConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=V, decoder_start_token_id=0, pad_token_id=1)), dict(input_ids=ids(), decoder_input_ids=ids())),
+ "blenderbot": lambda: (T.BlenderbotForConditionalGeneration(T.BlenderbotConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=V)), dict(input_ids=ids(), decoder_input_ids=ids())),
+ "mt5": lambda: (T.MT5ForConditionalGeneration(T.MT5Config(d_model=32, d_kv=8, d_ff=64, num_layers=1, num_decoder_layers=1, num_heads=4, vocab_size=V)), dict(input_ids=ids(), decoder_input_ids=ids())),
+ "led": lambda: (T.LEDForConditionalGeneration(T.LEDConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=V, attention_window=[4])), dict(input_ids=ids(), decoder_input_ids=ids())),
+ "m2m_100": lambda: (T.M2M100ForConditionalGeneration(T.M2M100Config(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=V)), dict(input_ids=ids(), decoder_input_ids=ids())),
+ "xlm_roberta": lambda: (T.XLMRobertaModel(T.XLMRobertaConfig(**small)), dict(input_ids=ids())),
+ "mpnet": lambda: (T.MPNetModel(T.MPNetConfig(**small)), dict(input_ids=ids())),
+ "funnel": lambda: (T.FunnelModel(T.FunnelConfig(d_model=32, n_head=4, d_head=8, d_inner=64, block_sizes=[1, 1], vocab_size=V)), dict(input_ids=ids())),
+ "squeezebert": lambda: (T.SqueezeBertModel(T.SqueezeBertConfig(embedding_size=32, **small)), dict(input_ids=ids())),
+ "mobilebert": lambda: (T.MobileBertModel(T.MobileBertConfig(hidden_size=32, embedding_size=16, intra_bottleneck_size=16, true_hidden_size=16, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64, vocab_size=V)), dict(input_ids=ids())),
+ "convbert": lambda: (T.ConvBertModel(T.ConvBertConfig(embedding_size=32, **small)), dict(input_ids=ids())),
+ "big_bird": lambda: (T.BigBirdModel(T.BigBirdConfig(**small)), dict(input_ids=ids())),
+ "xlnet": lambda: (T.XLNetModel(T.XLNetConfig(d_model=32, n_head=4, d_inner=64, n_layer=2, vocab_size=V)), dict(input_ids=ids())),
+ "fnet": lambda: (T.FNetModel(T.FNetConfig(**{k: v for k, v in small.items() if k != "num_attention_heads"})), dict(input_ids=ids())),
+ "canine": lambda: (T.CanineModel(T.CanineConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=2, intermediate_size=64, num_hash_buckets=64, local_transformer_stride=4, downsampling_rate=4)), dict(input_ids=torch.randint(3, 1000, (B, 16)))),
+ "beit": lambda: (T.BeitModel(T.BeitConfig(image_size=32, patch_size=8, **{k: v for k, v in small.items() if k != "vocab_size"})), dict(pixel_values=torch.randn(B, 3, 32, 32))),
+ "dinov2": lambda: (T.Dinov2Model(T.Dinov2Config(image_size=32, patch_size=8, **{k: v for k, v in small.items() if k not in ("vocab_size", "intermediate_size")})), dict(pixel_values=torch.randn(B, 3, 32, 32))),
+ "vit_mae": lambda: (T.ViTMAEModel(T.ViTMAEConfig(image_size=32, patch_size=8, **{k: v for k, v in small.items() if k != "vocab_size"})), dict(pixel_values=torch.randn(B, 3, 32, 32))),
+ "mobilevit": lambda: (T.MobileViTModel(T.MobileViTConfig(image_size=32, hidden_sizes=[16, 16, 16], neck_hidden_sizes=[8, 8, 16, 16, 16, 32, 64])), dict(pixel_values=torch.randn(B, 3, 32, 32))),
+ "efficientnet": lambda: (T.EfficientNetModel(T.EfficientNetConfig(image_size=32, width_coefficient=1.0, depth_coefficient=0.1, hidden_dim=1280)), dict(pixel_values=torch.randn(B, 3, 32, 32))),
+ "regnet": lambda: (T.RegNetModel(T.RegNetConfig(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], groups_width=8)), dict(pixel_values=torch.randn(B, 3, 32, 32))),
+ "levit": lambda: (T.LevitModel(T.LevitConfig(image_size=32, hidden_sizes=[16, 32, 48], num_attention_heads=[1, 2, 3], depths=[1, 1, 1], key_dim=[8, 8, 8])), dict(pixel_values=torch.randn(B, 3, 32, 32))),
+ "poolformer": lambda: (T.PoolFormerModel(T.PoolFormerConfig(hidden_sizes=[8, 16, 16, 16], depths=[1, 1, 1, 1])), dict(pixel_values=torch.randn(B, 3, 32, 32))),
+ "convnextv2": lambda: (T.ConvNextV2Model(T.ConvNextV2Config(hidden_sizes=[8, 16, 16, 16], depths=[1, 1, 1, 1])), dict(pixel_values=torch.randn(B, 3, 32, 32))),
+ "hubert": lambda: (T.HubertModel(T.HubertConfig(conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2, **{k: v for k, v in small.items() if k != "vocab_size"})), dict(input_values=torch.randn(B, 800))),
+ "wavlm": lambda: (T.WavLMModel(T.WavLMConfig(conv_dim=(8, 8), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=8, num_conv_pos_embedding_groups=2, **{k: v for k, v in small.items() if k != "vocab_size"})), dict(input_values=torch.randn(B, 800))),
+ "speech_to_text": lambda: (T.Speech2TextForConditionalGeneration(T.Speech2TextConfig(d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, vocab_size=V, input_feat_per_channel=16, conv_channels=16)), dict(input_features=torch.randn(B, 40, 16), decoder_input_ids=ids())),
+ "siglip": lambda: (T.SiglipVisionModel(T.SiglipVisionConfig(image_size=32, patch_size=8, **{k: v for k, v in small.items() if k != "vocab_size"})), dict(pixel_values=torch.randn(B, 3, 32, 32))),
+ "mamba": lambda: (T.MambaForCausalLM(T.MambaConfig(hidden_size=32, state_size=4, num_hidden_layers=2, vocab_size=V)), dict(input_ids=ids())),
+ "rwkv": lambda: (T.RwkvForCausalLM(T.RwkvConfig(hidden_size=32, attention_hidden_size=32, intermediate_size=64, num_hidden_layers=2, vocab_size=V, context_length=32)), dict(input_ids=ids())),
 }
 train = '--train' in sys.argv
 
@@ -70,10 +111,12 @@ for name in only:
         else:
             model.eval()
             with torch.no_grad():
+                torch.manual_seed(1234)  # ViTMAE draws its patch mask in eval mode too: both runs draw alike
                 expected = model(**inputs)
                 report = ExplainReport()
                 with _recording(report):
                     compiled = kiln.compile(model)
+                    torch.manual_seed(1234)
                     actual = compiled(**inputs)
             grads_e = grads_a = []
         leaves_e = [t for t in torch.utils._pytree.tree_leaves(expected.to_tuple() if hasattr(expected, "to_tuple") else expected) if isinstance(t, torch.Tensor)]

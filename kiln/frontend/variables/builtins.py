@@ -34,7 +34,7 @@ from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, is_c
                                           lookup_class_attribute, run_on_constants)
 from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, CounterVariable, DictVariable,
                                                 IteratorVariable, LazyIteratorVariable, ListVariable, SliceVariable,
-                                                TupleVariable, iterate, unpack_iterable)
+                                                TupleVariable, hashable_key, iterate, unpack_iterable)
 from kiln.frontend.variables.copying import copy_handler, deepcopy_handler
 from kiln.frontend.variables.functions import PartialVariable
 from kiln.frontend.variables.objects import (ClassVariable, ExceptionVariable, ModelOutputVariable, NewObjectVariable,
@@ -411,6 +411,39 @@ def _dict(dict_type: type):
         return result
 
     return handler
+
+
+def _fromkeys(dict_type: type):
+    """dict.fromkeys(iterable, value=None) (and a dict subclass's, OrderedDict's): a new dict whose every key
+    maps to the one value object, as Python builds it."""
+    def handler(tx, args, kwargs):
+        if kwargs or not 1 <= len(args) <= 2:
+            raise Unsupported(f"{dict_type.__name__}.fromkeys() with {len(args)} positional and {len(kwargs)} "
+                              "keyword arguments (the program raises TypeError)")
+        value = args[1] if len(args) == 2 else ConstantVariable(None)
+        result = DictVariable(dict_type=dict_type)
+        for key in _iterable_items(tx, args[0]):
+            result.entries[hashable_key(tx, key)] = (key, value)
+        return result
+
+    return handler
+
+
+# Class methods of builtin types that are pure functions of their (constant) arguments.
+_PURE_CLASS_METHODS = {(int, "from_bytes"), (float, "fromhex"), (bytes, "fromhex"), (bytearray, "fromhex"),
+                       (str, "maketrans"), (bytes, "maketrans"), (bytearray, "maketrans")}
+
+
+def builtin_class_method(value: Any) -> Variable | None:
+    """A builtin type's class method, bound to its class (`dict.fromkeys`, `int.from_bytes`), when kiln models
+    it: dict.fromkeys builds a dict; the pure ones run on constant arguments. None for any other (a class
+    method of a C type, `datetime.now`, may read the world: the caller makes it opaque)."""
+    owner = value.__self__
+    if value.__name__ == "fromkeys" and isinstance(owner, type) and issubclass(owner, dict):
+        return BuiltinVariable(value, _fromkeys(owner))
+    if (owner, value.__name__) in _PURE_CLASS_METHODS:
+        return BuiltinVariable(value, _pure(value))
+    return None
 
 
 def _counter(tx, args, kwargs):

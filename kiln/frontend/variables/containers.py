@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from kiln.frontend.errors import ProgramException, Unsupported
-from kiln.frontend.sources import AttrSource, DictKeySource, ItemSource, TensorKey, is_literal_key
+from kiln.frontend.sources import AttrSource, DictItemSource, DictKeySource, ItemSource, TensorKey, is_literal_key
 from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, has_python_method, is_same,
                                           is_trusted_module, lookup_class_attribute, run_on_constants)
 from kiln.frontend.variables.tensor import TensorVariable
@@ -654,15 +654,19 @@ class ExternalDictVariable(Variable):
             if not isinstance(stored, Variable):
                 raise missing_key(ConstantVariable(key), self)
             return stored
+        # A dict subclass's own __getitem__ may run code (transformers' ClassInstantier makes a module): the
+        # trace and its guards read the mapping itself, as dict's method does.
+        raw = isinstance(self.value, dict) and type(self.value).__getitem__ is not dict.__getitem__
+        read, item_source = (dict.__getitem__, DictItemSource) if raw else (type(self.value).__getitem__, ItemSource)
         if isinstance(key, TensorKey):
-            return tx.wrap(self.value[real_key(tx, key)], ItemSource(self.source, key))
+            return tx.wrap(read(self.value, real_key(tx, key)), item_source(self.source, key))
         if not is_literal_key(key):
             if not _is_identity_key(key):
                 raise Unsupported(f"reading key {key!r} of an outside dict (only str/int keys, classes, functions and "
                                   "enum members are guarded)")
             named = NamedKey(tx.output.named_source("__key", key).name)
-            return tx.wrap(self.value[key], ItemSource(self.source, named))
-        return tx.wrap(self.value[key], ItemSource(self.source, key))
+            return tx.wrap(read(self.value, key), item_source(self.source, named))
+        return tx.wrap(read(self.value, key), item_source(self.source, key))
 
     def contains(self, tx, key: Variable) -> bool:
         if self.materialized is not None:

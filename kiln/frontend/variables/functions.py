@@ -8,6 +8,7 @@ created during the trace are `CellVariable`s shared with the frame that made the
 """
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import os
@@ -398,6 +399,9 @@ class PartialVariable(Variable):
         return self.function.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})
 
 
+_MAPPING_READS = frozenset({"keys", "values", "items", "get", "__getitem__", "__contains__", "__len__", "__iter__"})
+
+
 class MethodDescriptorVariable(Variable):
     """An unbound method of a builtin type (`dict.get`, `list.append`, `str.join`)."""
 
@@ -434,8 +438,10 @@ class MethodDescriptorVariable(Variable):
             receiver.delattr(tx, args[1].as_constant(), **generic)
             return NONE
         real = getattr(receiver, "value", None)
-        if self.owner is dict and generic and isinstance(real, dict) and receiver.source is not None:
-            # dict's own method on a dict subclass that overrides it: read the real mapping
+        if generic and isinstance(real, dict) and receiver.source is not None and (
+                self.owner is dict or (self.owner is collections.OrderedDict and self.name in _MAPPING_READS)):
+            # dict's own method (or OrderedDict's, reading) on a dict subclass that overrides it: read the real
+            # mapping (`OrderedDict.keys(self)` in transformers' ModelOutput.to_tuple, on an outside output)
             receiver = ExternalDictVariable(real, receiver.source)
         elif generic:
             # An instance of a user subclass of a builtin (`class Items(list)`), or of a builtin type kiln does not

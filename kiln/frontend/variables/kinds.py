@@ -26,7 +26,7 @@ from kiln.frontend.errors import Unsupported
 from kiln.frontend.sources import AttrSource, ItemSource, LocalSource
 from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import ConstantVariable, Variable, is_constant_value
-from kiln.frontend.variables.builtins import SetVariable, builtin_variable
+from kiln.frontend.variables.builtins import SetVariable, builtin_class_method, builtin_variable
 from kiln.frontend.variables.containers import DictVariable, ExternalDictVariable, ListVariable, TupleVariable
 from kiln.frontend.variables.functions import (BoundMethodVariable, LruCacheVariable, MethodDescriptorVariable,
                                                OpaqueFunctionVariable, PartialVariable, TorchFunctionVariable,
@@ -195,6 +195,12 @@ def _builtin_method(tx, value: types.BuiltinMethodType, source, guards) -> Varia
     if receiver is None or isinstance(receiver, types.ModuleType):
         _guard_identity(guards, source, value)
         return OpaqueFunctionVariable(value, source)
+    if isinstance(receiver, type):  # a class method bound to its class: `dict.fromkeys`, `datetime.now`
+        if guards is not None:  # a new bound method at each read: guard what it binds
+            guards.type_is(source, type(value))
+            guards.identity(AttrSource(source, "__self__"), receiver)
+            guards.value(AttrSource(source, "__name__"), value.__name__)
+        return builtin_class_method(value) or OpaqueFunctionVariable(value, source)
     if isinstance(receiver, random.Random):  # its draws exist only when the program runs: a graph break calls it
         if guards is not None:
             guards.type_is(source, type(value))

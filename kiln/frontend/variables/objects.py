@@ -425,19 +425,38 @@ def new_object(cls: type) -> "NewObjectVariable":
 _IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE: C types, never a class statement's
 
 
+# Modules whose module classes' constructors only set attributes of the new module (read: their source, torch 2.11-2.13,
+# transformers 5.x). transformers' activations are made inside forwards by `ACT2FN[name](x)` (Mamba's conv).
+_PURE_CONSTRUCTOR_MODULES = ("torch.nn.", "transformers.activations")
+
+
+def _constructs_like_torch_nn(cls: type) -> bool:
+    """Whether making a `cls` runs only code known to touch nothing but the new object: every `__init__` (and
+    `__new__`) up the MRO is nn.Module's or one of `_PURE_CONSTRUCTOR_MODULES`' classes', so the subclasses between
+    define none (a user's `class Act(nn.Module)` with only a forward)."""
+    import torch
+
+    for klass in cls.__mro__:
+        if klass is torch.nn.Module or klass.__module__.startswith(_PURE_CONSTRUCTOR_MODULES):
+            return True
+        if "__init__" in vars(klass) or "__new__" in vars(klass):
+            return False
+    return False
+
+
 def _construct_torch_module(tx, cls: type, args, kwargs) -> Variable:
     """`nn.CrossEntropyLoss(ignore_index=-1)` inside the trace: made for real, if it holds no tensors.
 
-    Only torch.nn's own classes (trusted library code, no side effects) with constant
-    arguments; a module with parameters or buffers would bring tensors from nowhere into
-    the graph, so those stay unsupported. The module lives for the trace only: calling it
-    inlines its forward like any module's.
+    Only classes whose construction runs torch.nn's code alone (trusted library code, no side
+    effects: `_constructs_like_torch_nn`), with constant arguments; a module with parameters or
+    buffers would bring tensors from nowhere into the graph, so those stay unsupported. The module
+    lives for the trace only: calling it inlines its forward like any module's.
     """
     import torch
 
     described = f"creating module {cls.__qualname__} inside a compiled function"
-    if not cls.__module__.startswith("torch.nn."):
-        raise Unsupported(f"{described} (only torch.nn's own modules, without parameters)")
+    if not _constructs_like_torch_nn(cls):
+        raise Unsupported(f"{described} (only modules whose __init__ is torch.nn's own, without parameters)")
     if not all(arg.is_constant() for arg in [*args, *kwargs.values()]):
         raise Unsupported(f"{described} from values not known at trace time")
     with torch.device("meta"):  # a module with parameters must not draw random numbers here
@@ -477,6 +496,7 @@ class NewObjectVariable(Variable):
     def __init__(self, cls: type):
         self.cls = cls
         self.instance_dict = InstanceDictVariable(self)
+        self.slot_values: dict[str, Variable] = {}  # attributes held in __slots__ (member descriptors), set so far
 
     @property
     def attributes(self) -> dict[Any, Variable]:
@@ -523,6 +543,10 @@ class NewObjectVariable(Variable):
         if is_data_descriptor(raw):
             if isinstance(raw, property):
                 return self._bind(tx, raw, name)
+            if _is_slot(raw, self.cls):
+                if name not in self.slot_values:
+                    raise AttributeFailure(f"'{self.cls.__qualname__}' object has no attribute '{name}'")
+                return self.slot_values[name]
             raise Unsupported(f"attribute {name!r} of {self.describe()}: a {type(raw).__name__} on its class")
         if name in self.instance_dict.entries:
             return self.instance_dict.entries[name][1]
@@ -551,8 +575,13 @@ class NewObjectVariable(Variable):
                 raise AttributeFailure(f"property {name!r} of {self.cls.__qualname__!r} object has no setter")
             property_function(tx, raw, "fset", name, self.cls).call(tx, [self, value], {})
             return
+        if _is_slot(raw, self.cls):
+            self.slot_values[name] = value
+            return
         if is_data_descriptor(raw):
             raise Unsupported(f"setting {name!r} on {self.describe()}: a {type(raw).__name__} on its class")
+        if not _has_instance_dict(self.cls):
+            raise AttributeFailure(f"'{self.cls.__qualname__}' object has no attribute '{name}'")
         self.instance_dict.entries[name] = (ConstantVariable(name), value)
 
     def delattr(self, tx, name: str, generic: bool = False) -> None:
@@ -567,6 +596,10 @@ class NewObjectVariable(Variable):
             if raw.fdel is None:
                 raise AttributeFailure(f"property {name!r} of {self.cls.__qualname__!r} object has no deleter")
             property_function(tx, raw, "fdel", name, self.cls).call(tx, [self], {})
+            return
+        if _is_slot(raw, self.cls):
+            if self.slot_values.pop(name, None) is None:
+                raise AttributeFailure(f"'{self.cls.__qualname__}' object has no attribute '{name}'")
             return
         if is_data_descriptor(raw):
             raise Unsupported(f"deleting {name!r} on {self.describe()}: a {type(raw).__name__} on its class")
@@ -595,20 +628,15 @@ class NewObjectVariable(Variable):
         return self.call_method(tx, "__len__", [], {}).as_constant()
 
     def reconstruct(self, codegen) -> str:
-        if has_slots(self.cls):
-            if dataclasses.is_dataclass(self.cls) and not hasattr(self.cls, "__post_init__") and \
-                    all(field.init for field in dataclasses.fields(self.cls)) and \
-                    set(self.attributes) == {field.name for field in dataclasses.fields(self.cls)}:
-                inner = ", ".join(f"{name}={codegen.value(self.attributes[name])}"
-                                  for name in (field.name for field in dataclasses.fields(self.cls)))
-                return f"{codegen.constant(self.cls)}({inner})"
-            raise Unsupported(f"returning a {self.cls.__qualname__} object created inside the compiled function "
-                              "(its class has __slots__)")
         # Made without running __init__ (or __post_init__) again, its attributes set as the trace left them
-        # (transformers' DynamicCache and its layers, dataclasses).
+        # (transformers' DynamicCache and its layers, dataclasses; slots through object.__setattr__, which a
+        # frozen dataclass's own __setattr__ would refuse, as its __init__ does too).
         inner = ", ".join(f"{codegen.value(key)}: {codegen.value(value)}"
                           for key, value in self.instance_dict.entries.values())
-        return f"{codegen.constant(rebuild_object)}({codegen.constant(self.cls)}, {{{inner}}})"
+        if not self.slot_values:
+            return f"{codegen.constant(rebuild_object)}({codegen.constant(self.cls)}, {{{inner}}})"
+        slots = ", ".join(f"{name!r}: {codegen.value(value)}" for name, value in self.slot_values.items())
+        return f"{codegen.constant(rebuild_object)}({codegen.constant(self.cls)}, {{{inner}}}, {{{slots}}})"
 
 
 def has_slots(cls: type) -> bool:
@@ -622,11 +650,32 @@ def has_slots(cls: type) -> bool:
     return "__dict__" not in dir(cls)
 
 
-def rebuild_object(cls: type, attributes: dict) -> Any:
-    """An instance of `cls` with these attributes, made as the trace made it but without its __init__."""
+def rebuild_object(cls: type, attributes: dict, slots: dict | None = None) -> Any:
+    """An instance of `cls` with these attributes (and values in its __slots__), made as the trace made it but
+    without its __init__."""
     instance = object.__new__(cls)
-    instance.__dict__.update(attributes)
+    if attributes:
+        instance.__dict__.update(attributes)
+    for name, value in (slots or {}).items():
+        object.__setattr__(instance, name, value)
     return instance
+
+
+def _has_instance_dict(cls: type) -> bool:
+    """Whether instances of `cls` have a __dict__ (not every class up the MRO declares __slots__ without it)."""
+    for klass in cls.__mro__:
+        if klass is object:
+            continue
+        slots = vars(klass).get("__slots__")
+        if slots is None or "__dict__" in ((slots,) if isinstance(slots, str) else slots):
+            return True
+    return False
+
+
+def _is_slot(raw: Any, cls: type) -> bool:
+    """Whether a class attribute is the member descriptor of one of `cls`'s __slots__ (a C class's members,
+    such as a builtin's, are not modelled)."""
+    return isinstance(raw, types.MemberDescriptorType) and not (raw.__objclass__.__flags__ & _IMMUTABLE_TYPE)
 
 
 class ModelOutputVariable(Variable):
