@@ -15,7 +15,8 @@ import operator
 import torch
 
 from kiln.frontend.errors import Unsupported
-from kiln.frontend.variables.base import ConstantVariable, Variable, has_python_method, is_constant_value
+from kiln.frontend.variables.base import (ConstantVariable, Variable, has_python_method, is_constant_value,
+                                         run_on_constants)
 from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, CounterVariable,
                                                 DictVariable, ExternalDictVariable, ListVariable, TupleVariable,
                                                 compare_equal, counter_arithmetic)
@@ -45,10 +46,9 @@ _COMPARE_DUNDERS = {"<": "__lt__", "<=": "__le__", "==": "__eq__", "!=": "__ne__
 
 
 def _run_constant(fn, *values) -> ConstantVariable:
-    try:
-        return ConstantVariable(fn(*values))
-    except Exception as error:
-        raise Unsupported(f"{fn.__name__}{values!r} raises {type(error).__name__}: {error}") from None
+    """`fn(*values)` on constants, for real; what it raises (`1 / 0`), the program raises there, to its own
+    handlers (a try/except, contextlib.suppress) or out of the frame."""
+    return ConstantVariable(run_on_constants(fn, list(values), {}))
 
 
 def binary_op(tx, symbol: str, left: Variable, right: Variable) -> Variable:
@@ -89,7 +89,44 @@ def binary_op(tx, symbol: str, left: Variable, right: Variable) -> Variable:
         merged.update_from(tx, left)
         merged.update_from(tx, right)
         return merged
+    if base in _SET_OPERATORS:
+        result = _set_op(tx, base, inplace, left, right)
+        if result is not None:
+            return result
     return _dunder(tx, base, inplace, left, right)
+
+
+_SET_OPERATORS = {"|": "update", "&": "intersection_update", "-": "difference_update", "^": "symmetric_difference_update"}
+
+
+def _set_values(variable: Variable) -> set | frozenset | None:
+    """The elements of a set-like operand of constants (a set, a frozenset, a dict's keys or items view), else None."""
+    from kiln.frontend.variables.builtins import SetVariable
+    from kiln.frontend.variables.containers import ListIteratorLike
+
+    if isinstance(variable, SetVariable):
+        return set(variable.values)
+    if isinstance(variable, ListIteratorLike) and variable.kind in ("dict_keys", "dict_items") and \
+            all(item.is_constant() for item in variable.items):
+        return {item.as_constant() for item in variable.items}
+    if isinstance(variable, ConstantVariable) and isinstance(variable.value, frozenset):
+        return variable.value
+    return None
+
+
+def _set_op(tx, base: str, inplace: bool, left: Variable, right: Variable) -> Variable | None:
+    """`a | b`, `a & b`, `a - b`, `a ^ b` (and `|=`...) on sets of constants, dict key views and frozensets,
+    as Python computes them; an in-place one on a set updates it (an outside set's update is replayed)."""
+    from kiln.frontend.variables.builtins import SetVariable
+
+    values = _set_values(left), _set_values(right)
+    if values[0] is None or values[1] is None:
+        return None
+    if inplace and isinstance(left, SetVariable):
+        left.call_method(tx, _SET_OPERATORS[base], [SetVariable(values[1])], {})
+        return left
+    result = _run_constant(BINARY_OPERATORS[base], *values).value
+    return SetVariable(result) if isinstance(result, set) else tx.wrap_sourceless(result)
 
 
 def _immutable_constants(left: Variable, right: Variable) -> tuple | None:

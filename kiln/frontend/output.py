@@ -272,6 +272,8 @@ class OutputGraph:
         node_kwargs, fake_kwargs = _convert_all(kwargs)
         if self.inference_switched and not self.inference_mode:
             _check_inference_tensor_use(kind, target, node_args, node_kwargs, fake_args, fake_kwargs)
+        leaves = {id(item) for item in _flatten((fake_args, list(fake_kwargs.values())))  # leaves requiring grad
+                  if isinstance(item, torch.Tensor) and item.requires_grad}  # before the op (`w.mul_(2)` keeps one)
         try:
             with _torch.fake_tracing(self.fake_mode):
                 if kind == "call_method":
@@ -286,6 +288,12 @@ class OutputGraph:
                 "DynamicOutputShape" in type(error).__name__ else "an error"
             raise Unsupported(f"{name}() raised {kind_text} during tracing: {type(error).__name__}: "
                               f"{str(error).splitlines()[0] if str(error) else ''}") from None
+        if isinstance(result, torch.Tensor) and result.requires_grad and result.is_leaf and id(result) not in leaves:
+            # `torch.ones(4, requires_grad=True)`, `t.detach().requires_grad_()`: a new autograd leaf. A graph's
+            # outputs are not leaves of the program's autograd graph (eager's `w.grad`, `autograd.grad(y, w)` need
+            # the real one): made in Python, at a graph break, it enters the next graph as an input.
+            raise Unsupported(f"{getattr(target, '__name__', target)}() makes a tensor that requires grad (a new "
+                              "autograd leaf) inside the compiled function")
         if isinstance(result, (str, bytes)) and (_has_tensor(fake_args) or _has_tensor(list(fake_kwargs.values()))):
             # `"%s" % t` formatted the fake tensor: the text needs the real data
             raise Unsupported(f"{getattr(target, '__name__', target)}() of a tensor makes text from its values "

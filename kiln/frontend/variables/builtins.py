@@ -21,6 +21,7 @@ import math
 import operator
 import random
 import struct
+import sys
 import threading
 from typing import Any, Callable
 
@@ -98,11 +99,21 @@ class BuiltinVariable(Variable):
         raise Unsupported(f"attribute {name!r} of {self.describe()}")
 
 
+def _is_numpy_pure(value: Any) -> bool:
+    """A NumPy ufunc, or a NumPy scalar type (made from a constant, a NumPy scalar is a constant to kiln)."""
+    if type(value).__name__ == "ufunc" and type(value).__module__ == "numpy":
+        return True
+    numpy = sys.modules.get("numpy")
+    return numpy is not None and isinstance(value, type) and issubclass(value, numpy.generic)
+
+
 def builtin_variable(value: Any) -> BuiltinVariable | None:
     try:
         handler = _HANDLERS.get(value)
     except TypeError:
         return None
+    if handler is None and _is_numpy_pure(value):
+        handler = _pure(value)  # np.sqrt, np.float32(1.5): pure functions of constant arguments
     return BuiltinVariable(value, handler) if handler is not None else None
 
 
@@ -819,6 +830,124 @@ def _product(tx, args, kwargs):
     return IteratorVariable([TupleVariable(list(row)) for row in itertools.product(*columns)])
 
 
+def _defaultdict(tx, args, kwargs):
+    """collections.defaultdict(factory, mapping or pairs, **entries): a DictVariable whose missing keys call
+    `factory` (kiln's trackers call it as the program would)."""
+    factory = args[0] if args else ConstantVariable(None)
+    if len(args) > 2:
+        raise Unsupported(f"defaultdict() with {len(args)} positional arguments (the program raises TypeError)")
+    if not (factory.is_constant() and factory.as_constant() is None) and not factory.truth(tx):
+        raise Unsupported("defaultdict() with a factory that is not callable (the program raises TypeError)")
+    result = DictVariable(dict_type=collections.defaultdict, default_factory=factory)
+    if len(args) == 2:
+        result.update_from(tx, args[1])
+    for key, value in kwargs.items():
+        result.entries[key] = (ConstantVariable(key), value)
+    return result
+
+
+def _sorted(tx, args, kwargs):
+    """sorted(iterable, *, key=None, reverse=False): the items ordered by constant sort keys (the items
+    themselves, or what `key` returns for each, traced), stably as Python sorts; the items may be anything."""
+    if len(args) != 1 or set(kwargs) - {"key", "reverse"}:
+        raise Unsupported("sorted() with these arguments (the program raises TypeError)")
+    items = _iterable_items(tx, args[0])
+    key, reverse = kwargs.get("key"), kwargs.get("reverse", ConstantVariable(False))
+    if key is None or (key.is_constant() and key.as_constant() is None):
+        scores = items
+    else:
+        scores = [key.call(tx, [item], {}) for item in items]
+    if not all(score.is_constant() for score in scores) or not reverse.is_constant():
+        raise Unsupported("sorted() by values not known at trace time")
+    values = [score.as_constant() for score in scores]
+    order = _run(sorted, [range(len(items))], {"key": values.__getitem__, "reverse": bool(reverse.as_constant())})
+    return ListVariable([items[index] for index in order])
+
+
+def _structural(fn):
+    """An itertools function that only arranges its inputs' items (permutations, combinations, pairwise,
+    zip_longest): run on the trackers themselves, its tuples of items built now, as CPython builds them."""
+    def handler(tx, args, kwargs):
+        iterables = [_iterable_items(tx, arg) for arg in args] if fn is itertools.zip_longest else \
+            [_iterable_items(tx, args[0]), *[arg.as_constant() for arg in args[1:]]]
+        keywords = dict(kwargs)
+        if fn is not itertools.zip_longest:
+            keywords = {name: value.as_constant() for name, value in kwargs.items()}
+        return IteratorVariable([TupleVariable(list(row)) for row in _run(fn, iterables, keywords)])
+
+    return handler
+
+
+def _accumulate(tx, args, kwargs):
+    """itertools.accumulate(iterable, func=operator.add, *, initial=None): the running totals, each traced."""
+    if not 1 <= len(args) <= 2 or set(kwargs) - {"func", "initial"}:
+        raise Unsupported("itertools.accumulate with these arguments (the program raises TypeError)")
+    func = args[1] if len(args) == 2 else kwargs.get("func")
+    if func is not None and func.is_constant() and func.as_constant() is None:
+        func = None
+    initial = kwargs.get("initial")
+    totals = [] if initial is None or (initial.is_constant() and initial.as_constant() is None) else [initial]
+    for item in _iterable_items(tx, args[0]):
+        if not totals:
+            totals.append(item)
+        else:
+            totals.append(binary_op(tx, "+", totals[-1], item) if func is None else func.call(tx, [totals[-1], item], {}))
+    return IteratorVariable(totals)
+
+
+def _repeat(tx, args, kwargs):
+    """itertools.repeat(object[, times]): the same tracker, `times` times (or without end, lazily)."""
+    times = args[1] if len(args) > 1 else kwargs.get("times")
+    if times is None:
+        return LazyIteratorVariable("repeat", lambda tx: args[0])
+    return IteratorVariable([args[0]] * max(0, int(times.as_constant())))
+
+
+class GetterVariable(Variable):
+    """operator.itemgetter(*keys) / attrgetter(*names) made in the trace: calling it reads its argument."""
+
+    def __init__(self, kind: type, keys: list):
+        self.kind = kind
+        self.keys = keys  # constants: items or dotted attribute names
+
+    def describe(self) -> str:
+        return f"operator.{self.kind.__name__}({', '.join(map(repr, self.keys))})"
+
+    def python_type(self) -> type:
+        return self.kind
+
+    def truth(self, tx) -> bool:
+        return True
+
+    def call(self, tx, args, kwargs) -> Variable:
+        if len(args) != 1 or kwargs:
+            raise Unsupported(f"calling {self.describe()} with these arguments (the program raises TypeError)")
+        values = []
+        for key in self.keys:
+            if self.kind is operator.itemgetter:
+                values.append(args[0].getitem(tx, tx.wrap_sourceless(key)))
+            else:
+                value = args[0]
+                for name in key.split("."):
+                    value = value.getattr(tx, name)
+                values.append(value)
+        return values[0] if len(values) == 1 else TupleVariable(values)
+
+    def reconstruct(self, codegen) -> str:
+        return f"{codegen.constant(self.kind)}({', '.join(repr(key) for key in self.keys)})"
+
+
+def _getter(kind: type):
+    def handler(tx, args, kwargs):
+        keys = [arg.as_constant() for arg in args]
+        if kwargs or not keys or not all(is_constant_value(key) for key in keys) or \
+                (kind is operator.attrgetter and not all(isinstance(key, str) for key in keys)):
+            raise Unsupported(f"operator.{kind.__name__} with these arguments")
+        return GetterVariable(kind, keys)
+
+    return handler
+
+
 _HANDLERS: dict[Any, Callable] = {
     builtins.len: _len, builtins.isinstance: _isinstance, builtins.issubclass: _issubclass,
     builtins.type: _type, builtins.getattr: _getattr, builtins.hasattr: _hasattr, builtins.setattr: _setattr,
@@ -832,7 +961,7 @@ _HANDLERS: dict[Any, Callable] = {
     builtins.sum: _sum, builtins.any: _any_all(any), builtins.all: _any_all(all), builtins.abs: _abs,
     builtins.bool: _bool, builtins.int: _numeric(int), builtins.float: _numeric(float),
     builtins.str: _text(str), builtins.repr: _text(repr), builtins.ascii: _text(ascii), builtins.round: _numeric(round),
-    builtins.divmod: _pure(divmod), builtins.pow: _pure(pow), builtins.sorted: _pure(sorted),
+    builtins.divmod: _pure(divmod), builtins.pow: _pure(pow), builtins.sorted: _sorted,
     builtins.callable: _callable, builtins.slice: _slice, builtins.super: _super, builtins.vars: _vars,
     builtins.print: _print,
     builtins.id: _id, builtins.hash: _pure(hash), builtins.chr: _pure(chr), builtins.ord: _pure(ord),
@@ -848,6 +977,11 @@ _HANDLERS: dict[Any, Callable] = {
     dataclasses.fields: _fields, dataclasses.is_dataclass: _is_dataclass, functools.partial: _partial,
     functools.reduce: _reduce, itertools.chain: _chain, itertools.product: _product, itertools.islice: _islice,
     itertools.count: _count, copy.deepcopy: deepcopy_handler, copy.copy: copy_handler,
+    collections.defaultdict: _defaultdict, itertools.accumulate: _accumulate, itertools.repeat: _repeat,
+    itertools.permutations: _structural(itertools.permutations), itertools.combinations: _structural(itertools.combinations),
+    itertools.combinations_with_replacement: _structural(itertools.combinations_with_replacement),
+    itertools.pairwise: _structural(itertools.pairwise), itertools.zip_longest: _structural(itertools.zip_longest),
+    operator.itemgetter: _getter(operator.itemgetter), operator.attrgetter: _getter(operator.attrgetter),
 }
 for _symbol, _fn in BINARY_OPERATORS.items():
     _HANDLERS[_fn] = _operator_binary(_symbol)

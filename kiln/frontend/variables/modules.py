@@ -42,6 +42,16 @@ def is_module_call_function(fn: Any) -> bool:
     return fn in _MODULE_CALLS
 
 
+def _same_tensor_object(tx, module: "ModuleVariable", name: str, value: Variable) -> bool:
+    """Whether `value` is the tensor object the module's parameter or buffer `name` already is (what an
+    augmented assignment to it stores after its in-place op), so storing it changes nothing."""
+    fake = getattr(value, "fake", None)
+    if not isinstance(fake, torch.Tensor) or not (name in module.value._buffers or name in module.value._parameters):
+        return False
+    current = module.getattr(tx, name)
+    return getattr(current, "fake", None) is fake
+
+
 class ModuleVariable(Variable):
     """An nn.Module from outside the trace."""
 
@@ -117,6 +127,8 @@ class ModuleVariable(Variable):
         setter, _ = lookup_class_attribute(type(module), "__setattr__")
         if setter is not torch.nn.Module.__setattr__:
             raise Unsupported(f"setting attribute {name!r} on {self.describe()}, whose class defines __setattr__")
+        if _same_tensor_object(tx, self, name, value):
+            return  # `self.steps += 1` on a buffer: the in-place op's result is the very tensor the attribute holds
         if not value.is_constant() or isinstance(value.as_constant(), (torch.Tensor, torch.nn.Module)) or \
                 name in _module_tables(module) or self.source is None:
             raise Unsupported(f"setting attribute {name!r} on {self.describe()} to {value.describe()} "
