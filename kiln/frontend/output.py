@@ -288,7 +288,8 @@ class OutputGraph:
                 "DynamicOutputShape" in type(error).__name__ else "an error"
             raise Unsupported(f"{name}() raised {kind_text} during tracing: {type(error).__name__}: "
                               f"{str(error).splitlines()[0] if str(error) else ''}") from None
-        if isinstance(result, torch.Tensor) and result.requires_grad and result.is_leaf and id(result) not in leaves:
+        if isinstance(result, torch.Tensor) and result.requires_grad and result.is_leaf and not result._is_view() \
+                and id(result) not in leaves:  # (a view made under no_grad of a parameter is a leaf that requires grad)
             # `torch.ones(4, requires_grad=True)`, `t.detach().requires_grad_()`: a new autograd leaf. A graph's
             # outputs are not leaves of the program's autograd graph (eager's `w.grad`, `autograd.grad(y, w)` need
             # the real one): made in Python, at a graph break, it enters the next graph as an input.

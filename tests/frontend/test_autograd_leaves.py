@@ -86,3 +86,18 @@ def test_an_in_place_update_of_a_parameter_under_no_grad_is_captured():
     for _ in range(2):
         torch.testing.assert_close(compiled(compiled_linear, x), step(eager, x))
         torch.testing.assert_close(compiled_linear.weight, eager.weight)
+
+
+def test_a_view_of_a_parameter_under_no_grad_is_not_a_new_leaf():
+    """Under no_grad, `cls_token.expand(...)` is a leaf that requires grad (autograd's rule for views made without
+    recording): not a new leaf, so ViT's and CLIP's inference stays one graph."""
+    token = torch.nn.Parameter(torch.randn(1, 1, 4))
+
+    def program(x):
+        return torch.cat([token.expand(x.shape[0], -1, -1), x], 1)
+
+    x = torch.randn(2, 3, 4)
+    with torch.no_grad():
+        report = explain(program, x)
+        assert len(report.graphs) == 1 and not report.breaks
+        torch.testing.assert_close(kiln.compile(program)(x), program(x))
