@@ -1,4 +1,4 @@
-"""kiln's decompositions of the ops a bf16/fp16 training graph meets compute as ATen does: in float32, rounded once.
+"""kiln's decompositions of the ops a bf16/fp16 training graph meets compute as eager does: in float32, rounded once.
 
 Each decomposition in kiln's table (kiln/aot/decompositions.py) runs on low-precision CPU tensors beside the
 eager ATen kernel, and both are measured against the op in float64 on the same values. A decomposition
@@ -7,9 +7,13 @@ Python scalar rounded to bf16 before it scales) has a larger error than eager's:
 a softmax or a gelu_backward done in bf16, 1.36x for torch's native_dropout_backward, whose mask * scale is
 a bf16 tensor (1/(1-p) rounded: 1.109375 for p = 0.1). A decomposition that computes as eager does is within
 1% of eager's error in norm. The OpInfo gradient sweep (tests/ops) runs float32 only: this is where the
-backward decompositions meet bf16 and fp16. The last test takes dropout's backward through kiln.compile,
-on the aot_eager rung and through kiln's kernels on both CPU backends (kiln's accuracy rule let the old
-1.38x through: its floor for a bf16 result is 16 bf16 ulp of the largest value).
+backward decompositions meet bf16 and fp16.
+
+Dropout's backward is eager's on each device: CUDA's kernel keeps the scale in float32, the CPU's F.dropout
+rounds it to the input's dtype forward and backward. The CUDA form is checked here against the kernel
+that computes it (the CPU's native_dropout_backward), the CPU form against F.dropout's own backward, and
+the CPU form through kiln.compile, on the aot_eager rung and through kiln's kernels on both CPU backends
+(kiln's accuracy rule would not see a 1.38x: its floor for a bf16 result is 16 bf16 ulp of the largest value).
 """
 from __future__ import annotations
 
@@ -18,7 +22,7 @@ import torch
 
 import kiln
 from kiln import _torch
-from kiln.aot.decompositions import decomposition_table
+from kiln.aot.decompositions import decomposition_table, dropout_backward_as_eager
 
 aten = _torch.aten
 
@@ -37,7 +41,6 @@ def _cases(dtype: torch.dtype) -> dict:
     weight, bias = randn(COLS), randn(COLS)
     narrow = randn(ROWS, 8, scale=3.0)  # softmax over dim 0 with inner size under one vector: kiln's own path
     _, mean, rstd = aten.native_layer_norm(x, [COLS], weight, bias, 1e-5)
-    keep = torch.rand(ROWS, COLS, generator=generator) > 0.1
     return {
         "softmax": (aten._softmax.default, (x, -1, False), {}),
         "softmax_dim0_narrow": (aten._softmax.default, (narrow, 0, False), {}),
@@ -58,7 +61,6 @@ def _cases(dtype: torch.dtype) -> dict:
         "threshold_backward": (aten.threshold_backward.default, (grad, x, 0.0), {}),
         "addcmul": (aten.addcmul.default, (x, grad, other), {"value": 0.3}),
         "addcdiv": (aten.addcdiv.default, (x, grad, other.abs() + 0.5), {"value": 0.3}),
-        "dropout_backward": (aten.native_dropout_backward.default, (grad, keep, 1 / 0.9), {}),
         "embedding_backward": (aten.embedding_dense_backward.default,
                                (grad, torch.randint(0, 8, (ROWS,), generator=generator), 8, -1, False), {}),
     }
@@ -87,28 +89,57 @@ def test_decomposition_is_as_precise_as_eager(name, dtype):
     exact = _tensors(op(*[_float64(arg) for arg in args], **kwargs))
     assert len(decomposed) == len(eager) == len(exact)
     for position, (got, want, reference) in enumerate(zip(decomposed, eager, exact)):
-        where = f"{name} ({dtype}), output {position}"
-        assert got.dtype == want.dtype and got.shape == want.shape, where
-        error, eager_error = (got.double() - reference), (want.double() - reference)
-        # floors for an eager result that is exact: one ulp of a typical value (norm), of the largest (max)
-        eps = torch.finfo(want.dtype).eps
-        typical_ulp, largest_ulp = eps * float(reference.norm()) / reference.numel() ** 0.5, eps * float(reference.abs().max())
-        norm, eager_norm = float(error.norm()), float(eager_error.norm())
-        assert norm <= NORM_FACTOR * eager_norm + typical_ulp, \
-            f"{where}: error norm {norm:.4g}, eager's {eager_norm:.4g} ({norm / max(eager_norm, 1e-300):.3f}x)"
-        worst, eager_worst = float(error.abs().max()), float(eager_error.abs().max())
-        assert worst <= 2 * eager_worst + largest_ulp, f"{where}: max error {worst:.4g}, eager's {eager_worst:.4g}"
+        _assert_as_precise(got, want, reference, f"{name} ({dtype}), output {position}")
 
+
+def _assert_as_precise(got, want, reference, where: str) -> None:
+    """`got`'s error against `reference` no larger than `want`'s: NORM_FACTOR in norm, 2x at worst."""
+    assert got.dtype == want.dtype and got.shape == want.shape, where
+    error, eager_error = (got.double() - reference), (want.double() - reference)
+    # floors for an eager result that is exact: one ulp of a typical value (norm), of the largest (max)
+    eps = torch.finfo(want.dtype).eps
+    typical_ulp, largest_ulp = eps * float(reference.norm()) / reference.numel() ** 0.5, eps * float(reference.abs().max())
+    norm, eager_norm = float(error.norm()), float(eager_error.norm())
+    assert norm <= NORM_FACTOR * eager_norm + typical_ulp, \
+        f"{where}: error norm {norm:.4g}, eager's {eager_norm:.4g} ({norm / max(eager_norm, 1e-300):.3f}x)"
+    worst, eager_worst = float(error.abs().max()), float(eager_error.abs().max())
+    assert worst <= 2 * eager_worst + largest_ulp, f"{where}: max error {worst:.4g}, eager's {eager_worst:.4g}"
+
+
+def _dropped(dtype: torch.dtype):
+    """A gradient, a mask keeping 90%, and eager's F.dropout backward through that mask (seeded alike)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(ROWS, COLS, generator=generator).to(dtype).requires_grad_()
+    grad = torch.randn(ROWS, COLS, generator=generator).to(dtype)
+    torch.manual_seed(1)
+    torch.nn.functional.dropout(x, 0.1, True).backward(grad)
+    torch.manual_seed(1)
+    _, mask = torch.native_dropout(x.detach(), 0.1, True)  # the same draws: F.dropout's forward values too
+    return grad, mask, x.grad
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_dropout_backward_for_cuda_keeps_the_scale_in_float32(dtype):
+    grad, mask, _ = _dropped(dtype)
+    got = dropout_backward_as_eager(grad, mask, 1 / 0.9, scale_in_grad_dtype=False)
+    want = aten.native_dropout_backward(grad, mask, 1 / 0.9)  # the CPU kernel computes as CUDA's: float32, once
+    exact = aten.native_dropout_backward(grad.double(), mask, 1 / 0.9)
+    _assert_as_precise(got, want, exact, f"dropout backward, CUDA's form ({dtype})")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32], ids=str)
+def test_dropout_backward_on_the_cpu_is_f_dropouts(dtype):
+    grad, mask, eager = _dropped(dtype)
+    assert torch.equal(decomposition_table()[aten.native_dropout_backward.default](grad, mask, 1 / 0.9), eager)
 
 def _through_dropout(x, weight):
-    """A graph whose backward has native_dropout_backward (what F.dropout traces to on CUDA; on the CPU it
-    traces to bernoulli and a multiply, so the op is called here itself)."""
-    kept, _ = torch.native_dropout(x * weight, 0.1, True)
+    """F.dropout: traced to native_dropout (an extern: eager's CPU kernel) and native_dropout_backward."""
+    kept = torch.nn.functional.dropout(x * weight, 0.1, True)
     return (kept.float() * torch.arange(kept.shape[-1])).sum()
 
 
 @pytest.mark.parametrize("rung,cpu_backend", [("aot_eager", "cpp"), ("kiln", "cpp"), ("kiln", "triton")])
-def test_dropout_gradient_in_bf16_is_as_precise_as_eager(rung, cpu_backend):
+def test_dropout_gradient_in_bf16_is_eagers(rung, cpu_backend):
     kiln.reset()
     x, weight = (torch.randn(ROWS, COLS) * 3).to(torch.bfloat16), torch.randn(COLS).to(torch.bfloat16)
     gradients = []
@@ -117,7 +148,7 @@ def test_dropout_gradient_in_bf16_is_as_precise_as_eager(rung, cpu_backend):
         for function, dtype in ((_through_dropout, torch.bfloat16), (compiled, torch.bfloat16),
                                 (_through_dropout, torch.float64)):
             leaf = weight.to(dtype).detach().clone().requires_grad_()
-            torch.manual_seed(0)  # the same mask for all three (native_dropout runs as eager's kernel)
+            torch.manual_seed(0)  # the same mask for all three
             function(x.to(dtype), leaf).backward()
             gradients.append(leaf.grad.double())
     kiln.reset()
