@@ -16,15 +16,15 @@ Per seed and backend it prints the loss's signed error (loss - float64's) and th
 relative error, ||out - out64|| / ||out64|| over all its floating values (ViT: the logits). The loss is one
 number whose error is mostly the rounding of the logits to bf16: any change upstream, even one float32
 ulp, redraws those roundings, so two equally precise runs give errors that differ batch by batch (on
-CPU ViTs, one run's |error| was over twice the other's on 10% to 23% of batches:
-benchmarks/results/2026-12-04_vit-precision-cpu-*.md). The output has thousands of values: a backend
+CPU ViTs, benchmarks.run's rule, |error| at most twice eager's, rejected eager itself on a perturbed
+batch on 10% to 37% of batches: benchmarks/results/2026-12-04_vit-precision-cpu-6ea47cb.md). The output has thousands of values: a backend
 that loses precision shows a larger output error than eager's on every batch.
 
 `eager~` is the yardstick for that spread: eager on the same batch times (1 + 2^-22 n), n standard
 normal (about one float32 ulp), against float64 on that perturbed batch. Its loss errors stray from
 eager's about as far as those of a backend that only rounds differently in float32 (kiln's decomposed
-LayerNorm against eager's kernel): on a CPU ViT (width 768, 6 blocks) each had over twice eager's
-loss error on 7 of 30 batches.
+LayerNorm against eager's kernel): on a CPU ViT of width 768 the rule rejected eager~ on 6 of 16
+batches and kiln's decompositions on 5, at width 192 on 4 and 3 of 40.
 It needs a batch large enough for the perturbation to move some bf16 roundings of the input: ViT-B's
 64 x 3 x 224 x 224 is; the CPU's small workloads may not be, and then eager~'s numbers are eager's.
 
