@@ -13,12 +13,13 @@ kiln's decompositions, the graphs run by torch), which tells a loss of precision
 from one before them.
 
 Per seed and backend it prints the loss's signed error (loss - float64's) and the model output's
-relative error, ||out - out64|| / ||out64|| over all its floating values (ViT: the logits). The loss is one
-number whose error is mostly the rounding of the logits to bf16: any change upstream, even one float32
-ulp, redraws those roundings, so two equally precise runs give errors that differ batch by batch (on
-CPU ViTs, benchmarks.run's rule, |error| at most twice eager's, rejected eager itself on a perturbed
-batch on 10% to 37% of batches: benchmarks/results/2026-12-04_vit-precision-cpu-6ea47cb.md). The output has thousands of values: a backend
-that loses precision shows a larger output error than eager's on every batch.
+relative error, ||out - out64|| / ||out64|| over all its floating values (ViT: the logits). The loss is
+one number whose error is mostly the rounding of the logits to bf16: any change upstream, even one
+float32 ulp, redraws those roundings, so two equally precise runs give errors that differ batch by batch
+(on CPU ViTs, benchmarks.run's rule, |error| at most twice eager's, rejected eager itself on a perturbed
+batch on 10% to 37% of batches: benchmarks/results/2026-12-04_vit-precision-cpu-6ea47cb.md). The output
+has thousands of values: a backend that loses precision shows a larger output error than eager's on
+every batch.
 
 `eager~` is the yardstick for that spread: eager on the same batch times (1 + 2^-22 n), n standard
 normal (about one float32 ulp), against float64 on that perturbed batch. Its loss errors stray from

@@ -1,7 +1,7 @@
 """ViT training precision on the CPU, without timm: each backend's loss and gradients against float64.
 
-    python -m benchmarks.vit_precision [--seeds 8] [--depth 4] [--dim 192] [--dropout 0.0]
-        [--backends eager,torch:aot_eager,torch:aot_eager_kiln_decomps,kiln:aot_eager,kiln]
+    python -m benchmarks.vit_precision [--seeds 8] [--depth 4] [--dim 192] [--dropout 0.0] [--summary-only]
+        [--backends eager,eager~,torch:aot_eager,torch:aot_eager_kiln_decomps,kiln:aot_eager,kiln]
 
 A plain-torch copy of timm's VisionTransformer (patch-embedding conv, class token and position
 embedding, pre-LayerNorm blocks whose attention calls F.scaled_dot_product_attention as timm's
@@ -17,24 +17,24 @@ its input's dtype). GELU gets fc1's bf16 output and returns bf16 on both. Cross-
 float32 list (the logits are cast to float anyway). The attention kernels differ: the CPU's
 `_scaled_dot_product_flash_attention_for_cpu` against CUDA's flash (or cuDNN) kernels.
 
-Backends: eager; `eager~` (eager on the batch times (1 + 2^-22 n), n standard normal, against float64
-on that batch: an equally precise run whose bf16 roundings fall elsewhere, the yardstick for the spread
-of the loss error, as in benchmarks.loss_seeds); `torch:aot_eager` (torch.compile's aot_eager: TorchDynamo and AOTAutograd with no
-decompositions); `torch:aot_eager_kiln_decomps` (TorchDynamo and AOTAutograd with kiln's decomposition
-table and partitioner, the graphs run by torch: kiln's decompositions without kiln's frontend);
-`kiln:<rung>` (kiln.compile with a rung of its ladder).
+Backends: eager; `eager~` (eager on the batch times (1 + 2^-22 n), n standard normal, against float64 on
+that batch: an equally precise run whose bf16 roundings fall elsewhere, the yardstick for the spread of
+the loss error, as in benchmarks.loss_seeds); `torch:aot_eager` (torch.compile's aot_eager: TorchDynamo
+and AOTAutograd with no decompositions); `torch:aot_eager_kiln_decomps` (TorchDynamo and AOTAutograd
+with kiln's decomposition table and partitioner, the graphs run by torch: kiln's decompositions without
+kiln's frontend); `kiln:<rung>` (kiln.compile with a rung of its ladder).
 
 Dropout: timm's default ViT has every dropout probability 0 (as this one by default). With --dropout p,
 every run of a seed starts from the same torch.manual_seed, so eager and the float64 reference draw the
 same masks (CPU bernoulli draws do not depend on the dtype); a compiled backend that consumed the
 generator differently would draw other masks and show a large error, never a small one.
 
-Per seed it prints the loss's signed error loss - loss64, the logits' relative error ||z - z64|| / ||z64||
-and the gradients' relative error over all parameters; then the median and the root mean square of the
-absolute values per backend, on how many seeds benchmarks.run's rule (|error| at most 2x eager's plus 16
-float32 ulp) rejects the loss, and the correlation of the loss errors with eager's. The loss is one number, the logits and gradients thousands: a backend whose error
-is systematically larger shows it in their norms long before it shows in a median of loss errors.
-Writes nothing else.
+Per seed it prints the loss's signed error loss - loss64, the logits' relative error ||z - z64|| /
+||z64|| and the gradients' relative error over all parameters; then the median and the root mean square
+of the absolute values per backend, on how many seeds benchmarks.run's rule (|error| at most 2x eager's
+plus 16 float32 ulp) rejects the loss, and the correlation of the loss errors with eager's. The loss is
+one number, the logits and gradients thousands: a backend whose error is systematically larger shows it
+in their norms long before it shows in a median of loss errors. Writes nothing else.
 """
 from __future__ import annotations
 
@@ -177,8 +177,9 @@ def main(argv: list[str]) -> int:
     reference = copy.deepcopy(model).double()
     backends = args.backends.split(",")
     programs = {backend: compiled(model, backend) for backend in backends}
-    print(f"ViT dim {args.dim} depth {args.depth} heads {args.heads}, batch {args.batch} x 3x{args.image}x{args.image}, "
-          f"patch {args.patch}, dropout {args.dropout}; torch {torch.__version__}; CPU bf16 autocast")
+    print(f"ViT dim {args.dim} depth {args.depth} heads {args.heads}, "
+          f"batch {args.batch} x 3x{args.image}x{args.image}, patch {args.patch}, dropout {args.dropout}; "
+          f"torch {torch.__version__}; CPU bf16 autocast")
     print("| seed | float64 loss | " + " | ".join(f"{b}: loss / logits / grads" for b in backends) + " |")
     print("|---|---|" + "---|" * len(backends))
     loss_errors: dict = {b: [] for b in backends}  # signed: loss - float64's
@@ -203,7 +204,8 @@ def main(argv: list[str]) -> int:
             loss_errors[backend].append(loss - exact)
             logit_errors[backend].append(float((logits - exact_logits).norm() / exact_logits.norm()))
             grad_errors[backend].append(float((grads - exact_grads).norm() / exact_grads.norm()))
-            cells.append(f"{loss_errors[backend][-1]:+.3g} / {logit_errors[backend][-1]:.4g} / {grad_errors[backend][-1]:.4g}")
+            cells.append(f"{loss_errors[backend][-1]:+.3g} / {logit_errors[backend][-1]:.4g} / "
+                         f"{grad_errors[backend][-1]:.4g}")
         if not args.summary_only:
             print(f"| {seed} | {exact_losses[-1]:.6f} | " + " | ".join(cells) + " |", flush=True)
     absolute = {b: [abs(error) for error in loss_errors[b]] for b in backends}
@@ -216,8 +218,9 @@ def main(argv: list[str]) -> int:
         # benchmarks.run's rule for the loss (kiln.testing.compare on a float32 scalar) against eager's error
         allowed = [2 * abs(error) + 16 * torch.finfo(torch.float32).eps * abs(exact)
                    for error, exact in zip(eager, exact_losses)]
+        rejected = {b: sum(abs(error) > bound for error, bound in zip(loss_errors[b], allowed)) for b in backends}
         print("| loss rejected by the 2x-eager rule | | " + " | ".join(
-            f"{sum(abs(e) > bound for e, bound in zip(loss_errors[b], allowed))} of {args.seeds}" for b in backends) + " |")
+            f"{rejected[b]} of {args.seeds}" for b in backends) + " |")
         if args.seeds > 2:
             print("| loss error's correlation with eager's | | " + " | ".join(
                 f"{statistics.correlation(loss_errors[b], eager):.2f}" for b in backends) + " |")

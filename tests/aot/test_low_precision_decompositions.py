@@ -98,7 +98,8 @@ def _assert_as_precise(got, want, reference, where: str) -> None:
     error, eager_error = (got.double() - reference), (want.double() - reference)
     # floors for an eager result that is exact: one ulp of a typical value (norm), of the largest (max)
     eps = torch.finfo(want.dtype).eps
-    typical_ulp, largest_ulp = eps * float(reference.norm()) / reference.numel() ** 0.5, eps * float(reference.abs().max())
+    typical_ulp = eps * float(reference.norm()) / reference.numel() ** 0.5
+    largest_ulp = eps * float(reference.abs().max())
     norm, eager_norm = float(error.norm()), float(eager_error.norm())
     assert norm <= NORM_FACTOR * eager_norm + typical_ulp, \
         f"{where}: error norm {norm:.4g}, eager's {eager_norm:.4g} ({norm / max(eager_norm, 1e-300):.3f}x)"
