@@ -11,7 +11,9 @@ backward decompositions meet bf16 and fp16.
 
 Dropout's backward is eager's on each device: CUDA's kernel keeps the scale in float32, the CPU's F.dropout
 rounds it to the input's dtype forward and backward. The CUDA form is checked here against the kernel
-that computes it (the CPU's native_dropout_backward), the CPU form against F.dropout's own backward, and
+that computes it (the CPU's native_dropout_backward), the table's choice of form by tracing it on fake
+CUDA and CPU tensors (at 97070cc the CUDA trace multiplied in bf16), the CPU form against F.dropout's
+own backward, and
 the CPU form through kiln.compile, on the aot_eager rung and through kiln's kernels on both CPU backends
 (kiln's accuracy rule would not see a 1.38x: its floor for a bf16 result is 16 bf16 ulp of the largest value).
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import kiln
 from kiln import _torch
@@ -132,6 +135,19 @@ def test_dropout_backward_for_cuda_keeps_the_scale_in_float32(dtype):
 def test_dropout_backward_on_the_cpu_is_f_dropouts(dtype):
     grad, mask, eager = _dropped(dtype)
     assert torch.equal(decomposition_table()[aten.native_dropout_backward.default](grad, mask, 1 / 0.9), eager)
+
+@pytest.mark.parametrize("device,computed_in", [("cuda", torch.float32), ("cpu", torch.bfloat16)])
+def test_dropout_backward_in_the_table_follows_the_gradients_device(device, computed_in):
+    """The table's decomposition, traced on fake tensors (no GPU needed): on CUDA grad * mask * scale is
+    multiplied in float32, on the CPU in the gradient's dtype."""
+    decomposition = decomposition_table()[aten.native_dropout_backward.default]
+    with _torch.FakeTensorMode():
+        grad = torch.empty(4, 8, dtype=torch.bfloat16, device=device)
+        mask = torch.empty(4, 8, dtype=torch.bool, device=device)
+        graph = make_fx(lambda grad, mask: decomposition(grad, mask, 1 / 0.9))(grad, mask)
+    products = [node.meta["val"].dtype for node in graph.graph.nodes if node.target == aten.mul.Tensor]
+    assert products and set(products) == {computed_in}, products
+
 
 def _through_dropout(x, weight):
     """F.dropout: traced to native_dropout (an extern: eager's CPU kernel) and native_dropout_backward."""
