@@ -180,7 +180,7 @@ session1|session2|session3)
     session2)
         "$PYTHON" -m benchmarks.run --suite models --modes train --backends eager,inductor,kiln --only llama,vit \
             --budget 300 --timeout 110 --label "train-a-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
-        timeout 100 "$PYTHON" -m benchmarks.loss_seeds --model vit --seeds 4 --backends eager,kiln \
+        timeout 100 "$PYTHON" -m benchmarks.loss_seeds --model vit --seeds 4 --backends eager,eager~,kiln \
             > "$OUT_DIR/loss_seeds_vit.md" 2>&1
         grep "^|" "$OUT_DIR/loss_seeds_vit.md"
         ;;
@@ -210,7 +210,7 @@ close1|close2)
     else
         "$PYTHON" -m benchmarks.run --suite models --modes train --backends eager,inductor,kiln --only resnet50,bert \
             --budget 330 --timeout 120 --label "train-b-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
-        timeout 130 "$PYTHON" -m benchmarks.loss_seeds --model vit --seeds 4 --backends eager,kiln:aot_eager,kiln \
+        timeout 130 "$PYTHON" -m benchmarks.loss_seeds --model vit --seeds 4 --backends eager,eager~,kiln:aot_eager,kiln \
             > "$OUT_DIR/loss_seeds_vit.md" 2>&1
         grep "^|" "$OUT_DIR/loss_seeds_vit.md"
         timeout 220 "$PYTHON" -m benchmarks.warm_start --only llama --label "warm-start-llama-$commit" \

@@ -149,9 +149,37 @@ def soft_margin_loss_backward(grad_output, input, target, reduction=_MEAN_REDUCT
     return grad_input.to(input.dtype)
 
 
+def native_dropout_backward(grad_output, mask, scale):
+    """`aten.native_dropout_backward` as eager's dropout computes it on the gradient's device.
+
+    On CUDA, F.dropout runs the fused native_dropout kernel, whose backward (masked_scale) computes
+    grad * mask * scale in float32 and rounds once. torch's decomposition scales the mask first, in the
+    gradient's dtype: for fp16/bf16, 1/(1-p) was rounded (1.109375 for p = 0.1, 0.16% low) and every
+    gradient through dropout was scaled by it, then rounded again: 1.36x eager's error in norm
+    (tests/aot/test_low_precision_decompositions.py). On the CPU, F.dropout multiplies by a noise tensor
+    of the input's dtype, 1/(1-p) rounded to it, forward and backward, and the graph's native_dropout
+    (traced from F.dropout) is an extern whose CPU kernel gives those same forward values: there torch's
+    decomposition is eager's backward bit for bit (not the CPU's native_dropout_backward kernel, which
+    keeps the scale in float32, for the rare program that calls native_dropout itself).
+    """
+    return dropout_backward_as_eager(grad_output, mask, scale, scale_in_grad_dtype=grad_output.device.type == "cpu")
+
+
+def dropout_backward_as_eager(grad_output, mask, scale, *, scale_in_grad_dtype: bool):
+    """grad * mask * scale, with the scale in the gradient's dtype (eager's CPU dropout) or in float32 for
+    fp16/bf16, rounded once (eager's CUDA kernel); laid out in the gradient's memory format, as torch's is."""
+    if scale_in_grad_dtype:
+        result = grad_output * (mask.to(grad_output.dtype) * scale)
+    else:
+        dtype = torch.float32 if grad_output.dtype in (torch.float16, torch.bfloat16) else grad_output.dtype
+        result = (grad_output.to(dtype) * mask.to(dtype) * scale).to(grad_output.dtype)
+    return result.clone(memory_format=_torch.suggest_memory_format(grad_output))
+
+
 # kiln's own decompositions, replacing core ATen's for these ops.
 OWN_DECOMPOSITIONS = {aten._softmax.default: softmax, aten.index.Tensor: index,
-                      aten.soft_margin_loss_backward.default: soft_margin_loss_backward}
+                      aten.soft_margin_loss_backward.default: soft_margin_loss_backward,
+                      aten.native_dropout_backward.default: native_dropout_backward}
 if hasattr(aten, "_fused_rms_norm"):
     OWN_DECOMPOSITIONS[aten._fused_rms_norm.default] = fused_rms_norm
 
