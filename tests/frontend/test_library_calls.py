@@ -140,3 +140,30 @@ def test_arithmetic_on_constants_raises_out_of_the_frame():
 
     with pytest.raises(ZeroDivisionError):
         kiln.compile(program)(torch.ones(2), 0)
+
+
+def test_sorted_items_holding_tensors_orders_by_the_known_parts():
+    """`sorted(d.items())` of str keys and tensor values: Python never compares the tensors (the keys differ)."""
+    def program(x):
+        parts = {f"k{index}": x * index for index in (2, 0, 1)}
+        total = 0
+        for key, value in sorted(parts.items()):
+            total = total + value.sum() * int(key[1:])
+        return total, [key for key, _ in sorted(parts.items(), reverse=True)]
+
+    x = torch.randn(3)
+    _same(program(x), kiln.compile(program, fullgraph=True)(x))
+
+
+def test_sorted_that_compares_a_tensor_breaks_and_type_errors_raise():
+    def ties(x):
+        return sorted([("a", x), ("a", x + 1)])[0][1] * 2
+
+    def mixed(x):
+        return x * len(sorted([1, "a"]))
+
+    x = torch.randn(3)
+    with pytest.raises(kiln.frontend.FullgraphError, match="sorted"):
+        kiln.compile(ties, fullgraph=True)(x)
+    with pytest.raises(TypeError):
+        kiln.compile(mixed)(x)

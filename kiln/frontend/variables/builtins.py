@@ -857,11 +857,43 @@ def _sorted(tx, args, kwargs):
         scores = items
     else:
         scores = [key.call(tx, [item], {}) for item in items]
-    if not all(score.is_constant() for score in scores) or not reverse.is_constant():
-        raise Unsupported("sorted() by values not known at trace time")
-    values = [score.as_constant() for score in scores]
-    order = _run(sorted, [range(len(items))], {"key": values.__getitem__, "reverse": bool(reverse.as_constant())})
+    if not reverse.is_constant():
+        raise Unsupported("sorted() with a reverse flag not known at trace time")
+    values = [_sort_value(score) for score in scores]
+    arguments = [range(len(items))], {"key": values.__getitem__, "reverse": bool(reverse.as_constant())}
+    try:
+        order = sorted(*arguments[0], **arguments[1])
+    except Unsupported:
+        raise  # an order that depends on data
+    except Exception:  # noqa: BLE001 (TypeError: '<' between str and int): the program raises it, as _run says
+        order = _run(sorted, *arguments)
     return ListVariable([items[index] for index in order])
+
+
+class _Unordered:
+    """A sort key's part whose value the trace does not know (a tensor in `(name, tensor)`): Python compares
+    tuples element by element, so it is compared only where the elements before it tie, and then the order
+    depends on data: a graph break. Equal to itself alone, as Python's identity test in `==` makes it."""
+
+    def __init__(self, variable: Variable):
+        self.variable = variable
+
+    def __eq__(self, other):
+        if other is self:
+            return True
+        raise Unsupported(f"sorted() comparing {self.variable.describe()} (values not known at trace time)")
+
+    __lt__ = __gt__ = __le__ = __ge__ = __eq__
+    __hash__ = object.__hash__
+
+
+def _sort_value(variable: Variable) -> Any:
+    """A sort key as Python compares it: constants as they are, tuples and lists element by element."""
+    if variable.is_constant():
+        return variable.as_constant()
+    if isinstance(variable, BaseListVariable) and variable.python_type() in (tuple, list):
+        return variable.python_type()(_sort_value(item) for item in variable.items)
+    return _Unordered(variable)
 
 
 def _structural(fn):
