@@ -275,6 +275,31 @@ def test_whisper_inference():
     check_inference(whisper(), whisper_inputs)
 
 
+def test_mamba_inference():
+    """Mamba (default config, its cache on): its cache layers call dict.fromkeys, its conv's reference path makes
+    `ACT2FN[...]` modules and pytree specs inside the forward, and `torch.tensor(0, dtype=int)`; each ran its
+    MambaModel.forward eagerly until 2026-12-04. torch.vmap's first call (from associative_scan) takes a lock: graph
+    breaks on the first call; the calls after compile nothing more."""
+    torch.manual_seed(0)
+    model = transformers.MambaForCausalLM(transformers.MambaConfig(
+        hidden_size=HIDDEN, state_size=4, num_hidden_layers=LAYERS, vocab_size=VOCAB)).eval()
+    reference_model = copy.deepcopy(model).to(torch.float64)
+    compiled, graphs = compile_counted(model)
+    for call in range(2):
+        input_ids = tokens()
+        report = ExplainReport()
+        with torch.no_grad(), kiln.config.patch(strict=False):  # its graph breaks are expected
+            eager = model(input_ids=input_ids)
+            with _recording(report):
+                actual = compiled(input_ids=input_ids)
+            reference = reference_model(input_ids=input_ids)
+        assert not [frame.eager_reason for frame in report.frames if frame.eager_reason]
+        assert not [graph.fallback for graph in report.graphs if graph.fallback is not None]
+        assert (len(report.graphs) > 0) == (call == 0)
+        verdict = compare(actual.logits, eager.logits, reference.logits)
+        assert verdict, f"Mamba inference (call {call + 1}): {verdict.message}"
+
+
 # --------------------------------------------------------------------------- training
 
 @pytest.mark.parametrize("make_model", [gpt2, llama, mistral, qwen2, gpt_neox], ids=lambda make: make.__name__)
