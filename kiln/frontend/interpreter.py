@@ -33,7 +33,7 @@ from kiln.frontend.sources import ItemSource, Source
 from kiln.frontend.variables import builder
 from kiln.frontend.variables import kinds  # noqa: F401 (its import registers every tracker kind with builder.wrap)
 from kiln.frontend.variables.base import NONE, NULL, ConstantVariable, Variable, is_same, is_trusted_module
-from kiln.frontend.variables.builtins import SetVariable
+from kiln.frontend.variables.sets import SetVariable
 from kiln.frontend.variables.containers import (MAX_ITERATION_STEPS, BaseIteratorVariable, DictVariable,
                                                 ExternalDictVariable, ListVariable, SliceVariable, TupleVariable,
                                                 hashable_key, iterate, unpack_iterable)

@@ -19,7 +19,8 @@ from kiln.frontend.variables.base import (ConstantVariable, Variable, has_python
                                          run_on_constants)
 from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, CounterVariable,
                                                 DictVariable, ExternalDictVariable, ListVariable, TupleVariable,
-                                                compare_equal, counter_arithmetic)
+                                                ListIteratorLike, compare_equal, counter_arithmetic)
+from kiln.frontend.variables.sets import SetVariable
 from kiln.frontend.variables.modules import ModuleVariable
 from kiln.frontend.variables.objects import ModelOutputVariable
 from kiln.frontend.variables.tensor import (SymNumberVariable, TensorVariable, is_number,
@@ -101,9 +102,6 @@ _SET_OPERATORS = {"|": "update", "&": "intersection_update", "-": "difference_up
 
 def _set_values(variable: Variable) -> set | frozenset | None:
     """The elements of a set-like operand of constants (a set, a frozenset, a dict's keys or items view), else None."""
-    from kiln.frontend.variables.builtins import SetVariable
-    from kiln.frontend.variables.containers import ListIteratorLike
-
     if isinstance(variable, SetVariable):
         return set(variable.values)
     if isinstance(variable, ListIteratorLike) and variable.kind in ("dict_keys", "dict_items") and \
@@ -117,8 +115,6 @@ def _set_values(variable: Variable) -> set | frozenset | None:
 def _set_op(tx, base: str, inplace: bool, left: Variable, right: Variable) -> Variable | None:
     """`a | b`, `a & b`, `a - b`, `a ^ b` (and `|=`...) on sets of constants, dict key views and frozensets,
     as Python computes them; an in-place one on a set updates it (an outside set's update is replayed)."""
-    from kiln.frontend.variables.builtins import SetVariable
-
     values = _set_values(left), _set_values(right)
     if values[0] is None or values[1] is None:
         return None

@@ -43,7 +43,7 @@ from kiln.frontend.guards import FrameSignature, GuardBuilder, SourceRenderer, c
 from kiln.frontend.sources import (AttrSource, ClosureCellSource, ItemSource, LocalSource, NamedSource, ScalarTensorSource,
                                    Source, TensorPropertySource)
 from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
-from kiln.frontend.variables.builtins import SetVariable
+from kiln.frontend.variables.sets import SetVariable
 from kiln.frontend.variables.containers import DictVariable, ListVariable, SliceVariable, TupleVariable
 from kiln.frontend.variables.functions import CellVariable
 from kiln.frontend.variables.objects import DELETED, ModelOutputVariable, NewObjectVariable, UserObjectVariable

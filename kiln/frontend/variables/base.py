@@ -322,6 +322,16 @@ def run_on_constants(fn, values: list, keywords: dict) -> Any:
                                type(error), arguments) from None
 
 
+def constant_arguments(args, kwargs) -> tuple[list, dict] | None:
+    """Call arguments as Python values, when every one is a constant; else None."""
+    if all(arg.is_constant() for arg in args) and all(arg.is_constant() for arg in kwargs.values()):
+        try:
+            return [arg.as_constant() for arg in args], {key: arg.as_constant() for key, arg in kwargs.items()}
+        except Unsupported:
+            return None
+    return None
+
+
 def constant(value: Any) -> ConstantVariable:
     return ConstantVariable(value)
 

@@ -26,8 +26,9 @@ from kiln.frontend.errors import Unsupported
 from kiln.frontend.sources import AttrSource, ItemSource, LocalSource
 from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import ConstantVariable, Variable, is_constant_value
-from kiln.frontend.variables.builtins import SetVariable, builtin_class_method, builtin_variable
+from kiln.frontend.variables.builtins import builtin_class_method, builtin_variable
 from kiln.frontend.variables.containers import DictVariable, ExternalDictVariable, ListVariable, TupleVariable
+from kiln.frontend.variables.sets import SetVariable
 from kiln.frontend.variables.functions import (BoundMethodVariable, LruCacheVariable, MethodDescriptorVariable,
                                                OpaqueFunctionVariable, PartialVariable, TorchFunctionVariable,
                                                UserFunctionVariable, is_library_function, is_torch_function)
