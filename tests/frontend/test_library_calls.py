@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import heapq
 import itertools
 import operator
 
@@ -167,3 +168,31 @@ def test_sorted_that_compares_a_tensor_breaks_and_type_errors_raise():
         kiln.compile(ties, fullgraph=True)(x)
     with pytest.raises(TypeError):
         kiln.compile(mixed)(x)
+
+
+_QUEUE = [5, 1, 4]
+
+
+def _heaps(x):
+    local = [(3, "c"), (1, "a"), (2, "b")]
+    heapq.heapify(local)
+    heapq.heappush(local, (0, "z"))
+    first = heapq.heappop(local)
+    heapq.heapify(_QUEUE)
+    heapq.heappush(_QUEUE, 2)
+    smallest = heapq.heappop(_QUEUE)
+    return x * smallest + first[0], local, heapq.nlargest(2, [3, 9, 1]), heapq.nsmallest(1, [(2, x), (1, x * 2)],
+                                                                                         key=lambda item: item[0])
+
+
+def test_heapq_on_lists_of_known_values():
+    """heapq on a local list and on a global one (its reordering replayed on the real list), nsmallest with a key
+    over tuples holding tensors."""
+    global _QUEUE
+    x = torch.randn(3)
+    _QUEUE = [5, 1, 4]
+    expected, expected_queue = _heaps(x), list(_QUEUE)
+    _QUEUE = [5, 1, 4]
+    actual = kiln.compile(_heaps, fullgraph=True)(x)
+    _same(expected, actual)
+    assert _QUEUE == expected_queue

@@ -16,6 +16,7 @@ import collections
 import copy
 import dataclasses
 import functools
+import heapq
 import itertools
 import math
 import operator
@@ -909,6 +910,51 @@ def _getter(kind: type):
     return handler
 
 
+class _HeapEntry:
+    """A list item as heapq compares it: by its sort value (`_sort_value`), carrying its tracker."""
+
+    def __init__(self, variable: Variable):
+        self.variable = variable
+        self.value = _sort_value(variable)
+
+    def __lt__(self, other: "_HeapEntry") -> bool:
+        return self.value < other.value
+
+
+def _heap_mutator(fn):
+    """heapq.heappush / heappop / heapify / heappushpop / heapreplace on a list the trace holds: heapq itself
+    reorders the items (compared by their known values; a comparison that reaches a tensor breaks), and the
+    list records the change (an outside list's is replayed)."""
+    def handler(tx, args, kwargs):
+        if kwargs or not args or not isinstance(args[0], ListVariable):
+            raise Unsupported(f"heapq.{fn.__name__} on {args[0].describe() if args else 'nothing'}")
+        heap = [_HeapEntry(item) for item in args[0].items]
+        extra = [_HeapEntry(arg) for arg in args[1:]]
+        try:
+            result = fn(heap, *extra)
+        except Unsupported:
+            raise
+        except Exception as error:  # noqa: BLE001 (IndexError: pop from an empty heap): the program raises it
+            raise ProgramException(f"heapq.{fn.__name__}() raises {type(error).__name__}: {error}", type(error),
+                                   [ConstantVariable(arg) for arg in error.args if is_constant_value(arg)]) from None
+        args[0].items[:] = [entry.variable for entry in heap]
+        args[0]._mutated(tx)
+        return result.variable if isinstance(result, _HeapEntry) else NONE
+
+    return handler
+
+
+def _heap_select(largest: bool):
+    """heapq.nsmallest / nlargest(n, iterable, key=None): sorted(iterable, key=key)[:n], as heapq documents."""
+    def handler(tx, args, kwargs):
+        if len(args) != 2 or set(kwargs) - {"key"}:
+            raise Unsupported("heapq.nsmallest/nlargest with these arguments (the program raises TypeError)")
+        ordered = _sorted(tx, [args[1]], {**kwargs, "reverse": ConstantVariable(largest)})
+        return ListVariable(ordered.items[:max(0, int(args[0].as_constant()))])
+
+    return handler
+
+
 _HANDLERS: dict[Any, Callable] = {
     builtins.len: _len, builtins.isinstance: _isinstance, builtins.issubclass: _issubclass,
     builtins.type: _type, builtins.getattr: _getattr, builtins.hasattr: _hasattr, builtins.setattr: _setattr,
@@ -943,6 +989,10 @@ _HANDLERS: dict[Any, Callable] = {
     itertools.combinations_with_replacement: _structural(itertools.combinations_with_replacement),
     itertools.pairwise: _structural(itertools.pairwise), itertools.zip_longest: _structural(itertools.zip_longest),
     operator.itemgetter: _getter(operator.itemgetter), operator.attrgetter: _getter(operator.attrgetter),
+    heapq.heappush: _heap_mutator(heapq.heappush), heapq.heappop: _heap_mutator(heapq.heappop),
+    heapq.heapify: _heap_mutator(heapq.heapify), heapq.heappushpop: _heap_mutator(heapq.heappushpop),
+    heapq.heapreplace: _heap_mutator(heapq.heapreplace), heapq.nsmallest: _heap_select(False),
+    heapq.nlargest: _heap_select(True),
 }
 for _symbol, _fn in BINARY_OPERATORS.items():
     _HANDLERS[_fn] = _operator_binary(_symbol)
