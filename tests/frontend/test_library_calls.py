@@ -5,6 +5,7 @@ constants. Each was a graph break (sorted over dict items, a set operator and a 
 eagerly) before 2026-12-04."""
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import heapq
@@ -181,7 +182,7 @@ def _heaps(x):
     heapq.heapify(_QUEUE)
     heapq.heappush(_QUEUE, 2)
     smallest = heapq.heappop(_QUEUE)
-    return x * smallest + first[0], local, heapq.nlargest(2, [3, 9, 1]), heapq.nsmallest(1, [(2, x), (1, x * 2)],
+    return x * smallest + first[0] + bisect.bisect_left([1, 3, 5], 4), local, heapq.nlargest(2, [3, 9, 1]), heapq.nsmallest(1, [(2, x), (1, x * 2)],
                                                                                          key=lambda item: item[0])
 
 

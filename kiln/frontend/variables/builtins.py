@@ -11,6 +11,7 @@ recorded and replayed after the graph (kiln/frontend/replay.py).
 from __future__ import annotations
 
 import ast
+import bisect
 import builtins
 import collections
 import copy
@@ -992,7 +993,8 @@ _HANDLERS: dict[Any, Callable] = {
     heapq.heappush: _heap_mutator(heapq.heappush), heapq.heappop: _heap_mutator(heapq.heappop),
     heapq.heapify: _heap_mutator(heapq.heapify), heapq.heappushpop: _heap_mutator(heapq.heappushpop),
     heapq.heapreplace: _heap_mutator(heapq.heapreplace), heapq.nsmallest: _heap_select(False),
-    heapq.nlargest: _heap_select(True),
+    heapq.nlargest: _heap_select(True), bisect.bisect_left: _pure(bisect.bisect_left),
+    bisect.bisect_right: _pure(bisect.bisect_right),
 }
 for _symbol, _fn in BINARY_OPERATORS.items():
     _HANDLERS[_fn] = _operator_binary(_symbol)
