@@ -197,3 +197,43 @@ def test_heapq_on_lists_of_known_values():
     actual = kiln.compile(_heaps, fullgraph=True)(x)
     _same(expected, actual)
     assert _QUEUE == expected_queue
+
+
+_SETTINGS = {"a": 1}
+
+
+def _views_after_mutation(x):
+    local = {"a": 1}
+    keys, items = local.keys(), local.items()
+    local["b"] = 2
+    values = _SETTINGS.values()
+    _SETTINGS["c"] = 5
+    return x * len(keys) + sum(values), list(keys), list(items), keys
+
+
+def test_dict_views_are_live():
+    """A dict's keys/values/items view sees later changes to the dict, as Python's does (kiln's views were
+    snapshots: len(keys) after d[k] = v was the old length, a silent wrong answer); a returned view is a view of
+    the returned dict."""
+    x = torch.ones(2)
+    _SETTINGS.clear()
+    _SETTINGS["a"] = 1
+    expected = _views_after_mutation(x)
+    _SETTINGS.clear()
+    _SETTINGS["a"] = 1
+    actual = kiln.compile(_views_after_mutation, fullgraph=True)(x)
+    _same(expected[:3], actual[:3])
+    assert type(actual[3]) is type({}.keys()) and list(actual[3]) == ["a", "b"]
+    assert _SETTINGS == {"a": 1, "c": 5}
+
+
+def test_a_dict_view_live_across_a_graph_break():
+    def program(x):
+        scores = {"a": x, "b": x * 2}
+        names = scores.keys()
+        print(x.sum())  # a graph break with the view live
+        scores["c"] = x * 3
+        return sum(scores[name] for name in names), len(names)
+
+    x = torch.randn(3)
+    _same(program(x), kiln.compile(program)(x))

@@ -406,13 +406,8 @@ class DictVariable(Variable):
                 self.entries[python_key] = (args[0], args[1] if len(args) > 1 else NONE)
                 self._mutated(tx)
             return self.entries[python_key][1]
-        if name == "keys":
-            return ListIteratorLike(self.unpack(tx), "dict_keys")
-        if name == "values":
-            return ListIteratorLike([value for _, value in self.entries.values()], "dict_values")
-        if name == "items":
-            return ListIteratorLike([TupleVariable([key, value]) for key, value in self.entries.values()],
-                                    "dict_items")
+        if name in _VIEW_KINDS:
+            return DictViewVariable(tx, self, _VIEW_KINDS[name])
         if name == "__contains__":
             return ConstantVariable(self.contains(tx, args[0]))
         if name == "update":
@@ -439,6 +434,14 @@ class DictVariable(Variable):
             self.getitem(tx, args[0])  # a missing key raises, as `del` would
             return self.call_method(tx, "pop", args, {})
         return super().call_method(tx, name, args, kwargs)
+
+    def view_items(self, tx, kind: str) -> list[Variable]:
+        """What its keys(), values() or items() view holds now."""
+        if kind == "dict_keys":
+            return [key for key, _ in self.entries.values()]
+        if kind == "dict_values":
+            return [value for _, value in self.entries.values()]
+        return [TupleVariable([key, value]) for key, value in self.entries.values()]
 
     def update_from(self, tx, other: Variable) -> None:
         if isinstance(other, DictVariable):
@@ -682,6 +685,17 @@ class ExternalDictVariable(Variable):
     def truth(self, tx) -> bool:
         return bool(self.keys(tx))
 
+    def view_items(self, tx, kind: str) -> list[Variable]:
+        """What its keys(), values() or items() view holds now (read, and guarded, as the dict's own reads)."""
+        if self.materialized is not None:
+            return self.materialized.view_items(tx, kind)
+        keys = self.keys(tx)
+        if kind == "dict_keys":
+            return [self.key_variable(key) for key in keys]
+        if kind == "dict_values":
+            return [self.item(tx, key) for key in keys]
+        return [TupleVariable([self.key_variable(key), self.item(tx, key)]) for key in keys]
+
     def length(self, tx) -> int:
         return len(self.keys(tx))
 
@@ -727,13 +741,10 @@ class ExternalDictVariable(Variable):
             return args[1] if len(args) > 1 else NONE
         if name == "__contains__":
             return ConstantVariable(self.contains(tx, args[0]))
-        if name in ("keys", "__iter__"):
+        if name in _VIEW_KINDS:
+            return DictViewVariable(tx, self, _VIEW_KINDS[name])
+        if name == "__iter__":
             return ListIteratorLike(self.unpack(tx), "dict_keys")
-        if name == "values":
-            return ListIteratorLike([self.item(tx, key) for key in self.keys(tx)], "dict_values")
-        if name == "items":
-            return ListIteratorLike([TupleVariable([self.key_variable(key), self.item(tx, key)])
-                                     for key in self.keys(tx)], "dict_items")
         if name == "copy":
             return DictVariable({key: (self.key_variable(key), self.item(tx, key)) for key in self.keys(tx)},
                                 dict_type=collections.defaultdict if isinstance(self.value, collections.defaultdict)
@@ -756,6 +767,29 @@ class ListIteratorLike(BaseListVariable):
     def python_type(self) -> type:
         return {"dict_keys": type({}.keys()), "dict_values": type({}.values()),
                 "dict_items": type({}.items())}.get(self.kind, list)
+
+
+_VIEW_KINDS = {"keys": "dict_keys", "values": "dict_values", "items": "dict_items"}
+
+
+class DictViewVariable(ListIteratorLike):
+    """`d.keys()`, `d.values()`, `d.items()`: a live view, as Python's. What it holds is read from its dict at each
+    use (after `d[k] = v`, the view has k: a snapshot taken at the call gave the old entries, a wrong answer), and
+    it rebuilds as that view of the rebuilt dict."""
+
+    def __init__(self, tx, owner: Variable, kind: str):  # noqa: D107 (no BaseListVariable state: items is read)
+        self.owner = owner
+        self.kind = kind
+        self.source = None
+        self._tx = tx
+
+    @property
+    def items(self) -> list[Variable]:
+        return self.owner.view_items(self._tx, self.kind)
+
+    def reconstruct(self, codegen) -> str:
+        method = {kind: name for name, kind in _VIEW_KINDS.items()}[self.kind]
+        return f"{codegen.value(self.owner)}.{method}()"
 
 
 MAX_ITERATION_STEPS = 10_000
