@@ -161,6 +161,24 @@ def _wrong_gradient_backend(gm, example_inputs):
     return lambda *args: [_DoubledGradient.apply(out) if out.requires_grad else out for out in compiled(*args)]
 
 
+class _ShiftedGradient(torch.autograd.Function):
+    """The identity, with a backward one more than the true one."""
+
+    @staticmethod
+    def forward(ctx, value):
+        return value.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad + 1
+
+
+def _shifted_input_gradient_backend(gm, example_inputs):
+    """aot_eager's forward values, every floating input's gradient shifted by one."""
+    compiled = graph_compiler("aot_eager")(gm, example_inputs)
+    return lambda *args: compiled(*[_ShiftedGradient.apply(arg) if arg.requires_grad else arg for arg in args])
+
+
 def _detaching_backend(gm, example_inputs):
     """aot_eager's values, but outputs cut from autograd."""
     compiled = graph_compiler("aot_eager")(gm, example_inputs)
@@ -179,5 +197,8 @@ def test_backward_direction_classifies_gradients():
     detached = [result for result in run_case(case, backend=_detaching_backend, max_samples=2)
                 if result.index in compared]
     assert _outcomes(detached) == {Outcome.MISMATCH} and "do not require grad" in detached[0].message
-    floor = run_case(Case("floor", "", "float32", "backward"), backend="aot_eager", max_samples=2)
-    assert _outcomes(floor) == {Outcome.NO_GRADIENT}  # a zero gradient is not compared
+    # A zero gradient is a result too (floor's; a norm's subgradient at zero): it is compared.
+    floor = Case("floor", "", "float32", "backward")
+    assert _outcomes(run_case(floor, backend="aot_eager", max_samples=2)) == {Outcome.PASS}
+    shifted = run_case(floor, backend=_shifted_input_gradient_backend, max_samples=2)
+    assert _outcomes(shifted) == {Outcome.MISMATCH} and shifted[0].message.startswith("gradient of input")
