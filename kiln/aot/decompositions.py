@@ -132,6 +132,17 @@ def index(source, indices):
     return dense.permute([outermost_first.index(dim) for dim in range(result.dim())])
 
 
+def take(source, index):
+    """`aten.take`: `source`'s elements in row-major order, gathered at `index` as advanced indexing.
+
+    torch's decomposition writes `source.reshape(-1)[index]`, Python indexing: a 0-d index tensor is
+    an integer index there, its value read with `.item()`, so tracing take (and put's backward, which
+    takes the gradient) failed on data: a 0-d index gave a compile error. aten.index gathers with an
+    index of any shape, 0-d included, and its result has the index's shape, as take's has.
+    """
+    return aten.index.Tensor(source.reshape(-1), [index])
+
+
 _MEAN_REDUCTION = 1  # torch.nn._reduction: 0 none, 1 mean, 2 sum
 
 
@@ -177,7 +188,7 @@ def dropout_backward_as_eager(grad_output, mask, scale, *, scale_in_grad_dtype: 
 
 
 # kiln's own decompositions, replacing core ATen's for these ops.
-OWN_DECOMPOSITIONS = {aten._softmax.default: softmax, aten.index.Tensor: index,
+OWN_DECOMPOSITIONS = {aten._softmax.default: softmax, aten.index.Tensor: index, aten.take.default: take,
                       aten.soft_margin_loss_backward.default: soft_margin_loss_backward,
                       aten.native_dropout_backward.default: native_dropout_backward}
 if hasattr(aten, "_fused_rms_norm"):

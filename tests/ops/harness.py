@@ -48,7 +48,7 @@ class Outcome:
     HARNESS_ERROR = "harness error"      # the harness (or kiln.testing.compare) broke: a test bug
     EAGER_ERROR = "eager error"          # eager itself raises: nothing to compare, skipped
     NO_TENSOR_OUTPUT = "no tensor output"  # the op returns only Python values: not a graph
-    DATA_DEPENDENT = "data-dependent"    # tracing needs tensor values (narrow(x, 0, tensor), nonzero):
+    DATA_DEPENDENT = "data-dependent"    # tracing needs tensor values (nonzero, masked_select) and
                                          # Dynamo graph-breaks there, so kiln never gets this graph
     NO_GRADIENT = "no gradient"          # backward: no input requires grad, or no output depends on one
 
@@ -436,8 +436,7 @@ def _run_forward(op, sample, index: int, backend) -> SampleResult:
         with kiln.config.patch(strict=True):
             compiled = compiler(sample_graph.gm, [copy_tensor(tensor) for tensor in sample_graph.tensors])
     except Exception as error:
-        outcome = Outcome.DATA_DEPENDENT if _is_data_dependent(error) else Outcome.COMPILE_ERROR
-        return SampleResult(index, outcome, _describe(error), check)
+        return SampleResult(index, *_compile_failure(error, sample_graph), check)
     stats = kernel_stats(compiled) or {}
 
     compiled_inputs = [copy_tensor(tensor) for tensor in sample_graph.tensors]
@@ -505,8 +504,6 @@ def _run_backward(op, sample, index: int, backend) -> SampleResult:
         return SampleResult(index, Outcome.EAGER_ERROR, "backward: " + _describe(error))
     if not any(grad.numel() for grad in eager_grads):
         return SampleResult(index, Outcome.NO_GRADIENT, "every gradient is empty")
-    if not any(grad.count_nonzero() for grad in eager_grads):  # floor, sign, round: nothing to compare
-        return SampleResult(index, Outcome.NO_GRADIENT, "eager's gradients are all zero")
     shape_only = shape_only or _random_in_eager(op, sample, distinct, eager_outputs)
     check = "shape" if shape_only else "values"
 
@@ -524,8 +521,7 @@ def _run_backward(op, sample, index: int, backend) -> SampleResult:
             with kiln.config.patch(strict=True):
                 compiled = compiler(sample_graph.gm, [_leaf_copy(tensor) for tensor in sample_graph.tensors])
         except Exception as error:
-            outcome = Outcome.DATA_DEPENDENT if _is_data_dependent(error) else Outcome.COMPILE_ERROR
-            return SampleResult(index, outcome, _describe(error), check)
+            return SampleResult(index, *_compile_failure(error, sample_graph), check)
 
         compiled_inputs = [_leaf_copy(tensor) for tensor in sample_graph.tensors]
         compiled_by_position = dict(zip(graph_positions, compiled_inputs))
@@ -711,6 +707,36 @@ def compare_metadata(actual: list, eager: list) -> tuple[bool, str]:
             return False, (f"output {position}: {tuple(got.shape)} {got.dtype}, "
                            f"eager {tuple(want.shape)} {want.dtype}")
     return True, "ok"
+
+
+def _compile_failure(error: BaseException, sample_graph: SampleGraph) -> tuple[str, str]:
+    """(outcome, message) of a sample whose graph the backend could not compile.
+
+    Tracing that needs a tensor's value is skipped as data-dependent only where Dynamo graph-breaks
+    there too, so that no backend ever receives the graph (nonzero, masked_select, cov's
+    aten.equal). Dynamo hands some such graphs to the backend whole, with the value as an unbacked
+    SymInt (narrow with a tensor start, take, index_put with a bool mask): a backend must compile
+    those, and failing to is a compile error.
+    """
+    if not _is_data_dependent(error):
+        return Outcome.COMPILE_ERROR, _describe(error)
+    if _dynamo_captures_whole(sample_graph):
+        return Outcome.COMPILE_ERROR, ("Dynamo captures this graph whole (torch.compile(fullgraph=True)), "
+                                       "a data-dependent value as an unbacked SymInt: " + _describe(error))
+    return Outcome.DATA_DEPENDENT, _describe(error)
+
+
+def _dynamo_captures_whole(sample_graph: SampleGraph) -> bool:
+    """Whether torch.compile(fullgraph=True) traces `sample_graph` and hands it to a backend in one piece."""
+    torch.compiler.reset()
+    inputs = [_leaf_copy(tensor) for tensor in sample_graph.tensors]
+    try:
+        torch.compile(sample_graph.gm, backend="eager", fullgraph=True)(*inputs)
+    except Exception:
+        return False
+    finally:
+        torch.compiler.reset()
+    return True
 
 
 def _is_data_dependent(error: BaseException | None) -> bool:
