@@ -1,6 +1,7 @@
 """Every corpus program, through kiln's frontend with the `eager` backend rung.
 
-For each program (tests/frontend/corpus_basic.py, corpus_objects.py, corpus_effects.py) the checker asks:
+For each program (tests/frontend/corpus_basic.py, corpus_objects.py, corpus_effects.py, corpus_library.py) the
+checker asks:
 1. the compiled result equals eager's;
 2. the first call made exactly one graph and no eager fallback;
 3. the second call does not run the program's Python body (no frame from a corpus
@@ -23,10 +24,10 @@ import torch
 
 from kiln.backend import graph_compiler
 from kiln.frontend import compile_function
-from tests.frontend import corpus_basic, corpus_effects, corpus_objects
+from tests.frontend import corpus_basic, corpus_effects, corpus_library, corpus_objects
 from tests.frontend.corpus_support import PROGRAMS
 
-CORPUS_FILES = {corpus_basic.__file__, corpus_objects.__file__, corpus_effects.__file__}
+CORPUS_FILES = {corpus_basic.__file__, corpus_objects.__file__, corpus_effects.__file__, corpus_library.__file__}
 
 
 def copy_arguments(value):
