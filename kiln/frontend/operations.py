@@ -121,7 +121,7 @@ def _set_op(tx, base: str, inplace: bool, left: Variable, right: Variable) -> Va
     if inplace and isinstance(left, SetVariable):
         left.call_method(tx, _SET_OPERATORS[base], [SetVariable(values[1])], {})
         return left
-    result = _run_constant(BINARY_OPERATORS[base], *values).value
+    result = run_on_constants(BINARY_OPERATORS[base], list(values), {})
     return SetVariable(result) if isinstance(result, set) else tx.wrap_sourceless(result)
 
 

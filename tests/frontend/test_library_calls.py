@@ -237,3 +237,22 @@ def test_a_dict_view_live_across_a_graph_break():
 
     x = torch.randn(3)
     _same(program(x), kiln.compile(program)(x))
+
+
+def test_defaultdict_with_a_factory_that_is_not_callable_raises_typeerror():
+    def program(x):
+        return x + len(collections.defaultdict(3))
+
+    with pytest.raises(TypeError):
+        kiln.compile(program)(torch.ones(2))
+
+
+def test_heappop_of_an_empty_heap_raises_the_programs_indexerror():
+    def program(x):
+        try:
+            heapq.heappop([])
+        except IndexError:
+            return x + 1
+        return x
+
+    torch.testing.assert_close(kiln.compile(program, fullgraph=True)(torch.ones(2)), torch.full((2,), 2.0))

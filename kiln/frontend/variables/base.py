@@ -312,9 +312,13 @@ class ArgumentConstant(ConstantVariable):
 
 
 def run_on_constants(fn, values: list, keywords: dict) -> Any:
-    """`fn(*values, **keywords)` on immutable constants, for real: what it raises, the program raises there."""
+    """`fn(*values, **keywords)` on immutable constants, for real: what it raises, the program raises there.
+    kiln's own signals (Unsupported, ProgramException) raised by a tracker `fn` calls back pass through as they are
+    (sorted's and heapq's comparisons reaching a tensor)."""
     try:
         return fn(*values, **keywords)
+    except Unsupported:
+        raise
     except Exception as error:
         arguments = [ConstantVariable(arg) for arg in error.args] \
             if all(is_constant_value(arg) for arg in error.args) else None

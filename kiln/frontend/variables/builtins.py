@@ -447,7 +447,7 @@ def builtin_class_method(value: Any) -> Variable | None:
     it: dict.fromkeys builds a dict; the pure ones run on constant arguments. None for any other (a class
     method of a C type, `datetime.now`, may read the world: the caller makes it opaque)."""
     owner = value.__self__
-    if value.__name__ == "fromkeys" and isinstance(owner, type) and issubclass(owner, dict):
+    if value.__name__ == "fromkeys" and issubclass(owner, dict):
         return BuiltinVariable(value, _fromkeys(owner))
     if (owner, value.__name__) in _PURE_CLASS_METHODS:
         return BuiltinVariable(value, _pure(value))
@@ -767,8 +767,9 @@ def _defaultdict(tx, args, kwargs):
     factory = args[0] if args else ConstantVariable(None)
     if len(args) > 2:
         raise Unsupported(f"defaultdict() with {len(args)} positional arguments (the program raises TypeError)")
-    if not (factory.is_constant() and factory.as_constant() is None) and not factory.truth(tx):
-        raise Unsupported("defaultdict() with a factory that is not callable (the program raises TypeError)")
+    if factory.is_constant() and not (factory.as_constant() is None or callable(factory.as_constant())):
+        raise ProgramException("defaultdict(): first argument must be callable or None", TypeError,
+                               [ConstantVariable("first argument must be callable or None")])
     result = DictVariable(dict_type=collections.defaultdict, default_factory=factory)
     if len(args) == 2:
         result.update_from(tx, args[1])
@@ -791,13 +792,7 @@ def _sorted(tx, args, kwargs):
     if not reverse.is_constant():
         raise Unsupported("sorted() with a reverse flag not known at trace time")
     values = [_sort_value(score) for score in scores]
-    arguments = [range(len(items))], {"key": values.__getitem__, "reverse": bool(reverse.as_constant())}
-    try:
-        order = sorted(*arguments[0], **arguments[1])
-    except Unsupported:
-        raise  # an order that depends on data
-    except Exception:  # noqa: BLE001 (TypeError: '<' between str and int): the program raises it, as _run says
-        order = _run(sorted, *arguments)
+    order = _run(sorted, [range(len(items))], {"key": values.__getitem__, "reverse": bool(reverse.as_constant())})
     return ListVariable([items[index] for index in order])
 
 
@@ -831,10 +826,10 @@ def _structural(fn):
     """An itertools function that only arranges its inputs' items (permutations, combinations, pairwise,
     zip_longest): run on the trackers themselves, its tuples of items built now, as CPython builds them."""
     def handler(tx, args, kwargs):
-        iterables = [_iterable_items(tx, arg) for arg in args] if fn is itertools.zip_longest else \
-            [_iterable_items(tx, args[0]), *[arg.as_constant() for arg in args[1:]]]
-        keywords = dict(kwargs)
-        if fn is not itertools.zip_longest:
+        if fn is itertools.zip_longest:  # every argument an iterable; fillvalue any tracker
+            iterables, keywords = [_iterable_items(tx, arg) for arg in args], dict(kwargs)
+        else:  # one iterable, then constants (r)
+            iterables = [_iterable_items(tx, args[0]), *(arg.as_constant() for arg in args[1:])]
             keywords = {name: value.as_constant() for name, value in kwargs.items()}
         return IteratorVariable([TupleVariable(list(row)) for row in _run(fn, iterables, keywords)])
 
@@ -854,7 +849,8 @@ def _accumulate(tx, args, kwargs):
         if not totals:
             totals.append(item)
         else:
-            totals.append(binary_op(tx, "+", totals[-1], item) if func is None else func.call(tx, [totals[-1], item], {}))
+            total = binary_op(tx, "+", totals[-1], item) if func is None else func.call(tx, [totals[-1], item], {})
+            totals.append(total)
     return IteratorVariable(totals)
 
 
@@ -930,14 +926,8 @@ def _heap_mutator(fn):
         if kwargs or not args or not isinstance(args[0], ListVariable):
             raise Unsupported(f"heapq.{fn.__name__} on {args[0].describe() if args else 'nothing'}")
         heap = [_HeapEntry(item) for item in args[0].items]
-        extra = [_HeapEntry(arg) for arg in args[1:]]
-        try:
-            result = fn(heap, *extra)
-        except Unsupported:
-            raise
-        except Exception as error:  # noqa: BLE001 (IndexError: pop from an empty heap): the program raises it
-            raise ProgramException(f"heapq.{fn.__name__}() raises {type(error).__name__}: {error}", type(error),
-                                   [ConstantVariable(arg) for arg in error.args if is_constant_value(arg)]) from None
+        # what heapq raises (IndexError: an empty heap) is the program's
+        result = _run(fn, [heap, *(_HeapEntry(arg) for arg in args[1:])], {})
         args[0].items[:] = [entry.variable for entry in heap]
         args[0]._mutated(tx)
         return result.variable if isinstance(result, _HeapEntry) else NONE
@@ -986,7 +976,8 @@ _HANDLERS: dict[Any, Callable] = {
     functools.reduce: _reduce, itertools.chain: _chain, itertools.product: _product, itertools.islice: _islice,
     itertools.count: _count, copy.deepcopy: deepcopy_handler, copy.copy: copy_handler,
     collections.defaultdict: _defaultdict, itertools.accumulate: _accumulate, itertools.repeat: _repeat,
-    itertools.permutations: _structural(itertools.permutations), itertools.combinations: _structural(itertools.combinations),
+    itertools.permutations: _structural(itertools.permutations),
+    itertools.combinations: _structural(itertools.combinations),
     itertools.combinations_with_replacement: _structural(itertools.combinations_with_replacement),
     itertools.pairwise: _structural(itertools.pairwise), itertools.zip_longest: _structural(itertools.zip_longest),
     operator.itemgetter: _getter(operator.itemgetter), operator.attrgetter: _getter(operator.attrgetter),

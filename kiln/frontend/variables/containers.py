@@ -19,6 +19,7 @@ from __future__ import annotations
 import collections
 import collections.abc
 import dataclasses
+import operator
 import types
 from typing import Any
 
@@ -660,7 +661,7 @@ class ExternalDictVariable(Variable):
         # A dict subclass's own __getitem__ may run code (transformers' ClassInstantier makes a module): the
         # trace and its guards read the mapping itself, as dict's method does.
         raw = isinstance(self.value, dict) and type(self.value).__getitem__ is not dict.__getitem__
-        read, item_source = (dict.__getitem__, DictItemSource) if raw else (type(self.value).__getitem__, ItemSource)
+        read, item_source = (dict.__getitem__, DictItemSource) if raw else (operator.getitem, ItemSource)
         if isinstance(key, TensorKey):
             return tx.wrap(read(self.value, real_key(tx, key)), item_source(self.source, key))
         if not is_literal_key(key):

@@ -190,6 +190,15 @@ def _descriptor(tx, value: Any, source, guards) -> Variable:
     return MethodDescriptorVariable(value.__objclass__, value.__name__, source)
 
 
+def _guard_bound_method(guards, source, value: types.BuiltinMethodType) -> None:
+    """A bound method is a new object at each attribute read: guard what it binds (its type, the receiver's
+    identity, the method's name)."""
+    if guards is not None:
+        guards.type_is(source, type(value))
+        guards.identity(AttrSource(source, "__self__"), value.__self__)
+        guards.value(AttrSource(source, "__name__"), value.__name__)
+
+
 def _builtin_method(tx, value: types.BuiltinMethodType, source, guards) -> Variable:
     """A C function: a bound method of a receiver kiln can wrap (`"-".join`), else not modelled."""
     receiver = value.__self__
@@ -197,16 +206,10 @@ def _builtin_method(tx, value: types.BuiltinMethodType, source, guards) -> Varia
         _guard_identity(guards, source, value)
         return OpaqueFunctionVariable(value, source)
     if isinstance(receiver, type):  # a class method bound to its class: `dict.fromkeys`, `datetime.now`
-        if guards is not None:  # a new bound method at each read: guard what it binds
-            guards.type_is(source, type(value))
-            guards.identity(AttrSource(source, "__self__"), receiver)
-            guards.value(AttrSource(source, "__name__"), value.__name__)
+        _guard_bound_method(guards, source, value)
         return builtin_class_method(value) or OpaqueFunctionVariable(value, source)
     if isinstance(receiver, random.Random):  # its draws exist only when the program runs: a graph break calls it
-        if guards is not None:
-            guards.type_is(source, type(value))
-            guards.identity(AttrSource(source, "__self__"), receiver)
-            guards.value(AttrSource(source, "__name__"), value.__name__)
+        _guard_bound_method(guards, source, value)
         return OpaqueFunctionVariable(value, source)
     if isinstance(receiver, types.GeneratorType) and source is not None:
         # `generator.send` of a real generator (one a graph break rebuilt, new on each call): the trace cannot step
@@ -222,10 +225,7 @@ def _builtin_method(tx, value: types.BuiltinMethodType, source, guards) -> Varia
             guards.value(AttrSource(source, "__name__"), value.__name__)
         tensor = builder.wrap(tx, receiver, AttrSource(source, "__self__"))
         return TensorMethodVariable(tensor, value.__name__)
-    if guards is not None:  # a bound method is a new object at each attribute read: guard what it binds
-        guards.type_is(source, type(value))
-        guards.identity(AttrSource(source, "__self__"), receiver)
-        guards.value(AttrSource(source, "__name__"), value.__name__)
+    _guard_bound_method(guards, source, value)
     # The identity guard pins which object the method is bound to, not what that object holds: a list's
     # `append` passed to a resume function must guard the list's length and items like any outside list
     # (its mutations are replayed from what the trace saw; unguarded, a later call with more items lost

@@ -425,8 +425,9 @@ def new_object(cls: type) -> "NewObjectVariable":
 _IMMUTABLE_TYPE = 1 << 8  # Py_TPFLAGS_IMMUTABLETYPE: C types, never a class statement's
 
 
-# Modules whose module classes' constructors only set attributes of the new module (read: their source, torch 2.11-2.13,
-# transformers 5.x). transformers' activations are made inside forwards by `ACT2FN[name](x)` (Mamba's conv).
+# Modules whose module classes' constructors only set attributes of the new module: torch.nn's (trusted as before),
+# and transformers' activations (read in transformers 5.25's activations.py), which forwards make with
+# `ACT2FN[name](x)` (Mamba's conv).
 _PURE_CONSTRUCTOR_MODULES = ("torch.nn.", "transformers.activations")
 
 
