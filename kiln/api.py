@@ -38,7 +38,9 @@ def compile(model=None, *, fullgraph: bool = False, dynamic: bool | None = None,
     mode: "default" (None means it); "reduce-overhead": inference graphs on CUDA replay through
         CUDA graphs (kiln/runtime/cudagraphs.py: a result stays valid until the next call, whose
         replay overwrites it; reading it after that raises, saying to keep a `.clone()`);
-        "max-autotune": not built yet, runs as "default" (with a warning).
+        "max-autotune": as "default", and each 2-d product on a CUDA GPU is timed as a Triton template
+        (which its pointwise epilogue joins) against cuBLAS, the faster kept (config.matmul_template,
+        kiln/codegen/templates.py; the choices are cached on disk).
     options: kiln.config options ({"cpu_backend": "triton", ...}, see `kiln.config.describe()`),
         in force while this model's graphs are captured, compiled and run; an unknown name raises.
     disable: True returns `model` itself, uncompiled (as torch.compile does).

@@ -60,16 +60,15 @@ def checked_mode(mode: str | None, caller: str) -> str:
     mode = "default" if mode is None else mode
     if mode not in MODES:
         raise ValueError(f"{caller}: unknown mode {mode!r}; choose one of {MODES}")
-    if mode == "max-autotune":
-        _warn_mode_not_implemented(mode)
     return mode
 
 
-@functools.lru_cache(maxsize=None)
-def _warn_mode_not_implemented(mode: str) -> None:
-    """Once: autotuning ("max-autotune") is not built yet."""
-    log.warning("kiln: mode=%r is not implemented yet; kiln compiles as in mode='default' "
-                "(correct results, without autotuning)", mode)
+def _mode_options(mode: str) -> dict:
+    """The kiln.config options a mode implies where the user left them at "default":
+    mode="max-autotune" times 2-d products' Triton templates against cuBLAS (config.matmul_template)."""
+    if mode == "max-autotune" and config.matmul_template == "default":
+        return {"matmul_template": "auto"}
+    return {}
 
 
 def run_with_options(compiled: Callable, options: dict) -> Callable:
@@ -185,13 +184,14 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
     """Compile one functional ATen graph (from kiln/aot) into kernels and a wrapper; with
     mode="reduce-overhead", an inference graph on CUDA replays through a CUDA graph."""
     from kiln.ir import IRVerificationError
-    from kiln.runtime import cudagraphs
+    from kiln.runtime import autotune, cudagraphs
 
     if _stage_recorder_factory is None:
         raise KilnCompileError("kiln.backend has no stage recorder: import kiln (kiln.debug registers it)")
     dump = _stage_recorder_factory(gm)
     try:
-        compiled, cached_key = _compile_aten_graph(gm, example_inputs, dump, mode, inference)
+        with config.patch(**_mode_options(mode)), autotune.graph_budget():
+            compiled, cached_key = _compile_aten_graph(gm, example_inputs, dump, mode, inference)
         recorded = _compiled_graphs.get()
         if recorded is not None:
             (output,) = [node for node in gm.graph.nodes if node.op == "output"]

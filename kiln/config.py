@@ -143,6 +143,14 @@ OPTIONS = [
     Option("split_reduction_target_programs", int, 256, "... into chunks so that rows x chunks is about this"),
     Option("split_outer_target_programs", int, 1024, "an outer reduction (kiln/schedule/outer.py) is split into "
            "chunks so that its row tiles x chunks is about this: 8 programs of 64 x 32 per SM of an H200"),
+    Option("matmul_template", str, "default",
+           "2-d products on the Triton backends (kiln/lowering/matmul.py, kiln/runtime/autotune.py): 'auto' (a "
+           "Triton template, which a pointwise epilogue joins, where it times faster than cuBLAS plus one pass "
+           "over the product; CUDA only, the tile autotuned and cached), 'on' (always the template, the default "
+           "tile), 'off' (always the ATen extern), 'default' ('auto' under mode='max-autotune', else 'off')",
+           normalize=_one_of("default", "off", "on", "auto")),
+    Option("autotune_budget_s", float, 30.0, "mode='max-autotune': the most seconds one graph spends timing "
+           "candidates; past it, the remaining products take the extern"),
     Option("persistent_reduction_max", int, 8192, "rows up to this length stay in registers"),
     Option("gpu_index_checks", str, "deferred",
            "how a graph whose Triton kernels gather (index, gather, embedding) learns of an out-of-range index "

@@ -23,6 +23,8 @@ from kiln.ir import Graph
 from kiln.ir.indexing import simplify_index
 from kiln.ir.nodes import indirect_value
 from kiln.ir.ops import OPS, triton_variants
+from kiln.ir.template import template_parts
+from kiln.codegen.triton_templates import default_tile, emit_product, program_count
 from kiln.runtime.loader import load_triton_kernels
 from kiln.ir.kernel import OUTER_ROWS_PER_PROGRAM, Kernel, var_map
 
@@ -178,6 +180,8 @@ class KernelSource:
     skip: bool = False  # empty iteration space: allocate only, never launch
     function_name: str = ""  # the Triton function in `source` (shared by identical kernels)
     pointer_dtypes: list = field(default_factory=list)  # the element type of each buffer_args pointer
+    constexpr_values: dict | None = None  # a template's block sizes; None: XBLOCK (and RBLOCK)
+    num_stages: int | None = None  # software pipelining stages (templates); None: Triton's default
     file_suffix: ClassVar[str] = ".py"  # of the KILN_DEBUG dump
 
     @property
@@ -188,7 +192,14 @@ class KernelSource:
     @property
     def constexprs(self) -> dict:
         """The compile-time arguments every launch passes: the block sizes."""
+        if self.constexpr_values is not None:
+            return dict(self.constexpr_values)
         return {"XBLOCK": self.xblock, **({"RBLOCK": self.rblock} if self.rblock else {})}
+
+    @property
+    def launch_options(self) -> dict:
+        """Triton's compile options for the launch: warps, and stages where the kernel sets them."""
+        return {"num_warps": self.num_warps, **({"num_stages": self.num_stages} if self.num_stages else {})}
 
     @property
     def checks_indices(self) -> bool:
@@ -258,6 +269,8 @@ class TritonKernelGenerator:
     # ---- generation ---------------------------------------------------------------------
     def generate(self) -> KernelSource:
         kernel = self.kernel
+        if kernel.template is not None:
+            return self._generate_template()
         xnumel = kernel.row_numel
         rnumel = kernel.col_numel
         skip = (xnumel.is_Integer and int(xnumel) == 0)
@@ -270,10 +283,19 @@ class TritonKernelGenerator:
             xblock = max(xblock, 16)
             num_warps = 4 if xblock >= 512 else 2
             self._pointwise_body()
+        counts = [("xnumel", xnumel)] + ([("rnumel", rnumel)] if kernel.is_reduction else [])
+        blocks = ["XBLOCK"] + (["RBLOCK"] if kernel.is_reduction else [])
+        source, function_name, sizes = self._source(counts, blocks)
+        return KernelSource(kernel.name, source, list(self.pointer_names), sizes, xnumel, xblock, rblock,
+                            num_warps, self.device_type, skip, function_name, self._pointer_dtypes())
+
+    def _source(self, counts: list, blocks: list) -> tuple:
+        """(the module's text, the kernel function's name, the size arguments a launch passes) for the
+        lines in `self.out`, whose function takes the pointers, the size symbols, the `counts`
+        ((parameter, expression)) and the constexpr `blocks`."""
         size_args = sorted(self.size_symbols, key=str)
         params = [self.pointer_names[name] for name in self.pointer_names] + [str(s) for s in size_args]
-        params += ["xnumel"] + (["rnumel"] if kernel.is_reduction else [])
-        params += ["XBLOCK: tl.constexpr"] + (["RBLOCK: tl.constexpr"] if kernel.is_reduction else [])
+        params += [name for name, _ in counts] + [f"{block}: tl.constexpr" for block in blocks]
         # The function is named after its own text, and nothing in it names a buffer, so the
         # same kernel in every layer of a model is one source: compiled once, cached once.
         body = "\n".join(self.out.lines)
@@ -282,11 +304,35 @@ class TritonKernelGenerator:
         helpers = "".join(HELPERS[name] for name in sorted(self.helpers))
         source = ("import triton\nimport triton.language as tl\nfrom triton.language.extra.cuda import libdevice\n"
                   + helpers + "\n\n" + "\n".join(header + self.out.lines) + "\n")
-        sizes = list(size_args) + [xnumel] + ([rnumel] if kernel.is_reduction else [])
-        pointer_dtypes = [torch.int32 if name == INDEX_STATUS else self.graph.buffers[name].dtype
-                          for name in self.pointer_names]
-        return KernelSource(kernel.name, source, list(self.pointer_names), sizes, xnumel, xblock, rblock,
-                            num_warps, self.device_type, skip, function_name, pointer_dtypes)
+        return source, function_name, list(size_args) + [expr for _, expr in counts]
+
+    def _pointer_dtypes(self) -> list:
+        return [torch.int32 if name == INDEX_STATUS else self.graph.buffers[name].dtype for name in self.pointer_names]
+
+    def _generate_template(self) -> KernelSource:
+        """A product template's kernel (codegen/triton_templates.py): the tiled product, then the
+        template's finish and the epilogue nodes on its [BLOCK_M, BLOCK_N] tile."""
+        kernel = self.kernel
+        template = kernel.nodes[0]
+        tile = template.config or default_tile(self.graph.buffers[template.outputs[0]].dtype, self.device_type)
+        parts = template_parts(template, self.graph)
+        sizes = [*template.ranges, *template.reduction_ranges]
+        accumulator = emit_product(self, parts, template.precision, self.use_int64, sizes, tile)
+        self._index_setup("xindex", kernel.row_ranges, "x")
+        self._index_setup("rindex", kernel.col_ranges, "r")
+        self._current_names = {parts.reduce_index: accumulator}
+        self._emit_node(template, "template", 0, "xmask & rmask", start=parts.reduce_index + 1)
+        for position, (node, role) in enumerate(zip(kernel.nodes, kernel.roles)):
+            if position:
+                self._emit_node(node, role, position, "xmask & rmask")
+        rows, columns = kernel.row_numel, kernel.col_numel
+        counts = [("xnumel", rows), ("rnumel", columns), ("knumel", template.reduction_ranges[0])]
+        source, function_name, sizes = self._source(counts, list(tile.constexprs))
+        programs = program_count(rows, columns, tile)
+        skip = bool(sympy.sympify(programs).is_Integer and int(programs) == 0)
+        return KernelSource(kernel.name, source, list(self.pointer_names), sizes, programs, 1, None, tile.num_warps,
+                            self.device_type, skip, function_name, self._pointer_dtypes(),
+                            constexpr_values=tile.constexprs, num_stages=tile.num_stages)
 
     def _reduction_blocks(self, rnumel):
         if rnumel.is_Integer and int(rnumel) == 0:

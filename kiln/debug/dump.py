@@ -154,7 +154,7 @@ def _triton_kernel_file(kernel, graph, known_sizes: dict) -> str:
 Generated for {kernel.device_type}. The example inputs are random tensors of the kernel's buffers'
 sizes and dtypes; SIZES holds the size symbols' values (from the compile's example inputs where
 known, else {DEFAULT_SIZE}): edit them to try other sizes. The launch is kiln's (kiln/runtime/launch.py):
-a 1-d grid of cdiv(xnumel, XBLOCK) programs, constexprs {constexprs}, num_warps={kernel.num_warps},
+a 1-d grid of cdiv(xnumel, {kernel.xblock}) programs, constexprs {constexprs}, options {kernel.launch_options},
 compile options {COMPILE_OPTIONS}.
 """
 {source}
@@ -167,7 +167,7 @@ import torch
 
 SIZES = {sizes!r}
 CONSTEXPRS = {constexprs!r}
-NUM_WARPS = {kernel.num_warps}
+OPTIONS = {kernel.launch_options!r}
 COMPILE_OPTIONS = {COMPILE_OPTIONS!r}
 
 
@@ -193,8 +193,8 @@ def make_inputs(device):
 def launch(buffers, ints):
     {"" if not sizes else ", ".join(sizes) + ", = SIZES.values()"}
     xnumel = {_source(kernel.xnumel)}
-    grid = (triton.cdiv(xnumel, CONSTEXPRS["XBLOCK"]),)
-    {kernel.function_name}[grid](*buffers, *ints, **CONSTEXPRS, num_warps=NUM_WARPS, **COMPILE_OPTIONS)
+    grid = (triton.cdiv(xnumel, {kernel.xblock}),)
+    {kernel.function_name}[grid](*buffers, *ints, **CONSTEXPRS, **OPTIONS, **COMPILE_OPTIONS)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from kiln.ir import Extern, LoopNode, range_vars
-from kiln.ir.nodes import indirect_value
+from kiln.ir.nodes import Template, indirect_value
 from kiln.ir.indexing import contiguous_strides, index_var, product, simplify_index, unravel
 from kiln.ir.printer import format_body, format_node
 
@@ -90,7 +90,13 @@ def _map_dims(node_sizes: list, kernel_sizes: list, prefix: str) -> list:
 
 
 def var_map(node: LoopNode, role: str, row: list, col: list) -> dict:
-    """Node variable -> kernel expression (x* for rows, r* for columns, 0 for size-1 dims)."""
+    """Node variable -> kernel expression (x* for rows, r* for columns, 0 for size-1 dims).
+    A template's (role "template") rows are the kernel's rows, its columns the kernel's columns and
+    its reduced dim `k0`, which the template's own loop walks (kiln/codegen/triton_templates.py)."""
+    if role == "template":
+        (k,) = range_vars(1, "r")
+        i0, i1 = range_vars(2, "i")
+        return {i0: index_var("x", 0), i1: index_var("r", 0), k: sympy.Symbol("k0", integer=True)}
     node_vars = [(var, size) for var, size in zip(range_vars(len(node.ranges), "i"), node.ranges)]
     reduction_vars = [(var, size) for var, size in zip(range_vars(len(node.reduction_ranges), "r"),
                                                        node.reduction_ranges)] if node.is_reduction else []
@@ -166,6 +172,11 @@ class Kernel:
     outer: bool = False
 
     @property
+    def template(self) -> Template | None:
+        """The product template this kernel runs (its first node), or None for a loop kernel."""
+        return self.nodes[0] if self.nodes and isinstance(self.nodes[0], Template) else None
+
+    @property
     def walk_order(self) -> list:
         """The row dims, outermost first: `row_order`, or listed order."""
         return list(self.row_order) if self.row_order is not None else list(range(len(self.row_ranges)))
@@ -192,7 +203,8 @@ class Kernel:
         shape = f"rows=[{', '.join(map(str, self.row_ranges))}]"
         if self.is_reduction:
             shape += f" cols=[{', '.join(map(str, self.col_ranges))}] " + \
-                ("persistent" if self.persistent else "looped")
+                (f"template {self.template.kind}" if self.template is not None else
+                 "persistent" if self.persistent else "looped")
         if self.outer:
             shape += " outer"
         if self.row_order is not None:

@@ -1,7 +1,7 @@
 """The stable text form of LoopIR: what KILN_DEBUG dumps and golden tests compare."""
 from __future__ import annotations
 
-from kiln.ir.nodes import Body, Extern, Graph, LoopNode, TensorArg, dtype_name
+from kiln.ir.nodes import Body, Extern, Graph, LoopNode, TensorArg, Template, dtype_name
 
 
 def format_body(body: Body, indent: str = "  ", notes: list | None = None) -> list[str]:
@@ -39,6 +39,9 @@ def format_node(node, buffers: dict) -> list[str]:
             [f"  {buffers[name]}" for name in node.outputs]
     assert isinstance(node, LoopNode)
     kind = f"Reduction {node.reduction_kind()}" if node.is_reduction else "Pointwise"
+    if isinstance(node, Template):
+        kind = f"Template {node.kind}" + (f" {node.config}" if node.config is not None else "") + \
+            (f" {node.precision}" if node.precision != "ieee" else "")
     ranges = f"ranges=[{', '.join(map(str, node.ranges))}]"
     if node.is_reduction:
         ranges += f" rranges=[{', '.join(map(str, node.reduction_ranges))}]"

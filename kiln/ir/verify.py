@@ -14,8 +14,9 @@ from __future__ import annotations
 import sympy
 
 from kiln.ir.indexing import range_vars
-from kiln.ir.nodes import ALL_OPS, Extern, Graph, LoopNode, TensorArg, indirect_value
+from kiln.ir.nodes import ALL_OPS, Extern, Graph, LoopNode, TensorArg, Template, indirect_value
 from kiln.ir.ops import dtype_problems, operand_counts
+from kiln.ir.template import template_parts
 
 
 class IRVerificationError(AssertionError):
@@ -54,6 +55,11 @@ def check_node(node, graph: Graph, defined: set, symbols: set, stage: str | None
                     if arg.buffer not in defined]
     else:
         problems = _verify_loop(node, graph, defined, symbols)
+        if isinstance(node, Template) and not problems:
+            try:
+                template_parts(node, graph)
+            except ValueError as error:
+                problems.append(f"not a {node.kind} template: {error}")
     if problems:
         raise IRVerificationError(_located(stage, f"{node.name}: " + "; ".join(problems)))
 

@@ -150,7 +150,7 @@ class LoweringContext:
             raise Unsupported(f"dtype {meta.dtype}")
         return self.new_buffer(meta.device, meta.dtype, layout_of(meta, with_offset=False))
 
-    def _node_name(self) -> str:
+    def new_node_name(self) -> str:
         name = f"node{self._node_count}"
         self._node_count += 1
         return name
@@ -223,7 +223,7 @@ class LoweringContext:
                   for value, dtype, through in zip(inputs, dtypes, throughs)]
         result = compute(body, *loaded)
         body.store(out, index, body.to_dtype(result, meta.dtype))
-        self.graph.nodes.append(Pointwise(self._node_name(), shape, body, [out.name]))
+        self.graph.nodes.append(Pointwise(self.new_node_name(), shape, body, [out.name]))
         return BufferValue(out)
 
     def pointwise_indexed(self, meta: torch.Tensor, compute: Callable, layout: Layout | None = None) -> BufferValue:
@@ -233,7 +233,7 @@ class LoweringContext:
         index = range_vars(len(out.layout.size))
         body = Body()
         body.store(out, index, body.to_dtype(compute(body, index), meta.dtype))
-        self.graph.nodes.append(Pointwise(self._node_name(), list(out.layout.size), body, [out.name]))
+        self.graph.nodes.append(Pointwise(self.new_node_name(), list(out.layout.size), body, [out.name]))
         return BufferValue(out)
 
     def reduction(self, value: TensorValue, dims: Sequence[int], kind: str, *, metas: Sequence[torch.Tensor],
@@ -285,7 +285,7 @@ class LoweringContext:
                 else:
                     out_index.append(next(kept_iter))
             body.store(out, out_index, body.to_dtype(result, out.dtype))
-        self.graph.nodes.append(Reduction(self._node_name(), ranges, body, [out.name for out in outs],
+        self.graph.nodes.append(Reduction(self.new_node_name(), ranges, body, [out.name for out in outs],
                                           reduction_ranges=reduction_ranges))
         return [BufferValue(out) for out in outs]
 
@@ -300,7 +300,7 @@ class LoweringContext:
         index = range_vars(value.ndim)
         body = Body()
         body.store(out, index, value.load(body, index))
-        self.graph.nodes.append(Pointwise(self._node_name(), list(value.shape), body, [out.name]))
+        self.graph.nodes.append(Pointwise(self.new_node_name(), list(value.shape), body, [out.name]))
         return TensorArg(out.name, out.layout)
 
     def realize_as(self, value: TensorValue, meta: torch.Tensor) -> TensorArg:
@@ -328,7 +328,7 @@ class LoweringContext:
         index = range_vars(value.ndim)
         body = Body()
         body.store(out, index, value.load(body, index))
-        self.graph.nodes.append(Pointwise(self._node_name(), list(value.shape), body, [out.name]))
+        self.graph.nodes.append(Pointwise(self.new_node_name(), list(value.shape), body, [out.name]))
         return TensorArg(out.name, out.layout)
 
     def as_strided_view(self, value: TensorValue) -> TensorArg | None:
@@ -371,7 +371,7 @@ class LoweringContext:
             raise Unsupported(f"extern {op} returns {what}")
 
         structure = output_for(meta)
-        node = Extern(self._node_name(), op, converted_args, converted_kwargs, [buffer.name for buffer in outputs],
+        node = Extern(self.new_node_name(), op, converted_args, converted_kwargs, [buffer.name for buffer in outputs],
                       structure)
         self.graph.nodes.append(node)
 
@@ -396,7 +396,7 @@ class LoweringContext:
         converted_kwargs = {key: _map_values(value, self._extern_arg) for key, value in kwargs.items()}
         (layout,) = layouts
         output = self.new_buffer(meta.device, meta.dtype, layout)
-        self.graph.nodes.append(Extern(self._node_name(), op, converted_args, converted_kwargs, [output.name], 0,
+        self.graph.nodes.append(Extern(self.new_node_name(), op, converted_args, converted_kwargs, [output.name], 0,
                                        writes_into_outputs=True))
         return BufferValue(output)
 

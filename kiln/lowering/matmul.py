@@ -44,10 +44,11 @@ import torch
 
 from kiln import _torch
 from kiln.config import config
-from kiln.ir import Layout, TensorArg
-from kiln.ir.indexing import contiguous_strides
+from kiln.ir import Body, Layout, TensorArg, Template
+from kiln.ir.indexing import contiguous_strides, range_vars
+from kiln.ir.template import template_parts
 from kiln.lowering import patterns
-from kiln.lowering.context import TensorValue, Unsupported, ViewValue, layout_of, meta_of
+from kiln.lowering.context import BufferValue, TensorValue, Unsupported, ViewValue, layout_of, meta_of
 from kiln.lowering.registry import lowering
 
 aten = _torch.aten
@@ -219,6 +220,59 @@ def linear_binary(ctx, node, product_op, bias, a, b, reshapes, consumer_op, othe
     return _lower_replaced(ctx, node, bias, a, b, reshape_sizes, None, {}, product=product)
 
 
+TEMPLATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def template_product(ctx, meta, a, b, bias=None, beta=1, alpha=1):
+    """`beta * bias + alpha * (a @ b)` as a Template node (kiln/ir/template.py), which the scheduler lets a
+    pointwise epilogue join; None where no template applies or config.matmul_template (with autotuning,
+    kiln/codegen/templates.py) keeps the extern.
+
+    Its body sums the exact products in float32, then scales, adds the bias (in float32) and rounds once
+    to the result's dtype: what cuBLAS's kernels do for these dtypes. fp32 operands multiply in full
+    precision, or in TF32 where torch allows it for CUDA products (`precision`)."""
+    from kiln.codegen.templates import product_config  # the layer below: it generates and times kernels
+
+    if meta.dim() != 2 or meta.dtype not in TEMPLATE_DTYPES or \
+            any(not isinstance(value, TensorValue) or value.dtype != meta.dtype
+                for value in (a, b) + (() if bias is None else (bias,))):
+        return None
+    precision = "tf32" if meta.dtype == torch.float32 and meta.device.type == "cuda" and \
+        torch.backends.cuda.matmul.allow_tf32 else "ieee"
+    m, n = range_vars(2, "i")
+    (k,) = range_vars(1, "r")
+    body = Body()
+    loaded_a = a.load(body, [m, k])
+    loaded_b = b.load(body, [k, n])
+    if len(body.ops) != 2:
+        return None  # an operand that is not a plain load (padded, masked): the extern reads it realized
+    product = body.emit("mul", (body.to_dtype(loaded_a, torch.float32), body.to_dtype(loaded_b, torch.float32)),
+                        torch.float32)
+    total = body.emit("reduce", (product,), torch.float32, attr="sum")
+    rows, columns = (_torch.sym_expr(size) for size in meta.shape)
+    node = Template(ctx.new_node_name(), [rows, columns], body, [], reduction_ranges=[sympy.sympify(a.shape[1])],
+                    precision=precision)
+    try:
+        template_parts(node, ctx.graph)
+    except ValueError:
+        return None  # an operand whose elements are not a strided matrix of its buffer: realized for the extern
+    node.config = product_config(node, ctx.graph, meta)
+    if node.config is None:
+        return None
+    if alpha != 1:
+        total = body.emit("mul", (total, body.constant(alpha, torch.float32)), torch.float32)
+    if bias is not None and beta != 0:  # beta 0 ignores the bias, NaN included, as torch's addmm does
+        added = ctx.load_broadcast(body, bias, [m, n], [rows, columns], torch.float32)
+        if beta != 1:
+            added = body.emit("mul", (added, body.constant(beta, torch.float32)), torch.float32)
+        total = body.emit("add", (total, added), torch.float32)
+    out = ctx.buffer_for(meta)
+    body.store(out, [m, n], body.to_dtype(total, meta.dtype))
+    node.outputs = [out.name]
+    ctx.graph.nodes.append(node)
+    return BufferValue(out)
+
+
 def _realized(ctx, value):
     """A tensor operand as the strided view the extern reads (other values as they are)."""
     return ctx.realize(value) if isinstance(value, TensorValue) else value
@@ -226,6 +280,9 @@ def _realized(ctx, value):
 
 @lowering(aten.mm.default)
 def mm(ctx, node, a, b):
+    template = template_product(ctx, meta_of(node), a, b)
+    if template is not None:
+        return template
     padded = pad_product_columns(ctx, meta_of(node), a, b)
     if padded is not None:
         return padded
@@ -239,6 +296,9 @@ def mm(ctx, node, a, b):
 
 @lowering(aten.addmm.default)
 def addmm(ctx, node, bias, a, b, *, beta=1, alpha=1):
+    template = template_product(ctx, meta_of(node), a, b, bias, beta, alpha)
+    if template is not None:
+        return template
     bias, a, b = _realized(ctx, bias), _realized(ctx, a), _realized(ctx, b)  # once, for whichever op takes them
     if beta == 1 and alpha == 1:
         linear = onednn_linear(ctx, meta_of(node), a, b, bias)

@@ -56,13 +56,14 @@ class KernelCompileError(RuntimeError):
 
 
 def make_launcher(kernel, device_type: str, *, name: str, pointer_count: int, int_count: int, constexprs: dict,
-                  num_warps: int) -> Callable:
-    """A function `launch(grid_x, *pointers, *ints)` that runs `kernel` on a 1-d grid."""
+                  options: dict) -> Callable:
+    """A function `launch(grid_x, *pointers, *ints)` that runs `kernel` on a 1-d grid; `options` are
+    Triton's launch options (num_warps, and num_stages where a kernel sets them)."""
     from kiln.config import config
 
     if device_type != "cuda" or not config.fast_launch:
-        return _triton_launcher(kernel, name, constexprs, num_warps)
-    return _fast_launcher(kernel, name, pointer_count, int_count, constexprs, num_warps)
+        return _triton_launcher(kernel, name, constexprs, options)
+    return _fast_launcher(kernel, name, pointer_count, int_count, constexprs, options)
 
 
 # Triton's compile options for every kiln kernel. No FMA contraction: Triton fuses a*b + c by
@@ -71,13 +72,13 @@ def make_launcher(kernel, device_type: str, *, name: str, pointer_count: int, in
 COMPILE_OPTIONS = {"enable_fp_fusion": False}
 
 
-def _triton_launcher(kernel, name: str, constexprs: dict, num_warps: int) -> Callable:
+def _triton_launcher(kernel, name: str, constexprs: dict, options: dict) -> Callable:
     """Triton's own launch path (`kernel[grid](...)`), which compiles each new specialization."""
     launched = []  # empty until a launch succeeded: a failure before that is the kernel's
 
     def launch(grid_x, *args):
         try:
-            kernel[(grid_x,)](*args, **constexprs, num_warps=num_warps, **COMPILE_OPTIONS)
+            kernel[(grid_x,)](*args, **constexprs, **options, **COMPILE_OPTIONS)
         except TritonError as error:
             raise KernelCompileError(name, error) from error
         except Exception as error:
@@ -97,7 +98,7 @@ def _hooked(hook) -> bool:
 
 
 def _fast_launcher(kernel, name: str, pointer_count: int, int_count: int, constexprs: dict,
-                   num_warps: int) -> Callable:
+                   options: dict) -> Callable:
     """Generated straight-line code: one specialization key, one dict lookup, one launch."""
     from triton import knobs
     from triton.runtime import driver
@@ -112,7 +113,7 @@ def _fast_launcher(kernel, name: str, pointer_count: int, int_count: int, conste
     def first_launch(grid_x, *args):
         """Compile for this specialization (Triton compiles as it launches) and launch."""
         try:
-            compiled_kernel = kernel.run(*args, grid=(grid_x,), warmup=False, **constexprs, num_warps=num_warps,
+            compiled_kernel = kernel.run(*args, grid=(grid_x,), warmup=False, **constexprs, **options,
                                          **COMPILE_OPTIONS)
             if hasattr(compiled_kernel, "result"):  # a future when Triton compiles asynchronously
                 compiled_kernel = compiled_kernel.result()
@@ -126,7 +127,7 @@ def _fast_launcher(kernel, name: str, pointer_count: int, int_count: int, conste
                                                                          driver.active.get_current_stream)
     namespace = {"__builtins__": builtins,  # C functions it calls may run Python that reads the caller's builtins
                  "compiled": {}, "first_launch": first_launch,
-                 "slow_launch": _triton_launcher(kernel, name, constexprs, num_warps),
+                 "slow_launch": _triton_launcher(kernel, name, constexprs, options),
                  "runtime_knobs": knobs.runtime, "hooked": _hooked, "current_stream": current_stream,
                  "current_device": current_device,
                  **{f"c{k}": value for k, value in enumerate(constexprs.values())}}
@@ -186,7 +187,7 @@ def launch({params}):
 def compile_ahead(jobs: list, workers: int) -> int:
     """Compile CUDA kernels on `workers` threads before their first launch; how many were submitted.
 
-    `jobs` holds `(kernel, pointer_dtypes, ints, constexprs, num_warps)`: a Triton JITFunction and the
+    `jobs` holds `(kernel, pointer_dtypes, ints, constexprs, options)`: a Triton JITFunction and the
     arguments its launches will pass, pointers as their element types. Triton compiles each as the
     first launch would (`warmup`, under its AsyncCompileMode: the specialization, the options and so the
     cache key are the launch's), in parallel, and keeps the result in the kernel's own cache, where the
@@ -203,10 +204,9 @@ def compile_ahead(jobs: list, workers: int) -> int:
         return 0
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as executor:
         with AsyncCompileMode(executor, ignore_errors=True) as mode:
-            for kernel, pointer_dtypes, ints, constexprs, num_warps in jobs:
+            for kernel, pointer_dtypes, ints, constexprs, options in jobs:
                 try:
-                    kernel.warmup(*pointer_dtypes, *ints, grid=(1,), **constexprs, num_warps=num_warps,
-                                  **COMPILE_OPTIONS)
+                    kernel.warmup(*pointer_dtypes, *ints, grid=(1,), **constexprs, **options, **COMPILE_OPTIONS)
                 except Exception:  # the launch compiles it and reports the error
                     continue
             progress = Progress(len(mode.raw_futures), "compiling the CUDA kernels of a graph")

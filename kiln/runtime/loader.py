@@ -78,10 +78,10 @@ def _compile_ahead(kernel_sources: list) -> None:
         if _triton.is_interpreted(jit):
             continue
         key = (id(jit), tuple(map(str, kernel.pointer_dtypes)), tuple(ints), tuple(kernel.constexprs.items()),
-               kernel.num_warps)
+               tuple(kernel.launch_options.items()))
         if key not in seen:
             seen.add(key)
-            jobs.append((jit, kernel.pointer_dtypes, ints, kernel.constexprs, kernel.num_warps))
+            jobs.append((jit, kernel.pointer_dtypes, ints, kernel.constexprs, kernel.launch_options))
     compile_ahead(jobs, config.compile_workers or os.cpu_count() or 1)
 
 
@@ -91,7 +91,7 @@ def _launcher(kernel):
 
     return make_launcher(load_kernel(kernel.function_name, kernel.source, kernel.device_type), kernel.device_type,
                          name=kernel.name, pointer_count=len(kernel.buffer_args), int_count=len(kernel.size_args),
-                         constexprs=kernel.constexprs, num_warps=kernel.num_warps)
+                         constexprs=kernel.constexprs, options=kernel.launch_options)
 
 
 class CompiledGraph:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import sympy
 
 from kiln.config import config
-from kiln.ir import Extern, Graph, LoopNode
+from kiln.ir import Extern, Graph, LoopNode, Template
 from kiln.ir.indexing import fold_div_mod
 from kiln.ir.nodes import indirect_value
 from kiln.schedule.inline import buffer_uses
@@ -60,6 +60,9 @@ def _columns(node: LoopNode) -> list:
 
 
 def _new_kernel(name: str, node: LoopNode, graph: Graph) -> Kernel:
+    if isinstance(node, Template):  # rows and columns are the product's; its k loop is the template's own
+        kernel = Kernel(name, [node.ranges[0]], [node.ranges[1]], [node], ["template"])
+        return kernel
     if node.is_reduction:
         kernel = Kernel(name, nonunit(node.ranges), _columns(node))
         kernel.outer = is_outer_reduction(node, graph.buffers)
@@ -89,9 +92,13 @@ def _offset(graph: Graph, buffer_name: str, index, mapping: dict) -> sympy.Expr:
 
 
 def _try_add(kernel: Kernel, node: LoopNode, graph: Graph) -> bool:
+    if isinstance(node, Template):
+        return False  # a template starts its own kernel
     role = node_role(node, kernel.row_ranges, kernel.col_ranges)
     if role is None or kernel.op_count() + len(node.body.ops) > config.max_fusion_ops:
         return False
+    if kernel.template is not None and (role != "full" or not _reads_kernel_values(kernel, node)):
+        return False  # a template's epilogue: pointwise over its tile, reading what the kernel computed
     producers = {name: (producer, producer_role) for producer, producer_role in zip(kernel.nodes, kernel.roles)
                  for name in producer.outputs}
     mapping = var_map(node, role, kernel.row_ranges, kernel.col_ranges)
@@ -113,6 +120,11 @@ def _try_add(kernel: Kernel, node: LoopNode, graph: Graph) -> bool:
     kernel.nodes.append(node)
     kernel.roles.append(role)
     return True
+
+
+def _reads_kernel_values(kernel: Kernel, node: LoopNode) -> bool:
+    written = {name for member in kernel.nodes for name in member.outputs}
+    return any(op.buffer in written for op in node.body.reads())
 
 
 def _mark_local_buffers(graph: Graph, steps: list) -> None:

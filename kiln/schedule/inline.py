@@ -5,7 +5,7 @@ import sympy
 import torch
 
 from kiln.config import config
-from kiln.ir import Body, Extern, Graph, LoopNode, Op, Pointwise, TensorArg, range_vars
+from kiln.ir import Body, Extern, Graph, LoopNode, Op, Pointwise, TensorArg, Template, range_vars
 from kiln.ir.nodes import EXPENSIVE_OPS, indirect_symbol, indirect_value
 
 
@@ -80,6 +80,8 @@ def _can_inline(node: Pointwise, uses: list, loop_dependent_ops: frozenset, buff
         # (an offset subtracted) could fail its check in a lane whose value nothing uses
         return False
     consumers = _unique(user for user, _ in uses)
+    if any(isinstance(consumer, Template) for consumer in consumers):
+        return False  # a template reads its operands as strided matrices (kiln/ir/template.py)
     if _recomputes_expensive_work(node, consumers):
         return False
     load_count = len(uses)

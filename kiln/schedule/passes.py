@@ -40,7 +40,7 @@ from typing import Callable
 import sympy
 import torch
 
-from kiln.ir.nodes import Body, Op, indirect_symbol, indirect_value
+from kiln.ir.nodes import Body, Op, Template, indirect_symbol, indirect_value
 from kiln.ir.kernel import Kernel, ScheduledGraph, loop_variables
 from kiln.schedule.loop_order import order_loops
 
@@ -108,7 +108,8 @@ def _map_bodies(scheduled: ScheduledGraph, rewrite: Callable) -> ScheduledGraph:
         if isinstance(step, Kernel):
             nodes = []
             for position, node in enumerate(step.nodes):
-                body = rewrite(step, position, node.body)
+                # a template's body is its operands' addressing, which its backend reads as it is
+                body = node.body if isinstance(node, Template) else rewrite(step, position, node.body)
                 if body is not node.body:
                     replaced[id(node)] = dataclasses.replace(node, body=body)
                 nodes.append(replaced.get(id(node), node))

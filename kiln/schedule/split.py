@@ -27,7 +27,7 @@ from __future__ import annotations
 import sympy
 
 from kiln.config import config
-from kiln.ir import Body, Buffer, Graph, Layout, LoopNode, Op, Reduction
+from kiln.ir import Body, Buffer, Graph, Layout, LoopNode, Op, Reduction, Template
 from kiln.ir.indexing import contiguous_strides, index_var, product, unravel
 from kiln.ir.nodes import indirect_value
 from kiln.schedule.inline import buffer_uses
@@ -41,7 +41,7 @@ def split_reductions(graph: Graph) -> Graph:
     nodes = []
     for node in graph.nodes:
         stages = None
-        if isinstance(node, LoopNode) and node.is_reduction:
+        if isinstance(node, LoopNode) and node.is_reduction and not isinstance(node, Template):
             if is_outer_reduction(node, graph.buffers):
                 stages = _split(node, graph, outer=True)
             elif product(node.ranges) == 1 or not _feeds_its_rows(node, uses):

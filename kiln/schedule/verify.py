@@ -11,7 +11,7 @@
 """
 from __future__ import annotations
 
-from kiln.ir import Extern, IRVerificationError, TensorArg
+from kiln.ir import Extern, IRVerificationError, TensorArg, Template
 from kiln.ir.verify import check_node, check_outputs, defined_at_entry, size_symbols
 from kiln.ir.kernel import Kernel, ScheduledGraph, node_role, nonunit, same_sizes
 
@@ -57,7 +57,17 @@ def _check_kernel(kernel: Kernel, scheduled: ScheduledGraph, prefix: str) -> Non
     if kernel.row_order is not None and sorted(kernel.row_order) != list(range(len(kernel.row_ranges))):
         raise IRVerificationError(f"{where}: row order {kernel.row_order} is not an order of its "
                                   f"{len(kernel.row_ranges)} rows")
-    for node, role in zip(kernel.nodes, kernel.roles):
+    for position, (node, role) in enumerate(zip(kernel.nodes, kernel.roles)):
+        if isinstance(node, Template) or role == "template":
+            if not (position == 0 and role == "template" and isinstance(node, Template)
+                    and same_sizes(node.ranges, kernel.row_ranges + kernel.col_ranges)):
+                raise IRVerificationError(f"{where}: {node.name} ({type(node).__name__}, role {role!r}) at "
+                                          f"position {position}: a template is the first node of its own kernel, "
+                                          f"whose rows and columns are its ranges")
+            continue
+        if kernel.template is not None and role != "full":
+            raise IRVerificationError(f"{where}: {node.name} joined template kernel with role {role!r}; "
+                                      f"only pointwise epilogues over its tile may")
         fits = node_role(node, kernel.row_ranges, kernel.col_ranges)
         # An empty node's element counts match any split of its dims, so node_role may find none:
         # a "full" node is then the one whose dims are the kernel's, as the kernel was made from it.

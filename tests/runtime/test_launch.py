@@ -77,7 +77,7 @@ def fake_driver(monkeypatch):
 
 def test_compiles_once_per_specialization_then_launches_directly(fake_driver):
     kernel = _Kernel()
-    launch = _fast_launcher(kernel, "k0", pointer_count=1, int_count=1, constexprs={"XBLOCK": 16}, num_warps=4)
+    launch = _fast_launcher(kernel, "k0", pointer_count=1, int_count=1, constexprs={"XBLOCK": 16}, options={"num_warps": 4})
     buffer = torch.zeros(64)
     for size in (48, 48, 48, 64, 64):  # 48 and 64: both divisible by 16, one specialization
         launch(3, buffer, size)
@@ -94,7 +94,7 @@ def test_compiles_once_per_specialization_then_launches_directly(fake_driver):
 def test_a_kernel_that_needs_scratch_memory_launches_through_triton_python_launcher(fake_driver):
     kernel = _Kernel()
     kernel.compiled = _Compiled(global_scratch_size=128)
-    launch = _fast_launcher(kernel, "k0", pointer_count=1, int_count=1, constexprs={"XBLOCK": 16}, num_warps=4)
+    launch = _fast_launcher(kernel, "k0", pointer_count=1, int_count=1, constexprs={"XBLOCK": 16}, options={"num_warps": 4})
     buffer = torch.zeros(64)
     launch(2, buffer, 48)  # compiles
     launch(2, buffer, 48)
@@ -106,11 +106,11 @@ def test_launchers_of_one_signature_share_code_but_not_constants_or_caches(fake_
     """The launcher's code is compiled once per (pointers, ints, constexprs) count; each kernel's
     launcher keeps its own constexpr values, specialization cache and name."""
     first, second = _Kernel(), _Kernel()
-    launch_first = _fast_launcher(first, "k0", pointer_count=1, int_count=1, constexprs={"XBLOCK": 16}, num_warps=4)
+    launch_first = _fast_launcher(first, "k0", pointer_count=1, int_count=1, constexprs={"XBLOCK": 16}, options={"num_warps": 4})
     second.run = lambda *args, grid, warmup, **options: (setattr(second, "compiles", second.compiles + 1),
                                                          second.compiled)[1]
     launch_second = _fast_launcher(second, "k1", pointer_count=1, int_count=1, constexprs={"RBLOCK": 64},
-                                   num_warps=4)
+                                   options={"num_warps": 4})
     assert launch_first.__code__.co_code == launch_second.__code__.co_code
     assert (launch_first.__name__, launch_second.__name__) == ("launch_k0", "launch_k1")
     assert launch_first.__code__.co_filename == "<kiln launcher k0>"
@@ -123,7 +123,7 @@ def test_launchers_of_one_signature_share_code_but_not_constants_or_caches(fake_
 
 def test_a_registered_launch_hook_takes_tritons_path(fake_driver):
     kernel = _Kernel()
-    launch = _fast_launcher(kernel, "k0", pointer_count=1, int_count=0, constexprs={"XBLOCK": 16}, num_warps=4)
+    launch = _fast_launcher(kernel, "k0", pointer_count=1, int_count=0, constexprs={"XBLOCK": 16}, options={"num_warps": 4})
     buffer = torch.zeros(16)
     launch(1, buffer)  # compiles
     hook = lambda *args: None  # noqa: E731  (what a profiler registers)
@@ -148,7 +148,7 @@ class _FailingKernel(_Kernel):
 
 def test_a_compile_failure_at_first_launch_is_a_kernel_compile_error(fake_driver):
     kernel = _FailingKernel()
-    launch = _fast_launcher(kernel, "k0", pointer_count=1, int_count=0, constexprs={"XBLOCK": 16}, num_warps=4)
+    launch = _fast_launcher(kernel, "k0", pointer_count=1, int_count=0, constexprs={"XBLOCK": 16}, options={"num_warps": 4})
     with pytest.raises(KernelCompileError, match="(?s)kernel k0 failed to compile.*RBLOCK"):
         launch(1, torch.zeros(16))
 
@@ -278,5 +278,5 @@ def test_the_launcher_runs_with_the_builtins(fake_driver):
     `_cuda_getDevice` on a machine without a GPU raised KeyError: '__builtins__' there, not its RuntimeError."""
     import builtins
 
-    launch = _fast_launcher(_Kernel(), "k0", pointer_count=1, int_count=1, constexprs={"XBLOCK": 16}, num_warps=4)
+    launch = _fast_launcher(_Kernel(), "k0", pointer_count=1, int_count=1, constexprs={"XBLOCK": 16}, options={"num_warps": 4})
     assert launch.__globals__["__builtins__"] is builtins

@@ -1,0 +1,117 @@
+"""Which kernel computes a 2-d product on the Triton backends: the extern (cuBLAS) or the template.
+
+`product_config(node, graph, meta)` is asked by the product's lowering rule (kiln/lowering/matmul.py)
+with the template node it would add; it returns the tile to run the template with, or None for the
+extern. `config.matmul_template` decides:
+
+- "off" (and "default" outside mode="max-autotune"): always the extern;
+- "on": always the template, with the default tile (the tests run it under Triton's interpreter);
+- "auto" (and "default" under mode="max-autotune"), CUDA and static sizes only: every candidate tile
+  (codegen/triton_templates.py CANDIDATES) of the bare product is timed against cuBLAS's product plus
+  one pass over its output (a copy, the least a separate epilogue kernel costs, which a fused
+  epilogue saves), and the fastest wins. Timing and its cache are kiln/runtime/autotune.py's.
+
+A template's epilogue is not known here (the scheduler fuses it later), so the comparison is of the
+bare product, with the epilogue's saving counted as that one pass.
+"""
+from __future__ import annotations
+
+import torch
+
+from kiln.codegen.triton import generate_kernel
+from kiln.codegen.triton_templates import candidates, default_tile
+from kiln.config import config
+from kiln.ir import Body, Buffer, Graph, GraphInput, Layout, Template
+from kiln.ir.indexing import contiguous_strides, range_vars
+from kiln.ir.kernel import Kernel
+from kiln.ir.template import MatrixOperand, template_parts
+from kiln.runtime import autotune
+
+EXTERN = "extern"
+
+
+def product_config(node: Template, graph: Graph, meta: torch.Tensor):
+    """The TileConfig for the product template `node` (its body up to the `reduce`; operands in
+    `graph`), or None: lower the product as the extern."""
+    setting = config.matmul_template
+    device = meta.device.type
+    if setting in ("off", "default") or not _triton_runs(device):
+        return None
+    if setting == "on":
+        return default_tile(meta.dtype, device)
+    sizes = [*node.ranges, *node.reduction_ranges]
+    if device != "cuda" or not all(size.is_Integer for size in sizes):
+        return None  # timing needs a GPU and sizes; the interpreter never beats the extern
+    return _tuned_tile(node, graph, meta, [int(size) for size in sizes])
+
+
+def _triton_runs(device_type: str) -> bool:
+    """Whether the device's kernels are Triton's (templates exist only there)."""
+    return device_type == "cuda" or (device_type == "cpu" and config.cpu_backend == "triton")
+
+
+def _tuned_tile(node: Template, graph: Graph, meta: torch.Tensor, sizes: list):
+    rows, columns, inner = sizes
+    parts = template_parts(node, graph)
+    tiles = {str(tile): tile for tile in candidates(meta.dtype)}
+    key = "|".join([f"mm {rows}x{columns}x{inner}", str(meta.dtype), node.precision,
+                    _describe(parts.a, graph), _describe(parts.b, graph), autotune.environment_key()])
+    found = autotune.cached_choice(key)
+    if found is not None and (found["choice"] == EXTERN or found["choice"] in tiles):
+        return tiles.get(found["choice"])
+    operands = {name: _random_storage(graph.buffers[name]) for name in (parts.a.buffer, parts.b.buffer)}
+    a, b = (_strided(operands[operand.buffer], shape, operand)
+            for operand, shape in ((parts.a, (rows, inner)), (parts.b, (inner, columns))))
+    out, copied = (torch.empty((rows, columns), dtype=meta.dtype, device=meta.device) for _ in range(2))
+
+    def extern():
+        torch.mm(a, b, out=out)
+        copied.copy_(out)
+
+    runs = {EXTERN: extern}
+    for name, tile in tiles.items():
+        runs[name] = _template_run(node, graph, tile, operands, out)
+    choice = autotune.choose(key, runs, f"product {rows}x{columns}x{inner} {meta.dtype}")
+    return tiles.get(choice)  # None: the extern won, or nothing was timed
+
+
+def _describe(operand: MatrixOperand, graph: Graph) -> str:
+    buffer = graph.buffers[operand.buffer]
+    return f"{buffer.dtype} offset {operand.offset} strides {operand.row_stride} {operand.column_stride}"
+
+
+def _random_storage(buffer: Buffer) -> torch.Tensor:
+    span = int(buffer.layout.storage_span())
+    return torch.randn(max(span, 1), device=buffer.device).to(buffer.dtype)
+
+
+def _strided(storage: torch.Tensor, shape: tuple, operand: MatrixOperand) -> torch.Tensor:
+    return storage.as_strided(shape, (int(operand.row_stride), int(operand.column_stride)), int(operand.offset))
+
+
+def _template_run(node: Template, graph: Graph, tile, operands: dict, out: torch.Tensor):
+    """A function launching the bare product template (its result stored to `out`) with `tile`."""
+    from kiln.runtime.launch import COMPILE_OPTIONS
+    from kiln.runtime.loader import load_kernel
+
+    parts = template_parts(node, graph)
+    body = Body(list(node.body.ops[:parts.reduce_index + 1]))
+    rows, columns = node.ranges
+    result = Buffer("tuned_out", out.device, out.dtype, Layout((rows, columns), tuple(contiguous_strides([rows, columns]))))
+    body.store(result, range_vars(2, "i"), body.to_dtype(parts.reduce_index, out.dtype))
+    bare = Template(node.name, list(node.ranges), body, [result.name], reduction_ranges=list(node.reduction_ranges),
+                    kind=node.kind, config=tile, precision=node.precision)
+    inputs = {name: graph.buffers[name] for name in operands}
+    alone = Graph(inputs=[GraphInput("tensor", name, buffer) for name, buffer in inputs.items()],
+                  buffers={**inputs, result.name: result}, nodes=[bare])
+    source = generate_kernel(Kernel("tuned", [rows], [columns], [bare], ["template"]), alone, "cuda")
+    kernel = load_kernel(source.function_name, source.source, "cuda")
+    tensors = {**operands, result.name: out}
+    pointers = [tensors[name] for name in source.buffer_args]
+    ints = [int(size) for size in source.size_args]
+    grid = (int(source.xnumel),)
+
+    def run():
+        kernel[grid](*pointers, *ints, **source.constexprs, **source.launch_options, **COMPILE_OPTIONS)
+
+    return run
