@@ -9,7 +9,8 @@ the argument's precision, with IEEE results where a Python `math` function would
 renderings that call them, in kiln/ir/ops.py, which registers them here (`register_libdevice`:
 this bottom-layer module imports nothing of kiln's). The interpreter's casts to and from
 bfloat16 are replaced too: it truncates float32 to bfloat16 (the GPU rounds to nearest even,
-overflowing to inf) and reinterprets the bits of any other source type.
+overflowing to inf) and reinterprets the bits of any other source type; its `tl.dot` multiplied
+bfloat16 operands' bits as integers.
 Bool (int1) add and subtract wrap mod 2, as compiled Triton's do.
 Reductions with kiln's `_sum_combine` run as numpy's pairwise sum, as Triton's own do.
 Kernels are loaded as `InterpretedFunction`s for CPU tensors and `triton.jit`
@@ -135,6 +136,19 @@ def _patch_lang_with_libdevice(fn):
 
 
 _interpreter._patch_lang = _patch_lang_with_libdevice
+_dot_without_bfloat16 = _interpreter.InterpreterBuilder.create_dot
+
+
+def _create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    """tl.dot: the interpreter multiplies bfloat16 operands' uint16 bits as numbers; they are
+    converted to float32 first (exactly), as the GPU's tensor cores multiply them."""
+    if _interpreter.tl.bfloat16 in (a.dtype.scalar, b.dtype.scalar):
+        a, b = (_interpreter.TensorHandle(_as_numpy(_as_torch(operand.data, operand.dtype.scalar).float()),
+                                          _interpreter.tl.float32) for operand in (a, b))
+    return _dot_without_bfloat16(self, a, b, d, input_precision, max_num_imprecise_acc)
+
+
+_interpreter.InterpreterBuilder.create_dot = _create_dot
 _reduce_without_kiln_sum = _interpreter.ReduceOps.apply_impl
 
 

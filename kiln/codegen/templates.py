@@ -39,10 +39,17 @@ def product_config(node: Template, graph: Graph, meta: torch.Tensor):
         return None
     if setting == "on":
         return default_tile(meta.dtype, device)
+    if device != "cuda":
+        return None  # timing needs a GPU; the interpreter never beats the extern
     sizes = [*node.ranges, *node.reduction_ranges]
-    if device != "cuda" or not all(size.is_Integer for size in sizes):
-        return None  # timing needs a GPU and sizes; the interpreter never beats the extern
+    if not all(size.is_Integer for size in sizes):
+        return None  # timing needs sizes
     return _tuned_tile(node, graph, meta, [int(size) for size in sizes])
+
+
+def templates_forced(device_type: str) -> bool:
+    """Whether every product on `device_type` is to be a template (matmul_template "on" where Triton runs)."""
+    return config.matmul_template == "on" and _triton_runs(device_type)
 
 
 def _triton_runs(device_type: str) -> bool:

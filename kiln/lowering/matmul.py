@@ -122,8 +122,10 @@ def pad_product_columns(ctx, meta, a, b):
 def onednn_weight(meta, a: TensorArg, b: TensorArg, bias: TensorArg | None = None) -> TensorArg | None:
     """The weight b.t() that oneDNN's linear takes for `a @ b (+ bias)` (see the module docstring),
     or None when the op does not apply: only fp32 CPU products, on layouts it is exact for."""
+    from kiln.codegen.templates import templates_forced
+
     if config.cpu_gemm != "onednn" or _torch.onednn_linear() is None or meta.device.type != "cpu" or \
-            meta.dtype != torch.float32 or meta.dim() != 2:
+            meta.dtype != torch.float32 or meta.dim() != 2 or templates_forced("cpu"):
         return None  # (aten's products take operands of the result's dtype only)
     if not (isinstance(a, TensorArg) and isinstance(b, TensorArg)):
         return None

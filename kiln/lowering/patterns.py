@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from kiln import _torch
+from kiln.codegen.templates import templates_forced
 from kiln.config import config
 
 aten = _torch.aten
@@ -168,7 +169,7 @@ def _match_post_op(product, position: dict) -> PostOpMatch | None:
     if not config.cpu_gemm_post_ops or config.cpu_gemm != "onednn" or _torch.onednn_linear() is None:
         return None
     meta = product.meta.get("val")
-    if not _is_float32_tensor(meta) or meta.device.type != "cpu" or meta.dim() != 2:
+    if not _is_float32_tensor(meta) or meta.device.type != "cpu" or meta.dim() != 2 or templates_forced("cpu"):
         return None
     if product.target == aten.addmm.default:
         if product.kwargs.get("beta", 1) != 1 or product.kwargs.get("alpha", 1) != 1:

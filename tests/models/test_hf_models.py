@@ -356,3 +356,24 @@ def test_gpt2_training_with_default_dropout():
     assert torch.isfinite(loss)
     assert all(parameter.grad is not None and torch.isfinite(parameter.grad).all()
                for parameter in model.parameters())
+
+
+# --------------------------------------------------------------------------- product templates
+@pytest.mark.parametrize("make_model", [gpt2, llama], ids=["gpt2", "llama"])
+def test_product_templates_on_the_triton_backend(make_model, monkeypatch):
+    """Every 2-d product as a Triton template with its epilogue (config.matmul_template="on", the Triton
+    interpreter): inference and a training step match eager, and the templates ran."""
+    from kiln.codegen import triton as triton_codegen
+
+    generated = []
+    generate = triton_codegen.TritonKernelGenerator._generate_template
+    monkeypatch.setattr(triton_codegen.TritonKernelGenerator, "_generate_template",
+                        lambda self: generated.append(self.kernel.name) or generate(self))
+    torch.manual_seed(0)
+    with kiln.config.patch(cpu_backend="triton", matmul_template="on"):
+        check_inference(make_model(), causal_lm_inputs)
+        inference_templates = len(generated)
+        input_ids = tokens()
+        check_training(make_model(**NO_DROPOUT.get(make_model.__name__, {})), {"input_ids": input_ids,
+                                                                                "labels": input_ids})
+    assert inference_templates >= 2 * LAYERS and len(generated) > 2 * inference_templates  # forward and backward

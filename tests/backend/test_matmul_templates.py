@@ -1,0 +1,201 @@
+"""Matrix-product templates (kiln/ir/template.py, kiln/codegen/triton_templates.py): a 2-d product as a
+Triton tiled kernel that its pointwise epilogue joins.
+
+They run here under Triton's interpreter (config.cpu_backend="triton", matmul_template="on"), the same
+kernel source a GPU compiles, checked against eager and a float64 reference on random inputs. What
+decides between template and cuBLAS (`product_config`, the autotuner's cache and budget) is tested
+with its timing replaced, since timing needs a GPU.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kiln
+import kiln.testing
+from kiln.codegen import templates
+from kiln.codegen.triton_templates import INTERPRETED_TILE, TileConfig, candidates
+from kiln.runtime import autotune
+from tests.backend.test_pipeline import compiled_graphs
+
+F = torch.nn.functional
+
+
+@pytest.fixture(autouse=True)
+def templates_on():
+    with kiln.config.patch(cpu_backend="triton", matmul_template="on"):
+        yield
+
+
+def assert_close(fn, *args):
+    """Compile `fn`; assert it matches eager within the accuracy rule; its CompiledGraphs."""
+    result, graphs = compiled_graphs(fn, *args)
+    verdict = kiln.testing.compare(result, fn(*args), fn(*kiln.testing.to_float64(args)))
+    assert verdict, verdict.message
+    return graphs
+
+
+def template_kernels(graph) -> list:
+    return [kernel for kernel in graph.scheduled.kernels if kernel.template is not None]
+
+
+def test_a_product_with_bias_gelu_and_residual_is_one_kernel():
+    x, w, b, r = torch.randn(33, 70), torch.randn(70, 50), torch.randn(50), torch.randn(33, 50)
+    (graph,) = assert_close(lambda x, w, b, r: F.gelu(x @ w + b) + r, x, w, b, r)
+    assert graph.kernel_count == 1 and graph.extern_count == 0
+    (kernel,) = template_kernels(graph)
+    assert kernel.roles == ["template", "full"] and kernel.local_buffers  # the product stays in registers
+    text = graph.scheduled.format()
+    assert "template mm" in text and "normal_cdf" in text
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_linear_layers_of_every_template_dtype(dtype):
+    # nn.Linear on a 3-d input: a view, addmm with the weight read transposed (t()), a view back
+    x = torch.randn(2, 19, 40, dtype=dtype)
+    weights = [torch.randn(72, 40, dtype=dtype) / 6, torch.randn(72, dtype=dtype), torch.randn(24, 72, dtype=dtype) / 8,
+               torch.randn(24, dtype=dtype)]
+    model = lambda x, w1, b1, w2, b2: F.linear(F.silu(F.linear(x, w1, b1)), w2, b2)  # noqa: E731
+    (graph,) = assert_close(model, x, *weights)
+    assert len(template_kernels(graph)) == 2 and graph.extern_count == 0
+
+
+def test_operands_read_transposed_offset_and_strided():
+    base, other = torch.randn(90, 64), torch.randn(48, 80)
+
+    def fn(base, other):
+        a = base[5:70, 3:51]  # an offset, row stride 64
+        b = other.t()[::2]  # [40, 48] read column-major with a row stride of 2
+        return a.t() @ a, a @ b.t()
+
+    (graph,) = assert_close(fn, base, other)
+    assert len(template_kernels(graph)) == 2
+
+
+def test_addmm_alpha_beta_and_a_full_bias():
+    bias, a, b = torch.randn(17, 21), torch.randn(17, 9), torch.randn(9, 21)
+    (graph,) = assert_close(lambda bias, a, b: torch.addmm(bias, a, b, beta=0.5, alpha=-2.0), bias, a, b)
+    assert len(template_kernels(graph)) == 1
+    nan_bias = torch.full((17, 21), float("nan"))
+    (graph,) = assert_close(lambda bias, a, b: torch.addmm(bias, a, b, beta=0), nan_bias, a, b)
+    assert not torch.isnan(compiled_graphs(lambda bias, a, b: torch.addmm(bias, a, b, beta=0), nan_bias, a, b)[0]).any()
+
+
+def test_single_rows_tiny_inner_dims_and_an_empty_product():
+    assert_close(lambda a, b: torch.relu(a @ b), torch.randn(1, 37), torch.randn(37, 45))
+    assert_close(lambda a, b: a @ b * 3, torch.randn(40, 3), torch.randn(3, 44))  # k far below a tile
+    result, _ = compiled_graphs(lambda a, b: a @ b + 1, torch.randn(6, 0), torch.randn(0, 5))
+    assert torch.equal(result, torch.ones(6, 5))  # k = 0: the bias alone
+
+
+def test_a_product_feeding_a_reduction_is_stored_for_it():
+    # The norm after the residual add cannot join the product's tile (it needs whole rows).
+    x, w, gamma = torch.randn(24, 32), torch.randn(32, 48), torch.randn(48)
+    (graph,) = assert_close(lambda x, w, g: F.layer_norm(x @ w + 1.0, (48,), g), x, w, gamma)
+    (kernel,) = template_kernels(graph)
+    assert not kernel.local_buffers and graph.kernel_count == 2
+
+
+def test_a_body_whose_operand_is_not_a_strided_matrix_is_not_a_template():
+    # x [4, 6, 5] read as x.permute(1, 0, 2).reshape(6, 20): no one stride walks a row
+    import sympy
+
+    from kiln.ir import Body, Buffer, Graph, GraphInput, IRVerificationError, Layout, Template, verify
+    from kiln.ir.indexing import FloorDiv, Mod, range_vars
+    from kiln.ir.template import template_parts
+
+    x = Buffer("x", torch.device("cpu"), torch.float32, Layout((4, 6, 5), (30, 5, 1)))
+    w = Buffer("w", torch.device("cpu"), torch.float32, Layout((20, 7), (7, 1)))
+    out = Buffer("out", torch.device("cpu"), torch.float32, Layout((6, 7), (7, 1)))
+    (i0, i1), (k,) = range_vars(2, "i"), range_vars(1, "r")
+    body = Body()
+    product = body.emit("mul", (body.load(x, [FloorDiv(k, 5), i0, Mod(k, 5)]), body.load(w, [k, i1])), torch.float32)
+    body.store(out, [i0, i1], body.emit("reduce", (product,), torch.float32, attr="sum"))
+    node = Template("node0", [sympy.Integer(6), sympy.Integer(7)], body, ["out"], reduction_ranges=[sympy.Integer(20)])
+    graph = Graph(inputs=[GraphInput("tensor", "x", x), GraphInput("tensor", "w", w)],
+                  buffers={"x": x, "w": w, "out": out}, nodes=[node], outputs=[])
+    with pytest.raises(ValueError, match="not read as a strided matrix"):
+        template_parts(node, graph)
+    with pytest.raises(IRVerificationError, match="not a mm template"):
+        verify(graph)
+
+
+def test_a_permuted_operand_is_copied_once_then_read_by_the_template():
+    x, w = torch.randn(4, 6, 5), torch.randn(4 * 5, 7)
+    (graph,) = assert_close(lambda x, w: x.permute(1, 0, 2).reshape(6, 20) @ w, x, w)
+    assert len(template_kernels(graph)) == 1 and graph.kernel_count == 2 and graph.extern_count == 0
+
+
+def test_symbolic_rows_after_a_size_change_compile_once_more():
+    w = torch.randn(24, 40)
+    fn = lambda x, w: F.gelu(x @ w)  # noqa: E731
+    counts = []
+
+    def count_backend(gm, example_inputs):
+        counts.append(1)
+        return kiln.backend.compile_graph(gm, example_inputs)
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend=count_backend)
+    with kiln.config.patch(strict=True):
+        for rows in (8, 13, 29):
+            x = torch.randn(rows, 24)
+            verdict = kiln.testing.compare(compiled(x, w), fn(x, w), fn(x.double(), w.double()))
+            assert verdict, verdict.message
+    assert len(counts) == 2  # static, then rows symbolic
+
+
+def test_the_extern_stays_where_templates_are_off_or_the_backend_is_cpp():
+    a, b = torch.randn(20, 30), torch.randn(30, 10)
+    for options in ({"matmul_template": "off"}, {"cpu_backend": "cpp"}, {"matmul_template": "auto"}):
+        with kiln.config.patch(**options):
+            (graph,) = assert_close(lambda a, b: a @ b, a, b)
+        assert not template_kernels(graph) and graph.extern_count == 1, options
+
+
+# ---- choosing: template or cuBLAS, and which tile -------------------------------------------------
+
+def test_product_config_follows_the_option_and_the_device():
+    with kiln.config.patch(matmul_template="on"):
+        assert templates.product_config(None, None, torch.empty(64, 64)) == INTERPRETED_TILE
+    for setting in ("off", "default"):
+        with kiln.config.patch(matmul_template=setting):
+            assert templates.product_config(None, None, torch.empty(64, 64)) is None
+    with kiln.config.patch(matmul_template="on", cpu_backend="cpp"):
+        assert templates.product_config(None, None, torch.empty(64, 64)) is None
+    with kiln.config.patch(matmul_template="auto"):  # the interpreter is never timed: it never wins
+        assert templates.product_config(None, None, torch.empty(64, 64)) is None
+    assert candidates(torch.bfloat16)[0] == TileConfig(128, 128, 64, 8, 3)
+
+
+@pytest.fixture
+def fake_timings(monkeypatch, tmp_path):
+    """autotune.time_ms replaced by each candidate's stand-in time; returns the list of timed names."""
+    timed = []
+
+    def time_ms(run):
+        name, milliseconds = run()
+        timed.append(name)
+        return milliseconds
+
+    monkeypatch.setattr(autotune, "time_ms", time_ms)
+    with kiln.config.patch(cache_dir=str(tmp_path)):
+        yield timed
+
+
+def test_the_fastest_candidate_is_chosen_and_remembered(fake_timings):
+    runs = {"extern": lambda: ("extern", 0.30), "tile a": lambda: ("tile a", 0.21), "tile b": lambda: ("tile b", 0.25)}
+    assert autotune.choose("key 1", runs, "a product") == "tile a"
+    assert fake_timings == ["extern", "tile a", "tile b"]
+    assert autotune.cached_choice("key 1")["timings"] == {"extern": 0.30, "tile a": 0.21, "tile b": 0.25}
+    assert autotune.choose("key 1", runs, "a product") == "tile a" and len(fake_timings) == 3  # not timed again
+    runs["extern"] = lambda: ("extern", 0.1)
+    assert autotune.choose("key 2", runs, "a product") == "extern"
+
+
+def test_a_candidate_that_fails_is_skipped_and_a_spent_budget_stops_timing(fake_timings):
+    runs = {"broken": lambda: ("broken", None), "tile": lambda: ("tile", 0.5)}
+    assert autotune.choose("key 3", runs, "a product") == "tile"
+    with kiln.config.patch(autotune_budget_s=0.0), autotune.graph_budget():
+        assert autotune.choose("key 4", {"tile": lambda: ("tile", 0.5)}, "a product") is None
+    assert autotune.cached_choice("key 4") is None  # nothing timed, nothing remembered
