@@ -252,8 +252,8 @@ def template_product(ctx, meta, a, b, bias=None, beta=1, alpha=1):
                         torch.float32)
     total = body.emit("reduce", (product,), torch.float32, attr="sum")
     rows, columns = (_torch.sym_expr(size) for size in meta.shape)
-    node = Template(ctx.new_node_name(), [rows, columns], body, [], reduction_ranges=[sympy.sympify(a.shape[1])],
-                    precision=precision)
+    node = Template("template", [rows, columns], body, [], reduction_ranges=[sympy.sympify(a.shape[1])],
+                    precision=precision)  # named once it is added
     try:
         template_parts(node, ctx.graph)
     except ValueError:
@@ -270,7 +270,7 @@ def template_product(ctx, meta, a, b, bias=None, beta=1, alpha=1):
         total = body.emit("add", (total, added), torch.float32)
     out = ctx.buffer_for(meta)
     body.store(out, [m, n], body.to_dtype(total, meta.dtype))
-    node.outputs = [out.name]
+    node.name, node.outputs = ctx.new_node_name(), [out.name]
     ctx.graph.nodes.append(node)
     return BufferValue(out)
 

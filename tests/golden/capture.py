@@ -138,8 +138,9 @@ def run_program(program) -> None:
     """Compile `program` with kiln's graph entry and run it (backward too, when it has one)."""
     inputs = program.make_inputs(torch.Generator().manual_seed(0))
     gm = _traced_with_tuple_output(program.fn)
-    compiled = compile_graph(gm, list(inputs))
-    outputs = compiled(*inputs)
+    with kiln.config.patch(**program.options):
+        compiled = compile_graph(gm, list(inputs))
+        outputs = compiled(*inputs)
     if program.backward:
         outputs = outputs if isinstance(outputs, (tuple, list)) else (outputs,)
         sum(output.sum() for output in outputs).backward()

@@ -9,7 +9,7 @@ dtypes do, so the factories draw from a fixed generator only to keep the inputs 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -23,6 +23,7 @@ class Program:
     make_inputs: Callable[[torch.Generator], list]
     backward: bool = False  # run a backward too, so AOTAutograd's joint graph gives a backward graph
     doc: str = ""
+    options: dict = field(default_factory=dict)  # kiln.config options it compiles with (beyond the defaults)
 
 
 def _randn(generator, *size, dtype=torch.float32, requires_grad=False):
@@ -59,6 +60,10 @@ def embedding_rms_norm(ids, table, weight):
     hidden = F.embedding(ids, table)
     variance = hidden.pow(2).mean(-1, keepdim=True)
     return hidden * torch.rsqrt(variance + 1e-6) * weight
+
+
+def linear_gelu_residual(hidden, weight, bias, residual):
+    return F.gelu(F.linear(hidden, weight, bias)) + residual
 
 
 def lm_head(hidden, weight):
@@ -140,6 +145,10 @@ PROGRAMS = [
     Program("layer_norm_gelu", layer_norm_gelu, lambda g: [_randn(g, 16, 64), _randn(g, 64), _randn(g, 64)]),
     Program("embedding_rms_norm", embedding_rms_norm,
             lambda g: [_randint(g, 100, 2, 16), _randn(g, 100, 64), _randn(g, 64)]),
+    Program("linear_gelu_residual", linear_gelu_residual,
+            lambda g: [_randn(g, 40, 64), _randn(g, 96, 64), _randn(g, 96), _randn(g, 40, 96)],
+            doc="a product template with its bias, gelu and residual add as epilogue",
+            options={"matmul_template": "on"}),
     Program("lm_head", lm_head, lambda g: [_randn(g, 32, 64), _randn(g, 50257, 64)], doc="GPT-2's LM head: odd N"),
     Program("conv_bn_relu", conv_bn_relu,
             lambda g: [_randn(g, 2, 3, 16, 16), _randn(g, 8, 3, 3, 3), _randn(g, 8), _randn(g, 8).abs() + 0.5,

@@ -228,8 +228,8 @@ def test_compile_ahead_compiles_every_kernel_on_several_threads_before_returning
 
     kernels = [_AsyncKernel() for _ in range(6)]
     failing = _AsyncKernel(fail=True)
-    jobs = [(kernel, [torch.float32, torch.bfloat16], [4096, 1], {"XBLOCK": 1024}, 4) for kernel in kernels]
-    jobs.append((failing, [torch.float32], [16], {"XBLOCK": 16}, 2))
+    jobs = [(kernel, [torch.float32, torch.bfloat16], [4096, 1], {"XBLOCK": 1024}, {"num_warps": 4}) for kernel in kernels]
+    jobs.append((failing, [torch.float32], [16], {"XBLOCK": 16}, {"num_warps": 2}))
     assert compile_ahead(jobs, workers=4) == 7
     assert all(len(kernel.cache) == 1 for kernel in kernels)  # finalized before compile_ahead returned
     assert not failing.cache  # its error is left for the launch to report
