@@ -9,7 +9,8 @@ object written to RESULT_PATH; an exception is recorded there too, never hidden.
 
 Backends: eager (the program itself), inductor (`torch.compile`), kiln (`kiln.compile`,
 whose ladder rung is the spec's `kiln_backend`, "kiln" unless asked otherwise).
-Modes: infer (`torch.no_grad()`), cudagraphs (infer with mode="reduce-overhead"),
+Modes: infer (`torch.no_grad()`), cudagraphs (infer with mode="reduce-overhead"), autotune (infer with
+mode="max-autotune": kiln's product templates timed against cuBLAS, Inductor's autotuning),
 train (forward + loss.backward(), no optimizer step; gradients set to None before each call).
 """
 from __future__ import annotations
@@ -56,7 +57,7 @@ def error_summary(error: BaseException) -> str:
 
 def compile_program(program, backend: str, mode: str, kiln_backend: str):
     """The program as the backend runs it."""
-    compile_mode = "reduce-overhead" if mode == "cudagraphs" else "default"
+    compile_mode = {"cudagraphs": "reduce-overhead", "autotune": "max-autotune"}.get(mode, "default")
     if backend == "eager":
         return program
     if backend == "inductor":

@@ -26,6 +26,10 @@
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh session1; ... session2; ... session3   # the end-of-session
 #                                                                 # check in three calls, torch.compile's training
 #                                                                 # in them (below)
+#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh templates # product templates: correctness (every product a
+#                                                                 # template, then autotuned), GEMM+epilogue kernels
+#                                                                 # and BERT/Llama under mode='max-autotune' against
+#                                                                 # torch.compile's: ~500 s
 #   bash benchmarks/gpu_verify.sh install|host|train                           # kiln verify from a fresh install;
 #                                                                 # host ms per call, kiln vs torch.compile; training
 # Files land in $OUT (at most 8 come back) and the benchmark results under benchmarks/results/.
@@ -251,6 +255,19 @@ train)
         --label "train-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
     rm -f "$OUT_DIR"/*.log
     ;;
-*) echo "usage: gpu_verify.sh checks|kernels|models|diagnose|verify1|verify2|final|session1|session2|session3|close1|close2|install|host|train" >&2; exit 2 ;;
+templates)
+    # Product templates (kiln/codegen/triton_templates.py), first measured on the GPU: correct with every
+    # product a template and under autotuning (its timings logged), then BERT's FFN products with their
+    # epilogues and two models, eager / torch.compile / kiln, default mode and max-autotune.
+    timeout 240 "$PYTHON" -m benchmarks.gpu_template_check > "$OUT_DIR/templates.txt" 2>&1
+    echo "gpu_template_check exit $?"; grep -v "^\[" "$OUT_DIR/templates.txt" | grep -i "fail\|autotuned\|failures" | head -40
+    "$PYTHON" -m benchmarks.run --suite kernels --only linear_gelu,linear_residual --modes infer,autotune \
+        --backends eager,inductor,kiln --budget 150 --timeout 100 --label "templates-kernels-$commit" \
+        --copy-to "$OUT_DIR" 2>&1 | tail -12
+    "$PYTHON" -m benchmarks.run --suite models --only bert,llama --modes infer,autotune --backends eager,inductor,kiln \
+        --budget 300 --timeout 140 --label "templates-models-$commit" --copy-to "$OUT_DIR" 2>&1 | tail -14
+    rm -f "$OUT_DIR"/*.log
+    ;;
+*) echo "usage: gpu_verify.sh checks|kernels|models|diagnose|verify1|verify2|final|session1|session2|session3|close1|close2|templates|install|host|train" >&2; exit 2 ;;
 esac
 ls -la "$OUT_DIR"

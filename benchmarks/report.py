@@ -23,6 +23,7 @@ COLUMN_TITLES = {
     ("eager", "infer"): "eager", ("inductor", "infer"): "torch.compile", ("kiln", "infer"): "kiln",
     ("inductor", "cudagraphs"): "torch.compile CUDA graphs", ("kiln", "cudagraphs"): "kiln CUDA graphs",
     ("eager", "train"): "eager", ("inductor", "train"): "torch.compile", ("kiln", "train"): "kiln",
+    ("inductor", "autotune"): "torch.compile max-autotune", ("kiln", "autotune"): "kiln max-autotune",
 }
 
 
@@ -216,8 +217,10 @@ def _kernel_table(cases, workloads, compiled_columns) -> list[str]:
             speedups[column].append(ratio)
             row += [_time_cell(case, 1000.0, 1), _fmt_ratio(ratio)]
         all_cases = [baseline, *row_cases]
-        row.append(" / ".join(_bandwidth(c['gb_per_s']) if _ok(c) else "-" for c in all_cases))
-        row.append(" / ".join(f"{c['gb_per_s'] / ceiling:.2f}" if _ok(c) and ceiling else "-" for c in all_cases))
+        # products are compute-bound: no bandwidth, no copy ceiling (`gb_per_s` absent)
+        row.append(" / ".join(_bandwidth(c['gb_per_s']) if _ok(c) and "gb_per_s" in c else "-" for c in all_cases))
+        row.append(" / ".join(f"{c['gb_per_s'] / ceiling:.2f}" if _ok(c) and ceiling and "gb_per_s" in c else "-"
+                              for c in all_cases))
         row.append(" / ".join(_accuracy_cell(c) or "-" for c in row_cases))
         lines.append("| " + " | ".join(row) + " |")
     geomean_row = ["geomean", "", ""]
@@ -270,8 +273,9 @@ def summary_sections(cases: list[dict], plan: dict) -> list[str]:
     out: list[str] = []
     models, kernels = plan.get("models", []), plan.get("kernels", [])
     compiled_backends = [b for b in plan["backends"] if b != "eager"]
-    infer_columns = [(b, m) for m in ("infer", "cudagraphs") if m in plan["modes"] for b in compiled_backends]
-    if models and any(m in plan["modes"] for m in ("infer", "cudagraphs")):
+    infer_columns = [(b, m) for m in ("infer", "cudagraphs", "autotune") if m in plan["modes"]
+                     for b in compiled_backends]
+    if models and any(m in plan["modes"] for m in ("infer", "cudagraphs", "autotune")):
         out += ["## Inference (median ms per call; x = speedup over eager)", ""]
         out += _model_table(cases, models, infer_columns, "infer") + [""]
     if models and "train" in plan["modes"]:

@@ -28,7 +28,8 @@ from benchmarks.workloads import DEFAULT_MODELS, DEFAULT_SMALL_MODELS, KERNELS, 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKENDS = ("eager", "inductor", "kiln")
-MODES = ("infer", "cudagraphs", "train")
+MODES = ("infer", "cudagraphs", "train", "autotune")
+DEFAULT_MODES = ("infer", "cudagraphs", "train")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,7 +37,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--suite", choices=("models", "kernels", "all"), default="models")
     parser.add_argument("--backends", default="eager,inductor,kiln", help="comma list of " + ",".join(BACKENDS))
-    parser.add_argument("--modes", default="infer,cudagraphs,train", help="comma list of " + ",".join(MODES))
+    parser.add_argument("--modes", default=",".join(DEFAULT_MODES), help="comma list of " + ",".join(MODES) +
+                        " (autotune: inference under mode='max-autotune')")
     parser.add_argument("--only", default="", help="comma list of model / kernel names (default: all of the suite)")
     parser.add_argument("--small", action="store_true",
                         help="shrink every model and shape; CPU, float32, no autocast unless --device cuda")
@@ -112,7 +114,8 @@ def plan(args, device: str) -> tuple[list[dict], dict]:
                 if mode not in args.modes or (suite == "kernels" and mode == "train"):
                     continue
                 for backend in args.backends:
-                    if (backend == "eager" and mode == "cudagraphs") or (workload == "copy" and backend != "eager"):
+                    if (backend == "eager" and mode in ("cudagraphs", "autotune")) or \
+                            (workload == "copy" and backend != "eager"):
                         continue
                     if workload == "copy" and mode != "infer":
                         continue
@@ -139,7 +142,7 @@ def plan(args, device: str) -> tuple[list[dict], dict]:
 def default_label(args) -> str:
     """The results' file name part: suite, modes unless all, models/kernels when --only, '-small'."""
     parts = [args.suite]
-    if args.modes != list(MODES):
+    if args.modes != list(DEFAULT_MODES):
         parts += args.modes
     parts += [name.strip() for name in args.only.split(",") if name.strip()]
     return "-".join(parts) + ("-small" if args.small else "")

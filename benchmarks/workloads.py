@@ -242,6 +242,16 @@ def column_sum(x):
     return x.sum(0)
 
 
+def linear_gelu(x, weight, bias):
+    """BERT's FFN up-projection: a product, its bias and gelu (a product template's epilogue)."""
+    return F.gelu(F.linear(x, weight, bias))
+
+
+def linear_residual(x, weight, bias, residual):
+    """BERT's FFN down-projection with the residual add after it."""
+    return F.linear(x, weight, bias) + residual
+
+
 def copy_into(source, destination):
     """The copy ceiling: read 1 GiB, write 1 GiB."""
     return destination.copy_(source)
@@ -252,6 +262,11 @@ def _kernel(name: str, shape: str, fn: Callable, *inputs: torch.Tensor) -> Workl
     output_bytes = inputs[0].numel() * inputs[0].element_size()
     bytes_moved = sum(t.numel() * t.element_size() for t in inputs) + output_bytes
     return Workload(name, shape, fn, infer_args=inputs, autocast=False, bytes_moved=bytes_moved)
+
+
+def _product(name: str, shape: str, fn: Callable, *inputs: torch.Tensor) -> Workload:
+    """A product with its epilogue: compute-bound, so it has no copy ceiling (bytes_moved None)."""
+    return Workload(name, shape, fn, infer_args=inputs, autocast=False, bytes_moved=None)
 
 
 def kernel_workload(name: str, small: bool, device: str) -> Workload:
@@ -288,14 +303,25 @@ def kernel_workload(name: str, small: bool, device: str) -> Workload:
         return workload
     if name == "rmsnorm_silu_gate":
         return _kernel(name, matrix, rmsnorm_silu_gate, randn(rows, cols), randn(cols), randn(rows, cols))
+    if name in ("linear_gelu", "linear_residual"):
+        # BERT-base's FFN at 8 x 512 tokens: 768 <-> 3072 (small: 32 tokens, 64 <-> 256)
+        tokens, hidden = (32, 64) if small else (4096, 768)
+        inner, outer = (4 * hidden, hidden) if name == "linear_gelu" else (hidden, 4 * hidden)
+        shape = f"{tokens}x{outer} @ {outer}x{inner} {str(low).replace('torch.', '')}"
+        x, weight, bias = randn(tokens, outer), randn(inner, outer) / outer ** 0.5, randn(inner)
+        if name == "linear_gelu":
+            return _product(name, shape, linear_gelu, x, weight, bias)
+        return _product(name, shape, linear_residual, x, weight, bias, randn(tokens, inner))
     raise KeyError(f"unknown kernel workload {name!r}; choose from {KERNELS}")
 
 
-KERNELS = ["copy", "sin_10k", "sin_large", "gelu_bias", "layer_norm", "softmax", "rmsnorm_silu_gate", "column_sum"]
+KERNELS = ["copy", "sin_10k", "sin_large", "gelu_bias", "layer_norm", "softmax", "rmsnorm_silu_gate", "column_sum",
+           "linear_gelu", "linear_residual"]
 KERNEL_TITLES = {
     "copy": "copy (the ceiling)", "sin_10k": "sin(x)+sin(y)", "sin_large": "sin(x)+sin(y)",
     "gelu_bias": "gelu(x + b)", "layer_norm": "layer_norm", "softmax": "softmax(dim=-1)",
     "rmsnorm_silu_gate": "RMSNorm * w, silu, * gate", "column_sum": "x.sum(0) (a bias gradient)",
+    "linear_gelu": "gelu(x @ W.T + b)", "linear_residual": "x @ W.T + b + r",
 }
 
 
