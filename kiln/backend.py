@@ -64,11 +64,12 @@ def checked_mode(mode: str | None, caller: str) -> str:
 
 
 def _mode_options(mode: str) -> dict:
-    """The kiln.config options a mode implies where the user left them at "default":
-    mode="max-autotune" times 2-d products' Triton templates against cuBLAS (config.matmul_template)."""
-    if mode == "max-autotune" and config.matmul_template == "default":
-        return {"matmul_template": "auto"}
-    return {}
+    """The kiln.config options a mode implies where the user left them at "default": mode="max-autotune"
+    times 2-d products' Triton templates against cuBLAS (config.matmul_template) and CUDA kernels' block
+    sizes and warps (config.autotune_kernels)."""
+    if mode != "max-autotune":
+        return {}
+    return {name: "auto" for name in ("matmul_template", "autotune_kernels") if getattr(config, name) == "default"}
 
 
 def run_with_options(compiled: Callable, options: dict) -> Callable:

@@ -171,13 +171,13 @@ def test_unknown_option_mode_or_backend_raises_listing_the_valid_ones():
         kiln.compile(model, backend="inductor")
 
 
-def test_max_autotune_turns_on_product_templates_where_the_user_left_the_option_at_default():
+def test_max_autotune_turns_on_autotuning_where_the_user_left_the_options_at_default():
     from kiln.backend import _mode_options
 
-    assert _mode_options("max-autotune") == {"matmul_template": "auto"}
+    assert _mode_options("max-autotune") == {"matmul_template": "auto", "autotune_kernels": "auto"}
     assert _mode_options("default") == {} and _mode_options("reduce-overhead") == {}
     with kiln.config.patch(matmul_template="off"):
-        assert _mode_options("max-autotune") == {}  # the user's own choice stands
+        assert _mode_options("max-autotune") == {"autotune_kernels": "auto"}  # the user's own choice stands
 
 
 def test_torch_compile_passes_mode_and_options_to_kilns_backend(tmp_path):

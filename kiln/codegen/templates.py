@@ -20,6 +20,7 @@ import torch
 
 from kiln.codegen.triton import generate_kernel
 from kiln.codegen.triton_templates import candidates, default_tile
+from kiln.codegen.tuning import launcher, random_buffers
 from kiln.config import config
 from kiln.ir import Body, Buffer, Graph, GraphInput, Layout, Template
 from kiln.ir.indexing import contiguous_strides, range_vars
@@ -66,7 +67,8 @@ def _tuned_tile(node: Template, graph: Graph, meta: torch.Tensor, sizes: list):
     found = autotune.cached_choice(key)
     if found is not None and (found["choice"] == EXTERN or found["choice"] in tiles):
         return tiles.get(found["choice"])
-    operands = {name: _random_storage(graph.buffers[name]) for name in (parts.a.buffer, parts.b.buffer)}
+    names = list(dict.fromkeys((parts.a.buffer, parts.b.buffer)))
+    operands = random_buffers(names, [graph.buffers[name].dtype for name in names], graph)
     a, b = (_strided(operands[operand.buffer], shape, operand)
             for operand, shape in ((parts.a, (rows, inner)), (parts.b, (inner, columns))))
     out, copied = (torch.empty((rows, columns), dtype=meta.dtype, device=meta.device) for _ in range(2))
@@ -87,20 +89,12 @@ def _describe(operand: MatrixOperand, graph: Graph) -> str:
     return f"{buffer.dtype} offset {operand.offset} strides {operand.row_stride} {operand.column_stride}"
 
 
-def _random_storage(buffer: Buffer) -> torch.Tensor:
-    span = int(buffer.layout.storage_span())
-    return torch.randn(max(span, 1), device=buffer.device).to(buffer.dtype)
-
-
 def _strided(storage: torch.Tensor, shape: tuple, operand: MatrixOperand) -> torch.Tensor:
     return storage.as_strided(shape, (int(operand.row_stride), int(operand.column_stride)), int(operand.offset))
 
 
 def _template_run(node: Template, graph: Graph, tile, operands: dict, out: torch.Tensor):
     """A function launching the bare product template (its result stored to `out`) with `tile`."""
-    from kiln.runtime.launch import COMPILE_OPTIONS
-    from kiln.runtime.loader import load_kernel
-
     parts = template_parts(node, graph)
     body = Body(list(node.body.ops[:parts.reduce_index + 1]))
     rows, columns = node.ranges
@@ -112,13 +106,5 @@ def _template_run(node: Template, graph: Graph, tile, operands: dict, out: torch
     alone = Graph(inputs=[GraphInput("tensor", name, buffer) for name, buffer in inputs.items()],
                   buffers={**inputs, result.name: result}, nodes=[bare])
     source = generate_kernel(Kernel("tuned", [rows], [columns], [bare], ["template"]), alone, "cuda")
-    kernel = load_kernel(source.function_name, source.source, "cuda")
-    tensors = {**operands, result.name: out}
-    pointers = [tensors[name] for name in source.buffer_args]
-    ints = [int(size) for size in source.size_args]
-    grid = (int(source.xnumel),)
-
-    def run():
-        kernel[grid](*pointers, *ints, **source.constexprs, **source.launch_options, **COMPILE_OPTIONS)
-
-    return run
+    return launcher(source, {**operands, result.name: out}, source.constexprs, source.launch_options,
+                    int(source.xnumel))

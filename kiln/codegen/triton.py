@@ -25,6 +25,7 @@ from kiln.ir.nodes import indirect_value
 from kiln.ir.ops import OPS, triton_variants
 from kiln.ir.template import template_parts
 from kiln.codegen.triton_templates import default_tile, emit_product, program_count
+from kiln.codegen.tuning import tune_kernel
 from kiln.runtime.loader import load_triton_kernels
 from kiln.ir.kernel import OUTER_ROWS_PER_PROGRAM, Kernel, var_map
 
@@ -703,7 +704,8 @@ class TritonBackend:
     name: ClassVar[str] = "triton"
 
     def generate_kernel(self, kernel: Kernel, graph: Graph) -> KernelSource:
-        return generate_kernel(kernel, graph, self.device_type)
+        """The kernel's source, with its launch config autotuned where config.autotune_kernels asks."""
+        return tune_kernel(generate_kernel(kernel, graph, self.device_type), kernel, graph)
 
     def loop_dependent_ops(self) -> frozenset:
         return frozenset()  # Triton's libdevice computes each element the same way in every kernel

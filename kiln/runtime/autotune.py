@@ -61,6 +61,11 @@ def environment_key() -> str:
     return f"{device}|torch {torch.__version__}|triton {triton.__version__}"
 
 
+def source_digest(text: str) -> str:
+    """A short digest of a kernel's source, for a choice's key."""
+    return cache.source_hash(text)[:24]
+
+
 def _record_name(key: str) -> str:
     return os.path.join("autotune", f"{cache.source_hash(key)[:32]}.json")
 
@@ -127,4 +132,4 @@ def time_ms(run: Callable[[], None], *, warmup: int = 3, repeats: int = 20) -> f
     return times[len(times) // 2]
 
 
-__all__ = ["budget_left", "cached_choice", "choose", "environment_key", "graph_budget", "time_ms"]
+__all__ = ["budget_left", "cached_choice", "choose", "environment_key", "graph_budget", "source_digest", "time_ms"]

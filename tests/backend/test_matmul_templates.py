@@ -199,3 +199,59 @@ def test_a_candidate_that_fails_is_skipped_and_a_spent_budget_stops_timing(fake_
     with kiln.config.patch(autotune_budget_s=0.0), autotune.graph_budget():
         assert autotune.choose("key 4", {"tile": lambda: ("tile", 0.5)}, "a product") is None
     assert autotune.cached_choice("key 4") is None  # nothing timed, nothing remembered
+
+
+# ---- pointwise and reduction kernels' launch configs (kiln/codegen/tuning.py) ---------------------
+
+def _kernel_sources(fn, *args):
+    _, (graph,) = compiled_graphs(fn, *args)
+    return graph, graph.module_source.kernel_sources
+
+
+@pytest.mark.parametrize("program, rows, columns, kind", [
+    (lambda x: torch.sin(x) * 2 + x, 300, 70, "pointwise"),
+    (lambda x: torch.softmax(x, dim=-1), 40, 300, "persistent"),
+    (lambda x: x.sum(-1) + x.amax(-1), 40, 9000, "looped"),
+])
+def test_every_candidate_config_computes_the_heuristics_values(program, rows, columns, kind):
+    """Each config the tuner may pick gives the heuristic config's result (a looped reduction, whose
+    RBLOCK changes its summation order, within float32 rounding)."""
+    from kiln.codegen.tuning import candidate_configs, launcher, random_buffers
+
+    graph, sources = _kernel_sources(program, torch.randn(rows, columns))
+    kernels = {kernel.name: kernel for kernel in graph.scheduled.kernels}
+    tried = 0
+    for source in sources:
+        kernel = kernels[source.name]
+        configs = candidate_configs(source, kernel)
+        assert configs[0] == (source.xblock, source.rblock, source.num_warps)
+        assert kind == ("pointwise" if source.rblock is None else "persistent" if kernel.persistent else "looped")
+        if kind == "persistent":
+            assert all(rblock == source.rblock for _, rblock, _ in configs)  # the whole row in one block
+        torch.manual_seed(0)
+        inputs = random_buffers(source.buffer_args, source.pointer_dtypes, graph.scheduled.graph)
+        results = []
+        for xblock, rblock, warps in configs[:6]:
+            tensors = {name: tensor.clone() for name, tensor in inputs.items()}
+            constexprs = {"XBLOCK": xblock, **({"RBLOCK": rblock} if rblock else {})}
+            launcher(source, tensors, constexprs, {"num_warps": warps}, -(-int(source.xnumel) // xblock))()
+            results.append(tensors)
+            tried += 1
+        for other in results[1:]:
+            for name in results[0]:
+                if kind == "looped":
+                    torch.testing.assert_close(other[name], results[0][name], rtol=1e-5, atol=1e-5)
+                else:
+                    assert torch.equal(other[name], results[0][name]), name
+    assert tried > len(sources)
+
+
+def test_kernels_are_not_tuned_off_cuda_or_when_not_asked():
+    from kiln.codegen.tuning import tune_kernel
+
+    graph, (source,) = _kernel_sources(lambda x: torch.cos(x) + 1, torch.randn(500))
+    (kernel,) = graph.scheduled.kernels
+    with kiln.config.patch(autotune_kernels="auto"):
+        assert tune_kernel(source, kernel, graph.scheduled.graph) is source  # a CPU kernel: never timed
+    with kiln.config.patch(autotune_kernels="off"):
+        assert tune_kernel(source, kernel, graph.scheduled.graph) is source
