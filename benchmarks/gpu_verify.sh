@@ -258,10 +258,11 @@ train)
 templates)
     # Product templates (kiln/codegen/triton_templates.py), first measured on the GPU: correct with every
     # product a template and under autotuning (its timings logged), then BERT's FFN products with their
-    # epilogues and two models, eager / torch.compile / kiln, default mode and max-autotune.
+    # epilogues and two models, eager / torch.compile / kiln, default mode and max-autotune (which also
+    # tunes kiln's pointwise and reduction kernels: TEMPLATE_KERNELS=gelu_bias,rmsnorm_silu_gate measures those).
     timeout 240 "$PYTHON" -m benchmarks.gpu_template_check > "$OUT_DIR/templates.txt" 2>&1
     echo "gpu_template_check exit $?"; grep -v "^\[" "$OUT_DIR/templates.txt" | grep -i "fail\|autotuned\|failures" | head -40
-    "$PYTHON" -m benchmarks.run --suite kernels --only linear_gelu,linear_residual --modes infer,autotune \
+    "$PYTHON" -m benchmarks.run --suite kernels --only "${TEMPLATE_KERNELS:-linear_gelu,linear_residual}" --modes infer,autotune \
         --backends eager,inductor,kiln --budget 150 --timeout 100 --label "templates-kernels-$commit" \
         --copy-to "$OUT_DIR" 2>&1 | tail -12
     "$PYTHON" -m benchmarks.run --suite models --only bert,llama --modes infer,autotune --backends eager,inductor,kiln \
