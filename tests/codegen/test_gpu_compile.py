@@ -1,0 +1,115 @@
+"""kiln's CUDA kernels compiled for an H200 (sm_90) on a machine without a GPU.
+
+Triton's wheel carries ptxas: `triton.compile` with a CUDA target lowers a kernel through TTIR, TTGIR,
+LLVM and PTX to a cubin without touching a device. These tests do that for the kernels kiln generates
+for CUDA, with the specialization a launch gives (pointers and sizes divisible by 16 marked so), so a
+kernel that the interpreter runs but the GPU compiler rejects fails here, in CI, and not first on the
+H200. The product templates are also checked for what makes them fast on Hopper: `wgmma` tensor-core
+instructions (16-bit operands) and a software-pipelined k loop (asynchronous copies into
+`num_stages` shared-memory buffers).
+"""
+from __future__ import annotations
+
+import multiprocessing
+import os
+import re
+import types
+
+import pytest
+import torch
+
+import kiln
+from kiln.codegen.triton import generate_kernel
+from kiln.codegen.triton_templates import candidates
+from kiln.runtime.launch import COMPILE_OPTIONS
+from kiln.runtime.loader import _execute
+from tests.backend.test_pipeline import compiled_graphs
+
+triton = pytest.importorskip("triton")
+F = torch.nn.functional
+POINTER_TYPES = {torch.float32: "*fp32", torch.bfloat16: "*bf16", torch.float16: "*fp16", torch.int64: "*i64",
+                 torch.int32: "*i32", torch.bool: "*i1", torch.uint8: "*u8", torch.int8: "*i8"}
+
+
+def compile_for_h200(sources: list) -> list:
+    """Each KernelSource of `sources` compiled for sm_90 as a launch with aligned pointers would compile it:
+    per source, (the set of its shared-memory buffers' shapes, its PTX). In a fresh process: Triton's
+    interpreter, which the tests ran in this one, leaves `triton.language` patched, and Triton imported under
+    TRITON_INTERPRET=1 makes its own library functions interpreted."""
+    jobs = [{"source": source.source, "function": source.function_name, "pointer_types":
+             [POINTER_TYPES[dtype] for dtype in source.pointer_dtypes], "sizes": [int(size) for size in source.size_args],
+             "constexprs": source.constexprs, "options": source.launch_options} for source in sources]
+    saved = os.environ.get("TRITON_INTERPRET")
+    os.environ["TRITON_INTERPRET"] = "0"  # the child imports Triton compiling (tl.cdiv is itself a jit function)
+    try:
+        with multiprocessing.get_context("spawn").Pool(1) as pool:
+            return pool.map(_compile_job, jobs, chunksize=len(jobs))
+    finally:
+        if saved is None:
+            del os.environ["TRITON_INTERPRET"]
+        else:
+            os.environ["TRITON_INTERPRET"] = saved
+
+
+def _compile_job(job: dict) -> tuple:
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+    from triton.runtime.jit import JITFunction
+
+    module = types.ModuleType("kiln_gpu_compile_check")
+    _execute(job["source"], "triton", module.__dict__)
+    function = JITFunction(getattr(module, job["function"]))  # compiled, whatever TRITON_INTERPRET says
+    names, pointers, sizes = function.arg_names, len(job["pointer_types"]), job["sizes"]
+    signature = dict(zip(names, job["pointer_types"]))
+    signature.update({name: "i32" for name in names[pointers:pointers + len(sizes)]})
+    signature.update({name: "constexpr" for name in job["constexprs"]})
+    aligned = [(position,) for position in range(pointers)]
+    aligned += [(pointers + position,) for position, size in enumerate(sizes) if size % 16 == 0]
+    ast = ASTSource(function, signature, constexprs={(names.index(name),): value
+                                                     for name, value in job["constexprs"].items()},
+                    attrs={position: [["tt.divisibility", 16]] for position in aligned})
+    compiled = triton.compile(ast, target=GPUTarget("cuda", 90, 32), options={**job["options"], **COMPILE_OPTIONS})
+    buffers = set(re.findall(r"ttg.local_alloc[^\n]*?: \(\) -> !ttg.memdesc<([0-9x]+)", compiled.asm["ttgir"]))
+    return buffers, compiled.asm["ptx"]
+
+
+def cuda_sources(fn, *args) -> list:
+    """The kernel sources kiln generates for CUDA from `fn`'s graphs (traced on CPU tensors)."""
+    with kiln.config.patch(cpu_backend="triton", matmul_template="on", graph_cache=False):
+        _, graphs = compiled_graphs(fn, *args)
+    kernels = [(kernel, graph.scheduled.graph) for graph in graphs for kernel in graph.scheduled.kernels]
+    for kernel, _ in kernels:
+        if kernel.template is not None:
+            kernel.template.config = None  # the interpreter's tile: CUDA's default instead
+    return [generate_kernel(kernel, graph, "cuda") for kernel, graph in kernels]
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_product_templates_compile_for_hopper_with_tensor_cores_and_a_pipelined_loop(dtype):
+    x, w, b, r = (torch.randn(*size, dtype=dtype) for size in ((256, 768), (1024, 768), (1024,), (256, 1024)))
+    (source,) = [s for s in cuda_sources(lambda x, w, b, r: F.gelu(F.linear(x, w, b)) + r, x, w, b, r)
+                 if s.constexpr_values]
+    tile = candidates(dtype)[0]
+    assert source.constexprs["BLOCK_M"] == tile.block_m and source.num_stages == tile.num_stages
+    ((buffers, ptx),) = compile_for_h200([source])
+    depths = {int(buffer.split("x")[0]) for buffer in buffers}
+    assert len(buffers) == 2 and min(depths) >= 2, buffers  # both operands buffered: a pipelined k loop
+    assert "cp.async" in ptx
+    if dtype == torch.bfloat16:  # tensor cores, num_stages deep (fp32's IEEE products run on FMA units)
+        assert "wgmma" in ptx and depths == {tile.num_stages}, buffers
+
+
+def test_every_kernel_of_a_llama_layer_compiles_for_hopper():
+    transformers = pytest.importorskip("transformers")
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                      num_key_value_heads=2, num_hidden_layers=1, vocab_size=96)
+    model = transformers.LlamaForCausalLM(config).eval()
+
+    def forward(input_ids):
+        return model(input_ids).logits
+
+    with torch.no_grad():
+        sources = cuda_sources(forward, torch.randint(0, 96, (2, 16)))
+    distinct = {source.source: source for source in sources}
+    assert len(distinct) >= 5 and any(source.constexpr_values for source in distinct.values())
+    assert len(compile_for_h200(list(distinct.values()))) == len(distinct)  # each compiled, or the job raised
