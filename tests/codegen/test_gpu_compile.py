@@ -99,6 +99,14 @@ def test_product_templates_compile_for_hopper_with_tensor_cores_and_a_pipelined_
         assert "wgmma" in ptx and depths == {tile.num_stages}, buffers
 
 
+def test_backward_products_with_transposed_operands_compile_for_hopper():
+    # a weight's gradient reads the activations' columns: grad_out.T @ x, both operands column-major
+    grad_out, x = torch.randn(512, 384, dtype=torch.bfloat16), torch.randn(512, 256, dtype=torch.bfloat16)
+    (source,) = [s for s in cuda_sources(lambda g, x: (g.t() @ x) * 0.5, grad_out, x) if s.constexpr_values]
+    ((buffers, ptx),) = compile_for_h200([source])
+    assert "wgmma" in ptx and len(buffers) == 2
+
+
 def test_every_kernel_of_a_llama_layer_compiles_for_hopper():
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
