@@ -36,7 +36,7 @@ def product_config(node: Template, graph: Graph, meta: torch.Tensor):
     `graph`), or None: lower the product as the extern."""
     setting = config.matmul_template
     device = meta.device.type
-    if setting in ("off", "default") or not _triton_runs(device):
+    if not templates_considered(device):
         return None
     if setting == "on":
         return default_tile(meta.dtype, device)
@@ -46,6 +46,11 @@ def product_config(node: Template, graph: Graph, meta: torch.Tensor):
     if not all(size.is_Integer for size in sizes):
         return None  # timing needs sizes
     return _tuned_tile(node, graph, meta, [int(size) for size in sizes])
+
+
+def templates_considered(device_type: str) -> bool:
+    """Whether a product on `device_type` may be a template at all (a cheap check, before any is built)."""
+    return config.matmul_template in ("on", "auto") and _triton_runs(device_type)
 
 
 def templates_forced(device_type: str) -> bool:

@@ -233,9 +233,9 @@ def template_product(ctx, meta, a, b, bias=None, beta=1, alpha=1):
     Its body sums the exact products in float32, then scales, adds the bias (in float32) and rounds once
     to the result's dtype: what cuBLAS's kernels do for these dtypes. fp32 operands multiply in full
     precision, or in TF32 where torch allows it for CUDA products (`precision`)."""
-    from kiln.codegen.templates import product_config  # the layer below: it generates and times kernels
+    from kiln.codegen.templates import product_config, templates_considered  # it generates and times kernels
 
-    if meta.dim() != 2 or meta.dtype not in TEMPLATE_DTYPES or \
+    if not templates_considered(meta.device.type) or meta.dim() != 2 or meta.dtype not in TEMPLATE_DTYPES or \
             any(not isinstance(value, TensorValue) or value.dtype != meta.dtype
                 for value in (a, b) + (() if bias is None else (bias,))):
         return None
