@@ -471,6 +471,13 @@ class TritonKernelGenerator:
             offset, letters = self._offset(op)
             if self.kernel.is_reduction and not op.operands and "r" not in letters:
                 mask = "xmask"  # a per-row value ([XBLOCK, 1]): a tile's mask would not broadcast to its pointer
+            elif self.kernel.is_reduction and not op.operands and "x" not in letters and mask != "xmask" and \
+                    not any(indirect_value(symbol) is not None for expr in op.index
+                            for symbol in sympy.sympify(expr).free_symbols):  # a gathered row varies with x
+                # a per-column value (a bias, a norm's weight): one [1, RBLOCK] row of loads, broadcast where it
+                # is used, not the same values loaded again for every row of the tile (a template's bias cost
+                # 64 loads and their addresses per thread; its gelu epilogue then spilled registers)
+                mask = "rmask"
             load_mask = mask if not op.operands else f"({mask}) & {args[0]}"
             self.out.add(f"{name} = tl.load({self.pointer(op.buffer)} + ({offset}), {load_mask}, other=0)")
         elif op.name == "store":
