@@ -153,7 +153,7 @@ OPTIONS = [
            "CUDA pointwise and reduction kernels with static sizes (kiln/codegen/tuning.py): 'auto' (a few block "
            "sizes and warp counts timed per kernel, the fastest kept and cached), 'off' (the heuristic config), "
            "'default' ('auto' under mode='max-autotune', else 'off')", normalize=_one_of("default", "off", "auto")),
-    Option("autotune_budget_s", float, 30.0, "mode='max-autotune': the most seconds one graph spends timing "
+    Option("autotune_budget_s", float, 60.0, "mode='max-autotune': the most seconds one graph spends timing "
            "candidates; past it, the remaining products take the extern"),
     Option("persistent_reduction_max", int, 8192, "rows up to this length stay in registers"),
     Option("gpu_index_checks", str, "deferred",

@@ -20,7 +20,7 @@ import torch
 
 from kiln.codegen.triton import generate_kernel
 from kiln.codegen.triton_templates import candidates, default_tile
-from kiln.codegen.tuning import launcher, random_buffers
+from kiln.codegen.tuning import compile_candidates, launcher, random_buffers
 from kiln.config import config
 from kiln.ir import Body, Buffer, Graph, GraphInput, Layout, Template
 from kiln.ir.indexing import contiguous_strides, range_vars
@@ -85,8 +85,10 @@ def _tuned_tile(node: Template, graph: Graph, meta: torch.Tensor, sizes: list):
     runs = {EXTERN: extern}
     for name, tile in tiles.items():
         runs[name] = _template_run(node, graph, tile, operands, out)
+    if autotune.budget_left() > 0:  # every tile compiled at once, not one by one as it is first timed
+        compile_candidates([(runs[name].source, runs[name].source.constexprs, runs[name].source.launch_options)
+                            for name in tiles])
     choice = autotune.choose(key, runs, f"product {rows}x{columns}x{inner} {meta.dtype}")
-    return tiles.get(choice)  # None: the extern won, or nothing was timed
 
 
 def _describe(operand: MatrixOperand, graph: Graph) -> str:
@@ -99,7 +101,8 @@ def _strided(storage: torch.Tensor, shape: tuple, operand: MatrixOperand) -> tor
 
 
 def _template_run(node: Template, graph: Graph, tile, operands: dict, out: torch.Tensor):
-    """A function launching the bare product template (its result stored to `out`) with `tile`."""
+    """A function launching the bare product template (its result stored to `out`) with `tile`; its
+    `source` attribute is the tile's KernelSource."""
     parts = template_parts(node, graph)
     body = Body(list(node.body.ops[:parts.reduce_index + 1]))
     rows, columns = node.ranges
@@ -111,5 +114,7 @@ def _template_run(node: Template, graph: Graph, tile, operands: dict, out: torch
     alone = Graph(inputs=[GraphInput("tensor", name, buffer) for name, buffer in inputs.items()],
                   buffers={**inputs, result.name: result}, nodes=[bare])
     source = generate_kernel(Kernel("tuned", [rows], [columns], [bare], ["template"]), alone, "cuda")
-    return launcher(source, {**operands, result.name: out}, source.constexprs, source.launch_options,
-                    int(source.xnumel))
+    run = launcher(source, {**operands, result.name: out}, source.constexprs, source.launch_options,
+                   int(source.xnumel))
+    run.source = source
+    return run

@@ -53,6 +53,21 @@ def random_buffers(names: list, dtypes: list, graph) -> dict:
     return tensors
 
 
+def compile_candidates(candidates: list) -> None:
+    """Compile each (KernelSource, constexprs, options) of `candidates` at once, on the compile workers
+    (kiln/runtime/launch.py compile_ahead), so that timing them does not compile them one after
+    another: a tile's compile (seconds) dwarfs its timing (milliseconds)."""
+    import os
+
+    from kiln.runtime.launch import compile_ahead
+    from kiln.runtime.loader import load_kernel
+
+    jobs = [(load_kernel(source.function_name, source.source, source.device_type), source.pointer_dtypes,
+             [int(size) for size in source.size_args], constexprs, options)
+            for source, constexprs, options in candidates]
+    compile_ahead(jobs, config.compile_workers or os.cpu_count() or 1)
+
+
 def launcher(source, tensors: dict, constexprs: dict, options: dict, programs: int) -> Callable[[], None]:
     """A function launching `source`'s kernel on `tensors` with these constexprs and launch options."""
     from kiln.runtime.launch import COMPILE_OPTIONS
@@ -126,11 +141,12 @@ def tune_kernel(source, kernel, graph):
     labels = {_label(config_): config_ for config_ in configs}
     if found is None:
         tensors = random_buffers(source.buffer_args, source.pointer_dtypes, graph)
-        runs = {}
-        for label, (xblock, rblock, warps) in labels.items():
-            constexprs = {"XBLOCK": xblock, **({"RBLOCK": rblock} if rblock else {})}
-            programs = -(-int(source.xnumel) // xblock)
-            runs[label] = launcher(source, tensors, constexprs, {"num_warps": warps}, programs)
+        launches = {label: ({"XBLOCK": xblock, **({"RBLOCK": rblock} if rblock else {})}, {"num_warps": warps})
+                    for label, (xblock, rblock, warps) in labels.items()}
+        if autotune.budget_left() > 0:
+            compile_candidates([(source, constexprs, options) for constexprs, options in launches.values()])
+        runs = {label: launcher(source, tensors, constexprs, options, -(-int(source.xnumel) // constexprs["XBLOCK"]))
+                for label, (constexprs, options) in launches.items()}
         choice = autotune.choose(key, runs, f"kernel {source.name} ({source.function_name})")
     else:
         choice = found["choice"]
