@@ -65,7 +65,8 @@ def compile_candidates(candidates: list) -> None:
     jobs = [(load_kernel(source.function_name, source.source, source.device_type), source.pointer_dtypes,
              [int(size) for size in source.size_args], constexprs, options)
             for source, constexprs, options in candidates]
-    compile_ahead(jobs, config.compile_workers or os.cpu_count() or 1)
+    with autotune.charged():
+        compile_ahead(jobs, config.compile_workers or os.cpu_count() or 1)
 
 
 def launcher(source, tensors: dict, constexprs: dict, options: dict, programs: int) -> Callable[[], None]:

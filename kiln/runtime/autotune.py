@@ -52,6 +52,16 @@ def _charge(seconds: float) -> None:
         left[0] -= seconds
 
 
+@contextlib.contextmanager
+def charged() -> Iterator[None]:
+    """The block's wall time counts against the graph's budget (compiling candidates before timing them)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        _charge(time.perf_counter() - started)
+
+
 def environment_key() -> str:
     """The parts of a choice's key that are not the problem's: the GPU and the libraries."""
     import torch
@@ -132,4 +142,4 @@ def time_ms(run: Callable[[], None], *, warmup: int = 3, repeats: int = 20) -> f
     return times[len(times) // 2]
 
 
-__all__ = ["budget_left", "cached_choice", "choose", "environment_key", "graph_budget", "source_digest", "time_ms"]
+__all__ = ["budget_left", "cached_choice", "charged", "choose", "environment_key", "graph_budget", "source_digest", "time_ms"]

@@ -255,3 +255,16 @@ def test_kernels_are_not_tuned_off_cuda_or_when_not_asked():
         assert tune_kernel(source, kernel, graph.scheduled.graph) is source  # a CPU kernel: never timed
     with kiln.config.patch(autotune_kernels="off"):
         assert tune_kernel(source, kernel, graph.scheduled.graph) is source
+
+
+def test_compiling_candidates_counts_against_the_graphs_budget(monkeypatch):
+    import time as time_module
+
+    from kiln.codegen import tuning
+    from kiln.runtime import launch
+
+    monkeypatch.setattr(launch, "compile_ahead", lambda jobs, workers: time_module.sleep(0.2) or len(jobs))
+    graph, (source,) = _kernel_sources(lambda x: torch.cos(x) + 1, torch.randn(500))
+    with kiln.config.patch(autotune_budget_s=1.0), autotune.graph_budget():
+        tuning.compile_candidates([(source, source.constexprs, source.launch_options)])
+        assert 0.7 < autotune.budget_left() <= 0.8
