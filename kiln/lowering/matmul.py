@@ -35,6 +35,11 @@ size) is oneDNN's post-op: applied to the values as they are stored, so no kerne
 product back. The pattern pass (lowering/patterns.py) rewrites product and consumer into one
 call of `patterns.linear_unary` / `linear_binary`; their rules here emit the one oneDNN call,
 or lower the replaced nodes one by one where the operands' layouts do not suit it.
+
+On the Triton backends a 2-d product may instead be a Template node (`template_product`): a
+generated tiled kernel that its pointwise epilogue joins, where config.matmul_template and, under
+mode="max-autotune", the timings say so (kiln/codegen/templates.py; docs/design/templates.md). It is
+tried first, before the padding above, which a template does not need.
 """
 from __future__ import annotations
 
