@@ -26,7 +26,7 @@ import triton  # noqa: E402
 import kiln  # noqa: E402
 from kiln.codegen import triton_templates  # noqa: E402
 from kiln.codegen.triton import generate_kernel  # noqa: E402
-from tests.codegen.test_gpu_compile import POINTER_TYPES, _compile_job  # noqa: E402
+from tests.codegen.test_gpu_compile import compiled_for_h200, job_of, shared_buffers  # noqa: E402
 
 F = torch.nn.functional
 PROGRAM = lambda x, w, b: F.gelu(F.linear(x, w, b))  # noqa: E731
@@ -60,26 +60,7 @@ def template_source(dtype, tile):
 
 
 def resources(source) -> dict:
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-    from triton.runtime.jit import JITFunction
-    from kiln.runtime.launch import COMPILE_OPTIONS
-    from kiln.runtime.loader import _execute
-    import types
-
-    module = types.ModuleType("sm90_tile")
-    _execute(source.source, "triton", module.__dict__)
-    function = JITFunction(getattr(module, source.function_name))
-    names, pointers = function.arg_names, len(source.buffer_args)
-    sizes = [int(size) for size in source.size_args]
-    signature = {name: POINTER_TYPES[dtype] for name, dtype in zip(names, source.pointer_dtypes)}
-    signature.update({name: "i32" for name in names[pointers:pointers + len(sizes)]})
-    signature.update({name: "constexpr" for name in source.constexprs})
-    aligned = [(p,) for p in range(pointers)] + [(pointers + p,) for p, s in enumerate(sizes) if s % 16 == 0]
-    ast = ASTSource(function, signature, constexprs={(names.index(n),): v for n, v in source.constexprs.items()},
-                    attrs={p: [["tt.divisibility", 16]] for p in aligned})
-    compiled = triton.compile(ast, target=GPUTarget("cuda", 90, 32),
-                              options={**source.launch_options, **COMPILE_OPTIONS})
+    compiled = compiled_for_h200(job_of(source))
     with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
         handle.write(compiled.asm["cubin"])
         handle.flush()
@@ -88,8 +69,7 @@ def resources(source) -> dict:
                                text=True).stdout
     registers = re.search(r"REG:(\d+)", usage)
     spills = re.search(r"STACK:(\d+)", usage)
-    stages = {int(m.split("x")[0]) for m in re.findall(r"ttg.local_alloc[^\n]*?: \(\) -> !ttg.memdesc<([0-9x]+)",
-                                                        compiled.asm["ttgir"])}
+    stages = {int(shape.split("x")[0]) for shape in shared_buffers(compiled)}
     return {"shared KiB": compiled.metadata.shared / 1024, "registers": int(registers.group(1)) if registers else None,
             "stack bytes": int(spills.group(1)) if spills else None, "wgmma": "wgmma" in compiled.asm["ptx"],
             "pipeline depth": max(stages) if stages else 1}

@@ -36,9 +36,7 @@ def compile_for_h200(sources: list) -> list:
     per source, (the set of its shared-memory buffers' shapes, its PTX). In a fresh process: Triton's
     interpreter, which the tests ran in this one, leaves `triton.language` patched, and Triton imported under
     TRITON_INTERPRET=1 makes its own library functions interpreted."""
-    jobs = [{"source": source.source, "function": source.function_name, "pointer_types":
-             [POINTER_TYPES[dtype] for dtype in source.pointer_dtypes], "sizes": [int(size) for size in source.size_args],
-             "constexprs": source.constexprs, "options": source.launch_options} for source in sources]
+    jobs = [job_of(source) for source in sources]
     saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "0"  # the child imports Triton compiling (tl.cdiv is itself a jit function)
     try:
@@ -51,7 +49,17 @@ def compile_for_h200(sources: list) -> list:
             os.environ["TRITON_INTERPRET"] = saved
 
 
-def _compile_job(job: dict) -> tuple:
+def job_of(source) -> dict:
+    """What compiling a KernelSource needs, in plain (picklable) values."""
+    return {"source": source.source, "function": source.function_name,
+            "pointer_types": [POINTER_TYPES[dtype] for dtype in source.pointer_dtypes],
+            "sizes": [int(size) for size in source.size_args], "constexprs": source.constexprs,
+            "options": source.launch_options}
+
+
+def compiled_for_h200(job: dict):
+    """The CompiledKernel of `job` (job_of) for sm_90, specialized as a launch with aligned pointers is.
+    In a process whose Triton was imported with TRITON_INTERPRET unset or 0."""
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
     from triton.runtime.jit import JITFunction
@@ -68,9 +76,17 @@ def _compile_job(job: dict) -> tuple:
     ast = ASTSource(function, signature, constexprs={(names.index(name),): value
                                                      for name, value in job["constexprs"].items()},
                     attrs={position: [["tt.divisibility", 16]] for position in aligned})
-    compiled = triton.compile(ast, target=GPUTarget("cuda", 90, 32), options={**job["options"], **COMPILE_OPTIONS})
-    buffers = set(re.findall(r"ttg.local_alloc[^\n]*?: \(\) -> !ttg.memdesc<([0-9x]+)", compiled.asm["ttgir"]))
-    return buffers, compiled.asm["ptx"]
+    return triton.compile(ast, target=GPUTarget("cuda", 90, 32), options={**job["options"], **COMPILE_OPTIONS})
+
+
+def shared_buffers(compiled) -> set:
+    """The shapes of the shared-memory buffers the kernel allocates (`3x128x64` for a 3-deep ring)."""
+    return set(re.findall(r"ttg.local_alloc[^\n]*?: \(\) -> !ttg.memdesc<([0-9x]+)", compiled.asm["ttgir"]))
+
+
+def _compile_job(job: dict) -> tuple:
+    compiled = compiled_for_h200(job)
+    return shared_buffers(compiled), compiled.asm["ptx"]
 
 
 def cuda_sources(fn, *args) -> list:
