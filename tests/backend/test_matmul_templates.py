@@ -268,3 +268,20 @@ def test_compiling_candidates_counts_against_the_graphs_budget(monkeypatch):
     with kiln.config.patch(autotune_budget_s=1.0), autotune.graph_budget():
         tuning.compile_candidates([(source, source.constexprs, source.launch_options)])
         assert 0.7 < autotune.budget_left() <= 0.8
+
+
+def test_a_product_that_is_also_an_output_is_stored_beside_its_epilogue():
+    def fn(a, b):
+        product = a @ b
+        return product, torch.relu(product) * 2
+
+    (graph,) = assert_close(fn, torch.randn(20, 30), torch.randn(30, 40))
+    (kernel,) = template_kernels(graph)
+    assert not kernel.local_buffers and len(kernel.outputs()) == 2 and graph.kernel_count == 1
+
+
+def test_an_epilogue_reading_the_product_transposed_is_its_own_kernel():
+    a, b, c = torch.randn(24, 16), torch.randn(16, 24), torch.randn(24, 24)
+    (graph,) = assert_close(lambda a, b, c: (a @ b).t() + c, a, b, c)
+    (kernel,) = template_kernels(graph)
+    assert kernel.roles == ["template"] and graph.kernel_count == 2
