@@ -89,10 +89,13 @@ def _compile_job(job: dict) -> tuple:
     return shared_buffers(compiled), compiled.asm["ptx"]
 
 
-def cuda_sources(fn, *args) -> list:
-    """The kernel sources kiln generates for CUDA from `fn`'s graphs (traced on CPU tensors)."""
+def cuda_sources(fn, *args, backward: bool = False) -> list:
+    """The kernel sources kiln generates for CUDA from `fn`'s graphs (traced on CPU tensors); with
+    `backward`, `fn` returns a scalar whose backward runs too (the backward graph's kernels)."""
     with kiln.config.patch(cpu_backend="triton", matmul_template="on", graph_cache=False):
-        _, graphs = compiled_graphs(fn, *args)
+        result, graphs = compiled_graphs(fn, *args)
+        if backward:
+            result.backward()
     kernels = [(kernel, graph.scheduled.graph) for graph in graphs for kernel in graph.scheduled.kernels]
     for kernel, _ in kernels:
         if kernel.template is not None:
@@ -123,17 +126,37 @@ def test_backward_products_with_transposed_operands_compile_for_hopper():
     assert "wgmma" in ptx and len(buffers) == 2
 
 
-def test_every_kernel_of_a_llama_layer_compiles_for_hopper():
-    transformers = pytest.importorskip("transformers")
+def _llama(transformers):
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                                       num_key_value_heads=2, num_hidden_layers=1, vocab_size=96)
-    model = transformers.LlamaForCausalLM(config).eval()
+    return transformers.LlamaForCausalLM(config)
+
+
+def _bert(transformers):
+    config = transformers.BertConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                     num_hidden_layers=1, vocab_size=96)
+    return transformers.BertForMaskedLM(config)
+
+
+def _gpt2(transformers):
+    return transformers.GPT2LMHeadModel(transformers.GPT2Config(n_embd=64, n_head=4, n_layer=1, vocab_size=96))
+
+
+@pytest.mark.parametrize("make_model", [_llama, _bert, _gpt2], ids=["llama", "bert", "gpt2"])
+def test_every_kernel_of_a_model_layer_compiles_for_hopper(make_model):
+    """Inference and a training step's forward and backward kernels (every product a template)."""
+    transformers = pytest.importorskip("transformers")
+    model = make_model(transformers)
+    input_ids = torch.randint(0, 96, (2, 16))
 
     def forward(input_ids):
         return model(input_ids).logits
 
+    model.eval()
     with torch.no_grad():
-        sources = cuda_sources(forward, torch.randint(0, 96, (2, 16)))
+        sources = cuda_sources(forward, input_ids)
+    model.train()
+    sources += cuda_sources(lambda ids: forward(ids).float().pow(2).mean(), input_ids, backward=True)
     distinct = {source.source: source for source in sources}
-    assert len(distinct) >= 5 and any(source.constexpr_values for source in distinct.values())
+    assert len(distinct) >= 8 and any(source.constexpr_values for source in distinct.values())
     assert len(compile_for_h200(list(distinct.values()))) == len(distinct)  # each compiled, or the job raised
