@@ -33,11 +33,16 @@ _CHOICE_FIELDS = {"choice": str, "timings": dict}
 @contextlib.contextmanager
 def graph_budget() -> Iterator[None]:
     """The block in which one graph compiles: its timing may take `config.autotune_budget_s` seconds."""
-    token = _budget_left.set([float(config.autotune_budget_s)])
+    left = [float(config.autotune_budget_s)]
+    token = _budget_left.set(left)
     try:
         yield
     finally:
         _budget_left.reset(token)
+        spent = float(config.autotune_budget_s) - left[0]
+        if spent > 0:
+            _perf_log("kiln: autotuning took %.1f s of this graph's compile (budget %.0f s, "
+                      "config.autotune_budget_s)", spent, config.autotune_budget_s)
 
 
 def budget_left() -> float:

@@ -285,3 +285,14 @@ def test_an_epilogue_reading_the_product_transposed_is_its_own_kernel():
     (graph,) = assert_close(lambda a, b, c: (a @ b).t() + c, a, b, c)
     (kernel,) = template_kernels(graph)
     assert kernel.roles == ["template"] and graph.kernel_count == 2
+
+
+def test_the_time_autotuning_took_is_reported_per_graph(fake_timings, caplog):
+    import logging
+
+    with kiln.config.patch(logs="perf"), caplog.at_level(logging.WARNING, logger="kiln"), autotune.graph_budget():
+        with autotune.charged():
+            pass
+        autotune.choose("key 5", {"tile": lambda: ("tile", 0.5), "extern": lambda: ("extern", 0.7)}, "a product")
+    assert "autotuned a product" in caplog.text and "tile 0.5000 ms, extern 0.7000 ms" in caplog.text
+    assert "autotuning took" in caplog.text and "of this graph's compile" in caplog.text
