@@ -10,7 +10,7 @@ object written to RESULT_PATH; an exception is recorded there too, never hidden.
 Backends: eager (the program itself), inductor (`torch.compile`), kiln (`kiln.compile`,
 whose ladder rung is the spec's `kiln_backend`, "kiln" unless asked otherwise).
 Modes: infer (`torch.no_grad()`), cudagraphs (infer with mode="reduce-overhead"), autotune (infer with
-mode="max-autotune": kiln's product templates timed against cuBLAS, Inductor's autotuning),
+mode="max-autotune-no-cudagraphs": kiln's product templates and kernel configs timed, Inductor's autotuning),
 train (forward + loss.backward(), no optimizer step; gradients set to None before each call).
 """
 from __future__ import annotations
@@ -57,7 +57,8 @@ def error_summary(error: BaseException) -> str:
 
 def compile_program(program, backend: str, mode: str, kiln_backend: str):
     """The program as the backend runs it."""
-    compile_mode = {"cudagraphs": "reduce-overhead", "autotune": "max-autotune"}.get(mode, "default")
+    # autotuning alone, without CUDA graphs (which torch's and kiln's "max-autotune" also turn on)
+    compile_mode = {"cudagraphs": "reduce-overhead", "autotune": "max-autotune-no-cudagraphs"}.get(mode, "default")
     if backend == "eager":
         return program
     if backend == "inductor":

@@ -34,7 +34,11 @@ from kiln.errors import KilnCompileError
 log = logging.getLogger("kiln")
 
 LADDER = ("eager", "aot_eager", "kiln")
-MODES = ("default", "reduce-overhead", "max-autotune")
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+# As torch.compile's: these modes replay inference graphs on CUDA through CUDA graphs (runtime/cudagraphs.py) ...
+CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
+# ... and these autotune (config.matmul_template, config.autotune_kernels: docs/design/templates.md).
+AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
 
 # What names one graph, times its stages and writes its KILN_DEBUG dumps: `factory(gm)` returns an
 # object with `name`, `timings` ({stage: seconds}), `stage(name)` (a context manager that times one
@@ -51,12 +55,12 @@ def set_stage_recorder(factory: Callable) -> None:
     _stage_recorder_factory = factory
 
 
-__all__ = ["KilnCompileError", "LADDER", "MODES", "checked_mode", "compile_aten_graph", "compile_graph",
+__all__ = ["AUTOTUNE_MODES", "CUDA_GRAPH_MODES", "KilnCompileError", "LADDER", "MODES", "checked_mode", "compile_aten_graph", "compile_graph",
            "graph_compiler", "register", "run_with_options", "set_stage_recorder"]
 
 
 def checked_mode(mode: str | None, caller: str) -> str:
-    """`mode` (None: "default") if it is one of MODES, else ValueError listing them; "max-autotune" warns once."""
+    """`mode` (None: "default") if it is one of MODES, else ValueError listing them."""
     mode = "default" if mode is None else mode
     if mode not in MODES:
         raise ValueError(f"{caller}: unknown mode {mode!r}; choose one of {MODES}")
@@ -67,7 +71,7 @@ def _mode_options(mode: str) -> dict:
     """The kiln.config options a mode implies where the user left them at "default": mode="max-autotune"
     times 2-d products' Triton templates against cuBLAS (config.matmul_template) and CUDA kernels' block
     sizes and warps (config.autotune_kernels)."""
-    if mode != "max-autotune":
+    if mode not in AUTOTUNE_MODES:
         return {}
     return {name: "auto" for name in ("matmul_template", "autotune_kernels") if getattr(config, name) == "default"}
 
@@ -168,7 +172,7 @@ def _load_plain_inference(key: str, gm: torch.fx.GraphModule, example_inputs: li
         compiled = _load(module_source, gm, dump, mode, scheduled=None, fallback=plain.eager_fallback(gm, facts))
         if fullgraph:  # a kernel failing at its first launch raises too
             compiled.strict = True
-        if mode == "reduce-overhead":
+        if mode in CUDA_GRAPH_MODES:
             compiled = cudagraphs.wrap(compiled, dump.name, example_inputs, inference=True)
     except Exception as error:  # noqa: BLE001 (compiled as on a cold start instead)
         log.warning("kiln: graph %s: its cached module could not be loaded (%s: %s); compiling it", dump.name,
@@ -183,7 +187,7 @@ def _load_plain_inference(key: str, gm: torch.fx.GraphModule, example_inputs: li
 def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str = "default",
                        fullgraph: bool = False, inference: bool = False) -> Callable:
     """Compile one functional ATen graph (from kiln/aot) into kernels and a wrapper; with
-    mode="reduce-overhead", an inference graph on CUDA replays through a CUDA graph."""
+    mode="reduce-overhead" or "max-autotune", an inference graph on CUDA replays through a CUDA graph."""
     from kiln.ir import IRVerificationError
     from kiln.runtime import autotune, cudagraphs
 
@@ -201,7 +205,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
                              sum(node.op == "call_function" for node in gm.graph.nodes)))
         if fullgraph and hasattr(compiled, "strict"):  # a kernel failing at its first launch raises too
             compiled.strict = True
-        if mode == "reduce-overhead":
+        if mode in CUDA_GRAPH_MODES:
             compiled = cudagraphs.wrap(compiled, dump.name, example_inputs, inference=inference)
         return compiled
     except Exception as error:

@@ -175,6 +175,7 @@ def test_max_autotune_turns_on_autotuning_where_the_user_left_the_options_at_def
     from kiln.backend import _mode_options
 
     assert _mode_options("max-autotune") == {"matmul_template": "auto", "autotune_kernels": "auto"}
+    assert _mode_options("max-autotune-no-cudagraphs") == {"matmul_template": "auto", "autotune_kernels": "auto"}
     assert _mode_options("default") == {} and _mode_options("reduce-overhead") == {}
     with kiln.config.patch(matmul_template="off"):
         assert _mode_options("max-autotune") == {"autotune_kernels": "auto"}  # the user's own choice stands
@@ -460,3 +461,17 @@ def test_deepcopy_of_a_compiled_module_compiles_a_copy_of_the_original():
     torch.testing.assert_close(compiled(x), before)
     torch.testing.assert_close(duplicate(x), duplicate._orig_mod(x))
     assert not torch.allclose(duplicate(x), before)
+
+
+@pytest.mark.parametrize("mode, replays", [("default", False), ("reduce-overhead", True), ("max-autotune", True),
+                                           ("max-autotune-no-cudagraphs", False)])
+def test_the_modes_that_replay_cuda_graphs_are_torch_compiles(mode, replays, monkeypatch):
+    from kiln.runtime import cudagraphs
+
+    wrapped = []
+    monkeypatch.setattr(cudagraphs, "wrap", lambda compiled, *args, **kwargs: wrapped.append(args[0]) or compiled)
+    model = torch.nn.Linear(3, 3)
+    x = torch.randn(2, 3)
+    with torch.no_grad():
+        torch.testing.assert_close(kiln.compile(model, mode=mode)(x), model(x))
+    assert bool(wrapped) == replays

@@ -23,6 +23,7 @@ from typing import Any, Callable
 import torch
 
 from kiln import _torch
+from kiln.backend import CUDA_GRAPH_MODES
 from kiln.config import config
 
 MAX_GRAPHS_PER_BACKEND = 512
@@ -46,7 +47,7 @@ def _global_state() -> tuple:
 
 def _replays_cuda_graphs(graph_compiler: Callable) -> bool:
     keywords = getattr(graph_compiler, "keywords", None) or {}
-    return keywords.get("mode") == "reduce-overhead"
+    return keywords.get("mode") in CUDA_GRAPH_MODES
 
 
 def key_of(graph_compiler: Callable, graph_module: torch.fx.GraphModule, example_inputs: list) -> tuple | None:
