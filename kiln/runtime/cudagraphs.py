@@ -339,5 +339,5 @@ def wrap(compiled, name: str, example_inputs: list, *, inference: bool):
         reason = "its inputs are not all CUDA tensors"
     else:
         return CudaGraphRunner(compiled, name)
-    log.info("kiln: mode='reduce-overhead': graph %s runs without CUDA graphs: %s", name, reason)
+    log.info("kiln: graph %s runs without CUDA graphs: %s", name, reason)
     return compiled
