@@ -49,10 +49,16 @@ AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
 _stage_recorder_factory: Callable | None = None
 
 
-def set_stage_recorder(factory: Callable) -> None:
-    """Register `factory(gm)`, the maker of each graph's stage recorder (kiln.debug's GraphDump.new)."""
-    global _stage_recorder_factory
-    _stage_recorder_factory = factory
+# Whether the stage recorders keep what they are given (KILN_DEBUG, the HTML report): then every graph is
+# compiled stage by stage, the whole-graph caches bypassed, so that what they show is complete.
+_stages_wanted: Callable[[], bool] = lambda: False
+
+
+def set_stage_recorder(factory: Callable, wanted: Callable[[], bool] = lambda: False) -> None:
+    """Register `factory(gm)`, the maker of each graph's stage recorder (kiln.debug's GraphDump.new), and
+    `wanted()`, whether the recorders it makes keep the stages."""
+    global _stage_recorder_factory, _stages_wanted
+    _stage_recorder_factory, _stages_wanted = factory, wanted
 
 
 __all__ = ["AUTOTUNE_MODES", "CUDA_GRAPH_MODES", "KilnCompileError", "LADDER", "MODES", "checked_mode", "compile_aten_graph", "compile_graph",
@@ -110,7 +116,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str, fu
 
     try:
         _check_supported_inputs(example_inputs)
-        plain_key = plain.key_of(gm, example_inputs, mode)
+        plain_key = None if _stages_wanted() else plain.key_of(gm, example_inputs, mode)
         if plain_key is not None:
             warm = _load_plain_inference(plain_key, gm, example_inputs, mode, fullgraph)
             if warm is not None:

@@ -9,7 +9,7 @@ from kiln import backend
 from kiln.config import config
 from kiln.debug.dump import GraphDump
 
-backend.set_stage_recorder(GraphDump.new)
+backend.set_stage_recorder(GraphDump.new, GraphDump.keeps_stages)
 
 if config.report:
     from kiln.debug import html_report

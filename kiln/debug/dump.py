@@ -36,6 +36,11 @@ class GraphDump:
         self.kept: dict[str, str] | None = None  # {filename: text} of every write, when an observer asks
 
     @classmethod
+    def keeps_stages(cls) -> bool:
+        """Whether the dumps made now keep what they are given (KILN_DEBUG, or an observer: the HTML report)."""
+        return bool(config.debug) or cls.observer is not None
+
+    @classmethod
     def new(cls, gm=None) -> "GraphDump":
         name = f"graph_{next(_graph_counter)}"
         folder = None

@@ -54,3 +54,27 @@ def test_a_dumped_cpp_kernel_says_what_compiles_it(tmp_path):
     assert kernels and all(path.suffix == ".cpp" for path in kernels)
     text = kernels[0].read_text()
     assert text.startswith("// Built by kiln/runtime/cpp_build.py") and "-O3" in text and "extern \"C\"" in text
+
+
+def test_an_observer_sees_every_stage_of_a_graph_the_whole_graph_cache_holds(tmp_path, monkeypatch):
+    """A warm start (the plain-inference link, kiln/aot/plain.py) skips the stages. The HTML report's observer
+    (whose option is not part of the cache key) bypasses it, so what it shows is as complete as on a cold
+    start; before, a second run of a script showed graphs with 0 kernels and only a `load` stage."""
+    from kiln.debug.dump import GraphDump
+
+    def fn(x):
+        return torch.sin(x) * 2 + 1
+
+    x = torch.randn(64)
+    seen = []
+
+    def observe(dump, gm):
+        dump.kept = {}
+        seen.append(dump)
+
+    with kiln.config.patch(cache_dir=str(tmp_path / "cache"), graph_cache=True), torch.no_grad():
+        kiln.compile(fn)(x)  # fills the cache and links the graph
+        kiln.reset()
+        monkeypatch.setattr(GraphDump, "observer", observe)
+        kiln.compile(fn)(x)
+    assert any("loopir_after_fusion.txt" in dump.kept for dump in seen), [sorted(d.kept) for d in seen]
