@@ -60,6 +60,8 @@ def programs(device: str) -> list:
           randn(50, 70, dtype=torch.float32)], 1),
         ("LM head bf16 512x768 -> 50257 (odd N)", lambda x, w: F.linear(x, w),
          [randn(512, 768), randn(50257, 768, scale=0.03)], 1),
+        ("attention scores bmm bf16 16x(128x64 @ 64x200) * scale", lambda q, k: torch.bmm(q, k.transpose(1, 2)) * 0.125,
+         [randn(16, 128, 64), randn(16, 200, 64)], 1),
     ]
     return cases
 

@@ -64,22 +64,24 @@ def _triton_runs(device_type: str) -> bool:
 
 
 def _tuned_tile(node: Template, graph: Graph, meta: torch.Tensor, sizes: list):
-    rows, columns, inner = sizes
+    *batch, rows, columns, inner = sizes
     parts = template_parts(node, graph)
     tiles = {str(tile): tile for tile in candidates(meta.dtype)}
-    key = "|".join([f"mm {rows}x{columns}x{inner}", str(meta.dtype), node.precision,
+    shape = "x".join(map(str, sizes))
+    key = "|".join([f"{node.kind} {shape}", str(meta.dtype), node.precision,
                     _describe(parts.a, graph), _describe(parts.b, graph), autotune.environment_key()])
     found = autotune.cached_choice(key)
     if found is not None and (found["choice"] == EXTERN or found["choice"] in tiles):
         return tiles.get(found["choice"])
     names = list(dict.fromkeys((parts.a.buffer, parts.b.buffer)))
     operands = random_buffers(names, [graph.buffers[name].dtype for name in names], graph)
-    a, b = (_strided(operands[operand.buffer], shape, operand)
+    a, b = (_strided(operands[operand.buffer], (*batch, *shape), operand)
             for operand, shape in ((parts.a, (rows, inner)), (parts.b, (inner, columns))))
-    out, copied = (torch.empty((rows, columns), dtype=meta.dtype, device=meta.device) for _ in range(2))
+    out, copied = (torch.empty((*batch, rows, columns), dtype=meta.dtype, device=meta.device) for _ in range(2))
+    product = torch.bmm if batch else torch.mm
 
     def extern():
-        torch.mm(a, b, out=out)
+        product(a, b, out=out)
         copied.copy_(out)
 
     runs = {EXTERN: extern}
@@ -88,16 +90,20 @@ def _tuned_tile(node: Template, graph: Graph, meta: torch.Tensor, sizes: list):
     if autotune.budget_left() > 0:  # every tile compiled at once, not one by one as it is first timed
         compile_candidates([(runs[name].source, runs[name].source.constexprs, runs[name].source.launch_options)
                             for name in tiles])
-    choice = autotune.choose(key, runs, f"product {rows}x{columns}x{inner} {meta.dtype}")
+    choice = autotune.choose(key, runs, f"{node.kind} {shape} {meta.dtype}")
 
 
 def _describe(operand: MatrixOperand, graph: Graph) -> str:
     buffer = graph.buffers[operand.buffer]
-    return f"{buffer.dtype} offset {operand.offset} strides {operand.row_stride} {operand.column_stride}"
+    return (f"{buffer.dtype} offset {operand.offset} strides {operand.batch_stride} {operand.row_stride} "
+            f"{operand.column_stride}")
 
 
 def _strided(storage: torch.Tensor, shape: tuple, operand: MatrixOperand) -> torch.Tensor:
-    return storage.as_strided(shape, (int(operand.row_stride), int(operand.column_stride)), int(operand.offset))
+    strides = (int(operand.row_stride), int(operand.column_stride))
+    if len(shape) == 3:
+        strides = (int(operand.batch_stride),) + strides
+    return storage.as_strided(shape, strides, int(operand.offset))
 
 
 def _template_run(node: Template, graph: Graph, tile, operands: dict, out: torch.Tensor):
@@ -105,15 +111,15 @@ def _template_run(node: Template, graph: Graph, tile, operands: dict, out: torch
     `source` attribute is the tile's KernelSource."""
     parts = template_parts(node, graph)
     body = Body(list(node.body.ops[:parts.reduce_index + 1]))
-    rows, columns = node.ranges
-    result = Buffer("tuned_out", out.device, out.dtype, Layout((rows, columns), tuple(contiguous_strides([rows, columns]))))
-    body.store(result, range_vars(2, "i"), body.to_dtype(parts.reduce_index, out.dtype))
+    sizes = list(node.ranges)
+    result = Buffer("tuned_out", out.device, out.dtype, Layout(tuple(sizes), tuple(contiguous_strides(sizes))))
+    body.store(result, range_vars(len(sizes), "i"), body.to_dtype(parts.reduce_index, out.dtype))
     bare = Template(node.name, list(node.ranges), body, [result.name], reduction_ranges=list(node.reduction_ranges),
                     kind=node.kind, config=tile, precision=node.precision)
     inputs = {name: graph.buffers[name] for name in operands}
     alone = Graph(inputs=[GraphInput("tensor", name, buffer) for name, buffer in inputs.items()],
                   buffers={**inputs, result.name: result}, nodes=[bare])
-    source = generate_kernel(Kernel("tuned", [rows], [columns], [bare], ["template"]), alone, "cuda")
+    source = generate_kernel(Kernel("tuned", sizes[:-1], sizes[-1:], [bare], ["template"]), alone, "cuda")
     run = launcher(source, {**operands, result.name: out}, source.constexprs, source.launch_options,
                    int(source.xnumel))
     run.source = source

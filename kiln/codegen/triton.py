@@ -317,8 +317,10 @@ class TritonKernelGenerator:
         template = kernel.nodes[0]
         tile = template.config or default_tile(self.graph.buffers[template.outputs[0]].dtype, self.device_type)
         parts = template_parts(template, self.graph)
-        sizes = [*template.ranges, *template.reduction_ranges]
-        accumulator = emit_product(self, parts, template.precision, self.use_int64, sizes, tile)
+        *batch, rows, columns = template.ranges
+        inner = template.reduction_ranges[0]
+        accumulator = emit_product(self, parts, template.precision, self.use_int64, [rows, columns, inner], tile,
+                                   batched=bool(batch))
         self._index_setup("xindex", kernel.row_ranges, "x")
         self._index_setup("rindex", kernel.col_ranges, "r")
         self._current_names = {parts.reduce_index: accumulator}
@@ -326,10 +328,9 @@ class TritonKernelGenerator:
         for position, (node, role) in enumerate(zip(kernel.nodes, kernel.roles)):
             if position:
                 self._emit_node(node, role, position, "xmask & rmask")
-        rows, columns = kernel.row_numel, kernel.col_numel
-        counts = [("xnumel", rows), ("rnumel", columns), ("knumel", template.reduction_ranges[0])]
+        counts = [("xnumel", rows), ("rnumel", columns), ("knumel", inner)] + [("bnumel", size) for size in batch]
         source, function_name, sizes = self._source(counts, list(tile.constexprs))
-        programs = program_count(rows, columns, tile)
+        programs = program_count(rows, columns, tile) * (batch[0] if batch else 1)
         skip = bool(sympy.sympify(programs).is_Integer and int(programs) == 0)
         return KernelSource(kernel.name, source, list(self.pointer_names), sizes, programs, 1, None, tile.num_warps,
                             self.device_type, skip, function_name, self._pointer_dtypes(),

@@ -1,8 +1,10 @@
 """The Triton matrix-product template: a tiled `tl.dot` loop, then the template's finish and its epilogue.
 
-A template kernel (kiln/schedule/fusion.py) has rows [m] and columns [n]; each program computes one
-[BLOCK_M, BLOCK_N] tile of the product, walking k in steps of BLOCK_K with a float32 accumulator. The
-tile is the kernel's (x, r) block: `xindex` holds its rows, `rindex` its columns, so the template's own
+A template kernel (kiln/schedule/fusion.py) has rows [m] (a batched one, "bmm": [batch, m]) and columns
+[n]; each program computes one [BLOCK_M, BLOCK_N] tile of the product, walking k in steps of BLOCK_K with a
+float32 accumulator. A batched product runs its batch entries' tiles one after another on the same 1-d
+grid, each at its operands' batch strides. The tile is the kernel's (x, r) block: `xindex` holds its rows
+((batch, m) flattened), `rindex` its columns, so the template's own
 finish (bias, alpha, the cast, the store) and every pointwise epilogue node that joined the kernel are
 emitted by the ordinary code path (codegen/triton.py `_emit_node`) on the accumulator's tile.
 Programs are ordered in groups of GROUP_M row tiles (the "grouped" order of Triton's matmul tutorial),
@@ -71,7 +73,8 @@ def program_count(rows, columns, tile: TileConfig) -> sympy.Expr:
     return sympy.expand(tiles_m * tiles_n)
 
 
-def emit_product(gen, parts: TemplateParts, precision: str, use_int64: bool, sizes: list, tile: TileConfig) -> str:
+def emit_product(gen, parts: TemplateParts, precision: str, use_int64: bool, sizes: list, tile: TileConfig,
+                 batched: bool = False) -> str:
     """Write the tiled product into `gen` (a TritonKernelGenerator: its `out`, `pointer` and
     `index_source`); the accumulator's name. Sets up `xindex`/`xmask` (the tile's rows, [BLOCK_M, 1])
     and `rindex`/`rmask` (its columns, [1, BLOCK_N]) for the ops that follow.
@@ -88,6 +91,9 @@ def emit_product(gen, parts: TemplateParts, precision: str, use_int64: bool, siz
     out.add("pid = tl.program_id(0)")
     out.add("tiles_m = tl.cdiv(xnumel, BLOCK_M)")
     out.add("tiles_n = tl.cdiv(rnumel, BLOCK_N)")
+    if batched:  # the programs of one batch entry (matrix) are consecutive: pid_b picks the entry
+        out.add(f"pid_b = (pid // (tiles_m * tiles_n)){wide}")
+        out.add("pid = pid % (tiles_m * tiles_n)")
     out.add("group_size = GROUP_M * tiles_n")
     out.add("first_m = (pid // group_size) * GROUP_M")
     out.add("group_m = tl.minimum(tiles_m - first_m, GROUP_M)")
@@ -96,17 +102,19 @@ def emit_product(gen, parts: TemplateParts, precision: str, use_int64: bool, siz
     out.add(f"rm = pid_m{wide} * BLOCK_M + tl.arange(0, BLOCK_M)")
     out.add(f"rn = pid_n{wide} * BLOCK_N + tl.arange(0, BLOCK_N)")
     out.add("rk = tl.arange(0, BLOCK_K)")
-    out.add("xindex = rm[:, None]")
-    out.add("xmask = xindex < xnumel")
+    out.add("xindex = pid_b * xnumel + rm[:, None]" if batched else "xindex = rm[:, None]")  # rows: ([b,] m)
+    out.add("xmask = rm[:, None] < xnumel")
     out.add("rindex = rn[None, :]")
     out.add("rmask = rindex < rnumel")
     a, b = parts.a, parts.b
     out.add(f"am = {_contiguous_hint('rm % xnumel', 'BLOCK_M', a.row_stride, even_m)}")
     out.add(f"bn = {_contiguous_hint('rn % rnumel', 'BLOCK_N', b.column_stride, even_n)}")
     a_pointer, b_pointer = gen.pointer(a.buffer), gen.pointer(b.buffer)
-    out.add(f"a_tile = {a_pointer} + ({source(a.offset)}) + am[:, None] * ({source(a.row_stride)}) "
+    a_batch = f" + pid_b * ({source(a.batch_stride)})" if batched else ""
+    b_batch = f" + pid_b * ({source(b.batch_stride)})" if batched else ""
+    out.add(f"a_tile = {a_pointer} + ({source(a.offset)}){a_batch} + am[:, None] * ({source(a.row_stride)}) "
             f"+ rk[None, :] * ({source(a.column_stride)})")
-    out.add(f"b_tile = {b_pointer} + ({source(b.offset)}) + rk[:, None] * ({source(b.row_stride)}) "
+    out.add(f"b_tile = {b_pointer} + ({source(b.offset)}){b_batch} + rk[:, None] * ({source(b.row_stride)}) "
             f"+ bn[None, :] * ({source(b.column_stride)})")
     out.add("acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)")
     out.add("for k in range(0, knumel, BLOCK_K):")

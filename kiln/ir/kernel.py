@@ -93,10 +93,11 @@ def var_map(node: LoopNode, role: str, row: list, col: list) -> dict:
     """Node variable -> kernel expression (x* for rows, r* for columns, 0 for size-1 dims).
     A template's (role "template") rows are the kernel's rows, its columns the kernel's columns and
     its reduced dim `k0`, which the template's own loop walks (kiln/codegen/triton_templates.py)."""
-    if role == "template":
+    if role == "template":  # [m, n] or [batch, m, n]: every dim but the last is a row dim
         (k,) = range_vars(1, "r")
-        i0, i1 = range_vars(2, "i")
-        return {i0: index_var("x", 0), i1: index_var("r", 0), k: sympy.Symbol("k0", integer=True)}
+        *rows, column = range_vars(len(node.ranges), "i")
+        mapping = {var: index_var("x", position) for position, var in enumerate(rows)}
+        return {**mapping, column: index_var("r", 0), k: sympy.Symbol("k0", integer=True)}
     node_vars = [(var, size) for var, size in zip(range_vars(len(node.ranges), "i"), node.ranges)]
     reduction_vars = [(var, size) for var, size in zip(range_vars(len(node.reduction_ranges), "r"),
                                                        node.reduction_ranges)] if node.is_reduction else []

@@ -24,13 +24,15 @@ _PROLOGUE_OPS = ("load", "to_dtype", "mul")
 
 @dataclass(frozen=True)
 class MatrixOperand:
-    """One operand of a product as a strided matrix: `buffer[row, column]` at
-    `offset + row * row_stride + column * column_stride` (element offsets into its storage)."""
+    """One operand of a product as a strided matrix: `buffer[batch, row, column]` at
+    `offset + batch * batch_stride + row * row_stride + column * column_stride` (element offsets into its
+    storage; batch_stride 0 for a 2-d product)."""
 
     buffer: str
     offset: sympy.Expr
     row_stride: sympy.Expr
     column_stride: sympy.Expr
+    batch_stride: sympy.Expr = sympy.Integer(0)
 
 
 @dataclass(frozen=True)
@@ -40,12 +42,17 @@ class TemplateParts:
     reduce_index: int  # the position of the body's `reduce sum`; the ops after it are the finish
 
 
+TEMPLATE_RANKS = {"mm": 2, "bmm": 3}  # a template kind -> the rank of its output ([m, n]; [batch, m, n])
+
+
 def template_parts(node: Template, graph: Graph) -> TemplateParts:
-    """The operands and the reduce of a product template's body; ValueError saying why it is not one."""
-    if node.kind != "mm":
+    """The operands and the reduce of a product template's body; ValueError saying why it is not one.
+    "mm": ranges [m, n], a[m, k], b[k, n]; "bmm": ranges [batch, m, n], a[batch, m, k], b[batch, k, n]."""
+    if node.kind not in TEMPLATE_RANKS:
         raise ValueError(f"unknown template kind {node.kind!r}")
-    if len(node.ranges) != 2 or len(node.reduction_ranges) != 1:
-        raise ValueError(f"a product over ranges {node.ranges} x {node.reduction_ranges}, not [m, n] x [k]")
+    rank = TEMPLATE_RANKS[node.kind]
+    if len(node.ranges) != rank or len(node.reduction_ranges) != 1:
+        raise ValueError(f"a {node.kind} over ranges {node.ranges} x {node.reduction_ranges}")
     ops = node.body.ops
     reduces = [position for position, op in enumerate(ops) if op.name == "reduce"]
     if len(reduces) != 1 or ops[reduces[0]].attr != "sum":
@@ -58,18 +65,21 @@ def template_parts(node: Template, graph: Graph) -> TemplateParts:
         raise ValueError("the ops before the reduce must be the two operand loads, casts and their product")
     if any(op.operands for op in prologue[:2]):
         raise ValueError("a masked operand load")
-    m, n = range_vars(2, "i")
+    *batch, m, n = range_vars(rank, "i")
     (k,) = range_vars(1, "r")
-    a = _matrix(prologue[0], graph, m, k, n)
-    b = _matrix(prologue[1], graph, k, n, m)
+    a = _matrix(prologue[0], graph, m, k, n, batch)
+    b = _matrix(prologue[1], graph, k, n, m, batch)
     return TemplateParts(a, b, reduce_index)
 
 
-def _matrix(load: Op, graph: Graph, row, column, absent) -> MatrixOperand:
-    """`load`'s element offset as a strided matrix over (row, column); it must not use `absent`."""
+def _matrix(load: Op, graph: Graph, row, column, absent, batch: list) -> MatrixOperand:
+    """`load`'s element offset as a strided matrix over (row, column) (and `batch`, when given); it must not
+    use `absent`."""
     # folded: a reshape's view reads [m // s, m % s, k] of a contiguous buffer, at m * k_size + k
     offset = fold_div_mod(graph.buffers[load.buffer].layout.offset_of([sympy.sympify(e) for e in load.index]))
-    if absent in offset.free_symbols or not is_affine(offset, [row, column]):
-        raise ValueError(f"operand {load.buffer} is not read as a strided matrix over ({row}, {column}): {offset}")
-    (row_stride, column_stride), base = affine_coefficients(offset, [row, column])
-    return MatrixOperand(load.buffer, base, row_stride, column_stride)
+    variables = [*batch, row, column]
+    if absent in offset.free_symbols or not is_affine(offset, variables):
+        raise ValueError(f"operand {load.buffer} is not read as a strided matrix over {variables}: {offset}")
+    coefficients, base = affine_coefficients(offset, variables)
+    *batch_stride, row_stride, column_stride = coefficients
+    return MatrixOperand(load.buffer, base, row_stride, column_stride, *batch_stride)

@@ -231,7 +231,7 @@ TEMPLATE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
 def template_product(ctx, meta, a, b, bias=None, beta=1, alpha=1):
-    """`beta * bias + alpha * (a @ b)` as a Template node (kiln/ir/template.py), which the scheduler lets a
+    """`beta * bias + alpha * (a @ b)` (2-d, or a batched product of 3-d operands without bias) as a Template node (kiln/ir/template.py), which the scheduler lets a
     pointwise epilogue join; None where no template applies or config.matmul_template (with autotuning,
     kiln/codegen/templates.py) keeps the extern.
 
@@ -240,25 +240,25 @@ def template_product(ctx, meta, a, b, bias=None, beta=1, alpha=1):
     precision, or in TF32 where torch allows it for CUDA products (`precision`)."""
     from kiln.codegen.templates import product_config, templates_considered  # it generates and times kernels
 
-    if not templates_considered(meta.device.type) or meta.dim() != 2 or meta.dtype not in TEMPLATE_DTYPES or \
+    if not templates_considered(meta.device.type) or meta.dim() not in (2, 3) or meta.dtype not in TEMPLATE_DTYPES or \
             any(not isinstance(value, TensorValue) or value.dtype != meta.dtype
                 for value in (a, b) + (() if bias is None else (bias,))):
         return None
     precision = "tf32" if meta.dtype == torch.float32 and meta.device.type == "cuda" and \
         torch.backends.cuda.matmul.allow_tf32 else "ieee"
-    m, n = range_vars(2, "i")
+    *batch, m, n = range_vars(meta.dim(), "i")  # a batched product (bmm): [batch, m, n]
     (k,) = range_vars(1, "r")
     body = Body()
-    loaded_a = a.load(body, [m, k])
-    loaded_b = b.load(body, [k, n])
+    loaded_a = a.load(body, [*batch, m, k])
+    loaded_b = b.load(body, [*batch, k, n])
     if len(body.ops) != 2:
         return None  # an operand that is not a plain load (padded, masked): the extern reads it realized
     product = body.emit("mul", (body.to_dtype(loaded_a, torch.float32), body.to_dtype(loaded_b, torch.float32)),
                         torch.float32)
     total = body.emit("reduce", (product,), torch.float32, attr="sum")
-    rows, columns = (_torch.sym_expr(size) for size in meta.shape)
-    node = Template("template", [rows, columns], body, [], reduction_ranges=[sympy.sympify(a.shape[1])],
-                    precision=precision)  # named once it is added
+    sizes = [_torch.sym_expr(size) for size in meta.shape]
+    node = Template("template", sizes, body, [], reduction_ranges=[sympy.sympify(a.shape[-1])],
+                    kind="bmm" if batch else "mm", precision=precision)  # named once it is added
     try:
         template_parts(node, ctx.graph)
     except ValueError:
@@ -269,12 +269,12 @@ def template_product(ctx, meta, a, b, bias=None, beta=1, alpha=1):
     if alpha != 1:
         total = body.emit("mul", (total, body.constant(alpha, torch.float32)), torch.float32)
     if bias is not None and beta != 0:  # beta 0 ignores the bias, NaN included, as torch's addmm does
-        added = ctx.load_broadcast(body, bias, [m, n], [rows, columns], torch.float32)
+        added = ctx.load_broadcast(body, bias, [m, n], sizes, torch.float32)
         if beta != 1:
             added = body.emit("mul", (added, body.constant(beta, torch.float32)), torch.float32)
         total = body.emit("add", (total, added), torch.float32)
     out = ctx.buffer_for(meta)
-    body.store(out, [m, n], body.to_dtype(total, meta.dtype))
+    body.store(out, [*batch, m, n], body.to_dtype(total, meta.dtype))
     node.name, node.outputs = ctx.new_node_name(), [out.name]
     ctx.graph.nodes.append(node)
     return BufferValue(out)
@@ -299,6 +299,14 @@ def mm(ctx, node, a, b):
         return linear
     layout = output_layout(meta_of(node))
     return ctx.extern_into(aten.mm.out, (a, b), {}, [layout], meta_of(node))
+
+
+@lowering(aten.bmm.default)
+def bmm(ctx, node, a, b):
+    template = template_product(ctx, meta_of(node), a, b)
+    if template is None:
+        raise Unsupported("a batched product that is not a template: the extern")
+    return template
 
 
 @lowering(aten.addmm.default)

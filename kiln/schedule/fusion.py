@@ -60,9 +60,8 @@ def _columns(node: LoopNode) -> list:
 
 
 def _new_kernel(name: str, node: LoopNode, graph: Graph) -> Kernel:
-    if isinstance(node, Template):  # rows and columns are the product's; its k loop is the template's own
-        kernel = Kernel(name, [node.ranges[0]], [node.ranges[1]], [node], ["template"])
-        return kernel
+    if isinstance(node, Template):  # rows ([batch,] m) and columns (n) are the product's; its k loop its own
+        return Kernel(name, list(node.ranges[:-1]), [node.ranges[-1]], [node], ["template"])
     if node.is_reduction:
         kernel = Kernel(name, nonunit(node.ranges), _columns(node))
         kernel.outer = is_outer_reduction(node, graph.buffers)

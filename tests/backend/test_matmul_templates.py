@@ -296,3 +296,23 @@ def test_the_time_autotuning_took_is_reported_per_graph(fake_timings, caplog):
         autotune.choose("key 5", {"tile": lambda: ("tile", 0.5), "extern": lambda: ("extern", 0.7)}, "a product")
     assert "autotuned a product" in caplog.text and "tile 0.5000 ms, extern 0.7000 ms" in caplog.text
     assert "autotuning took" in caplog.text and "of this graph's compile" in caplog.text
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_batched_products_are_templates_with_their_epilogue(dtype):
+    q, k, v = (torch.randn(3, 33, 20, dtype=dtype), torch.randn(3, 45, 20, dtype=dtype),
+               torch.randn(3, 45, 16, dtype=dtype))
+
+    def attention(q, k, v):  # a batched product read transposed, its scale as epilogue, then another product
+        return torch.bmm(torch.softmax(torch.bmm(q, k.transpose(1, 2)) * 0.25, dim=-1), v) + 1
+
+    (graph,) = assert_close(attention, q, k, v)
+    kernels = template_kernels(graph)
+    assert [kernel.template.kind for kernel in kernels] == ["bmm", "bmm"] and graph.extern_count == 0
+    assert kernels[1].roles == ["template", "full"]  # the + 1
+
+
+def test_a_4d_matmul_is_a_batched_template():
+    a, b = torch.randn(2, 3, 17, 24), torch.randn(2, 3, 29, 24)
+    (graph,) = assert_close(lambda a, b: torch.relu(a @ b.transpose(-1, -2)) + 1, a, b)
+    assert [kernel.template.kind for kernel in template_kernels(graph)] == ["bmm"]

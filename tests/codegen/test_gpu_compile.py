@@ -126,6 +126,14 @@ def test_backward_products_with_transposed_operands_compile_for_hopper():
     assert "wgmma" in ptx and len(buffers) == 2
 
 
+def test_batched_products_compile_for_hopper_with_tensor_cores():
+    q, k = torch.randn(4, 256, 64, dtype=torch.bfloat16), torch.randn(4, 256, 64, dtype=torch.bfloat16)
+    (source,) = [s for s in cuda_sources(lambda q, k: torch.bmm(q, k.transpose(1, 2)) * 0.125, q, k)
+                 if s.constexpr_values]
+    ((buffers, ptx),) = compile_for_h200([source])
+    assert "wgmma" in ptx and len(buffers) == 2
+
+
 def _llama(transformers):
     config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                                       num_key_value_heads=2, num_hidden_layers=1, vocab_size=96)
