@@ -175,13 +175,14 @@ class Reduction(LoopNode):
 @dataclass
 class Template(LoopNode):
     """A matrix product computed by a kernel template (Triton's tiled `tl.dot` loop), which a pointwise
-    epilogue may join: `out[i0, i1] = finish(sum over r0 of a[i0, r0] * b[r0, i1])`.
+    epilogue may join: `out[i0, i1] = finish(sum over r0 of a[i0, r0] * b[r0, i1])` (kind "mm"), or with a
+    leading batch dim, `out[i0, i1, i2] = sum over r0 of a[i0, i1, r0] * b[i0, r0, i2]` (kind "bmm").
 
     Its body states that exactly, so it prints, verifies and reports its reads like any reduction:
     op 0 loads `a` at an index affine in (i0, r0), op 1 loads `b` affine in (r0, i1), then the casts,
     the product and `reduce sum`; the ops after the reduce (a bias, alpha/beta, the cast, the store)
     are pointwise over (i0, i1). Backends generate the reduction part from the template's `kind`
-    ("mm") rather than op by op, so nothing inlines into the ops before the reduce.
+    rather than op by op, so nothing inlines into the ops before the reduce.
     `config` holds the tile (block sizes, warps, stages) chosen for it, or None: the backend's default.
     """
 
