@@ -83,3 +83,22 @@ def test_floor_div_and_mod_of_terms_holding_floor_div_and_mod():
     assert Mod(FloorDiv(x0, 48), 3).args == (FloorDiv(x0, 48), 3)
     ranges = {x0: 96, x1: 48}
     assert simplify_index(FloorDiv(48 * FloorDiv(x0, 48) + x1, 48), ranges) == FloorDiv(x0, 48)
+
+
+def test_simplify_index_factors_a_multiple_of_the_divisor_out_of_a_merged_view():
+    """(17 x0 + x1) // 51 with x1 < 17 is x0 // 3, and % 51 is 17 (x0 % 3) + x1: checked on every point."""
+    import itertools
+
+    from kiln.ir.indexing import FloorDiv, Mod, index_var, simplify_index
+
+    x0, x1 = index_var("x", 0), index_var("x", 1)
+    ranges = {x0: 6, x1: 17}
+    assert simplify_index(FloorDiv(17 * x0 + x1, 51), ranges) == FloorDiv(x0, 3)
+    assert simplify_index(Mod(17 * x0 + x1, 51), ranges) == 17 * Mod(x0, 3) + x1
+    for expr in (FloorDiv(17 * x0 + x1, 51), Mod(17 * x0 + x1, 51), FloorDiv(34 * x0 + 2 * x1 + 1, 34),
+                 Mod(6 * x0 + x1 % 3, 12)):
+        simplified = simplify_index(expr, ranges)
+        for a, b in itertools.product(range(6), range(17)):
+            assert simplified.subs({x0: a, x1: b}) == expr.subs({x0: a, x1: b}), (expr, simplified, a, b)
+    # no rewrite where the low part can reach the factor: x1 reaches 16, the factor is 16
+    assert simplify_index(FloorDiv(16 * x0 + x1, 48), ranges) == FloorDiv(16 * x0 + x1, 48)
