@@ -55,7 +55,7 @@ from kiln.frontend import bytecode, versions
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.interpreter import ContextExitVariable, GeneratorVariable
 from kiln.frontend.variables.base import NONE, NULL
-from kiln.frontend.variables.containers import IteratorVariable, LazyIteratorVariable
+from kiln.frontend.variables.containers import BaseIteratorVariable, LazyIteratorVariable
 
 CALL_OPS = frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"})
 JUMP_OPS = frozenset({"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"})
@@ -760,7 +760,7 @@ def _kind(variable, codegen):
     iterator the entry has already built as a real object (an argument of the broken call) is passed as it."""
     if variable is NULL:
         return "null"
-    if isinstance(variable, IteratorVariable):
+    if isinstance(variable, BaseIteratorVariable) and variable.passed_as_items:
         return "iter"
     if codegen.is_built(variable):
         return "value"
@@ -783,7 +783,7 @@ def _texts(codegen, variable, call: object, kind) -> list[str]:
     if kind == "null":
         return []
     if kind == "iter":
-        items = [codegen.value(item) for item in variable.items[variable.position:]]
+        items = [codegen.value(item) for item in variable.remaining_items()]
         return ["(" + "".join(f"{item}, " for item in items) + ")"]
     if kind == "value":
         return [codegen.value(variable)]

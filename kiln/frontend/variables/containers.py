@@ -7,9 +7,9 @@ or keys guard); large outside dicts use `ExternalDictVariable`, which wraps only
 the entries the trace reads and guards just those. Mutating an outside container
 is recorded and replayed after the graph runs (`SideEffects`), on the object itself.
 
-Iterators are lazy (`BaseIteratorVariable.next_item`): a list iterator, the lazy
-builtins (zip, map, filter, enumerate, chain, islice, count) and, in interpreter.py,
-generators; each takes at most MAX_ITERATION_STEPS items per trace.
+Iterators (variables/iterators.py) are lazy and live: `iterate` makes a container's own
+(a list's reads the list at each step; a dict's or a set's raises where Python's does when
+the container changes size during the loop).
 
 `compare_equal` (Python `==` as a bool at trace time) lives here, beside the sequences
 it compares item by item, since list.index, count and `in` need it.
@@ -29,6 +29,9 @@ from kiln.frontend.errors import ProgramException, Unsupported
 from kiln.frontend.sources import AttrSource, DictItemSource, DictKeySource, ItemSource, TensorKey, is_literal_key
 from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, has_python_method, is_same,
                                           is_trusted_module, lookup_class_attribute, run_on_constants)
+from kiln.frontend.variables.iterators import (MAX_ITERATION_STEPS, BaseIteratorVariable,  # noqa: F401 (re-exported)
+                                               DictIteratorVariable, IteratorVariable, LazyIteratorVariable,
+                                               UserIteratorVariable, advanced)
 from kiln.frontend.variables.tensor import TensorVariable
 
 
@@ -146,8 +149,13 @@ class BaseListVariable(Variable):
         if name == "__contains__":
             return ConstantVariable(any(compare_equal(tx, item, args[0]) for item in self.items))
         if name == "__iter__":
-            return IteratorVariable(self.items, self if self.python_type() in (list, tuple) else None)
+            return self.live_iterator(tx)
         return super().call_method(tx, name, args, kwargs)
+
+    def live_iterator(self, tx) -> BaseIteratorVariable:
+        """`iter(self)`: over a list, one that reads the list at each step."""
+        return IteratorVariable(self.items, self if self.python_type() in (list, tuple) else None,
+                                fixed_items=self.python_type() in _FIXED_ITEMS, live=isinstance(self, ListVariable))
 
 
 class TupleVariable(BaseListVariable):
@@ -430,11 +438,15 @@ class DictVariable(Variable):
         if name == "__len__":
             return ConstantVariable(len(self.entries))
         if name == "__iter__":
-            return IteratorVariable(self.unpack(tx))
+            return self.live_iterator(tx)
         if name == "__delitem__":
             self.getitem(tx, args[0])  # a missing key raises, as `del` would
             return self.call_method(tx, "pop", args, {})
         return super().call_method(tx, name, args, kwargs)
+
+    def live_iterator(self, tx, kind: str = "dict_keys") -> BaseIteratorVariable:
+        """`iter(d)` (or of its `kind` of view): steps the entries as they are at each step."""
+        return DictIteratorVariable(self, kind, TupleVariable, self.entries)
 
     def view_items(self, tx, kind: str) -> list[Variable]:
         """What its keys(), values() or items() view holds now."""
@@ -591,6 +603,7 @@ class ExternalDictVariable(Variable):
         self.source = source
         self.materialized: DictVariable | None = None
         self.tensor_keys: dict[TensorKey, Variable] = {}  # the trackers of its tensor keys the trace listed
+        self.iterators: list[DictIteratorVariable] = []  # over it before its copy: they continue over the copy
 
     def describe(self) -> str:
         return f"dict at {self.source}"
@@ -612,6 +625,8 @@ class ExternalDictVariable(Variable):
                                   "itself (`global NAME` or `module.NAME = ...`), which kiln tracks")
             entries = {key: (self.key_variable(key), self.item(tx, key)) for key in self.keys(tx)}
             self.materialized = DictVariable(entries, self.source, type(self.value), self._default_factory(tx))
+            for iterator in self.iterators:
+                iterator.attach(self.materialized.entries)
         return self.materialized
 
     def _default_factory(self, tx) -> Variable | None:
@@ -686,6 +701,15 @@ class ExternalDictVariable(Variable):
     def truth(self, tx) -> bool:
         return bool(self.keys(tx))
 
+    def live_iterator(self, tx, kind: str = "dict_keys") -> BaseIteratorVariable:
+        """`iter(d)` (or of its `kind` of view): over its keys as listed now (guarded), values read as given."""
+        if self.materialized is not None:
+            return self.materialized.live_iterator(tx, kind)
+        pending = [(self.key_variable(key), lambda key=key: self.item(tx, key)) for key in self.keys(tx)]
+        iterator = DictIteratorVariable(self, kind, TupleVariable, None, pending)
+        self.iterators.append(iterator)
+        return iterator
+
     def view_items(self, tx, kind: str) -> list[Variable]:
         """What its keys(), values() or items() view holds now (read, and guarded, as the dict's own reads)."""
         if self.materialized is not None:
@@ -745,7 +769,7 @@ class ExternalDictVariable(Variable):
         if name in _VIEW_KINDS:
             return DictViewVariable(tx, self, _VIEW_KINDS[name])
         if name == "__iter__":
-            return ListIteratorLike(self.unpack(tx), "dict_keys")
+            return self.live_iterator(tx)
         if name == "copy":
             return DictVariable({key: (self.key_variable(key), self.item(tx, key)) for key in self.keys(tx)},
                                 dict_type=collections.defaultdict if isinstance(self.value, collections.defaultdict)
@@ -788,195 +812,12 @@ class DictViewVariable(ListIteratorLike):
     def items(self) -> list[Variable]:
         return self.owner.view_items(self._tx, self.kind)
 
+    def live_iterator(self, tx) -> BaseIteratorVariable:
+        return self.owner.live_iterator(tx, self.kind)
+
     def reconstruct(self, codegen) -> str:
         method = {kind: name for name, kind in _VIEW_KINDS.items()}[self.kind]
         return f"{codegen.value(self.owner)}.{method}()"
-
-
-MAX_ITERATION_STEPS = 10_000
-"""How many items the trace takes from one lazy iterator (a generator, zip, map...) before it gives up.
-
-An iterator that never ends would otherwise hang the tracer; past this many items the
-frame runs eagerly instead (eager Python, of course, loops as long as the program says),
-not with a graph break, which would unroll that many steps into one graph first.
-"""
-
-
-class BaseIteratorVariable(Variable):
-    """An iterator: `next_item(tx)` gives the next tracker, or None once it is exhausted.
-
-    Iteration is lazy, as in Python: a consumer that stops early (a `for` loop that
-    breaks, `any`, `next`, `zip` over a shorter iterable) takes only the items it needs,
-    so a generator or a `map` runs its code (and its side effects) only that far.
-    """
-
-    def describe(self) -> str:
-        return "iterator"
-
-    def python_type(self) -> type:
-        return type(iter([]))
-
-    def next_item(self, tx) -> Variable | None:
-        raise NotImplementedError
-
-    def take(self, tx, count: int | None = None) -> list[Variable]:
-        """Up to `count` more items (all of them when None), bounded by MAX_ITERATION_STEPS."""
-        items: list[Variable] = []
-        while count is None or len(items) < count:
-            if len(items) >= MAX_ITERATION_STEPS:
-                raise Unsupported(f"{self.describe()} gave more than {MAX_ITERATION_STEPS} items while the trace "
-                                  "consumed it (an endless iterator?)", breakable=False)
-            item = self.next_item(tx)
-            if item is None:
-                break
-            items.append(item)
-        return items
-
-    def unpack(self, tx) -> list[Variable]:
-        return self.take(tx)
-
-    def call_method(self, tx, name, args, kwargs) -> Variable:
-        if name == "__next__":
-            item = self.next_item(tx)
-            if item is None:
-                raise ProgramException(f"next() on exhausted {self.describe()}", StopIteration, [])
-            return item
-        if name == "__iter__":
-            return self
-        return super().call_method(tx, name, args, kwargs)
-
-
-class IteratorVariable(BaseIteratorVariable):
-    """An iterator over a known list of trackers (what GET_ITER makes of a list, tuple, dict...)."""
-
-    def __init__(self, items: list[Variable], origin: Variable | None = None, fixed_items: bool = False):
-        self.items = list(items)
-        self.position = 0
-        self.origin = origin  # the list or tuple iterated over, when the items are its own
-        # over a range, a tuple, a string or a tensor (Tensor.__iter__ is iter(self.unbind(0)), a tuple made at
-        # once): no later change to what it iterates over can change the items it yields
-        self.fixed_items = fixed_items
-
-    def next_item(self, tx) -> Variable | None:
-        if self.position >= len(self.items):
-            return None
-        item = self.items[self.position]
-        self.position += 1
-        return item
-
-    def unpack(self, tx) -> list[Variable]:
-        rest = self.items[self.position:]
-        self.position = len(self.items)
-        return rest
-
-    def reconstruct(self, codegen) -> str:
-        """The iterator of a list or tuple, advanced as far as the trace took it (a break passing it to a
-        function called in Python): the real list's iterator, which sees later changes to the list as this
-        tracker (a copy of its items) would not, so only while the list has the items the copy has."""
-        origin = self.origin
-        if self.fixed_items:  # the items not taken yet, in a tuple's iterator (a range's yields the same)
-            rest = self.items[self.position:]
-            return "iter((" + "".join(f"{codegen.value(item)}, " for item in rest) + "))"
-        if origin is None or len(origin.items) != len(self.items) or \
-                any(item is not copied for item, copied in zip(origin.items, self.items)):
-            raise Unsupported(f"passing on an iterator over {origin.describe() if origin else 'computed items'} "
-                              "to Python at a graph break")
-        return f"{codegen.constant(advanced)}(iter({codegen.value(origin)}), {self.position})"
-
-
-def advanced(iterator, count: int):
-    """`iterator` after `count` steps (an iterator rebuilt where the trace left it)."""
-    for _ in range(count):
-        next(iterator)
-    return iterator
-
-
-class LazyIteratorVariable(BaseIteratorVariable):
-    """An iterator whose items are computed one `next()` at a time (zip, map, filter, enumerate, chain).
-
-    `step(tx)` returns the next item or None; once it has returned None it is not called again,
-    like CPython's builtins, which drop their inputs when exhausted.
-    """
-
-    built_once = True  # one object wherever the trace put it (output._is_new_mutable)
-
-    def __init__(self, kind: str, step, parts=None):
-        self.kind = kind
-        self.step = step
-        self.exhausted = False
-        self.steps = 0
-        self.parts = parts  # () -> (callable, argument trackers) making it as it is now, or None
-
-    def rebuild_parts(self) -> tuple[Any, list[Variable]] | None:
-        """(callable, argument trackers) whose call makes this iterator in its present state (enumerate of the
-        source at the next count, zip of the sources, ...), or None when it cannot be rebuilt."""
-        if self.exhausted or self.parts is None:
-            return None
-        return self.parts()
-
-    def reconstruct(self, codegen) -> str:
-        parts = self.rebuild_parts()
-        if parts is None:
-            return super().reconstruct(codegen)
-        function, arguments = parts
-        return f"{codegen.constant(function)}({''.join(f'{codegen.value(argument)}, ' for argument in arguments)})"
-
-    def describe(self) -> str:
-        return f"{self.kind} iterator"
-
-    def python_type(self) -> type:
-        return _ITERATOR_TYPES.get(self.kind, type(iter([])))
-
-    def next_item(self, tx) -> Variable | None:
-        if self.exhausted:
-            return None
-        self.steps += 1
-        if self.steps > MAX_ITERATION_STEPS:
-            raise Unsupported(f"{self.describe()} stepped more than {MAX_ITERATION_STEPS} times during the trace "
-                              "(an endless iterator?)", breakable=False)
-        item = self.step(tx)
-        if item is None:
-            self.exhausted = True
-        return item
-
-
-class UserIteratorVariable(BaseIteratorVariable):
-    """An object of a class with a Python `__next__`: each step inlines it; StopIteration ends the iteration."""
-
-    def __init__(self, iterator: Variable):
-        self.iterator = iterator
-        self.exhausted = False
-        self.steps = 0
-
-    def describe(self) -> str:
-        return f"iterator {self.iterator.describe()}"
-
-    def python_type(self) -> type:
-        return self.iterator.python_type()
-
-    def identity(self) -> Any:
-        return self.iterator.identity()
-
-    def next_item(self, tx) -> Variable | None:
-        if self.exhausted:  # CPython asks again; a class that restarts is not modelled
-            raise Unsupported(f"stepping {self.describe()} again after it raised StopIteration")
-        self.steps += 1
-        if self.steps > MAX_ITERATION_STEPS:
-            raise Unsupported(f"{self.describe()} stepped more than {MAX_ITERATION_STEPS} times during the trace "
-                              "(an endless iterator?)", breakable=False)
-        try:
-            return self.iterator.call_method(tx, "__next__", [], {})
-        except ProgramException as raised:
-            if not issubclass(raised.exception_type, StopIteration):
-                raise
-            self.exhausted = True
-            return None
-
-    def getattr(self, tx, name: str) -> Variable:
-        return self.iterator.getattr(tx, name)
-
-    def reconstruct(self, codegen) -> str:
-        return self.iterator.reconstruct(codegen)
 
 
 def _is_module_namespace(value: dict) -> bool:
@@ -986,15 +827,6 @@ def _is_module_namespace(value: dict) -> bool:
     module = sys.modules.get(value.get("__name__")) if isinstance(value.get("__name__"), str) else None
     return module is not None and getattr(module, "__dict__", None) is value
 
-
-def _iterator_types() -> dict[str, type]:
-    import itertools
-
-    return {"zip": zip, "map": map, "filter": filter, "enumerate": enumerate, "chain": itertools.chain,
-            "islice": itertools.islice, "count": itertools.count}
-
-
-_ITERATOR_TYPES = _iterator_types()
 
 
 def iterate(tx, variable: Variable) -> BaseIteratorVariable:
@@ -1010,6 +842,9 @@ def iterate(tx, variable: Variable) -> BaseIteratorVariable:
             return UserIteratorVariable(iterator)
         raise Unsupported(f"__iter__ of {variable.describe()} returned {iterator.describe()}, not an iterator "
                           "kiln can step")
+    live_iterator = getattr(variable, "live_iterator", None)
+    if live_iterator is not None:  # a list, dict, dict view or set: sees the changes the loop makes
+        return live_iterator(tx)
     return IteratorVariable(variable.unpack(tx), variable if isinstance(variable, BaseListVariable) and
                             variable.python_type() in (list, tuple) else None,
                             fixed_items=variable.python_type() in _FIXED_ITEMS)

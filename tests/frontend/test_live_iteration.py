@@ -1,0 +1,210 @@
+"""Iterators over containers the loop changes, as Python's (variables/iterators.py).
+
+A dict or set that changes size while it is iterated (directly, or through keys()/values()/items(), `next()` on an
+iterator taken before the change, a comprehension) raises Python's RuntimeError inside the compiled function, where
+the program may catch it; a list's iterator reads the list at each step (an item appended in the loop is reached).
+Before 2026-12-05 every iterator was a snapshot taken at `iter()`: the loops ran to the end over the old items, a
+silent wrong answer (and a different dict or set afterwards). Each program here is captured whole (fullgraph=True,
+one graph, no frame run eagerly) with eager's result.
+"""
+from __future__ import annotations
+
+import collections
+
+import pytest
+import torch
+
+import kiln
+from kiln.debug.explain import explain
+
+
+def _compiled_whole(fn, *args):
+    """`fn` compiled with fullgraph=True: its result, after checking one graph, no break and no eager frame."""
+    report = explain(fn, *args)
+    assert report.graph_count == 1 and report.break_count == 0 and not report.eager_frames, str(report)
+    return kiln.compile(fn, fullgraph=True)(*args)
+
+
+def _same(expected, actual):
+    expected_leaves, actual_leaves = (torch.utils._pytree.tree_leaves(value) for value in (expected, actual))
+    assert len(expected_leaves) == len(actual_leaves), (expected, actual)
+    for want, got in zip(expected_leaves, actual_leaves):
+        if isinstance(want, torch.Tensor):
+            torch.testing.assert_close(got, want)
+        else:
+            assert type(got) is type(want) and got == want, (expected, actual)
+
+
+def _caught(loop):
+    """A program running `loop(d_or_s)` and returning what it raised (or "none") and the container after."""
+    def program(x):
+        try:
+            container = loop()
+        except RuntimeError as error:
+            return x + 1, str(error)
+        return x - 1, container
+
+    return program
+
+
+def _add_while_iterating_keys():
+    d = {"a": 1, "b": 2}
+    for key in d:
+        d[key + "x"] = 3
+    return d
+
+
+def _delete_while_iterating_keys_view():
+    d = {"a": 1, "b": 2}
+    for key in d.keys():
+        del d[key]
+    return d
+
+
+def _pop_while_iterating_values():
+    d = {"a": 1, "b": 2}
+    for _ in d.values():
+        d.pop("b")
+    return d
+
+
+def _add_while_iterating_items():
+    d = {"a": 1, "b": 2}
+    for key, value in d.items():
+        d["c"] = value
+    return d
+
+
+def _replace_values_while_iterating():  # no change of size: no error
+    d = {"a": 1, "b": 2}
+    for key in d:
+        d[key] = 5
+    return d
+
+
+def _same_size_other_keys():  # del + insert: same size, new keys -> "dictionary keys changed during iteration"
+    d = {"a": 1, "b": 2}
+    for key in d:
+        del d[key]
+        d[key + "z"] = 1
+    return d
+
+
+def _next_after_change():
+    d = {"a": 1, "b": 2}
+    keys = iter(d)
+    next(keys)
+    d["c"] = 3
+    return next(keys)
+
+
+def _comprehension_adds():
+    d = {"a": 1}
+    return [d.setdefault(key + "q", 0) for key in d]
+
+
+def _set_add():
+    s = {1, 2}
+    for value in s:
+        s.add(value + 10)
+    return s
+
+
+def _set_discard():
+    s = {1, 2}
+    for value in s:
+        s.discard(value)
+    return s
+
+
+def _ordered_dict_replaced():  # an OrderedDict's values replaced in place: no error
+    d = collections.OrderedDict(a=1, b=2)
+    for key in d:
+        d[key] += 1
+    return d
+
+
+def _ordered_dict_grows():  # CPython's odict iterator has its own message
+    d = collections.OrderedDict(a=1, b=2)
+    for key in d:
+        d["z" + key] = 0
+    return d
+
+
+def _list_grows():
+    items, seen = [1, 2], []
+    for value in items:
+        seen.append(value)
+        if len(items) < 5:
+            items.append(value + 10)
+    return seen, items
+
+
+def _list_shrinks_and_iterator_stays_exhausted():
+    items, seen = [1, 2, 3, 4], []
+    for value in items:
+        seen.append(value)
+        if value == 2:
+            items.remove(value)
+    rest = iter(items)
+    taken = list(rest)
+    items.append(9)
+    return seen, taken, list(rest)
+
+
+@pytest.mark.parametrize("loop", [_add_while_iterating_keys, _delete_while_iterating_keys_view,
+                                  _pop_while_iterating_values, _add_while_iterating_items,
+                                  _replace_values_while_iterating, _same_size_other_keys, _next_after_change,
+                                  _comprehension_adds, _set_add, _set_discard, _ordered_dict_replaced, _ordered_dict_grows,
+                                  _list_grows,
+                                  _list_shrinks_and_iterator_stays_exhausted])
+def test_a_container_changed_during_its_loop(loop):
+    program = _caught(loop)
+    x = torch.randn(3)
+    _same(program(x), _compiled_whole(program, x))
+
+
+_GLOBAL_SCORES = {"a": 1, "b": 2}
+
+
+def _global_and_argument_dicts(x, scores):
+    outcome = []
+    for source in (_GLOBAL_SCORES, scores):
+        try:
+            for key in source:
+                source[key * 2] = 0
+        except RuntimeError as error:
+            outcome.append(str(error))
+    return x + 1, outcome
+
+
+def test_outside_dicts_changed_during_their_loop():
+    """An outside dict (a global, an argument) is read under its keys guard until its first mutation copies it into
+    the trace: the iterator taken before continues over the copy, and raises as the real one does; the dicts end
+    as eager leaves them."""
+    x = torch.randn(3)
+    _GLOBAL_SCORES.clear()
+    _GLOBAL_SCORES.update(a=1, b=2)
+    argument = {"p": 1, "q": 2}
+    expected = _global_and_argument_dicts(x, argument)
+    expected_dicts = dict(_GLOBAL_SCORES), dict(argument)
+    _GLOBAL_SCORES.clear()
+    _GLOBAL_SCORES.update(a=1, b=2)
+    argument = {"p": 1, "q": 2}
+    _same(expected, _compiled_whole(_global_and_argument_dicts, x, dict(argument)))
+    _GLOBAL_SCORES.clear()
+    _GLOBAL_SCORES.update(a=1, b=2)
+    actual = kiln.compile(_global_and_argument_dicts, fullgraph=True)(x, argument)
+    _same(expected, actual)
+    assert (dict(_GLOBAL_SCORES), argument) == expected_dicts
+
+
+def test_an_uncaught_change_of_size_raises_out_of_the_compiled_function():
+    def program(x):
+        d = {"a": 1}
+        for key in d:
+            d["z"] = 1
+        return x
+
+    with pytest.raises(RuntimeError, match="dictionary changed size during iteration"):
+        kiln.compile(program)(torch.ones(2))
