@@ -10,9 +10,11 @@ one graph, no frame run eagerly) with eager's result.
 from __future__ import annotations
 
 import collections
+import dataclasses
 
 import pytest
 import torch
+from transformers.utils import ModelOutput
 
 import kiln
 from kiln.debug.explain import explain
@@ -131,6 +133,13 @@ def _ordered_dict_grows():  # CPython's odict iterator has its own message
     return d
 
 
+def _ordered_dict_grows_after_its_last_key():  # no error: its iterator had found no next key
+    d = collections.OrderedDict(a=1)
+    for key in d:
+        d["b"] = 2
+    return d
+
+
 def _list_grows():
     items, seen = [1, 2], []
     for value in items:
@@ -156,6 +165,7 @@ def _list_shrinks_and_iterator_stays_exhausted():
                                   _pop_while_iterating_values, _add_while_iterating_items,
                                   _replace_values_while_iterating, _same_size_other_keys, _next_after_change,
                                   _comprehension_adds, _set_add, _set_discard, _ordered_dict_replaced, _ordered_dict_grows,
+                                  _ordered_dict_grows_after_its_last_key,
                                   _list_grows,
                                   _list_shrinks_and_iterator_stays_exhausted])
 def test_a_container_changed_during_its_loop(loop):
@@ -208,3 +218,61 @@ def test_an_uncaught_change_of_size_raises_out_of_the_compiled_function():
 
     with pytest.raises(RuntimeError, match="dictionary changed size during iteration"):
         kiln.compile(program)(torch.ones(2))
+
+
+@dataclasses.dataclass
+class _Output(ModelOutput):
+    logits: torch.Tensor | None = None
+    hidden: torch.Tensor | None = None
+
+
+def _model_output_views(x):
+    out = _Output(logits=x)
+    keys, items = out.keys(), out.items()
+    out["hidden"] = x * 2
+    return list(keys), len(items), out.to_tuple()
+
+
+def _model_output_field_set_to_none(x):
+    out = _Output(logits=x, hidden=x + 1)
+    out.hidden = None  # the attribute only: the entry keeps its value
+    return out.to_tuple(), out.hidden, out["hidden"], len(out)
+
+
+def _model_output_keys_in_insertion_order(x):
+    out = _Output(hidden=x)
+    out["logits"] = x + 1
+    out.logits = x + 2
+    return list(out.keys()), out.to_tuple(), out[0]
+
+
+def _model_output_refuses_pop(x):
+    out = _Output(logits=x)
+    try:
+        out.pop("logits")
+    except Exception as error:  # transformers raises a plain Exception
+        return str(error), out.logits + 1
+    return x
+
+
+@pytest.mark.parametrize("program", [_model_output_views, _model_output_field_set_to_none,
+                                     _model_output_keys_in_insertion_order, _model_output_refuses_pop])
+def test_model_output_mapping_follows_transformers(program):
+    """A ModelOutput made in the trace is an OrderedDict of the keys set so far, as transformers' is: its views are
+    live, keys keep insertion order, setting a field to None leaves its entry. Before, its keys were recomputed as
+    the non-None fields in declaration order (a view was a snapshot), so each program here gave another answer."""
+    x = torch.randn(3)
+    _same(program(x), _compiled_whole(program, x))
+
+
+def test_a_model_output_returned_after_changes_is_rebuilt_as_the_trace_left_it():
+    def program(x):
+        out = _Output(logits=x + 1)
+        out.extra = 5
+        out["hidden"] = None
+        return out
+
+    expected, actual = program(torch.ones(2)), _compiled_whole(program, torch.ones(2))
+    assert type(actual) is _Output and actual.extra == 5 and list(actual.keys()) == list(expected.keys())
+    assert actual.hidden is None and actual.to_tuple()[1] is None
+    torch.testing.assert_close(actual.logits, expected.logits)

@@ -143,7 +143,8 @@ class DictIteratorVariable(BaseIteratorVariable):
     changed size, or keys, during the loop (the error sticks, as CPython's; "keys changed" ends the iterator).
     An outside dict the trace has not copied (`ExternalDictVariable`) is read key by key under its keys guard
     until its first mutation copies it; the iterator then continues over the copy (`attach`). An OrderedDict's
-    iterator raises "OrderedDict mutated during iteration" once a key was added or removed, as CPython's.
+    iterator raises "OrderedDict mutated during iteration" once a key was added or removed, as CPython's, unless
+    the last key it gave was the last one then (it looks for the next key as it gives one).
     """
 
     passed_as_items = True
@@ -186,6 +187,9 @@ class DictIteratorVariable(BaseIteratorVariable):
 
     def next_item(self, tx) -> Variable | None:
         if self.exhausted:
+            return None
+        if self.ordered_keys is not None and self.entries is not None and self.taken >= len(self.ordered_keys):
+            self.exhausted = True  # CPython's odict iterator finds the next key as it gives one: none, it is done
             return None
         if self.ordered_keys is not None and self.entries is not None and list(self.entries) != self.ordered_keys:
             self.exhausted = True  # CPython's odict iterator lets go of its dict after this error
