@@ -55,7 +55,7 @@ from kiln.frontend import bytecode, versions
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.interpreter import ContextExitVariable, GeneratorVariable
 from kiln.frontend.variables.base import NONE, NULL
-from kiln.frontend.variables.containers import BaseIteratorVariable, LazyIteratorVariable
+from kiln.frontend.variables.containers import BaseIteratorVariable
 
 CALL_OPS = frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"})
 JUMP_OPS = frozenset({"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"})
@@ -760,13 +760,13 @@ def _kind(variable, codegen):
     iterator the entry has already built as a real object (an argument of the broken call) is passed as it."""
     if variable is NULL:
         return "null"
-    if isinstance(variable, BaseIteratorVariable) and variable.passed_as_items:
+    if isinstance(variable, BaseIteratorVariable) and variable.passed_as_items and variable.rebuild_parts() is None:
         return "iter"
     if codegen.is_built(variable):
         return "value"
     if isinstance(variable, GeneratorVariable) and not variable.finished and not variable.running:
         return "generator", variable.frame.current is not None
-    if isinstance(variable, (LazyIteratorVariable, ContextExitVariable)):
+    if isinstance(variable, (BaseIteratorVariable, ContextExitVariable)):
         parts = variable.rebuild_parts()
         if parts is not None:
             function, arguments = parts

@@ -27,11 +27,12 @@ import torch
 
 from kiln.frontend.errors import ProgramException, Unsupported
 from kiln.frontend.sources import AttrSource, DictItemSource, DictKeySource, ItemSource, TensorKey, is_literal_key
+from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, has_python_method, is_same,
                                           is_trusted_module, lookup_class_attribute, run_on_constants)
 from kiln.frontend.variables.iterators import (MAX_ITERATION_STEPS, BaseIteratorVariable,  # noqa: F401 (re-exported)
                                                DictIteratorVariable, IteratorVariable, LazyIteratorVariable,
-                                               UserIteratorVariable, advanced)
+                                               UserIteratorVariable, advanced, iterator_at)
 from kiln.frontend.variables.tensor import TensorVariable
 
 
@@ -919,3 +920,19 @@ def compare_equal(tx, left: Variable, right: Variable) -> bool:
     if has_python_method(left, "__eq__"):
         return left.call_method(tx, "__eq__", [right], {}).truth(tx)
     return is_same(left, right, tx)
+
+
+def _iterator_at(tx, args, kwargs) -> BaseIteratorVariable:
+    """`iterators.iterator_at(container, kind, left)` in a resume function's prologue: the container's live
+    iterator, advanced so that as many items are left as `left` gives."""
+    container, kind, left = args
+    kind = kind.as_constant()
+    if kind in _VIEW_KINDS.values():
+        container = container.call_method(tx, {view: name for name, view in _VIEW_KINDS.items()}[kind], [], {})
+    iterator = iterate(tx, container)
+    for _ in range(container.length(tx) - len(unpack_iterable(tx, left))):
+        iterator.next_item(tx)
+    return iterator
+
+
+builder.register_call_handler(iterator_at, _iterator_at)

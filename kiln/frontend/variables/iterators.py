@@ -34,6 +34,11 @@ class BaseIteratorVariable(Variable):
 
     passed_as_items = False  # True: at a graph break, a resume function takes `remaining_items()` (resume._kind)
 
+    def rebuild_parts(self) -> tuple[Any, list[Variable]] | None:
+        """(callable, argument trackers) whose call makes this iterator in its present state, live over its
+        container (a graph break passes them on, `resume._kind`), or None."""
+        return None
+
     def describe(self) -> str:
         return "iterator"
 
@@ -109,6 +114,13 @@ class IteratorVariable(BaseIteratorVariable):
         self.position += len(rest)
         self.exhausted = True
         return rest
+
+    def rebuild_parts(self) -> tuple[Any, list[Variable]] | None:
+        """A live list iterator goes on over the list itself (a loop that appends after a graph break reaches the
+        new items); None (its remaining items are passed) for any other, or one exhausted or past the list's end."""
+        if not self.live or self.exhausted or self.position > len(self.items):
+            return None
+        return iterator_at, [self.origin, ConstantVariable("list"), _left(len(self.items) - self.position)]
 
     def remaining_items(self) -> list[Variable]:
         """The items it would give from here, if nothing changes what it iterates over."""
@@ -210,18 +222,38 @@ class DictIteratorVariable(BaseIteratorVariable):
         self.taken += 1
         return self._item(*found)
 
+    def rebuild_parts(self) -> tuple[Any, list[Variable]] | None:
+        """At a graph break: the dict's own iterator, advanced past what this one gave (the loop goes on over the
+        real dict, so a change after the break raises as in Python); only where that iterator is in this one's
+        state (nothing added or removed since it was made)."""
+        if self.exhausted:
+            return None
+        if self.real is None:
+            left = len(self.pending) - self.taken
+        else:
+            rest = self._remaining_entries()  # raises Unsupported once the dict changed size
+            order = list(self.entries.values())
+            left = len(rest)
+            if self.taken != len(order) - left or any(a is not b for a, b in zip(order[len(order) - left:], rest)) \
+                    or (self.ordered_keys is not None and list(self.entries) != self.ordered_keys):
+                raise Unsupported(f"passing on {self.describe()} at a graph break after the loop changed its keys")
+        return iterator_at, [self.owner, ConstantVariable(self.kind), _left(left)]
+
     def remaining_items(self) -> list[Variable]:
         """What it has left to give (a graph break passes them on), if the dict does not change."""
         if self.exhausted:
             return []
         if self.real is None:
             return [self._item(*found) for found in self.pending[self.taken:]]
+        return [self._item(*entry) for entry in self._remaining_entries()]
+
+    def _remaining_entries(self) -> list:
         try:
             _, (entries,) = self.real.__reduce__()[:2]  # a copy of the iterator, run to its end
         except RuntimeError as error:
             raise Unsupported(f"passing on {self.describe()} at a graph break after the loop changed the dict "
                               f"({error})") from None
-        return [self._item(*entry) for entry in entries]
+        return entries
 
     def reconstruct(self, codegen) -> str:
         return "iter((" + "".join(f"{codegen.value(item)}, " for item in self.remaining_items()) + "))"
@@ -255,6 +287,12 @@ class SetIteratorVariable(BaseIteratorVariable):
         except RuntimeError as error:
             raise _program_runtime_error(error) from None
 
+    def rebuild_parts(self) -> tuple[Any, list[Variable]] | None:
+        """At a graph break: the set's own iterator, advanced past what this one gave."""
+        if self.exhausted:
+            return None
+        return iterator_at, [self.owner, ConstantVariable("set"), _left(len(self.remaining_items()))]
+
     def remaining_items(self) -> list[Variable]:
         if self.exhausted:
             return []
@@ -267,6 +305,30 @@ class SetIteratorVariable(BaseIteratorVariable):
 
     def reconstruct(self, codegen) -> str:
         return "iter((" + "".join(f"{codegen.value(item)}, " for item in self.remaining_items()) + "))"
+
+
+def _left(count: int) -> "IteratorVariable":
+    """`count` placeholders, passed as an iterator's remaining items: their number tells the resume function's
+    dispatcher which iteration of the loop it continues (`Dispatcher.loop_position`), as for any passed iterator."""
+    return IteratorVariable([ConstantVariable(None)] * count)
+
+
+def iterator_at(container, kind: str, left):
+    """The iterator of `container` (a list, dict view `kind`, set) with as many items left as `left` gives: made
+    by a resume function's prologue at a graph break, where it is traced (a live iterator over the container) or
+    runs in Python."""
+    if kind == "dict_values":
+        iterator = iter(container.values())
+    elif kind == "dict_items":
+        iterator = iter(container.items())
+    else:
+        iterator = iter(container)
+    skip = len(container)
+    for _ in left:
+        skip -= 1
+    for _ in range(skip):
+        next(iterator)
+    return iterator
 
 
 def advanced(iterator, count: int):
