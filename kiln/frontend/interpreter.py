@@ -877,6 +877,11 @@ class GeneratorVariable(BaseIteratorVariable):
         self.finished = False
         self.running = False
         self.steps = 0
+        self.just_returned = False  # it returned on the last step: the next StopIteration carries the value
+
+    def stop_arguments(self) -> list[Variable]:
+        value, self.just_returned = self.frame.return_value if self.just_returned else NONE, False
+        return [] if is_same(value, NONE) else [value]
 
     def reconstruct(self, codegen) -> str:
         if GeneratorVariable.rebuild is None:
@@ -919,7 +924,7 @@ class GeneratorVariable(BaseIteratorVariable):
         finally:
             self.running = False
         if item is None:
-            self.finished = True
+            self.finished = self.just_returned = True
         return item
 
     def abandoned_with_cleanup(self) -> bool:
@@ -937,7 +942,7 @@ class GeneratorVariable(BaseIteratorVariable):
             item = self.send(tx, args[0] if thrown is None else NONE, thrown)
             if item is None:
                 raise ProgramException(f"{self.describe()}.{name}(): the generator ended", StopIteration,
-                                       [self.frame.return_value])
+                                       self.stop_arguments())
             return item
         if name == "close" and not args:
             if self.frame.current is not None and not self.finished:

@@ -645,8 +645,10 @@ class EntryCodegen:
         return read(variable.node, emit=True)
 
     def constant(self, value: Any) -> str:
-        if value is None or isinstance(value, (bool, int, str, bytes)) or \
-                (isinstance(value, float) and value == value and value not in (float("inf"), float("-inf"))):
+        # exact types: a subclass's repr (a str or int Enum member's `<Mode.TRAIN: 'train'>`, NumPy's
+        # `np.float64(1.5)`) is no expression
+        if value is None or type(value) in (bool, int, str, bytes) or \
+                (type(value) is float and value == value and value not in (float("inf"), float("-inf"))):
             return repr(value)
         if type(value) is tuple and all(type(item) in (int, str, bool, type(None)) for item in value):
             return repr(value)

@@ -33,6 +33,7 @@ from kiln.frontend import replay
 from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported, unbreakable
 from kiln.frontend.operations import BINARY_OPERATORS, COMPARE_OPERATORS, binary_op, compare_op, contains, unary_op
 from kiln.frontend.sources import TypeSource
+from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, constant_arguments, is_constant_value,
                                           is_same, lookup_class_attribute, run_on_constants)
 from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, CounterVariable, DictVariable,
@@ -309,14 +310,28 @@ def _zip(tx, args, kwargs):
         for position, source in enumerate(sources):  # in order, like CPython: later ones are not advanced
             item = source.next_item(tx)
             if item is None:
-                if strict and (position > 0 or any(other.next_item(tx) is not None for other in sources[1:])):
-                    raise Unsupported("zip(strict=True) over iterables of different lengths "
-                                      "(the program raises ValueError)")
+                if strict:
+                    _zip_strict_check(tx, sources, position)
                 return None
             row.append(item)
         return TupleVariable(row)
 
     return LazyIteratorVariable("zip", step, None if strict else lambda: (zip, list(sources)))
+
+
+def _zip_strict_check(tx, sources, exhausted: int) -> None:
+    """zip(strict=True) found argument `exhausted` at its end: CPython's ValueError if the arguments differ in
+    length (a later argument is stepped once to see, as CPython does)."""
+    if exhausted == 0:
+        exhausted = next((position for position, other in enumerate(sources[1:], 1)
+                          if other.next_item(tx) is not None), None)
+        if exhausted is None:
+            return
+        relation = "longer"
+    else:
+        relation = "shorter"
+    message = f"zip() argument {exhausted + 1} is {relation} than argument{' ' if exhausted == 1 else 's 1-'}{exhausted}"
+    raise ProgramException(message, ValueError, [ConstantVariable(message)])
 
 
 def _map(tx, args, kwargs):
@@ -367,7 +382,7 @@ def _next(tx, args, kwargs):
     if item is None:
         if len(args) > 1:
             return args[1]
-        raise ProgramException("next() on an exhausted iterator", StopIteration, [])
+        raise ProgramException("next() on an exhausted iterator", StopIteration, iterator.stop_arguments())
     return item
 
 
@@ -993,5 +1008,7 @@ for _symbol, _fn in COMPARE_OPERATORS.items():
     _HANDLERS[_fn] = _operator_compare(_symbol)
 for _name in ("sqrt", "exp", "log", "log2", "log10", "ceil", "floor", "sin", "cos", "tan", "tanh", "pow", "gcd",
               "isqrt", "prod", "isfinite", "isinf", "isnan", "fabs", "trunc", "atan", "atan2", "erf", "lcm", "hypot",
-              "copysign", "fmod", "radians", "degrees", "log1p", "expm1", "sinh", "cosh", "asin", "acos"):
+              "copysign", "fmod", "radians", "degrees", "log1p", "expm1", "sinh", "cosh", "asin", "acos", "isclose",
+              "dist", "fsum", "comb", "perm", "factorial", "ldexp", "frexp", "modf", "remainder", "cbrt", "exp2"):
     _HANDLERS[getattr(math, _name)] = _math(getattr(math, _name))
+builder.register_call_handler(builtins.sorted, _sorted)  # list.sort (containers.py) orders as sorted() does

@@ -301,10 +301,10 @@ class ListVariable(BaseListVariable):
             position = self.call_method(tx, "index", args, {}).as_constant()
             del self.items[position]
         elif name == "sort":
-            reverse = kwargs.get("reverse", ConstantVariable(False)).as_constant()
-            if "key" in kwargs or not self.is_constant():
-                raise Unsupported("list.sort with a key or non-constant items")
-            self.items = [ConstantVariable(value) for value in sorted(self.as_constant(), reverse=reverse)]
+            if args:
+                raise Unsupported("list.sort() with positional arguments (the program raises TypeError)")
+            # as sorted() orders them (builtins' handler: keys traced, tensors only where ties never reach them)
+            self.items[:] = builder.call_handler(sorted)(tx, [ListVariable(self.items)], kwargs).items
         elif name == "__setitem__":
             self.setitem(tx, args[0], args[1])
         else:

@@ -398,6 +398,22 @@ class PartialVariable(Variable):
     def call(self, tx, args, kwargs) -> Variable:
         return self.function.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})
 
+    def getattr(self, tx, name: str) -> Variable:
+        if name == "func":
+            return self.function
+        if name == "args":
+            return TupleVariable(list(self.args))
+        if name == "keywords":  # a copy: kiln does not model the partial's own dict changed in place
+            return DictVariable({key: (ConstantVariable(key), value) for key, value in self.kwargs.items()})
+        return super().getattr(tx, name)
+
+    def reconstruct(self, codegen) -> str:
+        if self.source is not None:
+            return codegen.source(self.source)
+        arguments = [codegen.value(self.function)] + [codegen.value(arg) for arg in self.args]
+        keywords = ", ".join(f"{key!r}: {codegen.value(value)}" for key, value in self.kwargs.items())
+        return f"{codegen.constant(functools.partial)}({', '.join(arguments)}, **{{{keywords}}})"
+
 
 _MAPPING_READS = frozenset({"keys", "values", "items", "get", "__getitem__", "__contains__", "__len__", "__iter__"})
 

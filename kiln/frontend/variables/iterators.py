@@ -64,11 +64,16 @@ class BaseIteratorVariable(Variable):
     def unpack(self, tx) -> list[Variable]:
         return self.take(tx)
 
+    def stop_arguments(self) -> list[Variable]:
+        """The arguments of the StopIteration that `next()` raises now it gave None: a generator that has just
+        returned a value raises StopIteration(value) once; anything else StopIteration()."""
+        return []
+
     def call_method(self, tx, name, args, kwargs) -> Variable:
         if name == "__next__":
             item = self.next_item(tx)
             if item is None:
-                raise ProgramException(f"next() on exhausted {self.describe()}", StopIteration, [])
+                raise ProgramException(f"next() on exhausted {self.describe()}", StopIteration, self.stop_arguments())
             return item
         if name == "__iter__":
             return self

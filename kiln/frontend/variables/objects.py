@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import enum
 import types
 from typing import Any, Callable
 
@@ -291,7 +292,32 @@ class ClassVariable(Variable):
     def as_constant(self) -> Any:
         return self.value
 
+    def _enum_members(self) -> list[Variable] | None:
+        """An Enum class's members in definition order (what iterating it gives), None for another class. An enum
+        class cannot gain or lose members, so they need no guard beyond the class's own."""
+        if isinstance(self.value, enum.EnumMeta) and type(self.value).__iter__ is enum.EnumMeta.__iter__:
+            return [ConstantVariable(member) for member in self.value]
+        return None
+
+    def unpack(self, tx) -> list[Variable]:
+        members = self._enum_members()
+        return members if members is not None else super().unpack(tx)
+
+    def length(self, tx) -> int:
+        members = self._enum_members()
+        return len(members) if members is not None else super().length(tx)
+
+    def getitem(self, tx, key: Variable) -> Variable:
+        if self._enum_members() is not None and type(self.value).__getitem__ is enum.EnumMeta.__getitem__:
+            try:
+                return ConstantVariable(self.value[key.as_constant()])
+            except KeyError:
+                raise missing_key(key, self) from None
+        return super().getitem(tx, key)
+
     def truth(self, tx) -> bool:
+        if self._enum_members() is not None and type(self.value).__bool__ is enum.EnumMeta.__bool__:
+            return True  # EnumType.__bool__: a class is always true
         metaclass = type(self.value)
         if any(lookup_class_attribute(metaclass, name)[1] not in (type, object, None)
                for name in ("__bool__", "__len__")):
@@ -873,6 +899,9 @@ class ExceptionVariable(Variable):
             return self.attributes.get(name, NONE)
         if name == "__suppress_context__":
             return ConstantVariable(name in self.attributes and "__cause__" in self.attributes)
+        if name == "value" and issubclass(self.cls, StopIteration) and self.args is not None and \
+                lookup_class_attribute(self.cls, "__init__")[1] is StopIteration:
+            return self.args[0] if self.args else NONE  # StopIteration.__init__ keeps args[0] as .value
         raw, owner = lookup_class_attribute(self.cls, name)
         if raw is not MISSING and owner.__module__ != "builtins":  # a method of a user exception class
             return bind_class_attribute(tx, raw, name, self, self.cls, tx.output.named_source("__class", self.cls))
