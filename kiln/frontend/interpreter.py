@@ -39,7 +39,8 @@ from kiln.frontend.variables.containers import (MAX_ITERATION_STEPS, BaseIterato
                                                 hashable_key, iterate, unpack_iterable)
 from kiln.frontend.variables.functions import (BaseFunctionVariable, CellVariable, NestedFunctionVariable,
                                                OpaqueFunctionVariable)
-from kiln.frontend.variables.objects import ClassVariable, ExceptionVariable, UserObjectVariable, bind_class_attribute
+from kiln.frontend.variables.objects import (ClassVariable, ExceptionVariable, UserObjectVariable, bind_class_attribute,
+                                             user_format)
 from kiln.frontend.variables.tensor import TensorVariable
 from kiln.frontend.variables.torch_special import (GradModeExit, GradModeVariable, InferenceModeVariable,
                                                    NullContextVariable)
@@ -716,27 +717,28 @@ class Frame(ExceptionHandling, PatternMatching):
     def FORMAT_VALUE(self, instruction):
         flags = instruction.arg
         spec = self.pop().as_constant() if flags & 0x04 else ""
-        value, conversion = self._exception_text(self.pop(), flags & 0x03, spec)
-        value = _formattable(value)
-        if conversion == 1:
-            value = str(value)
-        elif conversion == 2:
-            value = repr(value)
-        elif conversion == 3:
-            value = ascii(value)
-        self.push(ConstantVariable(format(value, spec)))
+        self.push(ConstantVariable(self._formatted(self.pop(), flags & 0x03, spec)))
 
     def FORMAT_SIMPLE(self, instruction):
-        self.push(ConstantVariable(format(_formattable(self._exception_text(self.pop(), 0, "")[0]))))
+        self.push(ConstantVariable(self._formatted(self.pop(), 0, "")))
 
     def FORMAT_WITH_SPEC(self, instruction):
         spec = self.pop().as_constant()
-        self.push(ConstantVariable(format(_formattable(self._exception_text(self.pop(), 0, spec)[0]), spec)))
+        self.push(ConstantVariable(self._formatted(self.pop(), 0, spec)))
 
     def CONVERT_VALUE(self, instruction):
-        value, conversion = self._exception_text(self.pop(), instruction.arg, "")
+        self.push(ConstantVariable(self._formatted(self.pop(), instruction.arg or 1, "")))
+
+    def _formatted(self, value: Variable, conversion: int, spec: str) -> str:
+        """One f-string field: `value` converted (0 none, 1 !s, 2 !r, 3 !a) and formatted by `spec`."""
+        text = user_format(self, value, conversion, spec)  # a user class's own __format__/__str__/__repr__
+        if text is not None:
+            return text
+        value, conversion = self._exception_text(value, conversion, spec)
         value = _formattable(value)
-        self.push(ConstantVariable({0: str, 1: str, 2: repr, 3: ascii}[conversion](value)))
+        if conversion:
+            value = {1: str, 2: repr, 3: ascii}[conversion](value)
+        return format(value, spec)
 
     def _exception_text(self, value: Variable, conversion: int, spec: str) -> tuple[Variable, int]:
         """An exception formatted into an f-string (`f"{error}"`, `{error!r}`) as its text (a user class's

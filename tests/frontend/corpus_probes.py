@@ -361,3 +361,20 @@ def identity_comparisons(x, y):
     items = [x]
     alias = items
     return x + y, alias is items, items is [x], x is x, None is None
+
+
+class _Named:
+    def __init__(self, name, width):
+        self.name, self.width = name, width
+
+    def __repr__(self):
+        return f"_Named({self.name!r})"
+
+    def __format__(self, spec):
+        return f"{self.name}:{self.width:{spec}}" if spec else self.name
+
+
+@program()
+def user_object_text(x, y):  # was: a graph break for each str()/repr()/f-string of an object
+    layer = _Named("proj", 3)
+    return x * layer.width + y, str(layer), repr(layer), f"{layer}", f"{layer:>4}", f"{layer!r}", format(layer, "02d")

@@ -42,7 +42,7 @@ from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVa
 from kiln.frontend.variables.copying import copy_handler, deepcopy_handler
 from kiln.frontend.variables.functions import PartialVariable
 from kiln.frontend.variables.objects import (ClassVariable, ExceptionVariable, ModelOutputVariable, NewObjectVariable,
-                                             UserObjectVariable, new_object)
+                                             UserObjectVariable, new_object, user_format, user_text)
 from kiln.frontend.variables.sets import SetVariable
 from kiln.frontend.variables.tensor import TensorVariable
 
@@ -199,9 +199,20 @@ def _text(fn):
     def handler(tx, args, kwargs):
         if len(args) == 1 and not kwargs and isinstance(args[0], ExceptionVariable):
             return args[0].text(tx, fn)
+        if len(args) == 1 and not kwargs and (text := user_text(tx, args[0], fn)) is not None:
+            return ConstantVariable(text)  # the class's own __str__ / __repr__, inlined
         return pure(tx, args, kwargs)
 
     return handler
+
+
+def _format(tx, args, kwargs):
+    """format(value, spec=""): a user object's own __format__ (or __str__) inlined; constants for real."""
+    if 1 <= len(args) <= 2 and not kwargs and all(arg.is_constant() for arg in args[1:]):
+        text = user_format(tx, args[0], 0, args[1].as_constant() if len(args) > 1 else "")
+        if text is not None:
+            return ConstantVariable(text)
+    return _pure(format)(tx, args, kwargs)
 
 
 def _len(tx, args, kwargs):
@@ -978,7 +989,7 @@ _HANDLERS: dict[Any, Callable] = {
     builtins.callable: _callable, builtins.slice: _slice, builtins.super: _super, builtins.vars: _vars,
     builtins.print: _print,
     builtins.id: _id, builtins.hash: _pure(hash), builtins.chr: _pure(chr), builtins.ord: _pure(ord),
-    builtins.format: _pure(format), builtins.eval: _eval,
+    builtins.format: _format, builtins.eval: _eval,
     struct.pack: _pure(struct.pack), struct.unpack: _pure(struct.unpack), struct.calcsize: _pure(struct.calcsize),
     struct.unpack_from: _pure(struct.unpack_from), random.Random: _seeded_random,
     threading.get_ident: _per_thread(threading.get_ident),
