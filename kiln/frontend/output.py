@@ -95,6 +95,7 @@ class OutputGraph:
         self.generators: list[Variable] = []  # every generator made by the trace (interpreter.GeneratorVariable)
         self.cached_calls: dict[tuple, Variable] = {}  # lru_cache results by (wrapper, arguments): one object each
         self.break_point = None  # set for the retrace that stops at a graph break (kiln/frontend/resume.py)
+        self.caller_handles_exception = False  # the compiled function's caller runs an `except` clause (dispatcher)
 
     # -- names for objects the guard and entry functions hold -------------------------------------
 

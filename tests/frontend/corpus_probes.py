@@ -7,6 +7,7 @@ Nothing in this file may run during a compiled call: the checker watches for fra
 from __future__ import annotations
 
 import abc
+import collections
 import collections.abc
 import contextlib
 import dataclasses
@@ -378,3 +379,49 @@ class _Named:
 def user_object_text(x, y):  # was: a graph break for each str()/repr()/f-string of an object
     layer = _Named("proj", 3)
     return x * layer.width + y, str(layer), repr(layer), f"{layer}", f"{layer:>4}", f"{layer!r}", format(layer, "02d")
+
+
+class _Suppressing:
+    def __init__(self, log):
+        self.log = log
+
+    def __enter__(self):
+        self.log.append("enter")
+        return self
+
+    def __exit__(self, kind, value, traceback):
+        self.log.append(("exit", kind.__name__ if kind else None))
+        return True
+
+
+@program()
+def exit_stack_callbacks_and_managers(x, y):  # was: its deque (and sys.exc_info, MethodType) ran the frame eagerly
+    log = []
+    with contextlib.ExitStack() as stack:
+        factor = stack.enter_context(_scaled(2))
+        stack.callback(log.append, "callback")
+        stack.enter_context(_Suppressing(log))
+        x = x * factor
+        raise ValueError("suppressed by the last manager entered")
+    with contextlib.ExitStack() as stack:
+        stack.callback(log.append, "kept")
+        later = stack.pop_all()
+    log.append("between")
+    later.close()
+    return x + y, log
+
+
+@program()
+def deque_methods(x, y):
+    window = collections.deque([x, y], maxlen=3)
+    window.append(x + y)
+    window.append(x * y)  # drops x
+    window.appendleft(y)  # drops x * y
+    window.rotate(1)
+    first = window.popleft()
+    try:
+        for row in window:
+            window.append(row)
+    except RuntimeError as error:
+        message = str(error)
+    return first + sum(window), len(window), window.maxlen, message

@@ -88,6 +88,8 @@ class Tracer(Protocol):
 
     def behind_uninterpreted_frames(self) -> AbstractContextManager: ...
 
+    def exception_info(self) -> "Variable": ...
+
 
 class Variable:
     """Base of all trackers. Subclasses override what they support."""

@@ -24,6 +24,7 @@ import operator
 import random
 import struct
 import sys
+import types
 import threading
 from typing import Any, Callable
 
@@ -40,7 +41,8 @@ from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVa
                                                 IteratorVariable, LazyIteratorVariable, ListVariable, SliceVariable,
                                                 TupleVariable, hashable_key, iterate, unpack_iterable)
 from kiln.frontend.variables.copying import copy_handler, deepcopy_handler
-from kiln.frontend.variables.functions import PartialVariable
+from kiln.frontend.variables.deques import make_deque
+from kiln.frontend.variables.functions import BoundMethodVariable, PartialVariable
 from kiln.frontend.variables.objects import (ClassVariable, ExceptionVariable, ModelOutputVariable, NewObjectVariable,
                                              UserObjectVariable, new_object, user_format, user_text)
 from kiln.frontend.variables.sets import SetVariable
@@ -204,6 +206,13 @@ def _text(fn):
         return pure(tx, args, kwargs)
 
     return handler
+
+
+def _method_type(tx, args, kwargs):
+    """`types.MethodType(function, obj)`: `function` bound to `obj` (contextlib.ExitStack binds each __exit__)."""
+    if len(args) != 2 or kwargs:
+        raise Unsupported("types.MethodType() with these arguments (the program raises TypeError)")
+    return BoundMethodVariable(args[0], args[1])
 
 
 def _format(tx, args, kwargs):
@@ -977,6 +986,10 @@ _HANDLERS: dict[Any, Callable] = {
     builtins.type: _type, builtins.getattr: _getattr, builtins.hasattr: _hasattr, builtins.setattr: _setattr,
     builtins.delattr: _delattr, builtins.range: _range, builtins.enumerate: _enumerate, builtins.zip: _zip,
     builtins.map: _map, builtins.filter: _filter, builtins.reversed: _reversed, builtins.iter: _iter,
+    collections.deque: make_deque,
+    types.MethodType: _method_type,
+    sys.exc_info: lambda tx, args, kwargs: tx.exception_info(),
+    sys.exception: lambda tx, args, kwargs: tx.exception_info().items[1],
     builtins.next: _next, builtins.list: _sequence_builder(list), builtins.tuple: _sequence_builder(tuple),
     object.__new__: _object_new, tuple.__new__: _tuple_new, builtins.dict: _dict(dict),
     collections.OrderedDict: _dict(collections.OrderedDict), builtins.set: _set(set),
