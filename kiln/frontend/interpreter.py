@@ -39,9 +39,9 @@ from kiln.frontend.variables.containers import (MAX_ITERATION_STEPS, BaseIterato
                                                 hashable_key, iterate, unpack_iterable)
 from kiln.frontend.variables.functions import (BaseFunctionVariable, CellVariable, NestedFunctionVariable,
                                                OpaqueFunctionVariable)
-from kiln.frontend.variables.objects import (ClassVariable, ExceptionVariable, UserObjectVariable, bind_class_attribute,
-                                             user_format)
+from kiln.frontend.variables.objects import ClassVariable, ExceptionVariable, UserObjectVariable, bind_class_attribute
 from kiln.frontend.variables.tensor import TensorVariable
+from kiln.frontend.variables.text import user_format
 from kiln.frontend.variables.torch_special import (GradModeExit, GradModeVariable, InferenceModeVariable,
                                                    NullContextVariable)
 

@@ -328,3 +328,65 @@ def test_a_loop_that_breaks_goes_on_over_the_live_container(program, arguments):
     report = explain(program, *arguments())
     assert report.break_count >= 1 and not report.eager_frames, str(report)
     _same(expected, kiln.compile(program)(*arguments()))
+
+
+def test_a_dict_view_passed_across_a_graph_break_stays_a_traced_view():
+    """A dict view live at a break reaches the resume function as the view of the dict it takes (`view_of`), not
+    as a real view object, which the resume function's trace could not iterate (it ran eagerly)."""
+    def program(x):
+        scores = {"a": x, "b": x * 2}
+        values = scores.values()
+        if x.sum() > 0:
+            x = x + 1
+        scores["c"] = x * 3
+        return sum(value for value in values), len(values)
+
+    x = torch.randn(3).abs()
+    report = explain(program, x)
+    assert report.break_count == 1 and not report.eager_frames, str(report)
+    _same(program(x), kiln.compile(program)(x))
+
+
+class _Growing(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.ReLU()])
+        self.named = torch.nn.ModuleDict({"a": torch.nn.ReLU()})
+
+    def forward(self, x):
+        names = self.named.keys()
+        self.layers.append(torch.nn.Tanh())  # a graph break: the Tanh made in the trace is made again for it
+        self.named["b"] = torch.nn.Sigmoid()
+        for layer in self.layers:
+            x = layer(x)
+        return x * len(self.layers), [type(layer).__name__ for layer in self.layers], list(names), len(self.named)
+
+
+class _AppendsWhileIterating(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList([torch.nn.ReLU(), torch.nn.ReLU()])
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+            if len(self.layers) < 4:
+                self.layers.append(torch.nn.Tanh())
+        return x
+
+
+def test_module_containers_changed_in_forward():
+    """A module made in the trace (no parameters) and stored on a container breaks there and is made again by the
+    entry (the whole frame ran eagerly: "returning module Tanh"); len() and iteration after the change see it (a
+    change of a module's _modules is a graph break: the trace reads the real tables); a ModuleDict's keys() is a
+    live view; a ModuleList iterated while it grows raises Python's RuntimeError, the loop continuing over the
+    real `_modules` iterator after the break."""
+    x = torch.randn(3)
+    expected = _Growing()(x)
+    report = explain(_Growing(), x)
+    assert report.break_count >= 1 and not report.eager_frames, str(report)
+    _same(expected, kiln.compile(_Growing())(x))
+    with pytest.raises(RuntimeError, match="dictionary changed size during iteration"):
+        _AppendsWhileIterating()(x)
+    with pytest.raises(RuntimeError, match="dictionary changed size during iteration"):
+        kiln.compile(_AppendsWhileIterating())(x)

@@ -44,9 +44,10 @@ from kiln.frontend.variables.copying import copy_handler, deepcopy_handler
 from kiln.frontend.variables.deques import make_deque
 from kiln.frontend.variables.functions import BoundMethodVariable, PartialVariable
 from kiln.frontend.variables.objects import (ClassVariable, ExceptionVariable, ModelOutputVariable, NewObjectVariable,
-                                             UserObjectVariable, new_object, user_format, user_text)
+                                             UserObjectVariable, new_object)
 from kiln.frontend.variables.sets import SetVariable
 from kiln.frontend.variables.tensor import TensorVariable
+from kiln.frontend.variables.text import user_format, user_text
 
 
 class BuiltinVariable(Variable):

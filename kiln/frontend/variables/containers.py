@@ -32,7 +32,8 @@ from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, has_
                                           is_trusted_module, lookup_class_attribute, run_on_constants)
 from kiln.frontend.variables.iterators import (MAX_ITERATION_STEPS, BaseIteratorVariable,  # noqa: F401 (re-exported)
                                                DictIteratorVariable, IteratorVariable, LazyIteratorVariable,
-                                               UserIteratorVariable, advanced, iterator_at)
+                                               UserIteratorVariable, advanced, changed_during_iteration,
+                                               changed_size_message, iterator_at)
 from kiln.frontend.variables.tensor import TensorVariable
 
 
@@ -621,6 +622,11 @@ class ExternalDictVariable(Variable):
 
             if isinstance(self.value, os._Environ):
                 raise Unsupported("mutating os.environ inside a compiled function")
+            if isinstance(self.source, AttrSource) and self.source.name in ("_modules", "_parameters", "_buffers"):
+                # the trace reads a module's children from the real tables (modules.ModuleVariable._children): a
+                # change here would go unseen by len() and iteration later in the trace
+                raise Unsupported(f"changing a module's {self.source.name} ({self.describe()}) inside a compiled "
+                                  "function; a graph break makes the change in Python")
             if _is_module_namespace(self.value):
                 raise Unsupported(f"assigning into a module's globals dict ({self.describe()}); assign the global "
                                   "itself (`global NAME` or `module.NAME = ...`), which kiln tracks")
@@ -803,11 +809,12 @@ class DictViewVariable(ListIteratorLike):
     use (after `d[k] = v`, the view has k: a snapshot taken at the call gave the old entries, a wrong answer), and
     it rebuilds as that view of the rebuilt dict."""
 
-    def __init__(self, tx, owner: Variable, kind: str):  # noqa: D107 (no BaseListVariable state: items is read)
-        self.owner = owner
+    def __init__(self, tx, owner: Variable, kind: str, of_object: Variable | None = None):  # noqa: D107
+        self.owner = owner  # the dict tracker whose entries it shows (no BaseListVariable state: items is read)
         self.kind = kind
         self.source = None
         self._tx = tx
+        self.of_object = of_object  # the object whose mapping `owner` is (a ModelOutput), or None
 
     @property
     def items(self) -> list[Variable]:
@@ -816,9 +823,27 @@ class DictViewVariable(ListIteratorLike):
     def live_iterator(self, tx) -> BaseIteratorVariable:
         return self.owner.live_iterator(tx, self.kind)
 
+    def rebuild_parts(self) -> tuple[Any, list[Variable]] | None:
+        """At a graph break: the same view of the dict the resume function takes (`view_of`), a view again
+        there (a real view object passed in could not be traced)."""
+        return None if self.of_object is not None else (view_of, [self.owner, ConstantVariable(self.kind)])
+
     def reconstruct(self, codegen) -> str:
         method = {kind: name for name, kind in _VIEW_KINDS.items()}[self.kind]
+        if self.of_object is not None:  # OrderedDict's own view of the object (a ModelOutput) itself
+            return f"{codegen.constant(getattr(collections.OrderedDict, method))}({codegen.value(self.of_object)})"
         return f"{codegen.value(self.owner)}.{method}()"
+
+
+def view_of(mapping, kind: str):
+    """`mapping.keys()` / `.values()` / `.items()` for a view `kind` ("dict_keys"...): a resume function's
+    prologue remakes a dict view passed on at a graph break (traced: `_view_of`)."""
+    return getattr(mapping, {view: name for name, view in _VIEW_KINDS.items()}[kind])()
+
+
+def _view_of(tx, args, kwargs) -> Variable:
+    mapping, kind = args
+    return mapping.call_method(tx, {view: name for name, view in _VIEW_KINDS.items()}[kind.as_constant()], [], {})
 
 
 def _is_module_namespace(value: dict) -> bool:
@@ -925,8 +950,11 @@ def compare_equal(tx, left: Variable, right: Variable) -> bool:
 def _iterator_at(tx, args, kwargs) -> BaseIteratorVariable:
     """`iterators.iterator_at(container, kind, left)` in a resume function's prologue: the container's live
     iterator, advanced so that as many items are left as `left` gives."""
-    container, kind, left = args
+    container, kind, left, *size = args
     kind = kind.as_constant()
+    if size and size[0].as_constant() is not None and container.length(tx) != size[0].as_constant():
+        message = changed_size_message(container.python_type())  # the original would raise at its next step
+        return tx.wrap_sourceless(changed_during_iteration).call(tx, [ConstantVariable(message)], {})
     if kind in _VIEW_KINDS.values():
         container = container.call_method(tx, {view: name for name, view in _VIEW_KINDS.items()}[kind], [], {})
     iterator = iterate(tx, container)
@@ -936,3 +964,4 @@ def _iterator_at(tx, args, kwargs) -> BaseIteratorVariable:
 
 
 builder.register_call_handler(iterator_at, _iterator_at)
+builder.register_call_handler(view_of, _view_of)

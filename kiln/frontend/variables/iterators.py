@@ -91,7 +91,7 @@ class IteratorVariable(BaseIteratorVariable):
     passed_as_items = True  # at a graph break, a resume function takes the items it has left (resume._kind)
 
     def __init__(self, items: list[Variable], origin: Variable | None = None, fixed_items: bool = False,
-                 live: bool = False):
+                 live: bool = False, rebuilt_from: tuple[Variable, str] | None = None):
         self._items = list(items)
         self.position = 0
         self.origin = origin  # the list or tuple iterated over, when the items are its own
@@ -100,6 +100,9 @@ class IteratorVariable(BaseIteratorVariable):
         self.fixed_items = fixed_items
         self.live = live and origin is not None  # the list's items are read at each step
         self.exhausted = False
+        # (dict tracker, view kind) whose real iterator this one is (a module container's `_modules` values):
+        # at a graph break the loop goes on over that dict's own iterator
+        self.rebuilt_from = rebuilt_from
 
     @property
     def items(self) -> list[Variable]:
@@ -123,7 +126,13 @@ class IteratorVariable(BaseIteratorVariable):
     def rebuild_parts(self) -> tuple[Any, list[Variable]] | None:
         """A live list iterator goes on over the list itself (a loop that appends after a graph break reaches the
         new items); None (its remaining items are passed) for any other, or one exhausted or past the list's end."""
-        if not self.live or self.exhausted or self.position > len(self.items):
+        if self.exhausted or self.position > len(self.items):
+            return None
+        if self.rebuilt_from is not None:  # a dict's iterator, made when the dict had len(self.items) entries
+            container, kind = self.rebuilt_from
+            return iterator_at, [container, ConstantVariable(kind), _left(len(self.items) - self.position),
+                                 ConstantVariable(len(self.items))]
+        if not self.live:
             return None
         return iterator_at, [self.origin, ConstantVariable("list"), _left(len(self.items) - self.position)]
 
@@ -173,6 +182,7 @@ class DictIteratorVariable(BaseIteratorVariable):
         self.taken = 0
         self.exhausted = False
         self.entries = entries
+        self.size = len(entries) if entries is not None else len(pending)  # when made (what CPython checks)
         self.real = None if entries is None else iter(entries.values())
         # an outside dict not copied yet: its entries as (key tracker, () -> value tracker), values read when asked
         self.pending = pending
@@ -235,14 +245,16 @@ class DictIteratorVariable(BaseIteratorVariable):
             return None
         if self.real is None:
             left = len(self.pending) - self.taken
+        elif len(self.entries) != self.size:
+            left = 0  # changed size: the rebuilt iterator raises at its first step, as this one would
         else:
-            rest = self._remaining_entries()  # raises Unsupported once the dict changed size
+            rest = self._remaining_entries()
             order = list(self.entries.values())
             left = len(rest)
             if self.taken != len(order) - left or any(a is not b for a, b in zip(order[len(order) - left:], rest)) \
                     or (self.ordered_keys is not None and list(self.entries) != self.ordered_keys):
                 raise Unsupported(f"passing on {self.describe()} at a graph break after the loop changed its keys")
-        return iterator_at, [self.owner, ConstantVariable(self.kind), _left(left)]
+        return iterator_at, [self.owner, ConstantVariable(self.kind), _left(left), ConstantVariable(self.size)]
 
     def remaining_items(self) -> list[Variable]:
         """What it has left to give (a graph break passes them on), if the dict does not change."""
@@ -272,6 +284,8 @@ class SetIteratorVariable(BaseIteratorVariable):
 
     def __init__(self, owner: Variable, values: set):
         self.owner = owner
+        self.values = values
+        self.size = len(values)  # when made (what CPython checks)
         self.real = iter(values)
         self.exhausted = False
 
@@ -296,7 +310,8 @@ class SetIteratorVariable(BaseIteratorVariable):
         """At a graph break: the set's own iterator, advanced past what this one gave."""
         if self.exhausted:
             return None
-        return iterator_at, [self.owner, ConstantVariable("set"), _left(len(self.remaining_items()))]
+        left = 0 if len(self.values) != self.size else len(self.remaining_items())  # changed: the rebuilt raises
+        return iterator_at, [self.owner, ConstantVariable("set"), _left(left), ConstantVariable(self.size)]
 
     def remaining_items(self) -> list[Variable]:
         if self.exhausted:
@@ -318,10 +333,13 @@ def _left(count: int) -> "IteratorVariable":
     return IteratorVariable([ConstantVariable(None)] * count)
 
 
-def iterator_at(container, kind: str, left):
+def iterator_at(container, kind: str, left, size: int | None = None):
     """The iterator of `container` (a list, dict view `kind`, set) with as many items left as `left` gives: made
     by a resume function's prologue at a graph break, where it is traced (a live iterator over the container) or
-    runs in Python."""
+    runs in Python. A dict or set whose size is no longer `size` (the size the iterator was made at: the call at
+    the break, or the trace before it, changed it) gives the iterator Python's would be: one that raises."""
+    if size is not None and len(container) != size:
+        return changed_during_iteration(changed_size_message(type(container)))
     if kind == "dict_values":
         iterator = iter(container.values())
     elif kind == "dict_items":
@@ -334,6 +352,21 @@ def iterator_at(container, kind: str, left):
     for _ in range(skip):
         next(iterator)
     return iterator
+
+
+def changed_size_message(container_type: type) -> str:
+    """The RuntimeError's text a `container_type` iterator raises once the container changed size."""
+    if issubclass(container_type, collections.OrderedDict):
+        return "OrderedDict mutated during iteration"
+    if issubclass(container_type, (set, frozenset)):
+        return "Set changed size during iteration"
+    return "dictionary changed size during iteration"
+
+
+def changed_during_iteration(message: str):
+    """An iterator whose first step raises RuntimeError(message): a dict's or set's changed during the loop."""
+    raise RuntimeError(message)
+    yield  # noqa: unreachable (a generator: the error comes at its first step)
 
 
 def advanced(iterator, count: int):

@@ -491,7 +491,9 @@ def _construct_torch_module(tx, cls: type, args, kwargs) -> Variable:
         module = cls(*[arg.as_constant() for arg in args], **{key: arg.as_constant() for key, arg in kwargs.items()})
     if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
         raise Unsupported(f"{described} (it has parameters or buffers)")
-    return tx.wrap(module, None, guard=False)  # a ModuleVariable without a source
+    variable = tx.wrap(module, None, guard=False)  # a ModuleVariable without a source
+    variable.made_as, variable.built_once = (cls, list(args), dict(kwargs)), True
+    return variable
 
 
 class InstanceDictVariable(DictVariable):
@@ -706,46 +708,6 @@ def _is_slot(raw: Any, cls: type) -> bool:
     return isinstance(raw, types.MemberDescriptorType) and not (raw.__objclass__.__flags__ & _IMMUTABLE_TYPE)
 
 
-def user_text(tx, variable: Variable, conversion: Callable[[Any], str]) -> str | None:
-    """`str(obj)` / `repr(obj)` of a user object whose class writes that text in Python (`__str__`, else the
-    `__repr__` object.__str__ calls): the method inlined (what it reads is guarded as any read). None for any other
-    tracker, or a class whose text is object's default (it holds the object's address)."""
-    if not isinstance(variable, (UserObjectVariable, NewObjectVariable)) or conversion is ascii:
-        return None
-    cls = variable.user_class()
-    for name in ("__str__", "__repr__") if conversion is str else ("__repr__",):
-        raw, _ = lookup_class_attribute(cls, name)
-        if isinstance(raw, types.FunctionType):
-            result = variable.getattr(tx, name).call(tx, [], {})
-            if not (result.is_constant() and type(result.as_constant()) is str):
-                raise Unsupported(f"{name} of {variable.describe()} returned {result.describe()} (the program raises "
-                                  "TypeError unless it is a str)")
-            return result.as_constant()
-        if raw is not object.__str__:
-            return None
-    return None
-
-
-def user_format(tx, variable: Variable, conversion: int, spec: str) -> str | None:
-    """What an f-string (or `format(obj, spec)`) makes of a user object: with `!s`/`!r` its text (`user_text`)
-    formatted by `spec`; else its class's Python `__format__(spec)` inlined, or, with object's `__format__` and no
-    spec, its str(). None where this does not apply (kiln's other rules, or the program's TypeError)."""
-    if not isinstance(variable, (UserObjectVariable, NewObjectVariable)):
-        return None
-    if conversion:
-        text = user_text(tx, variable, {1: str, 2: repr, 3: ascii}[conversion])
-        return None if text is None else format(text, spec)
-    raw, _ = lookup_class_attribute(variable.user_class(), "__format__")
-    if isinstance(raw, types.FunctionType):
-        result = variable.getattr(tx, "__format__").call(tx, [ConstantVariable(spec)], {})
-        if not (result.is_constant() and type(result.as_constant()) is str):
-            raise Unsupported(f"__format__ of {variable.describe()} returned {result.describe()}")
-        return result.as_constant()
-    if raw is object.__format__ and not spec:
-        return user_text(tx, variable, str)
-    return None
-
-
 class ModelOutputVariable(Variable):
     """A transformers ModelOutput made in the trace: an OrderedDict of the keys set so far, and attributes.
 
@@ -806,7 +768,7 @@ class ModelOutputVariable(Variable):
         if name == "to_tuple":
             return TupleVariable(self.mapping.view_items(tx, "dict_values"))
         if name in ("keys", "values", "items"):
-            return DictViewVariable(tx, self.mapping, "dict_" + name)
+            return DictViewVariable(tx, self.mapping, "dict_" + name, of_object=self)
         if name in ("get", "__contains__", "__len__", "__iter__"):
             return self.mapping.call_method(tx, name, args, kwargs)
         if name == "__getitem__":
