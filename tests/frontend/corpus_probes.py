@@ -425,3 +425,17 @@ def deque_methods(x, y):
     except RuntimeError as error:
         message = str(error)
     return first + sum(window), len(window), window.maxlen, message
+
+
+class _Node:
+    def __init__(self, weight):
+        self.weight = weight
+
+
+@program()
+def id_memo_of_new_objects(x, y):  # was: id() of an object made in the trace broke
+    first, second = _Node(2), _Node(3)
+    memo = {}
+    for node in (first, second, first):
+        memo[id(node)] = memo.get(id(node), 0) + node.weight
+    return x * memo[id(first)] + y * len(memo), id(first) == id(second), id(first) in memo, sorted(memo.values())

@@ -35,8 +35,8 @@ from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported
 from kiln.frontend.operations import BINARY_OPERATORS, COMPARE_OPERATORS, binary_op, compare_op, contains, unary_op
 from kiln.frontend.sources import TypeSource
 from kiln.frontend.variables import builder
-from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, constant_arguments, is_constant_value,
-                                          is_same, lookup_class_attribute, run_on_constants)
+from kiln.frontend.variables.base import (NONE, ConstantVariable, ObjectIdVariable, Variable, constant_arguments,
+                                          is_constant_value, is_same, lookup_class_attribute, run_on_constants)
 from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, CounterVariable, DictVariable,
                                                 IteratorVariable, LazyIteratorVariable, ListVariable, SliceVariable,
                                                 TupleVariable, hashable_key, iterate, unpack_iterable)
@@ -668,7 +668,9 @@ def _print(tx, args, kwargs):
 def _id(tx, args, kwargs):
     identity = args[0].identity()
     if identity is args[0]:
-        raise Unsupported(f"id() of {args[0].describe()} created during the trace")
+        if isinstance(args[0], TensorVariable):  # a tensor changed in place is a new tracker: no identity to key
+            raise Unsupported(f"id() of {args[0].describe()} created during the trace")
+        return ObjectIdVariable(args[0])  # known only when the program runs; compared and hashed by its object
     return ConstantVariable(id(identity))
 
 

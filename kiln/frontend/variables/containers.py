@@ -28,8 +28,8 @@ import torch
 from kiln.frontend.errors import ProgramException, Unsupported
 from kiln.frontend.sources import AttrSource, DictItemSource, DictKeySource, ItemSource, TensorKey, is_literal_key
 from kiln.frontend.variables import builder
-from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, has_python_method, is_same,
-                                          is_trusted_module, lookup_class_attribute, run_on_constants)
+from kiln.frontend.variables.base import (NONE, ConstantVariable, ObjectIdVariable, Variable, has_python_method,
+                                          is_same, is_trusted_module, lookup_class_attribute, run_on_constants)
 from kiln.frontend.variables.iterators import (MAX_ITERATION_STEPS, BaseIteratorVariable,  # noqa: F401 (re-exported)
                                                DictIteratorVariable, IteratorVariable, LazyIteratorVariable,
                                                UserIteratorVariable, advanced, changed_during_iteration,
@@ -932,6 +932,10 @@ def compare_equal(tx, left: Variable, right: Variable) -> bool:
         raise Unsupported("== between tensors used as a Python bool (data-dependent)")
     if isinstance(left, ConstantVariable) and isinstance(right, ConstantVariable):
         return bool(left.value == right.value)
+    if isinstance(left, ObjectIdVariable):
+        return left.equals(right, tx)
+    if isinstance(right, ObjectIdVariable):
+        return right.equals(left, tx)
     if isinstance(left, BaseListVariable) and isinstance(right, BaseListVariable):
         if issubclass(left.python_type(), list) != issubclass(right.python_type(), list):
             return False
