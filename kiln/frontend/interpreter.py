@@ -350,8 +350,9 @@ class Frame(ExceptionHandling, PatternMatching):
             self.push(self.locals[name])
         elif name in self.cells:  # 3.13 loads a cell object itself with LOAD_FAST (for closures)
             self.push(self.cells[name])
-        else:
-            raise Unsupported(f"local variable {name!r} read before assignment (the program raises)")
+        else:  # a local deleted (an `except ... as name` clause's at its end) or not yet assigned
+            message = f"cannot access local variable {name!r} where it is not associated with a value"
+            raise ProgramException(message, UnboundLocalError, [ConstantVariable(message)])
 
     def LOAD_FAST_AND_CLEAR(self, instruction):
         self.push(self.locals.pop(instruction.argval, NULL))
@@ -682,7 +683,15 @@ class Frame(ExceptionHandling, PatternMatching):
         mapping = self.pop()
         self.stack[-instruction.arg].update_from(self, mapping)
 
-    DICT_MERGE = DICT_UPDATE
+    def DICT_MERGE(self, instruction):
+        """`f(a=1, **d)`: as DICT_UPDATE, but a key given twice is the program's TypeError ("got multiple values
+        for keyword argument"), not the later value silently."""
+        mapping = self.pop()
+        target = self.stack[-instruction.arg]
+        for key in mapping.unpack(self):
+            if target.contains(self, key):
+                raise ProgramException(f"multiple values for keyword argument {key.describe()}", TypeError, None)
+        target.update_from(self, mapping)
 
     def LIST_TO_TUPLE(self, instruction):
         self.push(TupleVariable(self.pop().unpack(self)))

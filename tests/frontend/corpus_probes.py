@@ -13,6 +13,7 @@ import contextlib
 import dataclasses
 import enum
 import functools
+import itertools
 import math
 import typing
 
@@ -439,3 +440,47 @@ def id_memo_of_new_objects(x, y):  # was: id() of an object made in the trace br
     for node in (first, second, first):
         memo[id(node)] = memo.get(id(node), 0) + node.weight
     return x * memo[id(first)] + y * len(memo), id(first) == id(second), id(first) in memo, sorted(memo.values())
+
+
+@program()
+def itertools_keywords_and_chains(x, y):  # was: product(repeat=2) ignored repeat (a silent wrong answer)
+    grid = list(itertools.product([0, 1], repeat=2))
+    flat = list(itertools.chain.from_iterable([[x], [y, x + y]]))
+    return sum(flat) * len(grid), grid, [5, 3, 1, 3].index(3, 2)
+
+
+def _keywords(**named):
+    return sorted(named)
+
+
+@program()
+def unbound_locals_and_argument_errors(x, y):  # was: each ran the frame eagerly
+    try:
+        raise KeyError("k")
+    except KeyError as error:
+        kind = type(error).__name__
+    try:
+        error  # noqa: B018 (deleted at the end of its except clause)
+        deleted = False
+    except NameError:
+        deleted = True
+    try:
+        _keywords(a=1, **{"a": 2})
+        duplicate = False
+    except TypeError:
+        duplicate = True
+    try:
+        _keywords(1)
+        positional = False
+    except TypeError:
+        positional = True
+    return x + y, kind, deleted, duplicate, positional
+
+
+@program()
+def dict_popitem(x, y):  # was: a graph break
+    plain = {"a": x, "b": y}
+    key, value = plain.popitem()
+    ordered = collections.OrderedDict(a=1, b=2, c=3)
+    first = ordered.popitem(last=False)
+    return value * 2 + x, key, plain, first, list(ordered)

@@ -755,6 +755,28 @@ def _chain(tx, args, kwargs):
     return LazyIteratorVariable("chain", step)
 
 
+def _chain_from_iterable(tx, args, kwargs):
+    """itertools.chain.from_iterable(iterables): the outer iterable is stepped only when an inner one ends."""
+    if len(args) != 1 or kwargs:
+        raise Unsupported("chain.from_iterable() with these arguments (the program raises TypeError)")
+    outer = iterate(tx, args[0])
+    current: list[BaseIteratorVariable] = []
+
+    def step(tx):
+        while True:
+            if not current:
+                inner = outer.next_item(tx)
+                if inner is None:
+                    return None
+                current.append(iterate(tx, inner))
+            item = current[0].next_item(tx)
+            if item is not None:
+                return item
+            current.clear()
+
+    return LazyIteratorVariable("chain", step)
+
+
 def _islice(tx, args, kwargs):
     """itertools.islice(iterable, stop) / (iterable, start, stop[, step]): takes only what it yields."""
     if kwargs or not 2 <= len(args) <= 4:
@@ -795,8 +817,14 @@ def _count(tx, args, kwargs):
 
 
 def _product(tx, args, kwargs):
+    if set(kwargs) - {"repeat"}:
+        raise Unsupported(f"itertools.product() with keywords {sorted(kwargs)} (the program raises TypeError)")
+    repeat = kwargs.get("repeat", ConstantVariable(1))
+    if not repeat.is_constant():
+        raise Unsupported("itertools.product(repeat=...) not known at trace time")
     columns = [_iterable_items(tx, arg) for arg in args]
-    return IteratorVariable([TupleVariable(list(row)) for row in itertools.product(*columns)])
+    rows = _run(itertools.product, [*columns], {"repeat": repeat.as_constant()})  # (repeat was ignored: wrong rows)
+    return IteratorVariable([TupleVariable(list(row)) for row in rows])
 
 
 def _defaultdict(tx, args, kwargs):
@@ -1015,7 +1043,8 @@ _HANDLERS: dict[Any, Callable] = {
     operator.pos: _unary(operator.pos), operator.invert: _unary(operator.invert),
     operator.truth: _bool, operator.index: _numeric(operator.index),
     dataclasses.fields: _fields, dataclasses.is_dataclass: _is_dataclass, functools.partial: _partial,
-    functools.reduce: _reduce, itertools.chain: _chain, itertools.product: _product, itertools.islice: _islice,
+    functools.reduce: _reduce, itertools.chain: _chain,
+    itertools.chain.from_iterable: _chain_from_iterable, itertools.product: _product, itertools.islice: _islice,
     itertools.count: _count, copy.deepcopy: deepcopy_handler, copy.copy: copy_handler,
     collections.defaultdict: _defaultdict, itertools.accumulate: _accumulate, itertools.repeat: _repeat,
     itertools.permutations: _structural(itertools.permutations),

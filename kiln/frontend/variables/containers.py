@@ -137,9 +137,10 @@ class BaseListVariable(Variable):
         raise NotImplementedError
 
     def call_method(self, tx, name, args, kwargs) -> Variable:
-        if name == "index" and len(args) == 1:
-            for position, item in enumerate(self.items):
-                if compare_equal(tx, item, args[0]):
+        if name == "index" and 1 <= len(args) <= 3 and not kwargs:
+            bounds = slice(*[arg.as_constant() for arg in args[1:3]], None) if len(args) > 1 else slice(None)
+            for position in range(len(self.items))[bounds]:
+                if compare_equal(tx, self.items[position], args[0]):
                     return ConstantVariable(position)
             raise ProgramException(f"{self.describe()}.index(): value not present", ValueError)
         if name == "count" and len(args) == 1:
@@ -444,6 +445,16 @@ class DictVariable(Variable):
         if name == "__delitem__":
             self.getitem(tx, args[0])  # a missing key raises, as `del` would
             return self.call_method(tx, "pop", args, {})
+        if name == "popitem" and not args and set(kwargs) <= ({"last"} if self.dict_type is not dict else set()):
+            last = kwargs.get("last", ConstantVariable(True)).as_constant()  # OrderedDict.popitem(last=False)
+            if not self.entries:
+                message = "dictionary is empty" if issubclass(self.dict_type, collections.OrderedDict) else \
+                    "popitem(): dictionary is empty"
+                raise ProgramException(f"popitem() on empty {self.describe()}", KeyError, [ConstantVariable(message)])
+            key = next(reversed(self.entries)) if last else next(iter(self.entries))
+            key_variable, value = self.entries.pop(key)
+            self._mutated(tx)
+            return TupleVariable([key_variable, value])
         return super().call_method(tx, name, args, kwargs)
 
     def live_iterator(self, tx, kind: str = "dict_keys") -> BaseIteratorVariable:
@@ -757,13 +768,6 @@ class ExternalDictVariable(Variable):
             if name == "__delitem__":
                 materialized.getitem(tx, args[0])  # a missing key raises, as `del` would
                 return materialized.call_method(tx, "pop", args, {})
-            if name == "popitem":
-                if not materialized.entries:
-                    raise ProgramException(f"popitem() on empty {self.describe()}", KeyError,
-                                           [ConstantVariable("popitem(): dictionary is empty")])
-                key, (key_variable, value) = list(materialized.entries.items())[-1]
-                materialized.call_method(tx, "pop", [key_variable], {})
-                return TupleVariable([key_variable, value])
             return materialized.call_method(tx, name, args, kwargs)
         if name == "__getitem__" and args:
             return self.getitem(tx, args[0])
