@@ -104,6 +104,10 @@ def contextmanager_and_nullcontext(x, y):
         x = x * factor
     with contextlib.nullcontext(y) as same:
         y = same + 1
+    with contextlib.nullcontext(enter_result=3) as three:  # was: the keyword was dropped (None)
+        y = y * three
+    with torch.set_grad_enabled(mode=True):
+        y = y + 1
     return x + y
 
 
