@@ -956,12 +956,31 @@ class GeneratorVariable(BaseIteratorVariable):
                                        self.stop_arguments())
             return item
         if name == "close" and not args:
-            if self.frame.current is not None and not self.finished:
-                if self.frame.suspended_in_cleanup_block() and not self.frame.closes_quietly():
-                    raise Unsupported(f"closing {self.describe()} inside a try/with block (runs its cleanup)")
+            if self.frame.current is not None and not self.finished and \
+                    self.frame.suspended_in_cleanup_block() and not self.frame.closes_quietly():
+                return self._close_with_cleanup(tx)
             self.finished = True
             return NONE
         return super().call_method(tx, name, args, kwargs)
+
+
+    def _close_with_cleanup(self, tx) -> Variable:
+        """`close()` of a generator suspended inside `try`/`with`: GeneratorExit thrown in at its yield runs its
+        cleanup (`finally`, `__exit__`, handlers), as CPython's close does; the GeneratorExit (or StopIteration)
+        leaving it ends the close, a value yielded instead is the program's RuntimeError."""
+        exit_error = ExceptionVariable(GeneratorExit, [])
+        thrown = ProgramException(f"GeneratorExit thrown into {self.describe()}", GeneratorExit, exception=exit_error)
+        try:
+            item = self.send(tx, NONE, thrown)
+        except ProgramException as raised:
+            if not issubclass(raised.exception_type, GeneratorExit):
+                raise
+            self.finished = True
+            return NONE
+        if item is not None:
+            message = "generator ignored GeneratorExit"
+            raise ProgramException(message, RuntimeError, [ConstantVariable(message)])
+        return NONE
 
 
 class ContextExitVariable(Variable):

@@ -75,8 +75,36 @@ def _exc_info_inside_a_handler(x):
     return x + 1
 
 
+def _closes_generators_with_cleanup(x):  # was: a graph break at each close()
+    def with_finally():
+        try:
+            yield 1
+            yield 2
+        finally:
+            LOG.append("finally")
+
+    def catches_exit():
+        try:
+            yield 3
+        except GeneratorExit:
+            LOG.append("caught exit")
+            return
+
+    def with_block():
+        with _logged("g"):
+            yield 4
+
+    first, second, third = with_finally(), catches_exit(), with_block()
+    total = next(first) + next(second) + next(third)
+    for generator in (first, second, third):
+        generator.close()
+    first.close()  # closed already: nothing runs
+    return x * total, list(first)
+
+
 @pytest.mark.parametrize("program", [_exit_stack_in_order, _exit_stack_reraises_to_the_program,
-                                     _counter_and_generator_steps, _exc_info_inside_a_handler])
+                                     _counter_and_generator_steps, _exc_info_inside_a_handler,
+                                     _closes_generators_with_cleanup])
 def test_side_effects_in_eager_order(program):
     x = torch.randn(3)
     _reset()
@@ -102,3 +130,24 @@ def test_exc_info_of_a_caller_handling_an_exception():
         raise IndexError
     except IndexError:
         assert compiled(torch.ones(1))[1] is IndexError
+
+
+class _Plain:
+    def __init__(self):
+        self.a = 1
+
+
+def test_vars_of_a_new_object_returned_is_its_own_dict():
+    """vars(obj) of an object made in the trace, returned with it, is the rebuilt object's own __dict__ (returning
+    it ran the whole frame eagerly)."""
+    def program(x):
+        made = _Plain()
+        attributes = vars(made)
+        attributes["b"] = 2
+        del made.a
+        return x + 1, attributes, made
+
+    report = explain(program, torch.ones(2))
+    assert report.graph_count == 1 and not report.eager_frames, str(report)
+    _, attributes, made = kiln.compile(program, fullgraph=True)(torch.ones(2))
+    assert attributes is vars(made) and attributes == {"b": 2}

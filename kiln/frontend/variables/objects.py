@@ -507,7 +507,8 @@ class InstanceDictVariable(DictVariable):
         return f"__dict__ of {self.owner.describe()}"
 
     def reconstruct(self, codegen) -> str:
-        raise Unsupported(f"returning the {self.describe()} (it would not be the rebuilt object's own __dict__)")
+        # the rebuilt object's own __dict__ (the object is built once, wherever the trace put it), not a copy
+        return f"{codegen.constant(vars)}({codegen.value(self.owner)})"
 
 
 class NewObjectVariable(Variable):
