@@ -488,3 +488,16 @@ def dict_popitem(x, y):  # was: a graph break
     ordered = collections.OrderedDict(a=1, b=2, c=3)
     first = ordered.popitem(last=False)
     return value * 2 + x, key, plain, first, list(ordered)
+
+
+@program()
+def lazy_itertools_and_groupby(x, y):  # was: a graph break each, and the resume function ran eagerly
+    rows = [("a", x), ("a", y), ("b", x + y), ("a", x * y)]
+    grouped = [(name, sum(row for _, row in group)) for name, group in itertools.groupby(rows, key=lambda r: r[0])]
+    groups = [group for _, group in itertools.groupby("aabbbc")]
+    stale = [list(group) for group in groups]  # advancing groupby empties the groups before
+    numbers = iter([1, 2, 3, 4])
+    small = list(itertools.takewhile(lambda v: v < 2, numbers))  # consumes the 2 as well
+    return grouped, stale, small, list(numbers), list(itertools.starmap(pow, [(2, 3)])), \
+        list(itertools.dropwhile(lambda v: v < 3, [1, 5, 1])), list(itertools.compress("abc", [1, 0, 1])), \
+        list(itertools.filterfalse(None, [0, 1, 0, 2]))

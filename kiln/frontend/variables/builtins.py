@@ -43,6 +43,7 @@ from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVa
 from kiln.frontend.variables.copying import copy_handler, deepcopy_handler
 from kiln.frontend.variables.deques import make_deque
 from kiln.frontend.variables.functions import BoundMethodVariable, PartialVariable
+from kiln.frontend.variables.lazy_itertools import HANDLERS as _LAZY_ITERTOOLS
 from kiln.frontend.variables.objects import (ClassVariable, ExceptionVariable, ModelOutputVariable, NewObjectVariable,
                                              UserObjectVariable, new_object)
 from kiln.frontend.variables.sets import SetVariable
@@ -1062,6 +1063,7 @@ for _symbol, _fn in BINARY_OPERATORS.items():
     _HANDLERS[_fn] = _operator_binary(_symbol)
 for _symbol, _fn in COMPARE_OPERATORS.items():
     _HANDLERS[_fn] = _operator_compare(_symbol)
+_HANDLERS.update(_LAZY_ITERTOOLS)
 for _name in ("sqrt", "exp", "log", "log2", "log10", "ceil", "floor", "sin", "cos", "tan", "tanh", "pow", "gcd",
               "isqrt", "prod", "isfinite", "isinf", "isnan", "fabs", "trunc", "atan", "atan2", "erf", "lcm", "hypot",
               "copysign", "fmod", "radians", "degrees", "log1p", "expm1", "sinh", "cosh", "asin", "acos", "isclose",
