@@ -501,3 +501,11 @@ def lazy_itertools_and_groupby(x, y):  # was: a graph break each, and the resume
     return grouped, stale, small, list(numbers), list(itertools.starmap(pow, [(2, 3)])), \
         list(itertools.dropwhile(lambda v: v < 3, [1, 5, 1])), list(itertools.compress("abc", [1, 0, 1])), \
         list(itertools.filterfalse(None, [0, 1, 0, 2]))
+
+
+@program()
+def min_max_ties_take_the_first(x, y):  # was: max with a key returned the last of equal keys (a wrong answer)
+    rows = [(1, "b"), (0, "a"), (1, "a"), (0, "b")]
+    by_size = max([x, y, x + y], key=lambda t: t.shape[0])  # tensors compared by their keys only
+    return by_size * 2, max(rows, key=lambda row: row[0]), min(rows, key=lambda row: row[0]), \
+        max(["ab", "cd", "e"], key=len), min([], key=len, default="none")

@@ -559,17 +559,20 @@ def _seeded_random(tx, args, kwargs):
 def _reduce_min_max(fn, torch_fn):
     def handler(tx, args, kwargs):
         items = _iterable_items(tx, args[0]) if len(args) == 1 else args
-        if any(isinstance(item, TensorVariable) for item in items):
+        keyed = "key" in kwargs and not (kwargs["key"].is_constant() and kwargs["key"].as_constant() is None)
+        if any(isinstance(item, TensorVariable) for item in items) and not keyed:
             if len(items) == 2 and not kwargs:
                 return tx.output.call_tensor_op(tx, "call_function", torch_fn, items, {})
             raise Unsupported(f"{fn.__name__}() over tensors (compares tensor values in Python)")
-        constants = _constants(items, kwargs)
+        constants = None if keyed else _constants(items, kwargs)
         if constants is None:
-            if "key" in kwargs:
+            if keyed and set(kwargs) <= {"key", "default"}:
                 key = kwargs["key"]
-                scored = [(key.call(tx, [item], {}).as_constant(), index) for index, item in enumerate(items)]
-                chosen = fn(scored)[1]
-                return items[chosen]
+                if not items and "default" in kwargs:
+                    return kwargs["default"]
+                scores = [key.call(tx, [item], {}).as_constant() for item in items]
+                # the first of equal best scores, as Python's (max over (score, index) pairs took the last one)
+                return items[_run(fn, [range(len(items))], {"key": scores.__getitem__})]
             raise Unsupported(f"{fn.__name__}() on values not known at trace time")
         values, keywords = constants
         return ConstantVariable(_run(fn, [values], keywords))
