@@ -10,11 +10,12 @@ from kiln.ir.indexing import FloorDiv, Mod
 from kiln.ir.nodes import indirect_value
 
 
-def expr_to_source(expr, rename=None, language: str = "python") -> str:
-    """Python/Triton (or, with language="cpp", C++ int64) source for an integer index expression.
+def expr_to_source(expr, rename=None, language: str = "python", helpers_used: set | None = None) -> str:
+    """Python (or, with language="triton" / "cpp", Triton / C++ int64) source for an integer index expression.
 
     rename(symbol) -> str gives a symbol's spelling (default: its name; `ind<k>` -> `tmp<k>`).
-    Index expressions are nonnegative, so C++'s truncating `/` is the floor division.
+    Sizes and loop variables are nonnegative, so there truncating division is floor division; an expression over
+    a symbolic int argument (which may be negative) uses the floor helpers instead.
     """
     cpp = language == "cpp"
     expr = sympy.sympify(expr)
@@ -32,6 +33,16 @@ def expr_to_source(expr, rename=None, language: str = "python") -> str:
             return str(int(node))
         if node.is_Symbol:
             return name_of(node)
+        if isinstance(node, (FloorDiv, Mod)) and language != "python" and not _provably_nonnegative(node.args):
+            # a symbolic int argument may be negative: C++'s and Triton's `/`, `//` and `%` truncate where
+            # Python floors (the Triton helpers are the kernel's own: `helpers_used` names them)
+            if cpp:
+                helper = ("kiln_floordiv" if isinstance(node, FloorDiv) else "kiln_remainder") + "<int64_t>"
+            else:
+                helper = "_floordiv_integer" if isinstance(node, FloorDiv) else "_remainder_integer"
+                if helpers_used is not None:
+                    helpers_used.add(helper[1:])
+            return f"{helper}({visit(node.args[0])}, {visit(node.args[1])})"
         if isinstance(node, FloorDiv):
             return f"({visit(node.args[0])} {'/' if cpp else '//'} {visit(node.args[1])})"
         if isinstance(node, Mod):
@@ -62,6 +73,15 @@ def expr_to_source(expr, rename=None, language: str = "python") -> str:
 
     text = visit(expr)
     return text[1:-1] if text.startswith("(") and _balanced(text[1:-1]) else text
+
+
+def _provably_nonnegative(operands) -> bool:
+    """Whether every free symbol of these operands is a size or loop variable (nonnegative), and the divisor's
+    sign is known positive, so truncating division is floor division. A symbolic int argument's symbol carries
+    no such assumption."""
+    dividend, divisor = (sympy.sympify(operand) for operand in operands)
+    return all(symbol.is_nonnegative for symbol in dividend.free_symbols | divisor.free_symbols) and \
+        (divisor.is_positive is True or (divisor.is_Integer and int(divisor) > 0))
 
 
 def _balanced(text: str) -> bool:

@@ -259,7 +259,7 @@ class TritonKernelGenerator:
             name = str(symbol)
             if indirect_value(symbol) is None and not (name[0] in "xr" and name[1:].isdigit()):
                 self.size_symbols.add(symbol)
-        return expr_to_source(expr, rename=self._rename)
+        return expr_to_source(expr, rename=self._rename, language="triton", helpers_used=self.helpers)
 
     def _rename(self, symbol):
         value = indirect_value(symbol)

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import sys
 import types
 import weakref
 from dataclasses import dataclass, field
@@ -146,6 +147,7 @@ class Dispatcher:
                  dynamic: bool | None = None):
         bound_self = None
         self.dynamic = dynamic
+        self._caller_handles_exception = False  # at the last miss (a trace's sys.exc_info() reads it)
         self.binds_like_a_function = not isinstance(fn, staticmethod)
         if isinstance(fn, staticmethod):  # `@kiln.compile` above `@staticmethod`
             fn = fn.__func__
@@ -267,6 +269,8 @@ class Dispatcher:
             return self._call_with_forward_compiled(args[1:], kwargs)
         if fn is not None:  # a closure: the guards and entries take it, and an eager run calls it
             kwargs = {**kwargs, "__fn": fn}
+        # read here, outside kiln's own handlers: the caller's (a trace's sys.exc_info() needs it)
+        self._caller_handles_exception = sys.exc_info()[0] is not None
         with compile_lock:
             run = self._entry_added_meanwhile(args, kwargs) or self._compile_miss(args, kwargs)
         if fn is not None and (run is self.fn or run is fn):
@@ -355,6 +359,7 @@ class Dispatcher:
             kwargs = dict(kwargs)
             fn = kwargs.pop("__fn")
         output = OutputGraph(self.graph_compiler, self._dynamic_policy())
+        output.caller_handles_exception = self._caller_handles_exception
         try:
             traced = capture_frame(output, fn, self.signature, args, kwargs)
         except Unsupported as error:
@@ -363,6 +368,7 @@ class Dispatcher:
             if point is None:
                 return self._callee_compiled_entry(output, error, fn) or self._eager_entry(output, error)
             output = OutputGraph(self.graph_compiler, self._dynamic_policy())
+            output.caller_handles_exception = self._caller_handles_exception
             output.break_point = point
             try:
                 traced = capture_frame(output, fn, self.signature, args, kwargs, self)

@@ -23,11 +23,13 @@ machinery at a suspended `yield`; `except*` is not modelled.
 from __future__ import annotations
 
 import functools
+import sys
 import types
 
 from kiln.frontend import bytecode
 from kiln.frontend.errors import ProgramException, Unsupported
 from kiln.frontend.variables.base import NONE, ConstantVariable, Variable
+from kiln.frontend.variables.containers import TupleVariable
 from kiln.frontend.variables.modules import PythonModuleVariable
 from kiln.frontend.variables.objects import ClassVariable, ExceptionVariable
 
@@ -101,6 +103,20 @@ class ExceptionHandling:
                 return frame.handled_exception
             frame = frame.parent
         return None
+
+    def exception_info(self) -> Variable:
+        """`sys.exc_info()`: the exception a handler of the trace is running (its traceback opaque), else
+        (None, None, None), guarded: a caller running an `except` clause would make Python see its exception."""
+        exception = self.current_exception()
+        if exception is None:
+            if self.output.caller_handles_exception:
+                raise Unsupported("sys.exc_info() with no handler running in the trace, called while the caller "
+                                  "handles an exception (Python would see the caller's)")
+            guards = self.output.guards
+            guards.add(None, f"{guards.constant(sys.exc_info)}()[0] is not None",
+                       "called while an exception is being handled")
+            return TupleVariable([NONE, NONE, NONE])
+        return TupleVariable([ClassVariable(exception.python_type()), exception, TracebackVariable()])
 
     def closes_quietly(self) -> bool:
         """Whether closing this suspended generator frame runs none of the program.

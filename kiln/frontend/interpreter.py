@@ -41,6 +41,7 @@ from kiln.frontend.variables.functions import (BaseFunctionVariable, CellVariabl
                                                OpaqueFunctionVariable)
 from kiln.frontend.variables.objects import ClassVariable, ExceptionVariable, UserObjectVariable, bind_class_attribute
 from kiln.frontend.variables.tensor import TensorVariable
+from kiln.frontend.variables.text import user_format
 from kiln.frontend.variables.torch_special import (GradModeExit, GradModeVariable, InferenceModeVariable,
                                                    NullContextVariable)
 
@@ -349,8 +350,9 @@ class Frame(ExceptionHandling, PatternMatching):
             self.push(self.locals[name])
         elif name in self.cells:  # 3.13 loads a cell object itself with LOAD_FAST (for closures)
             self.push(self.cells[name])
-        else:
-            raise Unsupported(f"local variable {name!r} read before assignment (the program raises)")
+        else:  # a local deleted (an `except ... as name` clause's at its end) or not yet assigned
+            message = f"cannot access local variable {name!r} where it is not associated with a value"
+            raise ProgramException(message, UnboundLocalError, [ConstantVariable(message)])
 
     def LOAD_FAST_AND_CLEAR(self, instruction):
         self.push(self.locals.pop(instruction.argval, NULL))
@@ -681,7 +683,15 @@ class Frame(ExceptionHandling, PatternMatching):
         mapping = self.pop()
         self.stack[-instruction.arg].update_from(self, mapping)
 
-    DICT_MERGE = DICT_UPDATE
+    def DICT_MERGE(self, instruction):
+        """`f(a=1, **d)`: as DICT_UPDATE, but a key given twice is the program's TypeError ("got multiple values
+        for keyword argument"), not the later value silently."""
+        mapping = self.pop()
+        target = self.stack[-instruction.arg]
+        for key in mapping.unpack(self):
+            if target.contains(self, key):
+                raise ProgramException(f"multiple values for keyword argument {key.describe()}", TypeError, None)
+        target.update_from(self, mapping)
 
     def LIST_TO_TUPLE(self, instruction):
         self.push(TupleVariable(self.pop().unpack(self)))
@@ -716,27 +726,28 @@ class Frame(ExceptionHandling, PatternMatching):
     def FORMAT_VALUE(self, instruction):
         flags = instruction.arg
         spec = self.pop().as_constant() if flags & 0x04 else ""
-        value, conversion = self._exception_text(self.pop(), flags & 0x03, spec)
-        value = _formattable(value)
-        if conversion == 1:
-            value = str(value)
-        elif conversion == 2:
-            value = repr(value)
-        elif conversion == 3:
-            value = ascii(value)
-        self.push(ConstantVariable(format(value, spec)))
+        self.push(ConstantVariable(self._formatted(self.pop(), flags & 0x03, spec)))
 
     def FORMAT_SIMPLE(self, instruction):
-        self.push(ConstantVariable(format(_formattable(self._exception_text(self.pop(), 0, "")[0]))))
+        self.push(ConstantVariable(self._formatted(self.pop(), 0, "")))
 
     def FORMAT_WITH_SPEC(self, instruction):
         spec = self.pop().as_constant()
-        self.push(ConstantVariable(format(_formattable(self._exception_text(self.pop(), 0, spec)[0]), spec)))
+        self.push(ConstantVariable(self._formatted(self.pop(), 0, spec)))
 
     def CONVERT_VALUE(self, instruction):
-        value, conversion = self._exception_text(self.pop(), instruction.arg, "")
+        self.push(ConstantVariable(self._formatted(self.pop(), instruction.arg or 1, "")))
+
+    def _formatted(self, value: Variable, conversion: int, spec: str) -> str:
+        """One f-string field: `value` converted (0 none, 1 !s, 2 !r, 3 !a) and formatted by `spec`."""
+        text = user_format(self, value, conversion, spec)  # a user class's own __format__/__str__/__repr__
+        if text is not None:
+            return text
+        value, conversion = self._exception_text(value, conversion, spec)
         value = _formattable(value)
-        self.push(ConstantVariable({0: str, 1: str, 2: repr, 3: ascii}[conversion](value)))
+        if conversion:
+            value = {1: str, 2: repr, 3: ascii}[conversion](value)
+        return format(value, spec)
 
     def _exception_text(self, value: Variable, conversion: int, spec: str) -> tuple[Variable, int]:
         """An exception formatted into an f-string (`f"{error}"`, `{error!r}`) as its text (a user class's
@@ -877,6 +888,11 @@ class GeneratorVariable(BaseIteratorVariable):
         self.finished = False
         self.running = False
         self.steps = 0
+        self.just_returned = False  # it returned on the last step: the next StopIteration carries the value
+
+    def stop_arguments(self) -> list[Variable]:
+        value, self.just_returned = self.frame.return_value if self.just_returned else NONE, False
+        return [] if is_same(value, NONE) else [value]
 
     def reconstruct(self, codegen) -> str:
         if GeneratorVariable.rebuild is None:
@@ -919,7 +935,7 @@ class GeneratorVariable(BaseIteratorVariable):
         finally:
             self.running = False
         if item is None:
-            self.finished = True
+            self.finished = self.just_returned = True
         return item
 
     def abandoned_with_cleanup(self) -> bool:
@@ -937,15 +953,34 @@ class GeneratorVariable(BaseIteratorVariable):
             item = self.send(tx, args[0] if thrown is None else NONE, thrown)
             if item is None:
                 raise ProgramException(f"{self.describe()}.{name}(): the generator ended", StopIteration,
-                                       [self.frame.return_value])
+                                       self.stop_arguments())
             return item
         if name == "close" and not args:
-            if self.frame.current is not None and not self.finished:
-                if self.frame.suspended_in_cleanup_block() and not self.frame.closes_quietly():
-                    raise Unsupported(f"closing {self.describe()} inside a try/with block (runs its cleanup)")
+            if self.frame.current is not None and not self.finished and \
+                    self.frame.suspended_in_cleanup_block() and not self.frame.closes_quietly():
+                return self._close_with_cleanup(tx)
             self.finished = True
             return NONE
         return super().call_method(tx, name, args, kwargs)
+
+
+    def _close_with_cleanup(self, tx) -> Variable:
+        """`close()` of a generator suspended inside `try`/`with`: GeneratorExit thrown in at its yield runs its
+        cleanup (`finally`, `__exit__`, handlers), as CPython's close does; the GeneratorExit (or StopIteration)
+        leaving it ends the close, a value yielded instead is the program's RuntimeError."""
+        exit_error = ExceptionVariable(GeneratorExit, [])
+        thrown = ProgramException(f"GeneratorExit thrown into {self.describe()}", GeneratorExit, exception=exit_error)
+        try:
+            item = self.send(tx, NONE, thrown)
+        except ProgramException as raised:
+            if not issubclass(raised.exception_type, GeneratorExit):
+                raise
+            self.finished = True
+            return NONE
+        if item is not None:
+            message = "generator ignored GeneratorExit"
+            raise ProgramException(message, RuntimeError, [ConstantVariable(message)])
+        return NONE
 
 
 class ContextExitVariable(Variable):

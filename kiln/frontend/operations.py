@@ -11,6 +11,7 @@ which trackers need too, sit below them: `compare_equal` in variables/containers
 from __future__ import annotations
 
 import operator
+from typing import Any
 
 import torch
 
@@ -136,9 +137,16 @@ def _immutable_constants(left: Variable, right: Variable) -> tuple | None:
         values = (left.as_constant(), right.as_constant())
     except Unsupported:
         return None
-    if all(is_constant_value(value) or isinstance(value, torch.Size) for value in values):
+    if all(_immutable(value) for value in values):
         return values
     return None
+
+
+def _immutable(value: Any) -> bool:
+    """A literal, a torch.Size, or a tuple of them (`"%s %d" % (x.shape, n)`)."""
+    if is_constant_value(value) or isinstance(value, torch.Size):
+        return True
+    return type(value) is tuple and all(_immutable(item) for item in value)
 
 
 def _holds_symbolic(variable: Variable) -> bool:

@@ -95,6 +95,7 @@ class OutputGraph:
         self.generators: list[Variable] = []  # every generator made by the trace (interpreter.GeneratorVariable)
         self.cached_calls: dict[tuple, Variable] = {}  # lru_cache results by (wrapper, arguments): one object each
         self.break_point = None  # set for the retrace that stops at a graph break (kiln/frontend/resume.py)
+        self.caller_handles_exception = False  # the compiled function's caller runs an `except` clause (dispatcher)
 
     # -- names for objects the guard and entry functions hold -------------------------------------
 
@@ -645,8 +646,10 @@ class EntryCodegen:
         return read(variable.node, emit=True)
 
     def constant(self, value: Any) -> str:
-        if value is None or isinstance(value, (bool, int, str, bytes)) or \
-                (isinstance(value, float) and value == value and value not in (float("inf"), float("-inf"))):
+        # exact types: a subclass's repr (a str or int Enum member's `<Mode.TRAIN: 'train'>`, NumPy's
+        # `np.float64(1.5)`) is no expression
+        if value is None or type(value) in (bool, int, str, bytes) or \
+                (type(value) is float and value == value and value not in (float("inf"), float("-inf"))):
             return repr(value)
         if type(value) is tuple and all(type(item) in (int, str, bool, type(None)) for item in value):
             return repr(value)

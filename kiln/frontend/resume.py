@@ -55,7 +55,7 @@ from kiln.frontend import bytecode, versions
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.interpreter import ContextExitVariable, GeneratorVariable
 from kiln.frontend.variables.base import NONE, NULL
-from kiln.frontend.variables.containers import IteratorVariable, LazyIteratorVariable
+from kiln.frontend.variables.containers import BaseIteratorVariable, DictViewVariable
 
 CALL_OPS = frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"})
 JUMP_OPS = frozenset({"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"})
@@ -237,6 +237,16 @@ def _parameter_count(kind) -> int:
     return sum(_parameter_count(part) for part in kind[2])  # ("call", callable, parts)
 
 
+def _leaf_kinds(kind) -> list:
+    """The kind of each parameter one stack slot or local of this kind takes (a "call" kind's parts one by one,
+    so an "iter" part, a count of items left, still tells a loop's iterations apart: `iterator_parameters`)."""
+    if kind in ("null", "value", "iter"):
+        return [] if kind == "null" else [kind]
+    if kind[0] == "generator":
+        return [kind, kind]
+    return [leaf for part in kind[2] for leaf in _leaf_kinds(part)]
+
+
 @functools.lru_cache(maxsize=1024)
 def resume_code(code: types.CodeType, target: int, stack: tuple, live: tuple[tuple[str, Any], ...],
                 stop: int | None = None) -> types.CodeType:
@@ -389,8 +399,8 @@ def resume_code(code: types.CodeType, target: int, stack: tuple, live: tuple[tup
     original, shift = _origins.get(code, (code, 0))
     _origins[resumed] = (original, shift + first - len(prologue))  # its body is `code`'s from `first` on
     _starts[resumed] = target + shift
-    parameter_kinds = [kind for kind in stack for _ in range(_parameter_count(kind))] + \
-        [kind for _, kind in live for _ in range(_parameter_count(kind))]
+    parameter_kinds = [leaf for kind in stack for leaf in _leaf_kinds(kind)] + \
+        [leaf for _, kind in live for leaf in _leaf_kinds(kind)]
     _iterator_parameters[resumed] = tuple(position for position, kind in enumerate(parameter_kinds) if kind == "iter")
     return resumed
 
@@ -760,13 +770,13 @@ def _kind(variable, codegen):
     iterator the entry has already built as a real object (an argument of the broken call) is passed as it."""
     if variable is NULL:
         return "null"
-    if isinstance(variable, IteratorVariable):
+    if isinstance(variable, BaseIteratorVariable) and variable.passed_as_items and variable.rebuild_parts() is None:
         return "iter"
     if codegen.is_built(variable):
         return "value"
     if isinstance(variable, GeneratorVariable) and not variable.finished and not variable.running:
         return "generator", variable.frame.current is not None
-    if isinstance(variable, (LazyIteratorVariable, ContextExitVariable)):
+    if isinstance(variable, (BaseIteratorVariable, ContextExitVariable, DictViewVariable)):
         parts = variable.rebuild_parts()
         if parts is not None:
             function, arguments = parts
@@ -783,7 +793,7 @@ def _texts(codegen, variable, call: object, kind) -> list[str]:
     if kind == "null":
         return []
     if kind == "iter":
-        items = [codegen.value(item) for item in variable.items[variable.position:]]
+        items = [codegen.value(item) for item in variable.remaining_items()]
         return ["(" + "".join(f"{item}, " for item in items) + ")"]
     if kind == "value":
         return [codegen.value(variable)]

@@ -1,6 +1,6 @@
 """Every corpus program, through kiln's frontend with the `eager` backend rung.
 
-For each program (tests/frontend/corpus_basic.py, corpus_objects.py, corpus_effects.py, corpus_library.py) the
+For each program (tests/frontend/corpus_basic.py, corpus_objects.py, corpus_effects.py, corpus_library.py, corpus_probes.py) the
 checker asks:
 1. the compiled result equals eager's;
 2. the first call made exactly one graph and no eager fallback;
@@ -24,10 +24,11 @@ import torch
 
 from kiln.backend import graph_compiler
 from kiln.frontend import compile_function
-from tests.frontend import corpus_basic, corpus_effects, corpus_library, corpus_objects
+from tests.frontend import corpus_basic, corpus_effects, corpus_library, corpus_objects, corpus_probes
 from tests.frontend.corpus_support import PROGRAMS
 
-CORPUS_FILES = {corpus_basic.__file__, corpus_objects.__file__, corpus_effects.__file__, corpus_library.__file__}
+CORPUS_FILES = {corpus_basic.__file__, corpus_objects.__file__, corpus_effects.__file__, corpus_library.__file__,
+                corpus_probes.__file__}
 
 
 def copy_arguments(value):

@@ -180,6 +180,18 @@ def test_ints_that_change_become_graph_inputs(cpu_backend):
     assert any(isinstance(value, torch.SymInt) for value in graph_inputs(compiled.entries[0]))
 
 
+def test_negative_int_arguments_floor_like_python(cpu_backend):
+    """A symbolic int argument may be negative: `k // 4` and `k % 3` floor as Python does (the C++ kernels printed
+    truncating `/` and `%`, fit only for sizes: k = -1 gave k // 4 == 0, a silent wrong answer)."""
+    def fn(x, k):
+        return x * k + k // 4, x - k % 3
+
+    compiled = kiln.compile(fn)
+    for k in (1, 2, 5, -1, -5, -8, 7):
+        x = torch.randn(3)
+        assert_matches_eager(compiled(x, k), fn, x, k)
+
+
 class _Counter:
     def __init__(self):
         self.calls = 0

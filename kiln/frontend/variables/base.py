@@ -88,6 +88,8 @@ class Tracer(Protocol):
 
     def behind_uninterpreted_frames(self) -> AbstractContextManager: ...
 
+    def exception_info(self) -> "Variable": ...
+
 
 class Variable:
     """Base of all trackers. Subclasses override what they support."""
@@ -210,6 +212,51 @@ def is_constant_value(value: Any) -> bool:
     if type(value) is tuple:
         return all(is_constant_value(item) for item in value)
     return False
+
+
+class ObjectIdVariable(Variable):
+    """`id(obj)` of an object made in the trace: its value exists only when the program runs, but two are equal
+    exactly when their objects are the same one (an outside object's id never equals it: both objects are alive),
+    and it keys dicts by that object (a memo: `seen[id(obj)]`). Computed with or printed, it is unsupported."""
+
+    def __init__(self, target: "Variable"):
+        self.target = target
+
+    def describe(self) -> str:
+        return f"id of {self.target.describe()}"
+
+    def python_type(self) -> type:
+        return int
+
+    def identity(self) -> Any:
+        return _ObjectId(self.target)
+
+    def truth(self, tx) -> bool:
+        return True  # no object has id 0
+
+    def equals(self, other: "Variable", tx) -> bool:
+        return isinstance(other, ObjectIdVariable) and is_same(self.target, other.target, tx)
+
+    def reconstruct(self, codegen) -> str:
+        return f"{codegen.constant(id)}({codegen.value(self.target)})"
+
+
+class _ObjectId:
+    """A dict key standing for `id(obj)` of a tracker's object (`ObjectIdVariable.identity`)."""
+
+    __slots__ = ("target",)
+
+    def __init__(self, target: "Variable"):
+        self.target = target
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, _ObjectId) and other.target is self.target
+
+    def __hash__(self) -> int:
+        return hash(id(self.target))
+
+    def __repr__(self) -> str:
+        return f"id({self.target.describe()})"
 
 
 class ConstantVariable(Variable):

@@ -24,6 +24,7 @@ import operator
 import random
 import struct
 import sys
+import types
 import threading
 from typing import Any, Callable
 
@@ -33,17 +34,21 @@ from kiln.frontend import replay
 from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported, unbreakable
 from kiln.frontend.operations import BINARY_OPERATORS, COMPARE_OPERATORS, binary_op, compare_op, contains, unary_op
 from kiln.frontend.sources import TypeSource
-from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, constant_arguments, is_constant_value,
-                                          is_same, lookup_class_attribute, run_on_constants)
+from kiln.frontend.variables import builder
+from kiln.frontend.variables.base import (NONE, ConstantVariable, ObjectIdVariable, Variable, constant_arguments,
+                                          is_constant_value, is_same, lookup_class_attribute, run_on_constants)
 from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, CounterVariable, DictVariable,
                                                 IteratorVariable, LazyIteratorVariable, ListVariable, SliceVariable,
                                                 TupleVariable, hashable_key, iterate, unpack_iterable)
 from kiln.frontend.variables.copying import copy_handler, deepcopy_handler
-from kiln.frontend.variables.functions import PartialVariable
+from kiln.frontend.variables.deques import make_deque
+from kiln.frontend.variables.functions import BoundMethodVariable, PartialVariable
+from kiln.frontend.variables.lazy_itertools import HANDLERS as _LAZY_ITERTOOLS
 from kiln.frontend.variables.objects import (ClassVariable, ExceptionVariable, ModelOutputVariable, NewObjectVariable,
                                              UserObjectVariable, new_object)
 from kiln.frontend.variables.sets import SetVariable
 from kiln.frontend.variables.tensor import TensorVariable
+from kiln.frontend.variables.text import user_format, user_text
 
 
 class BuiltinVariable(Variable):
@@ -198,9 +203,27 @@ def _text(fn):
     def handler(tx, args, kwargs):
         if len(args) == 1 and not kwargs and isinstance(args[0], ExceptionVariable):
             return args[0].text(tx, fn)
+        if len(args) == 1 and not kwargs and (text := user_text(tx, args[0], fn)) is not None:
+            return ConstantVariable(text)  # the class's own __str__ / __repr__, inlined
         return pure(tx, args, kwargs)
 
     return handler
+
+
+def _method_type(tx, args, kwargs):
+    """`types.MethodType(function, obj)`: `function` bound to `obj` (contextlib.ExitStack binds each __exit__)."""
+    if len(args) != 2 or kwargs:
+        raise Unsupported("types.MethodType() with these arguments (the program raises TypeError)")
+    return BoundMethodVariable(args[0], args[1])
+
+
+def _format(tx, args, kwargs):
+    """format(value, spec=""): a user object's own __format__ (or __str__) inlined; constants for real."""
+    if 1 <= len(args) <= 2 and not kwargs and all(arg.is_constant() for arg in args[1:]):
+        text = user_format(tx, args[0], 0, args[1].as_constant() if len(args) > 1 else "")
+        if text is not None:
+            return ConstantVariable(text)
+    return _pure(format)(tx, args, kwargs)
 
 
 def _len(tx, args, kwargs):
@@ -309,14 +332,28 @@ def _zip(tx, args, kwargs):
         for position, source in enumerate(sources):  # in order, like CPython: later ones are not advanced
             item = source.next_item(tx)
             if item is None:
-                if strict and (position > 0 or any(other.next_item(tx) is not None for other in sources[1:])):
-                    raise Unsupported("zip(strict=True) over iterables of different lengths "
-                                      "(the program raises ValueError)")
+                if strict:
+                    _zip_strict_check(tx, sources, position)
                 return None
             row.append(item)
         return TupleVariable(row)
 
     return LazyIteratorVariable("zip", step, None if strict else lambda: (zip, list(sources)))
+
+
+def _zip_strict_check(tx, sources, exhausted: int) -> None:
+    """zip(strict=True) found argument `exhausted` at its end: CPython's ValueError if the arguments differ in
+    length (a later argument is stepped once to see, as CPython does)."""
+    if exhausted == 0:
+        exhausted = next((position for position, other in enumerate(sources[1:], 1)
+                          if other.next_item(tx) is not None), None)
+        if exhausted is None:
+            return
+        relation = "longer"
+    else:
+        relation = "shorter"
+    message = f"zip() argument {exhausted + 1} is {relation} than argument{' ' if exhausted == 1 else 's 1-'}{exhausted}"
+    raise ProgramException(message, ValueError, [ConstantVariable(message)])
 
 
 def _map(tx, args, kwargs):
@@ -367,7 +404,7 @@ def _next(tx, args, kwargs):
     if item is None:
         if len(args) > 1:
             return args[1]
-        raise ProgramException("next() on an exhausted iterator", StopIteration, [])
+        raise ProgramException("next() on an exhausted iterator", StopIteration, iterator.stop_arguments())
     return item
 
 
@@ -522,17 +559,20 @@ def _seeded_random(tx, args, kwargs):
 def _reduce_min_max(fn, torch_fn):
     def handler(tx, args, kwargs):
         items = _iterable_items(tx, args[0]) if len(args) == 1 else args
-        if any(isinstance(item, TensorVariable) for item in items):
+        keyed = "key" in kwargs and not (kwargs["key"].is_constant() and kwargs["key"].as_constant() is None)
+        if any(isinstance(item, TensorVariable) for item in items) and not keyed:
             if len(items) == 2 and not kwargs:
                 return tx.output.call_tensor_op(tx, "call_function", torch_fn, items, {})
             raise Unsupported(f"{fn.__name__}() over tensors (compares tensor values in Python)")
-        constants = _constants(items, kwargs)
+        constants = None if keyed else _constants(items, kwargs)
         if constants is None:
-            if "key" in kwargs:
+            if keyed and set(kwargs) <= {"key", "default"}:
                 key = kwargs["key"]
-                scored = [(key.call(tx, [item], {}).as_constant(), index) for index, item in enumerate(items)]
-                chosen = fn(scored)[1]
-                return items[chosen]
+                if not items and "default" in kwargs:
+                    return kwargs["default"]
+                scores = [key.call(tx, [item], {}).as_constant() for item in items]
+                # the first of equal best scores, as Python's (max over (score, index) pairs took the last one)
+                return items[_run(fn, [range(len(items))], {"key": scores.__getitem__})]
             raise Unsupported(f"{fn.__name__}() on values not known at trace time")
         values, keywords = constants
         return ConstantVariable(_run(fn, [values], keywords))
@@ -632,7 +672,9 @@ def _print(tx, args, kwargs):
 def _id(tx, args, kwargs):
     identity = args[0].identity()
     if identity is args[0]:
-        raise Unsupported(f"id() of {args[0].describe()} created during the trace")
+        if isinstance(args[0], TensorVariable):  # a tensor changed in place is a new tracker: no identity to key
+            raise Unsupported(f"id() of {args[0].describe()} created during the trace")
+        return ObjectIdVariable(args[0])  # known only when the program runs; compared and hashed by its object
     return ConstantVariable(id(identity))
 
 
@@ -717,6 +759,28 @@ def _chain(tx, args, kwargs):
     return LazyIteratorVariable("chain", step)
 
 
+def _chain_from_iterable(tx, args, kwargs):
+    """itertools.chain.from_iterable(iterables): the outer iterable is stepped only when an inner one ends."""
+    if len(args) != 1 or kwargs:
+        raise Unsupported("chain.from_iterable() with these arguments (the program raises TypeError)")
+    outer = iterate(tx, args[0])
+    current: list[BaseIteratorVariable] = []
+
+    def step(tx):
+        while True:
+            if not current:
+                inner = outer.next_item(tx)
+                if inner is None:
+                    return None
+                current.append(iterate(tx, inner))
+            item = current[0].next_item(tx)
+            if item is not None:
+                return item
+            current.clear()
+
+    return LazyIteratorVariable("chain", step)
+
+
 def _islice(tx, args, kwargs):
     """itertools.islice(iterable, stop) / (iterable, start, stop[, step]): takes only what it yields."""
     if kwargs or not 2 <= len(args) <= 4:
@@ -757,8 +821,14 @@ def _count(tx, args, kwargs):
 
 
 def _product(tx, args, kwargs):
+    if set(kwargs) - {"repeat"}:
+        raise Unsupported(f"itertools.product() with keywords {sorted(kwargs)} (the program raises TypeError)")
+    repeat = kwargs.get("repeat", ConstantVariable(1))
+    if not repeat.is_constant():
+        raise Unsupported("itertools.product(repeat=...) not known at trace time")
     columns = [_iterable_items(tx, arg) for arg in args]
-    return IteratorVariable([TupleVariable(list(row)) for row in itertools.product(*columns)])
+    rows = _run(itertools.product, [*columns], {"repeat": repeat.as_constant()})  # (repeat was ignored: wrong rows)
+    return IteratorVariable([TupleVariable(list(row)) for row in rows])
 
 
 def _defaultdict(tx, args, kwargs):
@@ -951,6 +1021,10 @@ _HANDLERS: dict[Any, Callable] = {
     builtins.type: _type, builtins.getattr: _getattr, builtins.hasattr: _hasattr, builtins.setattr: _setattr,
     builtins.delattr: _delattr, builtins.range: _range, builtins.enumerate: _enumerate, builtins.zip: _zip,
     builtins.map: _map, builtins.filter: _filter, builtins.reversed: _reversed, builtins.iter: _iter,
+    collections.deque: make_deque,
+    types.MethodType: _method_type,
+    sys.exc_info: lambda tx, args, kwargs: tx.exception_info(),
+    sys.exception: lambda tx, args, kwargs: tx.exception_info().items[1],
     builtins.next: _next, builtins.list: _sequence_builder(list), builtins.tuple: _sequence_builder(tuple),
     object.__new__: _object_new, tuple.__new__: _tuple_new, builtins.dict: _dict(dict),
     collections.OrderedDict: _dict(collections.OrderedDict), builtins.set: _set(set),
@@ -963,7 +1037,7 @@ _HANDLERS: dict[Any, Callable] = {
     builtins.callable: _callable, builtins.slice: _slice, builtins.super: _super, builtins.vars: _vars,
     builtins.print: _print,
     builtins.id: _id, builtins.hash: _pure(hash), builtins.chr: _pure(chr), builtins.ord: _pure(ord),
-    builtins.format: _pure(format), builtins.eval: _eval,
+    builtins.format: _format, builtins.eval: _eval,
     struct.pack: _pure(struct.pack), struct.unpack: _pure(struct.unpack), struct.calcsize: _pure(struct.calcsize),
     struct.unpack_from: _pure(struct.unpack_from), random.Random: _seeded_random,
     threading.get_ident: _per_thread(threading.get_ident),
@@ -973,7 +1047,8 @@ _HANDLERS: dict[Any, Callable] = {
     operator.pos: _unary(operator.pos), operator.invert: _unary(operator.invert),
     operator.truth: _bool, operator.index: _numeric(operator.index),
     dataclasses.fields: _fields, dataclasses.is_dataclass: _is_dataclass, functools.partial: _partial,
-    functools.reduce: _reduce, itertools.chain: _chain, itertools.product: _product, itertools.islice: _islice,
+    functools.reduce: _reduce, itertools.chain: _chain,
+    itertools.chain.from_iterable: _chain_from_iterable, itertools.product: _product, itertools.islice: _islice,
     itertools.count: _count, copy.deepcopy: deepcopy_handler, copy.copy: copy_handler,
     collections.defaultdict: _defaultdict, itertools.accumulate: _accumulate, itertools.repeat: _repeat,
     itertools.permutations: _structural(itertools.permutations),
@@ -991,7 +1066,10 @@ for _symbol, _fn in BINARY_OPERATORS.items():
     _HANDLERS[_fn] = _operator_binary(_symbol)
 for _symbol, _fn in COMPARE_OPERATORS.items():
     _HANDLERS[_fn] = _operator_compare(_symbol)
+_HANDLERS.update(_LAZY_ITERTOOLS)
 for _name in ("sqrt", "exp", "log", "log2", "log10", "ceil", "floor", "sin", "cos", "tan", "tanh", "pow", "gcd",
               "isqrt", "prod", "isfinite", "isinf", "isnan", "fabs", "trunc", "atan", "atan2", "erf", "lcm", "hypot",
-              "copysign", "fmod", "radians", "degrees", "log1p", "expm1", "sinh", "cosh", "asin", "acos"):
+              "copysign", "fmod", "radians", "degrees", "log1p", "expm1", "sinh", "cosh", "asin", "acos", "isclose",
+              "dist", "fsum", "comb", "perm", "factorial", "ldexp", "frexp", "modf", "remainder", "cbrt", "exp2"):
     _HANDLERS[getattr(math, _name)] = _math(getattr(math, _name))
+builder.register_call_handler(builtins.sorted, _sorted)  # list.sort (containers.py) orders as sorted() does

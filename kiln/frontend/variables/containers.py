@@ -7,9 +7,9 @@ or keys guard); large outside dicts use `ExternalDictVariable`, which wraps only
 the entries the trace reads and guards just those. Mutating an outside container
 is recorded and replayed after the graph runs (`SideEffects`), on the object itself.
 
-Iterators are lazy (`BaseIteratorVariable.next_item`): a list iterator, the lazy
-builtins (zip, map, filter, enumerate, chain, islice, count) and, in interpreter.py,
-generators; each takes at most MAX_ITERATION_STEPS items per trace.
+Iterators (variables/iterators.py) are lazy and live: `iterate` makes a container's own
+(a list's reads the list at each step; a dict's or a set's raises where Python's does when
+the container changes size during the loop).
 
 `compare_equal` (Python `==` as a bool at trace time) lives here, beside the sequences
 it compares item by item, since list.index, count and `in` need it.
@@ -27,8 +27,13 @@ import torch
 
 from kiln.frontend.errors import ProgramException, Unsupported
 from kiln.frontend.sources import AttrSource, DictItemSource, DictKeySource, ItemSource, TensorKey, is_literal_key
-from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, has_python_method, is_same,
-                                          is_trusted_module, lookup_class_attribute, run_on_constants)
+from kiln.frontend.variables import builder
+from kiln.frontend.variables.base import (NONE, ConstantVariable, ObjectIdVariable, Variable, has_python_method,
+                                          is_same, is_trusted_module, lookup_class_attribute, run_on_constants)
+from kiln.frontend.variables.iterators import (MAX_ITERATION_STEPS, BaseIteratorVariable,  # noqa: F401 (re-exported)
+                                               DictIteratorVariable, IteratorVariable, LazyIteratorVariable,
+                                               UserIteratorVariable, advanced, changed_during_iteration,
+                                               changed_size_message, iterator_at)
 from kiln.frontend.variables.tensor import TensorVariable
 
 
@@ -132,9 +137,10 @@ class BaseListVariable(Variable):
         raise NotImplementedError
 
     def call_method(self, tx, name, args, kwargs) -> Variable:
-        if name == "index" and len(args) == 1:
-            for position, item in enumerate(self.items):
-                if compare_equal(tx, item, args[0]):
+        if name == "index" and 1 <= len(args) <= 3 and not kwargs:
+            bounds = slice(*[arg.as_constant() for arg in args[1:3]], None) if len(args) > 1 else slice(None)
+            for position in range(len(self.items))[bounds]:
+                if compare_equal(tx, self.items[position], args[0]):
                     return ConstantVariable(position)
             raise ProgramException(f"{self.describe()}.index(): value not present", ValueError)
         if name == "count" and len(args) == 1:
@@ -146,8 +152,13 @@ class BaseListVariable(Variable):
         if name == "__contains__":
             return ConstantVariable(any(compare_equal(tx, item, args[0]) for item in self.items))
         if name == "__iter__":
-            return IteratorVariable(self.items, self if self.python_type() in (list, tuple) else None)
+            return self.live_iterator(tx)
         return super().call_method(tx, name, args, kwargs)
+
+    def live_iterator(self, tx) -> BaseIteratorVariable:
+        """`iter(self)`: over a list, one that reads the list at each step."""
+        return IteratorVariable(self.items, self if self.python_type() in (list, tuple) else None,
+                                fixed_items=self.python_type() in _FIXED_ITEMS, live=isinstance(self, ListVariable))
 
 
 class TupleVariable(BaseListVariable):
@@ -292,10 +303,10 @@ class ListVariable(BaseListVariable):
             position = self.call_method(tx, "index", args, {}).as_constant()
             del self.items[position]
         elif name == "sort":
-            reverse = kwargs.get("reverse", ConstantVariable(False)).as_constant()
-            if "key" in kwargs or not self.is_constant():
-                raise Unsupported("list.sort with a key or non-constant items")
-            self.items = [ConstantVariable(value) for value in sorted(self.as_constant(), reverse=reverse)]
+            if args:
+                raise Unsupported("list.sort() with positional arguments (the program raises TypeError)")
+            # as sorted() orders them (builtins' handler: keys traced, tensors only where ties never reach them)
+            self.items[:] = builder.call_handler(sorted)(tx, [ListVariable(self.items)], kwargs).items
         elif name == "__setitem__":
             self.setitem(tx, args[0], args[1])
         else:
@@ -430,11 +441,25 @@ class DictVariable(Variable):
         if name == "__len__":
             return ConstantVariable(len(self.entries))
         if name == "__iter__":
-            return IteratorVariable(self.unpack(tx))
+            return self.live_iterator(tx)
         if name == "__delitem__":
             self.getitem(tx, args[0])  # a missing key raises, as `del` would
             return self.call_method(tx, "pop", args, {})
+        if name == "popitem" and not args and set(kwargs) <= ({"last"} if self.dict_type is not dict else set()):
+            last = kwargs.get("last", ConstantVariable(True)).as_constant()  # OrderedDict.popitem(last=False)
+            if not self.entries:
+                message = "dictionary is empty" if issubclass(self.dict_type, collections.OrderedDict) else \
+                    "popitem(): dictionary is empty"
+                raise ProgramException(f"popitem() on empty {self.describe()}", KeyError, [ConstantVariable(message)])
+            key = next(reversed(self.entries)) if last else next(iter(self.entries))
+            key_variable, value = self.entries.pop(key)
+            self._mutated(tx)
+            return TupleVariable([key_variable, value])
         return super().call_method(tx, name, args, kwargs)
+
+    def live_iterator(self, tx, kind: str = "dict_keys") -> BaseIteratorVariable:
+        """`iter(d)` (or of its `kind` of view): steps the entries as they are at each step."""
+        return DictIteratorVariable(self, kind, TupleVariable, self.entries)
 
     def view_items(self, tx, kind: str) -> list[Variable]:
         """What its keys(), values() or items() view holds now."""
@@ -591,6 +616,7 @@ class ExternalDictVariable(Variable):
         self.source = source
         self.materialized: DictVariable | None = None
         self.tensor_keys: dict[TensorKey, Variable] = {}  # the trackers of its tensor keys the trace listed
+        self.iterators: list[DictIteratorVariable] = []  # over it before its copy: they continue over the copy
 
     def describe(self) -> str:
         return f"dict at {self.source}"
@@ -607,11 +633,18 @@ class ExternalDictVariable(Variable):
 
             if isinstance(self.value, os._Environ):
                 raise Unsupported("mutating os.environ inside a compiled function")
+            if isinstance(self.source, AttrSource) and self.source.name in ("_modules", "_parameters", "_buffers"):
+                # the trace reads a module's children from the real tables (modules.ModuleVariable._children): a
+                # change here would go unseen by len() and iteration later in the trace
+                raise Unsupported(f"changing a module's {self.source.name} ({self.describe()}) inside a compiled "
+                                  "function; a graph break makes the change in Python")
             if _is_module_namespace(self.value):
                 raise Unsupported(f"assigning into a module's globals dict ({self.describe()}); assign the global "
                                   "itself (`global NAME` or `module.NAME = ...`), which kiln tracks")
             entries = {key: (self.key_variable(key), self.item(tx, key)) for key in self.keys(tx)}
             self.materialized = DictVariable(entries, self.source, type(self.value), self._default_factory(tx))
+            for iterator in self.iterators:
+                iterator.attach(self.materialized.entries)
         return self.materialized
 
     def _default_factory(self, tx) -> Variable | None:
@@ -686,6 +719,15 @@ class ExternalDictVariable(Variable):
     def truth(self, tx) -> bool:
         return bool(self.keys(tx))
 
+    def live_iterator(self, tx, kind: str = "dict_keys") -> BaseIteratorVariable:
+        """`iter(d)` (or of its `kind` of view): over its keys as listed now (guarded), values read as given."""
+        if self.materialized is not None:
+            return self.materialized.live_iterator(tx, kind)
+        pending = [(self.key_variable(key), lambda key=key: self.item(tx, key)) for key in self.keys(tx)]
+        iterator = DictIteratorVariable(self, kind, TupleVariable, None, pending)
+        self.iterators.append(iterator)
+        return iterator
+
     def view_items(self, tx, kind: str) -> list[Variable]:
         """What its keys(), values() or items() view holds now (read, and guarded, as the dict's own reads)."""
         if self.materialized is not None:
@@ -726,13 +768,6 @@ class ExternalDictVariable(Variable):
             if name == "__delitem__":
                 materialized.getitem(tx, args[0])  # a missing key raises, as `del` would
                 return materialized.call_method(tx, "pop", args, {})
-            if name == "popitem":
-                if not materialized.entries:
-                    raise ProgramException(f"popitem() on empty {self.describe()}", KeyError,
-                                           [ConstantVariable("popitem(): dictionary is empty")])
-                key, (key_variable, value) = list(materialized.entries.items())[-1]
-                materialized.call_method(tx, "pop", [key_variable], {})
-                return TupleVariable([key_variable, value])
             return materialized.call_method(tx, name, args, kwargs)
         if name == "__getitem__" and args:
             return self.getitem(tx, args[0])
@@ -745,7 +780,7 @@ class ExternalDictVariable(Variable):
         if name in _VIEW_KINDS:
             return DictViewVariable(tx, self, _VIEW_KINDS[name])
         if name == "__iter__":
-            return ListIteratorLike(self.unpack(tx), "dict_keys")
+            return self.live_iterator(tx)
         if name == "copy":
             return DictVariable({key: (self.key_variable(key), self.item(tx, key)) for key in self.keys(tx)},
                                 dict_type=collections.defaultdict if isinstance(self.value, collections.defaultdict)
@@ -778,205 +813,41 @@ class DictViewVariable(ListIteratorLike):
     use (after `d[k] = v`, the view has k: a snapshot taken at the call gave the old entries, a wrong answer), and
     it rebuilds as that view of the rebuilt dict."""
 
-    def __init__(self, tx, owner: Variable, kind: str):  # noqa: D107 (no BaseListVariable state: items is read)
-        self.owner = owner
+    def __init__(self, tx, owner: Variable, kind: str, of_object: Variable | None = None):  # noqa: D107
+        self.owner = owner  # the dict tracker whose entries it shows (no BaseListVariable state: items is read)
         self.kind = kind
         self.source = None
         self._tx = tx
+        self.of_object = of_object  # the object whose mapping `owner` is (a ModelOutput), or None
 
     @property
     def items(self) -> list[Variable]:
         return self.owner.view_items(self._tx, self.kind)
 
+    def live_iterator(self, tx) -> BaseIteratorVariable:
+        return self.owner.live_iterator(tx, self.kind)
+
+    def rebuild_parts(self) -> tuple[Any, list[Variable]] | None:
+        """At a graph break: the same view of the dict the resume function takes (`view_of`), a view again
+        there (a real view object passed in could not be traced)."""
+        return None if self.of_object is not None else (view_of, [self.owner, ConstantVariable(self.kind)])
+
     def reconstruct(self, codegen) -> str:
         method = {kind: name for name, kind in _VIEW_KINDS.items()}[self.kind]
+        if self.of_object is not None:  # OrderedDict's own view of the object (a ModelOutput) itself
+            return f"{codegen.constant(getattr(collections.OrderedDict, method))}({codegen.value(self.of_object)})"
         return f"{codegen.value(self.owner)}.{method}()"
 
 
-MAX_ITERATION_STEPS = 10_000
-"""How many items the trace takes from one lazy iterator (a generator, zip, map...) before it gives up.
-
-An iterator that never ends would otherwise hang the tracer; past this many items the
-frame runs eagerly instead (eager Python, of course, loops as long as the program says),
-not with a graph break, which would unroll that many steps into one graph first.
-"""
+def view_of(mapping, kind: str):
+    """`mapping.keys()` / `.values()` / `.items()` for a view `kind` ("dict_keys"...): a resume function's
+    prologue remakes a dict view passed on at a graph break (traced: `_view_of`)."""
+    return getattr(mapping, {view: name for name, view in _VIEW_KINDS.items()}[kind])()
 
 
-class BaseIteratorVariable(Variable):
-    """An iterator: `next_item(tx)` gives the next tracker, or None once it is exhausted.
-
-    Iteration is lazy, as in Python: a consumer that stops early (a `for` loop that
-    breaks, `any`, `next`, `zip` over a shorter iterable) takes only the items it needs,
-    so a generator or a `map` runs its code (and its side effects) only that far.
-    """
-
-    def describe(self) -> str:
-        return "iterator"
-
-    def python_type(self) -> type:
-        return type(iter([]))
-
-    def next_item(self, tx) -> Variable | None:
-        raise NotImplementedError
-
-    def take(self, tx, count: int | None = None) -> list[Variable]:
-        """Up to `count` more items (all of them when None), bounded by MAX_ITERATION_STEPS."""
-        items: list[Variable] = []
-        while count is None or len(items) < count:
-            if len(items) >= MAX_ITERATION_STEPS:
-                raise Unsupported(f"{self.describe()} gave more than {MAX_ITERATION_STEPS} items while the trace "
-                                  "consumed it (an endless iterator?)", breakable=False)
-            item = self.next_item(tx)
-            if item is None:
-                break
-            items.append(item)
-        return items
-
-    def unpack(self, tx) -> list[Variable]:
-        return self.take(tx)
-
-    def call_method(self, tx, name, args, kwargs) -> Variable:
-        if name == "__next__":
-            item = self.next_item(tx)
-            if item is None:
-                raise ProgramException(f"next() on exhausted {self.describe()}", StopIteration, [])
-            return item
-        if name == "__iter__":
-            return self
-        return super().call_method(tx, name, args, kwargs)
-
-
-class IteratorVariable(BaseIteratorVariable):
-    """An iterator over a known list of trackers (what GET_ITER makes of a list, tuple, dict...)."""
-
-    def __init__(self, items: list[Variable], origin: Variable | None = None, fixed_items: bool = False):
-        self.items = list(items)
-        self.position = 0
-        self.origin = origin  # the list or tuple iterated over, when the items are its own
-        # over a range, a tuple, a string or a tensor (Tensor.__iter__ is iter(self.unbind(0)), a tuple made at
-        # once): no later change to what it iterates over can change the items it yields
-        self.fixed_items = fixed_items
-
-    def next_item(self, tx) -> Variable | None:
-        if self.position >= len(self.items):
-            return None
-        item = self.items[self.position]
-        self.position += 1
-        return item
-
-    def unpack(self, tx) -> list[Variable]:
-        rest = self.items[self.position:]
-        self.position = len(self.items)
-        return rest
-
-    def reconstruct(self, codegen) -> str:
-        """The iterator of a list or tuple, advanced as far as the trace took it (a break passing it to a
-        function called in Python): the real list's iterator, which sees later changes to the list as this
-        tracker (a copy of its items) would not, so only while the list has the items the copy has."""
-        origin = self.origin
-        if self.fixed_items:  # the items not taken yet, in a tuple's iterator (a range's yields the same)
-            rest = self.items[self.position:]
-            return "iter((" + "".join(f"{codegen.value(item)}, " for item in rest) + "))"
-        if origin is None or len(origin.items) != len(self.items) or \
-                any(item is not copied for item, copied in zip(origin.items, self.items)):
-            raise Unsupported(f"passing on an iterator over {origin.describe() if origin else 'computed items'} "
-                              "to Python at a graph break")
-        return f"{codegen.constant(advanced)}(iter({codegen.value(origin)}), {self.position})"
-
-
-def advanced(iterator, count: int):
-    """`iterator` after `count` steps (an iterator rebuilt where the trace left it)."""
-    for _ in range(count):
-        next(iterator)
-    return iterator
-
-
-class LazyIteratorVariable(BaseIteratorVariable):
-    """An iterator whose items are computed one `next()` at a time (zip, map, filter, enumerate, chain).
-
-    `step(tx)` returns the next item or None; once it has returned None it is not called again,
-    like CPython's builtins, which drop their inputs when exhausted.
-    """
-
-    built_once = True  # one object wherever the trace put it (output._is_new_mutable)
-
-    def __init__(self, kind: str, step, parts=None):
-        self.kind = kind
-        self.step = step
-        self.exhausted = False
-        self.steps = 0
-        self.parts = parts  # () -> (callable, argument trackers) making it as it is now, or None
-
-    def rebuild_parts(self) -> tuple[Any, list[Variable]] | None:
-        """(callable, argument trackers) whose call makes this iterator in its present state (enumerate of the
-        source at the next count, zip of the sources, ...), or None when it cannot be rebuilt."""
-        if self.exhausted or self.parts is None:
-            return None
-        return self.parts()
-
-    def reconstruct(self, codegen) -> str:
-        parts = self.rebuild_parts()
-        if parts is None:
-            return super().reconstruct(codegen)
-        function, arguments = parts
-        return f"{codegen.constant(function)}({''.join(f'{codegen.value(argument)}, ' for argument in arguments)})"
-
-    def describe(self) -> str:
-        return f"{self.kind} iterator"
-
-    def python_type(self) -> type:
-        return _ITERATOR_TYPES.get(self.kind, type(iter([])))
-
-    def next_item(self, tx) -> Variable | None:
-        if self.exhausted:
-            return None
-        self.steps += 1
-        if self.steps > MAX_ITERATION_STEPS:
-            raise Unsupported(f"{self.describe()} stepped more than {MAX_ITERATION_STEPS} times during the trace "
-                              "(an endless iterator?)", breakable=False)
-        item = self.step(tx)
-        if item is None:
-            self.exhausted = True
-        return item
-
-
-class UserIteratorVariable(BaseIteratorVariable):
-    """An object of a class with a Python `__next__`: each step inlines it; StopIteration ends the iteration."""
-
-    def __init__(self, iterator: Variable):
-        self.iterator = iterator
-        self.exhausted = False
-        self.steps = 0
-
-    def describe(self) -> str:
-        return f"iterator {self.iterator.describe()}"
-
-    def python_type(self) -> type:
-        return self.iterator.python_type()
-
-    def identity(self) -> Any:
-        return self.iterator.identity()
-
-    def next_item(self, tx) -> Variable | None:
-        if self.exhausted:  # CPython asks again; a class that restarts is not modelled
-            raise Unsupported(f"stepping {self.describe()} again after it raised StopIteration")
-        self.steps += 1
-        if self.steps > MAX_ITERATION_STEPS:
-            raise Unsupported(f"{self.describe()} stepped more than {MAX_ITERATION_STEPS} times during the trace "
-                              "(an endless iterator?)", breakable=False)
-        try:
-            return self.iterator.call_method(tx, "__next__", [], {})
-        except ProgramException as raised:
-            if not issubclass(raised.exception_type, StopIteration):
-                raise
-            self.exhausted = True
-            return None
-
-    def getattr(self, tx, name: str) -> Variable:
-        return self.iterator.getattr(tx, name)
-
-    def reconstruct(self, codegen) -> str:
-        return self.iterator.reconstruct(codegen)
+def _view_of(tx, args, kwargs) -> Variable:
+    mapping, kind = args
+    return mapping.call_method(tx, {view: name for name, view in _VIEW_KINDS.items()}[kind.as_constant()], [], {})
 
 
 def _is_module_namespace(value: dict) -> bool:
@@ -986,15 +857,6 @@ def _is_module_namespace(value: dict) -> bool:
     module = sys.modules.get(value.get("__name__")) if isinstance(value.get("__name__"), str) else None
     return module is not None and getattr(module, "__dict__", None) is value
 
-
-def _iterator_types() -> dict[str, type]:
-    import itertools
-
-    return {"zip": zip, "map": map, "filter": filter, "enumerate": enumerate, "chain": itertools.chain,
-            "islice": itertools.islice, "count": itertools.count}
-
-
-_ITERATOR_TYPES = _iterator_types()
 
 
 def iterate(tx, variable: Variable) -> BaseIteratorVariable:
@@ -1010,6 +872,9 @@ def iterate(tx, variable: Variable) -> BaseIteratorVariable:
             return UserIteratorVariable(iterator)
         raise Unsupported(f"__iter__ of {variable.describe()} returned {iterator.describe()}, not an iterator "
                           "kiln can step")
+    live_iterator = getattr(variable, "live_iterator", None)
+    if live_iterator is not None:  # a list, dict, dict view or set: sees the changes the loop makes
+        return live_iterator(tx)
     return IteratorVariable(variable.unpack(tx), variable if isinstance(variable, BaseListVariable) and
                             variable.python_type() in (list, tuple) else None,
                             fixed_items=variable.python_type() in _FIXED_ITEMS)
@@ -1071,6 +936,10 @@ def compare_equal(tx, left: Variable, right: Variable) -> bool:
         raise Unsupported("== between tensors used as a Python bool (data-dependent)")
     if isinstance(left, ConstantVariable) and isinstance(right, ConstantVariable):
         return bool(left.value == right.value)
+    if isinstance(left, ObjectIdVariable):
+        return left.equals(right, tx)
+    if isinstance(right, ObjectIdVariable):
+        return right.equals(left, tx)
     if isinstance(left, BaseListVariable) and isinstance(right, BaseListVariable):
         if issubclass(left.python_type(), list) != issubclass(right.python_type(), list):
             return False
@@ -1084,3 +953,23 @@ def compare_equal(tx, left: Variable, right: Variable) -> bool:
     if has_python_method(left, "__eq__"):
         return left.call_method(tx, "__eq__", [right], {}).truth(tx)
     return is_same(left, right, tx)
+
+
+def _iterator_at(tx, args, kwargs) -> BaseIteratorVariable:
+    """`iterators.iterator_at(container, kind, left)` in a resume function's prologue: the container's live
+    iterator, advanced so that as many items are left as `left` gives."""
+    container, kind, left, *size = args
+    kind = kind.as_constant()
+    if size and size[0].as_constant() is not None and container.length(tx) != size[0].as_constant():
+        message = changed_size_message(container.python_type())  # the original would raise at its next step
+        return tx.wrap_sourceless(changed_during_iteration).call(tx, [ConstantVariable(message)], {})
+    if kind in _VIEW_KINDS.values():
+        container = container.call_method(tx, {view: name for name, view in _VIEW_KINDS.items()}[kind], [], {})
+    iterator = iterate(tx, container)
+    for _ in range(container.length(tx) - len(unpack_iterable(tx, left))):
+        iterator.next_item(tx)
+    return iterator
+
+
+builder.register_call_handler(iterator_at, _iterator_at)
+builder.register_call_handler(view_of, _view_of)

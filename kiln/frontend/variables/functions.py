@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.frontend.errors import Unsupported
+from kiln.frontend.errors import ProgramException, Unsupported
 from kiln.frontend.sources import AttrSource, ClosureCellSource, ItemSource
 from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import NONE, ConstantVariable, Variable, is_constant_value, is_trusted_module
@@ -125,36 +125,42 @@ def bind_arguments(code: types.CodeType, args: list[Variable], kwargs: dict[str,
         varkw = code.co_varnames[index]
     bound: dict[str, Variable] = dict(zip(positional, args))
     if len(args) > len(positional) and varargs is None:
-        raise Unsupported(f"{where}() takes {len(positional)} positional arguments but {len(args)} were given")
+        raise _binding_error(f"{where}() takes {len(positional)} positional arguments but {len(args)} were given")
     extra_keywords: dict[str, Variable] = {}
     keyword_names = set(positional[code.co_posonlyargcount:]) | set(keyword_only)
     for key, value in kwargs.items():
         if key in keyword_names:
             if key in bound:
-                raise Unsupported(f"{where}() got multiple values for argument {key!r}")
+                raise _binding_error(f"{where}() got multiple values for argument {key!r}")
             bound[key] = value
         elif varkw is not None:
             extra_keywords[key] = value
         else:
-            raise Unsupported(f"{where}() got an unexpected keyword argument {key!r}")
+            raise _binding_error(f"{where}() got an unexpected keyword argument {key!r}")
     first_default = len(positional) - default_count
     for position, name in enumerate(positional):
         if name not in bound:
             default = default_for(position - first_default, name) if position >= first_default else None
             if default is None:
-                raise Unsupported(f"{where}() missing required argument {name!r}")
+                raise _binding_error(f"{where}() missing required argument {name!r}")
             bound[name] = default
     for name in keyword_only:
         if name not in bound:
             default = default_for(None, name)
             if default is None:
-                raise Unsupported(f"{where}() missing required keyword-only argument {name!r}")
+                raise _binding_error(f"{where}() missing required keyword-only argument {name!r}")
             bound[name] = default
     if varargs is not None:
         bound[varargs] = TupleVariable(list(args[len(positional):]))
     if varkw is not None:
         bound[varkw] = DictVariable({key: (ConstantVariable(key), value) for key, value in extra_keywords.items()})
     return bound
+
+
+def _binding_error(message: str) -> ProgramException:
+    """The TypeError Python raises for a call whose arguments do not fit the parameters (its exact text is not
+    modelled: reading it is unsupported)."""
+    return ProgramException(message, TypeError, None)
 
 
 class UserFunctionVariable(BaseFunctionVariable):
@@ -397,6 +403,22 @@ class PartialVariable(Variable):
 
     def call(self, tx, args, kwargs) -> Variable:
         return self.function.call(tx, [*self.args, *args], {**self.kwargs, **kwargs})
+
+    def getattr(self, tx, name: str) -> Variable:
+        if name == "func":
+            return self.function
+        if name == "args":
+            return TupleVariable(list(self.args))
+        if name == "keywords":  # a copy: kiln does not model the partial's own dict changed in place
+            return DictVariable({key: (ConstantVariable(key), value) for key, value in self.kwargs.items()})
+        return super().getattr(tx, name)
+
+    def reconstruct(self, codegen) -> str:
+        if self.source is not None:
+            return codegen.source(self.source)
+        arguments = [codegen.value(self.function)] + [codegen.value(arg) for arg in self.args]
+        keywords = ", ".join(f"{key!r}: {codegen.value(value)}" for key, value in self.kwargs.items())
+        return f"{codegen.constant(functools.partial)}({', '.join(arguments)}, **{{{keywords}}})"
 
 
 _MAPPING_READS = frozenset({"keys", "values", "items", "get", "__getitem__", "__contains__", "__len__", "__iter__"})

@@ -103,6 +103,17 @@ def _set(tx, value: set, source, guards) -> Variable | None:
     return SetVariable(value, source, value)
 
 
+def _frozenset_of_classes(tx, value: frozenset, source, guards) -> Variable | None:
+    """A frozenset of classes (3.12's `dataclasses._ATOMIC_TYPES`): a constant, guarded equal to its value (classes
+    compare by identity), so `type(obj) in it` folds."""
+    if type(value) is not frozenset or not all(isinstance(item, type) or is_constant_value(item) for item in value):
+        return None
+    if guards is not None:
+        guards.type_is(source, frozenset)
+        guards.add(source, f"{{}} != {guards.constant(value)}", f"changed from {value!r}")
+    return ConstantVariable(value, source)
+
+
 def _kiln_compiled(tx, value: Any, source, guards) -> Variable | None:
     """A callable kiln already compiled, called in a trace: what it compiles is traced in its place, as
     Dynamo inlines a nested torch.compile (Lightning's from_compiled compiles training_step, which calls
@@ -304,6 +315,7 @@ KINDS = (
     (os._Environ, _environ),
     (dict, _dict),
     (set, _set),
+    (frozenset, _frozenset_of_classes),
     (object, _kiln_compiled),
     (object, _torch_callable),
     (object, _builtin),

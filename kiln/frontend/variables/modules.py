@@ -59,9 +59,23 @@ class ModuleVariable(Variable):
         self.value = module
         self.source = source
         self.pending: dict[str, Variable] = {}  # plain attributes assigned during the trace
+        # a module the trace made (objects._construct_torch_module: no parameters, constant arguments): its class
+        # and arguments, so the entry can make it again where it leaves the trace (stored at a graph break)
+        self.made_as: tuple[type, list[Variable], dict[str, Variable]] | None = None
+        self.built_once = False  # made by the entry once, wherever the trace put it (set with made_as)
 
     def describe(self) -> str:
         return f"module {type(self.value).__qualname__}"
+
+    def reconstruct(self, codegen) -> str:
+        if self.source is not None:
+            return codegen.source(self.source)
+        if self.made_as is None or self.pending:
+            return super().reconstruct(codegen)
+        cls, args, kwargs = self.made_as
+        arguments = [codegen.value(arg) for arg in args] + [f"{key}={codegen.value(value)}"
+                                                            for key, value in kwargs.items()]
+        return f"{codegen.constant(cls)}({', '.join(arguments)})"
 
     def python_type(self) -> type:
         return type(self.value)
@@ -148,6 +162,21 @@ class ModuleVariable(Variable):
             tx.output.guards.keys(AttrSource(self.source, table), tuple(names))
         return [(name, tx.wrap(module.__dict__[table][name], self._sub(table, name))) for name in names]
 
+    def live_iterator(self, tx) -> IteratorVariable:
+        """`iter(module)`: a container's children (its own `__iter__`'s, `_table_iterated`)."""
+        if isinstance(self.value, _CONTAINER_TYPES) and _uses_container_method(self.value, "__iter__"):
+            return IteratorVariable(self.unpack(tx), rebuilt_from=self._table_iterated(tx))
+        return IteratorVariable(self.unpack(tx))
+
+    def _table_iterated(self, tx) -> tuple[Variable, str] | None:
+        """(the table tracker, view kind) whose iterator the container's `__iter__` returns (ModuleList's is
+        `iter(self._modules.values())`): a graph break inside the loop passes that real iterator on, so a change of
+        the table after it raises as in Python. None for a container the trace made."""
+        if self.source is None or isinstance(self.value, (torch.nn.ParameterList, torch.nn.ParameterDict)):
+            return None  # (their __iter__ reads no table dict's iterator)
+        kind = "dict_keys" if isinstance(self.value, torch.nn.ModuleDict) else "dict_values"
+        return tx.wrap(self.value.__dict__["_modules"], AttrSource(self.source, "_modules")), kind
+
     def unpack(self, tx) -> list[Variable]:
         children = self._children(tx)
         if isinstance(self.value, (torch.nn.ModuleDict, torch.nn.ParameterDict)):
@@ -176,7 +205,12 @@ class ModuleVariable(Variable):
             if name == "__getitem__":
                 return self.getitem(tx, args[0])
             if name == "__iter__":
-                return IteratorVariable(self.unpack(tx))
+                return self.live_iterator(tx)
+            if name in ("keys", "values", "items") and isinstance(self.value, torch.nn.ModuleDict) and \
+                    self.source is not None:  # a live view of its `_modules` (after a change at a break, too)
+                table = self._table_iterated(tx)[0]
+                self._children(tx)  # its keys guarded as the container's are
+                return table.call_method(tx, name, [], {})
             if name == "keys":
                 return ListIteratorLike([ConstantVariable(key) for key, _ in self._children(tx)], "dict_keys")
             if name == "values":

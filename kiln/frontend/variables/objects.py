@@ -15,7 +15,9 @@ and replayed after the graph runs. Objects created during the trace
 """
 from __future__ import annotations
 
+import collections
 import dataclasses
+import enum
 import types
 from typing import Any, Callable
 
@@ -24,8 +26,8 @@ from kiln.frontend.sources import AttrSource, ItemSource, TypeSource
 from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import (MISSING, NONE, ConstantVariable, TrackerMethod, Variable, is_trusted_module,
                                           lookup_class_attribute, run_on_constants)
-from kiln.frontend.variables.containers import (DictVariable, IteratorVariable, ListIteratorLike, TupleVariable,
-                                                missing_key)
+from kiln.frontend.variables.containers import (DictVariable, DictViewVariable, IteratorVariable, ListIteratorLike,
+                                                TupleVariable, missing_key)
 from kiln.frontend.variables.functions import BoundMethodVariable, MethodDescriptorVariable, bind_arguments
 
 DELETED = object()
@@ -290,7 +292,32 @@ class ClassVariable(Variable):
     def as_constant(self) -> Any:
         return self.value
 
+    def _enum_members(self) -> list[Variable] | None:
+        """An Enum class's members in definition order (what iterating it gives), None for another class. An enum
+        class cannot gain or lose members, so they need no guard beyond the class's own."""
+        if isinstance(self.value, enum.EnumMeta) and type(self.value).__iter__ is enum.EnumMeta.__iter__:
+            return [ConstantVariable(member) for member in self.value]
+        return None
+
+    def unpack(self, tx) -> list[Variable]:
+        members = self._enum_members()
+        return members if members is not None else super().unpack(tx)
+
+    def length(self, tx) -> int:
+        members = self._enum_members()
+        return len(members) if members is not None else super().length(tx)
+
+    def getitem(self, tx, key: Variable) -> Variable:
+        if self._enum_members() is not None and type(self.value).__getitem__ is enum.EnumMeta.__getitem__:
+            try:
+                return ConstantVariable(self.value[key.as_constant()])
+            except KeyError:
+                raise missing_key(key, self) from None
+        return super().getitem(tx, key)
+
     def truth(self, tx) -> bool:
+        if self._enum_members() is not None and type(self.value).__bool__ is enum.EnumMeta.__bool__:
+            return True  # EnumType.__bool__: a class is always true
         metaclass = type(self.value)
         if any(lookup_class_attribute(metaclass, name)[1] not in (type, object, None)
                for name in ("__bool__", "__len__")):
@@ -464,7 +491,9 @@ def _construct_torch_module(tx, cls: type, args, kwargs) -> Variable:
         module = cls(*[arg.as_constant() for arg in args], **{key: arg.as_constant() for key, arg in kwargs.items()})
     if any(True for _ in module.parameters()) or any(True for _ in module.buffers()):
         raise Unsupported(f"{described} (it has parameters or buffers)")
-    return tx.wrap(module, None, guard=False)  # a ModuleVariable without a source
+    variable = tx.wrap(module, None, guard=False)  # a ModuleVariable without a source
+    variable.made_as, variable.built_once = (cls, list(args), dict(kwargs)), True
+    return variable
 
 
 class InstanceDictVariable(DictVariable):
@@ -478,7 +507,8 @@ class InstanceDictVariable(DictVariable):
         return f"__dict__ of {self.owner.describe()}"
 
     def reconstruct(self, codegen) -> str:
-        raise Unsupported(f"returning the {self.describe()} (it would not be the rebuilt object's own __dict__)")
+        # the rebuilt object's own __dict__ (the object is built once, wherever the trace put it), not a copy
+        return f"{codegen.constant(vars)}({codegen.value(self.owner)})"
 
 
 class NewObjectVariable(Variable):
@@ -680,11 +710,21 @@ def _is_slot(raw: Any, cls: type) -> bool:
 
 
 class ModelOutputVariable(Variable):
-    """A transformers ModelOutput: an ordered mapping of its non-None fields, also by attribute."""
+    """A transformers ModelOutput made in the trace: an OrderedDict of the keys set so far, and attributes.
+
+    As transformers' class does: construction puts its non-None fields in the mapping in declaration order;
+    `out[k] = v` sets key and attribute (a None value too); `out.field = v` sets the attribute, and the key only
+    when v is not None (setting a field to None leaves its old entry); `to_tuple()` and integer indexing read the
+    mapping. Its keys()/values()/items() are live views of the mapping (a view taken before `out["k"] = v` has k).
+    """
 
     def __init__(self, cls: type, fields: dict[str, Variable]):
         self.cls = cls
-        self.fields = fields  # every dataclass field, None included, in declaration order
+        self.attributes = dict(fields)  # every dataclass field, None included, in declaration order
+        self.mapping = DictVariable(dict_type=collections.OrderedDict)  # the OrderedDict's own entries
+        for name, value in fields.items():
+            if not _is_none(value):
+                self.mapping.entries[name] = (ConstantVariable(name), value)
 
     @classmethod
     def build(cls_, tx, cls: type, args, kwargs) -> "ModelOutputVariable":
@@ -698,6 +738,10 @@ class ModelOutputVariable(Variable):
             if name not in fields:
                 raise Unsupported(f"{cls.__qualname__} has no field {name!r}")
             fields[name] = value
+        first = fields[names[0]]
+        if all(_is_none(fields[name]) for name in names[1:]) and first.python_type() in (list, tuple, dict):
+            raise Unsupported(f"{cls.__qualname__} whose only field is a {first.python_type().__name__} (its "
+                              "__post_init__ reads it as (key, value) pairs)")
         return cls_(cls, fields)
 
     def describe(self) -> str:
@@ -707,75 +751,98 @@ class ModelOutputVariable(Variable):
         return self.cls
 
     def present(self) -> list[str]:
-        return [name for name, value in self.fields.items()
-                if not (isinstance(value, ConstantVariable) and value.value is None)]
+        """Its keys, in order."""
+        return list(self.mapping.entries)
 
     def getattr(self, tx, name: str) -> Variable:
-        if name in self.fields:
-            return self.fields[name]
+        if name in self.attributes:
+            return self.attributes[name]
         raw, _ = lookup_class_attribute(self.cls, name)
         if raw is MISSING:
             raise AttributeFailure(f"{self.cls.__qualname__} has no attribute {name!r}")
         if name in ("to_tuple", "keys", "values", "items", "get", "__getitem__", "__contains__", "__len__",
-                    "__iter__", "__setitem__"):
+                    "__iter__", "__setitem__") or name in _MODEL_OUTPUT_REFUSES:
             return TrackerMethod(self, name)
         return bind_class_attribute(tx, raw, name, self, self.cls, None)
 
     def call_method(self, tx, name, args, kwargs) -> Variable:
         if name == "to_tuple":
-            return TupleVariable([self.fields[key] for key in self.present()])
-        if name == "keys":
-            return ListIteratorLike([ConstantVariable(key) for key in self.present()], "dict_keys")
-        if name == "values":
-            return ListIteratorLike([self.fields[key] for key in self.present()], "dict_values")
-        if name == "items":
-            return ListIteratorLike([TupleVariable([ConstantVariable(key), self.fields[key]])
-                                     for key in self.present()], "dict_items")
-        if name == "get":
-            key = args[0].as_constant()
-            return self.fields[key] if key in self.present() else (args[1] if len(args) > 1 else NONE)
+            return TupleVariable(self.mapping.view_items(tx, "dict_values"))
+        if name in ("keys", "values", "items"):
+            return DictViewVariable(tx, self.mapping, "dict_" + name, of_object=self)
+        if name in ("get", "__contains__", "__len__", "__iter__"):
+            return self.mapping.call_method(tx, name, args, kwargs)
         if name == "__getitem__":
             return self.getitem(tx, args[0])
         if name == "__setitem__":
             self.setitem(tx, args[0], args[1])
             return NONE
-        if name == "__contains__":
-            return ConstantVariable(args[0].as_constant() in self.present())
-        if name == "__len__":
-            return ConstantVariable(len(self.present()))
-        if name == "__iter__":
-            return IteratorVariable([ConstantVariable(key) for key in self.present()])
+        if name in _MODEL_OUTPUT_REFUSES:
+            message = f"You cannot use ``{name}`` on a {self.cls.__name__} instance."
+            raise ProgramException(message, Exception, [ConstantVariable(message)])
         return self.getattr(tx, name).call(tx, args, kwargs)
 
     def getitem(self, tx, key: Variable) -> Variable:
         python_key = key.as_constant()
         if isinstance(python_key, str):
-            if python_key not in self.present():
-                raise missing_key(key, self)
-            return self.fields[python_key]
-        values = [self.fields[name] for name in self.present()]
+            return self.mapping.getitem(tx, key)
+        values = self.mapping.view_items(tx, "dict_values")
         if isinstance(python_key, slice):
             return TupleVariable(values[python_key])
-        return values[python_key]
+        try:
+            return values[python_key]
+        except IndexError:
+            raise ProgramException(f"index {python_key} out of range for {self.describe()}", IndexError,
+                                   [ConstantVariable("tuple index out of range")]) from None
 
     def setitem(self, tx, key: Variable, value: Variable) -> None:
-        self.fields[key.as_constant()] = value
+        self.mapping.setitem(tx, key, value)
+        self.attributes[key.as_constant()] = value
 
     def setattr(self, tx, name: str, value: Variable) -> None:
-        self.fields[name] = value
+        if name in {field.name for field in dataclasses.fields(self.cls)} and not _is_none(value):
+            self.mapping.setitem(tx, ConstantVariable(name), value)
+        self.attributes[name] = value
 
     def truth(self, tx) -> bool:
-        return bool(self.present())
+        return bool(self.mapping.entries)
 
     def length(self, tx) -> int:
-        return len(self.present())
+        return len(self.mapping.entries)
 
     def unpack(self, tx) -> list[Variable]:
-        return [ConstantVariable(key) for key in self.present()]
+        return self.mapping.unpack(tx)
+
+    def live_iterator(self, tx):
+        return self.mapping.live_iterator(tx)
 
     def reconstruct(self, codegen) -> str:
-        inner = ", ".join(f"{name}={codegen.value(self.fields[name])}" for name in self.present())
-        return f"{codegen.constant(self.cls)}({inner})"
+        names = [field.name for field in dataclasses.fields(self.cls)]
+        if list(self.attributes) == names and \
+                list(self.mapping.entries) == [name for name in names if not _is_none(self.attributes[name])] and \
+                all(self.attributes[name] is value for name, (_, value) in self.mapping.entries.items()):
+            inner = ", ".join(f"{name}={codegen.value(self.attributes[name])}" for name in self.present())
+            return f"{codegen.constant(self.cls)}({inner})"
+        attributes = ", ".join(f"{name!r}: {codegen.value(value)}" for name, value in self.attributes.items())
+        mapping = ", ".join(f"{codegen.value(key)}: {codegen.value(value)}" for key, value in
+                            self.mapping.entries.values())
+        return f"{codegen.constant(rebuild_model_output)}({codegen.constant(self.cls)}, {{{attributes}}}, {{{mapping}}})"
+
+
+_MODEL_OUTPUT_REFUSES = ("__delitem__", "setdefault", "pop", "update")
+
+
+def _is_none(value: Variable) -> bool:
+    return isinstance(value, ConstantVariable) and value.value is None
+
+
+def rebuild_model_output(cls: type, attributes: dict, mapping: dict) -> Any:
+    """A ModelOutput with these attributes and these entries (in order), as the trace left it: made with every
+    field None (an empty mapping), then filled without its `__setattr__`/`__setitem__`."""
+    output = cls(*[None] * len(dataclasses.fields(cls)))
+    output.__dict__.update(attributes)
+    collections.OrderedDict.update(output, mapping)
+    return output
 
 
 # The builtin `__str__`s that read only an exception's `args` (OSError's, SyntaxError's, ... read more).
@@ -835,6 +902,9 @@ class ExceptionVariable(Variable):
             return self.attributes.get(name, NONE)
         if name == "__suppress_context__":
             return ConstantVariable(name in self.attributes and "__cause__" in self.attributes)
+        if name == "value" and issubclass(self.cls, StopIteration) and self.args is not None and \
+                lookup_class_attribute(self.cls, "__init__")[1] is StopIteration:
+            return self.args[0] if self.args else NONE  # StopIteration.__init__ keeps args[0] as .value
         raw, owner = lookup_class_attribute(self.cls, name)
         if raw is not MISSING and owner.__module__ != "builtins":  # a method of a user exception class
             return bind_class_attribute(tx, raw, name, self, self.cls, tx.output.named_source("__class", self.cls))

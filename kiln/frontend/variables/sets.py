@@ -5,6 +5,7 @@ from typing import Any
 
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.variables.base import ConstantVariable, Variable, constant_arguments, run_on_constants
+from kiln.frontend.variables.iterators import SetIteratorVariable
 
 
 _SET_MUTATORS = frozenset({"add", "update", "discard", "remove", "pop", "clear", "difference_update",
@@ -47,7 +48,13 @@ class SetVariable(Variable):
     def truth(self, tx) -> bool:
         return bool(self.values)
 
+    def live_iterator(self, tx) -> SetIteratorVariable:
+        """`iter(s)`: raises Python's RuntimeError if the set changes size during the loop."""
+        return SetIteratorVariable(self, self.values)
+
     def call_method(self, tx, name, args, kwargs):
+        if name == "__iter__":
+            return self.live_iterator(tx)
         if name == "__contains__":
             return ConstantVariable(args[0].as_constant() in self.values)
         if name in _SET_MUTATORS:

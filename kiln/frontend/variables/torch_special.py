@@ -61,7 +61,7 @@ def _grad_mode(enabled: bool):
 
 
 def _set_grad_enabled(tx, args, kwargs):
-    mode = GradModeVariable(bool(args[0].as_constant()))
+    mode = GradModeVariable(bool((args[0] if args else kwargs["mode"]).as_constant()))
     mode.apply_now(tx)  # set_grad_enabled(False) as a call takes effect at once, even outside `with`
     return mode
 
@@ -195,7 +195,7 @@ def _signature(tx, args, kwargs):
 
 
 def _nullcontext(tx, args, kwargs):
-    return NullContextVariable(args[0] if args else NONE)
+    return NullContextVariable(args[0] if args else kwargs.get("enter_result", NONE))  # (the keyword was dropped)
 
 
 class InlineFunctionContext:
