@@ -17,10 +17,16 @@ from kiln import _torch
 
 
 class FloorDiv(sympy.Function):
-    """Integer floor division of nonnegative integers."""
+    """Integer floor division (Python's `//`). Nonnegative where its operands are: loop variables and sizes
+    are; a symbolic int argument (a step counter made a graph input) may be negative, and then so may this."""
 
     is_integer = True
-    is_nonnegative = True
+
+    def _eval_is_nonnegative(self):
+        base, divisor = self.args
+        if base.is_nonnegative and divisor.is_positive:
+            return True
+        return None
 
     @classmethod
     def eval(cls, base, divisor):

@@ -102,3 +102,12 @@ def test_simplify_index_factors_a_multiple_of_the_divisor_out_of_a_merged_view()
             assert simplified.subs({x0: a, x1: b}) == expr.subs({x0: a, x1: b}), (expr, simplified, a, b)
     # no rewrite where the low part can reach the factor: x1 reaches 16, the factor is 16
     assert simplify_index(FloorDiv(16 * x0 + x1, 48), ranges) == FloorDiv(16 * x0 + x1, 48)
+
+
+def test_floor_division_is_nonnegative_only_where_its_operands_are():
+    from kiln.ir.indexing import FloorDiv, index_var
+
+    k = sympy.Symbol("k", integer=True)  # a symbolic int argument: may be negative (-1 // 4 is -1)
+    assert FloorDiv(k, 4).is_nonnegative is None
+    assert FloorDiv(index_var("x", 0), 4).is_nonnegative is True
+    assert sympy.Max(FloorDiv(k, 4), 0) != FloorDiv(k, 4)  # sympy may not drop the max on a false assumption
