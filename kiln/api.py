@@ -38,10 +38,9 @@ def compile(model=None, *, fullgraph: bool = False, dynamic: bool | None = None,
     mode: "default" (None means it); "reduce-overhead": inference graphs on CUDA replay through
         CUDA graphs (kiln/runtime/cudagraphs.py: a result stays valid until the next call, whose
         replay overwrites it; reading it after that raises, saying to keep a `.clone()`);
-        "max-autotune": as "reduce-overhead", and each 2-d product on a CUDA GPU is timed as a Triton template
-        (which its pointwise epilogue joins) against cuBLAS, and each kernel's block sizes and warps, the
-        fastest kept (config.matmul_template, config.autotune_kernels; cached on disk; docs/design/templates.md);
-        "max-autotune-no-cudagraphs": the same autotuning without CUDA graphs (torch.compile's modes).
+        "max-autotune": as "reduce-overhead"; "max-autotune-no-cudagraphs": as "default". Their autotuning
+        (config.matmul_template, config.autotune_kernels; docs/design/templates.md) is off until its illegal
+        memory access on the H200 is found; the options turn it on explicitly.
     options: kiln.config options ({"cpu_backend": "triton", ...}, see `kiln.config.describe()`),
         in force while this model's graphs are captured, compiled and run; an unknown name raises.
     disable: True returns `model` itself, uncompiled (as torch.compile does).
