@@ -26,7 +26,7 @@ import torch  # noqa: E402
 
 import kiln  # noqa: E402
 import kiln.testing  # noqa: E402
-from kiln.codegen import triton as triton_codegen  # noqa: E402
+from tests.fuzz.template_products import counting_templates  # noqa: E402
 
 F = torch.nn.functional
 
@@ -67,23 +67,13 @@ def programs(device: str) -> list:
 
 
 def check(name: str, fn, inputs: list, expected: int, options: dict) -> str:
-    generated = []
-    original = triton_codegen.TritonKernelGenerator._generate_template
-
-    def counting(self):
-        generated.append(self.kernel.name)
-        return original(self)
-
-    triton_codegen.TritonKernelGenerator._generate_template = counting
     try:
-        with kiln.config.patch(strict=True, graph_cache=False, **options):  # codegen runs: templates counted
-            compiled = kiln.compile(fn)
+        with kiln.config.patch(strict=True, graph_cache=False, **options), counting_templates() as generated:
+            compiled = kiln.compile(fn)  # graph cache off: codegen runs, so templates are counted
             actual = compiled(*inputs)
         verdict = kiln.testing.compare(actual, fn(*inputs), fn(*kiln.testing.to_float64(inputs)))
     except Exception as error:  # a failure to compile is a FAIL, with its reason
         return f"FAIL {type(error).__name__}: {str(error)[:300]}"
-    finally:
-        triton_codegen.TritonKernelGenerator._generate_template = original
     if not verdict:
         return f"FAIL {verdict.message}"
     if options.get("matmul_template") == "on" and len(generated) < expected:

@@ -147,13 +147,13 @@ OPTIONS = [
            "2-d products on the Triton backends (kiln/lowering/matmul.py, kiln/runtime/autotune.py): 'auto' (a "
            "Triton template, which a pointwise epilogue joins, where it times faster than cuBLAS plus one pass "
            "over the product; CUDA only, the tile autotuned and cached), 'on' (always the template, the default "
-           "tile), 'off' (always the ATen extern), 'default' ('auto' under mode='max-autotune', else 'off')",
+           "tile), 'off' (always the ATen extern), 'default' ('off': the max-autotune modes would set 'auto', but that is off until its illegal memory access on the H200 is fixed, backend.AUTOTUNE_IN_MODES)",
            normalize=_one_of("default", "off", "on", "auto")),
     Option("autotune_kernels", str, "default",
            "CUDA pointwise and reduction kernels with static sizes (kiln/codegen/tuning.py): 'auto' (a few block "
            "sizes and warp counts timed per kernel, the fastest kept and cached), 'off' (the heuristic config), "
-           "'default' ('auto' under mode='max-autotune', else 'off')", normalize=_one_of("default", "off", "auto")),
-    Option("autotune_budget_s", float, 60.0, "mode='max-autotune': the most seconds one graph spends timing "
+           "'default' (as matmul_template's)", normalize=_one_of("default", "off", "auto")),
+    Option("autotune_budget_s", float, 60.0, "autotuning: the most seconds one graph spends compiling and timing "
            "candidates; past it, the remaining products take the extern"),
     Option("persistent_reduction_max", int, 8192, "rows up to this length stay in registers"),
     Option("gpu_index_checks", str, "deferred",

@@ -10,10 +10,12 @@ how many template kernels were generated (the others' products are batched, or n
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+if __name__ == "__main__":  # a CPU run; imported (benchmarks/gpu_template_check.py), it changes nothing
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import kiln  # noqa: E402
 from kiln.codegen import triton as triton_codegen  # noqa: E402
@@ -21,12 +23,10 @@ from tests.fuzz.generator import generate  # noqa: E402
 from tests.fuzz.runner import run_program  # noqa: E402
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--seed", type=int, default=3201)
-    parser.add_argument("--programs", type=int, default=400)
-    args = parser.parse_args()
-    generated = []
+@contextlib.contextmanager
+def counting_templates():
+    """Within the block, the names of the template kernels generated are appended to the list yielded."""
+    generated: list = []
     original = triton_codegen.TritonKernelGenerator._generate_template
 
     def counting(self):
@@ -34,11 +34,22 @@ def main() -> int:
         return original(self)
 
     triton_codegen.TritonKernelGenerator._generate_template = counting
+    try:
+        yield generated
+    finally:
+        triton_codegen.TritonKernelGenerator._generate_template = original
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seed", type=int, default=3201)
+    parser.add_argument("--programs", type=int, default=400)
+    args = parser.parse_args()
     products = [index for index in range(args.programs)
                 if any(mark in generate(args.seed, index).source() for mark in ("@", "bmm"))]
     outcomes: dict = {}
     failures = []
-    with kiln.config.patch(matmul_template="on", graph_cache=False):
+    with kiln.config.patch(matmul_template="on", graph_cache=False), counting_templates() as generated:
         for index in products:
             result = run_program(generate(args.seed, index), backend="triton", device="cpu")
             outcome = str(result.outcome)
