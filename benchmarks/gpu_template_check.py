@@ -87,7 +87,7 @@ def main() -> int:
     base = {"cpu_backend": "triton"} if device == "cpu" else {}
     runs = [("on", {**base, "matmul_template": "on"})]
     if device == "cuda":
-        runs.append(("auto", {"matmul_template": "auto", "logs": "perf"}))
+        runs.append(("auto", {"matmul_template": "auto", "autotune_kernels": "auto", "logs": "perf"}))
     for label, options in runs:
         for name, fn, inputs, expected in programs(device):
             if device == "cpu" and any(size in name for size in ("3072", "50257", "8192")):

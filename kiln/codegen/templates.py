@@ -16,8 +16,11 @@ bare product, with the epilogue's saving counted as that one pass.
 """
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from kiln import _torch
 from kiln.codegen.triton import generate_kernel
 from kiln.codegen.triton_templates import candidates, default_tile
 from kiln.codegen.tuning import compile_candidates, launcher, random_buffers
@@ -27,6 +30,8 @@ from kiln.ir.indexing import contiguous_strides, range_vars
 from kiln.ir.kernel import Kernel
 from kiln.ir.template import MatrixOperand, template_parts
 from kiln.runtime import autotune
+
+log = logging.getLogger("kiln")
 
 EXTERN = "extern"
 
@@ -40,7 +45,7 @@ def product_config(node: Template, graph: Graph, meta: torch.Tensor):
         return None
     if setting == "on":
         return default_tile(meta.dtype, device)
-    if device != "cuda":
+    if not autotune.timeable(device):
         return None  # timing needs a GPU; the interpreter never beats the extern
     sizes = [*node.ranges, *node.reduction_ranges]
     if not all(size.is_Integer for size in sizes):
@@ -73,24 +78,56 @@ def _tuned_tile(node: Template, graph: Graph, meta: torch.Tensor, sizes: list):
     found = autotune.cached_choice(key)
     if found is not None and (found["choice"] == EXTERN or found["choice"] in tiles):
         return tiles.get(found["choice"])
-    names = list(dict.fromkeys((parts.a.buffer, parts.b.buffer)))
-    operands = random_buffers(names, [graph.buffers[name].dtype for name in names], graph)
-    a, b = (_strided(operands[operand.buffer], (*batch, *shape), operand)
-            for operand, shape in ((parts.a, (rows, inner)), (parts.b, (inner, columns))))
-    out, copied = (torch.empty((*batch, rows, columns), dtype=meta.dtype, device=meta.device) for _ in range(2))
-    product = torch.bmm if batch else torch.mm
+    # The lowering runs under the compile's fake mode: the timed tensors must be real ones, or the
+    # kernels are launched on a fake tensor's pointer (an illegal memory access on the GPU).
+    with _torch.real_tensors():
+        names = list(dict.fromkeys((parts.a.buffer, parts.b.buffer)))
+        operands = random_buffers(names, [graph.buffers[name].dtype for name in names], graph)
+        a, b = (_strided(operands[operand.buffer], (*batch, *shape), operand)
+                for operand, shape in ((parts.a, (rows, inner)), (parts.b, (inner, columns))))
+        out, copied = (torch.empty((*batch, rows, columns), dtype=meta.dtype, device=meta.device) for _ in range(2))
+        product = torch.bmm if batch else torch.mm
 
-    def extern():
-        product(a, b, out=out)
-        copied.copy_(out)
+        def extern():
+            product(a, b, out=out)
+            copied.copy_(out)
 
-    runs = {EXTERN: extern}
-    for name, tile in tiles.items():
-        runs[name] = _template_run(node, graph, tile, operands, out)
-    if autotune.budget_left() > 0:  # every tile compiled at once, not one by one as it is first timed
-        compile_candidates([(runs[name].source, runs[name].source.constexprs, runs[name].source.launch_options)
-                            for name in tiles])
-    choice = autotune.choose(key, runs, f"{node.kind} {shape} {meta.dtype}")
+        runs = {name: _template_run(node, graph, tile, operands, out) for name, tile in tiles.items()}
+        if autotune.budget_left() > 0:  # every tile compiled at once, not one by one as it is first timed
+            compile_candidates([(run.source, run.source.constexprs, run.source.launch_options)
+                                for run in runs.values()])
+        reference = _float64_product(a, b)
+        runs = {EXTERN: extern, **{name: run for name, run in runs.items()
+                                   if _computes(run, out, reference, node.precision, name)}}
+        choice = autotune.choose(key, runs, f"{node.kind} {shape} {meta.dtype}")
+    return tiles.get(choice)  # None: the extern won, or nothing was timed
+
+
+def _float64_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.matmul(a.double(), b.double())
+
+
+def _computes(run, out: torch.Tensor, reference: torch.Tensor, precision: str, name: str) -> bool:
+    """Whether the tile `run` (writing `out`) computes the product `reference` (float64): a tile that
+    cannot run, or computes wrong values, is not timed. The bound is loose (the result's rounding,
+    and TF32's where allowed, over sqrt(k) terms): it catches a wrong kernel, not a slightly less
+    precise one, which the accuracy rule of the tests judges. An error grows with the result's size
+    (an operand's rounding, summed over k, is a fraction of the sum), so the bound is a few units of
+    the result's precision times its largest magnitude."""
+    try:
+        out.fill_(float("nan"))
+        run()
+        error = (out.double() - reference).abs().max().item()
+    except Exception as failure:  # noqa: BLE001 (a tile that does not compile, or needs more shared memory)
+        autotune.perf_log("kiln: autotuning leaves out %s: %s: %s", name, type(failure).__name__, failure)
+        return False
+    unit = {torch.float32: 2.0 ** -10 if precision != "ieee" else 2.0 ** -20}.get(out.dtype, 2.0 ** -8)
+    bound = 8 * unit * (reference.abs().max().item() + 1.0)
+    if not error <= bound:  # NaN (an unwritten element) fails too
+        log.warning("kiln: the product template's %s computed a wrong result (max error %.3g, bound %.3g): "
+                    "it is not used; please report this", name, error, bound)
+        return False
+    return True
 
 
 def _describe(operand: MatrixOperand, graph: Graph) -> str:

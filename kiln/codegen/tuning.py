@@ -25,6 +25,7 @@ from typing import Callable
 import sympy
 import torch
 
+from kiln import _torch
 from kiln.config import config
 from kiln.runtime import autotune
 
@@ -36,13 +37,15 @@ def tuning_wanted() -> bool:
 
 
 def random_buffers(names: list, dtypes: list, graph) -> dict:
-    """{buffer name: a CUDA tensor of its storage span}: floats random, integers (indices) and bools zero."""
+    """{buffer name: a tensor of its storage span on its device}: floats random, integers (indices) and
+    bools zero; the index-error flag on the first buffer's device."""
     tensors = {}
     for name, dtype in zip(names, dtypes):
         if name in tensors:
             continue
         if name == INDEX_STATUS:
-            tensors[name] = torch.zeros(1, dtype=torch.int32, device="cuda")
+            device = next(graph.buffers[other].device for other in names if other != INDEX_STATUS)
+            tensors[name] = torch.zeros(1, dtype=torch.int32, device=device)
             continue
         buffer = graph.buffers[name]
         span = max(int(buffer.layout.storage_span()), 1)
@@ -127,8 +130,9 @@ def _label(config_: tuple) -> str:
 
 def tune_kernel(source, kernel, graph):
     """`source` (a KernelSource) with the fastest of its candidate configs, or itself where it is not
-    tuned (not CUDA, not wanted, a template, empty, symbolic sizes, one candidate)."""
-    if not tuning_wanted() or source.device_type != "cuda" or source.skip or source.constexpr_values is not None:
+    tuned (not timeable (CUDA), not wanted, a template, empty, symbolic sizes, one candidate)."""
+    if not tuning_wanted() or not autotune.timeable(source.device_type) or source.skip or \
+            source.constexpr_values is not None:
         return source
     ints = _static(list(source.size_args) + [source.xnumel])
     if ints is None:
@@ -141,14 +145,16 @@ def tune_kernel(source, kernel, graph):
     found = autotune.cached_choice(key)
     labels = {_label(config_): config_ for config_ in configs}
     if found is None:
-        tensors = random_buffers(source.buffer_args, source.pointer_dtypes, graph)
         launches = {label: ({"XBLOCK": xblock, **({"RBLOCK": rblock} if rblock else {})}, {"num_warps": warps})
                     for label, (xblock, rblock, warps) in labels.items()}
         if autotune.budget_left() > 0:
             compile_candidates([(source, constexprs, options) for constexprs, options in launches.values()])
-        runs = {label: launcher(source, tensors, constexprs, options, -(-int(source.xnumel) // constexprs["XBLOCK"]))
-                for label, (constexprs, options) in launches.items()}
-        choice = autotune.choose(key, runs, f"kernel {source.name} ({source.function_name})")
+        with _torch.real_tensors():  # codegen runs under the compile's fake mode: time on real tensors
+            tensors = random_buffers(source.buffer_args, source.pointer_dtypes, graph)
+            runs = {label: launcher(source, tensors, constexprs, options,
+                                    -(-int(source.xnumel) // constexprs["XBLOCK"]))
+                    for label, (constexprs, options) in launches.items()}
+            choice = autotune.choose(key, runs, f"kernel {source.name} ({source.function_name})")
     else:
         choice = found["choice"]
     if choice not in labels:

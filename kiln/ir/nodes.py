@@ -188,7 +188,7 @@ class Template(LoopNode):
 
     kind: str = "mm"
     config: Any = None
-    precision: str = "ieee"  # fp32 operands: "ieee" (full products) or "tf32" (torch allows TF32 products)
+    precision: str = "ieee"  # fp32 operands: "ieee" (full products) or "tf32x3" (torch allows TF32: three TF32 products)
 
 
 @dataclass

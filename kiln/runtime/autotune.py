@@ -41,7 +41,7 @@ def graph_budget() -> Iterator[None]:
         _budget_left.reset(token)
         spent = float(config.autotune_budget_s) - left[0]
         if spent > 0:
-            _perf_log("kiln: autotuning took %.1f s of this graph's compile (budget %.0f s, "
+            perf_log("kiln: autotuning took %.1f s of this graph's compile (budget %.0f s, "
                       "config.autotune_budget_s)", spent, config.autotune_budget_s)
 
 
@@ -100,7 +100,7 @@ def choose(key: str, candidates: dict, what: str) -> str | None:
     timings = {}
     for name, run in candidates.items():
         if budget_left() - (time.perf_counter() - started) <= 0:
-            _perf_log("kiln: autotuning %s stopped: the graph's budget of %.0f s is spent "
+            perf_log("kiln: autotuning %s stopped: the graph's budget of %.0f s is spent "
                       "(config.autotune_budget_s)", what, config.autotune_budget_s)
             break
         milliseconds = time_ms(run)
@@ -113,14 +113,19 @@ def choose(key: str, candidates: dict, what: str) -> str | None:
     choice = min(timings, key=timings.get)
     if len(timings) == len(candidates):  # a partial timing (budget spent) is not remembered
         cache.store_record(_record_name(key), key, {"choice": choice, "timings": timings})
-    _perf_log("kiln: autotuned %s in %.2f s: %s (%s)", what, spent, choice,
+    perf_log("kiln: autotuned %s in %.2f s: %s (%s)", what, spent, choice,
              ", ".join(f"{name} {ms:.4f} ms" for name, ms in sorted(timings.items(), key=lambda item: item[1])))
     return choice
 
 
-def _perf_log(message: str, *args) -> None:
+def perf_log(message: str, *args) -> None:
     if config.log_enabled("perf"):
         log.warning(message, *args)
+
+
+def timeable(device_type: str) -> bool:
+    """Whether kernels on `device_type` are timed (CUDA's; interpreted kernels' times mean nothing)."""
+    return device_type == "cuda"
 
 
 def time_ms(run: Callable[[], None], *, warmup: int = 3, repeats: int = 20) -> float | None:
@@ -141,10 +146,11 @@ def time_ms(run: Callable[[], None], *, warmup: int = 3, repeats: int = 20) -> f
             end.synchronize()
             times.append(start.elapsed_time(end))
     except Exception as error:  # a candidate that cannot run is not chosen; the others still are
-        _perf_log("kiln: an autotuning candidate failed: %s: %s", type(error).__name__, error)
+        perf_log("kiln: an autotuning candidate failed: %s: %s", type(error).__name__, error)
         return None
     times.sort()
     return times[len(times) // 2]
 
 
-__all__ = ["budget_left", "cached_choice", "charged", "choose", "environment_key", "graph_budget", "source_digest", "time_ms"]
+__all__ = ["budget_left", "cached_choice", "charged", "choose", "environment_key", "graph_budget", "perf_log",
+           "source_digest", "time_ms", "timeable"]

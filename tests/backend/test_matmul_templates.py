@@ -8,6 +8,8 @@ with its timing replaced, since timing needs a GPU.
 """
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 
@@ -255,6 +257,85 @@ def test_kernels_are_not_tuned_off_cuda_or_when_not_asked():
         assert tune_kernel(source, kernel, graph.scheduled.graph) is source  # a CPU kernel: never timed
     with kiln.config.patch(autotune_kernels="off"):
         assert tune_kernel(source, kernel, graph.scheduled.graph) is source
+
+
+def test_kernels_tune_on_real_tensors_under_the_compiles_fake_mode(monkeypatch, tmp_path):
+    # Each candidate config runs (on real tensors: under the compile's fake mode a launch would get a
+    # fake tensor's pointer) and is timed faster than the one before: the last candidate wins.
+    from kiln.codegen.tuning import candidate_configs
+
+    ran = []
+
+    def time_ms(run):
+        run()
+        ran.append(run)
+        return 10.0 - len(ran)
+
+    monkeypatch.setattr(autotune, "timeable", lambda device_type: True)
+    monkeypatch.setattr(autotune, "time_ms", time_ms)
+    with kiln.config.patch(autotune_kernels="auto", cache_dir=str(tmp_path)):
+        (graph,) = assert_close(lambda x: torch.softmax(x, dim=-1), torch.randn(40, 300))
+    (source,) = graph.module_source.kernel_sources
+    (kernel,) = graph.scheduled.kernels
+    with kiln.config.patch(autotune_kernels="off"):  # the heuristic's configs, as the tuner saw them
+        _, (untuned,) = _kernel_sources(lambda x: torch.softmax(x, dim=-1), torch.randn(40, 300))
+    configs = candidate_configs(untuned, kernel)
+    assert len(ran) == len(configs) > 2 and (source.xblock, source.rblock, source.num_warps) == configs[-1]
+
+
+@pytest.fixture
+def interpreted_timing(monkeypatch, tmp_path):
+    """The "auto" path on the CPU: interpreted kernels count as timeable and each run is timed as
+    its tile says (the 64x64 tiles fastest, then the other tiles, then cuBLAS's extern), after
+    running it once for real; returns the list of what ran ("extern" or the tile's constexprs)."""
+    ran = []
+
+    def time_ms(run):
+        run()
+        source = getattr(run, "source", None)
+        ran.append("extern" if source is None else source.constexprs)
+        if source is None:
+            return 1.0
+        return 0.5 if (source.constexprs["BLOCK_M"], source.constexprs["BLOCK_N"]) == (64, 64) else 0.8
+
+    monkeypatch.setattr(autotune, "timeable", lambda device_type: True)
+    monkeypatch.setattr(autotune, "time_ms", time_ms)
+    with kiln.config.patch(matmul_template="auto", cache_dir=str(tmp_path)):
+        yield ran
+
+
+def test_autotuning_runs_its_candidates_on_real_tensors_and_uses_the_winner(interpreted_timing):
+    # The lowering runs under the compile's fake mode: a candidate launched on fake tensors read no
+    # memory of its own (on the H200: an illegal memory access); and the winner has to reach the kernel.
+    x, w, b = torch.randn(40, 24), torch.randn(24, 72), torch.randn(72)
+    (graph,) = assert_close(lambda x, w, b: F.gelu(x @ w + b), x, w, b)
+    (kernel,) = template_kernels(graph)
+    assert kernel.template.config == TileConfig(64, 64, 32, 4, 3)  # fp32's 64x64 tile
+    assert interpreted_timing.count("extern") == 1 and len(interpreted_timing) == 1 + len(candidates(torch.float32))
+
+
+def test_a_tile_computing_a_wrong_product_is_never_timed(interpreted_timing, monkeypatch, caplog):
+    original = templates._template_run
+
+    def template_run(node, graph, tile, operands, out):
+        run = original(node, graph, tile, operands, out)
+        if (tile.block_m, tile.block_n) != (64, 64):
+            return run
+
+        def wrong():  # the fastest tile, broken: its result one element off
+            run()
+            out.view(-1)[7] += 1.0
+
+        wrong.source = run.source
+        return wrong
+
+    monkeypatch.setattr(templates, "_template_run", template_run)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        (graph,) = assert_close(lambda a, b: a @ b, torch.randn(40, 24), torch.randn(24, 72))
+    (kernel,) = template_kernels(graph)
+    assert (kernel.template.config.block_m, kernel.template.config.block_n) != (64, 64)
+    assert "computed a wrong result" in caplog.text
+    assert all(entry == "extern" or (entry["BLOCK_M"], entry["BLOCK_N"]) != (64, 64) for entry in interpreted_timing)
 
 
 def test_compiling_candidates_counts_against_the_graphs_budget(monkeypatch):
