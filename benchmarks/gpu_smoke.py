@@ -4,7 +4,9 @@ Compiles a handful of fused programs on CUDA in fp32 and bf16 and checks each ag
 eager with kiln's accuracy rule (float64 reference). Then mode="reduce-overhead" (CUDA
 graphs) on a small Llama and a small ResNet: several calls with new inputs each, every
 result checked against eager, and how many calls replayed a graph; then the Llama with new
-sequence lengths (a recording per length). One line per case.
+sequence lengths (a recording per length). Last, mode="max-autotune" and "max-autotune-no-cudagraphs" on
+a bf16 MLP: its products' tiles and its kernels' configs timed (choices counted in a fresh cache), three
+calls each checked. One line per case.
 """
 from __future__ import annotations
 
@@ -50,6 +52,7 @@ def main() -> int:
                 failures += 1
                 print(f"{name:20} {str(dtype):15} ERROR {traceback.format_exc()[-1500:]}", flush=True)
     failures += check_cuda_graphs()
+    failures += check_max_autotune()
     print(f"{failures} failures")
     return 1 if failures else 0
 
@@ -171,6 +174,36 @@ def _check_cuda_graph_model(name, call, model, make, keep_results: bool) -> int:
     except Exception:
         failures += 1
         print(f"cudagraphs {policy:10} {name:10} ERROR {traceback.format_exc()[-1500:]}", flush=True)
+    return failures
+
+
+def check_max_autotune() -> int:
+    """The max-autotune modes on Linear-GELU-Linear (bf16, BERT's FFN sizes): correct on new inputs each
+    call, and something was timed (autotuning's records in a fresh cache directory)."""
+    import pathlib
+    import tempfile
+
+    failures = 0
+    model = torch.nn.Sequential(torch.nn.Linear(768, 3072), torch.nn.GELU(), torch.nn.Linear(3072, 768))
+    model = model.cuda().to(torch.bfloat16).eval()
+    model64 = copy.deepcopy(model).double()
+    for mode in ("max-autotune", "max-autotune-no-cudagraphs"):
+        torch._dynamo.reset()
+        try:
+            with tempfile.TemporaryDirectory() as cache_dir, kiln.config.patch(cache_dir=cache_dir), torch.no_grad():
+                compiled = kiln.compile(model, mode=mode)
+                for step in range(3):
+                    x = torch.randn(1024, 768, device="cuda", dtype=torch.bfloat16)
+                    verdict = kiln.testing.compare(compiled(x).clone(), model(x), model64(x.double()))
+                    failures += not verdict
+                    if not verdict:
+                        print(f"{mode:28} call {step} MISMATCH {verdict.message}", flush=True)
+                choices = len(list(pathlib.Path(cache_dir).rglob("autotune/*.json")))
+            failures += choices == 0
+            print(f"{mode:28} 3 calls checked; autotuned choices {choices}", flush=True)
+        except Exception:
+            failures += 1
+            print(f"{mode:28} ERROR {traceback.format_exc()[-1500:]}", flush=True)
     return failures
 
 

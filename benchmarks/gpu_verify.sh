@@ -260,7 +260,7 @@ templates)
     # template and under autotuning (its timings logged), then BERT's FFN products with their epilogues, two
     # fused kernels and two models, eager / torch.compile / kiln in the default mode, and torch.compile / kiln
     # under max-autotune-no-cudagraphs with kiln's autotuning asked for by its options (KILN_MATMUL_TEMPLATE,
-    # KILN_AUTOTUNE_KERNELS: the modes turn it on only where backend.AUTOTUNE_IN_MODES says so), ~540 s.
+    # KILN_AUTOTUNE_KERNELS, as the mode itself does since 1db0582's fix), ~540 s.
     timeout 200 "$PYTHON" -m benchmarks.gpu_template_check > "$OUT_DIR/templates.txt" 2>&1
     echo "gpu_template_check exit $?"; grep -v "^\[" "$OUT_DIR/templates.txt" | grep -i "fail\|autotuned\|failures\|error" | head -40
     grep "^\[" "$OUT_DIR/templates.txt" | grep -v PASS

@@ -39,7 +39,6 @@ MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagrap
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 # ... and these autotune (config.matmul_template, config.autotune_kernels: docs/design/templates.md).
 AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
-AUTOTUNE_IN_MODES = False  # see _mode_options
 
 # What names one graph, times its stages and writes its KILN_DEBUG dumps: `factory(gm)` returns an
 # object with `name`, `timings` ({stage: seconds}), `stage(name)` (a context manager that times one
@@ -78,11 +77,7 @@ def _mode_options(mode: str) -> dict:
     """The kiln.config options a mode implies where the user left them at "default": mode="max-autotune"
     times 2-d products' Triton templates against cuBLAS (config.matmul_template) and CUDA kernels' block
     sizes and warps (config.autotune_kernels)."""
-    # Off for now: on the H200 at 852bef6 the autotuner's first timed candidate hit an illegal memory access,
-    # which poisons the process (benchmarks/results/2026-12-05_template-check-852bef6_nvidia-h200.txt), while
-    # every product as a template (matmul_template="on") was correct. Until that is found, the max-autotune
-    # modes do not autotune; the options still turn it on explicitly.
-    if mode not in AUTOTUNE_MODES or not AUTOTUNE_IN_MODES:
+    if mode not in AUTOTUNE_MODES:
         return {}
     return {name: "auto" for name in ("matmul_template", "autotune_kernels") if getattr(config, name) == "default"}
 

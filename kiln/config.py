@@ -147,7 +147,7 @@ OPTIONS = [
            "2-d products on the Triton backends (kiln/lowering/matmul.py, kiln/runtime/autotune.py): 'auto' (a "
            "Triton template, which a pointwise epilogue joins, where it times faster than cuBLAS plus one pass "
            "over the product; CUDA only, the tile autotuned and cached), 'on' (always the template, the default "
-           "tile), 'off' (always the ATen extern), 'default' ('off': the max-autotune modes would set 'auto', but that is off until its illegal memory access on the H200 is fixed, backend.AUTOTUNE_IN_MODES)",
+           "tile), 'off' (always the ATen extern), 'default' ('off', and 'auto' under the max-autotune modes)",
            normalize=_one_of("default", "off", "on", "auto")),
     Option("autotune_kernels", str, "default",
            "CUDA pointwise and reduction kernels with static sizes (kiln/codegen/tuning.py): 'auto' (a few block "

@@ -171,12 +171,9 @@ def test_unknown_option_mode_or_backend_raises_listing_the_valid_ones():
         kiln.compile(model, backend="inductor")
 
 
-def test_max_autotune_turns_on_autotuning_where_the_user_left_the_options_at_default(monkeypatch):
-    import kiln.backend
+def test_max_autotune_turns_on_autotuning_where_the_user_left_the_options_at_default():
     from kiln.backend import _mode_options
 
-    assert _mode_options("max-autotune") == {}  # off until the GPU's illegal memory access is found
-    monkeypatch.setattr(kiln.backend, "AUTOTUNE_IN_MODES", True)
     assert _mode_options("max-autotune") == {"matmul_template": "auto", "autotune_kernels": "auto"}
     assert _mode_options("max-autotune-no-cudagraphs") == {"matmul_template": "auto", "autotune_kernels": "auto"}
     assert _mode_options("default") == {} and _mode_options("reduce-overhead") == {}
