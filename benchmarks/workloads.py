@@ -252,6 +252,11 @@ def linear_residual(x, weight, bias, residual):
     return F.linear(x, weight, bias) + residual
 
 
+def lm_head(x, weight):
+    """GPT-2's LM head: the hidden states times the (tied) embedding, 50257 columns (odd: misaligned rows)."""
+    return F.linear(x, weight)
+
+
 def copy_into(source, destination):
     """The copy ceiling: read 1 GiB, write 1 GiB."""
     return destination.copy_(source)
@@ -312,16 +317,22 @@ def kernel_workload(name: str, small: bool, device: str) -> Workload:
         if name == "linear_gelu":
             return _product(name, shape, linear_gelu, x, weight, bias)
         return _product(name, shape, linear_residual, x, weight, bias, randn(tokens, inner))
+    if name == "lm_head":
+        # GPT-2 at 8 x 512 tokens (small: 32 tokens, 64 -> 67 columns)
+        tokens, hidden, vocab = (32, 64, 67) if small else (4096, 768, 50257)
+        shape = f"{tokens}x{hidden} @ {hidden}x{vocab} {str(low).replace('torch.', '')}"
+        return _product(name, shape, lm_head, randn(tokens, hidden), randn(vocab, hidden) / hidden ** 0.5)
     raise KeyError(f"unknown kernel workload {name!r}; choose from {KERNELS}")
 
 
 KERNELS = ["copy", "sin_10k", "sin_large", "gelu_bias", "layer_norm", "softmax", "rmsnorm_silu_gate", "column_sum",
-           "linear_gelu", "linear_residual"]
+           "linear_gelu", "linear_residual", "lm_head"]
 KERNEL_TITLES = {
     "copy": "copy (the ceiling)", "sin_10k": "sin(x)+sin(y)", "sin_large": "sin(x)+sin(y)",
     "gelu_bias": "gelu(x + b)", "layer_norm": "layer_norm", "softmax": "softmax(dim=-1)",
     "rmsnorm_silu_gate": "RMSNorm * w, silu, * gate", "column_sum": "x.sum(0) (a bias gradient)",
     "linear_gelu": "gelu(x @ W.T + b)", "linear_residual": "x @ W.T + b + r",
+    "lm_head": "x @ E.T (GPT-2's LM head)",
 }
 
 

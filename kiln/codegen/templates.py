@@ -4,7 +4,11 @@
 with the template node it would add; it returns the tile to run the template with, or None for the
 extern. `config.matmul_template` decides:
 
-- "off" (and "default" outside mode="max-autotune"): always the extern;
+- "off": always the extern;
+- "default" outside the max-autotune modes: the extern, except a CUDA product of 16-bit operands whose
+  n or k is not a multiple of 8 (`cublas_misaligned`), which takes the template with its default tile:
+  cuBLAS runs those rows misaligned, 4.1x slower than the template on the H200 for GPT-2's LM head
+  (512x768 @ 768x50257 bf16: 504.6 us against 122.7; benchmarks/results/2026-12-05_template-check-1db0582_nvidia-h200.md);
 - "on": always the template, with the default tile (the tests run it under Triton's interpreter);
 - "auto" (and "default" under mode="max-autotune"), CUDA and static sizes only: every candidate tile
   (codegen/triton_templates.py CANDIDATES) of the bare product is timed against cuBLAS's product plus
@@ -41,9 +45,9 @@ def product_config(node: Template, graph: Graph, meta: torch.Tensor):
     `graph`), or None: lower the product as the extern."""
     setting = config.matmul_template
     device = meta.device.type
-    if not templates_considered(device):
+    if not templates_considered(meta, node.reduction_ranges[0]):
         return None
-    if setting == "on":
+    if setting in ("on", "default"):  # "default" is considered only where cuBLAS is misaligned
         return default_tile(meta.dtype, device)
     if not autotune.timeable(device):
         return None  # timing needs a GPU; the interpreter never beats the extern
@@ -53,9 +57,27 @@ def product_config(node: Template, graph: Graph, meta: torch.Tensor):
     return _tuned_tile(node, graph, meta, [int(size) for size in sizes])
 
 
-def templates_considered(device_type: str) -> bool:
-    """Whether a product on `device_type` may be a template at all (a cheap check, before any is built)."""
-    return config.matmul_template in ("on", "auto") and _triton_runs(device_type)
+def templates_considered(meta: torch.Tensor, inner) -> bool:
+    """Whether the product whose result is like `meta`, summing over `inner` terms, may be a template at all
+    (a cheap check, before any is built)."""
+    setting = config.matmul_template
+    if setting == "default":
+        return meta.device.type == "cuda" and cublas_misaligned(meta, inner)
+    return setting in ("on", "auto") and _triton_runs(meta.device.type)
+
+
+MISALIGNED_MIN_SIZE = 64  # smaller products were not measured: they keep cuBLAS
+
+
+def cublas_misaligned(meta: torch.Tensor, inner) -> bool:
+    """Whether a product of 16-bit operands has a static n or k that is not a multiple of 8 (16 bytes: the
+    rows of its output or operands start misaligned for cuBLAS), with m, n and k all at least 64."""
+    sizes = [*meta.shape[-2:], inner]
+    if meta.dtype.itemsize != 2 or not all(isinstance(size, int) or getattr(size, "is_Integer", False)
+                                           for size in sizes):
+        return False
+    rows, columns, inner = (int(size) for size in sizes)
+    return min(rows, columns, inner) >= MISALIGNED_MIN_SIZE and (columns % 8 != 0 or inner % 8 != 0)
 
 
 def templates_forced(device_type: str) -> bool:

@@ -240,9 +240,10 @@ def template_product(ctx, meta, a, b, bias=None, beta=1, alpha=1):
     precision, or in TF32 where torch allows it for CUDA products (`precision`)."""
     from kiln.codegen.templates import product_config, templates_considered  # it generates and times kernels
 
-    if not templates_considered(meta.device.type) or meta.dim() not in (2, 3) or meta.dtype not in TEMPLATE_DTYPES or \
+    if meta.dim() not in (2, 3) or meta.dtype not in TEMPLATE_DTYPES or \
             any(not isinstance(value, TensorValue) or value.dtype != meta.dtype
-                for value in (a, b) + (() if bias is None else (bias,))):
+                for value in (a, b) + (() if bias is None else (bias,))) or \
+            not templates_considered(meta, sympy.sympify(a.shape[-1])):
         return None
     # fp32 where torch allows TF32: three TF32 products (the operands split in high and low halves), near
     # fp32's precision. One TF32 product truncates the operands (cuBLAS rounds them): 2.3x eager's error on

@@ -157,17 +157,52 @@ def test_the_extern_stays_where_templates_are_off_or_the_backend_is_cpp():
 
 # ---- choosing: template or cuBLAS, and which tile -------------------------------------------------
 
+def _product(columns=64, inner=64):
+    """A stand-in for a product template node: product_config reads its k (reduction_ranges)."""
+    import types
+
+    import sympy
+    return types.SimpleNamespace(reduction_ranges=[sympy.Integer(inner)])
+
+
 def test_product_config_follows_the_option_and_the_device():
     with kiln.config.patch(matmul_template="on"):
-        assert templates.product_config(None, None, torch.empty(64, 64)) == INTERPRETED_TILE
+        assert templates.product_config(_product(), None, torch.empty(64, 64)) == INTERPRETED_TILE
     for setting in ("off", "default"):
         with kiln.config.patch(matmul_template=setting):
-            assert templates.product_config(None, None, torch.empty(64, 64)) is None
+            assert templates.product_config(_product(), None, torch.empty(64, 64)) is None
     with kiln.config.patch(matmul_template="on", cpu_backend="cpp"):
-        assert templates.product_config(None, None, torch.empty(64, 64)) is None
+        assert templates.product_config(_product(), None, torch.empty(64, 64)) is None
     with kiln.config.patch(matmul_template="auto"):  # the interpreter is never timed: it never wins
-        assert templates.product_config(None, None, torch.empty(64, 64)) is None
+        assert templates.product_config(_product(), None, torch.empty(64, 64)) is None
     assert candidates(torch.bfloat16)[0] == TileConfig(128, 128, 64, 8, 3)
+
+
+def _cuda_like(*shape, dtype=torch.bfloat16):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():  # a CUDA result's metadata, without a GPU
+        return torch.empty(*shape, dtype=dtype, device="cuda")
+
+
+@pytest.mark.parametrize("rows, columns, inner, dtype, template", [
+    (512, 50257, 768, torch.bfloat16, True),    # GPT-2's LM head: n odd (4.1x faster as the template on the H200)
+    (4096, 768, 50257, torch.float16, True),    # its input gradient: k odd
+    (4096, 3072, 768, torch.bfloat16, False),   # aligned: cuBLAS
+    (512, 50257, 768, torch.float32, False),    # fp32 rows are 4-byte: not measured, cuBLAS
+    (32, 50257, 768, torch.bfloat16, False),    # a few rows (decode): cuBLAS
+    (512, 1001, 60, torch.bfloat16, False),     # a short k: cuBLAS
+])
+def test_the_default_takes_the_template_where_cublas_is_misaligned(rows, columns, inner, dtype, template):
+    meta = _cuda_like(rows, columns, dtype=dtype)
+    with kiln.config.patch(matmul_template="default"):
+        assert templates.templates_considered(meta, inner) is template
+        tile = templates.product_config(_product(columns, inner), None, meta)
+    assert tile == (candidates(dtype)[0] if template else None)
+    with kiln.config.patch(matmul_template="off"):
+        assert not templates.templates_considered(meta, inner)
+    with kiln.config.patch(matmul_template="default"):  # CPU: never by default
+        assert not templates.templates_considered(torch.empty(rows, columns, dtype=dtype), inner)
 
 
 @pytest.fixture
