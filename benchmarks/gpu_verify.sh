@@ -23,6 +23,7 @@
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh verify1; ... verify2   # the lean end-of-session pair (below)
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh final     # all of it in one call, eager and kiln only (below)
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh close1; ... close2   # the same in two calls (below)
+#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh close     # smoke, capture, install, six models, kernels: one call
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh session1; ... session2; ... session3   # the end-of-session
 #                                                                 # check in three calls, torch.compile's training
 #                                                                 # in them (below)
@@ -222,6 +223,26 @@ close1|close2)
     fi
     rm -f "$OUT_DIR"/*.log
     ;;
+close)
+    # The end-of-session check in one call of ~540 s (2026-12-05: one device call left after the day's
+    # measurements). First, at once (correctness only, no timing): the smoke check (the max-autotune modes
+    # included), GPT-2 and Llama captured whole, and kiln verify from a fresh install. Then, alone on the GPU:
+    # the six TARGETS models (eager, kiln) and the TARGETS kernels plus GPT-2's LM head product (eager, kiln).
+    { timeout 240 "$PYTHON" -m benchmarks.gpu_smoke 2>&1 | grep -v "Warn\|runners = "
+      echo "gpu_smoke exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/smoke.txt" 2>&1 &
+    { timeout 200 "$PYTHON" -m benchmarks.gpu_capture_check 2>&1 | grep -v "Warning"
+      echo "gpu_capture_check exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/capture.txt" 2>&1 &
+    bash benchmarks/gpu_verify.sh install > /dev/null 2>&1 &
+    wait
+    tail -4 "$OUT_DIR/smoke.txt"; grep -i "fail\|error\|mismatch" "$OUT_DIR/smoke.txt" | head -5
+    cat "$OUT_DIR/capture.txt"; tail -3 "$OUT_DIR/verify.txt"
+    "$PYTHON" -m benchmarks.run --suite models --modes infer --backends eager,kiln --budget "${MODELS_BUDGET:-300}" \
+        --timeout 70 --label "models-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
+    "$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,kiln \
+        --only copy,gelu_bias,layer_norm,softmax,rmsnorm_silu_gate,lm_head --budget 110 --timeout 35 \
+        --label "kernels-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^| "
+    rm -f "$OUT_DIR"/*.log
+    ;;
 install)
     # kiln verify from a fresh venv with a non-editable install (issue 17), ~40 s. The GPU machine has no
     # network and keeps torch in a venv of its own (so `venv --system-site-packages` finds no torch): the
@@ -279,6 +300,6 @@ templates)
     grep -h "autotuned\|autotuning" "$OUT_DIR"/*autotune*.log 2>/dev/null | sort | uniq -c | sort -rn | head -30
     rm -f "$OUT_DIR"/*.log
     ;;
-*) echo "usage: gpu_verify.sh checks|kernels|models|diagnose|verify1|verify2|final|session1|session2|session3|close1|close2|templates|install|host|train" >&2; exit 2 ;;
+*) echo "usage: gpu_verify.sh checks|kernels|models|diagnose|verify1|verify2|final|session1|session2|session3|close|close1|close2|templates|install|host|train" >&2; exit 2 ;;
 esac
 ls -la "$OUT_DIR"

@@ -114,7 +114,7 @@ def _tuned_tile(node: Template, graph: Graph, meta: torch.Tensor, sizes: list):
             product(a, b, out=out)
             copied.copy_(out)
 
-        runs = {name: _template_run(node, graph, tile, operands, out) for name, tile in tiles.items()}
+        runs = {name: _template_run(node, parts, graph, tile, operands, out) for name, tile in tiles.items()}
         if autotune.budget_left() > 0:  # every tile compiled at once, not one by one as it is first timed
             compile_candidates([(run.source, run.source.constexprs, run.source.launch_options)
                                 for run in runs.values()])
@@ -165,10 +165,9 @@ def _strided(storage: torch.Tensor, shape: tuple, operand: MatrixOperand) -> tor
     return storage.as_strided(shape, strides, int(operand.offset))
 
 
-def _template_run(node: Template, graph: Graph, tile, operands: dict, out: torch.Tensor):
-    """A function launching the bare product template (its result stored to `out`) with `tile`; its
-    `source` attribute is the tile's KernelSource."""
-    parts = template_parts(node, graph)
+def _template_run(node: Template, parts, graph: Graph, tile, operands: dict, out: torch.Tensor):
+    """A function launching the bare product template `node` (whose template_parts are `parts`; its result
+    stored to `out`) with `tile`; its `source` attribute is the tile's KernelSource."""
     body = Body(list(node.body.ops[:parts.reduce_index + 1]))
     sizes = list(node.ranges)
     result = Buffer("tuned_out", out.device, out.dtype, Layout(tuple(sizes), tuple(contiguous_strides(sizes))))

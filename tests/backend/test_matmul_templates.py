@@ -352,8 +352,8 @@ def test_autotuning_runs_its_candidates_on_real_tensors_and_uses_the_winner(inte
 def test_a_tile_computing_a_wrong_product_is_never_timed(interpreted_timing, monkeypatch, caplog):
     original = templates._template_run
 
-    def template_run(node, graph, tile, operands, out):
-        run = original(node, graph, tile, operands, out)
+    def template_run(node, parts, graph, tile, operands, out):
+        run = original(node, parts, graph, tile, operands, out)
         if (tile.block_m, tile.block_n) != (64, 64):
             return run
 
