@@ -6,7 +6,7 @@ extern. `config.matmul_template` decides:
 
 - "off": always the extern;
 - "default" outside the max-autotune modes: the extern, except a CUDA product of 16-bit operands whose
-  n or k is not a multiple of 8 (`cublas_misaligned`), which takes the template with its default tile:
+  n is not a multiple of 8 (`cublas_misaligned`), which takes the template with its default tile:
   cuBLAS runs those rows misaligned, 4.1x slower than the template on the H200 for GPT-2's LM head
   (512x768 @ 768x50257 bf16: 504.6 us against 122.7; benchmarks/results/2026-12-05_template-check-1db0582_nvidia-h200.md);
 - "on": always the template, with the default tile (the tests run it under Triton's interpreter);
@@ -70,14 +70,15 @@ MISALIGNED_MIN_SIZE = 64  # smaller products were not measured: they keep cuBLAS
 
 
 def cublas_misaligned(meta: torch.Tensor, inner) -> bool:
-    """Whether a product of 16-bit operands has a static n or k that is not a multiple of 8 (16 bytes: the
-    rows of its output or operands start misaligned for cuBLAS), with m, n and k all at least 64."""
+    """Whether a product of 16-bit operands has a static n that is not a multiple of 8 (16 bytes: the rows
+    of its output start misaligned for cuBLAS), with m, n and k all at least 64. (An odd k, as in the LM
+    head's input gradient, misaligns the operands' rows instead: not measured, so it keeps cuBLAS.)"""
     sizes = [*meta.shape[-2:], inner]
     if meta.dtype.itemsize != 2 or not all(isinstance(size, int) or getattr(size, "is_Integer", False)
                                            for size in sizes):
         return False
     rows, columns, inner = (int(size) for size in sizes)
-    return min(rows, columns, inner) >= MISALIGNED_MIN_SIZE and (columns % 8 != 0 or inner % 8 != 0)
+    return min(rows, columns, inner) >= MISALIGNED_MIN_SIZE and columns % 8 != 0
 
 
 def templates_forced(device_type: str) -> bool:

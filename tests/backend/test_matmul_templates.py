@@ -187,7 +187,8 @@ def _cuda_like(*shape, dtype=torch.bfloat16):
 
 @pytest.mark.parametrize("rows, columns, inner, dtype, template", [
     (512, 50257, 768, torch.bfloat16, True),    # GPT-2's LM head: n odd (4.1x faster as the template on the H200)
-    (4096, 768, 50257, torch.float16, True),    # its input gradient: k odd
+    (512, 1001, 768, torch.float16, True),      # fp16, another odd n
+    (4096, 768, 50257, torch.bfloat16, False),  # the LM head's input gradient: k odd, not measured: cuBLAS
     (4096, 3072, 768, torch.bfloat16, False),   # aligned: cuBLAS
     (512, 50257, 768, torch.float32, False),    # fp32 rows are 4-byte: not measured, cuBLAS
     (32, 50257, 768, torch.bfloat16, False),    # a few rows (decode): cuBLAS
