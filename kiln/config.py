@@ -147,8 +147,8 @@ OPTIONS = [
            "2-d products on the Triton backends (kiln/lowering/matmul.py, kiln/runtime/autotune.py): 'auto' (a "
            "Triton template, which a pointwise epilogue joins, where it times faster than cuBLAS plus one pass "
            "over the product; CUDA only, the tile autotuned and cached), 'on' (always the template, the default "
-           "tile), 'off' (always the ATen extern), 'default' ('auto' under the max-autotune modes; otherwise the extern, except CUDA products of 16-bit "
-           "operands whose n is not a multiple of 8, where cuBLAS is slow: the template's default tile)",
+           "tile), 'off' (always the ATen extern), 'default' ('auto' under the max-autotune modes; otherwise the extern, except CUDA 2-d products of "
+           "16-bit operands whose n is not a multiple of 8, where cuBLAS is slow: the template's default tile)",
            normalize=_one_of("default", "off", "on", "auto")),
     Option("autotune_kernels", str, "default",
            "CUDA pointwise and reduction kernels with static sizes (kiln/codegen/tuning.py): 'auto' (a few block "

@@ -5,8 +5,8 @@ with the template node it would add; it returns the tile to run the template wit
 extern. `config.matmul_template` decides:
 
 - "off": always the extern;
-- "default" outside the max-autotune modes: the extern, except a CUDA product of 16-bit operands whose
-  n is not a multiple of 8 (`cublas_misaligned`), which takes the template with its default tile:
+- "default" outside the max-autotune modes: the extern, except a CUDA 2-d product of 16-bit operands
+  whose n is not a multiple of 8 (`cublas_misaligned`), which takes the template with its default tile:
   cuBLAS runs those rows misaligned, 4.1x slower than the template on the H200 for GPT-2's LM head
   (512x768 @ 768x50257 bf16: 504.6 us against 122.7; benchmarks/results/2026-12-05_template-check-1db0582_nvidia-h200.md);
 - "on": always the template, with the default tile (the tests run it under Triton's interpreter);
@@ -70,11 +70,12 @@ MISALIGNED_MIN_SIZE = 64  # smaller products were not measured: they keep cuBLAS
 
 
 def cublas_misaligned(meta: torch.Tensor, inner) -> bool:
-    """Whether a product of 16-bit operands has a static n that is not a multiple of 8 (16 bytes: the rows
-    of its output start misaligned for cuBLAS), with m, n and k all at least 64. (An odd k, as in the LM
-    head's input gradient, misaligns the operands' rows instead: not measured, so it keeps cuBLAS.)"""
+    """Whether a 2-d product of 16-bit operands has a static n that is not a multiple of 8 (16 bytes: the
+    rows of its output start misaligned for cuBLAS), with m, n and k all at least 64. (An odd k, as in the
+    LM head's input gradient, misaligns the operands' rows instead, and a batched product with an odd n
+    runs other cuBLAS kernels: neither was measured, so both keep cuBLAS.)"""
     sizes = [*meta.shape[-2:], inner]
-    if meta.dtype.itemsize != 2 or not all(isinstance(size, int) or getattr(size, "is_Integer", False)
+    if meta.dim() != 2 or meta.dtype.itemsize != 2 or not all(isinstance(size, int) or getattr(size, "is_Integer", False)
                                            for size in sizes):
         return False
     rows, columns, inner = (int(size) for size in sizes)

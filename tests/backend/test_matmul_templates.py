@@ -197,6 +197,7 @@ def _cuda_like(*shape, dtype=torch.bfloat16):
 def test_the_default_takes_the_template_where_cublas_is_misaligned(rows, columns, inner, dtype, template):
     meta = _cuda_like(rows, columns, dtype=dtype)
     with kiln.config.patch(matmul_template="default"):
+        assert not templates.templates_considered(_cuda_like(4, rows, columns, dtype=dtype), inner)  # batched: cuBLAS
         assert templates.templates_considered(meta, inner) is template
         tile = templates.product_config(_product(columns, inner), None, meta)
     assert tile == (candidates(dtype)[0] if template else None)
