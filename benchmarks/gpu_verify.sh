@@ -226,16 +226,21 @@ close1|close2)
 close)
     # The end-of-session check in one call of ~540 s (2026-12-05: one device call left after the day's
     # measurements). First, at once (correctness only, no timing): the smoke check (the max-autotune modes
-    # included), GPT-2 and Llama captured whole, and kiln verify from a fresh install. Then, alone on the GPU:
+    # included), GPT-2 and Llama captured whole, kiln verify from a fresh install, and the product templates'
+    # check (every product a template, autotuned, and the default's choice). Then, alone on the GPU:
     # the six TARGETS models (eager, kiln) and the TARGETS kernels plus GPT-2's LM head product (eager, kiln).
     { timeout 240 "$PYTHON" -m benchmarks.gpu_smoke 2>&1 | grep -v "Warn\|runners = "
       echo "gpu_smoke exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/smoke.txt" 2>&1 &
     { timeout 200 "$PYTHON" -m benchmarks.gpu_capture_check 2>&1 | grep -v "Warning"
       echo "gpu_capture_check exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/capture.txt" 2>&1 &
     bash benchmarks/gpu_verify.sh install > /dev/null 2>&1 &
+    { timeout 200 "$PYTHON" -m benchmarks.gpu_template_check 2>&1 | grep -v "Warning"
+      echo "gpu_template_check exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/templates.txt" 2>&1 &
     wait
     tail -4 "$OUT_DIR/smoke.txt"; grep -i "fail\|error\|mismatch" "$OUT_DIR/smoke.txt" | head -5
     cat "$OUT_DIR/capture.txt"; tail -3 "$OUT_DIR/verify.txt"
+    grep "^\[\|exit\|failures" "$OUT_DIR/templates.txt" | grep -v PASS; grep -c PASS "$OUT_DIR/templates.txt"
+    grep "^\[default\]" "$OUT_DIR/templates.txt"
     "$PYTHON" -m benchmarks.run --suite models --modes infer --backends eager,kiln --budget "${MODELS_BUDGET:-300}" \
         --timeout 70 --label "models-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
     "$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,kiln \
