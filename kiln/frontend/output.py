@@ -25,6 +25,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import types
@@ -78,6 +79,7 @@ class OutputGraph:
         self.symbol_nodes: dict[Any, torch.fx.Node] = {}  # sympy Symbol -> the node that binds it
         self.symbolic_inputs = 0
         self.tensors_by_id: dict[int, TensorVariable] = {}
+        self.input_layouts: list[tuple[torch.Tensor, tuple]] = []  # each tensor input's fake and its entry layout
         self.wrapped: dict[int, Variable] = {}
         self._keep_alive: list[Any] = []
         self.side_effects = SideEffects()
@@ -138,6 +140,7 @@ class OutputGraph:
         if _torch.is_symbolic(tuple(fake.shape) + tuple(fake.stride()) + (fake.storage_offset(),)):
             self._bind_symbols(source, fake)
         node = self._placeholder(source.readable_name(), fake)
+        self.input_layouts.append((fake, _layout_of(fake)))
         node.meta["kiln_inference"] = value.is_inference()
         self.guards.tensor_storage(source, value, fake, self.graph)
         variable = TensorVariable(node, fake, source, type(value))
@@ -459,7 +462,8 @@ class OutputGraph:
         namespace.update(codegen.namespace)  # the constants the lines above named
         entry_source = "\n".join([f"def __entry({signature.text}):"] + ["    " + line for line in body])
         entry = compile_function(entry_source, "__entry", namespace, f"kiln_entry_{name}", stand_in)
-        guard, guard_source = self.guards.build(signature, self.guard_namespace)
+        with self._entry_layouts():  # a symbolic input's guards compare its layout on entry
+            guard, guard_source = self.guards.build(signature, self.guard_namespace)
         return TracedGraph(guard, guard_source, entry, entry_source, graph_module)
 
 
@@ -476,14 +480,53 @@ class OutputGraph:
         if not self.guards.has_symbolic_inputs():
             # the policy is one per cached code object: a recompile of the same frame compiles anew
             return graph_reuse.compile_or_reuse(self.graph_compiler, graph_module, example_inputs, owner=self.dynamic)
-        with _torch.backend_tracing(self.fake_mode):
+        with _torch.backend_tracing(self.fake_mode), self._entry_layouts():
             return self.graph_compiler(graph_module, example_inputs)
+
+    @contextlib.contextmanager
+    def _entry_layouts(self):
+        """Tensor inputs' fakes with the layouts they had on entry, while the backend traces and the guards are
+        built. AOTAutograd fakes the example inputs through the trace's fake mode, which hands back the trace's
+        own fakes, and the guards read a symbolic input's sizes from its fake: one that an in-place view op
+        (`x.t_()`, `x.unsqueeze_(0)`) restrided while tracing would be taken for the input's layout, so that
+        AOTAutograd's replay of the op onto the real input did nothing and the guards checked the wrong dims."""
+        changed = [(fake, entry, _layout_of(fake)) for fake, entry in self.input_layouts
+                   if not _same_layout(_layout_of(fake), entry)]
+        for fake, entry, _ in changed:
+            _set_layout(self.fake_mode, fake, entry)
+        try:
+            yield
+        finally:
+            for fake, _, traced in changed:  # the rest of the trace's codegen reads the traced layouts
+                _set_layout(self.fake_mode, fake, traced)
 
     def _drop_unused_symbolic_nodes(self) -> None:
         """Nodes that computed numbers nothing in the graph uses (`b, l, d = x.shape` reads them all)."""
         for node in reversed(list(self.graph.nodes)):
             if node.meta.get("kiln_symbolic") and not node.users:
                 self.graph.erase_node(node)
+
+
+def _layout_of(fake: torch.Tensor) -> tuple:
+    """A fake's sizes, strides and storage offset (SymInts themselves, so that a restride reuses them)."""
+    return tuple(fake.shape), tuple(fake.stride()), fake.storage_offset()
+
+
+def _same_layout(first: tuple, second: tuple) -> bool:
+    """Whether two `_layout_of` layouts are the same, SymInts compared by their expressions (comparing the
+    SymInts themselves would add guards)."""
+    def plain(value):
+        return value.node.expr if isinstance(value, torch.SymInt) else value
+    flat = [[plain(value) for part in layout for value in (part if isinstance(part, tuple) else (part,))]
+            for layout in (first, second)]
+    return len(first[0]) == len(second[0]) and flat[0] == flat[1]
+
+
+def _set_layout(mode, fake: torch.Tensor, layout: tuple) -> None:
+    """Restride a fake in place to a layout `_layout_of` gave."""
+    sizes, strides, offset = layout
+    with mode:
+        fake.as_strided_(sizes, strides, offset)
 
 
 def _is_inference_node(node: torch.fx.Node) -> bool:
