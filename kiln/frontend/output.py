@@ -39,7 +39,7 @@ from kiln import _torch
 from kiln.config import config
 from kiln.frontend import ddp, graph_reuse
 from kiln.frontend.dynamic import DynamicPolicy
-from kiln.frontend.errors import Unsupported
+from kiln.frontend.errors import GraphRaised, Unsupported
 from kiln.frontend.guards import FrameSignature, GuardBuilder, SourceRenderer, compile_function
 from kiln.frontend.sources import (AttrSource, ClosureCellSource, ItemSource, LocalSource, NamedSource, ScalarTensorSource,
                                    Source, TensorPropertySource)
@@ -442,11 +442,11 @@ class OutputGraph:
             made_inside = tuple(index for index, node in enumerate(codegen.output_nodes)
                                 if node.op != "placeholder" and node.meta.get("kiln_inference"))
             body.append(f"with {codegen.constant(torch.inference_mode)}(False):")
-            body.append(f"    __outs = __compiled({', '.join(input_texts)}{',' if len(input_texts) == 1 else ''})")
+            body.extend("    " + line for line in _graph_call(input_texts, codegen))
             if made_inside:
                 body.append(f"__outs = {codegen.constant(_as_inference_tensors)}(__outs, {made_inside!r})")
         elif compiled is not None:
-            body.append(f"__outs = __compiled({', '.join(input_texts)}{',' if len(input_texts) == 1 else ''})")
+            body.extend(_graph_call(input_texts, codegen))
         else:
             body.append(f"__outs = ({', '.join(input_texts)}{',' if len(input_texts) == 1 else ''})")
         codegen.renderer, codegen.lines = renderer, body
@@ -505,6 +505,15 @@ class OutputGraph:
         for node in reversed(list(self.graph.nodes)):
             if node.meta.get("kiln_symbolic") and not node.users:
                 self.graph.erase_node(node)
+
+
+def _graph_call(input_texts: list[str], codegen) -> list[str]:
+    """The entry's lines that call the compiled graph: an error it raises becomes GraphRaised, for the
+    dispatcher to run the frame eagerly (errors.GraphRaised says why)."""
+    return ["try:",
+            f"    __outs = __compiled({', '.join(input_texts)}{',' if len(input_texts) == 1 else ''})",
+            "except Exception as __error:",
+            f"    raise {codegen.constant(GraphRaised)}() from __error"]
 
 
 def _layout_of(fake: torch.Tensor) -> tuple:
