@@ -249,6 +249,16 @@ class GuardBuilder:
             enabled = torch.is_autocast_enabled(device_type)
             self.add(None, f"{self.constant(torch.is_autocast_enabled)}({device_type!r}) is not {enabled}",
                      f"autocast({device_type}) changed from {enabled}")
+            if enabled:  # the trace casts to this dtype: bfloat16 and float16 regions are different graphs
+                dtype = torch.get_autocast_dtype(device_type)
+                self.add(None, f"{self.constant(torch.get_autocast_dtype)}({device_type!r}) is not "
+                               f"{self.constant(dtype)}",
+                         f"autocast({device_type}) dtype changed from {str(dtype).replace('torch.', '')}")
+        # torch functions the trace runs as constants (`if torch.are_deterministic_algorithms_enabled():`)
+        for read in (torch.are_deterministic_algorithms_enabled, torch.is_deterministic_algorithms_warn_only_enabled,
+                     torch.get_float32_matmul_precision):
+            value = read()
+            self.add(None, f"{self.constant(read)}() != {value!r}", f"{read.__name__}() changed from {value!r}")
 
     # -- code generation ------------------------------------------------------------------------
 

@@ -396,3 +396,85 @@ def test_zip_of_generators_stops_at_the_shorter():
         return program, {"log": []}
 
     _check_calls(make, [lambda s: (torch.ones(2), s["log"])] * 2)
+
+
+# -- an error the compiled graph raises, after side effects ----------------------------------------------------
+# Once wrong: the graph's out-of-range gather raised before the entry replayed `log.append(1)` and before
+# AOTAutograd wrote `x.add_(1)` back, so the program saw neither; eager makes both, then raises.
+
+def test_graph_error_after_side_effects_leaves_eagers_effects():
+    def program(x, log):
+        log.append(1)
+        x.add_(1)
+        y = x[torch.tensor([5])]
+        log.append(2)
+        return y
+
+    _check_calls(lambda: (program, {"log": [], "x": torch.ones(2)}), [lambda s: (s["x"], s["log"])] * 3)
+
+
+def test_graph_error_in_a_resume_function():
+    def program(x, log):
+        log.append("before")
+        print("", end="")  # a graph break: the rest is a resume function with a graph of its own
+        x.mul_(3)
+        log.append("after")
+        return x[torch.tensor([x.shape[0]])]
+
+    _check_calls(lambda: (program, {"log": [], "x": torch.ones(2)}), [lambda s: (s["x"], s["log"])] * 2)
+
+
+def test_graph_error_in_a_closure_and_a_method():
+    class Holder(torch.nn.Module):
+        def forward(self, x, log):
+            log.append(len(log))
+            x.add_(2)
+            return x[torch.tensor([3])]
+
+    def make_closure():
+        scale = 2.0
+
+        def program(x, log):
+            log.append(scale)
+            x.mul_(scale)
+            return x[torch.tensor([-3])]
+        return program, {"log": [], "x": torch.ones(2)}
+
+    _check_calls(make_closure, [lambda s: (s["x"], s["log"])] * 2)
+    holder = Holder()
+    _check_calls(lambda: (holder, {"log": [], "x": torch.ones(2)}), [lambda s: (s["x"], s["log"])] * 2)
+
+
+# -- global state the trace reads ----------------------------------------------------------------------------
+# Once wrong: the guards checked that autocast was on, not its dtype (a float16 region ran the bfloat16 graph),
+# and `torch.are_deterministic_algorithms_enabled()` / `torch.get_float32_matmul_precision()` were constants
+# of the trace with no guard.
+
+def test_autocast_dtype_changes():
+    def program(x, w):
+        return (x @ w) + 1
+
+    compiled = kiln.compile(program)
+    x, w = torch.randn(4, 4), torch.randn(4, 4)
+    for dtype in [None, torch.bfloat16, torch.float16, None, torch.bfloat16]:
+        with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            expected, actual = program(x, w), compiled(x, w)
+        assert actual.dtype == expected.dtype, dtype
+        assert torch.equal(actual, expected), dtype
+
+
+def test_deterministic_and_matmul_precision_flags():
+    def program(x):
+        y = x * 2 if torch.are_deterministic_algorithms_enabled() else x * 3
+        return y + 1 if torch.get_float32_matmul_precision() == "highest" else y - 1
+
+    compiled = kiln.compile(program)
+    before = torch.are_deterministic_algorithms_enabled(), torch.get_float32_matmul_precision()
+    try:
+        for deterministic, precision in [(False, "highest"), (True, "highest"), (True, "high"), (False, "highest")]:
+            torch.use_deterministic_algorithms(deterministic)
+            torch.set_float32_matmul_precision(precision)
+            assert torch.equal(compiled(torch.ones(2)), program(torch.ones(2))), (deterministic, precision)
+    finally:
+        torch.use_deterministic_algorithms(before[0])
+        torch.set_float32_matmul_precision(before[1])
