@@ -478,3 +478,18 @@ def test_deterministic_and_matmul_precision_flags():
     finally:
         torch.use_deterministic_algorithms(before[0])
         torch.set_float32_matmul_precision(before[1])
+
+
+def test_library_module_flag_changes():
+    # Once wrong: attributes of library modules were read as constants with no guard, flags included
+    def program(x):
+        return x * 2 if torch.backends.mkldnn.enabled else x * 3
+
+    compiled = kiln.compile(program)
+    before = torch.backends.mkldnn.enabled
+    try:
+        for enabled in [True, False, True]:
+            torch.backends.mkldnn.enabled = enabled
+            assert torch.equal(compiled(torch.ones(2)), program(torch.ones(2))), enabled
+    finally:
+        torch.backends.mkldnn.enabled = before
