@@ -93,6 +93,71 @@ PROGRAMS.update({"setitem_argmax": _setitem_argmax, "setitem_duplicates": _setit
                  "add_through_view_index": _add_through_view_index})
 
 
+PROGRAMS.update({
+    "roll_two_dims": lambda x: torch.roll(x + 1, shifts=(-(x.shape[0] // 3), x.shape[1] - 1), dims=(0, 1)),
+    "roll_flattened": lambda x: torch.roll(x + 1, shifts=x.shape[1] + 1),
+    "circular_pad": lambda x: F.pad(x[None] * 2, (1, 2), mode="circular")[0],
+    "reflect_pad": lambda x: F.pad(x[None] * 2, (2, 1), mode="reflect")[0],
+    "remainder_of_negative_arange": lambda x: x[torch.remainder(torch.arange(x.shape[0]) - x.shape[0] // 2 - 1,
+                                                                 x.shape[0])],
+    "floor_divided_negative_arange": lambda x: x[torch.div(torch.arange(x.shape[0]) - 3, 2, rounding_mode="floor")],
+    "negative_slice_by_sizes": lambda x: x[-(x.shape[0] // 2):, : -(x.shape[1] // 2) or None] * 2,
+    "transposed_permutation": lambda x: x.reshape(-1)[
+        torch.arange(x.numel()).reshape(x.shape[1], x.shape[0]).t().reshape(-1)],
+    "tril_indices": lambda x: x[tuple(torch.tril_indices(x.shape[0], x.shape[1], -1))],
+    "cross_entropy_computed_targets": lambda x: F.cross_entropy(x, x.argmax(1).flip(0) % x.shape[1]),
+    "cummax_gather": lambda x: x.gather(1, x.cummax(1).indices) + x.cummax(1).values,
+    "int32_index": lambda x: x[x.argsort(0)[:, 0].int()] * 2,
+    "index_beyond_int32_then_back": lambda x: x[:, (x.argmax(1) + 2 ** 33) - 2 ** 33],
+    "half_gather": lambda x: x.half().gather(1, x.argsort(1)).float(),
+    "bfloat16_index_add": lambda x: torch.zeros(3, x.shape[1], dtype=torch.bfloat16).index_add_(
+        0, torch.arange(x.shape[0]) % 3, x.bfloat16()),
+    "int64_scatter_add": lambda x: torch.zeros(x.shape[0], 3, dtype=torch.int64).scatter_add(
+        1, (x.abs() * 5).long() % 3, (x * 10).long()),
+    "index_3d_slice_between": lambda x: (x.reshape(x.shape[0], 1, x.shape[1]).expand(-1, 2, -1) * 1)[
+        x.argmax(1) % x.shape[0], :, torch.arange(x.shape[0]) % x.shape[1]],
+    "ellipsis_then_index": lambda x: (x[None] * 2)[..., x[0].argsort()],
+    "embedding_bag_sum": lambda x: F.embedding_bag(x.argsort(1)[:, :2] % 5, torch.arange(20.).reshape(5, 4),
+                                                   mode="sum"),
+    "index_reduce_prod": lambda x: torch.ones(3, x.shape[1]).index_reduce_(
+        0, torch.arange(x.shape[0]) % 3, x, "prod", include_self=False),
+})
+
+
+def _write_through_argmax(x):
+    x[x.argmax(0) % x.shape[0]] = x[0].clone()
+    return x
+
+
+INPUT_WRITES = {
+    "index_add_": lambda x: (x.index_add_(0, x[:, 0].argsort(), torch.ones_like(x)), x.sum(1))[1],
+    "index_put_accumulate": lambda x: x.index_put_((x.argmax(1) % x.shape[0],), torch.ones(x.shape[0], x.shape[1]),
+                                                   accumulate=True) * 1,
+    "mask_setitem": lambda x: (x.__setitem__(x > 0, 0.5), x + 1)[1],
+    "transposed_setitem": lambda x: (x.t().__setitem__(x.argmax(0) % x.shape[1], 7.0), x)[1],
+    "scatter_": lambda x: x.scatter_(1, x.argsort(1)[:, :1], -1.0),
+    "scatter_add_into_a_view": lambda x: (x[1:].scatter_add_(1, torch.zeros(x.shape[0] - 1, 1, dtype=torch.long),
+                                                              x[:-1, :1].clone()), x)[1],
+    "masked_fill_a_view": lambda x: (x[:, 1:].masked_fill_(x[:, :-1] > 0, 9.0), x)[1],
+    "setitem_from_itself": _write_through_argmax,
+    "scatter_into_the_transpose": lambda x: (x.t().scatter_(1, x.argsort(0).t()[:, :1], 5.0), x)[1],
+}
+
+
+@pytest.mark.parametrize("name", list(INPUT_WRITES))
+def test_computed_index_writes_into_inputs_match_eager(name):
+    program = INPUT_WRITES[name]
+    compiled = kiln.compile(program)
+    for shape in [(5, 4), (6, 3)]:
+        x = torch.randn(*shape)
+        eager_input, compiled_input = x.clone(), x.clone()
+        expected = program(eager_input)
+        actual = compiled(compiled_input)
+        verdict = kiln.testing.compare(actual, expected)
+        assert verdict, (name, shape, verdict.message)
+        assert torch.equal(compiled_input, eager_input), (name, shape)
+
+
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_computed_indices_match_eager(name):
     program = PROGRAMS[name]
