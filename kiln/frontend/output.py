@@ -307,12 +307,25 @@ class OutputGraph:
             if _torch.is_symbolic(result) and not isinstance(result, (tuple, list)):  # torch.numel(x), torch.sym_max
                 return self.symbolic_number(tx, result, lambda: self.symbolic_node(
                     kind, target, tuple(node_args), result, node_kwargs))
+            if kind == "call_function" and not args and not kwargs:
+                self._guard_global_read(target, result)
             return tx.wrap_sourceless(_torch.specialize(result) if not isinstance(result, (tuple, list))
                                       else type(result)(_torch.specialize(item) for item in result))
         node = self.graph.create_node(kind, target, tuple(node_args), node_kwargs)
         node.meta["example_value"] = result
         self.compute_nodes += 1
         return self._wrap_result(tx, node, result)
+
+    def _guard_global_read(self, target: Any, result: Any) -> None:
+        """A torch function of no arguments that gives a Python value reads global state (`torch.initial_seed()`,
+        `torch.is_anomaly_enabled()`, `torch.get_num_threads()`): the trace takes its value as a constant, so the
+        guards call it again and compare."""
+        name = getattr(target, "__name__", repr(target))
+        if type(result) in (bool, int, float, str):
+            self.guards.add(None, f"{self.guards.constant(target)}() != {result!r}", f"{name}() changed from {result!r}")
+        elif isinstance(result, (torch.dtype, torch.device)):  # `torch.get_default_device()`
+            self.guards.add(None, f"{self.guards.constant(target)}() != {self.guards.constant(result)}",
+                            f"{name}() changed from {result}")
 
     def _wrap_result(self, tx, node: torch.fx.Node, result: Any) -> Variable:
         if result is None:

@@ -493,3 +493,22 @@ def test_library_module_flag_changes():
             assert torch.equal(compiled(torch.ones(2)), program(torch.ones(2))), enabled
     finally:
         torch.backends.mkldnn.enabled = before
+
+
+def test_torch_functions_reading_global_state():
+    # Once wrong: a torch function of no arguments ran once, in the trace, and its value stayed a constant
+    def program(x):
+        y = x * torch.initial_seed() + torch.get_num_threads()
+        return y * 2 if torch.is_anomaly_enabled() else y * 3
+
+    compiled = kiln.compile(program)
+    threads, seed = torch.get_num_threads(), torch.initial_seed()
+    try:
+        for new_seed, new_threads, anomaly in [(1, threads, False), (2, threads, False), (2, 1, False), (2, 1, True)]:
+            torch.manual_seed(new_seed)
+            torch.set_num_threads(new_threads)
+            with torch.autograd.set_detect_anomaly(anomaly):
+                assert torch.equal(compiled(torch.ones(2)), program(torch.ones(2))), (new_seed, new_threads, anomaly)
+    finally:
+        torch.set_num_threads(threads)
+        torch.manual_seed(seed)
