@@ -169,3 +169,24 @@ def test_computed_indices_match_eager(name):
         assert actual.shape == expected.shape and actual.dtype == expected.dtype, (name, shape)
         verdict = kiln.testing.compare(actual, expected)
         assert verdict, (name, shape, verdict.message)
+
+
+AS_STRIDED_OF_INPUTS = {
+    # Once wrong: the kernel counted as_strided's storage_offset from the input's first element, not from its
+    # storage's (`base[3:].as_strided(..., 0)` read base[3] on), and one graph served every offset
+    "default_offset": lambda x: x.as_strided((2, 2), (1, 2)) * 2,
+    "offset_zero": lambda x: x.as_strided((2, 2), (1, 2), 0) * 2,
+    "offset_read_from_the_input": lambda x: (x * 1).as_strided((2, 2), (1, 2), 1) + x.as_strided(
+        (2,), (2,), x.storage_offset() + 1),
+    "of_a_flattened_view": lambda x: x.view(-1).as_strided((2, 2), (1, 2), 1) * 2,
+    "offset_of_a_slice": lambda x: x * x[1:].storage_offset(),
+}
+
+
+@pytest.mark.parametrize("name", list(AS_STRIDED_OF_INPUTS))
+def test_as_strided_of_inputs_at_storage_offsets(name):
+    program = AS_STRIDED_OF_INPUTS[name]
+    compiled = kiln.compile(program)
+    base = torch.arange(20.)
+    for start in [0, 1, 3, 2]:
+        assert torch.equal(compiled(base[start:]), program(base[start:])), (name, start)
