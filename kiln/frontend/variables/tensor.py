@@ -141,12 +141,25 @@ class TensorMethodVariable(Variable):
             values = [arg.as_constant() for arg in args]
             keywords = {key: arg.as_constant() for key, arg in kwargs.items()}
             result = getattr(self.tensor.fake, name)(*values, **keywords)
+            if name == "storage_offset" and not _torch.is_symbolic(result):
+                _guard_storage_offset(tx, self.tensor, result)
             if keywords or not _torch.is_symbolic(result):
                 return ConstantVariable(_torch.specialize(result))
             return tx.output.tensor_metadata(tx, self.tensor, name, values, result)
         if name in ("addcdiv_", "addcmul_", "addcdiv", "addcmul") and isinstance(kwargs.get("value"), TensorVariable):
             return _pointwise_with_tensor_value(tx, self.tensor, name, args, kwargs)
         return tx.output.call_tensor_op(tx, "call_method", name, [self.tensor, *args], kwargs)
+
+
+def _guard_storage_offset(tx, tensor: TensorVariable, offset: int) -> None:
+    """`x.storage_offset()` read as a constant: the tensor guards do not compare offsets (one graph serves
+    `base[1:]` and `base[3:]`), so an input's is guarded here; a view the graph made has its base's offset in it."""
+    if tensor.source is not None:
+        tx.output.guards.add(tensor.source, f"{{}}.storage_offset() != {offset}",
+                             f"storage offset changed from {offset}")
+    elif tensor.fake._is_view():
+        raise Unsupported(f"storage_offset() of a view made in the graph ({tensor.describe()}): it depends on the "
+                          "offset of the input it views")
 
 
 def _pointwise_with_tensor_value(tx, tensor: TensorVariable, name: str, args: list, kwargs: dict) -> Variable:
