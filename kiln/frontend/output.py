@@ -274,6 +274,12 @@ class OutputGraph:
         """Run `target` on fake tensors; a tensor (or None, i.e. in-place) result becomes a graph node."""
         node_args, fake_args = _convert_all(args)
         node_kwargs, fake_kwargs = _convert_all(kwargs)
+        if target in _AS_STRIDED and fake_args and isinstance(fake_args[0], torch.Tensor) and \
+                self._shares_an_input_storage(fake_args[0]):
+            # its storage_offset counts from the storage's start, which the graph does not see (one graph serves
+            # `base[1:]` and `base[3:]`, and functionalization makes a written input a new buffer): ATen runs it
+            raise Unsupported(f"{getattr(target, '__name__', target)}() of a graph input's storage (its storage "
+                              "offset counts from where the input's storage starts)")
         if self.inference_switched and not self.inference_mode:
             _check_inference_tensor_use(kind, target, node_args, node_kwargs, fake_args, fake_kwargs)
         leaves = {id(item) for item in _flatten((fake_args, list(fake_kwargs.values())))  # leaves requiring grad
@@ -315,6 +321,11 @@ class OutputGraph:
         node.meta["example_value"] = result
         self.compute_nodes += 1
         return self._wrap_result(tx, node, result)
+
+    def _shares_an_input_storage(self, fake: torch.Tensor) -> bool:
+        storage = _torch.storage_ids(fake)[0]
+        return any(isinstance(variable, TensorVariable) and isinstance(value, torch.Tensor) and
+                   _torch.storage_ids(variable.fake)[0] == storage for _, value, variable in self.inputs)
 
     def _guard_global_read(self, target: Any, result: Any) -> None:
         """A torch function of no arguments that gives a Python value reads global state (`torch.initial_seed()`,
@@ -518,6 +529,12 @@ class OutputGraph:
         for node in reversed(list(self.graph.nodes)):
             if node.meta.get("kiln_symbolic") and not node.users:
                 self.graph.erase_node(node)
+
+
+# The ops whose storage_offset argument is counted from the start of their argument's storage
+_AS_STRIDED = frozenset({"as_strided", "as_strided_", "as_strided_scatter", torch.as_strided, torch.as_strided_,
+                         torch.as_strided_scatter, torch.Tensor.as_strided, torch.Tensor.as_strided_,
+                         torch.Tensor.as_strided_scatter})
 
 
 def _graph_call(input_texts: list[str], codegen) -> list[str]:

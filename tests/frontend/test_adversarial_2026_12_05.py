@@ -512,3 +512,25 @@ def test_torch_functions_reading_global_state():
     finally:
         torch.set_num_threads(threads)
         torch.manual_seed(seed)
+
+
+# -- as_strided of an input's storage --------------------------------------------------------------------------
+# Once wrong: after `x.add_(1)` (functionalized: a new buffer) or through an in-place as_strided view, the graph
+# counted as_strided's storage_offset from x's first element, not from its storage's start (x = base[3:]).
+
+AS_STRIDED_THROUGH_INPUTS = {
+    "after_a_write": lambda x: (x.add_(1), x.as_strided((2, 2), (1, 2), 0) * 2)[1],
+    "written_through": lambda x: (x.as_strided((2,), (1,), 0).mul_(10), x.sum())[1],
+    "scatter": lambda x: torch.as_strided_scatter(x, torch.ones(2), (2,), (1,), 0),
+    "of_a_computed_tensor": lambda x: (x + 1).as_strided((2,), (1,), 1) * 2,
+}
+
+
+@pytest.mark.parametrize("name", list(AS_STRIDED_THROUGH_INPUTS))
+def test_as_strided_through_inputs_at_storage_offsets(name):
+    program = AS_STRIDED_THROUGH_INPUTS[name]
+
+    def at(start):
+        return lambda state: (state["base"][start:],)
+
+    _check_calls(lambda: (program, {"base": torch.arange(20.)}), [at(0), at(1), at(3), at(2)])
