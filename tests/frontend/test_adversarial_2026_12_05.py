@@ -534,3 +534,97 @@ def test_as_strided_through_inputs_at_storage_offsets(name):
         return lambda state: (state["base"][start:],)
 
     _check_calls(lambda: (program, {"base": torch.arange(20.)}), [at(0), at(1), at(3), at(2)])
+
+
+# -- a corpus that passed: aliasing of containers and of views -------------------------------------------------
+
+def test_same_container_or_object_passed_twice():
+    class Box:
+        def __init__(self):
+            self.v = 1
+
+    def lists(a, b, x):
+        a.append(1)
+        b.append(len(a))
+        return x * len(b)
+
+    def objects(a, b, x):
+        a.v = a.v + 1
+        b.v = b.v * 3
+        return x * a.v
+
+    _check_calls(lambda: (lists, {"l": [], "m": []}), [
+        lambda s: (s["l"], s["m"], torch.ones(2)), lambda s: (s["l"], s["l"], torch.ones(2)),
+        lambda s: (s["l"], s["m"], torch.ones(2)), lambda s: (s["m"], s["m"], torch.ones(2))])
+    _check_calls(lambda: (objects, {"p": Box(), "q": Box()}), [
+        lambda s: (s["p"], s["q"], torch.ones(2)), lambda s: (s["p"], s["p"], torch.ones(2)),
+        lambda s: (s["p"], s["q"], torch.ones(2))])
+
+
+def test_views_of_one_base_written_and_read():
+    def write_row(x):
+        x.add_(1)
+        x.mul_(x.sum())
+        return x[0]
+
+    def write_one_read_other(a, b):
+        a.mul_(2)
+        return b + 0
+
+    _check_calls(lambda: (write_row, {"base": torch.arange(12.).reshape(4, 3)}),
+                 [lambda s, k=k: (s["base"][k],) for k in [0, 1, 2, 3, 1]] +
+                 [lambda s, k=k: (s["base"][:, k],) for k in [0, 1, 2, 0]])
+    _check_calls(lambda: (write_one_read_other, {"base": torch.arange(20.)}),
+                 [lambda s, k=k: (s["base"][:5 + k], s["base"][k:k + 5 + k]) for k in [0, 2, 5, 3, 1]])
+
+
+def test_list_and_dict_of_tensors_change_between_calls():
+    def over_list(xs):
+        out = 0
+        for i, x in enumerate(xs):
+            out = out + x * i
+        xs[0].add_(1)
+        return out
+
+    def change(kind):
+        def call(s):
+            if kind == "append":
+                s["xs"].append(torch.ones(2))
+            elif kind == "replace":
+                s["xs"][1] = torch.zeros(2)
+            elif kind == "alias":
+                s["xs"][2] = s["xs"][0]
+            elif kind == "pop":
+                s["xs"].pop()
+            return (s["xs"],)
+        return call
+
+    _check_calls(lambda: (over_list, {"xs": [torch.ones(2), torch.ones(2), torch.ones(2)]}),
+                 [change(kind) for kind in ["", "append", "replace", "alias", "", "pop", "alias"]])
+
+
+def test_iterators_passed_in_and_made_inside():
+    def rows(x):
+        out = []
+        for row in x:
+            out.append(row * 2)
+            if row.shape[0] > 2 and len(out) > 2:
+                break
+        return out
+
+    def zipped(x, numbers):
+        pairs = list(zip(numbers, x))
+        return [a * b for a, b in pairs], next(numbers, "end")
+
+    def enumerated(x, it):
+        for i, v in enumerate(it):
+            if i == 1:
+                return x * v, list(it)
+        return x, []
+
+    _check_calls(lambda: (rows, {}), [lambda s, n=n: (torch.arange(float(n * 3)).reshape(n, 3),) for n in [2, 3, 4]])
+    _check_calls(lambda: (zipped, {}), [lambda s, n=n: (torch.arange(float(n)), (i for i in range(5)))
+                                        for n in [2, 3, 6]])
+    _check_calls(lambda: (enumerated, {}), [lambda s: (torch.ones(2), iter([1, 2, 3, 4])),
+                                            lambda s: (torch.ones(2), iter([5])),
+                                            lambda s: (torch.ones(2), map(float, [1, 2, 3]))])
