@@ -628,3 +628,43 @@ def test_iterators_passed_in_and_made_inside():
     _check_calls(lambda: (enumerated, {}), [lambda s: (torch.ones(2), iter([1, 2, 3, 4])),
                                             lambda s: (torch.ones(2), iter([5])),
                                             lambda s: (torch.ones(2), map(float, [1, 2, 3]))])
+
+
+LAYOUT_WRITES_ON_SYMBOLIC_INPUTS = {
+    "data_assigned_transposed": lambda x: (setattr(x, "data", x.t() * 2), x + 1)[1],
+    "data_assigned_new_shape": lambda x: (setattr(x, "data", x.reshape(-1)[:2] * 2), x + 1)[1],
+    "set_": lambda x: (x.set_(x.t().contiguous() * 2), x + 1)[1],
+    "resize_": lambda x: (x.resize_(x.shape[0] - 1, x.shape[1]), x.fill_(2), x * 1)[2],
+    "unsqueeze_squeeze_transpose_": lambda x: (x.unsqueeze_(0), x.squeeze_(0), x.transpose_(0, 1), x.sum(0))[3],
+    "t_then_view_and_reshape": lambda x: (x.t_(), x[0], x.reshape(-1))[1:],
+    "t_of_a_view": lambda x: (x[1:].t_(), x * 1)[1],
+}
+
+
+@pytest.mark.parametrize("name", list(LAYOUT_WRITES_ON_SYMBOLIC_INPUTS))
+def test_layout_writes_on_symbolic_inputs(name):
+    program = LAYOUT_WRITES_ON_SYMBOLIC_INPUTS[name]
+    shapes = [lambda: torch.arange(6.).reshape(3, 2), lambda: torch.arange(12.).reshape(4, 3),
+              lambda: torch.arange(10.).reshape(2, 5).t(), lambda: torch.arange(20.).reshape(5, 4)]
+
+    def fresh(make):
+        def call(state):
+            state["x"] = make()
+            return (state["x"],)
+        return call
+
+    _check_calls(lambda: (program, {}), [fresh(make) for make in shapes])
+
+
+def test_t_and_unsqueeze_on_inputs_that_alias():
+    def fresh(make):
+        def call(state):
+            state["x"] = make()
+            state["y"] = state["x"][1:]
+            return (state["x"], state["y"])
+        return call
+
+    shapes = [lambda: torch.arange(6.).reshape(3, 2), lambda: torch.arange(12.).reshape(4, 3),
+              lambda: torch.arange(10.).reshape(2, 5).t()]
+    _check_calls(lambda: ((lambda x, y: (x.t_(), y.add_(1), x.sum())[2]), {}), [fresh(make) for make in shapes])
+    _check_calls(lambda: ((lambda x, y: (y.unsqueeze_(0), x.add_(1), y.shape)[2]), {}), [fresh(make) for make in shapes])
