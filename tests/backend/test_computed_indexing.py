@@ -158,6 +158,36 @@ def test_computed_index_writes_into_inputs_match_eager(name):
         assert torch.equal(compiled_input, eager_input), (name, shape)
 
 
+PROGRAMS.update({
+    "mask_then_sliced": lambda x: x[x.sum(1) > -100, 1:] * 2,
+    "chained_argsort_indices": lambda x: x[x[:, 0].argsort()][:, x[0].argsort()],
+    "int_slice_and_tensor": lambda x: x[1:, x[0].argsort()[:2]] + x[0, 0],
+    "permuted_expand_index": lambda x: x.reshape(x.shape[0], x.shape[1], 1).expand(-1, -1, 2).permute(2, 0, 1)[
+        :, x.argmax(1) % x.shape[0]] * 1,
+    "negative_stride_view_index": lambda x: x.flip(0)[::2][torch.arange(x.flip(0)[::2].shape[0]).flip(0)] * 2,
+    "where_broadcast_argmax": lambda x: torch.where(x.argmax(1, keepdim=True) == torch.arange(x.shape[1]), x,
+                                                    torch.zeros(())),
+    "scatter_reduce_mean": lambda x: torch.zeros(x.shape[0], 2).scatter_reduce(
+        1, (x.abs() * 3).long() % 2, x, "mean", include_self=True),
+    "index_add_alpha": lambda x: torch.zeros(2, x.shape[1]).index_add(0, torch.arange(x.shape[0]) % 2, x, alpha=-2.5),
+    "unfold_then_index": lambda x: x.unfold(0, 2, 1)[x[:-1, 0].argsort()] * 1,
+    "negative_pad": lambda x: F.pad(x, (-1, 1, 1, -1)) * 2,
+    "pad_by_a_size": lambda x: F.pad(x, (x.shape[0] // 2, 0)) + 1,
+    "select_scatter_last": lambda x: torch.select_scatter(x, x[0] * 2, 0, x.shape[0] - 1),
+    "slice_scatter_by_size": lambda x: torch.slice_scatter(x, x[:2] * 3, 0, x.shape[0] - 2),
+    "expand_then_scatter": lambda x: x[:1].expand(x.shape[0], -1).scatter(1, x.argsort(1), 3.0),
+    "narrow_negative_start": lambda x: x.narrow(0, -2, 2) * 3,
+    "roll_negative_size_shift": lambda x: torch.roll(x * 2, shifts=-(x.shape[1] // 2 + 1), dims=1),
+    "roll_beyond_the_size": lambda x: torch.roll(x * 2, shifts=3 * x.shape[0] + 1, dims=0),
+    "triu_negative_size_diagonal": lambda x: torch.triu(x, diagonal=-(x.shape[0] // 2)),
+    "diagonal_negative_size_offset": lambda x: torch.diagonal(x, offset=-(x.shape[0] // 3)) * 2,
+    "repeat_then_index": lambda x: x.repeat(2, x.shape[0] // 2)[x.argmax(1) % x.shape[0]],
+    "nearest_upsample": lambda x: F.interpolate(x[None], scale_factor=2, mode="nearest")[0],
+    "max_pool_indices_gather": lambda x: x.flatten()[(F.max_pool1d(x[None], 2, return_indices=True)[1][0]
+                                                      + torch.arange(x.shape[0])[:, None] * x.shape[1]).flatten()],
+})
+
+
 @pytest.mark.parametrize("name", list(PROGRAMS))
 def test_computed_indices_match_eager(name):
     program = PROGRAMS[name]
