@@ -272,6 +272,11 @@ class OutputGraph:
 
     def call_tensor_op(self, tx, kind: str, target: Any, args: list[Variable], kwargs: dict[str, Variable]) -> Variable:
         """Run `target` on fake tensors; a tensor (or None, i.e. in-place) result becomes a graph node."""
+        data_at = 1 if kind == "call_method" and target == "new_tensor" else 0 if target in _TENSOR_FROM_DATA else None
+        if data_at is not None and len(args) > data_at:
+            # torch.tensor(n) of a symbolic int specializes it anyway, and torch makes the constant of the SymInt
+            # in 32 bits (torch.tensor(2**40) gave tensor(0)): the data is taken as the numbers it is now
+            args = [*args[:data_at], _specialized(args[data_at]), *args[data_at + 1:]]
         node_args, fake_args = _convert_all(args)
         node_kwargs, fake_kwargs = _convert_all(kwargs)
         if target in _AS_STRIDED and fake_args and isinstance(fake_args[0], torch.Tensor) and \
@@ -535,6 +540,20 @@ class OutputGraph:
 _AS_STRIDED = frozenset({"as_strided", "as_strided_", "as_strided_scatter", torch.as_strided, torch.as_strided_,
                          torch.as_strided_scatter, torch.Tensor.as_strided, torch.Tensor.as_strided_,
                          torch.Tensor.as_strided_scatter})
+
+
+# Constructors of a tensor from Python data (numbers, nested lists and tuples of them)
+_TENSOR_FROM_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
+
+
+def _specialized(variable: Variable) -> Variable:
+    """`variable` with each symbolic number in it (in lists and tuples too) replaced by its value now."""
+    if isinstance(variable, SymNumberVariable):
+        return ConstantVariable(variable.as_constant())
+    if isinstance(variable, (TupleVariable, ListVariable)) and \
+            any(isinstance(item, (SymNumberVariable, TupleVariable, ListVariable)) for item in variable.items):
+        return variable.rebuild([_specialized(item) for item in variable.items])
+    return variable
 
 
 def _graph_call(input_texts: list[str], codegen) -> list[str]:

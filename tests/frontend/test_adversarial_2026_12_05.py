@@ -668,3 +668,23 @@ def test_t_and_unsqueeze_on_inputs_that_alias():
               lambda: torch.arange(10.).reshape(2, 5).t()]
     _check_calls(lambda: ((lambda x, y: (x.t_(), y.add_(1), x.sum())[2]), {}), [fresh(make) for make in shapes])
     _check_calls(lambda: ((lambda x, y: (y.unsqueeze_(0), x.add_(1), y.shape)[2]), {}), [fresh(make) for make in shapes])
+
+
+# -- tensors made from a symbolic int ------------------------------------------------------------------------
+# Once wrong: an int argument that changed became symbolic, and torch.tensor(n) / x.new_tensor(n) of it made its
+# constant in 32 bits (n = 2**40 gave tensor(0)).
+
+TENSORS_FROM_INTS = {
+    "tensor": lambda x, n: torch.tensor(n) + x,
+    "tensor_of_a_list": lambda x, n: torch.tensor([n, [n, 2][0]]) * x + torch.as_tensor((n, 1)),
+    "new_tensor": lambda x, n: x.new_tensor(n) + x,
+    "scalar_tensor": lambda x, n: torch.scalar_tensor(n, dtype=torch.float64) + x,
+    "full_like": lambda x, n: torch.full_like(x, n),
+}
+
+
+@pytest.mark.parametrize("name", list(TENSORS_FROM_INTS))
+def test_tensors_made_from_a_changing_int(name):
+    program = TENSORS_FROM_INTS[name]
+    _check_calls(lambda: (program, {}), [lambda s, n=n: (torch.ones(2, dtype=torch.float64), n)
+                                         for n in [1, 2, 2 ** 40, 2 ** 40 + 5, 3, -2 ** 50]])
