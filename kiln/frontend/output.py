@@ -327,6 +327,14 @@ class OutputGraph:
         self.compute_nodes += 1
         return self._wrap_result(tx, node, result)
 
+    def _unread_gathers(self) -> list[torch.fx.Node]:
+        """The graph's gathers by tensor indices (`x[i]`, index_select, gather, take, embedding) whose result
+        nothing reads."""
+        return [node for node in self.graph.nodes
+                if node.op in ("call_function", "call_method") and not node.users and node.target in _GATHERS
+                and isinstance(node.meta.get("example_value"), torch.Tensor)
+                and any(isinstance(index.meta.get("example_value"), torch.Tensor) for index in node.all_input_nodes[1:])]
+
     def _shares_an_input_storage(self, fake: torch.Tensor) -> bool:
         storage = _torch.storage_ids(fake)[0]
         return any(isinstance(variable, TensorVariable) and isinstance(value, torch.Tensor) and
@@ -450,7 +458,9 @@ class OutputGraph:
         if tail is not None:  # a break inside inference-mode regions the trace entered: the program is in them now
             ending[0:0] = [f"{codegen.constant(region)}.enter()" for region in self.open_inference]
         side_effect_lines = self.side_effects.codegen(codegen)
-        self.graph.output(tuple(codegen.output_nodes))
+        # a gather nothing reads still raises for an index out of range, as eager does: an output (the entry
+        # ignores it) keeps it from being dropped as dead code
+        self.graph.output(tuple(codegen.output_nodes) + tuple(self._unread_gathers()))
         self._drop_unused_symbolic_nodes()
         graph_module = None
         compiled = None
@@ -541,6 +551,12 @@ _AS_STRIDED = frozenset({"as_strided", "as_strided_", "as_strided_scatter", torc
                          torch.as_strided_scatter, torch.Tensor.as_strided, torch.Tensor.as_strided_,
                          torch.Tensor.as_strided_scatter})
 
+
+# Ops that read at positions a tensor of indices gives (and raise for one out of range)
+_GATHERS = frozenset({operator.getitem, "__getitem__", "index_select", "gather", "take", "take_along_dim",
+                      torch.index_select, torch.gather, torch.take, torch.take_along_dim, torch.embedding,
+                      torch.nn.functional.embedding, torch.Tensor.__getitem__, torch.Tensor.index_select,
+                      torch.Tensor.gather, torch.Tensor.take})
 
 # Constructors of a tensor from Python data (numbers, nested lists and tuples of them)
 _TENSOR_FROM_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})

@@ -688,3 +688,27 @@ def test_tensors_made_from_a_changing_int(name):
     program = TENSORS_FROM_INTS[name]
     _check_calls(lambda: (program, {}), [lambda s, n=n: (torch.ones(2, dtype=torch.float64), n)
                                          for n in [1, 2, 2 ** 40, 2 ** 40 + 5, 3, -2 ** 50]])
+
+
+# -- a gather whose result nothing reads ---------------------------------------------------------------------
+# Once wrong: dropped as dead code, so an out-of-range index did not raise and the side effects after it ran.
+
+def test_unread_gather_still_raises():
+    def program(x, i, log):
+        unused = x[torch.tensor([i])]  # noqa: F841 (the op under test)
+        also_unused = torch.index_select(x, 0, torch.tensor([i]))  # noqa: F841
+        log.append(i)
+        return x + 1
+
+    def in_a_loop(x, log, indices):
+        for i in indices:
+            log.append(i)
+            print("", end="")  # a graph break: the rest of the body is a resume function
+            x.add_(1)
+            unused = x[torch.tensor([i])]  # noqa: F841
+            log.append("ok")
+        return x
+
+    _check_calls(lambda: (program, {"log": []}), [lambda s, i=i: (torch.zeros(3), i, s["log"]) for i in [0, 5, 1, -1]])
+    _check_calls(lambda: (in_a_loop, {"log": [], "x": torch.zeros(3)}),
+                 [lambda s: (s["x"], s["log"], [0, 1, 5, 2]), lambda s: (s["x"], s["log"], [2, 0])])
