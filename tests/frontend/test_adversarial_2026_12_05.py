@@ -712,3 +712,24 @@ def test_unread_gather_still_raises():
     _check_calls(lambda: (program, {"log": []}), [lambda s, i=i: (torch.zeros(3), i, s["log"]) for i in [0, 5, 1, -1]])
     _check_calls(lambda: (in_a_loop, {"log": [], "x": torch.zeros(3)}),
                  [lambda s: (s["x"], s["log"], [0, 1, 5, 2]), lambda s: (s["x"], s["log"], [2, 0])])
+
+
+# -- flags of an input its fake does not have ----------------------------------------------------------------
+# Once wrong: `x._is_view()` and `x.is_leaf` were read off the input's fake (a fresh leaf, no view) and not
+# guarded: `base[:2]` and a non-leaf that requires grad took the other branch.
+
+def test_is_view_and_is_leaf_of_inputs():
+    def by_view(x):
+        return x * 2 if x._is_view() else x * 3
+
+    def by_leaf(x):
+        return x.detach() * 2 if x.is_leaf else x.detach() * 3
+
+    def inputs():
+        with_grad = torch.ones(2, requires_grad=True)
+        (with_grad * 2).sum().backward()
+        return [lambda: torch.ones(2), lambda: torch.ones(4)[:2], lambda: with_grad,
+                lambda: torch.ones(2, requires_grad=True) * 1, lambda: torch.ones(2)]
+
+    for program in (by_view, by_leaf):
+        _check_calls(lambda program=program: (program, {}), [lambda s, make=make: (make(),) for make in inputs()])

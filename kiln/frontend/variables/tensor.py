@@ -79,6 +79,8 @@ class TensorVariable(Variable):
     def getattr(self, tx, name: str) -> Variable:
         if name in ("shape",):
             return tx.output.tensor_metadata(tx, self, "size", [], self.fake.shape)
+        if name == "is_leaf" and self.source is not None:
+            return _outside_flag(tx, self, name)
         if name in _METADATA_ATTRIBUTES:
             return ConstantVariable(getattr(self.fake, name))
         if name in ("T", "mT", "H", "mH", "real", "imag", "data"):
@@ -137,6 +139,8 @@ class TensorMethodVariable(Variable):
             return ConstantVariable(bool(self.tensor.node.meta.get("kiln_inference")))
         if name in _DATA_DEPENDENT:
             raise Unsupported(f"Tensor.{name}() needs the tensor's data in Python (data-dependent)")
+        if name == "_is_view" and not args and not kwargs and self.tensor.source is not None:
+            return _outside_flag(tx, self.tensor, name)
         if name in _METADATA_METHODS and not (name == "type" and (args or kwargs)):
             values = [arg.as_constant() for arg in args]
             keywords = {key: arg.as_constant() for key, arg in kwargs.items()}
@@ -149,6 +153,19 @@ class TensorMethodVariable(Variable):
         if name in ("addcdiv_", "addcmul_", "addcdiv", "addcmul") and isinstance(kwargs.get("value"), TensorVariable):
             return _pointwise_with_tensor_value(tx, self.tensor, name, args, kwargs)
         return tx.output.call_tensor_op(tx, "call_method", name, [self.tensor, *args], kwargs)
+
+
+def _outside_flag(tx, tensor: TensorVariable, name: str) -> Variable:
+    """`x.is_leaf` or `x._is_view()` of an input: the input's own, guarded. Its fake is made afresh, a leaf and
+    no view whatever the input is (a non-leaf that requires grad, `base[1:]`), and the tensor guards compare
+    neither."""
+    value = tx.output.outside_tensor(tensor)
+    if value is None:
+        return ConstantVariable(getattr(tensor.fake, name) if name == "is_leaf" else tensor.fake._is_view())
+    flag = value.is_leaf if name == "is_leaf" else value._is_view()
+    read = "{}.is_leaf" if name == "is_leaf" else "{}._is_view()"
+    tx.output.guards.add(tensor.source, f"{read} is not {flag}", f"{name} changed from {flag}")
+    return ConstantVariable(flag)
 
 
 def _guard_storage_offset(tx, tensor: TensorVariable, offset: int) -> None:
