@@ -731,5 +731,13 @@ def test_is_view_and_is_leaf_of_inputs():
         return [lambda: torch.ones(2), lambda: torch.ones(4)[:2], lambda: with_grad,
                 lambda: torch.ones(2, requires_grad=True) * 1, lambda: torch.ones(2)]
 
+    def by_sharing(x):
+        return x * 2 if x.is_shared() else x * 3
+
+    def shared():
+        tensor = torch.ones(2)
+        return tensor.share_memory_()
+
     for program in (by_view, by_leaf):
         _check_calls(lambda program=program: (program, {}), [lambda s, make=make: (make(),) for make in inputs()])
+    _check_calls(lambda: (by_sharing, {}), [lambda s: (torch.ones(2),), lambda s: (shared(),), lambda s: (torch.ones(2),)])

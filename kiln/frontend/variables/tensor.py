@@ -139,7 +139,8 @@ class TensorMethodVariable(Variable):
             return ConstantVariable(bool(self.tensor.node.meta.get("kiln_inference")))
         if name in _DATA_DEPENDENT:
             raise Unsupported(f"Tensor.{name}() needs the tensor's data in Python (data-dependent)")
-        if name == "_is_view" and not args and not kwargs and self.tensor.source is not None:
+        if name in ("_is_view", "is_shared", "is_pinned") and not args and not kwargs and \
+                self.tensor.source is not None:
             return _outside_flag(tx, self.tensor, name)
         if name in _METADATA_METHODS and not (name == "type" and (args or kwargs)):
             values = [arg.as_constant() for arg in args]
@@ -156,14 +157,14 @@ class TensorMethodVariable(Variable):
 
 
 def _outside_flag(tx, tensor: TensorVariable, name: str) -> Variable:
-    """`x.is_leaf` or `x._is_view()` of an input: the input's own, guarded. Its fake is made afresh, a leaf and
-    no view whatever the input is (a non-leaf that requires grad, `base[1:]`), and the tensor guards compare
-    neither."""
+    """`x.is_leaf`, `x._is_view()`, `x.is_shared()` or `x.is_pinned()` of an input: the input's own, guarded.
+    Its fake is made afresh, a leaf, no view, in no shared or pinned memory, whatever the input is (a non-leaf
+    that requires grad, `base[1:]`), and the tensor guards compare none of these."""
     value = tx.output.outside_tensor(tensor)
     if value is None:
-        return ConstantVariable(getattr(tensor.fake, name) if name == "is_leaf" else tensor.fake._is_view())
-    flag = value.is_leaf if name == "is_leaf" else value._is_view()
-    read = "{}.is_leaf" if name == "is_leaf" else "{}._is_view()"
+        return ConstantVariable(getattr(tensor.fake, name) if name == "is_leaf" else getattr(tensor.fake, name)())
+    flag = value.is_leaf if name == "is_leaf" else getattr(value, name)()
+    read = "{}.is_leaf" if name == "is_leaf" else f"{{}}.{name}()"
     tx.output.guards.add(tensor.source, f"{read} is not {flag}", f"{name} changed from {flag}")
     return ConstantVariable(flag)
 
