@@ -76,11 +76,11 @@ def expr_to_source(expr, rename=None, language: str = "python", helpers_used: se
 
 
 def _provably_nonnegative(operands) -> bool:
-    """Whether every free symbol of these operands is a size or loop variable (nonnegative), and the divisor's
-    sign is known positive, so truncating division is floor division. A symbolic int argument's symbol carries
-    no such assumption."""
+    """Whether the dividend is known nonnegative and the divisor known positive, so truncating division is
+    floor division. Nonnegative symbols are not enough: roll's shift `Mod(-FloorDiv(s0, 2), s0)` is over sizes
+    alone and its dividend is negative. A symbolic int argument's symbol carries no sign assumption."""
     dividend, divisor = (sympy.sympify(operand) for operand in operands)
-    return all(symbol.is_nonnegative for symbol in dividend.free_symbols | divisor.free_symbols) and \
+    return dividend.is_nonnegative is True and \
         (divisor.is_positive is True or (divisor.is_Integer and int(divisor) > 0))
 
 

@@ -36,7 +36,7 @@ from kiln import _torch
 from kiln.backend import KilnCompileError
 from kiln.config import config
 from kiln.frontend.dynamic import DynamicPolicy
-from kiln.frontend.errors import HOW_TO_FIX, HOW_TO_FIX_EAGER, FullgraphError, Unsupported
+from kiln.frontend.errors import HOW_TO_FIX, HOW_TO_FIX_EAGER, FullgraphError, GraphRaised, Unsupported
 from kiln.frontend import resume, wrapped_calls
 from kiln.frontend.guards import FrameSignature
 from kiln.frontend.interpreter import BreakHere, Frame
@@ -402,7 +402,20 @@ class Dispatcher:
             stats.graphs += 1
         if config.log_enabled("guards"):
             log.warning("kiln: guards for %s:\n%s", self._name(), traced.guard_source)
-        return CacheEntry(traced.guard, traced.entry, traced.guard_source, traced.entry_source, traced.graph_module)
+        entry = self._eager_when_the_graph_raises(traced.entry) if traced.graph_module is not None else traced.entry
+        return CacheEntry(traced.guard, entry, traced.guard_source, traced.entry_source, traced.graph_module)
+
+    def _eager_when_the_graph_raises(self, entry: Callable) -> Callable:
+        """`entry`, but run the frame eagerly when its graph raises (errors.GraphRaised): `x.add_(1); log.append(1);
+        x[i]` with `i` out of range must leave `x` added to and `log` appended to, as eager does, before it raises."""
+        def run(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return entry(*args, **kwargs)
+            except GraphRaised:
+                pass  # eager's error is raised outside this handler: its traceback is the program's own
+            fn = kwargs.pop("__fn", self.fn)  # a closure's entry is given the function it stands for
+            return fn(*args, **kwargs)
+        return run
 
     def _break_point(self, error: Unsupported) -> resume.BreakPoint | None:
         """Where the frame can break for `error`, or None (then it runs eagerly).

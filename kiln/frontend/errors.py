@@ -10,6 +10,13 @@ from __future__ import annotations
 from kiln.backend import KilnCompileError
 
 
+class GraphRaised(Exception):
+    """A compiled graph raised (its `__cause__` says what: an out-of-range gather index, say). Nothing of the
+    frame's has been seen yet (the entry replays the side effects and AOTAutograd writes the mutated inputs back
+    only after the graph returns), while the program's own run would have made the effects that come before the
+    failing op: the dispatcher runs the frame again eagerly, which makes them and raises eager's error."""
+
+
 class Unsupported(Exception):
     """A construct the symbolic interpreter does not model (message says which)."""
 

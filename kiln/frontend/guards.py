@@ -249,6 +249,16 @@ class GuardBuilder:
             enabled = torch.is_autocast_enabled(device_type)
             self.add(None, f"{self.constant(torch.is_autocast_enabled)}({device_type!r}) is not {enabled}",
                      f"autocast({device_type}) changed from {enabled}")
+            if enabled:  # the trace casts to this dtype: bfloat16 and float16 regions are different graphs
+                dtype = torch.get_autocast_dtype(device_type)
+                self.add(None, f"{self.constant(torch.get_autocast_dtype)}({device_type!r}) is not "
+                               f"{self.constant(dtype)}",
+                         f"autocast({device_type}) dtype changed from {str(dtype).replace('torch.', '')}")
+        # torch functions the trace runs as constants (`if torch.are_deterministic_algorithms_enabled():`)
+        for read in (torch.are_deterministic_algorithms_enabled, torch.is_deterministic_algorithms_warn_only_enabled,
+                     torch.get_float32_matmul_precision):
+            value = read()
+            self.add(None, f"{self.constant(read)}() != {value!r}", f"{read.__name__}() changed from {value!r}")
 
     # -- code generation ------------------------------------------------------------------------
 
@@ -416,6 +426,13 @@ class GuardBuilder:
             first = representatives[group].source.expr()
             reason = f"{traced.source.expr()}: no longer shares storage with {first}, which the graph mutates"
             lines.append(f"if __storages[{position}] != __storages[{group}]: return {reason!r}")
+        # where inputs share a mutated storage, the graph reads each one at the place in it the trace saw (y = x[1:4]
+        # traced, y = x[0:3] now: same sizes, strides and storage), so each one's offset is compared too
+        shared_groups = {group for _, group in sharing}
+        for traced in [representatives[group] for group in sorted(shared_groups)] + [traced for traced, _ in sharing]:
+            offset = traced.tensor.storage_offset()
+            reason = f"{traced.source.expr()}: storage offset changed from {offset} (it shares a mutated storage)"
+            lines.append(f"if {renderer.render(traced.source, body)}.storage_offset() != {offset}: return {reason!r}")
         if count > 1:
             lines.append(f"if len(set(__storages[:{count}])) != {count}: return "
                          f"{f'mutated inputs ({names}) now share storage with each other'!r}")

@@ -25,6 +25,7 @@
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import operator
 import types
@@ -38,7 +39,7 @@ from kiln import _torch
 from kiln.config import config
 from kiln.frontend import ddp, graph_reuse
 from kiln.frontend.dynamic import DynamicPolicy
-from kiln.frontend.errors import Unsupported
+from kiln.frontend.errors import GraphRaised, Unsupported
 from kiln.frontend.guards import FrameSignature, GuardBuilder, SourceRenderer, compile_function
 from kiln.frontend.sources import (AttrSource, ClosureCellSource, ItemSource, LocalSource, NamedSource, ScalarTensorSource,
                                    Source, TensorPropertySource)
@@ -78,6 +79,7 @@ class OutputGraph:
         self.symbol_nodes: dict[Any, torch.fx.Node] = {}  # sympy Symbol -> the node that binds it
         self.symbolic_inputs = 0
         self.tensors_by_id: dict[int, TensorVariable] = {}
+        self.input_layouts: list[tuple[torch.Tensor, tuple]] = []  # each tensor input's fake and its entry layout
         self.wrapped: dict[int, Variable] = {}
         self._keep_alive: list[Any] = []
         self.side_effects = SideEffects()
@@ -138,6 +140,7 @@ class OutputGraph:
         if _torch.is_symbolic(tuple(fake.shape) + tuple(fake.stride()) + (fake.storage_offset(),)):
             self._bind_symbols(source, fake)
         node = self._placeholder(source.readable_name(), fake)
+        self.input_layouts.append((fake, _layout_of(fake)))
         node.meta["kiln_inference"] = value.is_inference()
         self.guards.tensor_storage(source, value, fake, self.graph)
         variable = TensorVariable(node, fake, source, type(value))
@@ -269,8 +272,19 @@ class OutputGraph:
 
     def call_tensor_op(self, tx, kind: str, target: Any, args: list[Variable], kwargs: dict[str, Variable]) -> Variable:
         """Run `target` on fake tensors; a tensor (or None, i.e. in-place) result becomes a graph node."""
+        data_at = 1 if kind == "call_method" and target == "new_tensor" else 0 if target in _TENSOR_FROM_DATA else None
+        if data_at is not None and len(args) > data_at:
+            # torch.tensor(n) of a symbolic int specializes it anyway, and torch makes the constant of the SymInt
+            # in 32 bits (torch.tensor(2**40) gave tensor(0)): the data is taken as the numbers it is now
+            args = [*args[:data_at], _specialized(args[data_at]), *args[data_at + 1:]]
         node_args, fake_args = _convert_all(args)
         node_kwargs, fake_kwargs = _convert_all(kwargs)
+        if target in _AS_STRIDED and fake_args and isinstance(fake_args[0], torch.Tensor) and \
+                self._shares_an_input_storage(fake_args[0]):
+            # its storage_offset counts from the storage's start, which the graph does not see (one graph serves
+            # `base[1:]` and `base[3:]`, and functionalization makes a written input a new buffer): ATen runs it
+            raise Unsupported(f"{getattr(target, '__name__', target)}() of a graph input's storage (its storage "
+                              "offset counts from where the input's storage starts)")
         if self.inference_switched and not self.inference_mode:
             _check_inference_tensor_use(kind, target, node_args, node_kwargs, fake_args, fake_kwargs)
         leaves = {id(item) for item in _flatten((fake_args, list(fake_kwargs.values())))  # leaves requiring grad
@@ -304,12 +318,38 @@ class OutputGraph:
             if _torch.is_symbolic(result) and not isinstance(result, (tuple, list)):  # torch.numel(x), torch.sym_max
                 return self.symbolic_number(tx, result, lambda: self.symbolic_node(
                     kind, target, tuple(node_args), result, node_kwargs))
+            if kind == "call_function" and not args and not kwargs:
+                self._guard_global_read(target, result)
             return tx.wrap_sourceless(_torch.specialize(result) if not isinstance(result, (tuple, list))
                                       else type(result)(_torch.specialize(item) for item in result))
         node = self.graph.create_node(kind, target, tuple(node_args), node_kwargs)
         node.meta["example_value"] = result
         self.compute_nodes += 1
         return self._wrap_result(tx, node, result)
+
+    def _unread_gathers(self) -> list[torch.fx.Node]:
+        """The graph's gathers by tensor indices (`x[i]`, index_select, gather, take, embedding) whose result
+        nothing reads."""
+        return [node for node in self.graph.nodes
+                if node.op in ("call_function", "call_method") and not node.users and node.target in _GATHERS
+                and isinstance(node.meta.get("example_value"), torch.Tensor)
+                and any(isinstance(index.meta.get("example_value"), torch.Tensor) for index in node.all_input_nodes[1:])]
+
+    def _shares_an_input_storage(self, fake: torch.Tensor) -> bool:
+        storage = _torch.storage_ids(fake)[0]
+        return any(isinstance(variable, TensorVariable) and isinstance(value, torch.Tensor) and
+                   _torch.storage_ids(variable.fake)[0] == storage for _, value, variable in self.inputs)
+
+    def _guard_global_read(self, target: Any, result: Any) -> None:
+        """A torch function of no arguments that gives a Python value reads global state (`torch.initial_seed()`,
+        `torch.is_anomaly_enabled()`, `torch.get_num_threads()`): the trace takes its value as a constant, so the
+        guards call it again and compare."""
+        name = getattr(target, "__name__", repr(target))
+        if type(result) in (bool, int, float, str):
+            self.guards.add(None, f"{self.guards.constant(target)}() != {result!r}", f"{name}() changed from {result!r}")
+        elif isinstance(result, (torch.dtype, torch.device)):  # `torch.get_default_device()`
+            self.guards.add(None, f"{self.guards.constant(target)}() != {self.guards.constant(result)}",
+                            f"{name}() changed from {result}")
 
     def _wrap_result(self, tx, node: torch.fx.Node, result: Any) -> Variable:
         if result is None:
@@ -418,7 +458,9 @@ class OutputGraph:
         if tail is not None:  # a break inside inference-mode regions the trace entered: the program is in them now
             ending[0:0] = [f"{codegen.constant(region)}.enter()" for region in self.open_inference]
         side_effect_lines = self.side_effects.codegen(codegen)
-        self.graph.output(tuple(codegen.output_nodes))
+        # a gather nothing reads still raises for an index out of range, as eager does: an output (the entry
+        # ignores it) keeps it from being dropped as dead code
+        self.graph.output(tuple(codegen.output_nodes) + tuple(self._unread_gathers()))
         self._drop_unused_symbolic_nodes()
         graph_module = None
         compiled = None
@@ -439,11 +481,11 @@ class OutputGraph:
             made_inside = tuple(index for index, node in enumerate(codegen.output_nodes)
                                 if node.op != "placeholder" and node.meta.get("kiln_inference"))
             body.append(f"with {codegen.constant(torch.inference_mode)}(False):")
-            body.append(f"    __outs = __compiled({', '.join(input_texts)}{',' if len(input_texts) == 1 else ''})")
+            body.extend("    " + line for line in _graph_call(input_texts, codegen))
             if made_inside:
                 body.append(f"__outs = {codegen.constant(_as_inference_tensors)}(__outs, {made_inside!r})")
         elif compiled is not None:
-            body.append(f"__outs = __compiled({', '.join(input_texts)}{',' if len(input_texts) == 1 else ''})")
+            body.extend(_graph_call(input_texts, codegen))
         else:
             body.append(f"__outs = ({', '.join(input_texts)}{',' if len(input_texts) == 1 else ''})")
         codegen.renderer, codegen.lines = renderer, body
@@ -459,7 +501,8 @@ class OutputGraph:
         namespace.update(codegen.namespace)  # the constants the lines above named
         entry_source = "\n".join([f"def __entry({signature.text}):"] + ["    " + line for line in body])
         entry = compile_function(entry_source, "__entry", namespace, f"kiln_entry_{name}", stand_in)
-        guard, guard_source = self.guards.build(signature, self.guard_namespace)
+        with self._entry_layouts():  # a symbolic input's guards compare its layout on entry
+            guard, guard_source = self.guards.build(signature, self.guard_namespace)
         return TracedGraph(guard, guard_source, entry, entry_source, graph_module)
 
 
@@ -476,14 +519,88 @@ class OutputGraph:
         if not self.guards.has_symbolic_inputs():
             # the policy is one per cached code object: a recompile of the same frame compiles anew
             return graph_reuse.compile_or_reuse(self.graph_compiler, graph_module, example_inputs, owner=self.dynamic)
-        with _torch.backend_tracing(self.fake_mode):
+        with _torch.backend_tracing(self.fake_mode), self._entry_layouts():
             return self.graph_compiler(graph_module, example_inputs)
+
+    @contextlib.contextmanager
+    def _entry_layouts(self):
+        """Tensor inputs' fakes with the layouts they had on entry, while the backend traces and the guards are
+        built. AOTAutograd fakes the example inputs through the trace's fake mode, which hands back the trace's
+        own fakes, and the guards read a symbolic input's sizes from its fake: one that an in-place view op
+        (`x.t_()`, `x.unsqueeze_(0)`) restrided while tracing would be taken for the input's layout, so that
+        AOTAutograd's replay of the op onto the real input did nothing and the guards checked the wrong dims."""
+        changed = [(fake, entry, _layout_of(fake)) for fake, entry in self.input_layouts
+                   if not _same_layout(_layout_of(fake), entry)]
+        for fake, entry, _ in changed:
+            _set_layout(self.fake_mode, fake, entry)
+        try:
+            yield
+        finally:
+            for fake, _, traced in changed:  # the rest of the trace's codegen reads the traced layouts
+                _set_layout(self.fake_mode, fake, traced)
 
     def _drop_unused_symbolic_nodes(self) -> None:
         """Nodes that computed numbers nothing in the graph uses (`b, l, d = x.shape` reads them all)."""
         for node in reversed(list(self.graph.nodes)):
             if node.meta.get("kiln_symbolic") and not node.users:
                 self.graph.erase_node(node)
+
+
+# The ops whose storage_offset argument is counted from the start of their argument's storage
+_AS_STRIDED = frozenset({"as_strided", "as_strided_", "as_strided_scatter", torch.as_strided, torch.as_strided_,
+                         torch.as_strided_scatter, torch.Tensor.as_strided, torch.Tensor.as_strided_,
+                         torch.Tensor.as_strided_scatter})
+
+
+# Ops that read at positions a tensor of indices gives (and raise for one out of range)
+_GATHERS = frozenset({operator.getitem, "__getitem__", "index_select", "gather", "take", "take_along_dim",
+                      torch.index_select, torch.gather, torch.take, torch.take_along_dim, torch.embedding,
+                      torch.nn.functional.embedding, torch.Tensor.__getitem__, torch.Tensor.index_select,
+                      torch.Tensor.gather, torch.Tensor.take})
+
+# Constructors of a tensor from Python data (numbers, nested lists and tuples of them)
+_TENSOR_FROM_DATA = frozenset({torch.tensor, torch.as_tensor, torch.asarray})
+
+
+def _specialized(variable: Variable) -> Variable:
+    """`variable` with each symbolic number in it (in lists and tuples too) replaced by its value now."""
+    if isinstance(variable, SymNumberVariable):
+        return ConstantVariable(variable.as_constant())
+    if isinstance(variable, (TupleVariable, ListVariable)) and \
+            any(isinstance(item, (SymNumberVariable, TupleVariable, ListVariable)) for item in variable.items):
+        return variable.rebuild([_specialized(item) for item in variable.items])
+    return variable
+
+
+def _graph_call(input_texts: list[str], codegen) -> list[str]:
+    """The entry's lines that call the compiled graph: an error it raises becomes GraphRaised, for the
+    dispatcher to run the frame eagerly (errors.GraphRaised says why)."""
+    return ["try:",
+            f"    __outs = __compiled({', '.join(input_texts)}{',' if len(input_texts) == 1 else ''})",
+            "except Exception as __error:",
+            f"    raise {codegen.constant(GraphRaised)}() from __error"]
+
+
+def _layout_of(fake: torch.Tensor) -> tuple:
+    """A fake's sizes, strides and storage offset (SymInts themselves, so that a restride reuses them)."""
+    return tuple(fake.shape), tuple(fake.stride()), fake.storage_offset()
+
+
+def _same_layout(first: tuple, second: tuple) -> bool:
+    """Whether two `_layout_of` layouts are the same, SymInts compared by their expressions (comparing the
+    SymInts themselves would add guards)."""
+    def plain(value):
+        return value.node.expr if isinstance(value, torch.SymInt) else value
+    flat = [[plain(value) for part in layout for value in (part if isinstance(part, tuple) else (part,))]
+            for layout in (first, second)]
+    return len(first[0]) == len(second[0]) and flat[0] == flat[1]
+
+
+def _set_layout(mode, fake: torch.Tensor, layout: tuple) -> None:
+    """Restride a fake in place to a layout `_layout_of` gave."""
+    sizes, strides, offset = layout
+    with mode:
+        fake.as_strided_(sizes, strides, offset)
 
 
 def _is_inference_node(node: torch.fx.Node) -> bool:

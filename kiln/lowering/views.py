@@ -196,6 +196,10 @@ def unsqueeze(ctx, node, x, dim):
 def as_strided(ctx, node, x, size, stride, storage_offset=None):
     if not isinstance(x, BufferValue):
         raise Unsupported("as_strided of a view")
+    if node.args[0].op == "placeholder":
+        # storage_offset counts from the input's storage, and a kernel is given the input's first element (the
+        # same graph serves `base[1:]` and `base[3:]`): ATen's as_strided, on the real input, knows where that is
+        raise Unsupported("as_strided of a graph input")
     layout = x.buffer.layout
     if list(layout.stride) != contiguous_strides(layout.size) or layout.offset != 0:
         raise Unsupported("as_strided of a non-contiguous buffer")

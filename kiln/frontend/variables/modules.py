@@ -443,9 +443,12 @@ class PythonModuleVariable(Variable):
             value = getattr(self.value, name)
         except AttributeError:
             raise AttributeFailure(f"module {self.value.__name__} has no attribute {name!r}") from None
-        trusted = _is_trusted_module(self.value)
-        source = AttrSource(self.source, name) if self.source is not None and not trusted else None
-        return tx.wrap(value, source, guard=not trusted)
+        # a library module's functions, classes and submodules are taken as they are; its flags are settings
+        # a program changes between calls (`torch.backends.mkldnn.enabled`, `torch.backends.cudnn.benchmark`)
+        guarded = not _is_trusted_module(self.value) or type(value) in (bool, int, float, str)
+        source = AttrSource(self.source, name) if self.source is not None else None
+        return tx.wrap(value, source if guarded or isinstance(value, types.ModuleType) else None,
+                       guard=guarded)
 
     def setattr(self, tx, name: str, value: Variable) -> None:
         """`module.NAME = value` is a store into that module's globals, replayed after the graph."""

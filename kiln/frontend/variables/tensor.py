@@ -79,6 +79,8 @@ class TensorVariable(Variable):
     def getattr(self, tx, name: str) -> Variable:
         if name in ("shape",):
             return tx.output.tensor_metadata(tx, self, "size", [], self.fake.shape)
+        if name == "is_leaf" and self.source is not None:
+            return _outside_flag(tx, self, name)
         if name in _METADATA_ATTRIBUTES:
             return ConstantVariable(getattr(self.fake, name))
         if name in ("T", "mT", "H", "mH", "real", "imag", "data"):
@@ -137,16 +139,45 @@ class TensorMethodVariable(Variable):
             return ConstantVariable(bool(self.tensor.node.meta.get("kiln_inference")))
         if name in _DATA_DEPENDENT:
             raise Unsupported(f"Tensor.{name}() needs the tensor's data in Python (data-dependent)")
+        if name in ("_is_view", "is_shared", "is_pinned") and not args and not kwargs and \
+                self.tensor.source is not None:
+            return _outside_flag(tx, self.tensor, name)
         if name in _METADATA_METHODS and not (name == "type" and (args or kwargs)):
             values = [arg.as_constant() for arg in args]
             keywords = {key: arg.as_constant() for key, arg in kwargs.items()}
             result = getattr(self.tensor.fake, name)(*values, **keywords)
+            if name == "storage_offset" and not _torch.is_symbolic(result):
+                _guard_storage_offset(tx, self.tensor, result)
             if keywords or not _torch.is_symbolic(result):
                 return ConstantVariable(_torch.specialize(result))
             return tx.output.tensor_metadata(tx, self.tensor, name, values, result)
         if name in ("addcdiv_", "addcmul_", "addcdiv", "addcmul") and isinstance(kwargs.get("value"), TensorVariable):
             return _pointwise_with_tensor_value(tx, self.tensor, name, args, kwargs)
         return tx.output.call_tensor_op(tx, "call_method", name, [self.tensor, *args], kwargs)
+
+
+def _outside_flag(tx, tensor: TensorVariable, name: str) -> Variable:
+    """`x.is_leaf`, `x._is_view()`, `x.is_shared()` or `x.is_pinned()` of an input: the input's own, guarded.
+    Its fake is made afresh, a leaf, no view, in no shared or pinned memory, whatever the input is (a non-leaf
+    that requires grad, `base[1:]`), and the tensor guards compare none of these."""
+    value = tx.output.outside_tensor(tensor)
+    if value is None:
+        return ConstantVariable(getattr(tensor.fake, name) if name == "is_leaf" else getattr(tensor.fake, name)())
+    flag = value.is_leaf if name == "is_leaf" else getattr(value, name)()
+    read = "{}.is_leaf" if name == "is_leaf" else f"{{}}.{name}()"
+    tx.output.guards.add(tensor.source, f"{read} is not {flag}", f"{name} changed from {flag}")
+    return ConstantVariable(flag)
+
+
+def _guard_storage_offset(tx, tensor: TensorVariable, offset: int) -> None:
+    """`x.storage_offset()` read as a constant: the tensor guards do not compare offsets (one graph serves
+    `base[1:]` and `base[3:]`), so an input's is guarded here; a view the graph made has its base's offset in it."""
+    if tensor.source is not None:
+        tx.output.guards.add(tensor.source, f"{{}}.storage_offset() != {offset}",
+                             f"storage offset changed from {offset}")
+    elif tensor.fake._is_view():
+        raise Unsupported(f"storage_offset() of a view made in the graph ({tensor.describe()}): it depends on the "
+                          "offset of the input it views")
 
 
 def _pointwise_with_tensor_value(tx, tensor: TensorVariable, name: str, args: list, kwargs: dict) -> Variable:
