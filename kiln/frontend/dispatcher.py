@@ -45,6 +45,7 @@ from kiln.frontend.sources import ClosureCellSource, LocalSource, NamedSource
 from kiln.frontend.variables.modules import untraceable_hooks
 from kiln.frontend.variables.functions import CellVariable
 from kiln.runtime.locks import compile_lock
+from kiln.runtime.support import KilnIndexError
 
 log = logging.getLogger("kiln")
 
@@ -136,6 +137,15 @@ def _call_given_function(*args, __fn, **kwargs):
 def _call_module(module, *args, **kwargs):
     """kiln's frame for a compiled module or other callable object: hooks and forward are traced from here."""
     return module(*args, **kwargs)
+
+
+def _eager_reruns(error: BaseException | None) -> bool:
+    """Whether a graph's `error` is one that running its frame eagerly reproduces: not kiln's CUDA index
+    reports (runtime/support.py KilnIndexError says why), nor a CUDA error, which leaves the context unusable
+    for the eager run too (it would fail at some unrelated op)."""
+    if isinstance(error, KilnIndexError):
+        return error.eager_reruns
+    return not (isinstance(error, RuntimeError) and "CUDA error" in str(error))
 
 
 class Dispatcher:
@@ -411,8 +421,10 @@ class Dispatcher:
         def run(*args: Any, **kwargs: Any) -> Any:
             try:
                 return entry(*args, **kwargs)
-            except GraphRaised:
-                pass  # eager's error is raised outside this handler: its traceback is the program's own
+            except GraphRaised as raised:
+                if not _eager_reruns(raised.__cause__):
+                    raise raised.__cause__ from None
+            # eager's error is raised outside the handler: its traceback is the program's own
             fn = kwargs.pop("__fn", self.fn)  # a closure's entry is given the function it stands for
             return fn(*args, **kwargs)
         return run

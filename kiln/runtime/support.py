@@ -57,10 +57,23 @@ def _view_at(tensor: torch.Tensor, size, stride, offset: int) -> torch.Tensor:
 view_at = _torch.reinterpret_tensor() or _view_at  # the same view, built in C++ where torch has it
 
 
-def raise_index_error(where: str) -> None:
+class KilnIndexError(IndexError):
+    """A compiled graph's out-of-range gather index. `eager_reruns` says whether running the frame again
+    eagerly (the frontend does, for a graph that raised, so that the side effects before the failing op
+    happen: kiln/frontend/errors.py GraphRaised) gives the program's own error: on the CPU, eager's
+    IndexError. Not on CUDA: there eager's out-of-range gather is a device-side assert that ends the
+    process's CUDA context, and a deferred report is an earlier call's, which this call's eager run
+    would not raise at all."""
+
+    def __init__(self, message: str, eager_reruns: bool = True):
+        super().__init__(message)
+        self.eager_reruns = eager_reruns
+
+
+def raise_index_error(where: str, eager_reruns: bool = True) -> None:
     """What a kernel's failed `check_index` (an out-of-range gather index) becomes on the host."""
-    raise IndexError(f"kiln: {where}: an index is out of range for the dim it indexes (gather, index_select "
-                     f"and embedding take [0, size), advanced indexing [-size, size))")
+    raise KilnIndexError(f"kiln: {where}: an index is out of range for the dim it indexes (gather, index_select "
+                         f"and embedding take [0, size), advanced indexing [-size, size))", eager_reruns)
 
 
 class IndexStatus:
@@ -99,7 +112,7 @@ class IndexStatus:
         if not self.deferred:
             if self.flag.item():
                 self.flag.zero_()
-                raise_index_error(self.kernels)
+                raise_index_error(self.kernels, eager_reruns=not self.flag.is_cuda)
             return
         if self._seen_value[0]:  # an earlier call's copy has landed and shows the flag
             self._raise_after_sync("an earlier call of this graph")
@@ -113,7 +126,7 @@ class IndexStatus:
                 self._raise_after_sync("a call of this graph")
         elif self.flag.item():
             self.flag.zero_()
-            raise_index_error(self.kernels)
+            raise_index_error(self.kernels, eager_reruns=not self.flag.is_cuda)
 
     def _raise_after_sync(self, which: str) -> None:
         # The error path may wait: every call in flight finishes, then the flag and its copy are
@@ -122,11 +135,11 @@ class IndexStatus:
         self.flag.zero_()
         torch.cuda.synchronize(self.flag.device)
         self._seen_value[0] = 0
-        raise IndexError(f"kiln: {self.kernels}: {which} read an index out of range for the dim it indexes "
+        raise KilnIndexError(f"kiln: {self.kernels}: {which} read an index out of range for the dim it indexes "
                          f"(gather, index_select and embedding take [0, size), advanced indexing [-size, size)); "
                          f"the results of that call and of the calls since are not valid. On CUDA the check "
                          f"reports at the graph's next call, without a host sync; KILN_GPU_INDEX_CHECKS=sync "
-                         f"raises in the call itself")
+                         f"raises in the call itself", eager_reruns=False)
 
 
 def flatten_result(value) -> list:

@@ -413,6 +413,34 @@ def test_graph_error_after_side_effects_leaves_eagers_effects():
     _check_calls(lambda: (program, {"log": [], "x": torch.ones(2)}), [lambda s: (s["x"], s["log"])] * 3)
 
 
+@pytest.mark.parametrize("eager_reruns", [True, False])
+def test_a_graph_error_that_eager_would_not_reproduce_is_raised_as_it_is(monkeypatch, eager_reruns):
+    # kiln's CUDA index reports are not rerun eagerly: eager's out-of-range gather on CUDA is a device-side
+    # assert that ends the CUDA context, and a deferred report belongs to an earlier call (this call's
+    # eager run would raise nothing, and the report would be lost). Stood in for on the CPU: the Triton
+    # backend's index flag, reporting as CUDA's would.
+    from kiln.runtime import support
+
+    def after_call(status):
+        raise support.KilnIndexError("kiln: an earlier call read an index out of range", eager_reruns)
+
+    monkeypatch.setattr(support.IndexStatus, "after_call", after_call)
+
+    def program(x, i, log):
+        log.append(1)
+        return x[i] * 2
+
+    log = []
+    compiled = kiln.compile(program)
+    with kiln.config.patch(cpu_backend="triton"):
+        if eager_reruns:  # the frame runs again eagerly: its side effect happens once, and eager's result
+            torch.testing.assert_close(compiled(torch.ones(4), torch.tensor([1]), log), torch.full((1,), 2.0))
+        else:
+            with pytest.raises(support.KilnIndexError, match="an earlier call"):
+                compiled(torch.ones(4), torch.tensor([1]), log)
+    assert log == ([1] if eager_reruns else [])  # raised as it is: before the entry replays the effects
+
+
 def test_graph_error_in_a_resume_function():
     def program(x, log):
         log.append("before")
