@@ -514,13 +514,9 @@ def test_library_module_flag_changes():
         return x * 2 if torch.backends.mkldnn.enabled else x * 3
 
     compiled = kiln.compile(program)
-    before = torch.backends.mkldnn.enabled
-    try:
-        for enabled in [True, False, True]:
-            torch.backends.mkldnn.enabled = enabled
+    for enabled in [True, False, True]:  # flags(): setting the attribute raises once a test disabled global flags
+        with torch.backends.mkldnn.flags(enabled=enabled):
             assert torch.equal(compiled(torch.ones(2)), program(torch.ones(2))), enabled
-    finally:
-        torch.backends.mkldnn.enabled = before
 
 
 def test_torch_functions_reading_global_state():
