@@ -244,8 +244,8 @@ close)
     "$PYTHON" -m benchmarks.run --suite models --modes infer --backends eager,kiln --budget "${MODELS_BUDGET:-300}" \
         --timeout 70 --label "models-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
     "$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,kiln \
-        --only copy,gelu_bias,layer_norm,softmax,rmsnorm_silu_gate,lm_head --budget 110 --timeout 35 \
-        --label "kernels-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^| "
+        --only "${CLOSE_KERNELS:-copy,gelu_bias,layer_norm,softmax,rmsnorm_silu_gate,lm_head}" \
+        --budget "${KERNELS_BUDGET:-110}" --timeout 35 --label "kernels-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^| "
     rm -f "$OUT_DIR"/*.log
     ;;
 install)
