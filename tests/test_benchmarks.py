@@ -1,5 +1,6 @@
-"""benchmarks/train_memory.py on the CPU: it measures what eager and kiln save for a training step's
-backward (peaks are CUDA-only) and what kiln's compiled forward returns."""
+"""benchmarks on the CPU: train_memory.py measures what eager and kiln save for a training step's
+backward (peaks are CUDA-only) and what kiln's compiled forward returns; the training cases, the DDP
+benchmark, and gpu_kernel_variants.py's relaunches of kiln's kernels (under Triton's interpreter)."""
 from __future__ import annotations
 
 import pytest
@@ -116,3 +117,28 @@ def test_ddp_benchmark_reports_a_failed_case_without_crashing():
     env = {"date": "2026-12-04", "gpu": None, "cpu": "cpu", "cpu_count": 2, "git_commit": "abc", "command": "x"}
     text = ddp.markdown(env, cases, plan, "test")
     assert "**error**: rank 1: AssertionError" in text and "**timeout**" in text and "**losses FAIL**" in text
+
+
+def test_kernel_variants_relaunch_kilns_kernel_as_generated_and_rewritten():
+    """benchmarks/gpu_kernel_variants.py on the CPU (Triton's interpreter): kiln's one kernel of softmax and of
+    layer_norm, relaunched as generated, rewritten and with another launch config, computes eager's values."""
+    import torch
+
+    import kiln
+    from benchmarks import gpu_kernel_variants as variants
+    from benchmarks.workloads import layer_norm, softmax_last
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(8, 256, generator=generator).to(torch.bfloat16)
+    weight, bias = (torch.randn(256, generator=generator).to(torch.bfloat16) for _ in range(2))
+    with kiln.config.patch(cpu_backend="triton"):
+        for fn, args, expected in [(softmax_last, (x,), {"div.full (a / b)", "ex2.approx exp (tl.exp)", "both"}),
+                                   (layer_norm, (x, weight, bias), {"div.full (a / b)", "x / 2^k as x * 2^-k",
+                                                                    "mean without its correction"})]:
+            kernel = variants.Kernel(fn, args)
+            rewrites = variants._rewrites(kernel.source.source)
+            assert set(rewrites) == expected
+            eager = fn(*args)
+            for text, xblock in [(None, None), *((text, None) for text in rewrites.values()), (None, 2)]:
+                result = kernel.launcher(text, xblock)()
+                torch.testing.assert_close(result, eager, atol=2e-2, rtol=2e-2)
