@@ -25,22 +25,10 @@ from benchmarks.workloads import gelu_bias, layer_norm, rmsnorm_silu_gate, softm
 
 
 def _graphs(fn, args) -> list:
-    """kiln's compiled graphs of `fn` on `args` (Dynamo capture, kiln's AOT and backend)."""
-    from kiln.aot import aot_compile
-    from kiln.backend import compile_aten_graph
-    graphs = []
-
-    def backend(gm, example_inputs):
-        def record(aten_gm, aten_inputs):
-            compiled = compile_aten_graph(aten_gm, aten_inputs)
-            graphs.append(compiled)
-            return compiled
-        return aot_compile(gm, example_inputs, record)
-
-    torch._dynamo.reset()
+    """kiln's compiled graphs of `fn` on `args`, through the tests' helper (Dynamo capture, kiln's AOT and backend)."""
+    from tests.backend.test_pipeline import compiled_graphs
     with torch.no_grad(), kiln.config.patch(graph_cache=False):  # a cached graph keeps no scheduled form
-        torch.compile(fn, backend=backend)(*args)
-    return graphs
+        return compiled_graphs(fn, *args)[1]
 
 
 class Kernel:
