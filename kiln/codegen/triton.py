@@ -47,6 +47,12 @@ INDEX_STATUS = "_index_status"
 #   eager's is IEEE: sqrt(2) * sqrt(2) then truncates to 1 instead of 2 (fuzzer seed101 #753).
 #   (tl.exp / tl.log are ex2/lg2.approx after a multiply, some ulps off and more for large
 #   arguments: sin(exp(x)) was 2.6e-4 off; the defaults use libdevice's expf / logf, as CUDA's eager does.)
+# - rounded_to_16bit: a float32 division whose quotient only a cast to float16 or bfloat16 reads (softmax's
+#   last step, a 16-bit division) is div.full.f32. Its 2 ulp of float32 are 1/4096 of a bfloat16 ulp (1/512
+#   of a float16 one), so the 16-bit result is eager's, or one ulp from it where the exact quotient lies that
+#   close to a rounding boundary; the result stays within half a 16-bit ulp of the exact one, plus that
+#   sliver. IEEE division costs about 20 instructions per element with its slow-path branch, div.full two
+#   (softmax over 4096 bf16 columns, sm_90 SASS: 42.5 instructions per element with it, 25.5 without).
 # - bool: Triton's int1 add/sub wrap mod 2 on the GPU (True + True = False); torch's bool add is
 #   logical or, its bool mul logical and (sub of bools torch refuses).
 # - low_precision (fp16/bf16 ops; math otherwise runs in fp32): nextafter steps by the 16-bit format's ulp.
@@ -183,6 +189,8 @@ class KernelSource:
     pointer_dtypes: list = field(default_factory=list)  # the element type of each buffer_args pointer
     constexpr_values: dict | None = None  # a template's block sizes; None: XBLOCK (and RBLOCK)
     num_stages: int | None = None  # software pipelining stages (templates); None: Triton's default
+    full_rows: bool = False  # no row mask: every XBLOCK a launch takes must divide xnumel
+    full_columns: bool = False  # no column mask: RBLOCK must be rnumel
     file_suffix: ClassVar[str] = ".py"  # of the KILN_DEBUG dump
 
     @property
@@ -277,18 +285,32 @@ class TritonKernelGenerator:
         skip = (xnumel.is_Integer and int(xnumel) == 0)
         if kernel.is_reduction:
             rblock, xblock, num_warps = self._reduction_blocks(rnumel)
-            self._reduction_body(rnumel)
+            self.full_columns = kernel.persistent and rnumel.is_Integer and int(rnumel) == rblock
         else:
-            rblock = None
-            xblock = min(1024, _next_power_of_2(int(xnumel))) if xnumel.is_Integer else 1024
+            rblock, self.full_columns = None, False
+            # 32 bytes of each buffer per thread: 16 elements of a 16-bit tensor, 8 of a 32-bit one (gelu(x + b)
+            # over 65536x4096 bf16 on an H100 ran at 0.94 of the copy ceiling with 16 per thread, 0.88 with 8:
+            # benchmarks/results/2026-12-05_kernel-variants-a008e7e_nvidia-h100.txt)
+            widest = max((self.graph.buffers[op.buffer].dtype.itemsize for node in kernel.nodes
+                          for op in node.body.ops if op.name in ("load", "store") and op.buffer in self.graph.buffers),
+                         default=4)
+            most = 2048 if widest <= 2 else 1024
+            xblock = min(most, _next_power_of_2(int(xnumel))) if xnumel.is_Integer else most
             xblock = max(xblock, 16)
             num_warps = 4 if xblock >= 512 else 2
+        # A block that never runs past its sizes needs no mask: a constant True one, which Triton folds away
+        # (a select per element and per reduction fewer; the tuner keeps such kernels' blocks dividing them).
+        self.full_rows = xnumel.is_Integer and int(xnumel) > 0 and int(xnumel) % xblock == 0
+        if kernel.is_reduction:
+            self._reduction_body(rnumel)
+        else:
             self._pointwise_body()
         counts = [("xnumel", xnumel)] + ([("rnumel", rnumel)] if kernel.is_reduction else [])
         blocks = ["XBLOCK"] + (["RBLOCK"] if kernel.is_reduction else [])
         source, function_name, sizes = self._source(counts, blocks)
         return KernelSource(kernel.name, source, list(self.pointer_names), sizes, xnumel, xblock, rblock,
-                            num_warps, self.device_type, skip, function_name, self._pointer_dtypes())
+                            num_warps, self.device_type, skip, function_name, self._pointer_dtypes(),
+                            full_rows=self.full_rows, full_columns=kernel.is_reduction and self.full_columns)
 
     def _source(self, counts: list, blocks: list) -> tuple:
         """(the module's text, the kernel function's name, the size arguments a launch passes) for the
@@ -362,7 +384,9 @@ class TritonKernelGenerator:
             rblock, xblock = 1024, 1
         if xnumel.is_Integer:
             xblock = min(xblock, _next_power_of_2(max(int(xnumel), 1)))
-        num_warps = 8 if rblock * xblock >= 2048 else 4
+        # 4 warps up to 4096 elements a block: a row of 4096 then costs 22 instructions per element in
+        # layer_norm's kernel (sm_90 SASS), 29 with 8 warps (more of each thread's work is the reduction tree)
+        num_warps = 8 if rblock * xblock >= (8192 if self.kernel.persistent else 2048) else 4
         return rblock, xblock, num_warps
 
     def _index_setup(self, flat: str, ranges: list, prefix: str, order: list | None = None) -> None:
@@ -386,7 +410,7 @@ class TritonKernelGenerator:
         program = "tl.program_id(0).to(tl.int64)" if self.use_int64 else "tl.program_id(0)"
         self.out.add(f"xoffset = {program} * XBLOCK")
         self.out.add("xindex = xoffset + tl.arange(0, XBLOCK)")
-        self.out.add("xmask = xindex < xnumel")
+        self.out.add("xmask = tl.full([XBLOCK], True, tl.int1)" if self.full_rows else "xmask = xindex < xnumel")
         self._index_setup("xindex", self.kernel.row_ranges, "x", self.kernel.walk_order)
         for position, (node, role) in enumerate(zip(self.kernel.nodes, self.kernel.roles)):
             self._emit_node(node, role, position, "xmask")
@@ -395,12 +419,12 @@ class TritonKernelGenerator:
         program = "tl.program_id(0).to(tl.int64)" if self.use_int64 else "tl.program_id(0)"
         self.out.add(f"xoffset = {program} * XBLOCK")
         self.out.add("xindex = xoffset + tl.arange(0, XBLOCK)[:, None]")
-        self.out.add("xmask = xindex < xnumel")
+        self.out.add("xmask = tl.full([XBLOCK, 1], True, tl.int1)" if self.full_rows else "xmask = xindex < xnumel")
         self._index_setup("xindex", self.kernel.row_ranges, "x")
         self.out.add("rbase = tl.arange(0, RBLOCK)[None, :]")
         if self.kernel.persistent:
             self.out.add("rindex = rbase")
-            self.out.add("rmask = rindex < rnumel")
+            self.out.add("rmask = tl.full([1, RBLOCK], True, tl.int1)" if self.full_columns else "rmask = rindex < rnumel")
             self._index_setup("rindex", self.kernel.col_ranges, "r")
             for position, (node, role) in enumerate(zip(self.kernel.nodes, self.kernel.roles)):
                 self._emit_node(node, role, position, "xmask & rmask" if role != "row" else "xmask")
@@ -543,8 +567,13 @@ class TritonKernelGenerator:
 
     def _math_source(self, op, args: list) -> str:
         """A unary or binary op's expression, by the dtype its operands have."""
-        operand_dtype = self._current_node.body.ops[op.operands[0]].dtype
-        source, helper = math_source(op.name, operand_dtype, op.dtype, args, self._scalar_shape())
+        ops = self._current_node.body.ops
+        operand_dtype = ops[op.operands[0]].dtype
+        position = next(index for index, other in enumerate(ops) if other is op)
+        readers = [other for other in ops if position in other.operands]
+        rounded = bool(readers) and all(reader.name == "to_dtype" and reader.dtype in (torch.float16, torch.bfloat16)
+                                        for reader in readers)
+        source, helper = math_source(op.name, operand_dtype, op.dtype, args, self._scalar_shape(), rounded)
         if helper is not None:
             self.helpers.add(helper)
         return source
@@ -686,11 +715,12 @@ class TritonKernelGenerator:
 
 
 def math_source(name: str, operand_dtype: torch.dtype, result_dtype: torch.dtype, args: list,
-                shape: str) -> tuple:
+                shape: str, rounded_to_16bit: bool = False) -> tuple:
     """(expression, the HELPERS entry it calls or None): the op table's first Triton variant that
-    applies to these dtypes (kiln/ir/ops.py)."""
+    applies to these dtypes (kiln/ir/ops.py); `rounded_to_16bit`: only 16-bit casts read the result."""
     renderings = OPS[name].triton
-    variants = [variant for variant in triton_variants(operand_dtype, result_dtype) if variant in renderings]
+    variants = [variant for variant in triton_variants(operand_dtype, result_dtype, rounded_to_16bit)
+                if variant in renderings]
     if not variants:
         raise NotImplementedError(f"Triton codegen for op {name} on {operand_dtype}: ops.py has no rendering")
     template = renderings[variants[0]]

@@ -118,6 +118,9 @@ def candidate_configs(source, kernel) -> list:
                   if warps * 32 * 4 <= rblock]
     unique = []
     for config_ in found:
+        xblock, rblock, _ = config_
+        if source.full_rows and xnumel % xblock or source.full_columns and rblock != source.rblock:
+            continue  # the source has no mask for a partial block
         if config_ not in unique:
             unique.append(config_)
     return unique

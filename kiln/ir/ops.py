@@ -161,7 +161,7 @@ LOGICAL = DtypeRule("bool, bool result", frozenset({"bool"}), bool_result=True)
 CHEAP = "cheap"
 EXPENSIVE = "expensive"
 
-TRITON_VARIANTS = ("bool", "integer", "signed", "unsigned", "float", "float32", "low_precision", "default")
+TRITON_VARIANTS = ("bool", "integer", "signed", "unsigned", "float", "rounded_to_16bit", "float32", "low_precision", "default")
 CPP_VARIANTS = ("bool", "integer", "low_precision", "default")
 
 
@@ -317,7 +317,7 @@ ROWS = [
          triton={"integer": "{0}", "default": "libdevice.trunc({0})"},
          cpp={"integer": "{0}", "default": "std::trunc({0})"}),
     _row(Op.RECIPROCAL, 1, FLOAT, CHEAP, aten=aten.reciprocal,
-         triton={"float32": "tl.div_rn(1.0, {0})", "default": "(1.0 / {0})"},
+         triton={"rounded_to_16bit": "(1.0 / {0})", "float32": "tl.div_rn(1.0, {0})", "default": "(1.0 / {0})"},
          cpp="(({T})1 / {0})"),
     _row(Op.LOGICAL_NOT, 1, LOGICAL, CHEAP,
          triton="({0} == 0)",
@@ -359,7 +359,7 @@ ROWS = [
          triton={"bool": "({0} & {1})", "default": "({0} * {1})"},
          cpp="({0} * {1})"),
     _row(Op.TRUEDIV, 2, FLOAT, CHEAP,
-         triton={"float32": "tl.div_rn({0}, {1})", "default": "({0} / {1})"},
+         triton={"rounded_to_16bit": "({0} / {1})", "float32": "tl.div_rn({0}, {1})", "default": "({0} / {1})"},
          cpp="({0} / {1})"),
     _row(Op.POW, 2, NUMBER, EXPENSIVE, vector_math=True,
          triton={"signed": "_pow_integer({0}, {1})",
@@ -492,9 +492,12 @@ LIBDEVICE_INTERPRETER = {
 _triton.register_libdevice(LIBDEVICE_INTERPRETER)
 
 
-def triton_variants(operand: torch.dtype, result: torch.dtype) -> list:
-    """The Triton variants to try for these dtypes, most specific first."""
+def triton_variants(operand: torch.dtype, result: torch.dtype, rounded_to_16bit: bool = False) -> list:
+    """The Triton variants to try for these dtypes, most specific first. `rounded_to_16bit`: the float32
+    result is read only by casts to float16 or bfloat16 (see codegen/triton.py on float32 division)."""
     variants = ["bool"] if operand == torch.bool and result == torch.bool else []
+    if rounded_to_16bit and operand == torch.float32 and result == torch.float32:
+        variants.append("rounded_to_16bit")
     if not operand.is_floating_point:
         variants += ["integer", "unsigned" if operand in (torch.uint8, torch.bool) else "signed"]
     else:

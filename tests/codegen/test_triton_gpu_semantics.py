@@ -3,6 +3,8 @@ from the interpreter's numpy ones. kiln/_triton.py makes the interpreter compute
 computes for them, so these CPU tests fail on a rendering that is right only under numpy."""
 from __future__ import annotations
 
+import re
+
 import torch
 import triton.language as tl
 
@@ -94,6 +96,25 @@ def test_float32_division_is_correctly_rounded(monkeypatch):
     d = torch.randn(16, generator=generator, dtype=torch.float64)
     h = torch.randn(16, generator=generator).half()
     result, source = _compile_capturing_kernels(fn, [x, y, d, h], monkeypatch)
-    assert source.count("tl.div_rn(") == 2, source  # float32 and float16's float32 math; float64's `/` is IEEE
+    # float32's; float64's `/` is IEEE, and float16's float32 quotient is only rounded to float16
+    assert source.count("tl.div_rn(") == 1, source
     verdict = kiln.testing.compare(list(result), list(fn(x, y, d, h)))
+    assert verdict, verdict.message
+
+
+def test_a_float32_quotient_only_rounded_to_16_bits_is_the_fast_division(monkeypatch):
+    # codegen/triton.py, rounded_to_16bit: div.full's 2 ulp of float32 are far below a 16-bit ulp. A quotient
+    # that anything else reads (here a float32 output) stays IEEE, and so does every float32 softmax.
+    def fn(h, x):
+        quotient = x / (x.abs() + 1.0)
+        return torch.softmax(h, -1), torch.softmax(x, -1), quotient, quotient.to(torch.bfloat16)
+
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(8, 64, generator=generator)
+    h = torch.randn(8, 64, generator=generator).to(torch.bfloat16)
+    result, source = _compile_capturing_kernels(fn, [h, x], monkeypatch)
+    assert source.count("tl.div_rn(") == 2, source  # x's softmax and the float32 quotient
+    fast = re.findall(r"(n\d+_\d+) = \(\w+ / \w+\)\n\s+\w+ = \1\.to\(tl\.bfloat16\)", source)
+    assert len(fast) == 1, source  # h's softmax
+    verdict = kiln.testing.compare(list(result), list(fn(h, x)), list(fn(h.double(), x.double())))
     assert verdict, verdict.message
