@@ -383,10 +383,16 @@ _GELU_EAGER_ZERO_BELOW = {torch.float32: _phi_below(2.0 ** -26), torch.float64: 
 
 @lowering(aten.silu.default)
 def silu(ctx, node, x):
+    """Eager's formula on both devices, x / (1 + exp(-x)) in the compute dtype: one rounding where x * sigmoid(x)
+    has two, and one division (div.full where a 16-bit cast alone reads it: codegen/triton.py)."""
     meta = meta_of(node)
     dtype = compute_dtype_for(meta.dtype)
-    return ctx.pointwise([x], lambda body, v: body.emit("mul", (v, body.emit("sigmoid", (v,), dtype)), dtype),
-                         meta=meta)
+
+    def compute(body, v):
+        exp = body.emit("exp", (body.emit("neg", (v,), dtype),), dtype)
+        return body.emit("truediv", (v, body.emit("add", (body.constant(1.0, dtype), exp), dtype)), dtype)
+
+    return ctx.pointwise([x], compute, meta=meta)
 
 
 @lowering(aten.leaky_relu.default)
