@@ -31,6 +31,8 @@
 #                                                                 # template, then autotuned), GEMM+epilogue kernels
 #                                                                 # and BERT/Llama under mode='max-autotune' against
 #                                                                 # torch.compile's: ~500 s
+#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh rows      # the row kernels: smoke, gpu_kernel_variants, the
+#                                                                 # kernels suite with torch.compile: ~300 s
 #   bash benchmarks/gpu_verify.sh install|host|train                           # kiln verify from a fresh install;
 #                                                                 # host ms per call, kiln vs torch.compile; training
 # Files land in $OUT (at most 8 come back) and the benchmark results under benchmarks/results/.
@@ -305,6 +307,21 @@ templates)
     grep -h "autotuned\|autotuning" "$OUT_DIR"/*autotune*.log 2>/dev/null | sort | uniq -c | sort -rn | head -30
     rm -f "$OUT_DIR"/*.log
     ;;
-*) echo "usage: gpu_verify.sh checks|kernels|models|diagnose|verify1|verify2|final|session1|session2|session3|close|close1|close2|templates|install|host|train" >&2; exit 2 ;;
+rows)
+    # TARGETS.md's kernels (~300 s): the smoke check; each row kernel relaunched as generated and with one change
+    # at a time (benchmarks/gpu_kernel_variants.py); then the kernels suite, eager / torch.compile / kiln, one
+    # process per case, against the copy ceiling of the same run.
+    { timeout 150 "$PYTHON" -m benchmarks.gpu_smoke 2>&1 | grep -v "Warn\|runners = "
+      echo "gpu_smoke exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/smoke.txt" 2>&1
+    tail -2 "$OUT_DIR/smoke.txt"
+    timeout 200 "$PYTHON" -m benchmarks.gpu_kernel_variants --only "${VARIANTS:-gelu_bias,layer_norm,softmax,rmsnorm_silu_gate}" \
+        2>&1 | grep -v "Warn" > "$OUT_DIR/variants-$commit.txt"
+    grep "==\|as generated\|ceiling GB" "$OUT_DIR/variants-$commit.txt"
+    "$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,inductor,kiln \
+        --only copy,sin_large,gelu_bias,layer_norm,softmax,rmsnorm_silu_gate --budget "${KERNELS_BUDGET:-240}" \
+        --timeout 60 --label "kernels-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^| \|skipped"
+    rm -f "$OUT_DIR"/*.log
+    ;;
+*) echo "usage: gpu_verify.sh checks|kernels|models|diagnose|verify1|verify2|final|session1|session2|session3|close|close1|close2|templates|install|host|train|rows" >&2; exit 2 ;;
 esac
 ls -la "$OUT_DIR"

@@ -128,6 +128,10 @@ def tensor_metadata_checker(tensors: list, names: list[str], sizes: list | None 
         return None
 
 
+# torch's error for a failed CUDA call (a RuntimeError subclass since torch 2.8); no class matches where it is absent
+ACCELERATOR_ERRORS = tuple(getattr(torch, name) for name in ("AcceleratorError",) if hasattr(torch, name))
+
+
 def autocast_state() -> tuple:
     """((device, enabled, dtype) for the CPU and CUDA autocast): what a trace under autocast depends on."""
     return tuple((device, torch.is_autocast_enabled(device), torch.get_autocast_dtype(device))

@@ -141,11 +141,14 @@ def _call_module(module, *args, **kwargs):
 
 def _eager_reruns(error: BaseException | None) -> bool:
     """Whether a graph's `error` is one that running its frame eagerly reproduces: not kiln's CUDA index
-    reports (runtime/support.py KilnIndexError says why), nor a CUDA error, which leaves the context unusable
-    for the eager run too (it would fail at some unrelated op)."""
+    reports (runtime/support.py KilnIndexError says why), nor a CUDA error (torch's AcceleratorError, or a
+    Triton launch's "Triton Error [CUDA]"), which leaves the context unusable for the eager run too (it
+    would fail at some unrelated op)."""
     if isinstance(error, KilnIndexError):
         return error.eager_reruns
-    return not (isinstance(error, RuntimeError) and "CUDA error" in str(error))
+    if isinstance(error, _torch.ACCELERATOR_ERRORS):
+        return False
+    return not (isinstance(error, RuntimeError) and "Triton Error [CUDA]" in str(error))
 
 
 class Dispatcher:

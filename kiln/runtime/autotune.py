@@ -42,7 +42,7 @@ def graph_budget() -> Iterator[None]:
         spent = float(config.autotune_budget_s) - left[0]
         if spent > 0:
             perf_log("kiln: autotuning took %.1f s of this graph's compile (budget %.0f s, "
-                      "config.autotune_budget_s)", spent, config.autotune_budget_s)
+                     "config.autotune_budget_s)", spent, config.autotune_budget_s)
 
 
 def budget_left() -> float:
@@ -101,7 +101,7 @@ def choose(key: str, candidates: dict, what: str) -> str | None:
     for name, run in candidates.items():
         if budget_left() - (time.perf_counter() - started) <= 0:
             perf_log("kiln: autotuning %s stopped: the graph's budget of %.0f s is spent "
-                      "(config.autotune_budget_s)", what, config.autotune_budget_s)
+                     "(config.autotune_budget_s)", what, config.autotune_budget_s)
             break
         milliseconds = time_ms(run)
         if milliseconds is not None:

@@ -445,6 +445,30 @@ def test_a_graph_error_that_eager_would_not_reproduce_is_raised_as_it_is(monkeyp
     assert log == ([1] if eager_reruns else [])  # raised as it is: before the entry replays the effects
 
 
+@pytest.mark.parametrize("error", [torch.AcceleratorError("CUDA error: an illegal memory access was encountered"),
+                                   RuntimeError("Triton Error [CUDA]: an illegal memory access was encountered")],
+                         ids=["torch", "triton"])
+def test_a_cuda_error_in_a_graph_is_raised_as_it_is(monkeypatch, error):
+    # A CUDA error leaves the context unusable: the eager rerun would fail at some unrelated op instead.
+    # Stood in for on the CPU by the Triton backend's index flag, raising it after the kernels.
+    from kiln.runtime import support
+
+    def after_call(status):
+        raise error
+
+    monkeypatch.setattr(support.IndexStatus, "after_call", after_call)
+
+    def program(x, i, log):
+        log.append(1)
+        return x[i] * 2
+
+    log = []
+    compiled = kiln.compile(program)
+    with kiln.config.patch(cpu_backend="triton"), pytest.raises(type(error), match="illegal memory access"):
+        compiled(torch.ones(4), torch.tensor([1]), log)
+    assert log == []
+
+
 def test_graph_error_in_a_resume_function():
     def program(x, log):
         log.append("before")
