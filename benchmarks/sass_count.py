@@ -1,0 +1,38 @@
+"""SASS instructions per element of kiln's row kernels for sm_90, on a machine without a GPU.
+
+    python -m benchmarks.sass_count
+
+On the H200 these kernels are bound by instruction issue rather than memory (tests/codegen/test_gpu_compile.py
+test_row_kernels_stay_within_their_instruction_budget says why), so the count predicts their time. Each program
+of TARGETS.md (bf16, rows of 4096) is compiled by kiln through Dynamo on CPU tensors, its CUDA kernel generated
+and compiled by Triton for sm_90, and the cubin's instructions counted (Triton's cuobjdump), divided by the
+elements one thread computes. gelu's kernel is the CPU lowering's (erfc form): CUDA lowers eager's erf form.
+"""
+from __future__ import annotations
+
+import torch
+
+from benchmarks.workloads import gelu_bias, layer_norm, rmsnorm_silu_gate, softmax_last
+
+
+def main() -> None:
+    from tests.codegen.test_gpu_compile import cuda_sources, sass_instructions
+    generator = torch.Generator().manual_seed(0)
+
+    def randn(*size):
+        return torch.randn(*size, generator=generator).to(torch.bfloat16)
+
+    programs = {"softmax": (softmax_last, [randn(2, 4096)]),
+                "layer_norm": (layer_norm, [randn(2, 4096), randn(4096), randn(4096)]),
+                "rmsnorm_silu_gate": (rmsnorm_silu_gate, [randn(2, 4096), randn(4096), randn(2, 4096)]),
+                "gelu_bias (CPU lowering)": (gelu_bias, [randn(16, 4096), randn(4096)])}
+    for name, (fn, inputs) in programs.items():
+        (source,) = cuda_sources(fn, *inputs)
+        (count,) = sass_instructions([source])
+        per_thread = source.xblock * (source.rblock or 1) // (32 * source.num_warps)
+        print(f"{name:26s} XBLOCK {source.xblock:5d} RBLOCK {source.rblock or '-':>5} warps {source.num_warps:2d}: "
+              f"{count:5d} instructions / {per_thread:3d} elements = {count / per_thread:5.1f} per element", flush=True)
+
+
+if __name__ == "__main__":
+    main()
