@@ -194,6 +194,11 @@ ILL_CONDITIONED_PARAMETERS = {
                          "absolute terms (the whole gradient: max 1.2x, norm 1.07x eager's error, within the rule), "
                          "6.7e-4 vs 1.9e-4 relative, so after 5 steps of lr 1e-2 that parameter is 6.0e-7 from float64's "
                          "against eager's 1.7e-7 (the rule allows 5.0e-7); the tensor's error norm is 7.9e-7 vs 5.9e-7",
+    ("llama", "cpp"): "measured at fa8aac9 (silu as eager's x / (1 + exp(-x))): mlp.down_proj.weight of layer 0, "
+                      "element 1472, gradient -2.5e-7 where the tensor's largest is 7.0e-3; its step-1 gradient error "
+                      "4.6e-10 (kiln) vs 1.7e-10 (eager), while the whole tensor's gradient is closer to float64's than "
+                      "eager's (max error 2.0e-9 vs 3.0e-9), so after 5 steps of lr 1e-2 that parameter is 7.0e-7 from "
+                      "float64's against eager's 2.6e-7 (the rule allows 6.9e-7)",
 }
 
 
