@@ -6,13 +6,19 @@ On the H200 these kernels are bound by instruction issue rather than memory (tes
 test_row_kernels_stay_within_their_instruction_budget says why), so the count predicts their time. Each program
 of TARGETS.md (bf16, rows of 4096) is compiled by kiln through Dynamo on CPU tensors, its CUDA kernel generated
 and compiled by Triton for sm_90, and the cubin's instructions counted (Triton's cuobjdump), divided by the
-elements one thread computes. gelu's kernel is the CPU lowering's (erfc form): CUDA lowers eager's erf form.
+elements one thread computes (of a program's largest kernel). gelu's kernel is the CPU lowering's (erfc form):
+CUDA lowers eager's erf form.
 """
 from __future__ import annotations
 
 import torch
 
 from benchmarks.workloads import gelu_bias, layer_norm, rmsnorm_silu_gate, softmax_last
+
+
+def _batch_norm_relu(x, mean, var, weight, bias):
+    """A conv net's inference batch norm and relu over a channels-last bf16 activation, float32 statistics."""
+    return torch.relu(torch.nn.functional.batch_norm(x, mean, var, weight, bias, training=False))
 
 
 def main() -> None:
@@ -25,9 +31,11 @@ def main() -> None:
     programs = {"softmax": (softmax_last, [randn(2, 4096)]),
                 "layer_norm": (layer_norm, [randn(2, 4096), randn(4096), randn(4096)]),
                 "rmsnorm_silu_gate": (rmsnorm_silu_gate, [randn(2, 4096), randn(4096), randn(2, 4096)]),
-                "gelu_bias (CPU lowering)": (gelu_bias, [randn(16, 4096), randn(4096)])}
+                "gelu_bias (CPU lowering)": (gelu_bias, [randn(16, 4096), randn(4096)]),
+                "batch_norm + relu, NHWC": (_batch_norm_relu, [randn(4, 256, 14, 14).to(memory_format=torch.channels_last),
+                                                             *(torch.rand(256) + 0.5 for _ in range(4))])}
     for name, (fn, inputs) in programs.items():
-        (source,) = cuda_sources(fn, *inputs)
+        source = max(cuda_sources(fn, *inputs), key=lambda source: int(source.xnumel))  # the activation's kernel
         (count,) = sass_instructions([source])
         per_thread = source.xblock * (source.rblock or 1) // (32 * source.num_warps)
         print(f"{name:26s} XBLOCK {source.xblock:5d} RBLOCK {source.rblock or '-':>5} warps {source.num_warps:2d}: "

@@ -155,9 +155,12 @@ BITWISE = DtypeRule("integer or bool", frozenset({"signed", "unsigned", "bool"})
 COMPARE = DtypeRule("any, bool result", frozenset({"float", "signed", "unsigned", "bool"}), bool_result=True)
 LOGICAL = DtypeRule("bool, bool result", frozenset({"bool"}), bool_result=True)
 
-# Cost classes. An expensive op (a libm call or a long polynomial) costs far more than a load or an
-# add: its value is not recomputed per element of a broadcast (schedule/inline.py), and the C++
-# backend keeps it in a row array rather than computing it twice (codegen/cpp.py).
+# Cost classes. An expensive op (a libm call, a long polynomial, an IEEE division or square root) costs far
+# more than a load or an add: its value is not recomputed per element of a broadcast (schedule/inline.py),
+# and the C++ backend keeps it in a row array rather than computing it twice (codegen/cpp.py). Division and
+# square roots are expensive on the GPU: correctly rounded, each is a slow-path sequence of 10-20
+# instructions (a batch norm's 1 / sqrt(var + eps), recomputed per element of an NHWC activation, was 40
+# of its kernel's 56 sm_90 instructions per element: benchmarks/results/2026-12-05_row-kernels-sass_cpu.md).
 CHEAP = "cheap"
 EXPENSIVE = "expensive"
 
@@ -246,10 +249,10 @@ ROWS = [
     _row(Op.LOG1P, 1, FLOAT, EXPENSIVE, aten=aten.log1p, vector_math=True,
          triton="libdevice.log1p({0})",
          cpp="std::log1p({0})"),
-    _row(Op.SQRT, 1, FLOAT, CHEAP, aten=aten.sqrt,
+    _row(Op.SQRT, 1, FLOAT, EXPENSIVE, aten=aten.sqrt,
          triton={"float32": "tl.sqrt_rn({0})", "default": "libdevice.sqrt({0})"},
          cpp="std::sqrt({0})"),
-    _row(Op.RSQRT, 1, FLOAT, CHEAP, aten=aten.rsqrt,
+    _row(Op.RSQRT, 1, FLOAT, EXPENSIVE, aten=aten.rsqrt,
          triton="libdevice.rsqrt({0})",
          cpp="(({T})1 / std::sqrt({0}))"),
     _row(Op.SIN, 1, FLOAT, EXPENSIVE, aten=aten.sin, vector_math=True,
@@ -316,7 +319,7 @@ ROWS = [
     _row(Op.TRUNC, 1, NUMBER, CHEAP,
          triton={"integer": "{0}", "default": "libdevice.trunc({0})"},
          cpp={"integer": "{0}", "default": "std::trunc({0})"}),
-    _row(Op.RECIPROCAL, 1, FLOAT, CHEAP, aten=aten.reciprocal,
+    _row(Op.RECIPROCAL, 1, FLOAT, EXPENSIVE, aten=aten.reciprocal,
          triton={"rounded_to_16bit": "(1.0 / {0})", "float32": "tl.div_rn(1.0, {0})", "default": "(1.0 / {0})"},
          cpp="(({T})1 / {0})"),
     _row(Op.LOGICAL_NOT, 1, LOGICAL, CHEAP,
@@ -358,7 +361,7 @@ ROWS = [
     _row(Op.MUL, 2, ANY, CHEAP, aten=(aten.mul.Tensor, aten.mul.Scalar),
          triton={"bool": "({0} & {1})", "default": "({0} * {1})"},
          cpp="({0} * {1})"),
-    _row(Op.TRUEDIV, 2, FLOAT, CHEAP,
+    _row(Op.TRUEDIV, 2, FLOAT, EXPENSIVE,
          triton={"rounded_to_16bit": "({0} / {1})", "float32": "tl.div_rn({0}, {1})", "default": "({0} / {1})"},
          cpp="({0} / {1})"),
     _row(Op.POW, 2, NUMBER, EXPENSIVE, vector_math=True,
