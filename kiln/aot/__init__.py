@@ -24,7 +24,7 @@ from kiln.config import config
 from kiln.aot.attention import make_attention_fusable
 from kiln.aot.decompositions import decomposition_table
 from kiln.aot.layouts import channels_last_training_convs, choose_conv_layouts
-from kiln.aot.strides import keep_written_layouts, restride_to_eager, tag_torch_graph
+from kiln.aot.strides import expand_writes_as_views, keep_written_layouts, restride_to_eager, tag_torch_graph
 from kiln.runtime.locks import compile_lock
 
 
@@ -32,6 +32,7 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
     """Trace `gm` to ATen with AOTAutograd and compile every graph it yields with `compile_aten`
     (an inference graph, one with no backward, with `compile_inference` when given)."""
 
+    expand_writes_as_views(gm)  # a write through an expand that broadcasts nothing is a plain view's write
     keep_written_layouts(gm)  # in-place writes keep the written tensor's layout in the trace too
     make_attention_fusable(gm)  # training SDPA calls get inputs the fused kernels accept
     channels_last_training_convs(gm)  # config.conv_layout_training: NHWC through the joint trace

@@ -190,6 +190,46 @@ def keep_written_layouts(gm: torch.fx.GraphModule) -> int:
     return rewritten
 
 
+def expand_writes_as_views(gm: torch.fx.GraphModule) -> int:
+    """Rewrite `v = x.expand(sizes)` whose result is written in place (`v.add_(1)`) and that broadcasts
+    nothing (it only puts size-1 dims in front: a write to an expand that broadcasts raises in eager)
+    as `x.unsqueeze(0)...`, the same view. Returns how many it rewrote.
+
+    Functionalization writes through an expand view as base + sum_to(written - base): inf - inf makes the
+    whole result NaN where the written value is infinite, and in float16 (x^2 + 2) - x^2 is not 2, where
+    eager just wrote the view (fuzz seed 4051 #2919; torch.compile's aot_eager gives NaN too). An unsqueeze's
+    inverse is a view, so the write stays a plain write. Needs meta["example_value"]."""
+    rewritten = 0
+    for node in list(gm.graph.nodes):
+        if not (node.op == "call_method" and node.target == "expand" or node.target is torch.Tensor.expand):
+            continue
+        if not any(_written_operand(user) is node for user in node.users):
+            continue
+        source, result = node.args[0], node.meta.get("example_value")
+        value = source.meta.get("example_value") if isinstance(source, torch.fx.Node) else None
+        if not isinstance(value, torch.Tensor) or not isinstance(result, torch.Tensor):
+            continue
+        added = result.dim() - value.dim()
+        if added < 0 or tuple(result.shape[added:]) != tuple(value.shape) or any(
+                size != 1 for size in result.shape[:added]):
+            continue  # it broadcasts: the write raises in eager
+        with gm.graph.inserting_before(node):
+            if added == 0:  # expand to its own shape: the tensor itself, as a view
+                view = gm.graph.call_method("view_as", (source, source))
+            else:
+                view = source
+                for _ in range(added):
+                    view = gm.graph.call_method("unsqueeze", (view, 0))
+                    view.meta.update({key: meta for key, meta in node.meta.items() if key != "example_value"})
+        view.meta.update(node.meta)  # the last one is the expand's value
+        node.replace_all_uses_with(view)
+        gm.graph.erase_node(node)
+        rewritten += 1
+    if rewritten:
+        gm.recompile()
+    return rewritten
+
+
 def _write_may_relayout(node: torch.fx.Node, written: torch.fx.Node) -> bool:
     """Whether the functional form of in-place write `node` of `written` may not keep its layout."""
     value = written.meta.get("example_value")

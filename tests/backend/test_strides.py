@@ -261,3 +261,24 @@ def test_in_place_writes_that_keep_their_layout_are_not_rewritten(monkeypatch):
     got = kiln.compile(program)(*inputs)
     _assert_same_strides("kept layouts", list(got), list(program(*inputs)))
     assert counts == [0]
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("sizes", [(1, -1, 4), (1, 1, -1, -1), (-1, 4)], ids=["one", "two", "none"])
+def test_a_write_through_an_expand_that_broadcasts_nothing_is_a_plain_write(backend, sizes):
+    # fuzz seed 4051 #2919: functionalization writes through an expand as base + sum_to(written - base), so an
+    # inf written made the whole result NaN (torch.compile's aot_eager too) and float16's (x^2 + 2) - x^2 was
+    # not 2. The expand only adds size-1 dims: kiln traces it as the unsqueeze it is.
+    def program(x):
+        squared = torch.square(x)
+        view = squared.expand(*sizes)
+        view.add_(2.0)
+        return view.amin(tuple(range(view.dim())), True), squared * 1
+
+    x = torch.tensor([[0.7896, float("-inf"), 3.0625, -5.3359]] * 3, dtype=torch.float16)
+    x[1] = torch.randn(4, generator=torch.Generator().manual_seed(0)).half() * 30
+    with kiln.config.patch(strict=True, cpu_backend=backend):
+        got = kiln.compile(program)(x.clone())
+    want = program(x.clone())
+    for a, b in zip(got, want):
+        assert torch.equal(a, b), (a, b)
