@@ -567,16 +567,24 @@ class TritonKernelGenerator:
 
     def _math_source(self, op, args: list) -> str:
         """A unary or binary op's expression, by the dtype its operands have."""
-        ops = self._current_node.body.ops
-        operand_dtype = ops[op.operands[0]].dtype
-        position = next(index for index, other in enumerate(ops) if other is op)
-        readers = [other for other in ops if position in other.operands]
-        rounded = bool(readers) and all(reader.name == "to_dtype" and reader.dtype in (torch.float16, torch.bfloat16)
-                                        for reader in readers)
+        operand_dtype = self._current_node.body.ops[op.operands[0]].dtype
+        rounded = id(op) in self._rounded_to_16bit(self._current_node.body)
         source, helper = math_source(op.name, operand_dtype, op.dtype, args, self._scalar_shape(), rounded)
         if helper is not None:
             self.helpers.add(helper)
         return source
+
+    def _rounded_to_16bit(self, body) -> set:
+        """The ids of `body`'s ops that only casts to float16 or bfloat16 read (one pass per body)."""
+        if getattr(self, "_rounded_body", None) is not body:
+            readers: dict = {}
+            for reader in body.ops:
+                for operand in reader.operands:
+                    readers.setdefault(operand, []).append(reader)
+            self._rounded_body, self._rounded = body, {
+                id(body.ops[position]) for position, users in readers.items()
+                if all(user.name == "to_dtype" and user.dtype in (torch.float16, torch.bfloat16) for user in users)}
+        return self._rounded
 
     def _scalar_shape(self) -> str:
         """A constant's block shape: of the kernel's rank, so `tl.broadcast_to` a [XBLOCK, RBLOCK] tile works."""
