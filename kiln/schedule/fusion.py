@@ -11,7 +11,7 @@ from __future__ import annotations
 import sympy
 
 from kiln.config import config
-from kiln.ir import Extern, Graph, LoopNode, Template
+from kiln.ir import Extern, Graph, LoopNode, Pointwise, Template
 from kiln.ir.indexing import fold_div_mod
 from kiln.ir.nodes import indirect_value
 from kiln.schedule.inline import buffer_uses
@@ -19,22 +19,54 @@ from kiln.schedule.outer import OUTER_PERSISTENT_MAX, is_outer_reduction
 from kiln.ir.kernel import Kernel, ScheduledGraph, node_role, nonunit, var_map
 
 
+# A pointwise node over at most this many elements that reads only graph inputs nothing writes may join a
+# kernel of such nodes anywhere before it (group_kernels).
+PARAMETER_NODE_MAX_ELEMENTS = 1 << 16
+
+
 def group_kernels(graph: Graph) -> ScheduledGraph:
     steps: list = []
     produced_at: dict[str, int] = {}  # buffer -> index of the step that writes it
+    parameter_node = _parameter_nodes(graph)
+    parameter_kernels: list = []  # positions of kernels made of parameter nodes alone
     for node in graph.nodes:
         if isinstance(node, Extern):
             steps.append(node)
             position = len(steps) - 1
         else:
             position = _join_recent_kernel(steps, node, graph, produced_at)
+            if position is None and parameter_node(node):
+                position = next((earlier for earlier in parameter_kernels if _try_add(steps[earlier], node, graph)),
+                                None)
             if position is None:
                 steps.append(_new_kernel(f"k{len([s for s in steps if isinstance(s, Kernel)])}", node, graph))
                 position = len(steps) - 1
+                if parameter_node(node):
+                    parameter_kernels.append(position)
+            elif position in parameter_kernels and not parameter_node(node):
+                parameter_kernels.remove(position)
         for name in node.outputs:
             produced_at[name] = position
     _mark_local_buffers(graph, steps)
     return ScheduledGraph(graph, steps)
+
+
+def _parameter_nodes(graph: Graph):
+    """A predicate: whether a node is a small pointwise one reading only graph inputs that nothing in the graph
+    writes (a batch norm's per-channel 1 / sqrt(var + eps) of its buffers). Such a node depends on nothing the
+    graph computes, so it may join a kernel of such nodes anywhere before it: spread over a conv net, one per
+    batch norm, they were a launch each (ResNet-50: 53 batch norms); together, one per channel count."""
+    written = {name for node in graph.nodes for name in node.outputs}
+    inputs = {graph_input.buffer.name for graph_input in graph.inputs
+              if getattr(graph_input, "buffer", None) is not None} - written
+
+    def parameter_node(node: LoopNode) -> bool:
+        if type(node) is not Pointwise:
+            return False
+        size = sympy.prod(node.ranges)
+        return size.is_Integer and 0 < int(size) <= PARAMETER_NODE_MAX_ELEMENTS and \
+            all(op.buffer in inputs for op in node.body.reads())
+    return parameter_node
 
 
 def _join_recent_kernel(steps: list, node: LoopNode, graph: Graph, produced_at: dict) -> int | None:
