@@ -63,7 +63,7 @@ def _parameter_nodes(graph: Graph):
     def parameter_node(node: LoopNode) -> bool:
         if type(node) is not Pointwise:
             return False
-        size = sympy.prod(node.ranges)
+        size = sympy.sympify(sympy.prod(node.ranges))  # prod([]) is the int 1
         return size.is_Integer and 0 < int(size) <= PARAMETER_NODE_MAX_ELEMENTS and \
             all(op.buffer in inputs for op in node.body.reads())
     return parameter_node
