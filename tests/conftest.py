@@ -41,3 +41,21 @@ def _seeded_random_state():
     except ImportError:
         pass
     yield
+
+
+@pytest.fixture
+def kernel_sources(monkeypatch) -> list:
+    """The source of every kernel the graphs compiled in the test generate, in order (each graph's
+    kernels, from kiln/codegen/wrapper.py's generate_wrapper)."""
+    import kiln.codegen.wrapper
+
+    sources: list = []
+    generate_wrapper = kiln.codegen.wrapper.generate_wrapper
+
+    def capturing(*args, **kwargs):
+        module_source = generate_wrapper(*args, **kwargs)
+        sources.extend(module_source.kernels.values())
+        return module_source
+
+    monkeypatch.setattr(kiln.codegen.wrapper, "generate_wrapper", capturing)
+    return sources

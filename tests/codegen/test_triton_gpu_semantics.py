@@ -69,23 +69,12 @@ def test_neg_of_zero_is_negative_zero():
     assert torch.equal(torch.signbit(result[2]), torch.signbit(-h))
 
 
-def _compile_capturing_kernels(fn, inputs, monkeypatch):
-    """Compile and run `fn` with the Triton backend; its result and its kernels' sources."""
-    import kiln.codegen.wrapper
-
-    sources = []
-    generate_wrapper = kiln.codegen.wrapper.generate_wrapper
-
-    def capturing(*args, **kwargs):
-        module_source = generate_wrapper(*args, **kwargs)
-        sources.extend(module_source.kernels.values())
-        return module_source
-
-    monkeypatch.setattr(kiln.codegen.wrapper, "generate_wrapper", capturing)
-    return _compile_and_run(fn, inputs), "\n".join(sources)
+def _compile_capturing_kernels(fn, inputs, kernel_sources):
+    """Compile and run `fn` with the Triton backend; its result and its kernels' sources (conftest's fixture)."""
+    return _compile_and_run(fn, inputs), "\n".join(kernel_sources)
 
 
-def test_float32_division_is_correctly_rounded(monkeypatch):
+def test_float32_division_is_correctly_rounded(kernel_sources):
     # fuzzer seed101 prog2190/4495: float32 `/` compiles to div.full.f32 on the GPU (2 ulp, the
     # interpreter's numpy division is exact, so only the rendering can be checked on CPU)
     def fn(x, y, d, h):
@@ -95,14 +84,14 @@ def test_float32_division_is_correctly_rounded(monkeypatch):
     x, y = torch.randn(16, generator=generator), torch.randn(16, generator=generator)
     d = torch.randn(16, generator=generator, dtype=torch.float64)
     h = torch.randn(16, generator=generator).half()
-    result, source = _compile_capturing_kernels(fn, [x, y, d, h], monkeypatch)
+    result, source = _compile_capturing_kernels(fn, [x, y, d, h], kernel_sources)
     # float32's; float64's `/` is IEEE, and float16's float32 quotient is only rounded to float16
     assert source.count("tl.div_rn(") == 1, source
     verdict = kiln.testing.compare(list(result), list(fn(x, y, d, h)))
     assert verdict, verdict.message
 
 
-def test_a_float32_quotient_only_rounded_to_16_bits_is_the_fast_division(monkeypatch):
+def test_a_float32_quotient_only_rounded_to_16_bits_is_the_fast_division(kernel_sources):
     # codegen/triton.py, rounded_to_16bit: div.full's 2 ulp of float32 are far below a 16-bit ulp. A quotient
     # that anything else reads (here a float32 output) stays IEEE, and so does every float32 softmax.
     def fn(h, x):
@@ -112,7 +101,7 @@ def test_a_float32_quotient_only_rounded_to_16_bits_is_the_fast_division(monkeyp
     generator = torch.Generator().manual_seed(3)
     x = torch.randn(8, 64, generator=generator)
     h = torch.randn(8, 64, generator=generator).to(torch.bfloat16)
-    result, source = _compile_capturing_kernels(fn, [h, x], monkeypatch)
+    result, source = _compile_capturing_kernels(fn, [h, x], kernel_sources)
     assert source.count("tl.div_rn(") == 2, source  # x's softmax and the float32 quotient
     fast = re.findall(r"(n\d+_\d+) = \(\w+ / \w+\)\n\s+\w+ = \1\.to\(tl\.bfloat16\)", source)
     assert len(fast) == 1, source  # h's softmax

@@ -5,7 +5,6 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-import kiln.codegen.wrapper
 import kiln.testing
 from kiln.backend import compile_graph
 
@@ -18,7 +17,7 @@ def _conv_net(x, *parameters):
     return (x,)
 
 
-def test_the_batch_norms_per_channel_values_of_a_conv_net_share_one_kernel(monkeypatch):
+def test_the_batch_norms_per_channel_values_of_a_conv_net_share_one_kernel(kernel_sources):
     """Each inference batch norm's 1 / sqrt(var + eps) is a node over its channels that reads only parameters
     (kiln/schedule/inline.py keeps it out of the activation's kernel). Far apart in the program, they still
     share one kernel: one launch where there were four."""
@@ -29,21 +28,12 @@ def test_the_batch_norms_per_channel_values_of_a_conv_net_share_one_kernel(monke
         parameters += [torch.randn(16, 16, 3, 3, generator=generator) * 0.1, torch.randn(16, generator=generator),
                        torch.rand(16, generator=generator) + 0.5, torch.randn(16, generator=generator),
                        torch.randn(16, generator=generator)]
-    sources = []
-    generate_wrapper = kiln.codegen.wrapper.generate_wrapper
-
-    def capturing(*args, **kwargs):
-        module_source = generate_wrapper(*args, **kwargs)
-        sources.extend(module_source.kernels.values())
-        return module_source
-
-    monkeypatch.setattr(kiln.codegen.wrapper, "generate_wrapper", capturing)
     with kiln.config.patch(cpu_backend="triton", strict=True):
         compiled = compile_graph(torch.fx.symbolic_trace(_conv_net), [x, *parameters])
         result = compiled(x, *parameters)
     verdict = kiln.testing.compare(list(result), list(_conv_net(x, *parameters)),
                                    list(_conv_net(*(t.double() for t in (x, *parameters)))))
     assert verdict, verdict.message
-    (channels,) = [source for source in sources if "tl.sqrt_rn(" in source]
+    (channels,) = [source for source in kernel_sources if "tl.sqrt_rn(" in source]
     assert channels.count("tl.sqrt_rn(") == 4
-    assert len(sources) == 5  # the per-channel values, then each layer's batch norm and relu
+    assert len(kernel_sources) == 5  # the per-channel values, then each layer's batch norm and relu

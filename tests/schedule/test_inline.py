@@ -115,14 +115,13 @@ def test_a_zero_dim_producer_is_judged_too():
     assert [node.name for node in inline_pointwise(graph).nodes] == ["use", "use2"]
 
 
-def test_a_batch_norms_per_channel_inverse_std_is_computed_once_per_channel(monkeypatch):
+def test_a_batch_norms_per_channel_inverse_std_is_computed_once_per_channel(kernel_sources):
     """1 / sqrt(var + eps) of an inference batch norm is one value per channel: inlined into the activation's
     kernel, the GPU computed it per element (an IEEE square root and division, 40 of that kernel's 56 sm_90
     instructions per element over an NHWC bf16 activation). It is written once by a kernel over the channels."""
     import torch.nn.functional as F
 
     import kiln
-    import kiln.codegen.wrapper
     import kiln.testing
     from kiln.backend import compile_graph
 
@@ -133,22 +132,13 @@ def test_a_batch_norms_per_channel_inverse_std_is_computed_once_per_channel(monk
     x = torch.randn(8, 16, 10, 10, generator=generator)
     mean, weight, bias = (torch.randn(16, generator=generator) for _ in range(3))
     var = torch.rand(16, generator=generator) + 0.5
-    sources = []
-    generate_wrapper = kiln.codegen.wrapper.generate_wrapper
-
-    def capturing(*args, **kwargs):
-        module_source = generate_wrapper(*args, **kwargs)
-        sources.extend(module_source.kernels.values())
-        return module_source
-
-    monkeypatch.setattr(kiln.codegen.wrapper, "generate_wrapper", capturing)
     with kiln.config.patch(cpu_backend="triton", strict=True):
         compiled = compile_graph(torch.fx.symbolic_trace(fn), [x, mean, var, weight, bias])
         result = compiled(x, mean, var, weight, bias)
     verdict = kiln.testing.compare(list(result), list(fn(x, mean, var, weight, bias)),
                                    list(fn(*(t.double() for t in (x, mean, var, weight, bias)))))
     assert verdict, verdict.message
-    (channels,) = [source for source in sources if "tl.sqrt_rn(" in source]
-    (activation,) = [source for source in sources if source is not channels]
+    (channels,) = [source for source in kernel_sources if "tl.sqrt_rn(" in source]
+    (activation,) = [source for source in kernel_sources if source is not channels]
     assert "x0 = xindex" in channels and "//" not in channels  # over the 16 channels alone
     assert "tl.div_rn(" not in activation and "tl.where(" in activation  # (x - mean) * invstd * w + b, relu
