@@ -314,7 +314,8 @@ rows)
     { timeout 150 "$PYTHON" -m benchmarks.gpu_smoke 2>&1 | grep -v "Warn\|runners = "
       echo "gpu_smoke exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/smoke.txt" 2>&1
     tail -2 "$OUT_DIR/smoke.txt"
-    timeout 200 "$PYTHON" -m benchmarks.gpu_kernel_variants --only "${VARIANTS:-gelu_bias,layer_norm,softmax,rmsnorm_silu_gate}" \
+    variants="${VARIANTS:-gelu_bias,layer_norm,softmax,rmsnorm_silu_gate}"
+    timeout 200 "$PYTHON" -m benchmarks.gpu_kernel_variants --only "$variants" \
         2>&1 | grep -v "Warn" > "$OUT_DIR/variants-$commit.txt"
     grep "==\|as generated\|ceiling GB" "$OUT_DIR/variants-$commit.txt"
     "$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,inductor,kiln \

@@ -32,8 +32,9 @@ def main() -> None:
                 "layer_norm": (layer_norm, [randn(2, 4096), randn(4096), randn(4096)]),
                 "rmsnorm_silu_gate": (rmsnorm_silu_gate, [randn(2, 4096), randn(4096), randn(2, 4096)]),
                 "gelu_bias (CPU lowering)": (gelu_bias, [randn(16, 4096), randn(4096)]),
-                "batch_norm + relu, NHWC": (_batch_norm_relu, [randn(4, 256, 14, 14).to(memory_format=torch.channels_last),
-                                                             *(torch.rand(256) + 0.5 for _ in range(4))])}
+                "batch_norm + relu, NHWC": (_batch_norm_relu,
+                                            [randn(4, 256, 14, 14).to(memory_format=torch.channels_last),
+                                             *(torch.rand(256) + 0.5 for _ in range(4))])}
     for name, (fn, inputs) in programs.items():
         source = max(cuda_sources(fn, *inputs), key=lambda source: int(source.xnumel))  # the activation's kernel
         (count,) = sass_instructions([source])

@@ -424,7 +424,8 @@ class TritonKernelGenerator:
         self.out.add("rbase = tl.arange(0, RBLOCK)[None, :]")
         if self.kernel.persistent:
             self.out.add("rindex = rbase")
-            self.out.add("rmask = tl.full([1, RBLOCK], True, tl.int1)" if self.full_columns else "rmask = rindex < rnumel")
+            self.out.add("rmask = tl.full([1, RBLOCK], True, tl.int1)" if self.full_columns
+                         else "rmask = rindex < rnumel")
             self._index_setup("rindex", self.kernel.col_ranges, "r")
             for position, (node, role) in enumerate(zip(self.kernel.nodes, self.kernel.roles)):
                 self._emit_node(node, role, position, "xmask & rmask" if role != "row" else "xmask")

@@ -164,7 +164,8 @@ LOGICAL = DtypeRule("bool, bool result", frozenset({"bool"}), bool_result=True)
 CHEAP = "cheap"
 EXPENSIVE = "expensive"
 
-TRITON_VARIANTS = ("bool", "integer", "signed", "unsigned", "float", "rounded_to_16bit", "float32", "low_precision", "default")
+TRITON_VARIANTS = ("bool", "integer", "signed", "unsigned", "float", "rounded_to_16bit", "float32", "low_precision",
+                   "default")
 CPP_VARIANTS = ("bool", "integer", "low_precision", "default")
 
 

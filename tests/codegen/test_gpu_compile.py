@@ -217,7 +217,8 @@ def test_row_kernels_stay_within_their_instruction_budget(program, budget):
 
     generator = torch.Generator().manual_seed(0)
     programs = {"softmax": (lambda x: torch.softmax(x, -1), [randn(2, 4096)]),
-                "layer_norm": (lambda x, w, b: F.layer_norm(x, (4096,), w, b), [randn(2, 4096), randn(4096), randn(4096)]),
+                "layer_norm": (lambda x, w, b: F.layer_norm(x, (4096,), w, b),
+                               [randn(2, 4096), randn(4096), randn(4096)]),
                 "rms_norm_silu_gate": (_rms_norm_silu_gate, [randn(2, 4096), randn(4096), randn(2, 4096)])}
     fn, inputs = programs[program]
     (source,) = cuda_sources(fn, *inputs)
