@@ -243,6 +243,8 @@ class TritonKernelGenerator:
         self.helpers: set = set()
         self.out = LineBuffer()
         self.use_int64 = self._needs_int64()
+        self.full_rows = self.full_columns = False  # set by generate() once the blocks are chosen
+        self._rounded_body, self._rounded = None, set()  # _rounded_to_16bit's last body and its answer
 
     # ---- set-up -----------------------------------------------------------------------
     def _needs_int64(self) -> bool:
@@ -287,7 +289,7 @@ class TritonKernelGenerator:
             rblock, xblock, num_warps = self._reduction_blocks(rnumel)
             self.full_columns = kernel.persistent and rnumel.is_Integer and int(rnumel) == rblock
         else:
-            rblock, self.full_columns = None, False
+            rblock = None
             # 32 bytes of each buffer per thread: 16 elements of a 16-bit tensor, 8 of a 32-bit one (gelu(x + b)
             # over 65536x4096 bf16 on an H100 ran at 0.94 of the copy ceiling with 16 per thread, 0.88 with 8:
             # benchmarks/results/2026-12-05_kernel-variants-a008e7e_nvidia-h100.txt)
@@ -310,7 +312,7 @@ class TritonKernelGenerator:
         source, function_name, sizes = self._source(counts, blocks)
         return KernelSource(kernel.name, source, list(self.pointer_names), sizes, xnumel, xblock, rblock,
                             num_warps, self.device_type, skip, function_name, self._pointer_dtypes(),
-                            full_rows=self.full_rows, full_columns=kernel.is_reduction and self.full_columns)
+                            full_rows=self.full_rows, full_columns=self.full_columns)
 
     def _source(self, counts: list, blocks: list) -> tuple:
         """(the module's text, the kernel function's name, the size arguments a launch passes) for the
@@ -577,7 +579,7 @@ class TritonKernelGenerator:
 
     def _rounded_to_16bit(self, body) -> set:
         """The ids of `body`'s ops that only casts to float16 or bfloat16 read (one pass per body)."""
-        if getattr(self, "_rounded_body", None) is not body:
+        if self._rounded_body is not body:
             readers: dict = {}
             for reader in body.ops:
                 for operand in reader.operands:
