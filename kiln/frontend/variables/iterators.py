@@ -383,7 +383,7 @@ class LazyIteratorVariable(BaseIteratorVariable):
     like CPython's builtins, which drop their inputs when exhausted.
     """
 
-    built_once = True  # one object wherever the trace put it (output._is_new_mutable)
+    built_once = True  # one object wherever the trace put it (entry_codegen._is_new_mutable)
 
     def __init__(self, kind: str, step, parts=None):
         self.kind = kind
