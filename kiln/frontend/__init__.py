@@ -5,9 +5,9 @@
 `kiln.compile` uses it when `kiln.config.frontend == "kiln"`. The pieces, in data
 order: bytecode.py/versions.py (decode and re-assemble bytecode on 3.11-3.13),
 interpreter.py (the symbolic interpreter), variables/ (the trackers), output.py (FX
-graph, side effects, entry function; entry_codegen.py writes the entry's expressions),
-guards.py (guard functions), dispatcher.py (cache entries, recompiles). See
-docs/design/frontend.md.
+graph, entry function; entry_codegen.py writes the entry's expressions, side_effects.py
+the side effects it replays), guards.py (guard functions), dispatcher.py (cache
+entries, recompiles). See docs/design/frontend.md.
 """
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """The entry function's Python: `EntryCodegen` turns the trace's trackers into expressions for it.
 
 `OutputGraph.finish` (output.py) makes one per trace and writes the entry function with it; the
-replayed side effects (`SideEffects.codegen`) and a graph break's last lines (resume.py) are
-written through it too:
+replayed side effects (`SideEffects.codegen`, side_effects.py) and a graph break's last lines
+(resume.py) are written through it too:
 - a tensor becomes an output of the compiled graph (`__outs[i]`);
 - a constant becomes a literal, or a name bound in the entry's namespace (`__kN`);
 - a tracker with a source is read from that source, into a local before the first replayed side

@@ -28,7 +28,8 @@ from kiln.frontend.errors import ProgramException, Unsupported
 from kiln.frontend.exceptions import ExceptionHandling, exception_object, exception_table, stop_iteration_error
 from kiln.frontend.matching import PatternMatching
 from kiln.frontend.operations import binary_op, compare_op, contains, unary_op
-from kiln.frontend.output import DELETED_GLOBAL, OutputGraph
+from kiln.frontend.output import OutputGraph
+from kiln.frontend.side_effects import DELETED_GLOBAL
 from kiln.frontend.sources import ItemSource, Source
 from kiln.frontend.variables import builder
 from kiln.frontend.variables import kinds  # noqa: F401 (its import registers every tracker kind with builder.wrap)

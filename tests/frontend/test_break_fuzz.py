@@ -11,7 +11,7 @@ import time
 import pytest
 
 from kiln.frontend import dispatcher as frontend_dispatcher
-from kiln.frontend import output
+from kiln.frontend import side_effects
 from tests.frontend import fuzz_breaks
 
 CI_SEED = 20261204
@@ -81,7 +81,7 @@ def test_the_effects_program_passes():
 
 
 def test_the_fuzzer_reports_side_effects_that_are_not_replayed(monkeypatch):
-    monkeypatch.setattr(output.SideEffects, "codegen", lambda self, codegen: [])
+    monkeypatch.setattr(side_effects.SideEffects, "codegen", lambda self, codegen: [])
     outcome = fuzz_breaks.run_case(fuzz_breaks.case_from_program(EFFECTS_PROGRAM))
     assert outcome.status == "wrong", outcome.detail
     assert "differs" in outcome.detail
@@ -92,15 +92,16 @@ def test_the_fuzzer_reports_a_print_replayed_before_the_state_it_saw(monkeypatch
     the entry prints before writing LOG back, and stdout's position among LOG's events moves."""
 
     def replay_before_state(self, function, args, kwargs):
-        self.calls.append(output.ReplayedCall(function, list(args), dict(kwargs), output.OutsideState({}, {}, {})))
+        self.calls.append(side_effects.ReplayedCall(function, list(args), dict(kwargs),
+                                                    side_effects.OutsideState({}, {}, {})))
 
-    monkeypatch.setattr(output.SideEffects, "replay_call", replay_before_state)
+    monkeypatch.setattr(side_effects.SideEffects, "replay_call", replay_before_state)
     outcome = fuzz_breaks.run_case(fuzz_breaks.case_from_program(EFFECTS_PROGRAM))
     assert outcome.status == "wrong" and "stdout differs" in outcome.detail, outcome.detail
 
 
 def test_the_fuzzer_reports_a_dropped_print(monkeypatch):
-    monkeypatch.setattr(output.SideEffects, "replay_call", lambda self, function, args, kwargs: None)
+    monkeypatch.setattr(side_effects.SideEffects, "replay_call", lambda self, function, args, kwargs: None)
     outcome = fuzz_breaks.run_case(fuzz_breaks.case_from_program(EFFECTS_PROGRAM))
     assert outcome.status == "wrong" and "stdout differs" in outcome.detail, outcome.detail
 
@@ -128,7 +129,7 @@ def test_the_fuzzer_reports_a_second_call_that_traces_again(monkeypatch):
 # ---------------------------------------------------------------- kiln bugs the fuzzer found, minimized (both fixed)
 
 # Seed 5 case 383 (aot_eager), minimized: an attribute store of a constant equal to the attribute's value when the
-# trace ran is not replayed (kiln/frontend/output.py `_write_state`: "restored to what it was"), and no guard
+# trace ran is not replayed (kiln/frontend/side_effects.py `_write_state`: "restored to what it was"), and no guard
 # checks that value: the entry traced for the second call of `helper` (its `k` made symbolic) serves the first
 # call of the next run, whose OBJ has no `last` yet.
 ATTRIBUTE_STORE_PROGRAM = '''
@@ -143,7 +144,7 @@ def program(x, w):
 '''
 
 
-def test_an_attribute_store_equal_to_the_traced_value_is_replayed():  # fixed (output.py _write_state)
+def test_an_attribute_store_equal_to_the_traced_value_is_replayed():  # fixed (side_effects.py _write_state)
     outcome = fuzz_breaks.run_case(fuzz_breaks.case_from_program(ATTRIBUTE_STORE_PROGRAM))
     assert outcome.status == "pass", outcome.detail
 

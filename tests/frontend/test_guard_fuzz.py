@@ -52,8 +52,8 @@ def test_the_fuzzer_reports_a_missing_guard(monkeypatch, ingredient, change):
 
 def test_the_fuzzer_reports_a_missing_side_effect(monkeypatch):
     """Side effects are compared too: an entry that forgets to replay a global store is caught."""
-    from kiln.frontend import output
+    from kiln.frontend import side_effects
 
-    monkeypatch.setattr(output.SideEffects, "codegen", lambda self, codegen: [])
+    monkeypatch.setattr(side_effects.SideEffects, "codegen", lambda self, codegen: [])
     outcome = fuzz_guards.run_case(_case("stores a global", "COUNT0 = 10"), 0, "aot_eager")
     assert outcome.status == "wrong" and "side effects differ" in outcome.detail

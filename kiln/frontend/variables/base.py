@@ -36,7 +36,7 @@ class TracedOutput(Protocol):
     """The output graph as trackers use it (output.OutputGraph): graph nodes, guards, side effects."""
 
     guards: Any  # guards.GuardBuilder
-    side_effects: Any  # output.SideEffects
+    side_effects: Any  # side_effects.SideEffects
     guard_namespace: dict[str, Any]  # the guard function's globals
     wrapped: dict[int, "Variable"]  # id(value) -> its tracker, one per object and trace
 
