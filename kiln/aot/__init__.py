@@ -12,7 +12,9 @@ A training graph's joint forward and backward are split by `config.partitioner`:
 values the backward reads from memory and which it recomputes (kiln/_torch.py partition_function).
 Before tracing, a training graph's CUDA attention calls get inputs that the fused SDPA kernels
 accept (kiln/aot/attention.py). An inference graph's 2-D convolutions are then laid out
-channels-last where `config.conv_layout` says so (kiln/aot/layouts.py).
+channels-last where `config.conv_layout` says so (kiln/aot/layouts.py), and its duplicate nodes (autocast's
+casts of one tensor for several products) are merged (kiln/aot/cse.py): AOTAutograd's partitioner does
+that for a training graph's joint trace, nothing does it for an inference graph.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import Callable
 from kiln import _torch
 from kiln.config import config
 from kiln.aot.attention import make_attention_fusable
+from kiln.aot.cse import merge_duplicates
 from kiln.aot.decompositions import decomposition_table
 from kiln.aot.layouts import channels_last_training_convs, choose_conv_layouts
 from kiln.aot.strides import expand_writes_as_views, keep_written_layouts, restride_to_eager, tag_torch_graph
@@ -43,6 +46,8 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
             # kiln's buffers and output strides follow these metas
             restride_to_eager(aten_gm, facts if forward else None)
             choose_conv_layouts(aten_gm, inference=inference)
+            if inference:
+                merge_duplicates(aten_gm)
             compiled = compile_one(aten_gm, aten_inputs)
         if getattr(compiled, "_boxed_call", False):
             return compiled
