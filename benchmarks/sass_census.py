@@ -1,0 +1,112 @@
+"""Every CUDA kernel kiln generates for a TARGETS.md model, compiled for sm_90 on a machine without a GPU.
+
+    TRITON_INTERPRET=1 python -m benchmarks.sass_census [--only bert,resnet50] [--batch-scale 8]
+
+On the H200 a fused pointwise or row kernel is bound by instruction issue once it needs more than about
+25 SASS instructions an element (tests/codegen/test_gpu_compile.py test_row_kernels_stay_within_their_instruction_
+budget says why), so the instruction count of each kernel, at the model's real sizes, finds the slow ones without
+a GPU. Each model is built from its default config (Llama: TARGETS.md's), traced on CPU tensors under bf16
+autocast with the Triton backend, conv nets channels-last as on CUDA, and each distinct kernel is generated for
+CUDA and compiled by Triton for sm_90; its cubin's instructions are counted (Triton's cuobjdump).
+
+The graph runs once to be compiled, with every generated kernel's launch skipped (Triton's interpreter would take
+hours at these sizes): the values are garbage, only the kernels' sources matter. The ATen calls (products,
+convolutions) run for real on the CPU, which is why the batch is the model's TARGETS.md batch divided by
+--batch-scale. A kernel's instructions per element do not depend on the batch.
+
+Per kernel: instructions per element (the cubin's count over the elements one thread handles: XBLOCK x RBLOCK
+over the threads of a program), launches per forward, and elements per launch. A kernel with a loop (a looped
+reduction, a product template) is marked: its static count is not per element.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+
+ISSUE_BUDGET = 25  # SASS instructions an element above which a bf16 row kernel falls under 0.9 of the H200's ceiling
+
+
+def _models(batch_scale: int) -> dict:
+    """name -> (model, example args, config options): TARGETS.md's six models where the CPU has them."""
+    import transformers
+
+    from benchmarks.kernel_counts import resnet50_shaped
+
+    def tokens(vocab, batch, seq):
+        return (torch.randint(0, vocab, (max(1, batch // batch_scale), seq)),)
+
+    def images(batch):
+        return (torch.randn(max(1, batch // batch_scale), 3, 224, 224),)
+
+    llama = transformers.LlamaConfig(num_hidden_layers=8, hidden_size=1024, num_attention_heads=16,
+                                     num_key_value_heads=8, intermediate_size=2816, vocab_size=32000,
+                                     max_position_embeddings=2048)
+    return {
+        "bert": (lambda: transformers.BertModel(transformers.BertConfig()), tokens(30522, 8, 512), {}),
+        "gpt2": (lambda: transformers.GPT2LMHeadModel(transformers.GPT2Config()), tokens(50257, 8, 512), {}),
+        "llama": (lambda: transformers.LlamaForCausalLM(llama), tokens(32000, 4, 1024), {}),
+        "vit": (lambda: transformers.ViTModel(transformers.ViTConfig()), images(64), {}),  # ViT-B/16's architecture
+        "resnet50": (lambda: resnet50_shaped(scale=1), images(64), {"conv_layout": "channels_last"}),
+    }
+
+
+def census(make_model, args: tuple, options: dict) -> list[dict]:
+    """One row per distinct CUDA kernel of the model's inference graphs (see the module docstring)."""
+    import kiln
+    from kiln import _triton
+    from kiln.codegen.triton import generate_kernel
+    from tests.backend.test_pipeline import compiled_graphs
+    from tests.codegen.test_gpu_compile import sass_instructions
+
+    model = make_model().eval()
+    skipped = _triton.SerializedInterpretedFunction.run
+    _triton.SerializedInterpretedFunction.run = lambda self, *a, **k: None  # sources only: launches skipped
+    try:
+        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), \
+                kiln.config.patch(cpu_backend="triton", graph_cache=False, **options):
+            _, graphs = compiled_graphs(lambda *inputs: model(*inputs)[0], *args)
+    finally:
+        _triton.SerializedInterpretedFunction.run = skipped
+    distinct: dict = {}
+    for graph in graphs:
+        for kernel in graph.scheduled.kernels:
+            source = generate_kernel(kernel, graph.scheduled.graph, "cuda")
+            distinct.setdefault(source.source, []).append(source)
+    firsts = [launches[0] for launches in distinct.values()]
+    rows = []
+    for source, count, launches in zip(firsts, sass_instructions(firsts), distinct.values()):
+        block = source.constexprs
+        per_thread = max(1, block.get("XBLOCK", 1) * block.get("RBLOCK", 1) // (32 * source.num_warps))
+        rows.append({"kernel": source.function_name, "instructions": count, "per_element": count / per_thread,
+                     "launches": len(launches), "elements": int(source.xnumel),
+                     "looped": source.constexpr_values is not None or "for " in source.source})
+    return sorted(rows, key=lambda row: -row["per_element"] * row["elements"] * row["launches"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.sass_census", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="", help="comma-separated models (default: all)")
+    parser.add_argument("--batch-scale", type=int, default=8, help="the TARGETS.md batch divided by this")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+    torch.manual_seed(0)
+    models = _models(args.batch_scale)
+    for name in [name for name in models if not args.only or name in args.only.split(",")]:
+        make_model, inputs, options = models[name]
+        rows = census(make_model, inputs, options)
+        over = [row for row in rows if not row["looped"] and row["per_element"] > ISSUE_BUDGET
+                and row["elements"] >= 1 << 20]
+        print(f"\n## {name}: {sum(row['launches'] for row in rows)} launches of {len(rows)} distinct kernels; "
+              f"{len(over)} of at least 2^20 elements over {ISSUE_BUDGET} instructions an element\n")
+        print("| kernel | SASS instructions | per element | launches | elements per launch | loop |")
+        print("|---|---|---|---|---|---|")
+        for row in rows:
+            print(f"| {row['kernel']} | {row['instructions']} | {row['per_element']:.1f} | {row['launches']} | "
+                  f"{row['elements']} | {'yes' if row['looped'] else ''} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
