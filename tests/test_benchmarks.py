@@ -143,3 +143,28 @@ def test_kernel_variants_relaunch_kilns_kernel_as_generated_and_rewritten():
             for text, xblock in [(None, None), *((text, None) for text in rewrites.values()), (None, 2)]:
                 result = kernel.launcher(text, xblock)()
                 torch.testing.assert_close(result, eager, atol=2e-2, rtol=2e-2)
+
+
+def test_sass_census_counts_every_distinct_kernel_of_a_model():
+    """benchmarks/sass_census.py on a small norm-and-projections block: each distinct CUDA kernel compiled for sm_90
+    and counted, with the launches it stands for; the launches skipped for the trace are restored after it."""
+    pytest.importorskip("triton")
+    import torch
+
+    from benchmarks import sass_census
+    from kiln import _triton
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.q, self.k = torch.nn.LayerNorm(64), torch.nn.Linear(64, 64), torch.nn.Linear(64, 64)
+
+        def forward(self, x):
+            h = self.norm(x)
+            return (torch.nn.functional.gelu(self.q(h)) * self.k(h),)
+
+    run = _triton.SerializedInterpretedFunction.run
+    rows = sass_census.census(Block, (torch.randn(4, 64),), {})
+    assert _triton.SerializedInterpretedFunction.run is run
+    assert rows and all(row["instructions"] > 0 and row["per_element"] > 0 and row["launches"] >= 1 for row in rows)
+    assert len({row["kernel"] for row in rows}) == len(rows)
