@@ -245,6 +245,11 @@ class TritonKernelGenerator:
         self.use_int64 = self._needs_int64()
         self.full_rows = self.full_columns = False  # set by generate() once the blocks are chosen
         self._rounded_body, self._rounded = None, set()  # _rounded_to_16bit's last body and its answer
+        # A kernel without loops (pointwise, persistent reduction) defines each value once for all its nodes:
+        # right-hand side -> the variable that first held it (_define); None where it has loops
+        self._defined: dict | None = None
+        self._aliases: dict = {}  # a variable not defined -> the earlier one it stands for
+        self._kernel_writes = {op.buffer for node in kernel.nodes for op in node.body.ops if op.name == "store"}
 
     # ---- set-up -----------------------------------------------------------------------
     def _needs_int64(self) -> bool:
@@ -414,6 +419,7 @@ class TritonKernelGenerator:
         self.out.add("xindex = xoffset + tl.arange(0, XBLOCK)")
         self.out.add("xmask = tl.full([XBLOCK], True, tl.int1)" if self.full_rows else "xmask = xindex < xnumel")
         self._index_setup("xindex", self.kernel.row_ranges, "x", self.kernel.walk_order)
+        self._defined = {}
         for position, (node, role) in enumerate(zip(self.kernel.nodes, self.kernel.roles)):
             self._emit_node(node, role, position, "xmask")
 
@@ -429,6 +435,7 @@ class TritonKernelGenerator:
             self.out.add("rmask = tl.full([1, RBLOCK], True, tl.int1)" if self.full_columns
                          else "rmask = rindex < rnumel")
             self._index_setup("rindex", self.kernel.col_ranges, "r")
+            self._defined = {}
             for position, (node, role) in enumerate(zip(self.kernel.nodes, self.kernel.roles)):
                 self._emit_node(node, role, position, "xmask & rmask" if role != "row" else "xmask")
             return
@@ -472,6 +479,7 @@ class TritonKernelGenerator:
             name = f"{prefix}{op_index}"
             self._current_names[op_index] = name
             self._emit_op(op, name, mask, role)
+            self._current_names[op_index] = self._aliases.get(name, name)
 
     def _ranges_dict(self) -> dict:
         return kernel_ranges(self.kernel)
@@ -507,7 +515,8 @@ class TritonKernelGenerator:
                 # 64 loads and their addresses per thread; its gelu epilogue then spilled registers)
                 mask = "rmask"
             load_mask = mask if not op.operands else f"({mask}) & {args[0]}"
-            self.out.add(f"{name} = tl.load({self.pointer(op.buffer)} + ({offset}), {load_mask}, other=0)")
+            self._define(name, f"tl.load({self.pointer(op.buffer)} + ({offset}), {load_mask}, other=0)",
+                         shareable=op.buffer not in self._kernel_writes)
         elif op.name == "store":
             self.register_values[op.buffer] = args[0]
             if op.buffer in self.kernel.local_buffers:
@@ -531,23 +540,23 @@ class TritonKernelGenerator:
             full = f"tl.full({shape}, {python_constant(value)}, {TRITON_DTYPES[op.dtype]})"
             if isinstance(value, float) and value == 0 and math.copysign(1.0, value) < 0:
                 full = f"({full} * -1.0)"  # tl.full(shape, -0.0) is +0.0: clamp_max(x, -0.0) must give -0.0
-            self.out.add(f"{name} = {full}")
+            self._define(name, full)
         elif op.name == "index_expr":
             expr = simplify_index(sympy.sympify(op.attr).xreplace(self._mapping), self._ranges_dict())
             source = self.index_source(expr)
             shape = self._scalar_shape()
-            self.out.add(f"{name} = (tl.full({shape}, 0, tl.int64) + {source}).to({TRITON_DTYPES[op.dtype]})")
+            self._define(name, f"(tl.full({shape}, 0, tl.int64) + {source}).to({TRITON_DTYPES[op.dtype]})")
         elif op.name == "to_dtype":
             if op.dtype == torch.bool:
-                self.out.add(f"{name} = {args[0]} != 0")
+                self._define(name, f"{args[0]} != 0")
             else:
-                self.out.add(f"{name} = {args[0]}.to({TRITON_DTYPES[op.dtype]})")
+                self._define(name, f"{args[0]}.to({TRITON_DTYPES[op.dtype]})")
         elif op.name == "where":
-            self.out.add(f"{name} = tl.where({args[0]}, {args[1]}, {args[2]})")
+            self._define(name, f"tl.where({args[0]}, {args[1]}, {args[2]})")
         elif op.name == "check_index":
             self._emit_check_index(op, name, args[0], mask)
         elif op.name in OPS:
-            self.out.add(f"{name} = {self._math_source(op, args)}")
+            self._define(name, self._math_source(op, args))
         elif op.name == "reduce":
             if not self.kernel.is_reduction:  # its RBLOCK and rindex exist only in reduction kernels
                 raise AssertionError(f"{self._current_node.name}: a reduce in pointwise kernel {self.kernel.name}")
@@ -556,6 +565,17 @@ class TritonKernelGenerator:
             self.out.add(f"{name} = {args[0]}_{op.attr}")
         else:
             raise NotImplementedError(f"Triton codegen for op {op.name}")
+
+    def _define(self, name: str, source: str, shareable: bool = True) -> None:
+        """`name = source`; in a kernel without loops, a source an earlier node (or op) already computed is not
+        computed again: `name` stands for that variable. A load is shared only from a buffer no node of the kernel
+        writes (a load after a store reads the stored value); every other source is a function of its text."""
+        if self._defined is not None and shareable:
+            earlier = self._defined.setdefault(source, name)
+            if earlier != name:
+                self._aliases[name] = earlier
+                return
+        self.out.add(f"{name} = {source}")
 
     def _emit_check_index(self, op, name: str, value: str, mask: str) -> None:
         """check_index: a lane whose position is outside [0, size) reads position 0 instead (never
