@@ -502,7 +502,10 @@ class TritonKernelGenerator:
         args = [names[operand] for operand in op.operands]
         if op.name == "load":
             if op.buffer in self.register_values and not op.operands:
-                self.out.add(f"{name} = {self.register_values[op.buffer]}")
+                if self._defined is not None:  # the value is a variable of this straight-line kernel: use it
+                    self._aliases[name] = self.register_values[op.buffer]
+                else:
+                    self.out.add(f"{name} = {self.register_values[op.buffer]}")
                 return
             offset, letters = self._offset(op)
             if self.kernel.is_reduction and not op.operands and "r" not in letters:
