@@ -60,6 +60,32 @@ INDEX_STATUS = "_index_status"
 #   is not `~` (`^ -1`), which the interpreter cannot make a uint8.
 
 HELPERS = {
+    # erf_for_16bit (kiln/ir/ops.py) in float32: erf(z) = sign(z) (1 - 2^P(min(|z|, 4))), P a degree-10
+    # polynomial with P(0) = 0 fitted to log2(erfc(u)) on [0, 4] (least squares reweighted towards the minimax,
+    # Lawson's way; float32 coefficients). Past 4, erfc(u) < 2^-25 and erf rounds to +-1 in float32, as 1 - 2^P(4)
+    # does. It is within 1.9e-7 of erf (a correctly rounded erff: 3e-8). In gelu's (x * 0.5) * (1 + erf(x /
+    # sqrt 2)), 1 + erf cancels for x < 0 to the same float32 grid as eager's, so eager's exact zeros (x <
+    # -5.5426) stay. Over every finite bfloat16 x, that gelu rounded to bfloat16 is eager's formula's value (with
+    # a correctly rounded erf) wherever the result is a normal number; over every float16, all but 4 of 63,488,
+    # each one ulp off where the exact value lies within 2e-7 of a rounding boundary (tests/lowering/
+    # test_gelu.py). On sm_90 it is one MUFU.EX2 and 11 other instructions, where libdevice's erff branches over
+    # two polynomials (about 26): a bfloat16 gelu(x + b) kernel, 38 SASS instructions an element with erff.
+    # The FMAs are explicit: kiln's kernels compile without contraction (kiln/runtime/launch.py).
+    "erf_for_16bit": """
+@triton.jit
+def _erf_for_16bit(z):
+    u = tl.minimum(tl.abs(z), 4.0, propagate_nan=tl.PropagateNan.ALL)
+    p = tl.fma(u, -5.21950653364911e-07, 1.1878792065544985e-05)
+    p = tl.fma(p, u, -0.00011569738853722811)
+    p = tl.fma(p, u, 0.0006069603259675205)
+    p = tl.fma(p, u, -0.0015760654350742698)
+    p = tl.fma(p, u, -0.001026000129058957)
+    p = tl.fma(p, u, 0.028730714693665504)
+    p = tl.fma(p, u, -0.14880697429180145)
+    p = tl.fma(p, u, -0.9183238744735718)
+    p = tl.fma(p, u, -1.627916932106018)
+    return libdevice.copysign(1.0 - libdevice.exp2(p * u), z)
+""",
     "floordiv_float": """
 @triton.jit
 def _floordiv_float(a, b):

@@ -77,6 +77,7 @@ class Op(enum.StrEnum):
     ATANH = "atanh"
     ERF = "erf"
     ERFC = "erfc"
+    ERF_FOR_16BIT = "erf_for_16bit"
     ERFINV = "erfinv"
     LGAMMA = "lgamma"
     SIGMOID = "sigmoid"
@@ -294,6 +295,12 @@ ROWS = [
          cpp="std::atanh({0})"),
     _row(Op.ERF, 1, FLOAT, EXPENSIVE, aten=aten.erf, vector_math=True,
          triton="libdevice.erf({0})",
+         cpp="std::erf({0})"),
+    # erf of a value that only a 16-bit result depends on (gelu of a bfloat16 or float16 tensor on CUDA): in
+    # float32 a fitted 1 - 2^P(|z|) within 1.9e-7 of erf (codegen/triton.py's _erf_for_16bit says how, and how
+    # close to eager's 16-bit values); elsewhere erf itself.
+    _row(Op.ERF_FOR_16BIT, 1, FLOAT, EXPENSIVE, vector_math=True,
+         triton={"float32": "_erf_for_16bit({0})", "default": "libdevice.erf({0})"},
          cpp="std::erf({0})"),
     _row(Op.ERFC, 1, FLOAT, EXPENSIVE, aten=aten.erfc, vector_math=True,
          triton="libdevice.erfc({0})",

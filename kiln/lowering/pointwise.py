@@ -323,6 +323,12 @@ def clamp(ctx, node, x, low=None, high=None):
     return ctx.pointwise(operands, compute, meta=meta)
 
 
+def _cuda_formula(meta: torch.Tensor) -> bool:
+    """Whether gelu lowers eager's CUDA formula (CUDA tensors) rather than its CPU one (tests/lowering/
+    test_gelu.py runs the CUDA formula on the CPU's Triton interpreter by patching this)."""
+    return meta.device.type == "cuda"
+
+
 @lowering(aten.gelu.default)
 def gelu(ctx, node, x, approximate="none"):
     meta = meta_of(node)
@@ -339,12 +345,14 @@ def gelu(ctx, node, x, approximate="none"):
             cube = op("mul", op("mul", v, v), v)
             inner = op("mul", const(math.sqrt(2 / math.pi)), op("add", v, op("mul", cube, const(0.044715))))
             return op("mul", op("mul", v, const(0.5)), op("add", const(1.0), op("tanh", inner)))
-        if meta.device.type == "cuda":
+        if _cuda_formula(meta):
             # Eager's CUDA kernel's formula, op for op: (x * 0.5) * (1 + erf(x * M_SQRT1_2)), so its exact
             # zeros (erf rounds to -1) are eager's. (Not bit-identical everywhere: on the H200 some elements
             # differ in the last place, from erff's build, 2026-12-01.) It is also the fast form, quicker
             # on the H200 than erfc with a cutoff (see benchmarks/results/2026-12-02_docstring-measurements.md).
-            erf = op("erf", op("mul", v, const(math.sqrt(0.5))))
+            # A 16-bit result takes erf_for_16bit (kiln/ir/ops.py): 12 instructions on sm_90 where libdevice's
+            # erff takes about 26, and the same 16-bit values.
+            erf = op("erf_for_16bit" if meta.dtype in LOW_PRECISION else "erf", op("mul", v, const(math.sqrt(0.5))))
             return op("mul", op("mul", v, const(0.5)), op("add", const(1.0), erf))
         # x * Phi(x): the same value as 0.5 x (1 + erf(x / sqrt 2)), with no cancellation for x < 0, except
         # where eager's value is exact: 0 (-0) below eager's cutoff. gelu(+inf) is +inf, float64's value.

@@ -16,6 +16,7 @@ persistent and looped. An (op, dtype) torch refuses is not a case.
 from __future__ import annotations
 
 import math
+import zlib
 
 import pytest
 import sympy
@@ -66,7 +67,7 @@ OPS = {
     "left_shift": (torch.bitwise_left_shift, "math"), "right_shift": (torch.bitwise_right_shift, "math"),
     "copysign": (torch.copysign, "math"), "hypot": (torch.hypot, "math"), "nextafter": (torch.nextafter, "math"),
     "fmax": (torch.fmax, "math"), "fmin": (torch.fmin, "math"), "logaddexp": (torch.logaddexp, "math"),
-    "xlogy": (torch.xlogy, "math"),
+    "xlogy": (torch.xlogy, "math"), "erf_for_16bit": (torch.erf, "math"),
 }
 # Ops with their own test here (where, to_dtype) or swept through lowering (reduce), or that
 # every case uses (load, store); constant/index_expr/getitem are covered by lowering's tests,
@@ -121,6 +122,10 @@ def _inputs(op: str, dtype: torch.dtype, generator: torch.Generator) -> list:
     if op in ("left_shift", "right_shift") and not dtype.is_floating_point and dtype != torch.bool:  # torch's shifts by [0, width]
         width = torch.iinfo(dtype).bits
         operands[1] = (operands[1].to(torch.int64).abs() % (width + 1)).to(dtype)
+    if op in ("sinh", "cosh") and not dtype.is_floating_point and dtype != torch.bool:
+        # eager's float32 sinh(-89) and cosh(+-89) of integers are inf, where float64's (2.2e38) is finite and so
+        # is kiln's: integers of magnitude 88 at most, where eager's are finite too
+        operands[0] = operands[0].clamp(-88, 88)
     if op == "pow" and not dtype.is_floating_point and dtype != torch.bool:  # no negative integer powers
         operands[1] = (operands[1].to(torch.int64).abs() % 4).to(dtype)
     return operands
@@ -189,7 +194,8 @@ def _op_cases(dtype: torch.dtype) -> list:
     generator = torch.Generator().manual_seed(0)
     cases = []
     for op in sorted(OPS):
-        operands = _inputs(op, dtype, generator)
+        # each op its own random values: a new op leaves the others' cases as they were
+        operands = _inputs(op, dtype, torch.Generator().manual_seed(zlib.crc32(op.encode())))
         eager = _eager(op, operands)
         if eager is None:
             continue

@@ -5,6 +5,8 @@ and half depends on the CPU's vector kernel (NaN on some machines, inf on an AVX
 Runs on the C++ backend and on Triton (under the interpreter without a GPU)."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -60,3 +62,50 @@ def test_fmod_by_gelu_of_deep_negatives_is_nan_as_in_eager(backend):
     assert want[0].isnan().any()  # the case: eager's gelu is exactly 0 below about -5.54
     verdict = kiln.testing.compare(list(got), list(want), list(_fmod_by_gelu(y.double(), x.double())))
     assert verdict.ok, verdict.message
+
+
+def _every_finite(dtype: torch.dtype) -> torch.Tensor:
+    """Every finite value of a 16-bit float dtype."""
+    values = torch.arange(-32768, 32768, dtype=torch.int32).to(torch.int16).view(dtype)
+    return values[values.isfinite()]
+
+
+def _eager_cuda_formula(x: torch.Tensor) -> torch.Tensor:
+    """Eager's CUDA gelu of 16-bit x: (x * 0.5) * (1 + erf(x * M_SQRT1_2)) in float32 with erff (here float64's
+    erf, rounded: correctly rounded, where CUDA's erff is within 2 ulp), rounded to x's dtype."""
+    x32 = x.float()
+    erf = torch.erf((x32 * math.sqrt(0.5)).double()).float()
+    return ((x32 * 0.5) * (1.0 + erf)).to(x.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_cuda_gelu_of_16_bit_values_is_eagers_at_every_value(monkeypatch, dtype):
+    """On CUDA a 16-bit gelu takes erf_for_16bit (kiln/ir/ops.py); run here through Triton's
+    interpreter, it gives eager's formula's value at every finite bfloat16 whose gelu is a normal number,
+    and at all but a few float16 values, each one ulp away and no farther from float64 than eager's."""
+    monkeypatch.setattr(kiln.lowering.pointwise, "_cuda_formula", lambda meta: True)
+    x = _every_finite(dtype)
+    (got,) = _compile(_gelu, [x], "triton")
+    want, exact = _eager_cuda_formula(x), F.gelu(x.double())
+    normal = exact.abs() >= torch.finfo(dtype).tiny
+    differ = (got != want) & normal & ~want.isnan()
+    assert torch.equal(got.isnan(), want.isnan())
+    assert int(differ.sum()) <= (0 if dtype == torch.bfloat16 else 8), x[differ]
+    farther = (got.double() - exact).abs() > (want.double() - exact).abs()
+    ulp = torch.finfo(dtype).eps * want.double().abs().clamp_min(torch.finfo(dtype).tiny)
+    assert ((got.double() - want.double()).abs()[differ] <= ulp[differ]).all()
+    assert int((farther & normal).sum()) <= int(differ.sum())
+    assert torch.equal(got[want == 0], want[want == 0])  # eager's zeros (1 + erf cancels below -5.54) are kept
+    assert kiln.testing.compare([got], [want], [exact]).ok
+
+
+def test_cuda_gelu_of_float32_keeps_libdevice_erf(monkeypatch):
+    """The fitted erf is for results rounded to 16 bits: a float32 gelu keeps erf."""
+    monkeypatch.setattr(kiln.lowering.pointwise, "_cuda_formula", lambda meta: True)
+    with kiln.config.patch(strict=True, cpu_backend="triton", graph_cache=False):
+        sources = {}
+        for dtype in (torch.float32, torch.bfloat16):
+            compiled = compile_graph(torch.fx.symbolic_trace(_gelu), [torch.randn(64).to(dtype)])
+            sources[dtype] = "\n".join(compiled.module_source.kernels.values())
+    assert "libdevice.erf(" in sources[torch.float32] and "_erf_for_16bit(" not in sources[torch.float32]
+    assert "libdevice.erf(" not in sources[torch.bfloat16] and "_erf_for_16bit(" in sources[torch.bfloat16]
