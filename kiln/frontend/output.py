@@ -94,7 +94,7 @@ class OutputGraph:
         self.open_inference: list = []  # torch_special.InferenceModeExit of the regions the trace entered, still open
         self._autocast_exits: list[Callable] = []
         self.compute_nodes = 0
-        self.generators: list[Variable] = []  # every generator made by the trace (interpreter.GeneratorVariable)
+        self.generators: list[Variable] = []  # every generator the trace made (interpreter_variables.GeneratorVariable)
         self.cached_calls: dict[tuple, Variable] = {}  # lru_cache results by (wrapper, arguments): one object each
         self.break_point = None  # set for the retrace that stops at a graph break (kiln/frontend/resume.py)
         self.caller_handles_exception = False  # the compiled function's caller runs an `except` clause (dispatcher)

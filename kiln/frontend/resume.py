@@ -53,7 +53,7 @@ import torch
 
 from kiln.frontend import bytecode, versions
 from kiln.frontend.errors import Unsupported
-from kiln.frontend.interpreter import ContextExitVariable, GeneratorVariable
+from kiln.frontend.interpreter_variables import ContextExitVariable, GeneratorVariable
 from kiln.frontend.variables.base import NONE, NULL
 from kiln.frontend.variables.containers import BaseIteratorVariable, DictViewVariable
 
@@ -860,7 +860,8 @@ def _generator_parts(codegen, generator) -> tuple[str, list, tuple]:
 
 
 def reconstruct_generator(codegen, generator) -> str:
-    """The entry's expression for a generator the trace made (interpreter.GeneratorVariable), as it was left."""
+    """The entry's expression for a generator the trace made (interpreter_variables.GeneratorVariable), as it
+    was left."""
     function, arguments, kinds = _generator_parts(codegen, generator)
     call = object()
     passed = "".join(f"{text}, " for argument, kind in zip(arguments, kinds)
