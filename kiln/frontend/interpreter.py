@@ -11,7 +11,8 @@ condition is data-dependent and unsupported. Calling a generator function makes 
 `yield` on each `next()` (`Frame.resume`), so generators run exactly as far as their
 consumers ask.
 
-Adding an opcode: write a method with its normalized name. Adding a variable
+Adding an opcode: write a method with its normalized name, on `Frame` or on the
+mixin of its family (name_opcodes.py, exceptions.py, matching.py). Adding a variable
 kind: see kiln/frontend/variables/ and `variables.builder.wrap`.
 """
 from __future__ import annotations
@@ -29,13 +30,13 @@ from kiln.frontend.errors import ProgramException, Unsupported
 from kiln.frontend.exceptions import ExceptionHandling, exception_table, stop_iteration_error
 from kiln.frontend.interpreter_variables import ContextExitVariable, GeneratorVariable, SuperVariable
 from kiln.frontend.matching import PatternMatching
+from kiln.frontend.name_opcodes import NameOpcodes
 from kiln.frontend.operations import binary_op, compare_op, contains, unary_op
 from kiln.frontend.output import OutputGraph
-from kiln.frontend.side_effects import DELETED_GLOBAL
-from kiln.frontend.sources import ItemSource, Source
+from kiln.frontend.sources import Source
 from kiln.frontend.variables import builder
 from kiln.frontend.variables import kinds  # noqa: F401 (its import registers every tracker kind with builder.wrap)
-from kiln.frontend.variables.base import NONE, NULL, ConstantVariable, Variable, is_same, is_trusted_module
+from kiln.frontend.variables.base import NONE, NULL, ConstantVariable, Variable, is_same
 from kiln.frontend.variables.sets import SetVariable
 from kiln.frontend.variables.containers import (BaseIteratorVariable, DictVariable, ExternalDictVariable, ListVariable,
                                                 SliceVariable, TupleVariable, hashable_key, iterate, unpack_iterable)
@@ -98,7 +99,7 @@ class _Yield(Exception):
         self.value = value
 
 
-class Frame(ExceptionHandling, PatternMatching):
+class Frame(ExceptionHandling, PatternMatching, NameOpcodes):
     """One function activation being interpreted symbolically."""
 
     def __init__(self, output: OutputGraph, code: types.CodeType, fn_globals: dict, local_values: dict[str, Variable],
@@ -312,7 +313,7 @@ class Frame(ExceptionHandling, PatternMatching):
             args = [bound_self, *args]
         self.push(self.call_function(fn, args, kwargs))
 
-    # -- opcodes: stack and locals ------------------------------------------------------------------
+    # -- opcodes: stack and constants (locals, cells and globals: name_opcodes.py) ------------------
 
     def NOP(self, instruction):
         pass
@@ -343,93 +344,6 @@ class Frame(ExceptionHandling, PatternMatching):
 
     def RETURN_VALUE(self, instruction):
         raise _Return(self.pop())
-
-    def LOAD_FAST(self, instruction):
-        name = instruction.argval
-        if name in self.locals:
-            self.push(self.locals[name])
-        elif name in self.cells:  # 3.13 loads a cell object itself with LOAD_FAST (for closures)
-            self.push(self.cells[name])
-        else:  # a local deleted (an `except ... as name` clause's at its end) or not yet assigned
-            message = f"cannot access local variable {name!r} where it is not associated with a value"
-            raise ProgramException(message, UnboundLocalError, [ConstantVariable(message)])
-
-    def LOAD_FAST_AND_CLEAR(self, instruction):
-        self.push(self.locals.pop(instruction.argval, NULL))
-
-    def LOAD_FAST_LOAD_FAST(self, instruction):
-        first, second = instruction.argval
-        self.push(self.locals[first])
-        self.push(self.locals[second])
-
-    def STORE_FAST(self, instruction):
-        value = self.pop()
-        if value is NULL:
-            self.locals.pop(instruction.argval, None)
-        else:
-            self.locals[instruction.argval] = value
-
-    def STORE_FAST_STORE_FAST(self, instruction):
-        first, second = instruction.argval
-        self.locals[first] = self.pop()
-        self.locals[second] = self.pop()
-
-    def STORE_FAST_LOAD_FAST(self, instruction):
-        store, load = instruction.argval
-        self.locals[store] = self.pop()
-        self.push(self.locals[load])
-
-    def DELETE_FAST(self, instruction):
-        self.locals.pop(instruction.argval, None)
-
-    def LOAD_CLOSURE(self, instruction):
-        self.push(self.cells[instruction.argval])
-
-    def LOAD_DEREF(self, instruction):
-        self.push(self.cells[instruction.argval].load(self))
-
-    def STORE_DEREF(self, instruction):
-        self.cells[instruction.argval].store(self, self.pop())
-
-    def LOAD_GLOBAL(self, instruction):
-        name = instruction.argval
-        pushes_null = versions.load_global_pushes_null(instruction.opname, instruction.arg)
-        value = self._global(name)
-        if pushes_null:
-            versions.push_callable_with_null(self.stack, value, NULL)
-        else:
-            self.push(value)
-
-    def _global(self, name: str) -> Variable:
-        stored = self.output.side_effects.stored_global(self.fn_globals, name)
-        if stored is not None:
-            if stored is DELETED_GLOBAL:
-                raise Unsupported(f"name {name!r} is read after `del` (the program raises NameError)")
-            return stored
-        if name in self.fn_globals:
-            if _is_library_globals(self.fn_globals):
-                return self.wrap(self.fn_globals[name], None, guard=False)
-            return self.wrap(self.fn_globals[name], ItemSource(self.globals_source, name))
-        if hasattr(builtins, name):
-            if not _is_library_globals(self.fn_globals):  # a global defined later would shadow the builtin
-                self.output.guards.contains(self.globals_source, name, False)
-            return self.wrap(getattr(builtins, name), None, guard=False)
-        raise Unsupported(f"name {name!r} is not defined (the program raises NameError)")
-
-    def LOAD_NAME(self, instruction):
-        self.push(self._global(instruction.argval))
-
-    def STORE_GLOBAL(self, instruction):
-        self.output.side_effects.store_global(self.fn_globals, self.globals_source, instruction.argval, self.pop())
-
-    def DELETE_GLOBAL(self, instruction):
-        name = instruction.argval
-        stored = self.output.side_effects.stored_global(self.fn_globals, name)
-        if stored is DELETED_GLOBAL or (stored is None and name not in self.fn_globals):
-            raise Unsupported(f"del of global {name!r}, which is not defined (the program raises NameError)")
-        if stored is None:  # it exists now: the entry may delete it only while that still holds
-            self.output.guards.contains(self.globals_source, name, True)
-        self.output.side_effects.store_global(self.fn_globals, self.globals_source, name, DELETED_GLOBAL)
 
     # -- opcodes: attributes and items ----------------------------------------------------------------
 
@@ -868,11 +782,6 @@ class Frame(ExceptionHandling, PatternMatching):
     def LOAD_BUILD_CLASS(self, instruction):
         # Calling it is unsupported: a graph break defines the class in Python.
         self.push(OpaqueFunctionVariable(builtins.__build_class__))
-
-
-def _is_library_globals(fn_globals: dict) -> bool:
-    """Globals of torch's own modules: kiln assumes they are not rebound while compiled code runs."""
-    return is_trusted_module(str(fn_globals.get("__name__", "")))
 
 
 def _formattable(variable: Variable) -> Any:
