@@ -37,7 +37,7 @@ from kiln.backend import KilnCompileError
 from kiln.config import config
 from kiln.frontend.dynamic import DynamicPolicy
 from kiln.frontend.errors import HOW_TO_FIX, HOW_TO_FIX_EAGER, FullgraphError, GraphRaised, Unsupported
-from kiln.frontend import resume, wrapped_calls
+from kiln.frontend import break_analysis, break_calls, resume, resume_codegen, wrapped_calls
 from kiln.frontend.guards import FrameSignature
 from kiln.frontend.interpreter import BreakHere, Frame
 from kiln.frontend.output import OutputGraph
@@ -201,7 +201,7 @@ class Dispatcher:
         # A closure's guard and entry take the function as `__fn=` (its cells differ between functions of one code)
         self._closure_parameter = bool(fn.__code__.co_freevars)
         self._cache = self.caches.setdefault(fn.__code__, CodeCache())
-        self._iterator_parameters = resume.iterator_parameters(fn.__code__) if self.bound_self is None else ()
+        self._iterator_parameters = resume_codegen.iterator_parameters(fn.__code__) if self.bound_self is None else ()
         defaults = (fn.__defaults__, self._traced_kwdefault_values)
         if self._cache.defaults is not None and not _same_defaults(self._cache.defaults, defaults):
             self._cache.clear()  # their guards and entries bind the old defaults
@@ -246,7 +246,7 @@ class Dispatcher:
 
     def call_function(self, fn: types.FunctionType, *args: Any, **kwargs: Any) -> Any:
         """`fn(*args, **kwargs)` for a function that runs as this dispatcher's does except for its closure
-        cells: the same code, globals, builtins and default objects (resume._same_function_behaviour). A
+        cells: the same code, globals, builtins and default objects (break_calls._same_function_behaviour). A
         closure made anew on each call (an inner function, a resume function over a frame's cells) is traced
         once: the entries read the cells of the function they are given."""
         if self._function_changed():
@@ -300,7 +300,8 @@ class Dispatcher:
 
     def loop_position(self, args: tuple) -> tuple:
         """For a resume function, the lengths of the iterators it is passed as tuples of their remaining items
-        (resume.iterator_parameters): which iteration of the loop around the break it continues. () otherwise."""
+        (resume_codegen.iterator_parameters): which iteration of the loop around the break it continues. ()
+        otherwise."""
         return tuple(len(args[position]) if position < len(args) and isinstance(args[position], tuple) else -1
                      for position in self._iterator_parameters)
 
@@ -446,12 +447,12 @@ class Dispatcher:
         chosen = frames[0]
         instruction = chosen.current
         index = chosen.ip - 1
-        span = resume.inlined_comprehension(chosen.code, index)
-        if span is not None:  # 3.12+: the whole comprehension runs in Python (resume.Comprehension)
+        span = break_analysis.inlined_comprehension(chosen.code, index)
+        if span is not None:  # 3.12+: the whole comprehension runs in Python (break_analysis.Comprehension)
             index = span.start
         elif instruction is None or not resume.can_break_at(instruction):
             return None
-        if resume.resumable(chosen.code) is not None or resume.protected(chosen.code, index):
+        if break_analysis.resumable(chosen.code) is not None or break_analysis.protected(chosen.code, index):
             return None
         return resume.BreakPoint(chosen.depth, chosen.code, index, chosen.visits[index] - 1, error.message,
                                  error.locations[0] if error.locations else chosen.location(),
@@ -507,7 +508,7 @@ class Dispatcher:
     def resume_dispatcher(self, frame, code: types.CodeType) -> "Dispatcher":
         """The dispatcher of the resume function `code` continuing `frame` (one per code and globals). A resume
         function with a closure (the frame's cells) is called with the cells of each call
-        (`resume.closure_function`, `call_function`); its dispatcher's own function holds empty cells."""
+        (`resume_codegen.closure_function`, `call_function`); its dispatcher's own function holds empty cells."""
         key = (code, id(frame.fn_globals))
         dispatcher = self._resumes.get(key)
         if dispatcher is None:
@@ -586,7 +587,7 @@ def capture_frame(output: OutputGraph, fn: types.FunctionType, signature: FrameS
     if broken is None:
         return output.finish(result, signature, code.co_name, grad_at_end=grad_at_end)
     call_name = None if output.break_point.direct_call else output.named_source("__call_compiled", functools.partial(
-        resume.call_compiled, dispatcher.callee_factory())).expr()
+        break_calls.call_compiled, dispatcher.callee_factory())).expr()
     tail = resume.break_tail(broken, dispatcher.resume_dispatcher, call_name)
     return output.finish(None, signature, code.co_name, tail, grad_at_end=grad_at_end,
                          stand_in=(broken.code, broken.lineno(), broken.fn_globals))

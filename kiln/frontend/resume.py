@@ -1,4 +1,4 @@
-"""Graph breaks: resume functions, live locals, and the calls a break makes in plain Python.
+"""Graph breaks: where a retrace stops, and the entry's last lines that go on from there.
 
 When the interpreter meets a call or a branch it cannot trace, the dispatcher retraces
 the frame up to that instruction (`BreakPoint`), compiles the graph so far, and the entry
@@ -12,21 +12,22 @@ function then does what the frame would do next, in Python:
 
 A resume function is a copy of the frame's code object that takes the values on the
 value stack and the live locals as parameters: a short prologue pushes the stack back and
-jumps to the instruction after the break (`resume_code`). It is compiled through its own
-dispatcher, so its tensor work becomes the next graph, and it can break again.
+jumps to the instruction after the break (`resume_code`, resume_codegen.py). It is compiled
+through its own dispatcher, so its tensor work becomes the next graph, and it can break again.
 
-`call_compiled` makes the broken call: a Python function (or a method, or an nn.Module)
-that the trace was inlining is itself compiled through a dispatcher, so only the
-construct that stopped the trace runs eagerly; builtins, C functions, classes and
+`call_compiled` (break_calls.py) makes the broken call: a Python function (or a method,
+or an nn.Module) that the trace was inlining is itself compiled through a dispatcher, so
+only the construct that stopped the trace runs eagerly; builtins, C functions, classes and
 functions of the standard library and of torch are called as they are.
 
 What a break needs, checked by `plan_break` (otherwise the frame runs eagerly, as before):
 the instruction is a call, a conditional jump or another instruction the entry can run
 (`can_break_at`); it is outside every `with` block but those of grad mode, inference mode and
 user classes, and outside an `except` clause's own body (`protected`); the code is not a
-generator, and uses its cells only through their own opcodes (`resumable`); and every stack
-value and live local can be rebuilt by the entry (tensors become graph outputs; objects are
-re-read from their source). The frame's cells become the resume function's closure.
+generator, and uses its cells only through their own opcodes (`resumable`; both in
+break_analysis.py, with the liveness of locals); and every stack value and live local can
+be rebuilt by the entry (tensors become graph outputs; objects are re-read from their
+source). The frame's cells become the resume function's closure.
 
 A break inside a try block: an exception the broken operation raises goes to the block's
 handler, as it would in the frame. The entry catches it and calls a resume function that
@@ -38,36 +39,23 @@ graph itself (a kernel's error) is not the handler's to see, as under TorchDynam
 """
 from __future__ import annotations
 
-import functools
-import inspect
 import operator
-import os
 import sys
-import sysconfig
 import types
-import weakref
 from dataclasses import dataclass
-from typing import Any, Callable
-
-import torch
+from typing import Callable
 
 from kiln.frontend import bytecode, versions
+from kiln.frontend.break_analysis import _cells_as_locals, _comprehensions, live_locals, try_handler
+from kiln.frontend.break_calls import _callee_object, runs_as_it_is
 from kiln.frontend.errors import Unsupported
 from kiln.frontend.interpreter_variables import ContextExitVariable, GeneratorVariable
+from kiln.frontend.resume_codegen import _origins, _starts, body_start, closure_function, original_position, resume_code
 from kiln.frontend.variables.base import NONE, NULL
 from kiln.frontend.variables.containers import BaseIteratorVariable, DictViewVariable
 
 CALL_OPS = frozenset({"CALL", "CALL_KW", "CALL_FUNCTION_EX"})
 JUMP_OPS = frozenset({"POP_JUMP_IF_FALSE", "POP_JUMP_IF_TRUE", "JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP"})
-
-_READS = frozenset({"LOAD_FAST", "LOAD_FAST_CHECK", "LOAD_FAST_AND_CLEAR", "DELETE_FAST", "LOAD_FAST_LOAD_FAST",
-                    "LOAD_FAST_BORROW", "LOAD_FAST_BORROW_LOAD_FAST_BORROW"})
-_WRITES = frozenset({"STORE_FAST", "STORE_FAST_STORE_FAST"})
-_FAST_OPS = _READS | _WRITES | {"STORE_FAST_LOAD_FAST"}
-_DEREF_OPS = frozenset({"LOAD_DEREF", "STORE_DEREF", "DELETE_DEREF", "LOAD_CLOSURE", "LOAD_FROM_DICT_OR_DEREF",
-                        "MAKE_CELL"})
-_PROLOGUE_OPS = frozenset({"COPY_FREE_VARS", "MAKE_CELL", "RESUME"})
-_STOPS = frozenset({"RETURN_VALUE", "RETURN_CONST", "RAISE_VARARGS", "RERAISE"})
 
 
 @dataclass(frozen=True)
@@ -82,384 +70,6 @@ class BreakPoint:
     location: str
     # the broken call is made from the entry itself, not through `call_compiled` (Unsupported.reads_frames)
     direct_call: bool = False
-
-
-def _names(instruction: bytecode.Instruction) -> tuple[str, ...]:
-    value = instruction.argval
-    return tuple(value) if isinstance(value, tuple) else (value,)
-
-
-@functools.lru_cache(maxsize=1024)
-def live_locals(code: types.CodeType, start: int) -> frozenset[str]:
-    """Locals some path from instruction `start` reads before writing (exception handlers included)."""
-    decoded = bytecode.decode(code)
-    instructions = decoded.instructions
-    index_of = {id(instruction): index for index, instruction in enumerate(instructions)}
-    handlers: dict[int, list[int]] = {}
-    for entry in decoded.exception_table:
-        for index in range(index_of[id(entry.start)], index_of[id(entry.end)] + 1):
-            handlers.setdefault(index, []).append(index_of[id(entry.target)])
-    successors: list[list[int]] = []
-    for index, instruction in enumerate(instructions):
-        following = list(handlers.get(index, ()))
-        if instruction.target is not None:
-            following.append(index_of[id(instruction.target)])
-        unconditional = instruction.opname.startswith("JUMP") and "IF" not in instruction.opname \
-            and instruction.opname not in ("JUMP_IF_FALSE_OR_POP", "JUMP_IF_TRUE_OR_POP")
-        if instruction.opname not in _STOPS and not unconditional and index + 1 < len(instructions):
-            following.append(index + 1)
-        successors.append(following)
-    uses: list[frozenset[str]] = []
-    defs: list[frozenset[str]] = []
-    for instruction in instructions:
-        name = instruction.opname
-        if name in _READS:
-            uses.append(frozenset(_names(instruction)))
-            defs.append(frozenset())
-        elif name in _WRITES:
-            uses.append(frozenset())
-            defs.append(frozenset(_names(instruction)))
-        elif name == "STORE_FAST_LOAD_FAST":
-            stored, loaded = instruction.argval
-            uses.append(frozenset() if loaded == stored else frozenset({loaded}))
-            defs.append(frozenset({stored}))
-        else:
-            uses.append(frozenset())
-            defs.append(frozenset())
-    live: list[frozenset[str]] = [frozenset()] * len(instructions)
-    changed = True
-    while changed:
-        changed = False
-        for index in range(len(instructions) - 1, -1, -1):
-            out = frozenset().union(*(live[successor] for successor in successors[index]))
-            value = (out - defs[index]) | uses[index]
-            if value != live[index]:
-                live[index] = value
-                changed = True
-    return live[start] if start < len(instructions) else frozenset()
-
-
-@dataclass(frozen=True)
-class TryHandler:
-    """Where an exception raised at an instruction goes: instruction `target`, with the value stack cut to
-    `depth` items, then (`lasti`) the raising instruction's offset, then the exception. `with_cleanup`: the
-    handler is a `with` block's (it calls the block's exit, then re-raises unless the exit suppressed it)."""
-
-    target: int
-    depth: int
-    lasti: bool
-    with_cleanup: bool
-
-
-@functools.lru_cache(maxsize=1024)
-def try_handler(code: types.CodeType, index: int) -> TryHandler | None:
-    """The handler an exception raised at instruction `index` goes to (the exception-table range around it: a try
-    block's, or a `with` block's cleanup), else None (none, or 3.12's restoring of an inlined comprehension's
-    locals, which re-raises out of the frame). An exception the entry's broken operation raises goes to that
-    handler (`break_tail`), whose code then passes it on to the handlers around it, as the frame would."""
-    decoded = bytecode.decode(code)
-    instructions = decoded.instructions
-    index_of = {id(instruction): position for position, instruction in enumerate(instructions)}
-    for entry in decoded.exception_table:
-        if not index_of[id(entry.start)] <= index <= index_of[id(entry.end)]:
-            continue
-        handler = index_of[id(entry.target)]
-        if _restores_locals(instructions, handler):
-            return None
-        following = [instruction.opname for instruction in instructions[handler:handler + 2]]
-        return TryHandler(handler, entry.depth, entry.lasti, following == ["PUSH_EXC_INFO", "WITH_EXCEPT_START"])
-    return None
-
-
-def protected(code: types.CodeType, index: int) -> bool:
-    """Whether instruction `index` lies inside an `except` clause's own body, where a break cannot resume: the
-    stack there holds the exception being handled and the one it replaced (PUSH_EXC_INFO's), which the entry
-    cannot pass on, and the clause's cleanup handler restores them."""
-    entry = try_handler(code, index)
-    return entry is not None and entry.lasti and not entry.with_cleanup
-
-
-def _restores_locals(instructions: list, handler: int) -> bool:
-    """Whether the handler at `handler` only puts back the locals of a 3.12 inlined comprehension (PEP 709) and
-    re-raises: an exception leaving the entry leaves the frame too, so there is nothing to restore."""
-    for instruction in instructions[handler:]:
-        if instruction.opname == "RERAISE":
-            return True
-        if instruction.opname not in ("SWAP", "POP_TOP", "STORE_FAST"):
-            return False
-    return False
-
-
-@functools.lru_cache(maxsize=1024)
-def resumable(code: types.CodeType) -> str | None:
-    """None if a frame of `code` can be resumed by a generated function, else why not."""
-    if code.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR |
-                        inspect.CO_ITERABLE_COROUTINE):
-        return f"{code.co_qualname} is a generator or coroutine"
-    return _cells_as_locals(code)
-
-
-@functools.lru_cache(maxsize=1024)
-def _cells_as_locals(code: types.CodeType) -> str | None:
-    """Why a resume function of `code` could not take its cells as its closure, or None."""
-    if code.co_cellvars:
-        # A resume function takes the frame's cells as its closure; a cell made or read as a plain local past
-        # the prologue (3.12's inlined comprehensions: MAKE_CELL, LOAD_FAST_AND_CLEAR of a cell) has no such form.
-        body = bytecode.decode(code).instructions
-        first = 0
-        while first < len(body) and body[first].opname in _PROLOGUE_OPS:
-            first += 1
-        for instruction in body[first:]:
-            if instruction.opname == "MAKE_CELL" or (instruction.opname in _FAST_OPS and
-                                                     set(_names(instruction)) & set(code.co_cellvars)):
-                return f"{code.co_qualname} makes or reads a captured variable as a plain local ({instruction.opname})"
-    return None
-
-
-def closure_function(code: types.CodeType, fn_globals: dict, cells: tuple) -> types.FunctionType:
-    """A resume function over these cells (the entry makes one per call; one dispatcher runs them all)."""
-    return types.FunctionType(code, fn_globals, code.co_name, None, cells or None)
-
-
-def closure_names(code: types.CodeType) -> tuple[str, ...]:
-    """The free variables of a resume function of `code`: its cell variables, then its free variables."""
-    return tuple(code.co_cellvars) + tuple(code.co_freevars)
-
-
-def _parameter_count(kind) -> int:
-    """How many parameters of a resume function one stack slot or local of this kind takes."""
-    if kind == "null":
-        return 0
-    if kind in ("value", "iter"):
-        return 1
-    if kind[0] == "generator":
-        return 2  # the resume function of its code, and the tuple of what it takes
-    return sum(_parameter_count(part) for part in kind[2])  # ("call", callable, parts)
-
-
-def _leaf_kinds(kind) -> list:
-    """The kind of each parameter one stack slot or local of this kind takes (a "call" kind's parts one by one,
-    so an "iter" part, a count of items left, still tells a loop's iterations apart: `iterator_parameters`)."""
-    if kind in ("null", "value", "iter"):
-        return [] if kind == "null" else [kind]
-    if kind[0] == "generator":
-        return [kind, kind]
-    return [leaf for part in kind[2] for leaf in _leaf_kinds(part)]
-
-
-@functools.lru_cache(maxsize=1024)
-def resume_code(code: types.CodeType, target: int, stack: tuple, live: tuple[tuple[str, Any], ...],
-                stop: int | None = None) -> types.CodeType:
-    """A copy of `code` that starts at instruction `target` with a value stack and locals given as parameters.
-
-    `stack` gives each stack slot's kind, bottom first: "null" (pushed back by PUSH_NULL),
-    "value" (a leading parameter `__stack<i>`), "iter" (an iterator, passed as the tuple
-    of its remaining items and turned back into one by GET_ITER), ("generator", started)
-    (a generator the trace made, passed as the resume function of its own code and the tuple
-    that function takes: the prologue calls it and, if it had started, runs it to its yield
-    with next(), so a trace of this code steps the generator itself), or ("call", callable,
-    parts) (a lazy iterator: `callable(*parts)`, e.g. enumerate of a generator and its next
-    count). The `live` locals ((name, kind) pairs) follow. The locals not passed start
-    unbound, as they are at that point of the original frame. With `stop`, instruction `stop`
-    becomes a return of the top of the stack: the copy runs one span of the code (an inlined
-    comprehension, `Comprehension`) and gives back what that span left on top.
-    """
-    decoded = bytecode.decode(code)
-    instructions = decoded.instructions
-    target_instruction = instructions[target]
-    if stop is not None:
-        instruction = instructions[stop]  # jumps keep their target object: it becomes the return in place
-        instruction.opname, instruction.arg, instruction.argval, instruction.argrepr = "RETURN_VALUE", None, None, ""
-        instruction.target, instruction.op = None, versions.normalized_opname("RETURN_VALUE", None)
-    first = body_start(code)
-    body = instructions[first:]
-
-    def names(base: str, kind) -> list[str]:
-        count = _parameter_count(kind)
-        return [base] if count == 1 and kind in ("value", "iter") else [f"{base}_{index}" for index in range(count)]
-
-    stack_names = [name for position, kind in enumerate(stack) for name in names(f"__stack{position}", kind)]
-    simple_live = tuple(name for name, kind in live if kind in ("value", "iter"))
-    live_names = [name for local, kind in live
-                  for name in (names(local, kind) if kind in ("value", "iter") else names(f"__live_{local}", kind))]
-    # The frame's cells (its own, made by MAKE_CELL, and its closure's) are the resume function's closure:
-    # the entry passes the very cells, so inner functions made before the break share them.
-    freevars = closure_names(code)
-    varnames = tuple(stack_names) + tuple(live_names) + tuple(
-        name for name in code.co_varnames if name not in simple_live and name not in code.co_cellvars)
-    position_of = {name: position for position, name in enumerate(varnames)}
-    position_of.update({name: len(varnames) + index for index, name in enumerate(freevars)})
-    for instruction in body:
-        if instruction.opname in _FAST_OPS:
-            names_used = _names(instruction)
-            if len(names_used) == 1:
-                instruction.arg = position_of[names_used[0]]
-            else:  # 3.13's paired forms: two 4-bit indices
-                instruction.arg = (position_of[names_used[0]] << 4) | position_of[names_used[1]]
-        elif instruction.opname in _DEREF_OPS:
-            instruction.arg = position_of[instruction.argval]
-    consts = list(code.co_consts)
-    prologue = []
-
-    def add(opname: str, arg: int | None = None, argval: Any = None) -> None:
-        prologue.append(bytecode.create_instruction(opname, arg, argval))
-
-    def load_fast(name: str) -> None:
-        add("LOAD_FAST", position_of[name], name)
-
-    def load_const(value: Any) -> None:
-        for index, known in enumerate(consts):
-            if known is value:
-                break
-        else:
-            index = len(consts)
-            consts.append(value)
-        add("LOAD_CONST", index, value)
-
-    def call(count: int) -> None:
-        if versions.PY311:
-            add("PRECALL", count)
-        add("CALL", count)
-
-    def push_callable(load: Callable[[], None]) -> None:
-        if versions.NULL_BELOW_CALLABLE:
-            add("PUSH_NULL")
-            load()
-        else:
-            load()
-            add("PUSH_NULL")
-
-    def emit(kind, parameters) -> None:
-        """Push the value of one slot of this kind, from its parameters."""
-        if kind == "null":
-            add("PUSH_NULL")
-        elif kind == "value":
-            load_fast(next(parameters))
-        elif kind == "iter":
-            load_fast(next(parameters))
-            add("GET_ITER")
-        elif kind[0] == "generator":
-            function, arguments = next(parameters), next(parameters)
-            push_callable(lambda: load_fast(function))
-            load_fast(arguments)
-            add("CALL_FUNCTION_EX", 0)
-            if kind[1]:  # started: run it to the yield it was suspended at, dropping that yield's placeholder
-                push_callable(lambda: load_const(next))
-                add("COPY", 3)
-                call(1)
-                add("POP_TOP")
-        else:
-            _, function, parts = kind
-            push_callable(lambda: load_const(function))
-            for part in parts:
-                emit(part, parameters)
-            call(len(parts))
-
-    if freevars:
-        add("COPY_FREE_VARS", len(freevars))
-    if code.co_flags & inspect.CO_GENERATOR:  # a generator's: calling it makes the generator, next() runs the rest
-        add("RETURN_GENERATOR")
-        add("POP_TOP")
-    add("RESUME", 0)
-    live_parameters = iter(live_names)
-    for name, kind in live:
-        if kind == "value":
-            next(live_parameters)
-        elif kind == "iter":
-            next(live_parameters)
-            load_fast(name)
-            add("GET_ITER")
-            add("STORE_FAST", position_of[name], name)
-        else:
-            emit(kind, live_parameters)
-            add("STORE_FAST", position_of[name], name)
-    stack_parameters = iter(stack_names)
-    for kind in stack:
-        emit(kind, stack_parameters)
-    prologue.append(bytecode.create_instruction("JUMP_FORWARD", target=target_instruction))
-    decoded.instructions = prologue + body
-    # A handler range that began in the dropped prologue (3.12's around a generator's body starts at its RESUME)
-    # begins at the body; the new prologue runs no user code, so it needs none.
-    kept = {id(instruction) for instruction in body}
-    for entry in decoded.exception_table:
-        if id(entry.start) not in kept:
-            entry.start = body[0]
-    decoded.exception_table = [entry for entry in decoded.exception_table if id(entry.end) in kept]
-    line = target_instruction.lineno or code.co_firstlineno
-    base = code.co_name.split("_resume_at_line_")[0]
-    name = f"{base}_{'resume' if stop is None else 'comprehension'}_at_line_{line}"
-    flags = code.co_flags & ~(inspect.CO_VARARGS | inspect.CO_VARKEYWORDS)
-    resumed = bytecode.assemble(decoded, co_varnames=varnames, co_nlocals=len(varnames), co_cellvars=(),
-                                co_freevars=freevars,
-                                co_argcount=len(stack_names) + len(live_names), co_posonlyargcount=0,
-                                co_consts=tuple(consts),
-                                co_kwonlyargcount=0, co_flags=flags, co_name=name,
-                                co_qualname=f"{code.co_qualname.split('_resume_at_line_')[0]}{name[len(base):]}")
-    resumed = resumed.replace(co_stacksize=max(bytecode.max_stack_depth(decoded), len(stack), 1))
-    original, shift = _origins.get(code, (code, 0))
-    _origins[resumed] = (original, shift + first - len(prologue))  # its body is `code`'s from `first` on
-    _starts[resumed] = target + shift
-    parameter_kinds = [leaf for kind in stack for leaf in _leaf_kinds(kind)] + \
-        [leaf for _, kind in live for leaf in _leaf_kinds(kind)]
-    _iterator_parameters[resumed] = tuple(position for position, kind in enumerate(parameter_kinds) if kind == "iter")
-    return resumed
-
-
-def iterator_parameters(code: types.CodeType) -> tuple[int, ...]:
-    """The positions of a resume function's parameters that pass an iterator as the tuple of its remaining items
-    (resume_code's "iter" kind); () for any other code. Their lengths tell a loop's iterations apart: the
-    dispatcher keeps a recompile limit per iteration (`Dispatcher.loop_position`)."""
-    return _iterator_parameters.get(code, ())
-
-
-@functools.lru_cache(maxsize=1024)
-def body_start(code: types.CodeType) -> int:
-    """The index of `code`'s first instruction past its prologue (free variables, cells, a generator's
-    RETURN_GENERATOR and the POP_TOP of the value its first next() sends, RESUME)."""
-    instructions = bytecode.decode(code).instructions
-    first = 0
-    while first < len(instructions) and (
-            instructions[first].opname in _PROLOGUE_OPS or instructions[first].opname == "RETURN_GENERATOR" or
-            (first > 0 and instructions[first - 1].opname == "RETURN_GENERATOR" and
-             instructions[first].opname == "POP_TOP")):
-        first += 1
-    return first
-
-
-# resume code -> (the user's code it continues, what to add to an instruction index to find it there)
-_origins: "weakref.WeakKeyDictionary[types.CodeType, tuple[types.CodeType, int]]" = weakref.WeakKeyDictionary()
-# resume code -> the instruction of the user's code it starts at
-_starts: "weakref.WeakKeyDictionary[types.CodeType, int]" = weakref.WeakKeyDictionary()
-# resume code -> the positions of its parameters of the "iter" kind
-_iterator_parameters: "weakref.WeakKeyDictionary[types.CodeType, tuple[int, ...]]" = weakref.WeakKeyDictionary()
-
-
-def original_position(code: types.CodeType, index: int) -> tuple[types.CodeType, int]:
-    """Instruction `index` of `code` as (code object, index) in the user's code a resume function continues.
-
-    A resume function that breaks again resumes from the user's code, not from itself: a break in a loop
-    then gets the same resume function on every iteration (one dispatcher, whose entries serve them all),
-    not a new one per iteration."""
-    original, shift = _origins.get(code, (code, 0))
-    return original, _landing(original, index + shift)
-
-
-_UNCONDITIONAL_JUMPS = frozenset({"JUMP_FORWARD", "JUMP_BACKWARD", "JUMP_BACKWARD_NO_INTERRUPT", "JUMP"})
-
-
-@functools.lru_cache(maxsize=1024)
-def _landing(code: types.CodeType, index: int) -> int:
-    """Where instruction `index` leads once unconditional jumps are followed: a resume function starts there
-    (3.12 tests a `while` loop's condition at its top and at its bottom; both true sides then resume at the
-    loop body through one function)."""
-    instructions = bytecode.decode(code).instructions
-    index_of = {id(instruction): position for position, instruction in enumerate(instructions)}
-    seen = set()
-    while index < len(instructions) and index not in seen and instructions[index].opname in _UNCONDITIONAL_JUMPS \
-            and instructions[index].target is not None:
-        seen.add(index)
-        index = index_of[id(instructions[index].target)]
-    return index
 
 
 # ------------------------------------------------------------------------------------------------
@@ -527,61 +137,6 @@ def _single_instruction(instruction) -> tuple[int, Callable, str] | None:
     return None
 
 
-@dataclass(frozen=True)
-class Comprehension:
-    """A comprehension Python 3.12+ inlined into its function: from `start` (its first LOAD_FAST_AND_CLEAR,
-    which saves the variables it binds: `names`) to `end` (the instruction after its loop, where the stack
-    holds the saved values and then the result). A break inside its loop goes to `start`, and the entry runs
-    the whole span in Python (`resume_code` with `stop`), as TorchDynamo does: breaking inside the loop would
-    break at every item, a graph each. 3.11 calls a comprehension as a function, run whole the same way
-    (`_COMPREHENSIONS`)."""
-
-    start: int
-    end: int
-    names: tuple[str, ...]
-
-
-@functools.lru_cache(maxsize=256)
-def _comprehensions(code: types.CodeType) -> tuple[Comprehension, ...]:
-    """The inlined comprehensions of `code`, outer ones before those nested in them."""
-    instructions = bytecode.decode(code).instructions
-    index_of = {id(instruction): position for position, instruction in enumerate(instructions)}
-    found = []
-    position = 0
-    while position < len(instructions):
-        if instructions[position].opname != "LOAD_FAST_AND_CLEAR":
-            position += 1
-            continue
-        start = position
-        while position < len(instructions) and instructions[position].opname == "LOAD_FAST_AND_CLEAR":
-            position += 1
-        # then SWAP, BUILD_LIST/SET/MAP, SWAP (an iterator below the new container), and the loop's FOR_ITER
-        loop = next((index for index in range(position, min(position + 4, len(instructions)))
-                     if instructions[index].op == "FOR_ITER"), None)
-        if loop is None or instructions[loop].target is None:
-            continue
-        end = index_of[id(instructions[loop].target)]
-        for skipped in versions.for_iter_exhaust_skip():
-            if instructions[end].opname == skipped:
-                end += 1
-        found.append(Comprehension(start, end, tuple(instruction.argval for instruction in instructions[start:position])))
-    return tuple(found)
-
-
-def inlined_comprehension(code: types.CodeType, index: int) -> Comprehension | None:
-    """The outermost inlined comprehension whose loop holds instruction `index`, if a break can run it whole: it
-    stores no local but its own variables (an assignment expression inside would be lost with the span's frame)."""
-    for span in _comprehensions(code):
-        if not span.start < index < span.end:
-            continue
-        instructions = bytecode.decode(code).instructions[span.start:span.end]
-        own = {instruction.argval for instruction in instructions if instruction.opname == "LOAD_FAST_AND_CLEAR"}
-        stored = {name for instruction in instructions if instruction.opname in _WRITES | {"DELETE_FAST"}
-                  for name in _names(instruction)}
-        return span if stored <= own else None
-    return None
-
-
 # FORMAT_VALUE's and CONVERT_VALUE's conversions: none, !s, !r, !a
 _CONVERSIONS = {0: lambda value: value, 1: str, 2: repr, 3: ascii}
 
@@ -589,159 +144,6 @@ _CONVERSIONS = {0: lambda value: value, 1: str, 2: repr, 3: ascii}
 def can_break_at(instruction) -> bool:
     return instruction.op in CALL_OPS or instruction.op in JUMP_OPS or instruction.op == "FOR_ITER" or \
         _single_instruction(instruction) is not None
-
-
-# ------------------------------------------------------------------------------------------------
-# Calls made by a break
-
-
-def _library_paths() -> tuple[str, ...]:
-    paths = {sysconfig.get_paths()[key] for key in ("stdlib", "platstdlib")}
-    paths.add(os.path.dirname(torch.__file__))
-    paths.add(os.path.dirname(os.path.dirname(__file__)))  # kiln itself
-    return tuple(os.path.join(path, "") for path in paths)
-
-
-_LIBRARY_PATHS = _library_paths()
-_callees: "weakref.WeakKeyDictionary[Any, dict]" = weakref.WeakKeyDictionary()
-
-
-def _is_library(function: types.FunctionType) -> bool:
-    filename = function.__code__.co_filename
-    return filename.startswith(_LIBRARY_PATHS) and "site-packages/transformers" not in filename
-
-
-# 3.11's comprehension functions: one called at a break broke inside its loop (else it was traced inline), and
-# compiled on its own it would break at every item, a graph each; it runs as it is, as TorchDynamo runs it.
-_COMPREHENSIONS = frozenset(("<listcomp>", "<dictcomp>", "<setcomp>"))
-
-
-def runs_as_it_is(fn: Any) -> bool:
-    """Whether a break calls `fn` as it is (`compiled_callee` gives it back unchanged) whatever its receiver: a C
-    function, a class, or a plain function of the standard library or torch. The entry then calls it itself, not
-    through `call_compiled`, so its caller is the entry, which stands in for the program's frame: `globals()` is
-    the program's, `namedtuple` names the program's module."""
-    if isinstance(fn, (types.BuiltinFunctionType, types.BuiltinMethodType, type)):
-        return True
-    return isinstance(fn, types.FunctionType) and _is_library(fn) and \
-        not fn.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR)
-
-
-def _callee_object(function) -> Any:
-    """The object a break's callee tracker stands for, read without pinning it: a Python function's tracker is
-    guarded by its code (all `runs_as_it_is` reads of it), not by its identity, until the trace depends on that."""
-    fn = getattr(function, "fn", None)
-    return fn if isinstance(fn, types.FunctionType) else function.identity()
-
-
-def compiled_callee(make_dispatcher: Callable, fn: Any) -> tuple[Any, Any]:
-    """(callable, bound receiver or None) to run for `fn` at a break: compiled where kiln can trace it."""
-    receiver = None
-    target = fn
-    if isinstance(fn, types.MethodType) and isinstance(fn.__func__, types.FunctionType):
-        receiver, target = fn.__self__, fn.__func__
-    if isinstance(target, torch.nn.Module):
-        if type(target).__call__ is not torch.nn.Module.__call__ or isinstance(target, torch.nn.RNNBase):
-            return fn, None
-        if _is_library_module(target):
-            if type(target).forward is torch.nn.Sequential.forward:
-                return functools.partial(_call_sequential, make_dispatcher, target), None
-            return fn, None
-    elif not isinstance(target, types.FunctionType) or _is_library(target) or \
-            target.__code__.co_flags & (inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR) or \
-            target.__code__.co_name in _COMPREHENSIONS:
-        return fn, None
-    try:
-        compiled = _callees.setdefault(target, {})
-    except TypeError:  # not weakly referenceable
-        return fn, None
-    dispatcher = compiled.get(make_dispatcher)
-    if dispatcher is not None and isinstance(target, types.FunctionType) and dispatcher.fn is not target and \
-            not _same_function_behaviour(dispatcher.fn, target):
-        dispatcher = None  # either function's code or defaults were reassigned since they were found alike
-    if dispatcher is None:
-        dispatcher = _equivalent_callee(make_dispatcher, target) or make_dispatcher(target)
-        compiled[make_dispatcher] = dispatcher
-    if isinstance(target, types.FunctionType) and target.__code__.co_freevars:
-        return functools.partial(dispatcher.call_function, target), receiver  # with this closure's cells
-    return dispatcher, receiver
-
-
-def _is_library_module(module: torch.nn.Module) -> bool:
-    """A module whose `forward` is torch's own (nn.Linear, nn.ReLU, nn.Sequential, a subclass that keeps it): at a
-    break it runs as it is, as a library function does, and as TorchDynamo runs torch.nn's frames that eager code
-    calls. A user module it holds is still compiled where the library calls it by a rule kiln knows
-    (`_call_sequential`)."""
-    forward = getattr(type(module), "forward", None)
-    return isinstance(forward, types.FunctionType) and _is_library(forward) and "forward" not in module.__dict__
-
-
-def _call_sequential(make_dispatcher: Callable, sequential: torch.nn.Sequential, /, *args: Any, **kwargs: Any) -> Any:
-    """`sequential(input)` at a break, as nn.Module's call and Sequential.forward run it (no hooks: each child
-    in order on the previous one's output), with each child called as a break calls it (`call_compiled`): a
-    user module inside gets its own dispatcher, torch's own modules run as they are. Anything else nn.Module's
-    call would do differently (hooks, a JIT trace, other arguments) calls the Sequential as it is."""
-    from torch.nn.modules import module as module_module
-
-    if len(args) != 1 or kwargs or torch._C._get_tracing_state() or "forward" in sequential.__dict__ or \
-            sequential._forward_pre_hooks or sequential._forward_hooks or sequential._backward_hooks or \
-            sequential._backward_pre_hooks or module_module._global_forward_pre_hooks or \
-            module_module._global_forward_hooks or module_module._global_backward_hooks or \
-            module_module._global_backward_pre_hooks:
-        return sequential(*args, **kwargs)
-    (value,) = args
-    for module in sequential:
-        value = call_compiled(make_dispatcher, module, value)
-    return value
-
-
-# code object -> [(make_dispatcher, dispatcher)]: callees shared by functions that behave the same
-_callees_by_code: "weakref.WeakKeyDictionary[types.CodeType, list]" = weakref.WeakKeyDictionary()
-_SHARED_PER_CODE = 8  # past this many (defaults made anew on each call), each function gets its own
-
-
-def _equivalent_callee(make_dispatcher: Callable, target: Any) -> Any:
-    """The dispatcher of another function that runs exactly as `target` does, else None (and `target`'s, once
-    made, is offered to the next one).
-
-    A lambda or a function defined in the caller is a new object on each call of the caller; compiling each
-    through a dispatcher of its own would trace it again on every call. A function is determined by its
-    code, globals, builtins, defaults and closure cells (its name and attributes are not visible to its own
-    frame), so a dispatcher made for one such function runs any other: a closure's through
-    `Dispatcher.call_function`, whose guards and entries read the cells of the function they are given.
-    """
-    if not isinstance(target, types.FunctionType):
-        return None
-    shared = _callees_by_code.setdefault(target.__code__, [])
-    for maker, dispatcher in shared:
-        if maker is make_dispatcher and _same_function_behaviour(dispatcher.fn, target):
-            return dispatcher
-    if len(shared) < _SHARED_PER_CODE:
-        dispatcher = make_dispatcher(target)
-        shared.append((make_dispatcher, dispatcher))
-        return dispatcher
-    return None
-
-
-def _same_function_behaviour(function: types.FunctionType, other: types.FunctionType) -> bool:
-    """Whether two functions run the same but for their closure cells: same code, globals, builtins, and the
-    same default objects."""
-    if function.__code__ is not other.__code__ or function.__globals__ is not other.__globals__ or \
-            function.__builtins__ is not other.__builtins__ or function.__defaults__ is not other.__defaults__:
-        return False
-    kwdefaults, other_kwdefaults = function.__kwdefaults__, other.__kwdefaults__
-    if kwdefaults is None or other_kwdefaults is None:
-        return kwdefaults is other_kwdefaults
-    return len(kwdefaults) == len(other_kwdefaults) and all(
-        name in other_kwdefaults and other_kwdefaults[name] is value for name, value in kwdefaults.items())
-
-
-def call_compiled(make_dispatcher: Callable, fn: Any, /, *args: Any, **kwargs: Any) -> Any:
-    """Call `fn` as a break does: through a dispatcher if it is Python kiln can trace, else as it is."""
-    target, receiver = compiled_callee(make_dispatcher, fn)
-    if receiver is not None:
-        return target(receiver, *args, **kwargs)
-    return target(*args, **kwargs)
 
 
 def branch_targets(instruction: bytecode.Instruction, index: int, index_of: dict[int, int]) -> tuple[int, int]:
@@ -1058,8 +460,7 @@ def break_tail(frame, make_resume: Callable, call_name: str | None) -> Callable:
     return tail
 
 
-__all__ = ["BreakPoint", "CALL_OPS", "Comprehension", "JUMP_OPS", "break_tail", "can_break_at", "call_compiled", "compiled_callee", "live_locals",
-           "inlined_comprehension", "iterator_parameters", "protected", "resumable", "try_handler", "resume_code", "runs_as_it_is"]
+__all__ = ["BreakPoint", "CALL_OPS", "JUMP_OPS", "break_tail", "can_break_at"]
 
 
 GeneratorVariable.rebuild = staticmethod(reconstruct_generator)

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import kiln
-from kiln.frontend import resume
+from kiln.frontend import break_analysis, break_calls, bytecode
 from kiln.frontend.dispatcher import Dispatcher, stats
 from kiln.frontend.errors import FullgraphError
 
@@ -239,7 +239,7 @@ def through_a_sequential(x, y):
 
 
 def test_a_break_in_a_sequential_compiles_the_user_block_and_runs_torch_modules_as_they_are():
-    """At a break the Sequential runs its children one by one (resume._call_sequential): the user block gets
+    """At a break the Sequential runs its children one by one (break_calls._call_sequential): the user block gets
     its own dispatcher (a graph before and after its break), torch's own Linear and ReLU run as they are (as
     TorchDynamo leaves torch.nn's frames uncompiled): 4 graphs, where compiling Sequential.forward made 6."""
     compiled, graphs = _compile(through_a_sequential)
@@ -673,9 +673,9 @@ def test_live_locals_are_those_read_before_written():
         return b + c
 
     code = fn.__code__
-    instructions = resume.bytecode.decode(code).instructions
+    instructions = bytecode.decode(code).instructions
     call = next(index for index, instruction in enumerate(instructions) if instruction.argval == "getpid")
-    live = resume.live_locals(code, call + 1)
+    live = break_analysis.live_locals(code, call + 1)
     assert live == {"d", "c"}
 
 
@@ -773,23 +773,23 @@ def test_callees_are_shared_only_by_functions_that_run_the_same():
         return types.FunctionType(_breaks_with_a_default.__code__, fn_globals or globals(), "f", defaults)
 
     defaults = (2.0,)
-    first, _ = resume.compiled_callee(make_dispatcher, function(defaults))
-    assert resume.compiled_callee(make_dispatcher, function(defaults))[0] is first
+    first, _ = break_calls.compiled_callee(make_dispatcher, function(defaults))
+    assert break_calls.compiled_callee(make_dispatcher, function(defaults))[0] is first
     for other in (function(tuple([2.0])), function(defaults, dict(globals()))):  # other default objects, globals
-        assert resume.compiled_callee(make_dispatcher, other)[0] is not first
+        assert break_calls.compiled_callee(make_dispatcher, other)[0] is not first
     # closures of one code share a dispatcher, each call made with its own cells
-    first_closure, second_closure = (resume.compiled_callee(make_dispatcher, with_closure(k))[0] for k in (2.0, 3.0))
+    first_closure, second_closure = (break_calls.compiled_callee(make_dispatcher, with_closure(k))[0] for k in (2.0, 3.0))
     assert first_closure.func.__self__ is second_closure.func.__self__
     torch.testing.assert_close(first_closure(torch.ones(2)), with_closure(2.0)(torch.ones(2)))
     torch.testing.assert_close(second_closure(torch.ones(2)), with_closure(3.0)(torch.ones(2)))
     x = torch.randn(3)
     for k in (2.0, 3.0):
         fn = function((k,))
-        torch.testing.assert_close(resume.call_compiled(make_dispatcher, fn, x), fn(x))
+        torch.testing.assert_close(break_calls.call_compiled(make_dispatcher, fn, x), fn(x))
     shared = function(defaults)
-    torch.testing.assert_close(resume.call_compiled(make_dispatcher, shared, x), shared(x))
+    torch.testing.assert_close(break_calls.call_compiled(make_dispatcher, shared, x), shared(x))
     shared.__defaults__ = (5.0,)  # no longer runs as the function whose dispatcher it shared
-    torch.testing.assert_close(resume.call_compiled(make_dispatcher, shared, x), shared(x))
+    torch.testing.assert_close(break_calls.call_compiled(make_dispatcher, shared, x), shared(x))
 
 
 def captured_and_live(x):
@@ -1130,7 +1130,7 @@ def comprehension_with_a_break(x, y):
 
 def test_a_break_in_a_list_comprehension_runs_the_comprehension_whole():
     """3.11 calls the comprehension as a function, and the break runs that call as it is; 3.12 inlines it
-    (PEP 709), and the break runs its span of the code (resume.Comprehension): one break, not one per item."""
+    (PEP 709), and the break runs its span of the code (break_analysis.Comprehension): one break, not one per item."""
     x, y = torch.randn(3), torch.randn(3)
     _check_compiled(comprehension_with_a_break, x, y, max_graphs=2, max_breaks=1)
 
