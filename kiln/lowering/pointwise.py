@@ -350,8 +350,8 @@ def gelu(ctx, node, x, approximate="none"):
             # zeros (erf rounds to -1) are eager's. (Not bit-identical everywhere: on the H200 some elements
             # differ in the last place, from erff's build, 2026-12-01.) It is also the fast form, quicker
             # on the H200 than erfc with a cutoff (see benchmarks/results/2026-12-02_docstring-measurements.md).
-            # A 16-bit result takes erf_for_16bit (kiln/ir/ops.py): 12 instructions on sm_90 where libdevice's
-            # erff takes about 26, and the same 16-bit values.
+            # A 16-bit result takes erf_for_16bit (kiln/ir/ops.py): the same 16-bit values, and a bf16 gelu(x + b)
+            # kernel of 24 sm_90 instructions an element where libdevice's erff made it 38.
             erf = op("erf_for_16bit" if meta.dtype in LOW_PRECISION else "erf", op("mul", v, const(math.sqrt(0.5))))
             return op("mul", op("mul", v, const(0.5)), op("add", const(1.0), erf))
         # x * Phi(x): the same value as 0.5 x (1 + erf(x / sqrt 2)), with no cancellation for x < 0, except
