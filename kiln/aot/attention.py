@@ -13,9 +13,9 @@ reading its values, a trace cannot read them, so it materializes the mask as a b
 an input to a contiguous one costs one small kernel (2 MB for BERT's mask) and lets the trace pick
 the memory-efficient kernel.
 
-Applied to training graphs only, where the saved probabilities cost memory and time: in an
-inference graph kiln fuses the math path's softmax with its neighbours, and which of the two is
-faster there has not been measured.
+`config.dense_attention_inputs` says which calls: training ones by default, where the saved
+probabilities cost memory and time. In an inference graph kiln fuses the math path's softmax with
+its neighbours, and 'all' (inference calls too) is off until a GPU run shows it faster.
 """
 from __future__ import annotations
 
@@ -23,14 +23,21 @@ import contextlib
 
 import torch
 
+from kiln.config import config
+
 _SDPA = {torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
 _TENSOR_ARGUMENTS = ("query", "key", "value", "attn_mask")
 
 
-def make_attention_fusable(gm: torch.fx.GraphModule, devices: frozenset = frozenset({"cuda"})) -> int:
-    """Give every training SDPA call on `devices` inputs whose last dimension has stride 1
-    (a `.contiguous()` copy where it has not). Returns how many inputs it copied. Needs the
-    frontend's example values (meta["example_value"]); a call without them is left alone."""
+def make_attention_fusable(gm: torch.fx.GraphModule, devices: frozenset = frozenset({"cuda"}),
+                           calls: str | None = None) -> int:
+    """Give every SDPA call on `devices` that `calls` selects ('training', 'all' or 'off'; by default
+    `config.dense_attention_inputs`) inputs whose last dimension has stride 1 (a `.contiguous()` copy
+    where it has not). Returns how many inputs it copied. Needs the frontend's example values
+    (meta["example_value"]); a call without them is left alone."""
+    calls = calls or config.dense_attention_inputs
+    if calls == "off":
+        return 0
     copied = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _SDPA:
@@ -40,7 +47,7 @@ def make_attention_fusable(gm: torch.fx.GraphModule, devices: frozenset = frozen
         values = [_example(operand) for operand in operands]
         if values[0] is None or values[0].device.type not in devices:
             continue
-        if not any(value is not None and value.requires_grad for value in values[:3]):
+        if calls == "training" and not any(value is not None and value.requires_grad for value in values[:3]):
             continue  # an inference call
         for position, (name, operand, value) in enumerate(zip(_TENSOR_ARGUMENTS, operands, values)):
             if value is None or value.dim() == 0 or value.stride(-1) == 1 or value.shape[-1] == 1:

@@ -1,4 +1,4 @@
-"""kiln/aot/attention.py: training SDPA calls get inputs whose last dimension has stride 1."""
+"""kiln/aot/attention.py: SDPA calls (training ones by default) get inputs whose last dimension has stride 1."""
 import torch
 import torch.nn.functional as F
 
@@ -46,3 +46,12 @@ def test_inference_calls_and_other_devices_are_left_alone():
     assert make_attention_fusable(gm, devices=frozenset({"cpu"})) == 0
     gm, _ = _traced(requires_grad=True)
     assert make_attention_fusable(gm) == 0  # CPU tensors; the default rewrites CUDA calls only
+
+
+def test_inference_calls_too_when_asked():
+    gm, inputs = _traced(requires_grad=False)
+    expected = gm(*inputs)
+    assert make_attention_fusable(gm, devices=frozenset({"cpu"}), calls="all") == 1
+    torch.testing.assert_close(gm(*inputs), expected, rtol=0, atol=0)
+    gm, _ = _traced(requires_grad=True)
+    assert make_attention_fusable(gm, devices=frozenset({"cpu"}), calls="off") == 0
