@@ -27,3 +27,14 @@ def test_float64s_special_value_is_accepted_where_eagers_differs():
     assert not compare([torch.tensor([1.0, INF])], [eager]).ok
     # where float64's value is finite, eager's NaN must be kept (kiln must not be "more right" silently)
     assert not compare([torch.tensor([1.0, 2.0])], [eager], [torch.tensor([1.0, 2.0], dtype=torch.float64)]).ok
+
+
+def test_a_finite_float64_value_is_accepted_where_eager_overflowed():
+    # float32 sinh(-89): eager's is -inf, float64's -2.2e38 fits float32; kiln's float64 value is accepted
+    reference = torch.sinh(torch.tensor([1.0, -89.0], dtype=torch.float64))
+    eager = torch.tensor([float(reference[0]), -INF])
+    assert compare([reference.float()], [eager], [reference]).ok
+    assert compare([eager.clone()], [eager], [reference]).ok  # eager's inf stays accepted
+    assert not compare([torch.tensor([float(reference[0]), float(reference[1]) * 0.9])], [eager], [reference]).ok  # finite but not float64's
+    assert not compare([torch.tensor([float(reference[0]), INF])], [eager], [reference]).ok  # the other inf
+    assert not compare([reference.float()], [eager]).ok  # without a reference: eager's inf only
