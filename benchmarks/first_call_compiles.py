@@ -1,0 +1,77 @@
+"""Where a cold first call's seconds go on the GPU: Triton compiles ahead (threads) or at launch, and kiln's stages.
+
+    python -m benchmarks.first_call_compiles --only bert [--profile 25]
+
+For each model (TARGETS.md config, bf16 autocast inference), in this process with empty kiln and Triton caches:
+kiln.compile's first call is timed, every Triton compile is recorded through Triton's post-compile hook
+(`knobs.runtime.jit_post_compile_hook`: kernel, warmup or launch, thread, seconds since the call began), and the
+call's main thread runs under cProfile. Compiles "ahead" are kiln's parallel compile (kiln/runtime/launch.py
+compile_ahead, Triton's warmup on worker threads); compiles "at launch" are kernels the first launch did not find
+in Triton's cache: each one compiled twice, or one compile_ahead skipped, serially on the call's thread.
+Prints a summary and the profile's top entries by cumulative time.
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import tempfile
+import threading
+import time
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.first_call_compiles", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", default="bert")
+    parser.add_argument("--profile", type=int, default=25, help="profile entries to print (0: none)")
+    args = parser.parse_args(argv)
+    cache = tempfile.mkdtemp(prefix="kiln_first_call_")
+    os.environ["KILN_CACHE_DIR"] = os.path.join(cache, "kiln")
+    os.environ["TRITON_CACHE_DIR"] = os.path.join(cache, "triton")
+
+    import torch
+    from triton import knobs
+
+    import kiln
+    from benchmarks import workloads
+
+    compiles: list = []
+    started = [0.0]
+
+    def post_compile(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
+        compiles.append((fn.name, "ahead" if is_manual_warmup else "at launch",
+                         threading.current_thread() is threading.main_thread(), time.perf_counter() - started[0]))
+
+    knobs.runtime.jit_post_compile_hook = post_compile
+    for name in args.only.split(","):
+        workload = getattr(workloads, name)(False, "cuda")
+        model = workload.program.eval()
+        compiled = kiln.compile(model)
+        compiles.clear()
+        profile = cProfile.Profile()
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            torch.cuda.synchronize()
+            started[0] = time.perf_counter()
+            profile.enable()
+            compiled(*workload.infer_args, **workload.infer_kwargs)
+            torch.cuda.synchronize()
+            profile.disable()
+            seconds = time.perf_counter() - started[0]
+        ahead = [c for c in compiles if c[1] == "ahead"]
+        at_launch = [c for c in compiles if c[1] == "at launch"]
+        print(f"== {name}: first call {seconds:.2f} s; Triton compiles: {len(ahead)} ahead "
+              f"(done by {max((c[3] for c in ahead), default=0):.2f} s), {len(at_launch)} at launch "
+              f"({sum(1 for c in at_launch if c[0] in {a[0] for a in ahead})} of them compiled ahead too)")
+        for kernel, kind, main_thread, at in at_launch[:10]:
+            print(f"   at launch: {kernel} at {at:.2f} s")
+        if args.profile:
+            text = io.StringIO()
+            pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(args.profile)
+            print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000])
+
+
+if __name__ == "__main__":
+    main()
