@@ -505,7 +505,8 @@ def test_autocast_dtype_changes():
         with torch.autocast("cpu", dtype=dtype or torch.bfloat16, enabled=dtype is not None):
             expected, actual = program(x, w), compiled(x, w)
         assert actual.dtype == expected.dtype, dtype
-        assert torch.equal(actual, expected), dtype
+        # kiln's fp32 CPU product is oneDNN's and eager's MKL's: equal on some CPUs, an ulp apart on AMD EPYC
+        assert kiln.testing.compare(actual, expected, program(x.double(), w.double())), dtype
 
 
 def test_deterministic_and_matmul_precision_flags():
