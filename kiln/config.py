@@ -121,9 +121,10 @@ OPTIONS = [
     Option("conv_layout_training", bool, False, "training graphs' 2-D convolutions take channels-last operands too, "
            "where conv_layout says so (kiln/aot/layouts.py channels_last_training_convs: before AOTAutograd's joint "
            "trace); off: on the H200 at 3786325 it made ResNet-50 training slower, 29.70 ms a step against 24.11"),
-    Option("dense_attention_inputs", str, "training", "which CUDA SDPA calls get their strided inputs (a broadcast "
+    Option("dense_attention_inputs", str, "all", "which CUDA SDPA calls get their strided inputs (a broadcast "
            "attention mask) copied dense before tracing, so the trace picks a fused attention kernel over the math "
-           "path (kiln/aot/attention.py): 'training' (calls with a gradient), 'all' (inference calls too), 'off'",
+           "path, which upcasts 16-bit operands to float32 (kiln/aot/attention.py): 'all', 'training' (calls with "
+           "a gradient), 'off'",
            normalize=_one_of("training", "all", "off")),
     Option("ddp_split", bool, True, "a graph traced inside DistributedDataParallel's forward is compiled as one piece "
            "per gradient bucket, so each bucket's all-reduce overlaps the rest of the backward (kiln/frontend/ddp.py); "

@@ -10,8 +10,8 @@ fake metas get eager's strides where torch's meta kernels, functionalization's r
 in-place writes or a composite op's decomposition disagree with eager's (kiln/aot/strides.py).
 A training graph's joint forward and backward are split by `config.partitioner`: which forward
 values the backward reads from memory and which it recomputes (kiln/_torch.py partition_function).
-Before tracing, a training graph's CUDA attention calls (an inference graph's too under
-`config.dense_attention_inputs='all'`) get inputs that the fused SDPA kernels accept (kiln/aot/attention.py). An inference graph's 2-D convolutions are then laid out
+Before tracing, CUDA attention calls get inputs that the fused SDPA kernels accept
+(kiln/aot/attention.py, `config.dense_attention_inputs`). An inference graph's 2-D convolutions are then laid out
 channels-last where `config.conv_layout` says so (kiln/aot/layouts.py), and its duplicate nodes (autocast's
 casts of one tensor for several products) are merged (kiln/aot/cse.py): AOTAutograd's partitioner does
 that for a training graph's joint trace, nothing does it for an inference graph.

@@ -41,17 +41,17 @@ def test_training_call_gets_a_dense_mask_and_the_same_values():
     torch.testing.assert_close(gm(*inputs), expected, rtol=0, atol=0)
 
 
-def test_inference_calls_and_other_devices_are_left_alone():
+def test_inference_calls_are_left_alone_under_training_and_other_devices_always():
     gm, _ = _traced(requires_grad=False)
-    assert make_attention_fusable(gm, devices=frozenset({"cpu"})) == 0
+    assert make_attention_fusable(gm, devices=frozenset({"cpu"}), calls="training") == 0
     gm, _ = _traced(requires_grad=True)
     assert make_attention_fusable(gm) == 0  # CPU tensors; the default rewrites CUDA calls only
 
 
-def test_inference_calls_too_when_asked():
+def test_inference_calls_too_by_default():
     gm, inputs = _traced(requires_grad=False)
     expected = gm(*inputs)
-    assert make_attention_fusable(gm, devices=frozenset({"cpu"}), calls="all") == 1
+    assert make_attention_fusable(gm, devices=frozenset({"cpu"})) == 1  # config.dense_attention_inputs='all'
     torch.testing.assert_close(gm(*inputs), expected, rtol=0, atol=0)
     gm, _ = _traced(requires_grad=True)
     assert make_attention_fusable(gm, devices=frozenset({"cpu"}), calls="off") == 0
