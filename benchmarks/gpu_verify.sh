@@ -24,6 +24,8 @@
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh final     # all of it in one call, eager and kiln only (below)
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh close1; ... close2   # the same in two calls (below)
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh close     # smoke, capture, install, six models, kernels: one call
+#                                                                 # (~350 s with MODELS_BUDGET=230 KERNELS_BUDGET=60;
+#                                                                 # FIRST_CALL=1 adds BERT's cold first call, ~35 s)
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_verify.sh session1; ... session2; ... session3   # the end-of-session
 #                                                                 # check in three calls, torch.compile's training
 #                                                                 # in them (below)
@@ -250,6 +252,10 @@ close)
     "$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,kiln \
         --only "${CLOSE_KERNELS:-copy,gelu_bias,layer_norm,softmax,rmsnorm_silu_gate,lm_head}" \
         --budget "${KERNELS_BUDGET:-110}" --timeout 35 --label "kernels-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^| "
+    if [ "${FIRST_CALL:-0}" = 1 ]; then  # BERT's cold first call: Triton compiles ahead / at launch, profile (~35 s)
+        timeout 60 "$PYTHON" -m benchmarks.first_call_compiles --only bert --profile 12 2>&1 | grep -v "Warn" \
+            | cut -c1-160 | head -30
+    fi
     rm -f "$OUT_DIR"/*.log
     ;;
 install)
