@@ -4,7 +4,7 @@
 
 For each model (TARGETS.md config, bf16 autocast inference), in this process with empty kiln and Triton caches:
 kiln.compile's first call is timed, every Triton compile is recorded through Triton's post-compile hook
-(`knobs.runtime.jit_post_compile_hook`: kernel, warmup or launch, thread, seconds since the call began), and the
+(`knobs.runtime.jit_post_compile_hook`: kernel, warmup or launch, seconds since the call began), and the
 call's main thread runs under cProfile. Compiles "ahead" are kiln's parallel compile (kiln/runtime/launch.py
 compile_ahead, Triton's warmup on worker threads); compiles "at launch" are kernels the first launch did not find
 in Triton's cache: each one compiled twice, or one compile_ahead skipped, serially on the call's thread.
@@ -18,7 +18,6 @@ import io
 import os
 import pstats
 import tempfile
-import threading
 import time
 
 
@@ -42,8 +41,7 @@ def main(argv: list[str] | None = None) -> None:
     started = [0.0]
 
     def post_compile(*, key, repr, fn, compile, is_manual_warmup, already_compiled):
-        compiles.append((fn.name, "ahead" if is_manual_warmup else "at launch",
-                         threading.current_thread() is threading.main_thread(), time.perf_counter() - started[0]))
+        compiles.append((fn.name, "ahead" if is_manual_warmup else "at launch", time.perf_counter() - started[0]))
 
     knobs.runtime.jit_post_compile_hook = post_compile
     for name in args.only.split(","):
@@ -63,9 +61,9 @@ def main(argv: list[str] | None = None) -> None:
         ahead = [c for c in compiles if c[1] == "ahead"]
         at_launch = [c for c in compiles if c[1] == "at launch"]
         print(f"== {name}: first call {seconds:.2f} s; Triton compiles: {len(ahead)} ahead "
-              f"(done by {max((c[3] for c in ahead), default=0):.2f} s), {len(at_launch)} at launch "
+              f"(done by {max((c[2] for c in ahead), default=0):.2f} s), {len(at_launch)} at launch "
               f"({sum(1 for c in at_launch if c[0] in {a[0] for a in ahead})} of them compiled ahead too)")
-        for kernel, kind, main_thread, at in at_launch[:10]:
+        for kernel, _, at in at_launch[:10]:
             print(f"   at launch: {kernel} at {at:.2f} s")
         if args.profile:
             text = io.StringIO()

@@ -7,9 +7,9 @@ exact where kiln rounds once differently). Both the 2-norm and the max-norm of t
 error are checked, so one wrong element in a large tensor is not averaged away.
 Integer and bool results must equal eager's exactly; NaN and inf must sit where
 eager's are, except where both eager and float64 give a special value and kiln gives float64's, and
-where eager overflowed to inf at a value float64 holds finite (sinh(89.0) in float32: eager's
-intermediate rounding overflows just above the dtype's largest value) and kiln gives that value to
-within the ulp floor.
+where eager overflowed to inf at a value float64 holds finite and kiln gives that value to within
+the ulp floor (float32 sinh(-89) and cosh(-89) on this project's AMD EPYC CPU: inf from eager's
+vectorized kernel over 48 elements, -2.2448e38 and 2.2448e38 from its scalar path and from float64).
 """
 from __future__ import annotations
 

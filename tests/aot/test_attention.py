@@ -1,4 +1,4 @@
-"""kiln/aot/attention.py: SDPA calls (training ones by default) get inputs whose last dimension has stride 1."""
+"""kiln/aot/attention.py: SDPA calls (config.dense_attention_inputs: all by default) get inputs whose last dimension has stride 1."""
 import torch
 import torch.nn.functional as F
 
