@@ -189,3 +189,22 @@ def jit_for_device(function, device_type: str):
 
 def is_interpreted(kernel) -> bool:
     return isinstance(kernel, _interpreter.InterpretedFunction)
+
+
+def async_compiled(mode) -> list:
+    """The kernels an exited `AsyncCompileMode` compiled, as Triton's CompiledKernels (those whose
+    compile raised are left out)."""
+    kernels = [future.kernel for future in mode.future_kernels.values() if future.kernel is not None]
+    return [kernel for kernel in kernels if hasattr(kernel, "_init_handles")]
+
+
+def load_compiled(kernel, device: int) -> None:
+    """Build a CompiledKernel's launcher and load its binary on `device` now, as Triton does at the
+    kernel's first launch (`_init_handles`: a C compiler run for the launcher unless Triton's cache has
+    it, then the module load), for a thread other than the launching one. A failure is left for the
+    first launch, which tries again and raises it."""
+    try:
+        with torch.cuda.device(device):
+            kernel._init_handles()
+    except Exception:
+        pass

@@ -6,7 +6,9 @@ compiled launcher), not Triton's.
 """
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 
 import pytest
 import torch
@@ -201,8 +203,9 @@ class _AsyncKernel:
     """Stands in for a JITFunction's warmup under Triton's AsyncCompileMode: submits its compile to the
     mode's executor and stores the result in its own cache when the mode finalizes it."""
 
-    def __init__(self, fail: bool = False):
+    def __init__(self, fail: bool = False, compiled=None):
         self.cache, self.threads, self.calls, self.fail = {}, set(), [], fail
+        self.compiled = "binary" if compiled is None else compiled
 
     def warmup(self, *args, grid, **options):
         import threading
@@ -218,7 +221,7 @@ class _AsyncKernel:
             self.threads.add(threading.get_ident())
             if self.fail:
                 raise RuntimeError("ptxas failed")
-            return "binary"
+            return self.compiled
 
         return active_mode.get().submit(key, compile_kernel, lambda binary: self.cache.__setitem__(key, binary))
 
@@ -237,6 +240,41 @@ def test_compile_ahead_compiles_every_kernel_on_several_threads_before_returning
     args, options = kernels[0].calls[0]
     assert args == (torch.float32, torch.bfloat16, 4096, 1)  # pointers as dtypes (warmup mocks them), ints
     assert options == {"XBLOCK": 1024, "num_warps": 4, "enable_fp_fusion": False}  # the launch's options
+
+
+class _CompiledKernel:
+    """Stands in for Triton's CompiledKernel: `_init_handles` builds the launcher and loads the binary."""
+
+    device = threading.local()  # the device a torch.cuda.device block made current on this thread
+
+    def __init__(self, fail: bool = False):
+        self.loads, self.fail = [], fail
+
+    def _init_handles(self):
+        self.loads.append((threading.get_ident(), getattr(self.device, "index", None)))
+        if self.fail:
+            raise RuntimeError("out of resources: shared memory")
+
+
+def test_compile_ahead_loads_each_compiled_kernel_on_the_pool_threads_on_the_callers_device(monkeypatch):
+    from kiln.runtime.launch import compile_ahead
+
+    @contextlib.contextmanager
+    def cuda_device(index):
+        _CompiledKernel.device.index = index
+        yield
+        _CompiledKernel.device.index = None
+
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    monkeypatch.setattr(torch.cuda, "device", cuda_device)
+    compiled = [_CompiledKernel() for _ in range(5)] + [_CompiledKernel(fail=True)]
+    kernels = [_AsyncKernel(compiled=binary) for binary in compiled] + [_AsyncKernel(fail=True)]
+    jobs = [(kernel, [torch.float32], [16], {"XBLOCK": 16}, {"num_warps": 2}) for kernel in kernels]
+    assert compile_ahead(jobs, workers=4) == 7  # the failing load is left for the first launch to raise
+    assert all(len(binary.loads) == 1 for binary in compiled)
+    threads = {thread for binary in compiled for thread, _ in binary.loads}
+    assert threading.get_ident() not in threads
+    assert {device for binary in compiled for _, device in binary.loads} == {3}  # the caller's current device
 
 
 def test_the_loader_compiles_static_cuda_kernels_ahead_once_each(monkeypatch):
