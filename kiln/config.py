@@ -126,6 +126,9 @@ OPTIONS = [
            "path, which upcasts 16-bit operands to float32 (kiln/aot/attention.py): 'all', 'training' (calls with "
            "a gradient), 'off'",
            normalize=_one_of("training", "all", "off")),
+    Option("causal_attention_masks", bool, True, "an SDPA mask that depends on no input and is exactly the causal "
+           "pattern (or masks nothing) is dropped at compile time, the call made is_causal=True, so flash attention "
+           "can run (kiln/aot/attention.py causal_masks)"),
     Option("ddp_split", bool, True, "a graph traced inside DistributedDataParallel's forward is compiled as one piece "
            "per gradient bucket, so each bucket's all-reduce overlaps the rest of the backward (kiln/frontend/ddp.py); "
            "off: one graph, whose gradients are all ready at the end of its backward"),

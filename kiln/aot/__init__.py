@@ -10,8 +10,8 @@ fake metas get eager's strides where torch's meta kernels, functionalization's r
 in-place writes or a composite op's decomposition disagree with eager's (kiln/aot/strides.py).
 A training graph's joint forward and backward are split by `config.partitioner`: which forward
 values the backward reads from memory and which it recomputes (kiln/_torch.py partition_function).
-Before tracing, CUDA attention calls get inputs that the fused SDPA kernels accept
-(kiln/aot/attention.py, `config.dense_attention_inputs`). An inference graph's 2-D convolutions are then laid out
+Before tracing, CUDA attention calls lose masks that are constant causal patterns (`config.causal_attention_masks`)
+and get inputs that the fused SDPA kernels accept (kiln/aot/attention.py, `config.dense_attention_inputs`). An inference graph's 2-D convolutions are then laid out
 channels-last where `config.conv_layout` says so (kiln/aot/layouts.py), and its duplicate nodes (autocast's
 casts of one tensor for several products) are merged (kiln/aot/cse.py): AOTAutograd's partitioner does
 that for a training graph's joint trace, nothing does it for an inference graph.
@@ -23,7 +23,7 @@ from typing import Callable
 
 from kiln import _torch
 from kiln.config import config
-from kiln.aot.attention import make_attention_fusable
+from kiln.aot.attention import causal_masks, make_attention_fusable
 from kiln.aot.cse import merge_duplicates
 from kiln.aot.decompositions import decomposition_table
 from kiln.aot.layouts import channels_last_training_convs, choose_conv_layouts
@@ -37,6 +37,7 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
 
     expand_writes_as_views(gm)  # a write through an expand that broadcasts nothing is a plain view's write
     keep_written_layouts(gm)  # in-place writes keep the written tensor's layout in the trace too
+    causal_masks(gm)  # constant causal masks become is_causal=True (config.causal_attention_masks)
     make_attention_fusable(gm)  # SDPA calls (config.dense_attention_inputs) get inputs the fused kernels accept
     channels_last_training_convs(gm)  # config.conv_layout_training: NHWC through the joint trace
     facts = tag_torch_graph(gm)  # before tracing: the ATen nodes inherit the tags

@@ -17,10 +17,20 @@ Inference calls too: torch's math path upcasts 16-bit queries, keys and values t
 two products run in float32 and its scores and probabilities are float32 (BERT-base at 8 x 512:
 96 x 512 x 512 of each per layer), where kiln could only fuse the softmax between the products.
 `config.dense_attention_inputs` chooses: 'all' (the default), 'training', or 'off'.
+
+A mask that depends on no input is a constant of the graph's shapes. Hugging Face models build the
+causal mask from two aranges when the library cannot tell it may skip the mask (transformers 5.17
+under a compiler: `le(arange(S)[None, None, None, :], arange(L)[None, None, :, None])`, expanded
+over the batch). With a mask, torch can at best pick the memory-efficient kernel with a bias, which
+reads the mask and computes every block; `is_causal=True` lets it pick flash attention, which skips
+the blocks above the diagonal. `causal_masks(gm)` evaluates each such mask once at compile time and,
+where it is exactly torch's `is_causal` pattern (the lower triangle of an L x S matrix of ones) or
+masks nothing, drops it (`config.causal_attention_masks`).
 """
 from __future__ import annotations
 
 import contextlib
+import operator
 
 import torch
 
@@ -74,3 +84,137 @@ def _example(operand):
         value = operand.meta.get("example_value")
         return value if isinstance(value, torch.Tensor) else None
     return None
+
+
+_RANDOM_NAMES = ("rand", "bernoulli", "dropout", "normal", "multinomial", "uniform", "exponential", "poisson",
+                 "cauchy", "geometric", "empty")
+_MAX_MASK_ELEMENTS = 1 << 26
+
+
+def causal_masks(gm: torch.fx.GraphModule) -> int:
+    """Drop every SDPA mask that depends on no graph input and is exactly torch's causal pattern (then
+    the call gets `is_causal=True`) or masks nothing. Returns how many masks it dropped. A mask is
+    folded only when every node it depends on is a deterministic function call with a static-shaped
+    example value that no in-place write touched (its version counter is 0)."""
+    if not config.causal_attention_masks:
+        return 0
+    folded: dict = {}  # mask node -> its value, or None where it cannot be folded
+    dropped = 0
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target not in _SDPA:
+            continue
+        arguments = _bind_sdpa(node)
+        query, key, mask = (_example(arguments.get(name)) for name in ("query", "key", "attn_mask"))
+        if query is None or key is None or mask is None or arguments.get("is_causal", False) is not False:
+            continue
+        if arguments["attn_mask"] not in folded:
+            folded[arguments["attn_mask"]] = _fold(gm, arguments["attn_mask"])
+        value = folded[arguments["attn_mask"]]
+        pattern = None if value is None else _mask_pattern(value, query.shape[-2], key.shape[-2])
+        if pattern is None:
+            continue
+        rest = {name: item for name, item in arguments.items() if name not in ("query", "key", "value")}
+        rest.update(attn_mask=None, is_causal=pattern == "causal")
+        node.args = (arguments["query"], arguments["key"], arguments["value"])
+        node.kwargs = rest
+        dropped += 1
+    if dropped:
+        for mask in folded:  # the masks' own nodes, now unused (every one of them is a pure call)
+            _erase_unused(gm, mask)
+        gm.recompile()
+    return dropped
+
+
+def _bind_sdpa(node) -> dict:
+    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal")
+    arguments = dict(zip(names, node.args))
+    arguments.update(node.kwargs)
+    return arguments
+
+
+def _fold(gm, mask):
+    """The value of `mask` computed now, or None unless it is a constant of the graph (see causal_masks)."""
+    needed, stack = set(), [mask]
+    while stack:
+        node = stack.pop()
+        if node in needed:
+            continue
+        example = node.meta.get("example_value")
+        if (node.op not in ("call_function", "call_method") or not isinstance(example, torch.Tensor)
+                or _is_random(node) or example._version != 0 or example.numel() > _MAX_MASK_ELEMENTS
+                or not all(isinstance(size, int) for size in (*example.shape, *example.stride()))):
+            return None
+        if not all(isinstance(item, _CONSTANTS) for item in _leaves((node.args, node.kwargs))):
+            return None
+        needed.add(node)
+        stack.extend(node.all_input_nodes)
+    values: dict = {}
+    try:
+        with torch.no_grad():
+            for node in gm.graph.nodes:
+                if node not in needed:
+                    continue
+                args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
+                if node.op == "call_method":
+                    value = getattr(args[0], node.target)(*args[1:], **kwargs)
+                else:
+                    value = node.target(*args, **kwargs)
+                example = node.meta["example_value"]
+                if (not isinstance(value, torch.Tensor) or value.shape != example.shape
+                        or value.dtype != example.dtype or value.device != example.device):
+                    return None
+                values[node] = value
+    except Exception:  # a call that cannot run outside the trace: leave the mask alone
+        return None
+    return values[mask]
+
+
+_CONSTANTS = (int, float, bool, type(None), slice, torch.device, torch.dtype, str, torch.fx.Node)
+
+
+def _is_random(node) -> bool:
+    """Whether the node's call may draw random numbers or read uninitialized memory (judged by its name)."""
+    name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
+    return node.target is not operator.getitem and any(word in name.lower() for word in _RANDOM_NAMES)
+
+
+def _leaves(tree):
+    if isinstance(tree, (tuple, list)):
+        for item in tree:
+            yield from _leaves(item)
+    elif isinstance(tree, dict):
+        for item in tree.values():
+            yield from _leaves(item)
+    else:
+        yield tree
+
+
+def _mask_pattern(mask: torch.Tensor, queries: int, keys: int) -> str | None:
+    """'causal' where `mask` is torch's is_causal pattern for `queries` x `keys` scores, 'none' where it
+    masks nothing, else None. A float mask is 0 where attention is kept and -inf (or the dtype's lowest
+    finite value, which softmax turns into the same 0) where it is not."""
+    if mask.dim() < 2 or mask.shape[-2] not in (1, queries) or mask.shape[-1] not in (1, keys):
+        return None
+    if mask.dtype == torch.bool:
+        kept = mask
+    elif mask.is_floating_point():
+        if not bool(((mask == 0) | (mask <= torch.finfo(mask.dtype).min)).all()):
+            return None
+        kept = mask == 0
+    else:
+        return None
+    if bool(kept.all()):
+        return "none"
+    causal = torch.ones(queries, keys, dtype=torch.bool, device=mask.device).tril()
+    if kept.shape[-2:] == causal.shape and bool((kept == causal).all()):
+        return "causal"
+    return None
+
+
+def _erase_unused(gm, node) -> None:
+    if not isinstance(node, torch.fx.Node) or node.users or node.graph is not gm.graph:
+        return
+    inputs = node.all_input_nodes
+    gm.graph.erase_node(node)
+    for item in inputs:
+        _erase_unused(gm, item)

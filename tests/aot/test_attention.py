@@ -1,8 +1,13 @@
-"""kiln/aot/attention.py: SDPA calls (config.dense_attention_inputs: all by default) get inputs whose last dimension has stride 1."""
+"""kiln/aot/attention.py: SDPA calls (config.dense_attention_inputs: all by default) get inputs whose last dimension has
+stride 1; constant causal masks become is_causal=True (config.causal_attention_masks)."""
+import pytest
 import torch
 import torch.nn.functional as F
 
-from kiln.aot.attention import make_attention_fusable
+import kiln
+
+from kiln.aot.attention import causal_masks, make_attention_fusable
+from kiln.config import config
 
 
 def _attention(q, k, v, padding):
@@ -55,3 +60,78 @@ def test_inference_calls_too_by_default():
     torch.testing.assert_close(gm(*inputs), expected, rtol=0, atol=0)
     gm, _ = _traced(requires_grad=True)
     assert make_attention_fusable(gm, devices=frozenset({"cpu"}), calls="off") == 0
+
+
+def _masked(q, k, v, mask):
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
+def _built_mask(kind: str, queries: int, keys: int, batch: int):
+    """Masks built inside the graph from no input, as Hugging Face's sdpa_mask builds them."""
+    rows, columns = (torch.arange(queries), torch.arange(keys)) if kind in ("causal", "float", "lowest", "offset") else (0, 0)
+    if kind == "causal":  # transformers 5.17 under a compiler
+        return (columns[None, None, None, :] <= rows[None, None, :, None]).expand(batch, -1, queries, keys)
+    if kind == "float":
+        keep = columns[None, :] <= rows[:, None]
+        return torch.zeros(queries, keys).masked_fill(~keep, float("-inf"))
+    if kind == "lowest":
+        keep = columns[None, :] <= rows[:, None]
+        return torch.where(keep, 0.0, torch.finfo(torch.float32).min)
+    if kind == "offset":  # a decode step: lower-right aligned, not torch's is_causal
+        return columns[None, :] <= rows[:, None] + (keys - queries)
+    if kind == "ones":
+        return torch.ones(batch, 1, queries, keys, dtype=torch.bool)
+    if kind == "random":
+        return torch.rand(queries, keys) < 2.0  # all True, but drawn: never folded
+    if kind == "written":
+        mask = torch.ones(queries, keys, dtype=torch.bool).tril()
+        mask[0, keys - 1] = True  # an in-place write after the causal pattern
+        return mask
+    raise ValueError(kind)
+
+
+def _trace_with_shapes(kind: str, queries: int = 8, keys: int = 8):
+    """kiln's frontend captures the graph (constants become calls in it, example values in its metas)."""
+    torch.manual_seed(0)
+    q = torch.randn(2, 3, queries, 4)
+    k, v = torch.randn(2, 3, keys, 4), torch.randn(2, 3, keys, 4)
+    graphs = []
+
+    def keep(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    kiln.compile(lambda q, k, v: _masked(q, k, v, _built_mask(kind, q.shape[2], k.shape[2], q.shape[0])),
+                 backend=keep, fullgraph=True)(q, k, v)
+    (gm,) = graphs
+    return gm, [item for item in (q, k, v)]
+
+
+def _sdpa_node(gm):
+    return next(n for n in gm.graph.nodes if n.target is F.scaled_dot_product_attention)
+
+
+@pytest.mark.parametrize("kind, expected", [("causal", True), ("float", True), ("lowest", True), ("ones", False)])
+def test_constant_masks_become_is_causal_or_go(kind, expected):
+    gm, inputs = _trace_with_shapes(kind)
+    reference = gm(*inputs)
+    assert causal_masks(gm) == 1
+    sdpa = _sdpa_node(gm)
+    assert sdpa.kwargs["attn_mask"] is None and sdpa.kwargs["is_causal"] is expected
+    assert [n.op for n in gm.graph.nodes] == ["placeholder"] * 3 + ["call_function", "output"]  # the mask's nodes go
+    torch.testing.assert_close(gm(*inputs), reference)
+
+
+@pytest.mark.parametrize("kind", ["offset", "random", "written"])
+def test_other_constant_masks_stay(kind):
+    gm, inputs = _trace_with_shapes(kind, queries=4 if kind == "offset" else 8)
+    assert causal_masks(gm) == 0
+    assert _sdpa_node(gm).kwargs["attn_mask"] is not None
+
+
+def test_a_mask_from_an_input_stays_and_the_option_turns_folding_off():
+    gm, _ = _traced(requires_grad=False)
+    assert causal_masks(gm) == 0
+    gm, _ = _trace_with_shapes("causal")
+    with config.patch(causal_attention_masks=False):
+        assert causal_masks(gm) == 0
