@@ -28,6 +28,7 @@ import torch
 import triton
 from triton.language.extra.cuda import libdevice
 from triton.runtime import interpreter as _interpreter
+from triton.runtime._async_compile import AsyncCompileMode
 
 
 # libdevice symbol (without `__nv_`) -> its numpy implementation. kiln/ir/ops.py's LIBDEVICE_INTERPRETER,
@@ -208,3 +209,50 @@ def load_compiled(kernel, device: int) -> None:
             kernel._init_handles()
     except Exception:
         pass
+
+
+def compile_job(compile_fn) -> dict | None:
+    """What a compile worker process (kiln/runtime/compile_worker_main.py) needs to run the compile that
+    Triton's JIT hands an AsyncCompileMode as `compile_fn` (Triton 3.6: a closure over `src`, `target`,
+    `options` and `env_vars`, calling `triton.compile`), as picklable values; None where it is not that
+    closure or a value does not pickle. The kernel's text is its module's, from `linecache` (kiln's
+    loader registers it under the module's cache path)."""
+    import linecache
+    import pickle
+
+    try:
+        cells = dict(zip(compile_fn.__code__.co_freevars, (cell.cell_contents for cell in compile_fn.__closure__)))
+        source, function = cells["src"], cells["src"].fn.fn
+        path = function.__code__.co_filename
+        text = "".join(linecache.cache[path][2])
+        job = {"path": path, "text": text, "module": function.__module__, "function": function.__name__,
+               "signature": source.signature, "constants": source.constants, "attrs": source.attrs,
+               "target": cells["target"], "options": dict(cells["options"].__dict__), "env_vars": cells["env_vars"]}
+        pickle.dumps(job)
+    except Exception:
+        return None
+    return job
+
+
+class WorkerCompileMode(AsyncCompileMode):
+    """Triton's AsyncCompileMode whose compiles first run in a worker process (`compile_in_worker(job)`,
+    kiln/runtime/compile_workers.py), which fills Triton's cache; the compile itself, on the executor's
+    thread, then finds the kernel there. Where the worker fails, the thread compiles as before."""
+
+    def __init__(self, executor, compile_in_worker, **options):
+        super().__init__(executor, **options)
+        self._compile_in_worker = compile_in_worker
+
+    def submit(self, key, compile_fn, finalize_fn):
+        job = compile_job(compile_fn) if key not in self.future_kernels else None
+        if job is not None:
+            compile_here = compile_fn
+
+            def compile_fn():
+                try:
+                    self._compile_in_worker(job)
+                except Exception:
+                    pass
+                return compile_here()
+
+        return super().submit(key, compile_fn, finalize_fn)

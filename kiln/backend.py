@@ -113,6 +113,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str |
 
 def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str, fullgraph: bool) -> Callable:
     from kiln.aot import aot_compile, plain
+    from kiln.runtime import compile_workers
 
     try:
         _check_supported_inputs(example_inputs)
@@ -121,6 +122,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str, fu
             warm = _load_plain_inference(plain_key, gm, example_inputs, mode, fullgraph)
             if warm is not None:
                 return warm
+        if any(isinstance(value, torch.Tensor) and value.is_cuda for value in example_inputs):
+            compile_workers.prestart()  # Triton's compile processes start while the graph is traced and lowered
         compile_aten = functools.partial(compile_aten_graph, mode=mode, fullgraph=fullgraph)
         token = _compiled_graphs.set([])
         try:

@@ -108,6 +108,9 @@ OPTIONS = [
                                             "* tensor; kiln/lowering/patterns.py) is applied by oneDNN as it "
                                             "stores the product"),
     Option("compile_workers", int, 0, "kernels compiled at once (0: one per CPU core)"),
+    Option("compile_processes", bool, True, "compile_ahead's threads have worker processes compile each CUDA "
+           "kernel into Triton's cache first, past the GIL (kiln/runtime/compile_workers.py); off: the threads "
+           "compile in this process"),
     Option("progress_after_s", float, 5.0, "a compile step running longer than this reports how many kernels are "
            "done, of how many (on kiln's logger); negative: never"),
     Option("progress_every_s", float, 5.0, "... and again at most this often"),

@@ -198,20 +198,24 @@ def compile_ahead(jobs: list, workers: int) -> int:
     Then, on the same threads, each compiled kernel's launcher is built and its binary loaded on the
     current device, which Triton does at the first launch, one kernel after another on the launching
     thread: building a launcher runs a C compiler (0.26 s each), 4.2 s of BERT-base's 12.7 s cold first
-    call on an H100 at 21cb104 (benchmarks/first_call_compiles.py)."""
+    call on an H100 at 21cb104 (benchmarks/first_call_compiles.py).
+
+    With `config.compile_processes`, each thread has a worker process compile its kernel into Triton's
+    cache first (kiln/runtime/compile_workers.py): Triton's compile holds the GIL for much of its work."""
     import functools
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     import torch
-    from triton.runtime._async_compile import AsyncCompileMode
-
     from kiln import _triton
+    from kiln.runtime import compile_workers
     from kiln.runtime.progress import Progress
 
     if not jobs:
         return 0
+    processes = compile_workers.workers()
+    in_worker = processes.compile if processes is not None else (lambda job: False)
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as executor:
-        with AsyncCompileMode(executor, ignore_errors=True) as mode:
+        with _triton.WorkerCompileMode(executor, in_worker, ignore_errors=True) as mode:
             for kernel, pointer_dtypes, ints, constexprs, options in jobs:
                 try:
                     kernel.warmup(*pointer_dtypes, *ints, grid=(1,), **constexprs, **options, **COMPILE_OPTIONS)

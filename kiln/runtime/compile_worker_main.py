@@ -1,0 +1,56 @@
+"""A compile worker process: Triton compiles sent to it, one at a time, into Triton's on-disk cache.
+
+Run by kiln/runtime/compile_workers.py as `python -P <this file>`, not imported: it needs only the
+standard library and Triton (a kernel's source imports nothing else), so it starts in well under a
+second and never imports torch or kiln, nor re-runs the user's main script (as multiprocessing's
+spawn would).
+
+Protocol, over the process's stdin and stdout: each request and each reply is an 8-byte
+little-endian length and that many bytes of pickle. A request is a dict (kiln/_triton.py
+`compile_job`): the kernel's module text and path, its module and function names, and the ASTSource's
+signature, constants and attributes, with the target, options and environment of the compile that
+Triton's JIT would run. The reply is `(ok, message)`. The compile writes the kernel into Triton's cache
+under the key the JIT's own compile computes, so that compile, in the parent, is a cache hit.
+"""
+import linecache
+import os
+import pickle
+import struct
+import sys
+import types
+
+
+def _compile(job: dict) -> None:
+    import triton
+    from triton.compiler import ASTSource
+
+    linecache.cache[job["path"]] = (len(job["text"]), None, job["text"].splitlines(True), job["path"])
+    module = types.ModuleType(job["module"])
+    module.__dict__["__file__"] = job["path"]
+    exec(compile(job["text"], job["path"], "exec"), module.__dict__)
+    function = triton.jit(getattr(module, job["function"]))
+    source = ASTSource(function, job["signature"], constexprs=job["constants"], attrs=job["attrs"])
+    triton.compile(source, target=job["target"], options=job["options"], _env_vars=job["env_vars"])
+
+
+def main() -> None:
+    requests = sys.stdin.buffer
+    replies = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # anything printed while compiling (Triton, ptxas) goes to stderr, not into the replies
+    while True:
+        header = requests.read(8)
+        if len(header) < 8:
+            return  # the parent closed the pipe
+        job = pickle.loads(requests.read(struct.unpack("<Q", header)[0]))
+        try:
+            _compile(job)
+            reply = (True, "")
+        except BaseException as error:  # reported to the parent, which compiles the kernel itself
+            reply = (False, f"{type(error).__name__}: {error}")
+        data = pickle.dumps(reply)
+        replies.write(struct.pack("<Q", len(data)) + data)
+        replies.flush()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""Compile worker processes: Triton compiles a graph's CUDA kernels in parallel, past the GIL.
+
+compile_ahead (kiln/runtime/launch.py) has Triton compile a graph's kernels on a thread pool, but
+Triton's front end (the kernel's AST to TTIR, in Python) and much of its lowering hold the GIL: on
+this project's CPU machine two threads compiled 13 of BERT's kernels only 1.45x faster than one. With
+`config.compile_processes` (on by default) each of those threads first hands its kernel to a worker
+process (kiln/runtime/compile_worker_main.py: the standard library and Triton, no torch), which writes
+the compiled kernel into Triton's on-disk cache under the key the thread's own compile computes; the
+thread's compile is then a cache hit that loads the files. A worker that fails, dies or runs past
+`TIMEOUT_S` costs nothing but the wait: the thread compiles the kernel itself, as without workers.
+
+The workers (`config.compile_workers`, by default one per CPU core) start when the first graph with
+CUDA inputs begins to compile (`prestart`), so their start-up overlaps kiln's own tracing and
+lowering, and they live until the process exits.
+"""
+from __future__ import annotations
+
+import atexit
+import os
+import pickle
+import queue
+import select
+import struct
+import subprocess
+import sys
+import threading
+import time
+
+TIMEOUT_S = 300.0
+_WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_worker_main.py")
+
+
+class _Worker:
+    def __init__(self):
+        environment = dict(os.environ, TRITON_INTERPRET="0")
+        self.process = subprocess.Popen([sys.executable, "-P", _WORKER], stdin=subprocess.PIPE,
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=environment)
+
+    def run(self, job: dict, timeout: float) -> tuple[bool, str]:
+        data = pickle.dumps(job)
+        self.process.stdin.write(struct.pack("<Q", len(data)) + data)
+        self.process.stdin.flush()
+        header = self._read(8, timeout)
+        return pickle.loads(self._read(struct.unpack("<Q", header)[0], timeout))
+
+    def _read(self, count: int, timeout: float) -> bytes:
+        deadline, chunks, fd = time.monotonic() + timeout, [], self.process.stdout.fileno()
+        while count:
+            if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
+                raise TimeoutError(f"no reply from the compile worker in {timeout:.0f} s")
+            chunk = os.read(fd, count)
+            if not chunk:
+                raise EOFError(f"the compile worker exited (code {self.process.poll()})")
+            chunks.append(chunk)
+            count -= len(chunk)
+        return b"".join(chunks)
+
+    def close(self) -> None:
+        try:
+            self.process.stdin.close()  # the worker's read ends: it exits
+            self.process.wait(timeout=5)
+        except Exception:
+            self.process.kill()
+
+
+class CompileWorkers:
+    """`count` worker processes, each compiling one kernel at a time for whichever thread takes it."""
+
+    def __init__(self, count: int):
+        self.count = max(1, count)
+        self._idle: queue.SimpleQueue = queue.SimpleQueue()
+        self._all: list[_Worker] = []
+        self._lock = threading.Lock()
+        self.failures: list[str] = []  # what the workers reported (the threads compiled those kernels themselves)
+
+    def start(self) -> None:
+        with self._lock:
+            while len(self._all) < self.count:
+                worker = _Worker()
+                self._all.append(worker)
+                self._idle.put(worker)
+
+    def compile(self, job: dict, timeout: float = TIMEOUT_S) -> bool:
+        """Compile `job` (kiln/_triton.py compile_job) in a worker; whether it succeeded."""
+        self.start()
+        worker = self._idle.get()
+        try:
+            ok, message = worker.run(job, timeout)
+        except Exception as error:  # a dead or stuck worker is replaced
+            worker.process.kill()
+            with self._lock:
+                self._all.remove(worker)
+            self.failures.append(f"{type(error).__name__}: {error}")
+            return False
+        self._idle.put(worker)
+        if not ok:
+            self.failures.append(message)
+        return ok
+
+    def close(self) -> None:
+        with self._lock:
+            workers, self._all = self._all, []
+        for worker in workers:
+            worker.close()
+
+
+_workers: CompileWorkers | None = None
+_workers_lock = threading.Lock()
+
+
+def workers() -> CompileWorkers | None:
+    """The process's compile workers (created, not started, on first use), or None when
+    `config.compile_processes` is off or Triton interprets kernels."""
+    global _workers
+    from kiln.config import config
+
+    if not config.compile_processes or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return None
+    with _workers_lock:
+        if _workers is None:
+            _workers = CompileWorkers(config.compile_workers or os.cpu_count() or 1)
+            atexit.register(_workers.close)
+        return _workers
+
+
+def prestart() -> None:
+    """Start the workers now (in the background: start-up overlaps the caller's work)."""
+    pool = workers()
+    if pool is not None:
+        try:
+            pool.start()
+        except OSError:  # no processes to be had: the threads compile as before
+            pass

@@ -1,0 +1,142 @@
+"""kiln/runtime/compile_workers.py: Triton compiles a graph's CUDA kernels in worker processes first.
+
+The end-to-end test compiles kiln's kernels for an H200 (sm_90) on this GPU-less machine, in a fresh
+process (Triton compiling, not interpreted) whose Triton driver is a stand-in that names the target:
+Triton's own JIT warmup runs, its compiles go through compile_ahead, and with worker processes every
+one of them must be a cache hit in the parent (no compile stage runs there), with the same kernels.
+"""
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from kiln import _triton
+from kiln.runtime.compile_workers import CompileWorkers
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_PROBE = textwrap.dedent('''
+    import json, os, pickle, sys
+    import torch
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.compiler import CUDABackend
+    from triton.runtime import driver
+
+    class Driver:  # the target an H200 gives; no device is touched
+        get_current_device = staticmethod(lambda: 0)
+        get_current_stream = staticmethod(lambda device=None: 0)
+        get_current_target = staticmethod(lambda: GPUTarget("cuda", 90, 32))
+        get_active_torch_device = staticmethod(lambda: torch.device("cuda", 0))
+
+    driver.set_active(Driver())
+    import kiln
+    from kiln.runtime import compile_workers, launch, loader
+
+    compiled_here = []
+    add_stages = CUDABackend.add_stages
+    CUDABackend.add_stages = lambda self, *args: (compiled_here.append(1), add_stages(self, *args))[1]
+    kiln._triton.load_compiled = lambda kernel, device: None  # nothing to load a binary on
+    torch.cuda.current_device = lambda: 0
+    processes = sys.argv[2] == "1"
+    jobs = [(loader.load_kernel(job["function"], job["source"], "cuda"), job["pointer_dtypes"], job["sizes"],
+             job["constexprs"], job["options"]) for job in pickle.load(open(sys.argv[1], "rb"))]
+    with kiln.config.patch(compile_processes=processes, compile_workers=2):
+        launch.compile_ahead(jobs, 2)
+    workers = compile_workers._workers
+    print(json.dumps({"compiled_here": len(compiled_here), "failures": workers.failures if workers else None,
+                      "asm": sorted(next(iter(jit.device_caches[0][0].values())).asm["ptx"][-400:]
+                                    for jit, *_ in jobs)}))
+''')
+
+
+def _kernel_jobs(tmp_path) -> str:
+    from tests.codegen.test_gpu_compile import cuda_sources
+
+    x, y = torch.randn(64, 96), torch.randn(64, 96)
+    sources = cuda_sources(lambda x, y: torch.sin(x) + y.sum(1, keepdim=True) * torch.cos(y), x, y)
+    jobs = [{"source": s.source, "function": s.function_name, "pointer_dtypes": list(s.pointer_dtypes),
+             "sizes": [int(v) for v in s.size_args], "constexprs": s.constexprs, "options": s.launch_options}
+            for s in sources]
+    assert len(jobs) >= 1
+    path = tmp_path / "jobs.pkl"
+    path.write_bytes(pickle.dumps(jobs))
+    return str(path)
+
+
+def _probe(jobs: str, processes: bool, cache: str) -> dict:
+    environment = dict(os.environ, TRITON_INTERPRET="0", TRITON_CACHE_DIR=cache, PYTHONPATH=ROOT)
+    result = subprocess.run([sys.executable, "-c", _PROBE, jobs, "1" if processes else "0"], cwd=ROOT,
+                            env=environment, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_worker_processes_compile_every_kernel_and_the_parent_finds_them_in_the_cache(tmp_path):
+    jobs = _kernel_jobs(tmp_path)
+    with_workers = _probe(jobs, True, str(tmp_path / "cache-workers"))
+    assert with_workers["failures"] == [] and with_workers["compiled_here"] == 0
+    alone = _probe(jobs, False, str(tmp_path / "cache-alone"))
+    assert alone["compiled_here"] >= 1 and alone["failures"] is None
+    assert with_workers["asm"] == alone["asm"]  # the same kernels
+
+
+def _closure_compile(value):
+    def compile_fn():
+        return value
+    return compile_fn
+
+
+def test_a_failing_worker_leaves_the_compile_to_the_thread():
+    """A worker that raises (or that compile_job cannot describe a compile to) costs only the wait."""
+    calls = []
+
+    def broken_worker(job):
+        calls.append(job)
+        raise EOFError("the compile worker exited")
+
+    with ThreadPoolExecutor(2) as executor:
+        with _triton.WorkerCompileMode(executor, broken_worker) as mode:
+            kept = {}
+            future = mode.submit("key", _closure_compile("binary"), lambda kernel: kept.__setitem__("key", kernel))
+    assert future.result() == "binary" and kept == {"key": "binary"}
+    assert calls == []  # not Triton's compile closure: nothing to send, the thread compiles
+    assert _triton.compile_job(_closure_compile(1)) is None
+
+
+def test_a_dead_worker_is_replaced_and_its_compile_reported(tmp_path):
+    workers = CompileWorkers(1)
+    try:
+        workers.start()
+        (worker,) = workers._all
+        worker.process.kill()
+        worker.process.wait()
+        assert workers.compile({"text": ""}) is False
+        assert "EOFError" in workers.failures[0] or "BrokenPipe" in workers.failures[0]
+        assert workers._all == []
+        # a bad job in a live worker: reported, the worker kept
+        assert workers.compile({"text": "x = (", "path": str(tmp_path / "k.py"), "module": "m", "function": "f",
+                                "signature": {}, "constants": {}, "attrs": {}, "target": None, "options": {},
+                                "env_vars": {}}) is False
+        assert "SyntaxError" in workers.failures[-1] and len(workers._all) == 1
+    finally:
+        workers.close()
+
+
+def test_workers_are_off_under_the_interpreter_and_by_option(monkeypatch):
+    from kiln.config import config
+    from kiln.runtime import compile_workers
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert compile_workers.workers() is None
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    with config.patch(compile_processes=False):
+        assert compile_workers.workers() is None
