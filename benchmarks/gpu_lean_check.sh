@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The end-of-session GPU check in the least device time (2026-12-06: ~300 s of wall left after refused starts),
+# in order of priority, each part's output in $OUT as it finishes (a call cut off by the lease keeps what ran):
+#   1. correctness, in parallel: gpu_smoke (CUDA graphs in an out = model(x) loop included) and gpu_capture_check
+#      (GPT-2 and Llama captured whole);
+#   2. the six TARGETS models, eager and kiln, one process per case ($MODELS_BUDGET s, default 190);
+#   3. the TARGETS kernels, eager and kiln ($KERNELS_BUDGET s, default 30);
+#   4. BERT's cold first call with kiln's compile worker processes on, then off (config.compile_processes).
+#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_lean_check.sh
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PYTHONUNBUFFERED=1
+PYTHON="${PYTHON:-python3}"
+OUT_DIR="${OUT:-benchmarks/results/out}"
+mkdir -p "$OUT_DIR"
+commit="${KILN_GIT_COMMIT:-unknown}"
+{ timeout 200 "$PYTHON" -m benchmarks.gpu_smoke 2>&1 | grep -v "Warn\|runners = "
+  echo "gpu_smoke exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/smoke.txt" 2>&1 &
+{ timeout 200 "$PYTHON" -m benchmarks.gpu_capture_check 2>&1 | grep -v "Warning"
+  echo "gpu_capture_check exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/capture.txt" 2>&1 &
+wait
+tail -4 "$OUT_DIR/smoke.txt"; grep -i "fail\|error\|mismatch" "$OUT_DIR/smoke.txt" | head -5; tail -8 "$OUT_DIR/capture.txt"
+"$PYTHON" -m benchmarks.run --suite models --modes infer --backends eager,kiln --budget "${MODELS_BUDGET:-190}" \
+    --timeout 60 --label "models-$commit" --copy-to "$OUT_DIR" 2>&1 | grep --line-buffered "^\[\|^| " \
+    | tee "$OUT_DIR/models.txt"
+"$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,kiln --only copy,gelu_bias,layer_norm,softmax \
+    --budget "${KERNELS_BUDGET:-30}" --timeout 25 --label "kernels-$commit" 2>&1 | grep --line-buffered "^| " \
+    | tee "$OUT_DIR/kernels.txt"
+for processes in 1 0; do
+    echo "== BERT cold first call, KILN_COMPILE_PROCESSES=$processes"
+    KILN_COMPILE_PROCESSES=$processes timeout 60 "$PYTHON" -m benchmarks.first_call_compiles --only bert --profile 0 \
+        2>&1 | grep -v "Warn" | cut -c1-160 | head -8
+done | tee "$OUT_DIR/first_call.txt"
+rm -f "$OUT_DIR"/*.log
