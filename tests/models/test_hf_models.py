@@ -377,3 +377,23 @@ def test_product_templates_on_the_triton_backend(make_model, monkeypatch):
         check_training(make_model(**NO_DROPOUT.get(make_model.__name__, {})), {"input_ids": input_ids,
                                                                                 "labels": input_ids})
     assert inference_templates >= 2 * LAYERS and len(generated) > 2 * inference_templates  # forward and backward
+
+
+@pytest.mark.parametrize("make_model", [gpt2, llama], ids=["gpt2", "llama"])
+def test_a_causal_mask_built_from_aranges_becomes_is_causal(make_model):
+    """transformers 5.17 (the GPU machine's) builds the causal mask under a compiler, where newer versions let SDPA
+    apply it (`is_causal=True`); with its skip turned off, as there, kiln drops the mask at compile time
+    (kiln/aot/attention.py causal_masks) and the model still matches eager."""
+    masking_utils = pytest.importorskip("transformers.masking_utils")
+    if not hasattr(masking_utils, "_ignore_causal_mask_sdpa"):
+        pytest.skip("this transformers has no SDPA mask skip to turn off")
+    with mock.patch.object(masking_utils, "_ignore_causal_mask_sdpa", lambda *args, **kwargs: False):
+        check_inference(make_model(), causal_lm_inputs)
+        model = make_model().eval()
+        compiled, graphs = compile_counted(model)
+        with torch.no_grad():
+            compiled(**causal_lm_inputs())
+    calls = [node for graph in graphs for node in graph.graph.nodes
+             if node.op == "call_function" and "scaled_dot_product_attention" in str(node.target)]
+    assert calls and all(node.kwargs.get("is_causal") is True and node.kwargs.get("attn_mask") is None
+                         for node in calls), [node.kwargs for node in calls]
