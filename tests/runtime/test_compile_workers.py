@@ -13,7 +13,6 @@ import pickle
 import subprocess
 import sys
 import textwrap
-import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -95,20 +94,29 @@ def _closure_compile(value):
     return compile_fn
 
 
-def test_a_failing_worker_leaves_the_compile_to_the_thread():
-    """A worker that raises (or that compile_job cannot describe a compile to) costs only the wait."""
+def test_a_failing_worker_leaves_the_compile_to_the_thread(monkeypatch):
+    """A worker that raises costs only the wait: the thread runs Triton's compile itself."""
     calls = []
 
     def broken_worker(job):
         calls.append(job)
         raise EOFError("the compile worker exited")
 
+    monkeypatch.setattr(_triton, "compile_job", lambda compile_fn: {"kernel": compile_fn()})
     with ThreadPoolExecutor(2) as executor:
         with _triton.WorkerCompileMode(executor, broken_worker) as mode:
             kept = {}
             future = mode.submit("key", _closure_compile("binary"), lambda kernel: kept.__setitem__("key", kernel))
+    assert calls == [{"kernel": "binary"}]  # the worker was asked, and failed
     assert future.result() == "binary" and kept == {"key": "binary"}
-    assert calls == []  # not Triton's compile closure: nothing to send, the thread compiles
+
+
+def test_only_tritons_compile_closure_is_sent_to_a_worker():
+    calls = []
+    with ThreadPoolExecutor(1) as executor:
+        with _triton.WorkerCompileMode(executor, calls.append) as mode:
+            future = mode.submit("key", _closure_compile("binary"), lambda kernel: None)
+    assert future.result() == "binary" and calls == []  # not Triton's closure: nothing to send
     assert _triton.compile_job(_closure_compile(1)) is None
 
 
