@@ -144,7 +144,7 @@ def _fold(gm, mask):
                 or _is_random(node) or example._version != 0 or example.numel() > _MAX_MASK_ELEMENTS
                 or not all(isinstance(size, int) for size in (*example.shape, *example.stride()))):
             return None
-        if not all(isinstance(item, _CONSTANTS) for item in _leaves((node.args, node.kwargs))):
+        if not all(isinstance(item, _CONSTANTS) for item in torch.utils._pytree.tree_leaves((node.args, node.kwargs))):
             return None
         needed.add(node)
         stack.extend(node.all_input_nodes)
@@ -176,17 +176,6 @@ def _is_random(node) -> bool:
     """Whether the node's call may draw random numbers or read uninitialized memory (judged by its name)."""
     name = node.target if isinstance(node.target, str) else getattr(node.target, "__name__", str(node.target))
     return node.target is not operator.getitem and any(word in name.lower() for word in _RANDOM_NAMES)
-
-
-def _leaves(tree):
-    if isinstance(tree, (tuple, list)):
-        for item in tree:
-            yield from _leaves(item)
-    elif isinstance(tree, dict):
-        for item in tree.values():
-            yield from _leaves(item)
-    else:
-        yield tree
 
 
 def _mask_pattern(mask: torch.Tensor, queries: int, keys: int) -> str | None:

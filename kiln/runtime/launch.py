@@ -201,7 +201,7 @@ def compile_ahead(jobs: list, workers: int) -> int:
     call on an H100 at 21cb104 (benchmarks/first_call_compiles.py).
 
     With `config.compile_processes`, each thread has a worker process compile its kernel into Triton's
-    cache first (kiln/runtime/compile_workers.py): Triton's compile holds the GIL for much of its work."""
+    cache first (kiln/runtime/compile_workers.py), past the part of Triton's compile that holds the GIL."""
     import functools
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
