@@ -87,7 +87,7 @@ def _example(operand):
 
 
 _RANDOM_NAMES = ("rand", "bernoulli", "dropout", "normal", "multinomial", "uniform", "exponential", "poisson",
-                 "cauchy", "geometric", "empty")
+                 "cauchy", "geometric", "gumbel", "rrelu", "fractional", "attention", "seed", "empty")
 _MAX_MASK_ELEMENTS = 1 << 26
 
 
@@ -148,9 +148,20 @@ def _fold(gm, mask):
             return None
         needed.add(node)
         stack.extend(node.all_input_nodes)
+    # Run twice from two random states: a value that a random draw the name check missed would differ.
+    first, second = _evaluate(gm, needed, mask, seed=0), _evaluate(gm, needed, mask, seed=1)
+    if first is None or second is None or not torch.equal(first, second):
+        return None
+    return first
+
+
+def _evaluate(gm, needed: set, mask, seed: int):
+    """The value of `mask`, computed from the `needed` nodes now (None if a call fails or disagrees with its
+    example value)."""
     values: dict = {}
     try:
-        with torch.no_grad():
+        with torch.no_grad(), torch.random.fork_rng(devices=_cuda_devices()):
+            torch.manual_seed(seed)
             for node in gm.graph.nodes:
                 if node not in needed:
                     continue
@@ -167,6 +178,10 @@ def _fold(gm, mask):
     except Exception:  # a call that cannot run outside the trace: leave the mask alone
         return None
     return values[mask]
+
+
+def _cuda_devices() -> list:
+    return list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
 
 
 _CONSTANTS = (int, float, bool, type(None), slice, torch.device, torch.dtype, str, torch.fx.Node)

@@ -83,6 +83,8 @@ def _built_mask(kind: str, queries: int, keys: int, batch: int):
         return torch.ones(batch, 1, queries, keys, dtype=torch.bool)
     if kind == "random":
         return torch.rand(queries, keys) < 2.0  # all True, but drawn: never folded
+    if kind == "coin":
+        return torch.rand(1, 1) < 0.5  # True from seed 0, False from seed 1: a constant only to one evaluation
     if kind == "written":
         mask = torch.ones(queries, keys, dtype=torch.bool).tril()
         mask[0, keys - 1] = True  # an in-place write after the causal pattern
@@ -135,3 +137,11 @@ def test_a_mask_from_an_input_stays_and_the_option_turns_folding_off():
     gm, _ = _trace_with_shapes("causal")
     with config.patch(causal_attention_masks=False):
         assert causal_masks(gm) == 0
+
+
+def test_a_random_mask_the_name_check_misses_differs_between_two_evaluations(monkeypatch):
+    import kiln.aot.attention as attention
+
+    monkeypatch.setattr(attention, "_RANDOM_NAMES", ())
+    gm, _ = _trace_with_shapes("coin")
+    assert causal_masks(gm) == 0
