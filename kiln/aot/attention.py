@@ -34,6 +34,7 @@ import operator
 
 import torch
 
+from kiln import _torch
 from kiln.config import config
 
 _SDPA = {torch.nn.functional.scaled_dot_product_attention, torch._C._nn.scaled_dot_product_attention}
@@ -93,12 +94,15 @@ _MAX_MASK_ELEMENTS = 1 << 26
 
 def causal_masks(gm: torch.fx.GraphModule) -> int:
     """Drop every SDPA mask that depends on no graph input and is exactly torch's causal pattern (then
-    the call gets `is_causal=True`) or masks nothing. Returns how many masks it dropped. A mask is
-    folded only when every node it depends on is a deterministic function call with a static-shaped
-    example value that no in-place write touched (its version counter is 0)."""
+    the call gets `is_causal=True`) or masks nothing. Returns how many masks it dropped. A mask with
+    static sizes is folded only when every node it depends on is a deterministic function call with a
+    static-shaped example value that no in-place write touched (its version counter is 0), and two
+    evaluations agree. A mask with symbolic sizes (a graph made dynamic after a new sequence length)
+    cannot be evaluated: it is recognized by its form, `arange(S)[..., None, :] <= arange(L)[..., :, None]`
+    (optionally `+ 0` and expanded), L and S the query's and key's lengths (`_causal_by_form`)."""
     if not config.causal_attention_masks:
         return 0
-    folded: dict = {}  # mask node -> its value, or None where it cannot be folded
+    patterns: dict = {}  # mask node -> ('causal' | 'none' | None, the nodes that make it)
     dropped = 0
     for node in list(gm.graph.nodes):
         if node.op != "call_function" or node.target not in _SDPA:
@@ -107,10 +111,11 @@ def causal_masks(gm: torch.fx.GraphModule) -> int:
         query, key, mask = (_example(arguments.get(name)) for name in ("query", "key", "attn_mask"))
         if query is None or key is None or mask is None or arguments.get("is_causal", False) is not False:
             continue
-        if arguments["attn_mask"] not in folded:
-            folded[arguments["attn_mask"]] = _fold(gm, arguments["attn_mask"])
-        value = folded[arguments["attn_mask"]]
-        pattern = None if value is None else _mask_pattern(value, query.shape[-2], key.shape[-2])
+        lengths = (query.shape[-2], key.shape[-2])
+        entry = (arguments["attn_mask"], *map(str, map(_torch.sym_expr, lengths)))  # SymInts do not hash
+        if entry not in patterns:
+            patterns[entry] = _pattern_of(gm, arguments["attn_mask"], *lengths)
+        pattern, _ = patterns[entry]
         if pattern is None:
             continue
         rest = {name: item for name, item in arguments.items() if name not in ("query", "key", "value")}
@@ -119,10 +124,92 @@ def causal_masks(gm: torch.fx.GraphModule) -> int:
         node.kwargs = rest
         dropped += 1
     if dropped:
-        for mask in folded:  # the masks' own nodes, now unused (every one of them is a pure call)
-            _erase_unused(gm, mask)
+        for (mask, *_), (_, nodes) in patterns.items():  # the masks' own nodes, now unused: pure calls
+            _erase_unused(gm, mask, nodes)
         gm.recompile()
     return dropped
+
+
+def _pattern_of(gm, mask, queries, keys) -> tuple:
+    """('causal' | 'none' | None, the set of nodes that compute `mask` and may be erased with it)."""
+    value, needed = _fold(gm, mask)
+    if value is not None:
+        return _mask_pattern(value, queries, keys), needed
+    nodes = _causal_by_form(mask, queries, keys)
+    return ("causal", nodes) if nodes else (None, set())
+
+
+def _causal_by_form(mask, queries, keys) -> set:
+    """The nodes of `mask` where it is `columns <= rows` (or `rows >= columns`), possibly expanded, with
+    `columns` a 0-based integer arange of the keys' length indexed into the last dimension and `rows` one
+    of the queries' length into the second to last: mask[..., i, j] = j <= i, torch's is_causal pattern
+    whatever the lengths. Empty where it is not that form (or a node was written in place)."""
+    def same(a, b) -> bool:
+        return _torch.sym_expr(a) == _torch.sym_expr(b)
+
+    nodes = set()
+    compare = mask
+    if compare.op == "call_method" and compare.target == "expand" and isinstance(compare.args[0], torch.fx.Node):
+        nodes.add(compare)
+        compare = compare.args[0]
+    if compare.op != "call_function" or len(compare.args) != 2 or compare.kwargs:
+        return set()
+    if compare.target in (operator.le, torch.le):
+        columns, rows = compare.args
+    elif compare.target in (operator.ge, torch.ge):
+        rows, columns = compare.args
+    else:
+        return set()
+    nodes.add(compare)
+    shape = _example(compare).shape if _example(compare) is not None else None
+    if shape is None or len(shape) < 2 or not (same(shape[-2], queries) and same(shape[-1], keys)):
+        return set()
+    column_nodes = _indexed_range(columns, keys, last=True)
+    row_nodes = _indexed_range(rows, queries, last=False)
+    if not column_nodes or not row_nodes:
+        return set()
+    nodes |= column_nodes | row_nodes
+    if any(_example(node) is None or _example(node)._version != 0 for node in nodes):
+        return set()
+    return nodes
+
+
+def _indexed_range(node, length, last: bool) -> set:
+    """The nodes of `arange(length)[index]` (optionally `+ 0` before indexing), the index made of Nones and
+    one full slice, placing the range in the last dimension (`last`) or the second to last, all others 1."""
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function" or node.target is not operator.getitem:
+        return set()
+    example, index = _example(node), node.args[1]
+    if example is None or not isinstance(index, tuple) or sum(isinstance(item, slice) for item in index) != 1:
+        return set()
+    if any(item is not None and item != slice(None) for item in index):
+        return set()
+    position = -1 if last else -2
+    if len(example.shape) < 2 or _torch.sym_expr(example.shape[position]) != _torch.sym_expr(length):
+        return set()
+    if any(_torch.sym_expr(size) != 1 for axis, size in enumerate(example.shape)
+           if axis != len(example.shape) + position):
+        return set()
+    nodes, source = {node}, node.args[0]
+    if (isinstance(source, torch.fx.Node) and source.op == "call_function" and source.target in (operator.add, torch.add)
+            and len(source.args) == 2 and not source.kwargs):
+        zero = [item for item in source.args if not isinstance(item, torch.fx.Node)]
+        inner = [item for item in source.args if isinstance(item, torch.fx.Node)]
+        if zero != [0] or len(inner) != 1:
+            return set()
+        nodes.add(source)
+        source = inner[0]
+    if not (isinstance(source, torch.fx.Node) and source.op == "call_function" and source.target is torch.arange):
+        return set()
+    start_end = list(source.args)
+    if len(start_end) == 1:
+        start_end = [0, start_end[0]]
+    if len(start_end) == 3 and start_end[2] == 1:
+        start_end = start_end[:2]
+    if (len(start_end) != 2 or start_end[0] != 0 or set(source.kwargs) - {"device", "dtype"}
+            or _example(source) is None or _example(source).dtype.is_floating_point or _example(source).dim() != 1):
+        return set()
+    return nodes | {source}
 
 
 def _bind_sdpa(node) -> dict:
@@ -132,8 +219,9 @@ def _bind_sdpa(node) -> dict:
     return arguments
 
 
-def _fold(gm, mask):
-    """The value of `mask` computed now, or None unless it is a constant of the graph (see causal_masks)."""
+def _fold(gm, mask) -> tuple:
+    """(The value of `mask` computed now, the nodes computing it), or (None, empty) unless it is a
+    constant of the graph (see causal_masks)."""
     needed, stack = set(), [mask]
     while stack:
         node = stack.pop()
@@ -141,18 +229,18 @@ def _fold(gm, mask):
             continue
         example = node.meta.get("example_value")
         if (node.op not in ("call_function", "call_method") or not isinstance(example, torch.Tensor)
-                or _is_random(node) or example._version != 0 or example.numel() > _MAX_MASK_ELEMENTS
-                or not all(isinstance(size, int) for size in (*example.shape, *example.stride()))):
-            return None
+                or not all(isinstance(size, int) for size in (*example.shape, *example.stride()))
+                or _is_random(node) or example._version != 0 or example.numel() > _MAX_MASK_ELEMENTS):
+            return None, set()
         if not all(isinstance(item, _CONSTANTS) for item in torch.utils._pytree.tree_leaves((node.args, node.kwargs))):
-            return None
+            return None, set()
         needed.add(node)
         stack.extend(node.all_input_nodes)
     # Run twice from two random states: a value that a random draw the name check missed would differ.
     first, second = _evaluate(gm, needed, mask, seed=0), _evaluate(gm, needed, mask, seed=1)
     if first is None or second is None or not torch.equal(first, second):
-        return None
-    return first
+        return None, set()
+    return first, needed
 
 
 def _evaluate(gm, needed: set, mask, seed: int):
@@ -215,10 +303,11 @@ def _mask_pattern(mask: torch.Tensor, queries: int, keys: int) -> str | None:
     return None
 
 
-def _erase_unused(gm, node) -> None:
-    if not isinstance(node, torch.fx.Node) or node.users or node.graph is not gm.graph:
+def _erase_unused(gm, node, erasable: set) -> None:
+    """Erase `node` if nothing uses it, then its inputs likewise, only ever nodes of `erasable`."""
+    if node not in erasable or node.users or node.graph is not gm.graph:
         return
     inputs = node.all_input_nodes
     gm.graph.erase_node(node)
     for item in inputs:
-        _erase_unused(gm, item)
+        _erase_unused(gm, item, erasable)

@@ -68,7 +68,8 @@ def _masked(q, k, v, mask):
 
 def _built_mask(kind: str, queries: int, keys: int, batch: int):
     """Masks built inside the graph from no input, as Hugging Face's sdpa_mask builds them."""
-    rows, columns = (torch.arange(queries), torch.arange(keys)) if kind in ("causal", "float", "lowest", "offset") else (0, 0)
+    rows, columns = ((torch.arange(queries), torch.arange(keys))
+                     if kind in ("causal", "float", "lowest", "offset", "upper", "shifted", "shifted_early") else (0, 0))
     if kind == "causal":  # transformers 5.17 under a compiler
         return (columns[None, None, None, :] <= rows[None, None, :, None]).expand(batch, -1, queries, keys)
     if kind == "float":
@@ -79,6 +80,12 @@ def _built_mask(kind: str, queries: int, keys: int, batch: int):
         return torch.where(keep, 0.0, torch.finfo(torch.float32).min)
     if kind == "offset":  # a decode step: lower-right aligned, not torch's is_causal
         return columns[None, :] <= rows[:, None] + (keys - queries)
+    if kind == "upper":  # the transposed pattern
+        return (rows[None, None, :, None] <= columns[None, None, None, :]).expand(batch, -1, queries, keys)
+    if kind == "shifted":  # one more key per row than is_causal keeps
+        return (columns[None, None, None, :] <= rows[None, None, :, None] + 1).expand(batch, -1, queries, keys)
+    if kind == "shifted_early":  # the same, shifted before indexing (where transformers adds its offset, 0)
+        return (columns[None, None, None, :] <= (rows + 1)[None, None, :, None]).expand(batch, -1, queries, keys)
     if kind == "ones":
         return torch.ones(batch, 1, queries, keys, dtype=torch.bool)
     if kind == "random":
@@ -92,7 +99,7 @@ def _built_mask(kind: str, queries: int, keys: int, batch: int):
     raise ValueError(kind)
 
 
-def _trace_with_shapes(kind: str, queries: int = 8, keys: int = 8):
+def _trace_with_shapes(kind: str, queries: int = 8, keys: int = 8, dynamic: bool = False):
     """kiln's frontend captures the graph (constants become calls in it, example values in its metas)."""
     torch.manual_seed(0)
     q = torch.randn(2, 3, queries, 4)
@@ -104,7 +111,7 @@ def _trace_with_shapes(kind: str, queries: int = 8, keys: int = 8):
         return gm.forward
 
     kiln.compile(lambda q, k, v: _masked(q, k, v, _built_mask(kind, q.shape[2], k.shape[2], q.shape[0])),
-                 backend=keep, fullgraph=True)(q, k, v)
+                 backend=keep, fullgraph=True, dynamic=dynamic)(q, k, v)
     (gm,) = graphs
     return gm, [item for item in (q, k, v)]
 
@@ -145,3 +152,38 @@ def test_a_random_mask_the_name_check_misses_differs_between_two_evaluations(mon
     monkeypatch.setattr(attention, "_RANDOM_NAMES", ())
     gm, _ = _trace_with_shapes("coin")
     assert causal_masks(gm) == 0
+
+
+@pytest.mark.parametrize("queries, keys", [(8, 8), (6, 10)])
+def test_a_causal_mask_of_symbolic_sizes_is_recognized_by_its_form(queries, keys):
+    gm, inputs = _trace_with_shapes("causal", queries, keys, dynamic=True)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    sdpa = _sdpa_node(gm)
+    assert not isinstance(sdpa.args[0].meta["example_value"].shape[2], int)  # symbolic: nothing to evaluate
+    reference = gm(*_with_sizes(gm, inputs))
+    assert causal_masks(gm) == 1
+    assert sdpa.kwargs["attn_mask"] is None and sdpa.kwargs["is_causal"] is True
+    assert [n for n in gm.graph.nodes if n.op == "placeholder"] == placeholders  # the size inputs stay
+    assert not any(n.target is torch.arange for n in gm.graph.nodes)
+    torch.testing.assert_close(gm(*_with_sizes(gm, inputs)), reference)
+
+
+@pytest.mark.parametrize("kind", ["upper", "shifted", "shifted_early", "offset"])
+def test_other_masks_of_symbolic_sizes_stay(kind):
+    gm, _ = _trace_with_shapes(kind, 6, 10, dynamic=True)
+    assert causal_masks(gm) == 0
+    assert _sdpa_node(gm).kwargs["attn_mask"] is not None
+
+
+def _with_sizes(gm, tensors):
+    """The graph's inputs: its size placeholders (SymInts, in order) take the tensors' concrete sizes."""
+    tensors, arguments = list(tensors), []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        value = node.meta.get("example_value")
+        if isinstance(value, torch.Tensor):
+            arguments.append(tensors.pop(0))
+        else:
+            arguments.append(int(value.node.hint))
+    return arguments

@@ -383,7 +383,8 @@ def test_product_templates_on_the_triton_backend(make_model, monkeypatch):
 def test_a_causal_mask_built_from_aranges_becomes_is_causal(make_model):
     """transformers 5.17 (the GPU machine's) builds the causal mask under a compiler, where newer versions let SDPA
     apply it (`is_causal=True`); with its skip turned off, as there, kiln drops the mask at compile time
-    (kiln/aot/attention.py causal_masks) and the model still matches eager."""
+    (kiln/aot/attention.py causal_masks), by value at static sizes and by form at symbolic ones, and the model
+    still matches eager."""
     masking_utils = pytest.importorskip("transformers.masking_utils")
     if not hasattr(masking_utils, "_ignore_causal_mask_sdpa"):
         pytest.skip("this transformers has no SDPA mask skip to turn off")
@@ -393,6 +394,10 @@ def test_a_causal_mask_built_from_aranges_becomes_is_causal(make_model):
         compiled, graphs = compile_counted(model)
         with torch.no_grad():
             compiled(**causal_lm_inputs())
+            longer = tokens(seq=SEQ + 3)  # a new length: a graph with a symbolic length, its mask not evaluable
+            torch.testing.assert_close(compiled(input_ids=longer).logits, model(input_ids=longer).logits,
+                                       rtol=1e-4, atol=1e-4)
+    assert len(graphs) == 2
     calls = [node for graph in graphs for node in graph.graph.nodes
              if node.op == "call_function" and "scaled_dot_product_attention" in str(node.target)]
     assert calls and all(node.kwargs.get("is_causal") is True and node.kwargs.get("attn_mask") is None
