@@ -509,17 +509,20 @@ class OutputGraph:
     def _compile_graph(self, graph_module: torch.fx.GraphModule) -> Callable:
         """The backend's callable for the graph. Its example inputs are real tensors, and the SymInts of
         symbolic inputs, passed as Dynamo passes them: inside a TracingContext with the trace's fake mode,
-        so the backend's own tracing shares its symbols and adds its guards to its ShapeEnv."""
+        so the backend's own tracing shares its symbols and adds its guards to its ShapeEnv. Static graphs
+        too: AOTAutograd's faking of the inputs (BERT-base's 202 parameters and inputs: 1.65 s of its cold
+        first call on an H100 at 0bb45f2, 0.29 s on the CPU machine) then finds the trace's own fakes."""
         example_inputs = [value for _, value, _ in self.inputs]
         caps = _torch.active_ddp_bucket_caps() if config.ddp_split and torch.is_grad_enabled() else None
         if caps is not None and not self.guards.has_symbolic_inputs():  # traced inside DDP's forward
             split = ddp.compile_split(self.graph_compiler, graph_module, example_inputs, caps)
             if split is not None:
                 return split
-        if not self.guards.has_symbolic_inputs():
-            # the policy is one per cached code object: a recompile of the same frame compiles anew
-            return graph_reuse.compile_or_reuse(self.graph_compiler, graph_module, example_inputs, owner=self.dynamic)
         with _torch.backend_tracing(self.fake_mode), self._entry_layouts():
+            if not self.guards.has_symbolic_inputs():
+                # the policy is one per cached code object: a recompile of the same frame compiles anew
+                return graph_reuse.compile_or_reuse(self.graph_compiler, graph_module, example_inputs,
+                                                    owner=self.dynamic)
             return self.graph_compiler(graph_module, example_inputs)
 
     @contextlib.contextmanager
