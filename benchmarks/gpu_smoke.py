@@ -6,7 +6,8 @@ graphs) on a small Llama and a small ResNet: several calls with new inputs each,
 result checked against eager, and how many calls replayed a graph; then the Llama with new
 sequence lengths (a recording per length). Last, mode="max-autotune" and "max-autotune-no-cudagraphs" on
 a bf16 MLP: its products' tiles and its kernels' configs timed (choices counted in a fresh cache), three
-calls each checked. One line per case.
+calls each checked. Between them, the default mode's CUDA graphs: results kept across later calls, checked
+(check_default_mode_cuda_graphs). One line per case.
 """
 from __future__ import annotations
 
@@ -52,6 +53,7 @@ def main() -> int:
                 failures += 1
                 print(f"{name:20} {str(dtype):15} ERROR {traceback.format_exc()[-1500:]}", flush=True)
     failures += check_cuda_graphs()
+    failures += check_default_mode_cuda_graphs()
     failures += check_max_autotune()
     print(f"{failures} failures")
     return 1 if failures else 0
@@ -174,6 +176,63 @@ def _check_cuda_graph_model(name, call, model, make, keep_results: bool) -> int:
     except Exception:
         failures += 1
         print(f"cudagraphs {policy:10} {name:10} ERROR {traceback.format_exc()[-1500:]}", flush=True)
+    return failures
+
+
+def check_default_mode_cuda_graphs() -> int:
+    """The default mode's CUDA graphs (config.default_cuda_graphs, the "preserve" policy): an `out = model(x)`
+    loop on the small Llama and ResNet that keeps every result (and a view of each), each checked against
+    eager only after the later calls have replayed; the graphs must replay and the kept results must have
+    been moved, not overwritten. Then the Llama at new sequence lengths (symbolic shapes: no graphs), checked."""
+    failures = 0
+    from kiln.runtime import cudagraphs
+
+    for name, call, model, make in _small_models():
+        torch._dynamo.reset()
+        gc.collect()
+        moved_before = sum(pool.moved for pool in cudagraphs._preserving_pools.values())
+        try:
+            compiled = kiln.compile(model)
+            model64 = copy.deepcopy(model).double()
+            kept = []
+            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+                out = None
+                for _ in range(6):
+                    args = [a.cuda() for a in make()]
+                    out = call(compiled, *args)  # the previous `out` alive during the call
+                    kept.append((out, out[..., :3], args))
+                del out
+                verdicts = [_compare(call, out, model, model64, args) for out, _, args in kept]
+                views_ok = all(torch.equal(view, out[..., :3]) for out, view, _ in kept)
+            bad = [step for step, verdict in enumerate(verdicts) if not verdict]
+            runners = [o for o in gc.get_objects() if isinstance(o, cudagraphs.CudaGraphRunner) and o.preserve]
+            replays = sum(r.replays for r in runners)
+            moved = sum(pool.moved for pool in cudagraphs._preserving_pools.values()) - moved_before
+            disabled = [r.disabled_reason for r in runners if r.disabled_reason]
+            print(f"default cudagraphs    {name:10} 6 results kept and checked after later calls: "
+                  f"{'ok' if not bad and views_ok else f'MISMATCH at calls {bad}, views ok {views_ok}'}; "
+                  f"graphs {len(runners)}, replays {replays}, results moved {moved}, disabled {disabled}", flush=True)
+            failures += bool(bad) or not views_ok or not replays or not moved or bool(disabled)
+            del kept
+        except Exception:
+            failures += 1
+            print(f"default cudagraphs    {name:10} ERROR {traceback.format_exc()[-1500:]}", flush=True)
+    name, call, model, _ = _small_models()[0]
+    torch._dynamo.reset()
+    try:
+        compiled = kiln.compile(model)
+        model64 = copy.deepcopy(model).double()
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            for length in (64, 64, 64, 96, 96, 128):
+                ids = torch.randint(0, 1000, (2, length), device="cuda")
+                verdict = _compare(call, call(compiled, ids), model, model64, [ids])
+                if not verdict:
+                    failures += 1
+                    print(f"default cudagraphs    {name:10} length {length} MISMATCH {verdict.message}", flush=True)
+        print(f"default cudagraphs    {name:10} lengths 64, 96, 128 checked", flush=True)
+    except Exception:
+        failures += 1
+        print(f"default cudagraphs    {name:10} sizes ERROR {traceback.format_exc()[-1500:]}", flush=True)
     return failures
 
 

@@ -165,7 +165,7 @@ def _load_plain_inference(key: str, gm: torch.fx.GraphModule, example_inputs: li
     links to (kiln/aot/plain.py), called as AOTAutograd's wrapper calls it; None when there is none."""
     from kiln.aot import plain
     from kiln.codegen.backends import backend_for
-    from kiln.runtime import cudagraphs, graph_cache
+    from kiln.runtime import graph_cache
 
     if _stage_recorder_factory is None:
         return None
@@ -181,8 +181,7 @@ def _load_plain_inference(key: str, gm: torch.fx.GraphModule, example_inputs: li
         compiled = _load(module_source, gm, dump, mode, scheduled=None, fallback=plain.eager_fallback(gm, facts))
         if fullgraph:  # a kernel failing at its first launch raises too
             compiled.strict = True
-        if mode in CUDA_GRAPH_MODES:
-            compiled = cudagraphs.wrap(compiled, dump.name, example_inputs, inference=True)
+        compiled = _with_cuda_graphs(compiled, dump.name, example_inputs, mode, inference=True)
     except Exception as error:  # noqa: BLE001 (compiled as on a cold start instead)
         log.warning("kiln: graph %s: its cached module could not be loaded (%s: %s); compiling it", dump.name,
                     type(error).__name__, error)
@@ -198,7 +197,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
     """Compile one functional ATen graph (from kiln/aot) into kernels and a wrapper; with
     mode="reduce-overhead" or "max-autotune", an inference graph on CUDA replays through a CUDA graph."""
     from kiln.ir import IRVerificationError
-    from kiln.runtime import autotune, cudagraphs
+    from kiln.runtime import autotune
 
     if _stage_recorder_factory is None:
         raise KilnCompileError("kiln.backend has no stage recorder: import kiln (kiln.debug registers it)")
@@ -214,9 +213,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
                              sum(node.op == "call_function" for node in gm.graph.nodes)))
         if fullgraph and hasattr(compiled, "strict"):  # a kernel failing at its first launch raises too
             compiled.strict = True
-        if mode in CUDA_GRAPH_MODES:
-            compiled = cudagraphs.wrap(compiled, dump.name, example_inputs, inference=inference)
-        return compiled
+        return _with_cuda_graphs(compiled, dump.name, example_inputs, mode, inference=inference)
     except Exception as error:
         if isinstance(error, IRVerificationError) and config.strict:
             raise  # a malformed graph is kiln's bug: raised as it is, naming the stage that made it
@@ -226,6 +223,19 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
         log.warning("kiln: graph %s runs eagerly: %s (set KILN_STRICT=1 to raise)", dump.name, reason)
         dump.write("fallback.txt", traceback.format_exc())
         return _torch.make_boxed_func(gm)
+
+
+def _with_cuda_graphs(compiled, name: str, example_inputs: list, mode: str, *, inference: bool) -> Callable:
+    """`compiled`, replayed through CUDA graphs where its mode has them: reduce-overhead and max-autotune with
+    torch.compile's semantics (a result is valid until the next call); the default mode, under
+    `config.default_cuda_graphs`, with eager's (results stay valid: runtime/cudagraphs.py, "preserve")."""
+    from kiln.runtime import cudagraphs
+
+    if mode in CUDA_GRAPH_MODES:
+        return cudagraphs.wrap(compiled, name, example_inputs, inference=inference)
+    if mode == "default" and config.default_cuda_graphs:
+        return cudagraphs.wrap(compiled, name, example_inputs, inference=inference, preserve=True)
+    return compiled
 
 
 def _compile_aten_graph(gm, example_inputs, dump, mode, inference=False):

@@ -463,15 +463,24 @@ def test_deepcopy_of_a_compiled_module_compiles_a_copy_of_the_original():
     assert not torch.allclose(duplicate(x), before)
 
 
-@pytest.mark.parametrize("mode, replays", [("default", False), ("reduce-overhead", True), ("max-autotune", True),
-                                           ("max-autotune-no-cudagraphs", False)])
-def test_the_modes_that_replay_cuda_graphs_are_torch_compiles(mode, replays, monkeypatch):
+@pytest.mark.parametrize("mode, policies", [("default", [True]), ("reduce-overhead", [False]),
+                                            ("max-autotune", [False]), ("max-autotune-no-cudagraphs", [])])
+def test_the_modes_that_replay_cuda_graphs_are_torch_compiles_and_the_default_keeps_results(mode, policies,
+                                                                                            monkeypatch):
+    # reduce-overhead and max-autotune: torch.compile's CUDA graphs (a result valid until the next call);
+    # the default mode: CUDA graphs whose results stay valid (preserve=True), under config.default_cuda_graphs
     from kiln.runtime import cudagraphs
 
     wrapped = []
-    monkeypatch.setattr(cudagraphs, "wrap", lambda compiled, *args, **kwargs: wrapped.append(args[0]) or compiled)
+    monkeypatch.setattr(cudagraphs, "wrap",
+                        lambda compiled, *args, preserve=False, **kwargs: wrapped.append(preserve) or compiled)
     model = torch.nn.Linear(3, 3)
     x = torch.randn(2, 3)
     with torch.no_grad():
         torch.testing.assert_close(kiln.compile(model, mode=mode)(x), model(x))
-    assert bool(wrapped) == replays
+    assert wrapped == policies
+    wrapped.clear()
+    torch._dynamo.reset()
+    with kiln.config.patch(default_cuda_graphs=False), torch.no_grad():
+        torch.testing.assert_close(kiln.compile(model, mode=mode)(x), model(x))
+    assert wrapped == [policy for policy in policies if not policy]

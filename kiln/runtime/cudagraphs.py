@@ -39,6 +39,19 @@ reason logged. A shape-generic graph takes its sizes as non-tensor inputs: each 
 them gets a runner (and a recording, with its own memory) of its own, up to
 `config.cudagraph_max_shapes` recordings (8 by default; calls with sizes past that run without graphs).
 
+In the default mode (`config.default_cuda_graphs`), a third policy, "preserve", keeps eager's
+semantics: every result stays valid. A CUDA inference graph of static shapes (every input a CUDA
+tensor) is recorded as above, and its results are handed out on storages of their own; before a
+replay could overwrite memory that a result still referenced is on, that result is moved to memory
+of its own (`_torch.storage_mover`: a copy, and the storage swapped onto it, so its views follow).
+In an `out = model(x)` loop that is one copy of the outputs per call, in place of the hundreds of
+launches the host would issue. All such graphs on a device share one memory pool and one stream
+(`PreservingPool`), so graph breaks do not multiply memory: a replay may overwrite the buffers of
+graphs recorded after its own (the pool handed them its freed intermediates), so the results of
+those are moved too. A parameter that moved, or a recording that failed (a host sync, a CPU
+tensor), turns the graph off (logged at INFO); calls made while the caller records a CUDA graph of
+its own run without it.
+
 `capture` is a parameter so that tests can drive the same logic on a CPU with a
 stand-in recording (tests/runtime/test_cudagraphs.py); on a GPU it is `cuda_capture`.
 """
@@ -62,19 +75,67 @@ STALE_RESULT = ("kiln: this tensor is a result of graph {name} under mode='reduc
 
 
 class CudaCapture:
-    """One recorded CUDA graph: `replay()` reruns the launches `run` issued while recording."""
+    """One recorded CUDA graph: `replay()` reruns the launches `run` issued while recording. `pool`: the
+    memory pool to record into (None: one of its own). Only this thread's CUDA calls are checked while it
+    records ("thread_local"): a user's other threads (a data loader pinning memory) may go on."""
 
-    def __init__(self, run: Callable[[], list], stream) -> None:
+    def __init__(self, run: Callable[[], list], stream, pool=None) -> None:
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, stream=stream):
+        with torch.cuda.graph(self.graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
             self.outputs = run()
 
     def replay(self) -> None:
         self.graph.replay()
 
 
-def cuda_capture(run: Callable[[], list], stream) -> CudaCapture:
-    return CudaCapture(run, stream)
+def cuda_capture(run: Callable[[], list], stream, pool=None) -> CudaCapture:
+    return CudaCapture(run, stream, pool)
+
+
+class PreservingPool:
+    """What the default mode's CUDA graphs on one device share: a memory pool, a stream to warm up and record on,
+    and the results handed out so far, each with the number of the recording that made it (recordings are
+    numbered in the order they were made). `move_alive(number)` moves the results of that recording and of
+    later ones that are still referenced to memory of their own: a replay writes its graph's intermediates into
+    buffers the pool may have given to recordings made after it, and its outputs into its own."""
+
+    def __init__(self, pool=None, stream=None, mover: Callable | None = None) -> None:
+        self.pool, self.stream = pool, stream
+        self._move = mover if mover is not None else _torch.storage_mover()
+        self._results: list = []  # (recording number, weak reference to a result's storage)
+        self.recordings = 0
+        self.moved = 0  # results moved, over the pool's life
+
+    def next_number(self) -> int:
+        self.recordings += 1
+        return self.recordings
+
+    def hand_out(self, number: int, storages) -> None:
+        self._results.extend((number, _torch.storage_weak_ref(storage)) for storage in storages)
+
+    def move_alive(self, since: int) -> None:
+        kept = []
+        for number, ref in self._results:
+            if ref.expired():
+                continue
+            if number < since:
+                kept.append((number, ref))
+                continue
+            self._move(ref)
+            self.moved += 1
+        self._results[:] = kept
+
+
+_preserving_pools: dict = {}  # CUDA device index -> its PreservingPool
+
+
+def preserving_pool(device: torch.device) -> PreservingPool:
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    found = _preserving_pools.get(index)
+    if found is None:
+        with torch.cuda.device(index):
+            found = _preserving_pools[index] = PreservingPool(torch.cuda.graph_pool_handle(), torch.cuda.Stream())
+    return found
 
 
 def side_stream():
@@ -91,11 +152,20 @@ class CudaGraphRunner:
 
     def __init__(self, compiled, name: str, *, capture: Callable = cuda_capture,
                  make_stream: Callable = side_stream, stream_context: Callable = torch.cuda.stream,
-                 invalidate: Callable | None | str = "config", max_shapes: int | None = None) -> None:
+                 invalidate: Callable | None | str = "config", max_shapes: int | None = None,
+                 preserve: PreservingPool | None = None, is_capturing: Callable | None = None) -> None:
         from kiln.config import config
 
         if invalidate == "config":  # torch's invalidation when config.cudagraph_invalidate, else the use-count check
-            invalidate = _torch.storage_invalidator() if config.cudagraph_invalidate else None
+            invalidate = _torch.storage_invalidator() if config.cudagraph_invalidate and preserve is None else None
+        # The default mode's policy: results stay valid (moved out of the pool's way before a replay); the
+        # pool's stream warms up and records.
+        self.preserve = preserve
+        self._caller_is_capturing = is_capturing or torch.cuda.is_current_stream_capturing
+        self._number_box = [0]  # this runner's recording's number in `preserve` (a list: its finalizer reads it)
+        if preserve is not None:
+            stream = preserve.stream
+            make_stream = lambda: _ordered(stream)  # noqa: E731
         self.max_shapes = max_shapes if max_shapes is not None else config.cudagraph_max_shapes
         self.compiled = compiled
         self.name = name
@@ -103,7 +173,7 @@ class CudaGraphRunner:
         # has a runner of its own (recorded on its second call), up to max_shapes; past that, calls with
         # new sizes run without graphs.
         self._options = dict(capture=capture, make_stream=make_stream, stream_context=stream_context,
-                             invalidate=invalidate, max_shapes=self.max_shapes)
+                             invalidate=invalidate, max_shapes=self.max_shapes, preserve=preserve)
         self._scalar_positions: tuple | None = None  # where the non-tensor inputs are
         self._key = None  # their values in this runner's calls
         self.shapes: dict = {}  # other values -> their runner
@@ -112,7 +182,10 @@ class CudaGraphRunner:
         self._message = STALE_RESULT.format(name=name)
         self._previous: list = []  # weak references to the storages of the last replay's results
         self.invalidated = 0  # results invalidated, over the runner's life
-        weakref.finalize(self, _invalidate_alive, self._previous, invalidate, self._message)
+        if preserve is None:
+            weakref.finalize(self, _invalidate_alive, self._previous, invalidate, self._message)
+        else:  # its buffers go back to the pool: the results on them move first
+            weakref.finalize(self, _move_alive_quietly, preserve, self._number_box)
         self.kernel_count = getattr(compiled, "kernel_count", 0)
         self.extern_count = getattr(compiled, "extern_count", 0)
         self.module_source = getattr(compiled, "module_source", None)
@@ -125,6 +198,8 @@ class CudaGraphRunner:
 
     def _reset(self) -> None:
         if getattr(self, "recording", None) is not None:  # its memory goes: the results on it too
+            if self.preserve is not None:
+                self.preserve.move_alive(self._number_box[0])
             self.invalidated += _invalidate_alive(self._previous, self._invalidate, self._message)
         self.recording = None
         self.first_call: list | None = None  # per input: data_ptr of a tensor, or the value itself
@@ -146,11 +221,21 @@ class CudaGraphRunner:
                 return self._other_shape(key, args)
         if self.disabled_reason is not None:
             return self._plain(args)
+        if self.preserve is not None and self._caller_is_capturing():
+            return self._plain(args)  # the caller is recording a CUDA graph of its own: the wrapper's launches join it
         if self.recording is None:
             if self.first_call is None:
                 return self._warm_up(args)
             return self._record(args)
+        if self.preserve is not None:
+            self.preserve.move_alive(self._number_box[0])  # before the addresses are read: a moved result is an input
         reason = self._replay_blocker(args)
+        if reason == "moved" and self.preserve is not None:
+            moved = [position for position, address in self.in_place if args[position].data_ptr() != address]
+            if any(isinstance(args[position], torch.nn.Parameter) for position in moved):
+                self._reset()
+                return self._disable(f"parameters moved (inputs {moved}): reassigned, or one graph serving "
+                                     f"several modules", args)
         if reason == "moved":  # warm up and record again, with the new addresses
             self.moved |= {position for position, address in self.in_place
                            if args[position].data_ptr() != address and not isinstance(args[position], torch.nn.Parameter)}
@@ -213,13 +298,20 @@ class CudaGraphRunner:
                 static_args.append(static)
         stream = self._make_stream()
         try:
-            recording = self._capture(lambda: list(self.compiled(list(static_args))), stream)
+            if self.preserve is None:
+                recording = self._capture(lambda: list(self.compiled(list(static_args))), stream)
+            else:
+                recording = self._capture(lambda: list(self.compiled(list(static_args))), stream,
+                                          self.preserve.pool)
         except Exception as error:  # a host sync, an unsupported op: run without graphs from now on
             self._reset()
             return self._disable(f"recording failed: {type(error).__name__}: {error}", args)
         self.recordings += 1
         self.recording = recording
         self._classify_outputs(recording.outputs, static_args)
+        if self.preserve is not None:
+            self._number_box[0] = self.preserve.next_number()
+            self.preserve.move_alive(self._number_box[0])
         recording.replay()
         self.replays += 1
         self._check_indices()
@@ -255,7 +347,8 @@ class CudaGraphRunner:
 
     def _disable(self, reason: str, args: list):
         self.disabled_reason = reason
-        log.warning("kiln: CUDA graphs off for graph %s: %s; it runs without them", self.name, reason)
+        level = logging.INFO if self.preserve is not None else logging.WARNING  # the default mode asked for nothing
+        log.log(level, "kiln: CUDA graphs off for graph %s: %s; it runs without them", self.name, reason)
         return self._plain(args)
 
     # ---- replaying -------------------------------------------------------------------------------
@@ -267,6 +360,8 @@ class CudaGraphRunner:
         for position, value in self.constants:
             if args[position] != value:
                 return f"input {position} is {args[position]!r}, the recording assumed {value!r}"
+        if self.preserve is not None:
+            return None  # the results still referenced were moved out of the way
         if self._invalidate is None:
             for handle, count in self.storages:
                 if _torch.storage_use_count(handle) > count:
@@ -286,7 +381,7 @@ class CudaGraphRunner:
         """This call's results: the graph's output buffers on storage objects of their own (one per
         buffer, so outputs that share memory still do), weakly referenced for the next replay; inputs
         as they are; outputs that alias a copied-in buffer cloned."""
-        if self._invalidate is None:
+        if self._invalidate is None and self.preserve is None:
             return [self._result(kind, value) for kind, value in self.outputs]
         storages, results = {}, []
         for kind, value in self.outputs:
@@ -297,7 +392,10 @@ class CudaGraphRunner:
             if handle not in storages:
                 storages[handle] = _torch.storage_alias(value)
             results.append(_torch.tensor_on(storages[handle], value))
-        self._previous[:] = [_torch.storage_weak_ref(storage) for storage in storages.values()]
+        if self.preserve is not None:
+            self.preserve.hand_out(self._number_box[0], storages.values())
+        else:
+            self._previous[:] = [_torch.storage_weak_ref(storage) for storage in storages.values()]
         return results
 
     @staticmethod
@@ -320,6 +418,22 @@ def _invalidate_alive(previous: list, invalidate: Callable | None, message: str)
     return len(alive)
 
 
+def _move_alive_quietly(pool: PreservingPool, number_box: list) -> None:
+    """A dropped runner's finalizer: the results on its buffers move before the pool reuses them."""
+    if number_box[0]:
+        try:
+            pool.move_alive(number_box[0])
+        except Exception:  # noqa: BLE001 (interpreter shutdown: nothing reads them any more)
+            pass
+
+
+def _ordered(stream):
+    """`stream`, ordered after the current one (the warm-up and the recording read what the caller wrote)."""
+    if stream is not None:
+        stream.wait_stream(torch.cuda.current_stream())
+    return stream
+
+
 def _storage_handle(tensor: torch.Tensor) -> int:
     return tensor.untyped_storage()._cdata
 
@@ -330,14 +444,23 @@ def _wait_for(stream) -> None:
         torch.cuda.current_stream().wait_stream(stream)
 
 
-def wrap(compiled, name: str, example_inputs: list, *, inference: bool):
-    """`compiled` behind a CudaGraphRunner when CUDA graphs apply to it, else `compiled` (logged why)."""
+def wrap(compiled, name: str, example_inputs: list, *, inference: bool, preserve: bool = False):
+    """`compiled` behind a CudaGraphRunner when CUDA graphs apply to it, else `compiled` (logged why).
+    `preserve`: the default mode's policy (results stay valid; static shapes only; the device's shared pool)."""
     tensors = [value for value in example_inputs if isinstance(value, torch.Tensor)]
     if not inference:
         reason = "kiln records inference graphs only (this one is part of a training step)"
     elif not tensors or not all(value.is_cuda for value in tensors):
         reason = "its inputs are not all CUDA tensors"
-    else:
+    elif not preserve:
         return CudaGraphRunner(compiled, name)
-    log.info("kiln: graph %s runs without CUDA graphs: %s", name, reason)
+    elif len(tensors) != len(example_inputs):
+        reason = "its shapes are symbolic (the default mode records static shapes only)"
+    elif len({value.device for value in tensors}) != 1:
+        reason = "its inputs are on several devices"
+    elif _torch.storage_mover() is None:
+        reason = "this torch cannot move a result's storage (UntypedStorage._swap_data_ptr_)"
+    else:
+        return CudaGraphRunner(compiled, name, preserve=preserving_pool(tensors[0].device))
+    log.log(logging.DEBUG if preserve else logging.INFO, "kiln: graph %s runs without CUDA graphs: %s", name, reason)
     return compiled

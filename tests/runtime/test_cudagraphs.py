@@ -21,7 +21,7 @@ from kiln.runtime import cudagraphs
 
 
 class RerunRecording:
-    def __init__(self, run, stream):
+    def __init__(self, run, stream, pool=None):
         self.run = run
         self.outputs = run()
 
@@ -232,7 +232,7 @@ def test_with_invalidation_off_other_sizes_past_the_bound_run_without_graphs_and
 
 
 def test_a_failed_recording_turns_graphs_off_with_the_reason(caplog):
-    def failing_capture(run, stream):
+    def failing_capture(run, stream, pool=None):
         raise RuntimeError("operation not permitted when stream is capturing")
 
     w, b = torch.randn(8, 4), torch.randn(4)
@@ -313,3 +313,162 @@ def test_a_replay_raises_when_a_kernel_flagged_an_out_of_range_index():
     assert runner.replays == 3 and status.item() == 0  # reset: the next replay is clean
     x = torch.rand(4)
     torch.testing.assert_close(runner([x])[0], x * 2)
+
+
+# ---- the default mode: results as fresh as eager's ("preserve") -------------------------------------------------
+
+
+class SharedPoolRecording(RerunRecording):
+    """A stand-in for recordings that share one memory pool: a replay also writes garbage over the output
+    buffers of the recordings made after it (on a GPU its intermediates may sit in buffers the pool later gave
+    them), as well as its own outputs."""
+
+    made: list = []
+
+    def __init__(self, run, stream, pool=None):
+        super().__init__(run, stream, pool)
+        self.made.append(self)
+
+    def replay(self):
+        for later in self.made[self.made.index(self) + 1:]:
+            for static in later.outputs:
+                static.fill_(float("nan"))
+        super().replay()
+
+
+def preserving_runner(function=graph_function, capture=RerunRecording, pool=None):
+    pool = pool if pool is not None else cudagraphs.PreservingPool()
+    return cudagraphs.CudaGraphRunner(function, "g0", capture=capture, stream_context=lambda stream: contextlib.nullcontext(),
+                                      preserve=pool, is_capturing=lambda: False), pool
+
+
+def test_default_mode_results_stay_valid_in_an_out_equals_model_loop():
+    w, b = torch.nn.Parameter(torch.randn(8, 4)), torch.randn(4)
+    runner, pool = preserving_runner()
+    kept = []
+    out = None
+    for x in inputs(6):
+        out = runner([w, b, x, 2.0])  # the previous `out` is alive during the call
+        kept.append((out, out[0][1:3], x))  # and every result, and a view of one, is kept
+    assert runner.replays == 5 and runner.plain_calls == 0 and runner.recordings == 1
+    for results, view, x in kept:
+        check(results, w, b, x, 2.0)
+        torch.testing.assert_close(view, (x @ w + b)[1:3])
+    assert pool.moved == 2 * 4  # calls 3..6 each found the previous replay's two results alive and moved them
+
+
+def test_default_mode_moves_nothing_when_results_are_dropped():
+    w, b = torch.randn(8, 4), torch.randn(4)
+    runner, pool = preserving_runner()
+    for x in inputs(6):
+        check(runner([w, b, x, 2.0]), w, b, x, 2.0)  # checked, then dropped
+    assert runner.replays == 5 and pool.moved == 0
+
+
+def test_default_mode_replays_with_a_result_fed_back_as_an_input():
+    def function(args):  # a cache-like step: the state it returns is its next input
+        state, x = args
+        args.clear()
+        return [state * 0.5 + x]
+
+    runner, pool = preserving_runner(function)
+    state, history = torch.zeros(4), []
+    for x in [torch.randn(4) for _ in range(6)]:
+        want = state * 0.5 + x
+        (state,) = runner([state, x])
+        history.append((state, want))
+    for got, want in history:
+        torch.testing.assert_close(got, want)
+    assert runner.plain_calls == 0 and runner.replays == 5
+
+
+def test_default_mode_a_replay_moves_the_results_of_recordings_made_after_its_own():
+    SharedPoolRecording.made = []
+    pool = cudagraphs.PreservingPool()
+    first, _ = preserving_runner(capture=SharedPoolRecording, pool=pool)
+    second, _ = preserving_runner(capture=SharedPoolRecording, pool=pool)
+    w, b = torch.randn(8, 4), torch.randn(4)
+    xs = inputs(8)
+    for x in xs[:3]:
+        first([w, b, x, 1.0])
+    for x in xs[3:6]:
+        second([w, b, x, 1.0])
+    from_second = second([w, b, xs[6], 1.0])  # alive while `first` replays
+    from_first = first([w, b, xs[7], 1.0])
+    check(from_second, w, b, xs[6], 1.0)
+    check(from_first, w, b, xs[7], 1.0)
+    moved = pool.moved
+    second([w, b, xs[0], 1.0])  # a replay of the later recording leaves the earlier one's results where they are
+    assert pool.moved == moved
+    check(from_first, w, b, xs[7], 1.0)
+
+
+def test_default_mode_a_moved_parameter_turns_the_graph_off_at_info(caplog):
+    w, b = torch.nn.Parameter(torch.randn(8, 4)), torch.randn(4)
+    runner, _ = preserving_runner()
+    kept = []
+    for x in inputs(3):
+        kept.append((runner([w, b, x, 1.0]), w, x))
+    w = torch.nn.Parameter(torch.randn(8, 4))  # reassigned, or a second module's weight through a reused graph
+    with caplog.at_level(logging.INFO, logger="kiln"):
+        for x in inputs(3):
+            kept.append((runner([w, b, x, 1.0]), w, x))
+    assert runner.disabled_reason.startswith("parameters moved") and runner.recording is None
+    assert "CUDA graphs off" in caplog.text and not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    for results, weight, x in kept:
+        check(results, weight, b, x, 1.0)
+
+
+def test_default_mode_runs_plain_while_the_caller_records_a_graph_of_its_own():
+    w, b = torch.randn(8, 4), torch.randn(4)
+    runner, _ = preserving_runner()
+    for x in inputs(3):
+        runner([w, b, x, 1.0])
+    runner._caller_is_capturing = lambda: True
+    x = torch.randn(5, 8)
+    check(runner([w, b, x, 1.0]), w, b, x, 1.0)
+    assert runner.plain_calls == 1 and runner.replays == 2  # the record call's and the third's; none while capturing
+
+
+def test_default_mode_dropping_the_runner_moves_its_results_still_referenced():
+    w, b = torch.randn(8, 4), torch.randn(4)
+    runner, pool = preserving_runner()
+    for x in inputs(3):
+        out = runner([w, b, x, 1.0])
+    moved = pool.moved
+    del runner
+    gc.collect()  # the stand-in recording holds the runner in a cycle
+    assert pool.moved == moved + 2
+    check(out, w, b, x, 1.0)
+
+
+def test_wrap_in_the_default_mode_takes_static_cuda_inference_graphs_only(monkeypatch):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(cudagraphs, "preserving_pool", lambda device: cudagraphs.PreservingPool())
+    with FakeTensorMode():
+        cuda_inputs = [torch.empty(2, device="cuda"), torch.empty(3, device="cuda")]
+    compiled = object()
+    runner = cudagraphs.wrap(compiled, "g", cuda_inputs, inference=True, preserve=True)
+    assert isinstance(runner, cudagraphs.CudaGraphRunner) and runner.preserve is not None
+    assert runner._invalidate is None  # the preserve policy moves results; it never invalidates them
+    assert cudagraphs.wrap(compiled, "g", cuda_inputs + [4], inference=True, preserve=True) is compiled  # a size input
+    assert cudagraphs.wrap(compiled, "g", cuda_inputs, inference=False, preserve=True) is compiled
+    assert cudagraphs.wrap(compiled, "g", [torch.randn(2)], inference=True, preserve=True) is compiled
+    monkeypatch.setattr(cudagraphs._torch, "storage_mover", lambda: None)
+    assert cudagraphs.wrap(compiled, "g", cuda_inputs, inference=True, preserve=True) is compiled
+
+
+def test_the_default_mode_wraps_cuda_graphs_by_config(monkeypatch):
+    from kiln import backend
+
+    calls = []
+    monkeypatch.setattr(backend.cudagraphs if hasattr(backend, "cudagraphs") else cudagraphs, "wrap",
+                        lambda compiled, name, inputs, inference, preserve=False: calls.append(preserve) or compiled)
+    compiled = object()
+    assert backend._with_cuda_graphs(compiled, "g", [], "default", inference=True) is compiled
+    assert backend._with_cuda_graphs(compiled, "g", [], "reduce-overhead", inference=True) is compiled
+    with kiln.config.patch(default_cuda_graphs=False):
+        backend._with_cuda_graphs(compiled, "g", [], "default", inference=True)
+    backend._with_cuda_graphs(compiled, "g", [], "max-autotune-no-cudagraphs", inference=True)
+    assert calls == [True, False]
