@@ -5,7 +5,10 @@
 #      (GPT-2 and Llama captured whole);
 #   2. the six TARGETS models, eager and kiln, one process per case ($MODELS_BUDGET s, default 190);
 #   3. the TARGETS kernels, eager and kiln ($KERNELS_BUDGET s, default 30);
-#   4. BERT's cold first call with kiln's compile worker processes on, then off (config.compile_processes).
+#   4. BERT's cold first call with kiln's compile worker processes on, then off (config.compile_processes;
+#      FIRST_CALL_PROCESSES="1" for the default only).
+#   AB_MODELS=bert,resnet18: those models again with kiln's default-mode CUDA graphs off, after step 2.
+#   KERNELS_BUDGET=0 skips step 3.
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_lean_check.sh
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,10 +26,16 @@ tail -4 "$OUT_DIR/smoke.txt"; grep -i "fail\|error\|mismatch" "$OUT_DIR/smoke.tx
 "$PYTHON" -m benchmarks.run --suite models --modes infer --backends eager,kiln --budget "${MODELS_BUDGET:-190}" \
     --timeout 60 --label "models-$commit" --copy-to "$OUT_DIR" 2>&1 | grep --line-buffered "^\[\|^| " \
     | tee "$OUT_DIR/models.txt"
+if [ -n "${AB_MODELS:-}" ]; then  # the default mode's CUDA graphs off, beside the run above (same machine)
+    KILN_DEFAULT_CUDA_GRAPHS=0 "$PYTHON" -m benchmarks.run --suite models --only "$AB_MODELS" --modes infer \
+        --backends kiln --budget "${AB_BUDGET:-90}" --timeout 60 --label "models-no-default-graphs-$commit" \
+        --copy-to "$OUT_DIR" 2>&1 | grep --line-buffered "^\[\|^| " | tee "$OUT_DIR/models_ab.txt"
+fi
+[ "${KERNELS_BUDGET:-30}" = 0 ] || \
 "$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,kiln --only copy,gelu_bias,layer_norm,softmax \
     --budget "${KERNELS_BUDGET:-30}" --timeout 25 --label "kernels-$commit" 2>&1 | grep --line-buffered "^| " \
     | tee "$OUT_DIR/kernels.txt"
-for processes in 1 0; do
+for processes in ${FIRST_CALL_PROCESSES:-1 0}; do
     echo "== BERT cold first call, KILN_COMPILE_PROCESSES=$processes"
     KILN_COMPILE_PROCESSES=$processes timeout 60 "$PYTHON" -m benchmarks.first_call_compiles --only bert --profile 0 \
         2>&1 | grep -v "Warn" | cut -c1-160 | head -8
