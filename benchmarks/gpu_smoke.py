@@ -182,15 +182,14 @@ def _check_cuda_graph_model(name, call, model, make, keep_results: bool) -> int:
 def check_default_mode_cuda_graphs() -> int:
     """The default mode's CUDA graphs (config.default_cuda_graphs, the "preserve" policy): an `out = model(x)`
     loop on the small Llama and ResNet that keeps every result (and a view of each), each checked against
-    eager only after the later calls have replayed; the graphs must replay and the kept results must have
-    been moved, not overwritten. Then the Llama at new sequence lengths (symbolic shapes: no graphs), checked."""
+    eager only after the later calls have replayed; the graphs must replay. Then the Llama at new sequence
+    lengths (symbolic shapes: no graphs), checked."""
     failures = 0
     from kiln.runtime import cudagraphs
 
     for name, call, model, make in _small_models():
         torch._dynamo.reset()
         gc.collect()
-        moved_before = sum(pool.moved for pool in cudagraphs._preserving_pools.values())
         try:
             compiled = kiln.compile(model)
             model64 = copy.deepcopy(model).double()
@@ -207,12 +206,11 @@ def check_default_mode_cuda_graphs() -> int:
             bad = [step for step, verdict in enumerate(verdicts) if not verdict]
             runners = [o for o in gc.get_objects() if isinstance(o, cudagraphs.CudaGraphRunner) and o.preserve]
             replays = sum(r.replays for r in runners)
-            moved = sum(pool.moved for pool in cudagraphs._preserving_pools.values()) - moved_before
             disabled = [r.disabled_reason for r in runners if r.disabled_reason]
             print(f"default cudagraphs    {name:10} 6 results kept and checked after later calls: "
                   f"{'ok' if not bad and views_ok else f'MISMATCH at calls {bad}, views ok {views_ok}'}; "
-                  f"graphs {len(runners)}, replays {replays}, results moved {moved}, disabled {disabled}", flush=True)
-            failures += bool(bad) or not views_ok or not replays or not moved or bool(disabled)
+                  f"graphs {len(runners)}, replays {replays}, disabled {disabled}", flush=True)
+            failures += bool(bad) or not views_ok or not replays or bool(disabled)
             del kept
         except Exception:
             failures += 1

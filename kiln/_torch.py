@@ -222,24 +222,6 @@ def storage_invalidator():
     return getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
 
 
-def storage_mover():
-    """`move(weak_ref)`: the storage that `weak_ref` (storage_weak_ref) names gets memory of its own, a copy of
-    what it reads now (enqueued on the current stream), and every tensor on it reads that copy from then on, views
-    included; the memory it was on is left to its owner. How CUDA graphs in the default mode keep a result that is
-    still referenced when the next replay overwrites the graph's buffers. None where this torch lacks
-    `UntypedStorage._swap_data_ptr_` or `_new_with_weak_ptr`."""
-    storage_type = torch.UntypedStorage
-    if not (hasattr(storage_type, "_swap_data_ptr_") and hasattr(storage_type, "_new_with_weak_ptr")):
-        return None
-
-    def move(weak_ref) -> None:
-        storage = storage_type._new_with_weak_ptr(weak_ref.cdata)
-        copy = storage.clone()
-        storage._swap_data_ptr_(copy)  # `copy` now holds the old memory, and lets it go with no deleter of its own
-
-    return move
-
-
 def reinterpret_tensor():
     """torch's C++ `_reinterpret_tensor(tensor, size, stride, offset)` (Inductor's wrappers use it):
     a view whose offset counts from the tensor's own storage offset, in about half the time of

@@ -41,16 +41,16 @@ them gets a runner (and a recording, with its own memory) of its own, up to
 
 In the default mode (`config.default_cuda_graphs`), a third policy, "preserve", keeps eager's
 semantics: every result stays valid. A CUDA inference graph of static shapes (every input a CUDA
-tensor) is recorded as above, and its results are handed out on storages of their own; before a
-replay could overwrite memory that a result still referenced is on, that result is moved to memory
-of its own (`_torch.storage_mover`: a copy, and the storage swapped onto it, so its views follow).
-In an `out = model(x)` loop that is one copy of the outputs per call, in place of the hundreds of
-launches the host would issue. All such graphs on a device share one memory pool and one stream
-(`PreservingPool`), so graph breaks do not multiply memory: a replay may overwrite the buffers of
-graphs recorded after its own (the pool handed them its freed intermediates), so the results of
-those are moved too. A parameter that moved, or a recording that failed (a host sync, a CPU
-tensor), turns the graph off (logged at INFO); calls made while the caller records a CUDA graph of
-its own run without it.
+tensor) is recorded as above, and each replay's results are copies of the graph's output buffers
+(one copy per buffer, so results that share memory still do), made on the same stream right after
+the replay: in an `out = model(x)` loop, one copy of the outputs per call in place of the hundreds
+of launches the host would issue. (torch 2.11 has no way to move a storage that a result still
+holds, `UntypedStorage._swap_data_ptr_`, which would let a copy be made only for results still
+referenced at the next replay.) Since no result is ever on a graph's memory, all such graphs on a
+device share one memory pool and one stream (`PreservingPool`): graph breaks do not multiply
+memory. A parameter that moved, or a recording that failed (a host sync, a CPU tensor), turns the
+graph off (logged at INFO); calls made while the caller records a CUDA graph of its own run
+without it.
 
 `capture` is a parameter so that tests can drive the same logic on a CPU with a
 stand-in recording (tests/runtime/test_cudagraphs.py); on a GPU it is `cuda_capture`.
@@ -93,37 +93,12 @@ def cuda_capture(run: Callable[[], list], stream, pool=None) -> CudaCapture:
 
 
 class PreservingPool:
-    """What the default mode's CUDA graphs on one device share: a memory pool, a stream to warm up and record on,
-    and the results handed out so far, each with the number of the recording that made it (recordings are
-    numbered in the order they were made). `move_alive(number)` moves the results of that recording and of
-    later ones that are still referenced to memory of their own: a replay writes its graph's intermediates into
-    buffers the pool may have given to recordings made after it, and its outputs into its own."""
+    """What the default mode's CUDA graphs on one device share: a memory pool to record into, and a stream to
+    warm up and record on. Sharing is safe because their results are copies: a replay may overwrite any buffer
+    of the pool (another graph's outputs included) once that graph's results were copied out."""
 
-    def __init__(self, pool=None, stream=None, mover: Callable | None = None) -> None:
+    def __init__(self, pool=None, stream=None) -> None:
         self.pool, self.stream = pool, stream
-        self._move = mover if mover is not None else _torch.storage_mover()
-        self._results: list = []  # (recording number, weak reference to a result's storage)
-        self.recordings = 0
-        self.moved = 0  # results moved, over the pool's life
-
-    def next_number(self) -> int:
-        self.recordings += 1
-        return self.recordings
-
-    def hand_out(self, number: int, storages) -> None:
-        self._results.extend((number, _torch.storage_weak_ref(storage)) for storage in storages)
-
-    def move_alive(self, since: int) -> None:
-        kept = []
-        for number, ref in self._results:
-            if ref.expired():
-                continue
-            if number < since:
-                kept.append((number, ref))
-                continue
-            self._move(ref)
-            self.moved += 1
-        self._results[:] = kept
 
 
 _preserving_pools: dict = {}  # CUDA device index -> its PreservingPool
@@ -162,7 +137,6 @@ class CudaGraphRunner:
         # pool's stream warms up and records.
         self.preserve = preserve
         self._caller_is_capturing = is_capturing or torch.cuda.is_current_stream_capturing
-        self._number_box = [0]  # this runner's recording's number in `preserve` (a list: its finalizer reads it)
         if preserve is not None:
             stream = preserve.stream
             make_stream = lambda: _ordered(stream)  # noqa: E731
@@ -182,10 +156,7 @@ class CudaGraphRunner:
         self._message = STALE_RESULT.format(name=name)
         self._previous: list = []  # weak references to the storages of the last replay's results
         self.invalidated = 0  # results invalidated, over the runner's life
-        if preserve is None:
-            weakref.finalize(self, _invalidate_alive, self._previous, invalidate, self._message)
-        else:  # its buffers go back to the pool: the results on them move first
-            weakref.finalize(self, _move_alive_quietly, preserve, self._number_box)
+        weakref.finalize(self, _invalidate_alive, self._previous, invalidate, self._message)
         self.kernel_count = getattr(compiled, "kernel_count", 0)
         self.extern_count = getattr(compiled, "extern_count", 0)
         self.module_source = getattr(compiled, "module_source", None)
@@ -198,8 +169,6 @@ class CudaGraphRunner:
 
     def _reset(self) -> None:
         if getattr(self, "recording", None) is not None:  # its memory goes: the results on it too
-            if self.preserve is not None:
-                self.preserve.move_alive(self._number_box[0])
             self.invalidated += _invalidate_alive(self._previous, self._invalidate, self._message)
         self.recording = None
         self.first_call: list | None = None  # per input: data_ptr of a tensor, or the value itself
@@ -227,8 +196,6 @@ class CudaGraphRunner:
             if self.first_call is None:
                 return self._warm_up(args)
             return self._record(args)
-        if self.preserve is not None:
-            self.preserve.move_alive(self._number_box[0])  # before the addresses are read: a moved result is an input
         reason = self._replay_blocker(args)
         if reason == "moved" and self.preserve is not None:
             moved = [position for position, address in self.in_place if args[position].data_ptr() != address]
@@ -309,9 +276,6 @@ class CudaGraphRunner:
         self.recordings += 1
         self.recording = recording
         self._classify_outputs(recording.outputs, static_args)
-        if self.preserve is not None:
-            self._number_box[0] = self.preserve.next_number()
-            self.preserve.move_alive(self._number_box[0])
         recording.replay()
         self.replays += 1
         self._check_indices()
@@ -361,7 +325,7 @@ class CudaGraphRunner:
             if args[position] != value:
                 return f"input {position} is {args[position]!r}, the recording assumed {value!r}"
         if self.preserve is not None:
-            return None  # the results still referenced were moved out of the way
+            return None  # its results are copies: none is on the memory the replay writes
         if self._invalidate is None:
             for handle, count in self.storages:
                 if _torch.storage_use_count(handle) > count:
@@ -379,10 +343,11 @@ class CudaGraphRunner:
 
     def _results(self) -> list:
         """This call's results: the graph's output buffers on storage objects of their own (one per
-        buffer, so outputs that share memory still do), weakly referenced for the next replay; inputs
-        as they are; outputs that alias a copied-in buffer cloned."""
+        buffer, so outputs that share memory still do), weakly referenced for the next replay, or under
+        "preserve" on a copy of each buffer; inputs as they are; outputs that alias a copied-in buffer cloned."""
         if self._invalidate is None and self.preserve is None:
             return [self._result(kind, value) for kind, value in self.outputs]
+        copy = self.preserve is not None
         storages, results = {}, []
         for kind, value in self.outputs:
             if kind != "pool":
@@ -390,11 +355,9 @@ class CudaGraphRunner:
                 continue
             handle = _storage_handle(value)
             if handle not in storages:
-                storages[handle] = _torch.storage_alias(value)
+                storages[handle] = value.untyped_storage().clone() if copy else _torch.storage_alias(value)
             results.append(_torch.tensor_on(storages[handle], value))
-        if self.preserve is not None:
-            self.preserve.hand_out(self._number_box[0], storages.values())
-        else:
+        if not copy:
             self._previous[:] = [_torch.storage_weak_ref(storage) for storage in storages.values()]
         return results
 
@@ -416,15 +379,6 @@ def _invalidate_alive(previous: list, invalidate: Callable | None, message: str)
         invalidate(ref.cdata, message)
     previous.clear()
     return len(alive)
-
-
-def _move_alive_quietly(pool: PreservingPool, number_box: list) -> None:
-    """A dropped runner's finalizer: the results on its buffers move before the pool reuses them."""
-    if number_box[0]:
-        try:
-            pool.move_alive(number_box[0])
-        except Exception:  # noqa: BLE001 (interpreter shutdown: nothing reads them any more)
-            pass
 
 
 def _ordered(stream):
@@ -458,8 +412,6 @@ def wrap(compiled, name: str, example_inputs: list, *, inference: bool, preserve
         reason = "its shapes are symbolic (the default mode records static shapes only)"
     elif len({value.device for value in tensors}) != 1:
         reason = "its inputs are on several devices"
-    elif _torch.storage_mover() is None:
-        reason = "this torch cannot move a result's storage (UntypedStorage._swap_data_ptr_)"
     else:
         return CudaGraphRunner(compiled, name, preserve=preserving_pool(tensors[0].device))
     log.log(logging.DEBUG if preserve else logging.INFO, "kiln: graph %s runs without CUDA graphs: %s", name, reason)
