@@ -8,7 +8,7 @@
 #   4. BERT's cold first call with kiln's compile worker processes on, then off (config.compile_processes;
 #      FIRST_CALL_PROCESSES="1" for the default only).
 #   AB_MODELS=bert,resnet18: those models again with kiln's default-mode CUDA graphs off, after step 2.
-#   KERNELS_BUDGET=0 skips step 3.
+#   MODELS_BUDGET=0 skips step 2 (a separate call measures eager, torch.compile and kiln), KERNELS_BUDGET=0 step 3.
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_lean_check.sh
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -23,6 +23,7 @@ commit="${KILN_GIT_COMMIT:-unknown}"
   echo "gpu_capture_check exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/capture.txt" 2>&1 &
 wait
 tail -4 "$OUT_DIR/smoke.txt"; grep -i "fail\|error\|mismatch" "$OUT_DIR/smoke.txt" | head -5; tail -8 "$OUT_DIR/capture.txt"
+[ "${MODELS_BUDGET:-190}" = 0 ] || \
 "$PYTHON" -m benchmarks.run --suite models --modes infer --backends eager,kiln --budget "${MODELS_BUDGET:-190}" \
     --timeout 60 --label "models-$commit" --copy-to "$OUT_DIR" 2>&1 | grep --line-buffered "^\[\|^| " \
     | tee "$OUT_DIR/models.txt"

@@ -133,8 +133,8 @@ class CudaGraphRunner:
 
         if invalidate == "config":  # torch's invalidation when config.cudagraph_invalidate, else the use-count check
             invalidate = _torch.storage_invalidator() if config.cudagraph_invalidate and preserve is None else None
-        # The default mode's policy: results stay valid (moved out of the pool's way before a replay); the
-        # pool's stream warms up and records.
+        # The default mode's policy: results stay valid (each replay's are copies); the device's shared pool
+        # is recorded into, and its stream warms up and records.
         self.preserve = preserve
         self._caller_is_capturing = is_capturing or torch.cuda.is_current_stream_capturing
         if preserve is not None:
