@@ -8,7 +8,7 @@
 #   4. BERT's cold first call with kiln's compile worker processes on, then off (config.compile_processes;
 #      FIRST_CALL_PROCESSES="1" for the default only).
 #   AB_MODELS=bert,resnet18: those models again with kiln's default-mode CUDA graphs off, after step 2.
-#   MODELS_BUDGET=0 skips step 2 (a separate call measures eager, torch.compile and kiln), KERNELS_BUDGET=0 step 3.
+#   MODELS_ONLY=bert,resnet18 limits step 2 to those models; MODELS_BUDGET=0 skips step 2 (a separate call measures eager, torch.compile and kiln), KERNELS_BUDGET=0 step 3.
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_lean_check.sh
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -22,9 +22,11 @@ commit="${KILN_GIT_COMMIT:-unknown}"
 { timeout 200 "$PYTHON" -m benchmarks.gpu_capture_check 2>&1 | grep -v "Warning"
   echo "gpu_capture_check exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/capture.txt" 2>&1 &
 wait
-tail -4 "$OUT_DIR/smoke.txt"; grep -i "fail\|error\|mismatch" "$OUT_DIR/smoke.txt" | head -5; tail -8 "$OUT_DIR/capture.txt"
+tail -4 "$OUT_DIR/smoke.txt"; grep -i "fail\|error\|mismatch\|cudagraphs" "$OUT_DIR/smoke.txt" | cut -c1-300 | head -14
+tail -8 "$OUT_DIR/capture.txt"
 [ "${MODELS_BUDGET:-190}" = 0 ] || \
-"$PYTHON" -m benchmarks.run --suite models --modes infer --backends eager,kiln --budget "${MODELS_BUDGET:-190}" \
+"$PYTHON" -m benchmarks.run --suite models ${MODELS_ONLY:+--only "$MODELS_ONLY"} --modes infer --backends eager,kiln \
+    --budget "${MODELS_BUDGET:-190}" \
     --timeout 60 --label "models-$commit" --copy-to "$OUT_DIR" 2>&1 | grep --line-buffered "^\[\|^| " \
     | tee "$OUT_DIR/models.txt"
 if [ -n "${AB_MODELS:-}" ]; then  # the default mode's CUDA graphs off, beside the run above (same machine)
@@ -41,4 +43,4 @@ for processes in ${FIRST_CALL_PROCESSES:-1 0}; do
     KILN_COMPILE_PROCESSES=$processes timeout 60 "$PYTHON" -m benchmarks.first_call_compiles --only bert --profile 0 \
         2>&1 | grep -v "Warn" | cut -c1-160 | head -8
 done | tee "$OUT_DIR/first_call.txt"
-rm -f "$OUT_DIR"/*.log
+rm -f "$OUT_DIR"/*.log "$OUT_DIR/models.txt" "$OUT_DIR/models_ab.txt"  # the tables are in the .md files (8 files come back)
