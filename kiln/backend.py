@@ -181,7 +181,7 @@ def _load_plain_inference(key: str, gm: torch.fx.GraphModule, example_inputs: li
         compiled = _load(module_source, gm, dump, mode, scheduled=None, fallback=plain.eager_fallback(gm, facts))
         if fullgraph:  # a kernel failing at its first launch raises too
             compiled.strict = True
-        compiled = _with_cuda_graphs(compiled, dump.name, example_inputs, mode, inference=True)
+        compiled = _with_cuda_graphs(compiled, dump.name, example_inputs, mode, inference=True, gm=gm)
     except Exception as error:  # noqa: BLE001 (compiled as on a cold start instead)
         log.warning("kiln: graph %s: its cached module could not be loaded (%s: %s); compiling it", dump.name,
                     type(error).__name__, error)
@@ -213,7 +213,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
                              sum(node.op == "call_function" for node in gm.graph.nodes)))
         if fullgraph and hasattr(compiled, "strict"):  # a kernel failing at its first launch raises too
             compiled.strict = True
-        return _with_cuda_graphs(compiled, dump.name, example_inputs, mode, inference=inference)
+        return _with_cuda_graphs(compiled, dump.name, example_inputs, mode, inference=inference, gm=gm)
     except Exception as error:
         if isinstance(error, IRVerificationError) and config.strict:
             raise  # a malformed graph is kiln's bug: raised as it is, naming the stage that made it
@@ -225,7 +225,8 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
         return _torch.make_boxed_func(gm)
 
 
-def _with_cuda_graphs(compiled, name: str, example_inputs: list, mode: str, *, inference: bool) -> Callable:
+def _with_cuda_graphs(compiled, name: str, example_inputs: list, mode: str, *, inference: bool,
+                      gm: torch.fx.GraphModule | None = None) -> Callable:
     """`compiled`, replayed through CUDA graphs where its mode has them: reduce-overhead and max-autotune with
     torch.compile's semantics (a result is valid until the next call); the default mode, under
     `config.default_cuda_graphs`, with eager's (results stay valid: runtime/cudagraphs.py, "preserve")."""
@@ -234,8 +235,30 @@ def _with_cuda_graphs(compiled, name: str, example_inputs: list, mode: str, *, i
     if mode in CUDA_GRAPH_MODES:
         return cudagraphs.wrap(compiled, name, example_inputs, inference=inference)
     if mode == "default" and config.default_cuda_graphs:
-        return cudagraphs.wrap(compiled, name, example_inputs, inference=inference, preserve=True)
+        launches = getattr(compiled, "kernel_count", 0) + getattr(compiled, "extern_count", 0)
+        return cudagraphs.wrap(compiled, name, example_inputs, inference=inference, preserve=True,
+                               launches=launches, output_bytes=_output_bytes(gm))
     return compiled
+
+
+def _output_bytes(gm: torch.fx.GraphModule | None) -> int | None:
+    """The bytes of `gm`'s tensor outputs, from their traced values (None where a value is missing)."""
+    if gm is None:
+        return None
+    (output,) = [node for node in gm.graph.nodes if node.op == "output"]
+    total = 0
+    for node in torch.utils._pytree.tree_leaves(output.args[0]):
+        if not isinstance(node, torch.fx.Node):
+            continue
+        value = node.meta.get("val", node.meta.get("example_value"))
+        if isinstance(value, torch.Tensor):
+            try:
+                total += int(value.numel()) * value.element_size()
+            except Exception:  # noqa: BLE001 (a symbolic size: the graph gets no default-mode graph anyway)
+                return None
+        elif value is None:
+            return None
+    return total
 
 
 def _compile_aten_graph(gm, example_inputs, dump, mode, inference=False):

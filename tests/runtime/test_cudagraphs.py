@@ -450,6 +450,13 @@ def test_wrap_in_the_default_mode_takes_static_cuda_inference_graphs_only(monkey
     assert cudagraphs.wrap(compiled, "g", cuda_inputs + [4], inference=True, preserve=True) is compiled  # a size input
     assert cudagraphs.wrap(compiled, "g", cuda_inputs, inference=False, preserve=True) is compiled
     assert cudagraphs.wrap(compiled, "g", [torch.randn(2)], inference=True, preserve=True) is compiled
+    # where copying the results costs more than the launches a replay spares: no graph
+    assert isinstance(cudagraphs.wrap(compiled, "g", cuda_inputs, inference=True, preserve=True, launches=100,
+                                      output_bytes=100 << 20), cudagraphs.CudaGraphRunner)
+    assert cudagraphs.wrap(compiled, "g", cuda_inputs, inference=True, preserve=True, launches=1,
+                           output_bytes=1024) is compiled
+    assert cudagraphs.wrap(compiled, "g", cuda_inputs, inference=True, preserve=True, launches=10,
+                           output_bytes=512 << 20) is compiled
 
 
 def test_the_default_mode_wraps_cuda_graphs_by_config(monkeypatch):
@@ -457,7 +464,7 @@ def test_the_default_mode_wraps_cuda_graphs_by_config(monkeypatch):
 
     calls = []
     monkeypatch.setattr(cudagraphs, "wrap",
-                        lambda compiled, name, inputs, inference, preserve=False: calls.append(preserve) or compiled)
+                        lambda compiled, name, inputs, inference, preserve=False, **_: calls.append(preserve) or compiled)
     compiled = object()
     assert backend._with_cuda_graphs(compiled, "g", [], "default", inference=True) is compiled
     assert backend._with_cuda_graphs(compiled, "g", [], "reduce-overhead", inference=True) is compiled
