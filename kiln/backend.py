@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import math
 import logging
 import traceback
 from typing import Callable
@@ -252,10 +253,10 @@ def _output_bytes(gm: torch.fx.GraphModule | None) -> int | None:
             continue
         value = node.meta.get("val", node.meta.get("example_value"))
         if isinstance(value, torch.Tensor):
-            try:
-                total += int(value.numel()) * value.element_size()
-            except Exception:  # noqa: BLE001 (a symbolic size: the graph gets no default-mode graph anyway)
-                return None
+            sizes = tuple(value.shape)
+            if not all(type(size) is int for size in sizes):  # a symbolic size: int() on it would guard it to this
+                return None                                  # value, and every new size would compile again
+            total += math.prod(sizes) * value.element_size()
         elif value is None:
             return None
     return total

@@ -472,3 +472,28 @@ def test_the_default_mode_wraps_cuda_graphs_by_config(monkeypatch):
         backend._with_cuda_graphs(compiled, "g", [], "default", inference=True)
     backend._with_cuda_graphs(compiled, "g", [], "max-autotune-no-cudagraphs", inference=True)
     assert calls == [True, False]
+
+
+def test_output_bytes_reads_static_sizes_and_never_guards_a_symbolic_one():
+    # int() on a symbolic size would guard it to its value: every new size would compile again
+    from torch._dynamo.source import ConstantSource
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from kiln import backend
+
+    shape_env = ShapeEnv()
+    with FakeTensorMode(shape_env=shape_env):
+        static = torch.empty(3, 5)
+    graph = torch.fx.Graph()
+    a, b = graph.placeholder("a"), graph.placeholder("b")
+    graph.output((a, b))
+    gm = torch.fx.GraphModule(torch.nn.Module(), graph)
+    a.meta["val"], b.meta["val"] = static, static
+    assert backend._output_bytes(gm) == 2 * 15 * 4
+    size = shape_env.create_symintnode(shape_env.create_symbol(4, ConstantSource("rows")), hint=4)
+    with FakeTensorMode(shape_env=shape_env):
+        b.meta["val"] = torch.empty(size, 5)
+    guards_before = len(shape_env.guards)
+    assert backend._output_bytes(gm) is None
+    assert len(shape_env.guards) == guards_before
