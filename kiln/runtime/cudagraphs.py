@@ -50,7 +50,11 @@ referenced at the next replay.) Since no result is ever on a graph's memory, all
 device share one memory pool and one stream (`PreservingPool`): graph breaks do not multiply
 memory. A parameter that moved, or a recording that failed (a host sync, a CPU tensor), turns the
 graph off (logged at INFO); calls made while the caller records a CUDA graph of its own run
-without it.
+without it. Eager's calls are safe from any thread and stream, and a graph's static buffers are
+shared, so: a pool belongs to one thread (the thread that compiled; a call from another runs
+without the graph), and a replay on another stream than the pool's last one first waits for it
+(the previous replay may still be reading the static inputs this call overwrites, or its results
+may not yet be copied out of buffers this replay writes).
 
 `capture` is a parameter so that tests can drive the same logic on a CPU with a
 stand-in recording (tests/runtime/test_cudagraphs.py); on a GPU it is `cuda_capture`.
@@ -58,6 +62,7 @@ stand-in recording (tests/runtime/test_cudagraphs.py); on a GPU it is `cuda_capt
 from __future__ import annotations
 
 import logging
+import threading
 import weakref
 from typing import Callable
 
@@ -93,23 +98,37 @@ def cuda_capture(run: Callable[[], list], stream, pool=None) -> CudaCapture:
 
 
 class PreservingPool:
-    """What the default mode's CUDA graphs on one device share: a memory pool to record into, and a stream to
-    warm up and record on. Sharing is safe because their results are copies: a replay may overwrite any buffer
-    of the pool (another graph's outputs included) once that graph's results were copied out."""
+    """What the default mode's CUDA graphs on one device, called from one thread, share: a memory pool to record
+    into, a stream to warm up and record on, and the stream of the last replay. Sharing is safe because their
+    results are copies, made on the replay's stream: a replay may overwrite any buffer of the pool (another
+    graph's outputs included) once it is ordered after the last replay (`order`)."""
 
-    def __init__(self, pool=None, stream=None) -> None:
+    def __init__(self, pool=None, stream=None, thread: int | None = None,
+                 current_stream: Callable | None = None) -> None:
         self.pool, self.stream = pool, stream
+        self.thread = thread if thread is not None else threading.get_ident()
+        self._current_stream = current_stream or torch.cuda.current_stream
+        self._last_stream = None
+
+    def order(self) -> None:
+        """Before a replay (or the copies into its static inputs): the current stream waits for the last
+        replay's, where they differ."""
+        stream = self._current_stream()
+        if self._last_stream is not None and stream != self._last_stream:
+            stream.wait_stream(self._last_stream)
+        self._last_stream = stream
 
 
-_preserving_pools: dict = {}  # CUDA device index -> its PreservingPool
+_preserving_pools: dict = {}  # (CUDA device index, thread) -> their PreservingPool
 
 
 def preserving_pool(device: torch.device) -> PreservingPool:
     index = device.index if device.index is not None else torch.cuda.current_device()
-    found = _preserving_pools.get(index)
+    key = (index, threading.get_ident())
+    found = _preserving_pools.get(key)
     if found is None:
         with torch.cuda.device(index):
-            found = _preserving_pools[index] = PreservingPool(torch.cuda.graph_pool_handle(), torch.cuda.Stream())
+            found = _preserving_pools[key] = PreservingPool(torch.cuda.graph_pool_handle(), torch.cuda.Stream())
     return found
 
 
@@ -190,8 +209,9 @@ class CudaGraphRunner:
                 return self._other_shape(key, args)
         if self.disabled_reason is not None:
             return self._plain(args)
-        if self.preserve is not None and self._caller_is_capturing():
-            return self._plain(args)  # the caller is recording a CUDA graph of its own: the wrapper's launches join it
+        if self.preserve is not None and (self._caller_is_capturing() or threading.get_ident() != self.preserve.thread):
+            return self._plain(args)  # the caller records a CUDA graph of its own (the wrapper's launches join it),
+            #                           or calls from another thread than the pool's (whose static buffers are shared)
         if self.recording is None:
             if self.first_call is None:
                 return self._warm_up(args)
@@ -211,6 +231,8 @@ class CudaGraphRunner:
         if reason is not None:
             self._note_plain(reason)
             return self._plain(args)
+        if self.preserve is not None:
+            self.preserve.order()
         for position, static in self.copied:
             static.copy_(args[position])
         if self._invalidate is not None:
@@ -276,6 +298,8 @@ class CudaGraphRunner:
         self.recordings += 1
         self.recording = recording
         self._classify_outputs(recording.outputs, static_args)
+        if self.preserve is not None:
+            self.preserve.order()
         recording.replay()
         self.replays += 1
         self._check_indices()

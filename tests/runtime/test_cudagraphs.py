@@ -336,9 +336,20 @@ class SharedPoolRecording(RerunRecording):
         super().replay()
 
 
+class StandInStream:
+    """A CUDA stream as the pool's ordering sees it: which streams it was made to wait for."""
+
+    def __init__(self, name):
+        self.name, self.waited_for = name, []
+
+    def wait_stream(self, other):
+        self.waited_for.append(other.name)
+
+
 def preserving_runner(function=graph_function, capture=RerunRecording, pool=None):
+    pool = pool or cudagraphs.PreservingPool(current_stream=lambda: StandInStream("main"))
     return cudagraphs.CudaGraphRunner(function, "g0", capture=capture, stream_context=lambda stream: contextlib.nullcontext(),
-                                      preserve=pool or cudagraphs.PreservingPool(), is_capturing=lambda: False)
+                                      preserve=pool, is_capturing=lambda: False)
 
 
 def _on_graph_memory(results, runner) -> bool:
@@ -397,7 +408,7 @@ def test_default_mode_replays_with_a_result_fed_back_as_an_input():
 
 def test_default_mode_graphs_sharing_a_pool_never_overwrite_each_others_results():
     SharedPoolRecording.made = []
-    pool = cudagraphs.PreservingPool()
+    pool = cudagraphs.PreservingPool(current_stream=lambda: StandInStream("main"))
     first = preserving_runner(capture=SharedPoolRecording, pool=pool)
     second = preserving_runner(capture=SharedPoolRecording, pool=pool)
     w, b = torch.randn(8, 4), torch.randn(4)
@@ -440,7 +451,7 @@ def test_default_mode_runs_plain_while_the_caller_records_a_graph_of_its_own():
 def test_wrap_in_the_default_mode_takes_static_cuda_inference_graphs_only(monkeypatch):
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    monkeypatch.setattr(cudagraphs, "preserving_pool", lambda device: cudagraphs.PreservingPool())
+    monkeypatch.setattr(cudagraphs, "preserving_pool", lambda device: cudagraphs.PreservingPool(current_stream=object))
     with FakeTensorMode():
         cuda_inputs = [torch.empty(2, device="cuda"), torch.empty(3, device="cuda")]
     compiled = object()
@@ -497,3 +508,38 @@ def test_output_bytes_reads_static_sizes_and_never_guards_a_symbolic_one():
     guards_before = len(shape_env.guards)
     assert backend._output_bytes(gm) is None
     assert len(shape_env.guards) == guards_before
+
+
+def test_default_mode_a_call_from_another_thread_runs_without_the_graph():
+    # eager's calls are safe from any thread; a recording's static buffers are shared, so only the pool's thread
+    # replays
+    import threading
+
+    w, b = torch.randn(8, 4), torch.randn(4)
+    runner = preserving_runner()
+    for x in inputs(3):
+        runner([w, b, x, 1.0])
+    results = {}
+    x = torch.randn(5, 8)
+    worker = threading.Thread(target=lambda: results.setdefault("out", runner([w, b, x, 1.0])))
+    worker.start()
+    worker.join()
+    check(results["out"], w, b, x, 1.0)
+    assert runner.plain_calls == 1 and runner.replays == 2
+
+
+def test_default_mode_a_replay_on_another_stream_waits_for_the_last_one():
+    # the previous replay (on its stream) may still read the static inputs this call overwrites, or have its
+    # results still to copy out of buffers this replay writes
+    streams = {"now": StandInStream("s1")}
+    pool = cudagraphs.PreservingPool(current_stream=lambda: streams["now"])
+    runner = preserving_runner(pool=pool)
+    w, b = torch.randn(8, 4), torch.randn(4)
+    xs = inputs(5)
+    for x in xs[:3]:  # warm-up, record (and its replay), replay: all on s1
+        runner([w, b, x, 1.0])
+    assert streams["now"].waited_for == []
+    s2 = streams["now"] = StandInStream("s2")
+    check(runner([w, b, xs[3], 1.0]), w, b, xs[3], 1.0)
+    check(runner([w, b, xs[4], 1.0]), w, b, xs[4], 1.0)
+    assert s2.waited_for == ["s1"]  # once: the second replay on s2 follows the first in stream order
