@@ -193,6 +193,7 @@ class CudaGraphRunner:
         self.first_call: list | None = None  # per input: data_ptr of a tensor, or the value itself
         self.in_place: list = []  # (position, data_ptr) read where they are
         self.copied: list = []  # (position, static buffer) copied into before each replay
+        self.broadcast: set = set()  # positions of copied inputs with broadcast dims (stride 0): copied as _held_part
         self.constants: list = []  # (position, value) non-tensor inputs the recording assumed
         self.outputs: list = []  # per output: ("pool", tensor) | ("input", tensor) | ("clone", tensor) | ("value", v)
         self.storages: list = []  # (storage handle, use count when no result is alive)
@@ -234,7 +235,10 @@ class CudaGraphRunner:
         if self.preserve is not None:
             self.preserve.order()
         for position, static in self.copied:
-            static.copy_(args[position])
+            if position in self.broadcast:
+                _held_part(static).copy_(_held_part(args[position]))
+            else:
+                static.copy_(args[position])
         if self._invalidate is not None:
             self.invalidated += _invalidate_alive(self._previous, self._invalidate, self._message)
         self.recording.replay()
@@ -282,7 +286,18 @@ class CudaGraphRunner:
                 static_args.append(value)
             else:
                 static = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=value.device)
-                static.copy_(value)
+                broadcast = any(stride == 0 and size > 1 for size, stride in zip(value.shape, value.stride()))
+                try:
+                    if broadcast:  # an expanded input: its buffer holds each element once, as the input does
+                        _held_part(static).copy_(_held_part(value))
+                    else:
+                        static.copy_(value)
+                except RuntimeError as error:  # elements that overlap otherwise (as_strided): no buffer copies them
+                    self._reset()
+                    return self._disable(f"input {position} cannot be copied into a buffer of its layout: {error}",
+                                         args)
+                if broadcast:
+                    self.broadcast.add(position)
                 self.copied.append((position, static))
                 static_args.append(static)
         stream = self._make_stream()
@@ -403,6 +418,14 @@ def _invalidate_alive(previous: list, invalidate: Callable | None, message: str)
         invalidate(ref.cdata, message)
     previous.clear()
     return len(alive)
+
+
+def _held_part(tensor: torch.Tensor) -> torch.Tensor:
+    """The elements `tensor` holds: its broadcast dims (stride 0, size > 1: one element seen several times) cut to
+    one, so that a copy into a tensor of its layout writes each memory location once (copy_ refuses a
+    destination whose elements overlap)."""
+    return tensor[tuple(slice(0, 1) if stride == 0 and size > 1 else slice(None)
+                        for size, stride in zip(tensor.shape, tensor.stride()))]
 
 
 def _ordered(stream):

@@ -543,3 +543,56 @@ def test_default_mode_a_replay_on_another_stream_waits_for_the_last_one():
     check(runner([w, b, xs[3], 1.0]), w, b, xs[3], 1.0)
     check(runner([w, b, xs[4], 1.0]), w, b, xs[4], 1.0)
     assert s2.waited_for == ["s1"]  # once: the second replay on s2 follows the first in stream order
+
+
+@pytest.mark.parametrize("preserve", [False, True])
+def test_an_expanded_input_is_copied_into_its_buffer_element_by_element(preserve):
+    # copy_ into a buffer with a stride-0 dim raises (its elements overlap): eager takes such an input, so must a
+    # recording (a mask or a bias expanded by the caller, a new tensor each call)
+    def function(args):
+        w, mask = args
+        args.clear()
+        return [w * mask, mask.sum(0)]
+
+    runner = preserving_runner(function) if preserve else runner_for(function)
+    w = torch.randn(6, 4)
+    for _ in range(5):
+        row = torch.randn(4)
+        mask = row.expand(6, 4)  # stride (0, 1)
+        got = runner([w, mask])
+        torch.testing.assert_close(got[0], w * mask)
+        torch.testing.assert_close(got[1], mask.sum(0))
+        del got
+    assert runner.replays == 4 and runner.plain_calls == 0 and runner.broadcast == {1}
+
+
+def test_an_input_whose_rows_overlap_is_copied_and_replays_right():
+    # rows that share elements without a stride of 0: torch cannot tell the overlap (copy_ goes ahead, writing
+    # each shared location with the same value), so the buffer holds what the input holds
+    def function(args):
+        (x,) = args
+        args.clear()
+        return [x * 2]
+
+    runner = runner_for(function)
+    for _ in range(4):
+        x = torch.randn(8).as_strided((3, 4), (2, 1))
+        torch.testing.assert_close(runner([x])[0], x * 2)
+    assert runner.replays == 3 and runner.plain_calls == 0
+
+
+def test_an_input_that_cannot_be_copied_into_its_buffer_turns_the_graph_off(monkeypatch, caplog):
+    monkeypatch.setattr(cudagraphs, "_held_part", lambda tensor: (_ for _ in ()).throw(RuntimeError("overlap")))
+    def function(args):
+        w, mask = args
+        args.clear()
+        return [w * mask]
+
+    runner = runner_for(function)
+    w = torch.randn(6, 4)
+    with caplog.at_level(logging.WARNING, logger="kiln"):
+        for _ in range(4):
+            mask = torch.randn(4).expand(6, 4)
+            torch.testing.assert_close(runner([w, mask])[0], w * mask)
+    assert runner.disabled_reason == "input 1 cannot be copied into a buffer of its layout: overlap"
+    assert runner.plain_calls == 3 and runner.recording is None
