@@ -215,6 +215,7 @@ def check_default_mode_cuda_graphs() -> int:
         except Exception:
             failures += 1
             print(f"default cudagraphs    {name:10} ERROR {traceback.format_exc()[-1500:]}", flush=True)
+    failures += _check_expanded_inputs()
     name, call, model, _ = _small_models()[0]
     torch._dynamo.reset()
     try:
@@ -231,6 +232,48 @@ def check_default_mode_cuda_graphs() -> int:
     except Exception:
         failures += 1
         print(f"default cudagraphs    {name:10} sizes ERROR {traceback.format_exc()[-1500:]}", flush=True)
+    return failures
+
+
+class _Masked(torch.nn.Module):
+    """An MLP whose input is scaled by a mask the caller expands (a stride-0 dim, a new tensor each call)."""
+
+    def __init__(self):
+        super().__init__()
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 128),
+                                       torch.nn.GELU(), torch.nn.Linear(128, 64))
+
+    def forward(self, x, mask):
+        return self.mlp(x * mask)
+
+
+def _check_expanded_inputs() -> int:
+    """An expanded input, new each call, in the default mode and reduce-overhead: every call vs eager, and the
+    graphs replay (the recording once raised copying it into its buffer)."""
+    from kiln.runtime import cudagraphs
+
+    failures = 0
+    model = _Masked().cuda().eval()
+    for mode in ("default", "reduce-overhead"):
+        torch._dynamo.reset()
+        gc.collect()
+        try:
+            compiled = kiln.compile(model, mode=mode)
+            bad = 0
+            with torch.no_grad():
+                for _ in range(5):
+                    x = torch.randn(32, 64, device="cuda")
+                    mask = torch.randn(64, device="cuda").expand(32, 64)
+                    got, want = compiled(x, mask).clone(), model(x, mask)
+                    bad += not kiln.testing.compare(got, want)
+            runners = [o for o in gc.get_objects() if isinstance(o, cudagraphs.CudaGraphRunner)]
+            replays = sum(r.replays for r in runners)
+            print(f"expanded input        {mode:16} 5 calls: {'ok' if not bad else f'{bad} MISMATCH'}; "
+                  f"graphs {len(runners)}, replays {replays}", flush=True)
+            failures += bool(bad) or not replays
+        except Exception:
+            failures += 1
+            print(f"expanded input        {mode:16} ERROR {traceback.format_exc()[-1500:]}", flush=True)
     return failures
 
 
