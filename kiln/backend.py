@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import contextvars
 import functools
-import math
 import logging
+import math
 import traceback
 from typing import Callable
 

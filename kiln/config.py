@@ -139,7 +139,7 @@ OPTIONS = [
            "their first launch (kiln/runtime/launch.py compile_ahead); off: each compiles at its first launch"),
     Option("default_cuda_graphs", bool, True, "mode='default': a CUDA inference graph of static shapes replays "
            "through a CUDA graph from its third call (kiln/runtime/cudagraphs.py), its results as fresh as eager's: "
-           "a result still referenced when the graph replays again is first moved to memory of its own"),
+           "each call's results are copies of the graph's output buffers"),
     Option("cudagraph_invalidate", bool, True, "mode='reduce-overhead': a result still referenced at the next call is "
            "invalidated (reading it raises, saying to keep a .clone()) and the graph replays, as torch.compile's "
            "do; off: such a call runs without its graph"),

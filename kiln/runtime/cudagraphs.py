@@ -302,11 +302,8 @@ class CudaGraphRunner:
                 static_args.append(static)
         stream = self._make_stream()
         try:
-            if self.preserve is None:
-                recording = self._capture(lambda: list(self.compiled(list(static_args))), stream)
-            else:
-                recording = self._capture(lambda: list(self.compiled(list(static_args))), stream,
-                                          self.preserve.pool)
+            recording = self._capture(lambda: list(self.compiled(list(static_args))), stream,
+                                      self.preserve.pool if self.preserve is not None else None)
         except Exception as error:  # a host sync, an unsupported op: run without graphs from now on
             self._reset()
             return self._disable(f"recording failed: {type(error).__name__}: {error}", args)
@@ -445,10 +442,11 @@ def _wait_for(stream) -> None:
         torch.cuda.current_stream().wait_stream(stream)
 
 
-# The default mode records a graph only where replaying it pays for copying its results: each launch a replay
-# spares saves the host about 5 us (an H100's host, measured per launch in kiln's wrappers), and copying 4 MiB
-# of results costs an H100 about 3 us (read and write at ~3 TB/s). A single pointwise kernel over 512 MiB would
-# run twice as long (measured: gelu(x + b), 65536 x 4096 bf16, 2026-12-06).
+# The default mode records a graph only where replaying it pays for copying its results. Estimates, not a
+# measured break-even: each launch a replay spares saves the host some microseconds (a product extern cost 16-20 us
+# of host time on the H200, benchmarks/extern_overhead.py; assumed ~5 us a launch on average), and copying 4 MiB of
+# results costs an H100 about 3 us (read and write at ~3 TB/s). Measured: recording a single gelu(x + b) over
+# 512 MiB (65536 x 4096 bf16) made the kernels suite time out (2026-12-06, 843d3f9).
 MIN_DEFAULT_LAUNCHES = 4
 MAX_RESULT_BYTES_PER_LAUNCH = 4 << 20
 
