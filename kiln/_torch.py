@@ -534,7 +534,8 @@ def count_aot_autograd_call() -> None:
 def plain_trace_inputs(example_inputs: list):
     """(fake mode, fake inputs) for tracing an inference graph to ATen without AOTAutograd (kiln/aot/plain.py
     `trace_to_aten`), as AOTAutograd would fake them: the fake mode of the frontend's TracingContext (or of the
-    inputs), each input its memoized fake; with no fake mode, a new one with static shapes. None where
+    inputs); each input faked with the symbolic context Dynamo recorded for it, or its memoized fake (kiln's
+    frontend); with no fake mode, a new one with static shapes. None where
     AOTAutograd's own conversion is needed: an input the mode never faked while its shapes may be symbolic
     (AOTAutograd gives it the TracingContext's symbolic context), or Dynamo's DDPOptimizer, whose first call of a
     compiled piece takes fake tensors (`fakify_first_call`)."""
@@ -556,7 +557,12 @@ def plain_trace_inputs(example_inputs: list):
             continue
         if type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter):
             return None  # a tensor subclass: AOTAutograd flattens it
-        memo = mode.fake_tensor_converter._get_memo(value)
+        if context is not None and value in context.tensor_to_context:  # Dynamo's input: its symbols, as AOTAutograd
+            symbolic = context.tensor_to_context[value]                    # fakes it
+            fakes.append(mode.from_tensor(value, symbolic_context=symbolic, source=symbolic.tensor_source,
+                                          trace=False))
+            continue
+        memo = mode.fake_tensor_converter._get_memo(value)  # kiln's frontend faked it while tracing
         if memo is None:
             if mode.shape_env is not None:
                 return None

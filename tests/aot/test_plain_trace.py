@@ -131,3 +131,21 @@ def test_a_trace_that_writes_in_place_is_not_handed_to_the_backend(monkeypatch):
             out = kiln.compile(program)(x)
     assert handed == []
     torch.testing.assert_close(out, program(x))
+
+
+@pytest.mark.parametrize("frontend", ["kiln.compile", "torch.compile"])
+def test_dynamos_inputs_take_the_single_trace_and_symbolic_graphs_aotautograd(frontend):
+    """Under torch.compile(backend="kiln") the inputs come from Dynamo with its symbolic contexts: the static graph
+    of the first call is traced once all the same. A new sequence length compiles a graph of symbolic sizes, which
+    takes its sizes as inputs (not plain): AOTAutograd traces that one. Every result matches eager."""
+    torch.manual_seed(0)
+    model = _llama().eval()
+    compiled = kiln.compile(model) if frontend == "kiln.compile" else torch.compile(model, backend="kiln")
+    runs = []
+    with torch.no_grad():
+        for length in (12, 17, 23):
+            before = _aot_runs()
+            tokens = torch.randint(0, VOCAB, (2, length))
+            torch.testing.assert_close(compiled(tokens).logits, model(tokens).logits, rtol=1e-4, atol=1e-4)
+            runs.append(_aot_runs() - before)
+    assert runs == [0, 1, 0]  # the static graph traced once; the symbolic graph by AOTAutograd, then reused
