@@ -118,7 +118,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str, fu
 
     try:
         _check_supported_inputs(example_inputs)
-        is_plain = plain.not_plain_reason(gm, example_inputs) is None
+        is_plain = plain.not_plain_reason(gm, example_inputs, private_writes=True) is None
         plain_key = None if _stages_wanted() else plain.key_of(gm, example_inputs, mode)
         if plain_key is not None:
             warm = _load_plain_inference(plain_key, gm, example_inputs, mode, fullgraph)

@@ -3,7 +3,8 @@
 The trace must hand kiln's backend the ATen graph AOTAutograd would have: the same ops, node for node
 (compared as a multiset of targets, on Hugging Face models in their default configs, with and without
 autocast: Llama's rotary embedding turns autocast off inside the graph), the same results, and AOTAutograd
-not run at all. Graphs that are not plain, or whose trace writes in place, still go through AOTAutograd.
+not run at all. Graphs that are not plain, or whose trace writes in place to memory another name sees, still go through
+AOTAutograd; writes to values of the graph's own (ResNet's ReLU(inplace=True)) are made functional.
 """
 from __future__ import annotations
 
@@ -41,6 +42,38 @@ def _llama():
                                                                   max_position_embeddings=64))
 
 
+class _BasicBlock(torch.nn.Module):
+    """torchvision's ResNet block as it is written: ReLU(inplace=True) and `out += identity`."""
+
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv1 = torch.nn.Conv2d(channels, channels, 3, 1, 1, bias=False)
+        self.bn1 = torch.nn.BatchNorm2d(channels)
+        self.relu = torch.nn.ReLU(inplace=True)
+        self.conv2 = torch.nn.Conv2d(channels, channels, 3, 1, 1, bias=False)
+        self.bn2 = torch.nn.BatchNorm2d(channels)
+
+    def forward(self, x):
+        identity = x
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        out += identity
+        return self.relu(out)
+
+
+class _ResNetLike(torch.nn.Module):
+    def __init__(self, channels: int = 8):
+        super().__init__()
+        self.stem = torch.nn.Sequential(torch.nn.Conv2d(3, channels, 3, 1, 1, bias=False),
+                                        torch.nn.BatchNorm2d(channels), torch.nn.ReLU(inplace=True))
+        self.blocks = torch.nn.Sequential(_BasicBlock(channels), _BasicBlock(channels))
+        self.fc = torch.nn.Linear(channels, 10)
+
+    def forward(self, x):
+        x = self.blocks(self.stem(x))
+        return (self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1)),)
+
+
 def _aot_runs() -> int:
     from torch._dynamo.utils import counters
 
@@ -66,13 +99,16 @@ def _compile_and_record(model, tokens, autocast: bool, plain_trace: bool, monkey
 
 
 @pytest.mark.parametrize("autocast", [False, True], ids=["float32", "bf16-autocast"])
-@pytest.mark.parametrize("build", [_bert, _gpt2, _llama], ids=["bert", "gpt2", "llama"])
+@pytest.mark.parametrize("build", [_bert, _gpt2, _llama, _ResNetLike], ids=["bert", "gpt2", "llama", "resnet-block"])
 def test_the_single_trace_gives_aotautograds_graph(build, autocast, monkeypatch):
+    """The ResNet's in-place writes (to values of its own) are made functional, as AOTAutograd's
+    functionalization makes them."""
     torch.manual_seed(0)
     model = build().eval()
-    tokens = torch.randint(0, VOCAB, (2, 12))
+    tokens = torch.randn(2, 3, 8, 8) if build is _ResNetLike else torch.randint(0, VOCAB, (2, 12))
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        expected = model(tokens).to_tuple()[0]
+        output = model(tokens)
+        expected = output[0] if isinstance(output, tuple) else output.to_tuple()[0]
     traced, traced_graphs, traced_aot = _compile_and_record(model, tokens, autocast, True, monkeypatch)
     aot, aot_graphs, aot_aot = _compile_and_record(model, tokens, autocast, False, monkeypatch)
     assert traced_aot == 0 and aot_aot == 1  # the single trace replaced AOTAutograd; off, AOTAutograd ran
@@ -83,53 +119,86 @@ def test_the_single_trace_gives_aotautograds_graph(build, autocast, monkeypatch)
     torch.testing.assert_close(traced.float(), expected.float(), **tolerance)
 
 
-def test_a_graph_that_writes_in_place_goes_through_aotautograd(monkeypatch):
-    """`x.add_(1)` on an input is not plain: AOTAutograd's wrapper must copy the write back to the caller's tensor."""
-    def bump(x):
-        x.add_(1)
-        return x * 2
+def _view_write(x):
+    t = x * 2
+    t.view(-1)[0] = 0.0  # written through a view: the write is not private to `t`'s name
+    return t + 1
 
-    x = torch.randn(8)
-    expected = (x + 1) * 2
+
+def _input_write(x):
+    y = x.relu_()  # the caller's tensor is written: AOTAutograd's wrapper copies the write back
+    return y * 2
+
+
+def _aliased_write(x):
+    t = x * 2
+    v = t.view(-1)  # a view taken before the write must see it
+    t.add_(1)
+    return v * 3
+
+
+def _later_use(x):
+    t = x * 2
+    t.relu_()  # written in place, then read by its old name
+    return t + 1, t * 3
+
+
+def test_a_private_write_read_by_its_old_name_later_reads_the_new_value():
+    x = torch.randn(4, 5)
     before = _aot_runs()
     with torch.no_grad():
-        out = kiln.compile(bump)(x)
+        out = kiln.compile(_later_use)(x)
+    assert _aot_runs() == before  # traced once: the write made functional
+    for got, expected in zip(out, _later_use(x.clone())):
+        torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("program", [_view_write, _input_write, _aliased_write],
+                         ids=["through-a-view", "an-input", "of-a-value-with-a-view"])
+def test_writes_that_are_not_private_go_through_aotautograd(program):
+    x = torch.randn(4, 5)
+    expected_input = x.clone()
+    expected = program(expected_input)
+    before = _aot_runs()
+    with torch.no_grad():
+        out = kiln.compile(program)(x)
     assert _aot_runs() - before == 1
     torch.testing.assert_close(out, expected)
-    torch.testing.assert_close(x, expected / 2)  # the input was written, as eager writes it
+    torch.testing.assert_close(x, expected_input)  # the input as eager leaves it
 
 
-def test_a_trace_that_writes_in_place_is_not_handed_to_the_backend(monkeypatch):
-    """A plain graph whose ATen trace holds an in-place op (here from a decomposition that writes its result with
-    copy_) is refused by the single trace; AOTAutograd, which applies decompositions below its functionalization,
-    refuses it too (an assertion), so the graph runs as captured: the backend only ever gets functional graphs."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
+def test_a_decompositions_write_to_a_fresh_value_is_made_functional(monkeypatch):
+    """A decomposition that writes its result into a fresh tensor (copy_ into empty_like) leaves an in-place op in
+    the ATen trace; AOTAutograd, which applies decompositions below its functionalization, refuses such a graph
+    (an assertion). The single trace makes the write functional (`aten.copy`), so the backend gets a functional
+    graph and the result is eager's."""
     from kiln.aot import decompositions
 
     def silu_via_copy(x):
         out = torch.empty_like(x)
-        return out.copy_(x * torch.sigmoid(x))
+        out.copy_(x * torch.sigmoid(x))
+        return out  # the written tensor by its own name: later uses must read the write
 
     table = dict(decompositions.decomposition_table())
     table[torch.ops.aten.silu.default] = silu_via_copy
     monkeypatch.setattr("kiln.aot.decomposition_table", lambda: table)
+    handed = []
+
+    def recording(gm, example_inputs, **options):
+        handed.append([str(node.target) for node in gm.graph.nodes if node.op == "call_function"])
+        return COMPILE_ATEN(gm, example_inputs, **options)
+
+    monkeypatch.setattr(backend, "compile_aten_graph", recording)
 
     def program(x):
         return torch.nn.functional.silu(x) + 1
 
     x = torch.randn(16)
-    gm = torch.fx.symbolic_trace(program)
-    FakeTensorProp(gm, FakeTensorMode()).propagate(x)  # each node's trace-time value, as a frontend records it
-    assert plain.not_plain_reason(gm, [x]) is None
+    before = _aot_runs()
     with torch.no_grad():
-        assert plain.trace_to_aten(gm, [x], table) is None
-        handed = []
-        monkeypatch.setattr(backend, "compile_aten_graph", lambda *args, **kwargs: handed.append(args))
-        with kiln.config.patch(strict=False):
-            out = kiln.compile(program)(x)
-    assert handed == []
+        out = kiln.compile(program)(x)
+    assert _aot_runs() == before and len(handed) == 1
+    assert "aten.copy.default" in handed[0] and not any(target.endswith("_.default") for target in handed[0])
     torch.testing.assert_close(out, program(x))
 
 
@@ -149,3 +218,23 @@ def test_dynamos_inputs_take_the_single_trace_and_symbolic_graphs_aotautograd(fr
             torch.testing.assert_close(compiled(tokens).logits, model(tokens).logits, rtol=1e-4, atol=1e-4)
             runs.append(_aot_runs() - before)
     assert runs == [0, 1, 0]  # the static graph traced once; the symbolic graph by AOTAutograd, then reused
+
+
+def test_functionalize_private_writes_redirects_later_reads_of_the_written_name():
+    """make_fx's traces read a written tensor through the in-place call's result, but an FX graph may name the
+    written value itself afterwards: those reads must see the write."""
+    aten = torch.ops.aten
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    t = graph.call_function(aten.mul.Tensor, (x, 2))
+    before = graph.call_function(aten.neg.default, (t,))  # read before the write: keeps the old value
+    graph.call_function(aten.relu_.default, (t,))
+    after = graph.call_function(aten.add.Tensor, (t, 1))  # read after the write, by the written name
+    graph.output((before, after))
+    assert plain.functionalize_private_writes(graph) is None
+    module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    value = torch.randn(6)
+    got_before, got_after = module(value)
+    torch.testing.assert_close(got_before, -(value * 2))
+    torch.testing.assert_close(got_after, torch.relu(value * 2) + 1)
+    assert not any(str(node.target).endswith("_.default") for node in graph.nodes)
