@@ -226,14 +226,14 @@ def trace_to_aten(gm: torch.fx.GraphModule, example_inputs: list, decompositions
 
     For a plain graph AOTAutograd's work reduces to one trace, after a first one that only collects metadata
     (which inputs are mutated, which outputs alias): none are, by the rules above. Its functionalization
-    would rewrite in-place writes; a plain graph makes none, and a decomposition that does makes the trace
-    fall back. The trace is AOTAutograd's otherwise: the same decompositions and Python dispatcher, under the
+    would rewrite in-place writes; those to the graph's own values become out-of-place calls here
+    (`functionalize_private_writes`), and any other makes the trace fall back. The trace is AOTAutograd's
+    otherwise: the same decompositions and Python dispatcher, under the
     frontend's fake mode, with grad off, under the caller's autocast (whose casts the ATen graph holds), the
     outputs flattened, dead nodes removed. Measured on this project's 2-core CPU machine (bf16 autocast,
     1 x 64 tokens, C++ kernels already built, median of 3 processes): first call BERT-base 2.42 -> 1.99 s,
     GPT-2 2.61 -> 2.03, the Llama-style model 2.15 -> 1.69, an 8-block torchvision-style ResNet (64 channels,
-    32 x 32) 0.88 -> 0.71 (2026-12-06). In-place writes to the graph's own values are made functional
-    (`functionalize_private_writes`); a graph with any other write is left to AOTAutograd."""
+    32 x 32) 0.88 -> 0.71 (2026-12-06)."""
     found = _torch.plain_trace_inputs(example_inputs)
     if found is None:
         return None
@@ -269,12 +269,22 @@ def _is_view(node: torch.fx.Node) -> bool:
     return any(result.alias_info is not None for result in node.target._schema.returns)
 
 
+def _same_dtype_operands(node: torch.fx.Node, base: torch.fx.Node) -> bool:
+    """Whether every tensor operand of `node` has `base`'s dtype: an in-place op keeps its target's dtype
+    (`out += x` on bf16 `out` and float32 `x` stays bf16), where its out-of-place form would promote."""
+    dtype = getattr(base.meta.get("val"), "dtype", None)
+    operands = [value for value in torch.utils._pytree.tree_leaves((node.args, node.kwargs))
+                if isinstance(value, torch.fx.Node)]
+    return dtype is not None and all(getattr(operand.meta.get("val"), "dtype", None) == dtype for operand in operands)
+
+
 def functionalize_private_writes(graph: torch.fx.Graph) -> str | None:
     """Make the in-place calls of an ATen graph functional where each writes a value of the graph's own that
     nothing else sees: `relu_(x)` becomes `relu(x)` and every later use of `x` reads the new value, as a
     torchvision ResNet's `ReLU(inplace=True)` and `out += identity` need. Such a write is private when its one
     written argument is the call's first, its result is that argument, and the argument is made by a call that
-    is not a view and has no view taken of it: no other name sees the memory. Returns None when every write
+    is not a view and has no view taken of it: no other name sees the memory; and its tensor operands share the
+    argument's dtype (the out-of-place form would promote where the write keeps it). Returns None when every write
     became functional; otherwise, the first write that could not (an input's, a view's, an `out=` call's), with
     the graph then not to be used."""
     order = {node: index for index, node in enumerate(graph.nodes)}
@@ -286,9 +296,11 @@ def functionalize_private_writes(graph: torch.fx.Graph) -> str | None:
         base = node.args[0] if node.args else None
         functional = getattr(getattr(torch.ops.aten, name.rstrip("_"), None), node.target._overloadname, None) \
             if name.endswith("_") and not name.endswith("__") else None
+        returns = node.target._schema.returns
         if (written != [0] or not isinstance(base, torch.fx.Node) or base.op != "call_function" or _is_view(base)
                 or any(_is_view(user) for user in base.users) or functional is None
-                or len(node.target._schema.returns) != 1):
+                or len(returns) != 1 or returns[0].alias_info is None or not returns[0].alias_info.is_write
+                or not _same_dtype_operands(node, base)):
             return str(node.target)
         with graph.inserting_before(node):
             replacement = graph.call_function(functional, node.args, node.kwargs)

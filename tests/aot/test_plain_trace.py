@@ -153,9 +153,15 @@ def test_a_private_write_read_by_its_old_name_later_reads_the_new_value():
         torch.testing.assert_close(got, expected)
 
 
-@pytest.mark.parametrize("program", [_view_write, _input_write, _aliased_write],
-                         ids=["through-a-view", "an-input", "of-a-value-with-a-view"])
-def test_writes_that_are_not_private_go_through_aotautograd(program):
+def _promoting_write(x):
+    t = x.to(torch.bfloat16) * 2
+    t += x  # float32 into bf16: the write keeps bf16, an out-of-place add would give float32
+    return t
+
+
+@pytest.mark.parametrize("program", [_view_write, _input_write, _aliased_write, _promoting_write],
+                         ids=["through-a-view", "an-input", "of-a-value-with-a-view", "of-another-dtype"])
+def test_writes_the_single_trace_cannot_make_functional_go_through_aotautograd(program):
     x = torch.randn(4, 5)
     expected_input = x.clone()
     expected = program(expected_input)
@@ -163,6 +169,7 @@ def test_writes_that_are_not_private_go_through_aotautograd(program):
     with torch.no_grad():
         out = kiln.compile(program)(x)
     assert _aot_runs() - before == 1
+    assert out.dtype == expected.dtype
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(x, expected_input)  # the input as eager leaves it
 
@@ -231,9 +238,14 @@ def test_functionalize_private_writes_redirects_later_reads_of_the_written_name(
     graph.call_function(aten.relu_.default, (t,))
     after = graph.call_function(aten.add.Tensor, (t, 1))  # read after the write, by the written name
     graph.output((before, after))
-    assert plain.functionalize_private_writes(graph) is None
     module = torch.fx.GraphModule(torch.nn.Module(), graph)
     value = torch.randn(6)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    FakeTensorProp(module, FakeTensorMode()).propagate(value)  # the metas a trace leaves
+    assert plain.functionalize_private_writes(graph) is None
+    module.recompile()
     got_before, got_after = module(value)
     torch.testing.assert_close(got_before, -(value * 2))
     torch.testing.assert_close(got_after, torch.relu(value * 2) + 1)
