@@ -123,21 +123,34 @@ def changes_mode(node: torch.fx.Node) -> bool:
     return node.target in (_ENTER_AUTOCAST, _EXIT_AUTOCAST) or getattr(node.target, "__name__", "") in _MODE_CHANGES
 
 
-def _plain_call(node: torch.fx.Node, writes_allowed: bool = False) -> bool:
-    """A call that writes nothing in place (unless `writes_allowed`; `out=` never), changes no mode, and whose
-    target a name identifies."""
+def _writes_in_place(node: torch.fx.Node) -> bool:
+    """Whether a torch-level call may write a tensor argument in place (its data or its layout: `t_()`)."""
     target = node.target
-    if "out" in node.kwargs or (not writes_allowed and (node.kwargs.get("inplace") is True or target in _AUGMENTED)):
-        return False
-    if isinstance(target, str):
-        return writes_allowed or (not (target.endswith("_") and not target.endswith("__"))
-                                  and target not in ("__setitem__", "__delitem__"))
+    if node.kwargs.get("inplace") is True or target in _AUGMENTED:
+        return True
     if isinstance(target, torch._ops.OpOverload):
-        schema = target._schema
-        return writes_allowed or not any(argument.alias_info is not None and argument.alias_info.is_write
-                                         for argument in schema.arguments)
+        return any(argument.alias_info is not None and argument.alias_info.is_write
+                   for argument in target._schema.arguments)
+    name = target if isinstance(target, str) else (getattr(target, "__name__", "") or "")
+    return (name.endswith("_") and not name.endswith("__")) or name in ("__setitem__", "__delitem__")
+
+
+def _plain_call(node: torch.fx.Node, writes_allowed: bool = False) -> bool:
+    """A call that writes nothing in place, changes no mode, and whose target a name identifies. With
+    `writes_allowed`, a call may write its first argument when that is a value the graph computed (an input's
+    fake, as the frontend's trace left it, may already show the write: the single trace must not see inputs
+    written); `out=` never."""
+    target = node.target
+    if "out" in node.kwargs:
+        return False
+    if _writes_in_place(node):
+        written = node.args[0] if node.args else None
+        if not writes_allowed or not isinstance(written, torch.fx.Node) or written.op == "placeholder":
+            return False
+    if isinstance(target, (str, torch._ops.OpOverload)):
+        return True
     name = getattr(target, "__name__", "") or ""
-    if name in _MODE_CHANGES or (not writes_allowed and name.endswith("_") and not name.endswith("__")):
+    if name in _MODE_CHANGES:
         return False
     module = getattr(target, "__module__", None) or ""
     if isinstance(target, (types.BuiltinFunctionType, types.FunctionType)):
@@ -263,9 +276,12 @@ def _writes(node: torch.fx.Node) -> list:
 
 
 def _is_view(node: torch.fx.Node) -> bool:
-    """An ATen call whose result aliases an argument (a view: `Tensor(a)` in, `Tensor(a)` out, nothing written)."""
+    """An ATen call whose result aliases an argument (a view: `Tensor(a)` in, `Tensor(a)` out, nothing written;
+    and `_unsafe_view`, whose schema does not say that its result shares its argument's memory)."""
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or _writes(node):
         return False
+    if node.target.overloadpacket is torch.ops.aten._unsafe_view:
+        return True
     return any(result.alias_info is not None for result in node.target._schema.returns)
 
 

@@ -143,14 +143,27 @@ def _later_use(x):
     return t + 1, t * 3
 
 
-def test_a_private_write_read_by_its_old_name_later_reads_the_new_value():
+def _layout_write(x):
+    t = x + 1
+    t.t_()  # an in-place view op: the value's layout is written
+    return t * 2, t.sum(0)
+
+
+@pytest.mark.parametrize("program", [_later_use, _layout_write], ids=["data", "layout"])
+def test_a_private_write_read_by_its_old_name_later_reads_the_new_value(program):
     x = torch.randn(4, 5)
     before = _aot_runs()
     with torch.no_grad():
-        out = kiln.compile(_later_use)(x)
+        out = kiln.compile(program)(x)
     assert _aot_runs() == before  # traced once: the write made functional
-    for got, expected in zip(out, _later_use(x.clone())):
+    for got, expected in zip(out, program(x.clone())):
+        assert got.shape == expected.shape
         torch.testing.assert_close(got, expected)
+
+
+def _input_layout_write(x):
+    x.t_()  # the caller's tensor is restrided: its fake, as the frontend's trace left it, shows it already
+    return x.sum(0)
 
 
 def _promoting_write(x):
@@ -159,8 +172,9 @@ def _promoting_write(x):
     return t
 
 
-@pytest.mark.parametrize("program", [_view_write, _input_write, _aliased_write, _promoting_write],
-                         ids=["through-a-view", "an-input", "of-a-value-with-a-view", "of-another-dtype"])
+@pytest.mark.parametrize("program", [_view_write, _input_write, _input_layout_write, _aliased_write, _promoting_write],
+                         ids=["through-a-view", "an-input", "an-inputs-layout", "of-a-value-with-a-view",
+                              "of-another-dtype"])
 def test_writes_the_single_trace_cannot_make_functional_go_through_aotautograd(program):
     x = torch.randn(4, 5)
     expected_input = x.clone()
@@ -250,3 +264,21 @@ def test_functionalize_private_writes_redirects_later_reads_of_the_written_name(
     torch.testing.assert_close(got_before, -(value * 2))
     torch.testing.assert_close(got_after, torch.relu(value * 2) + 1)
     assert not any(str(node.target).endswith("_.default") for node in graph.nodes)
+
+
+def test_a_write_to_an_unsafe_views_result_is_not_made_functional():
+    """`_unsafe_view`'s schema does not mark its result as an alias, but it shares its argument's memory: a write
+    to it is seen through the argument, so the pass refuses it (AOTAutograd then traces the graph)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    aten = torch.ops.aten
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    product = graph.call_function(aten.mm.default, (x, x))
+    flat = graph.call_function(aten._unsafe_view.default, (product, [16]))
+    graph.call_function(aten.relu_.default, (flat,))
+    graph.output((graph.call_function(aten.add.Tensor, (product, 1)),))  # reads the write through `product`
+    module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    FakeTensorProp(module, FakeTensorMode()).propagate(torch.randn(4, 4))
+    assert plain.functionalize_private_writes(graph) == "aten.relu_.default"
