@@ -211,6 +211,11 @@ def load_compiled(kernel, device: int) -> None:
         pass
 
 
+def _closure_values(function) -> dict:
+    """{free variable name: value} of a closure (Triton's compile closure: `src`, `target`, `options`, ...)."""
+    return dict(zip(function.__code__.co_freevars, (cell.cell_contents for cell in function.__closure__)))
+
+
 def compile_job(compile_fn) -> dict | None:
     """What a compile worker process (kiln/runtime/compile_worker_main.py) needs to run the compile that
     Triton's JIT hands an AsyncCompileMode as `compile_fn` (Triton 3.6: a closure over `src`, `target`,
@@ -221,7 +226,7 @@ def compile_job(compile_fn) -> dict | None:
     import pickle
 
     try:
-        cells = dict(zip(compile_fn.__code__.co_freevars, (cell.cell_contents for cell in compile_fn.__closure__)))
+        cells = _closure_values(compile_fn)
         source, function = cells["src"], cells["src"].fn.fn
         path = function.__code__.co_filename
         text = "".join(linecache.cache[path][2])
@@ -245,7 +250,7 @@ def in_cache(key: str, compile_fn) -> bool:
             return False
         from triton.runtime.cache import get_cache_manager
 
-        source = dict(zip(compile_fn.__code__.co_freevars, (cell.cell_contents for cell in compile_fn.__closure__)))["src"]
+        source = _closure_values(compile_fn)["src"]
         name = f"{source.name[:150]}.json"
         group = get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest()).get_group(name)
         return bool(group) and group.get(name) is not None

@@ -74,6 +74,15 @@ class _ResNetLike(torch.nn.Module):
         return (self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1)),)
 
 
+def _with_metas(module: torch.fx.GraphModule, *inputs) -> torch.fx.GraphModule:
+    """`module` with each node's trace-time value in meta["val"], as a frontend's or make_fx's trace leaves it."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
+
+    FakeTensorProp(module, FakeTensorMode()).propagate(*inputs)
+    return module
+
+
 def _aot_runs() -> int:
     from torch._dynamo.utils import counters
 
@@ -254,10 +263,7 @@ def test_functionalize_private_writes_redirects_later_reads_of_the_written_name(
     graph.output((before, after))
     module = torch.fx.GraphModule(torch.nn.Module(), graph)
     value = torch.randn(6)
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
-    FakeTensorProp(module, FakeTensorMode()).propagate(value)  # the metas a trace leaves
+    _with_metas(module, value)
     assert plain.functionalize_private_writes(graph) is None
     module.recompile()
     got_before, got_after = module(value)
@@ -269,9 +275,6 @@ def test_functionalize_private_writes_redirects_later_reads_of_the_written_name(
 def test_a_write_to_an_unsafe_views_result_is_not_made_functional():
     """`_unsafe_view`'s schema does not mark its result as an alias, but it shares its argument's memory: a write
     to it is seen through the argument, so the pass refuses it (AOTAutograd then traces the graph)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.passes.fake_tensor_prop import FakeTensorProp
-
     aten = torch.ops.aten
     graph = torch.fx.Graph()
     x = graph.placeholder("x")
@@ -280,5 +283,5 @@ def test_a_write_to_an_unsafe_views_result_is_not_made_functional():
     graph.call_function(aten.relu_.default, (flat,))
     graph.output((graph.call_function(aten.add.Tensor, (product, 1)),))  # reads the write through `product`
     module = torch.fx.GraphModule(torch.nn.Module(), graph)
-    FakeTensorProp(module, FakeTensorMode()).propagate(torch.randn(4, 4))
+    _with_metas(module, torch.randn(4, 4))
     assert plain.functionalize_private_writes(graph) == "aten.relu_.default"
