@@ -529,3 +529,67 @@ def count_aot_autograd_call() -> None:
     from torch._dynamo.utils import counters
 
     counters["aot_autograd"]["total"] += 1
+
+
+def plain_trace_inputs(example_inputs: list):
+    """(fake mode, fake inputs) for tracing an inference graph to ATen without AOTAutograd (kiln/aot/plain.py
+    `trace_to_aten`), as AOTAutograd would fake them: the fake mode of the frontend's TracingContext (or of the
+    inputs); each input faked with the symbolic context Dynamo recorded for it, or its memoized fake (kiln's
+    frontend); with no fake mode, a new one with static shapes. None where
+    AOTAutograd's own conversion is needed: an input the mode never faked while its shapes may be symbolic
+    (AOTAutograd gives it the TracingContext's symbolic context), or Dynamo's DDPOptimizer, whose first call of a
+    compiled piece takes fake tensors (`fakify_first_call`)."""
+    from torch._guards import TracingContext, detect_fake_mode
+    from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
+
+    context = TracingContext.try_get()
+    if context is not None and getattr(context, "fakify_first_call", False):
+        return None
+    mode = detect_fake_mode(example_inputs)
+    if mode is None:
+        mode = FakeTensorMode()
+    fakes = []
+    for value in example_inputs:
+        if isinstance(value, FakeTensor):
+            if value.fake_mode is not mode:
+                return None
+            fakes.append(value)
+            continue
+        if type(value) is not torch.Tensor and not isinstance(value, torch.nn.Parameter):
+            return None  # a tensor subclass: AOTAutograd flattens it
+        if context is not None and value in context.tensor_to_context:  # Dynamo's input: its symbols, as AOTAutograd
+            symbolic = context.tensor_to_context[value]                    # fakes it
+            fakes.append(mode.from_tensor(value, symbolic_context=symbolic, source=symbolic.tensor_source,
+                                          trace=False))
+            continue
+        memo = mode.fake_tensor_converter._get_memo(value)  # kiln's frontend faked it while tracing
+        if memo is None:
+            if mode.shape_env is not None:
+                return None
+            memo = mode.from_tensor(value, static_shapes=True)
+        fakes.append(memo)
+    return mode, fakes
+
+
+def make_fx_aten(function, fake_mode, fake_inputs: list, decompositions: dict):
+    """`function` traced to an ATen FX graph on `fake_inputs` under `fake_mode`, with `decompositions`, as
+    AOTAutograd's own trace runs (the Python dispatcher on, each node's meta kept for the ATen nodes traced
+    from it), without functionalization."""
+    from torch._dispatch.python import enable_python_dispatcher
+    from torch.fx import traceback as fx_traceback
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with fake_mode, enable_python_dispatcher(), fx_traceback.preserve_node_meta():
+        return make_fx(function, decomposition_table=decompositions, record_module_stack=True)(*fake_inputs)
+
+
+def run_graph_for_trace(gm: torch.fx.GraphModule, args: list, fake_mode):
+    """Run the torch-level graph `gm` on `args` inside a trace, as AOTAutograd's functional call does: each
+    node's meta current while it runs (so the ATen nodes traced from it carry it), unbacked symbols
+    propagated, under a new epoch of `fake_mode`."""
+    from torch.fx import traceback as fx_traceback
+    from torch.fx.experimental.symbolic_shapes import PropagateUnbackedSymInts
+
+    with fx_traceback.preserve_node_meta():
+        fake_mode.epoch += 1
+        return PropagateUnbackedSymInts(gm).run(*args)

@@ -211,6 +211,11 @@ def load_compiled(kernel, device: int) -> None:
         pass
 
 
+def _closure_values(function) -> dict:
+    """{free variable name: value} of a closure (Triton's compile closure: `src`, `target`, `options`, ...)."""
+    return dict(zip(function.__code__.co_freevars, (cell.cell_contents for cell in function.__closure__)))
+
+
 def compile_job(compile_fn) -> dict | None:
     """What a compile worker process (kiln/runtime/compile_worker_main.py) needs to run the compile that
     Triton's JIT hands an AsyncCompileMode as `compile_fn` (Triton 3.6: a closure over `src`, `target`,
@@ -221,7 +226,7 @@ def compile_job(compile_fn) -> dict | None:
     import pickle
 
     try:
-        cells = dict(zip(compile_fn.__code__.co_freevars, (cell.cell_contents for cell in compile_fn.__closure__)))
+        cells = _closure_values(compile_fn)
         source, function = cells["src"], cells["src"].fn.fn
         path = function.__code__.co_filename
         text = "".join(linecache.cache[path][2])
@@ -234,17 +239,37 @@ def compile_job(compile_fn) -> dict | None:
     return job
 
 
+def in_cache(key: str, compile_fn) -> bool:
+    """Whether Triton's on-disk cache already holds the kernel that `compile_fn` (Triton 3.6's JIT closure, see
+    `compile_job`) compiles, submitted under `key`: the JIT's cache key, which `triton.compile` hashes to find
+    the kernel's cache folder and looks up as `<name>.json` in it. False where that cannot be told."""
+    import hashlib
+
+    try:
+        if triton.knobs.compilation.always_compile:
+            return False
+        from triton.runtime.cache import get_cache_manager
+
+        source = _closure_values(compile_fn)["src"]
+        name = f"{source.name[:150]}.json"
+        group = get_cache_manager(hashlib.sha256(key.encode("utf-8")).hexdigest()).get_group(name)
+        return bool(group) and group.get(name) is not None
+    except Exception:
+        return False
+
+
 class WorkerCompileMode(AsyncCompileMode):
     """Triton's AsyncCompileMode whose compiles first run in a worker process (`compile_in_worker(job)`,
     kiln/runtime/compile_workers.py), which fills Triton's cache; the compile itself, on the executor's
-    thread, then finds the kernel there. Where the worker fails, the thread compiles as before."""
+    thread, then finds the kernel there. Where the worker fails, the thread compiles as before. A kernel
+    Triton's cache already holds (a warm start) goes to no worker, so a warm start starts no processes."""
 
     def __init__(self, executor, compile_in_worker, **options):
         super().__init__(executor, **options)
         self._compile_in_worker = compile_in_worker
 
     def submit(self, key, compile_fn, finalize_fn):
-        job = compile_job(compile_fn) if key not in self.future_kernels else None
+        job = compile_job(compile_fn) if key not in self.future_kernels and not in_cache(key, compile_fn) else None
         if job is not None:
             compile_here = compile_fn
 

@@ -118,6 +118,7 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str, fu
 
     try:
         _check_supported_inputs(example_inputs)
+        is_plain = plain.not_plain_reason(gm, example_inputs, private_writes=True) is None
         plain_key = None if _stages_wanted() else plain.key_of(gm, example_inputs, mode)
         if plain_key is not None:
             warm = _load_plain_inference(plain_key, gm, example_inputs, mode, fullgraph)
@@ -128,7 +129,8 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str, fu
         compile_aten = functools.partial(compile_aten_graph, mode=mode, fullgraph=fullgraph)
         token = _compiled_graphs.set([])
         try:
-            compiled = aot_compile(gm, example_inputs, compile_aten, functools.partial(compile_aten, inference=True))
+            compiled = aot_compile(gm, example_inputs, compile_aten, functools.partial(compile_aten, inference=True),
+                                   plain=is_plain and config.plain_trace)
             if plain_key is not None:
                 plain.link(plain_key, _compiled_graphs.get(), gm, example_inputs)
         finally:

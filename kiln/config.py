@@ -135,6 +135,8 @@ OPTIONS = [
     Option("ddp_split", bool, True, "a graph traced inside DistributedDataParallel's forward is compiled as one piece "
            "per gradient bucket, so each bucket's all-reduce overlaps the rest of the backward (kiln/frontend/ddp.py); "
            "off: one graph, whose gradients are all ready at the end of its backward"),
+    Option("plain_trace", bool, True, "a plain inference graph (no autograd, no in-place writes, no aliased outputs: "
+           "kiln/aot/plain.py) is traced to ATen once, without AOTAutograd, which traces it twice; off: AOTAutograd"),
     Option("parallel_compile", bool, True, "a graph's CUDA kernels are compiled in parallel when it loads, before "
            "their first launch (kiln/runtime/launch.py compile_ahead); off: each compiles at its first launch"),
     Option("default_cuda_graphs", bool, True, "mode='default': a CUDA inference graph of static shapes replays "

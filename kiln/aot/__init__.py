@@ -31,9 +31,12 @@ from kiln.aot.strides import expand_writes_as_views, keep_written_layouts, restr
 from kiln.runtime.locks import compile_lock
 
 
-def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: Callable | None = None) -> Callable:
+def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: Callable | None = None, *,
+                plain: bool = False) -> Callable:
     """Trace `gm` to ATen with AOTAutograd and compile every graph it yields with `compile_aten`
-    (an inference graph, one with no backward, with `compile_inference` when given)."""
+    (an inference graph, one with no backward, with `compile_inference` when given). `plain`: `gm` is a plain
+    inference graph (kiln/aot/plain.py), traced once without AOTAutograd where that trace allows."""
+    from kiln.aot import plain as plain_graphs
 
     expand_writes_as_views(gm)  # a write through an expand that broadcasts nothing is a plain view's write
     keep_written_layouts(gm)  # in-place writes keep the written tensor's layout in the trace too
@@ -55,6 +58,11 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
         return _torch.make_boxed_func(compiled)
 
     inference = functools.partial(boxed, compile_one=compile_inference or compile_aten, inference=True)
+    if plain:
+        with compile_lock:
+            traced = plain_graphs.trace_to_aten(gm, example_inputs, decomposition_table())
+            if traced is not None:
+                return plain_graphs.runtime_wrapper(inference(*traced), {"autocast": _torch.autocast_state()})
     with compile_lock:
         compiled = _torch.aot_module_simplified(gm, example_inputs, fw_compiler=boxed,
                                                 bw_compiler=functools.partial(boxed, forward=False),

@@ -13,7 +13,8 @@ thread's compile is then a cache hit that loads the files. A worker that fails, 
 
 The workers (`config.compile_workers`, by default one per CPU core) start when the first graph with
 CUDA inputs begins to compile (`prestart`), so their start-up overlaps kiln's own tracing and
-lowering, and they live until the process exits.
+lowering, and they live until the process exits. A kernel already in Triton's cache is sent to no worker
+(kiln/_triton.py `in_cache`): a warm start, whose graphs load from kiln's cache without tracing, starts none.
 """
 from __future__ import annotations
 

@@ -52,6 +52,7 @@ _PROBE = textwrap.dedent('''
         launch.compile_ahead(jobs, 2)
     workers = compile_workers._workers
     print(json.dumps({"compiled_here": len(compiled_here), "failures": workers.failures if workers else None,
+                      "processes_started": len(workers._all) if workers else 0,
                       "asm": sorted(next(iter(jit.device_caches[0][0].values())).asm["ptx"][-400:]
                                     for jit, *_ in jobs)}))
 ''')
@@ -86,6 +87,21 @@ def test_worker_processes_compile_every_kernel_and_the_parent_finds_them_in_the_
     alone = _probe(jobs, False, str(tmp_path / "cache-alone"))
     assert alone["compiled_here"] >= 1 and alone["failures"] is None
     assert with_workers["asm"] == alone["asm"]  # the same kernels
+
+
+def test_a_warm_start_sends_nothing_to_worker_processes(tmp_path):
+    """With Triton's cache filled by a first process, a second one (a warm start) finds every kernel there
+    before asking a worker: it starts no worker processes and compiles nothing."""
+    jobs, cache = _kernel_jobs(tmp_path), str(tmp_path / "cache")
+    cold = _probe(jobs, True, cache)
+    assert cold["processes_started"] == 2 and cold["compiled_here"] == 0
+    warm = _probe(jobs, True, cache)
+    assert warm["processes_started"] == 0 and warm["compiled_here"] == 0 and warm["failures"] == []
+    assert warm["asm"] == cold["asm"]
+
+
+def test_in_cache_is_false_for_what_it_cannot_read():
+    assert _triton.in_cache("key", _closure_compile(1)) is False  # no `src` in the closure
 
 
 def _closure_compile(value):
