@@ -26,7 +26,8 @@ from benchmarks.run import REPO_ROOT, _case_environment
 
 
 # What kiln logs (KILN_LOGS=perf) when a warm start cannot skip AOTAutograd for a graph (kiln/aot/plain.py).
-_RETRACE_MESSAGES = ("a warm start traces this graph to ATen", "is not linked to its ATen graph")
+_RETRACE_MESSAGES = ("a warm start traces this graph to ATen", "is not linked to its ATen graph",
+                     "so it is traced to ATen")
 
 
 def first_call(spec: dict, cache_dir: str, timeout: float, profile_path: str | None = None) -> dict:
@@ -121,10 +122,13 @@ def main(argv: list[str] | None = None) -> int:
 
         lines.append(f"| {model} | {backend} | {cell(cold)} | {cell(warm)} | "
                      f"{cell(cold, 'median_ms')} / {cell(warm, 'median_ms')} | {verdict(cold)} / {verdict(warm)} |")
-    notes = [(model, backend, line) for model, backend, _, warm in rows for line in warm.get("retraced", [])]
-    if notes:
-        lines += ["", "## Graphs the warm process traced to ATen again (KILN_LOGS=perf)", "",
-                  *(f"- {model}, {backend}: {line}" for model, backend, line in notes)]
+    for process, title in ((3, "Graphs the warm process traced to ATen again"),
+                           (2, "What the cold process could not link for a warm start")):
+        notes = [(row[0], row[1], line) for row in rows for line in row[process].get("retraced", [])
+                 if process == 3 or "is not linked" in line]
+        if notes:
+            lines += ["", f"## {title} (KILN_LOGS=perf)", "",
+                      *(f"- {model}, {backend}: {line}" for model, backend, line in notes)]
     text = "\n".join(lines) + "\n"
     stem = f"{env['date'][:10]}_{args.label}_{report.hardware_tag(env)}"
     path = os.path.join(REPO_ROOT, "benchmarks", "results", stem + ".md")

@@ -222,6 +222,12 @@ def storage_invalidator():
     return getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
 
 
+def cublas_workspace_releaser():
+    """`release()`, which frees every cuBLAS workspace torch keeps (one per handle and stream, 32 MiB each on
+    an H100; the next product on a stream allocates its own again), or None where this build has none."""
+    return getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+
+
 def reinterpret_tensor():
     """torch's C++ `_reinterpret_tensor(tensor, size, stride, offset)` (Inductor's wrappers use it):
     a view whose offset counts from the tensor's own storage offset, in about half the time of
