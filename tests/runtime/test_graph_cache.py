@@ -380,3 +380,17 @@ def test_a_plain_graph_without_a_linked_module_says_so_under_perf(cache_dir, tra
     with kiln.config.patch(logs="perf"), caplog.at_level(logging.WARNING, logger="kiln"):
         kiln.compile(program)(*arguments())
     assert "the ATen graph its key links to is not in the whole-graph cache" in caplog.text and len(traces) == 2
+
+
+def test_under_perf_each_torch_level_key_keeps_its_text(cache_dir):
+    """Two processes' texts of one graph's key, diffed, show why a warm start found no link."""
+    kiln.reset()
+    with kiln.config.patch(logs="perf"):
+        kiln.compile(program)(*arguments())
+    texts = list((cache_dir / "keys").rglob("k*.txt"))
+    assert len(texts) == 1
+    text = texts[0].read_text()
+    assert text.startswith("level torch") and "input 0 T(" in text
+    kiln.reset()
+    kiln.compile(program)(*arguments())
+    assert len(list((cache_dir / "keys").rglob("k*.txt"))) == 1  # without perf, nothing more is written
