@@ -164,3 +164,38 @@ def test_workers_are_off_under_the_interpreter_and_by_option(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with config.patch(compile_processes=False):
         assert compile_workers.workers() is None
+
+
+def test_each_kernel_is_loaded_on_its_compile_thread_as_soon_as_it_compiles():
+    """A kernel's launcher and binary load right after its own compile, while the others still compile: a
+    graph no longer waits for its slowest compile and then its slowest launcher. A load that raises is left
+    for the launch (which loads again and reports it)."""
+    import threading
+
+    events, slow_started, fast_loaded = [], threading.Event(), threading.Event()
+
+    def compile_slow():
+        slow_started.set()
+        assert fast_loaded.wait(10), "the fast kernel was not loaded while the slow one compiled"
+        events.append("slow compiled")
+        return "slow"
+
+    def compile_fast():
+        slow_started.wait(10)
+        events.append("fast compiled")
+        return "fast"
+
+    def after_compile(kernel):
+        events.append(f"{kernel} loaded on {threading.current_thread().name}")
+        if kernel == "fast":
+            fast_loaded.set()
+        else:
+            raise RuntimeError("no device to load on")
+
+    with ThreadPoolExecutor(2, thread_name_prefix="compile") as executor:
+        with _triton.WorkerCompileMode(executor, lambda job: False, after_compile=after_compile) as mode:
+            slow = mode.submit("slow", compile_slow, lambda kernel: None)
+            fast = mode.submit("fast", compile_fast, lambda kernel: None)
+    assert slow.result() == "slow" and fast.result() == "fast"
+    assert events[:2] == ["fast compiled", events[1]] and events[1].startswith("fast loaded on compile")
+    assert events[2:] == ["slow compiled", events[3]] and events[3].startswith("slow loaded on compile")
