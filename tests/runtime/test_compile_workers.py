@@ -199,3 +199,48 @@ def test_each_kernel_is_loaded_on_its_compile_thread_as_soon_as_it_compiles():
     assert slow.result() == "slow" and fast.result() == "fast"
     assert events[:2] == ["fast compiled", events[1]] and events[1].startswith("fast loaded on compile")
     assert events[2:] == ["slow compiled", events[3]] and events[3].startswith("slow loaded on compile")
+
+
+def _worker_module():
+    import importlib.util
+
+    path = os.path.join(ROOT, "kiln", "runtime", "compile_worker_main.py")
+    spec = importlib.util.spec_from_file_location("kiln_compile_worker_main_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("backend", ["cuda", "hip"])
+def test_a_worker_builds_a_cuda_kernels_launcher_while_the_kernel_compiles(monkeypatch, backend, tmp_path):
+    """The launcher's C source depends only on the kernel's signature and constants: the worker builds it on a
+    thread beside the compile (its C compiler run then costs the parent's thread nothing at load time)."""
+    import threading
+
+    import triton
+    import triton.backends.nvidia.driver as nvidia_driver
+    from triton.backends.compiler import GPUTarget
+
+    worker = _worker_module()
+    launcher_built, seen = threading.Event(), {}
+
+    class Launcher:
+        def __init__(self, source, metadata):
+            seen["source"] = source
+            launcher_built.set()
+            metadata.global_scratch_size  # what the real one reads after building: absent on the stand-in
+
+    def compile_waiting_for_the_launcher(source, target, options, _env_vars):
+        seen["compiled"] = source
+        seen["overlapped"] = launcher_built.wait(5 if backend == "cuda" else 0.2)
+
+    monkeypatch.setattr(nvidia_driver, "CudaLauncher", Launcher)
+    monkeypatch.setattr(triton, "compile", compile_waiting_for_the_launcher)
+    text = "import triton\n\ndef kernel(x_ptr, n):\n    pass\n"
+    worker._compile({"path": str(tmp_path / "k.py"), "text": text, "module": "k", "function": "kernel",
+                     "signature": {"x_ptr": "*fp32", "n": "i32"}, "constants": {}, "attrs": {},
+                     "target": GPUTarget(backend, 90, 32), "options": {}, "env_vars": {}})
+    if backend == "cuda":
+        assert seen["overlapped"] and seen["source"] is seen["compiled"]  # built while compiling, from its source
+    else:
+        assert not seen["overlapped"] and "source" not in seen  # no CUDA launcher for another backend
