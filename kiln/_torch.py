@@ -9,13 +9,29 @@ import contextlib
 import functools
 
 import torch
-from torch._decomp import core_aten_decompositions, get_decompositions  # noqa: F401
+from torch._decomp import get_decompositions  # noqa: F401
 from torch._functorch.aot_autograd import aot_module_simplified, make_boxed_func  # noqa: F401
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: F401
 from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing as untraced  # noqa: F401
 from torch.fx.experimental.symbolic_shapes import ShapeEnv  # noqa: F401
 
 aten = torch.ops.aten
+
+
+def core_aten_decompositions() -> dict:
+    """torch's core-ATen decomposition table without its CompositeImplicitAutograd entries. torch's public
+    `core_aten_decompositions()` (for torch.export) adds every CIA op of every loaded namespace, which costs
+    0.07 s on this project's CPU (torch 2.13) and 0.4 s of a cold first call under cProfile on the GPU host
+    (torch 2.11), in each new process; a trace never reaches those entries, since the dispatcher decomposes a
+    CIA op through the same kernel before any mode sees it (tests/aot/test_decomposition_table.py: the models'
+    ATen graphs are equal with either table)."""
+    try:
+        from torch._decomp import _core_aten_decompositions_post_autograd as post_autograd
+    except ImportError:
+        from torch._decomp import core_aten_decompositions as public
+
+        return dict(public())
+    return dict(post_autograd())
 
 
 def register_dynamo_backend(name: str, fn) -> None:
@@ -220,6 +236,12 @@ def storage_invalidator():
     RuntimeError(message) (their sizes still read): how CUDA graphs mark a result a later replay overwrote,
     as torch's cudagraph trees do. None where this torch build lacks it (the CPU-only builds)."""
     return getattr(torch._C, "_set_storage_data_ptr_access_error_msg", None)
+
+
+def cublas_workspace_releaser():
+    """`release()`, which frees every cuBLAS workspace torch keeps (one per handle and stream, 32 MiB each on
+    an H100; the next product on a stream allocates its own again), or None where this build has none."""
+    return getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
 
 
 def reinterpret_tensor():

@@ -192,13 +192,6 @@ def is_interpreted(kernel) -> bool:
     return isinstance(kernel, _interpreter.InterpretedFunction)
 
 
-def async_compiled(mode) -> list:
-    """The kernels an exited `AsyncCompileMode` compiled, as Triton's CompiledKernels (those whose
-    compile raised are left out)."""
-    kernels = [future.kernel for future in mode.future_kernels.values() if future.kernel is not None]
-    return [kernel for kernel in kernels if hasattr(kernel, "_init_handles")]
-
-
 def load_compiled(kernel, device: int) -> None:
     """Build a CompiledKernel's launcher and load its binary on `device` now, as Triton does at the
     kernel's first launch (`_init_handles`: a C compiler run for the launcher unless Triton's cache has
@@ -262,22 +255,33 @@ class WorkerCompileMode(AsyncCompileMode):
     """Triton's AsyncCompileMode whose compiles first run in a worker process (`compile_in_worker(job)`,
     kiln/runtime/compile_workers.py), which fills Triton's cache; the compile itself, on the executor's
     thread, then finds the kernel there. Where the worker fails, the thread compiles as before. A kernel
-    Triton's cache already holds (a warm start) goes to no worker, so a warm start starts no processes."""
+    Triton's cache already holds (a warm start) goes to no worker, so a warm start starts no processes.
+    `after_compile(kernel)`, when given, runs on the same thread as soon as that kernel's compile returns (its
+    launcher built and binary loaded while other kernels still compile); what it raises is left for the launch."""
 
-    def __init__(self, executor, compile_in_worker, **options):
+    def __init__(self, executor, compile_in_worker, *, after_compile=None, **options):
         super().__init__(executor, **options)
         self._compile_in_worker = compile_in_worker
+        self._after_compile = after_compile
 
     def submit(self, key, compile_fn, finalize_fn):
-        job = compile_job(compile_fn) if key not in self.future_kernels and not in_cache(key, compile_fn) else None
-        if job is not None:
-            compile_here = compile_fn
+        if key in self.future_kernels:
+            return super().submit(key, compile_fn, finalize_fn)
+        job = compile_job(compile_fn) if not in_cache(key, compile_fn) else None
+        compile_here, after_compile = compile_fn, self._after_compile
 
-            def compile_fn():
+        def compile_fn():
+            if job is not None:
                 try:
                     self._compile_in_worker(job)
                 except Exception:
                     pass
-                return compile_here()
+            kernel = compile_here()
+            if after_compile is not None:
+                try:
+                    after_compile(kernel)
+                except Exception:
+                    pass
+            return kernel
 
         return super().submit(key, compile_fn, finalize_fn)

@@ -175,6 +175,11 @@ def _load_plain_inference(key: str, gm: torch.fx.GraphModule, example_inputs: li
     linked = graph_cache.load_link(key)
     found = graph_cache.load(linked[0]) if linked is not None else None
     if found is None:
+        if config.log_enabled("perf"):
+            log.warning("kiln: the whole-graph cache has no module for this plain graph, so it is traced to ATen: %s",
+                        "its key links to no ATen graph (never compiled with these inputs, modes and options; or "
+                        "the compiling process could not link it, which KILN_LOGS=perf there says)" if linked is None
+                        else "the ATen graph its key links to is not in the whole-graph cache")
         return None
     facts = linked[1]
     module_source, device_type = found

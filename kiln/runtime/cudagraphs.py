@@ -132,9 +132,17 @@ def preserving_pool(device: torch.device) -> PreservingPool:
     return found
 
 
+_side_streams: dict = {}  # (CUDA device index, thread) -> the stream its runners warm up and record on
+
+
 def side_stream():
-    """A stream for the warm-up run and the capture, ordered after the current one."""
-    stream = torch.cuda.Stream()
+    """The stream for warm-up runs and captures (one per device and thread, shared by the runners, as the
+    default mode's PreservingPool shares its stream), ordered after the current one. One stream, not one per
+    call: torch keeps a cuBLAS workspace (32 MiB on an H100) for each stream a product ran on."""
+    key = (torch.cuda.current_device(), threading.get_ident())
+    stream = _side_streams.get(key)
+    if stream is None:
+        stream = _side_streams[key] = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     return stream
 
@@ -147,8 +155,16 @@ class CudaGraphRunner:
     def __init__(self, compiled, name: str, *, capture: Callable = cuda_capture,
                  make_stream: Callable = side_stream, stream_context: Callable = torch.cuda.stream,
                  invalidate: Callable | None | str = "config", max_shapes: int | None = None,
-                 preserve: PreservingPool | None = None, is_capturing: Callable | None = None) -> None:
+                 preserve: PreservingPool | None = None, is_capturing: Callable | None = None,
+                 release_workspaces: Callable | None | str = "torch") -> None:
         from kiln.config import config
+
+        # torch's cuBLAS workspaces are kept per stream for the process's life: one first made by the warm-up
+        # would stay allocated outside any graph, and one made while recording would stay allocated in the
+        # graph's pool, for as long as the runner lives. Released before and after each (torch's CUDA-graph
+        # trees do the same); a product run later makes its workspace again, a replay uses the recorded one.
+        self._release_workspaces = (_torch.cublas_workspace_releaser() if release_workspaces == "torch"
+                                    else release_workspaces)
 
         if invalidate == "config":  # torch's invalidation when config.cudagraph_invalidate, else the use-count check
             invalidate = _torch.storage_invalidator() if config.cudagraph_invalidate and preserve is None else None
@@ -166,7 +182,8 @@ class CudaGraphRunner:
         # has a runner of its own (recorded on its second call), up to max_shapes; past that, calls with
         # new sizes run without graphs.
         self._options = dict(capture=capture, make_stream=make_stream, stream_context=stream_context,
-                             invalidate=invalidate, max_shapes=self.max_shapes, preserve=preserve)
+                             invalidate=invalidate, max_shapes=self.max_shapes, preserve=preserve,
+                             release_workspaces=self._release_workspaces)
         self._scalar_positions: tuple | None = None  # where the non-tensor inputs are
         self._key = None  # their values in this runner's calls
         self.shapes: dict = {}  # other values -> their runner
@@ -267,10 +284,16 @@ class CudaGraphRunner:
     def _warm_up(self, args: list):
         self.first_call = [value.data_ptr() if isinstance(value, torch.Tensor) else value for value in args]
         stream = self._make_stream()
+        self._release()
         with self._stream_context(stream):
             outputs = self.compiled(args)
         _wait_for(stream)
+        self._release()
         return outputs
+
+    def _release(self) -> None:
+        if self._release_workspaces is not None:
+            self._release_workspaces()
 
     # ---- recording -------------------------------------------------------------------------------
     def _record(self, args: list):
@@ -301,12 +324,15 @@ class CudaGraphRunner:
                 self.copied.append((position, static))
                 static_args.append(static)
         stream = self._make_stream()
+        self._release()
         try:
             recording = self._capture(lambda: list(self.compiled(list(static_args))), stream,
                                       self.preserve.pool if self.preserve is not None else None)
         except Exception as error:  # a host sync, an unsupported op: run without graphs from now on
             self._reset()
             return self._disable(f"recording failed: {type(error).__name__}: {error}", args)
+        finally:
+            self._release()
         self.recordings += 1
         self.recording = recording
         self._classify_outputs(recording.outputs, static_args)

@@ -173,7 +173,13 @@ def key_of(gm: torch.fx.GraphModule, example_inputs: list, mode: str, *, level: 
                         "kiln: a graph's cache key could not be made (%s: %s); it is compiled without the graph "
                         "cache", type(error).__name__, error)
         return None
-    return hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    key = hashlib.sha256("\n".join(lines).encode()).hexdigest()
+    if level == "torch" and config.log_enabled("perf"):  # two processes' texts of one graph's key, diffed, say
+        try:                                              # why a warm start found no link (docs/design/runtime_and_debug.md)
+            cache.store(cache.entry_name("keys", key, ".txt"), "\n".join(lines).encode())
+        except OSError:
+            pass
+    return key
 
 
 # ---- entries ----

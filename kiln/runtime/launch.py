@@ -195,10 +195,11 @@ def compile_ahead(jobs: list, workers: int) -> int:
     gives); a launch whose arguments specialize otherwise compiles at launch as before. A compile that
     fails here is ignored: the launch compiles again and reports it (KernelCompileError).
 
-    Then, on the same threads, each compiled kernel's launcher is built and its binary loaded on the
-    current device, which Triton does at the first launch, one kernel after another on the launching
+    On the same thread, as soon as its compile returns, each kernel's launcher is built and its binary loaded
+    on the current device, which Triton does at the first launch, one kernel after another on the launching
     thread: building a launcher runs a C compiler (0.26 s each), 4.2 s of BERT-base's 12.7 s cold first
-    call on an H100 at 21cb104 (benchmarks/first_call_compiles.py).
+    call on an H100 at 21cb104 (benchmarks/first_call_compiles.py). Until 2026-12-06 the launchers were built
+    once every compile had finished, so a graph waited for its slowest compile and then its slowest launcher.
 
     With `config.compile_processes`, each thread has a worker process compile its kernel into Triton's
     cache first (kiln/runtime/compile_workers.py), past the part of Triton's compile that holds the GIL."""
@@ -214,8 +215,9 @@ def compile_ahead(jobs: list, workers: int) -> int:
         return 0
     processes = compile_workers.workers()
     in_worker = processes.compile if processes is not None else (lambda job: False)
+    load = functools.partial(_triton.load_compiled, device=torch.cuda.current_device())
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as executor:
-        with _triton.WorkerCompileMode(executor, in_worker, ignore_errors=True) as mode:
+        with _triton.WorkerCompileMode(executor, in_worker, after_compile=load, ignore_errors=True) as mode:
             for kernel, pointer_dtypes, ints, constexprs, options in jobs:
                 try:
                     kernel.warmup(*pointer_dtypes, *ints, grid=(1,), **constexprs, **options, **COMPILE_OPTIONS)
@@ -224,9 +226,6 @@ def compile_ahead(jobs: list, workers: int) -> int:
             progress = Progress(len(mode.raw_futures), "compiling the CUDA kernels of a graph")
             for _ in as_completed(mode.raw_futures):  # the mode's exit finalizes them
                 progress.step()
-        compiled = _triton.async_compiled(mode)
-        if compiled:
-            list(executor.map(functools.partial(_triton.load_compiled, device=torch.cuda.current_device()), compiled))
     return len(jobs)
 
 

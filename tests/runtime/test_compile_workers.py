@@ -164,3 +164,83 @@ def test_workers_are_off_under_the_interpreter_and_by_option(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     with config.patch(compile_processes=False):
         assert compile_workers.workers() is None
+
+
+def test_each_kernel_is_loaded_on_its_compile_thread_as_soon_as_it_compiles():
+    """A kernel's launcher and binary load right after its own compile, while the others still compile: a
+    graph no longer waits for its slowest compile and then its slowest launcher. A load that raises is left
+    for the launch (which loads again and reports it)."""
+    import threading
+
+    events, slow_started, fast_loaded = [], threading.Event(), threading.Event()
+
+    def compile_slow():
+        slow_started.set()
+        assert fast_loaded.wait(10), "the fast kernel was not loaded while the slow one compiled"
+        events.append("slow compiled")
+        return "slow"
+
+    def compile_fast():
+        slow_started.wait(10)
+        events.append("fast compiled")
+        return "fast"
+
+    def after_compile(kernel):
+        events.append(f"{kernel} loaded on {threading.current_thread().name}")
+        if kernel == "fast":
+            fast_loaded.set()
+        else:
+            raise RuntimeError("no device to load on")
+
+    with ThreadPoolExecutor(2, thread_name_prefix="compile") as executor:
+        with _triton.WorkerCompileMode(executor, lambda job: False, after_compile=after_compile) as mode:
+            slow = mode.submit("slow", compile_slow, lambda kernel: None)
+            fast = mode.submit("fast", compile_fast, lambda kernel: None)
+    assert slow.result() == "slow" and fast.result() == "fast"
+    assert events[:2] == ["fast compiled", events[1]] and events[1].startswith("fast loaded on compile")
+    assert events[2:] == ["slow compiled", events[3]] and events[3].startswith("slow loaded on compile")
+
+
+def _worker_module():
+    import importlib.util
+
+    path = os.path.join(ROOT, "kiln", "runtime", "compile_worker_main.py")
+    spec = importlib.util.spec_from_file_location("kiln_compile_worker_main_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("backend", ["cuda", "hip"])
+def test_a_worker_builds_a_cuda_kernels_launcher_while_the_kernel_compiles(monkeypatch, backend, tmp_path):
+    """The launcher's C source depends only on the kernel's signature and constants: the worker builds it on a
+    thread beside the compile (its C compiler run then costs the parent's thread nothing at load time)."""
+    import threading
+
+    import triton
+    import triton.backends.nvidia.driver as nvidia_driver
+    from triton.backends.compiler import GPUTarget
+
+    worker = _worker_module()
+    launcher_built, seen = threading.Event(), {}
+
+    class Launcher:
+        def __init__(self, source, metadata):
+            seen["source"] = source
+            launcher_built.set()
+            metadata.global_scratch_size  # what the real one reads after building: absent on the stand-in
+
+    def compile_waiting_for_the_launcher(source, target, options, _env_vars):
+        seen["compiled"] = source
+        seen["overlapped"] = launcher_built.wait(5 if backend == "cuda" else 0.2)
+
+    monkeypatch.setattr(nvidia_driver, "CudaLauncher", Launcher)
+    monkeypatch.setattr(triton, "compile", compile_waiting_for_the_launcher)
+    text = "import triton\n\ndef kernel(x_ptr, n):\n    pass\n"
+    worker._compile({"path": str(tmp_path / "k.py"), "text": text, "module": "k", "function": "kernel",
+                     "signature": {"x_ptr": "*fp32", "n": "i32"}, "constants": {}, "attrs": {},
+                     "target": GPUTarget(backend, 90, 32), "options": {}, "env_vars": {}})
+    if backend == "cuda":
+        assert seen["overlapped"] and seen["source"] is seen["compiled"]  # built while compiling, from its source
+    else:
+        assert not seen["overlapped"] and "source" not in seen  # no CUDA launcher for another backend

@@ -596,3 +596,87 @@ def test_an_input_that_cannot_be_copied_into_its_buffer_turns_the_graph_off(monk
             torch.testing.assert_close(runner([w, mask])[0], w * mask)
     assert runner.disabled_reason == "input 1 cannot be copied into a buffer of its layout: overlap"
     assert runner.plain_calls == 3 and runner.recording is None
+
+
+# ---- cuBLAS workspaces and the side stream ------------------------------------------------------------------
+
+
+class WorkspaceEvents:
+    """Stands in for torch's cuBLAS workspace release, recording when the runner asks for it: between
+    the runner's own steps (the warm-up, the capture), never on a replay."""
+
+    def __init__(self):
+        self.log: list = []
+
+    def release(self):
+        self.log.append("release")
+
+    def capture(self, run, stream, pool=None):
+        self.log.append("capture")
+        return RerunRecording(run, stream, pool)
+
+    def function(self, args):
+        self.log.append("run")
+        return graph_function(args)
+
+
+@pytest.mark.parametrize("preserve", [False, True])
+def test_cublas_workspaces_are_released_around_the_warm_up_and_the_capture_only(preserve):
+    events = WorkspaceEvents()
+    options = dict(capture=events.capture, stream_context=lambda stream: contextlib.nullcontext(),
+                   release_workspaces=events.release)
+    if preserve:
+        pool = cudagraphs.PreservingPool(current_stream=lambda: StandInStream("main"))
+        runner = cudagraphs.CudaGraphRunner(events.function, "g0", preserve=pool, is_capturing=lambda: False, **options)
+    else:
+        runner = cudagraphs.CudaGraphRunner(events.function, "g0", make_stream=lambda: None, invalidate=None,
+                                            **options)
+    w, b, scale = torch.randn(8, 3), torch.randn(3), 0.5
+    for step, x in enumerate(inputs(4)):
+        results = runner([w, b, x, scale])
+        check(results, w, b, x, scale)
+        del results
+        if step == 0:
+            assert events.log == ["release", "run", "release"]  # the warm-up, between two releases
+        elif step == 1:  # the capture (the stand-in runs the function to record it), between two releases
+            assert events.log[3:] == ["release", "capture", "run", "release", "run"]
+    assert events.log.count("release") == 4  # the two replays released nothing
+    assert runner.replays == 3
+
+
+def test_the_runner_releases_torchs_workspaces_by_default_and_hands_the_choice_to_other_sizes(monkeypatch):
+    released = []
+    monkeypatch.setattr(cudagraphs._torch, "cublas_workspace_releaser", lambda: lambda: released.append(1))
+    runner = cudagraphs.CudaGraphRunner(graph_function, "g0", capture=RerunRecording, make_stream=lambda: None,
+                                        stream_context=lambda stream: contextlib.nullcontext(), invalidate=None)
+    assert runner._release_workspaces is not None and runner._options["release_workspaces"] is runner._release_workspaces
+    w, b, x = torch.randn(8, 3), torch.randn(3), torch.randn(5, 8)
+    runner([w, b, x, 0.5])
+    assert len(released) == 2
+
+
+def test_runners_share_one_side_stream_per_device_and_thread(monkeypatch):
+    made = []
+
+    class Stream(StandInStream):
+        def __init__(self):
+            super().__init__(f"side{len(made)}")
+            made.append(self)
+
+    device = [0]
+    monkeypatch.setattr(cudagraphs, "_side_streams", {})
+    monkeypatch.setattr(torch.cuda, "Stream", Stream)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: device[0])
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda: StandInStream("main"))
+    first, second = cudagraphs.side_stream(), cudagraphs.side_stream()
+    assert first is second and len(made) == 1
+    assert first.waited_for == ["main", "main"]  # ordered after the caller's stream each time it is handed out
+    device[0] = 1
+    assert cudagraphs.side_stream() is not first and len(made) == 2
+    other = []
+    import threading
+
+    thread = threading.Thread(target=lambda: other.append(cudagraphs.side_stream()))
+    thread.start()
+    thread.join()
+    assert other[0] is not first and len(made) == 3

@@ -360,3 +360,37 @@ def test_a_warm_graph_with_an_autocast_off_region_is_not_traced_again(cache_dir,
     warm, expected = _cold_then_warm_under_autocast(_float32_region, torch.randn(6, 6), traces)
     assert warm.dtype == expected.dtype
     torch.testing.assert_close(warm, expected, atol=5e-2, rtol=2e-2)
+
+
+def test_a_plain_graph_without_a_linked_module_says_so_under_perf(cache_dir, traces, caplog):
+    """KILN_LOGS=perf names why a plain graph was traced to ATen: a cold start's cache has no module for it (a warm
+    start that logs this has a key that its cold start did not link); the warm start, which loads it, says nothing."""
+    for _ in range(2):
+        kiln.reset()
+        with kiln.config.patch(logs="perf"), caplog.at_level(logging.WARNING, logger="kiln"):
+            kiln.compile(program)(*arguments())
+    messages = [record.getMessage() for record in caplog.records if "traced to ATen" in record.getMessage()]
+    assert len(messages) == 1 and "links to no ATen graph" in messages[0]
+    assert len(traces) == 1
+    for entry in (cache_dir / "graphs").rglob("*.pkl"):  # the link stays, the module it names goes
+        if b"aten_key" not in entry.read_bytes():
+            entry.unlink()
+    caplog.clear()
+    kiln.reset()
+    with kiln.config.patch(logs="perf"), caplog.at_level(logging.WARNING, logger="kiln"):
+        kiln.compile(program)(*arguments())
+    assert "the ATen graph its key links to is not in the whole-graph cache" in caplog.text and len(traces) == 2
+
+
+def test_under_perf_each_torch_level_key_keeps_its_text(cache_dir):
+    """Two processes' texts of one graph's key, diffed, show why a warm start found no link."""
+    kiln.reset()
+    with kiln.config.patch(logs="perf"):
+        kiln.compile(program)(*arguments())
+    texts = list((cache_dir / "keys").rglob("k*.txt"))
+    assert len(texts) == 1
+    text = texts[0].read_text()
+    assert text.startswith("level torch") and "input 0 T(" in text
+    kiln.reset()
+    kiln.compile(program)(*arguments())
+    assert len(list((cache_dir / "keys").rglob("k*.txt"))) == 1  # without perf, nothing more is written

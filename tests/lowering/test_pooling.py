@@ -1,0 +1,100 @@
+"""max_pool2d with its indices unread (kiln/lowering/pooling.py): one pointwise kernel over the output,
+fused with the pointwise work before and after it, equal to eager's (a maximum is exact in every dtype) for
+padding, strides, dilation, ceil_mode's overhanging last window, 3-d inputs, channels-last layouts, NaN and
+-inf inputs; a call whose indices are read (training's backward) stays ATen's."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kiln
+from kiln.debug.explain import explain
+
+F = torch.nn.functional
+
+CASES = [  # (shape, kernel_size, stride, padding, dilation, ceil_mode, channels_last)
+    ((2, 3, 9, 11), 3, 2, 1, 1, False, False),
+    ((2, 3, 9, 11), 3, 2, 1, 1, True, False),  # the last window overhangs the padded edge
+    ((1, 4, 8, 8), 2, None, 0, 1, False, False),  # stride defaults to the window
+    ((3, 7, 10), (3, 2), (2, 1), (1, 0), (2, 1), True, False),  # 3-d input, dilated, rectangular
+    ((2, 8, 12, 12), 3, 2, 1, 1, False, True),  # ResNet's stem, channels-last
+]
+
+
+def _program(kernel_size, stride, padding, dilation, ceil_mode):
+    def program(x):
+        # all below 0 after the shift: a window edge padded with anything but -inf would show
+        return F.max_pool2d(torch.relu(x) * 2 - 5, kernel_size, stride, padding, dilation, ceil_mode=ceil_mode) - 1
+
+    return program
+
+
+def _input(shape, channels_last, dtype):
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(0)).to(dtype)
+    x.view(-1)[17] = float("nan")
+    x.view(-1)[40] = float("-inf")
+    return x.to(memory_format=torch.channels_last) if channels_last else x
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_max_pool2d_is_one_fused_kernel_equal_to_eagers(backend, case, dtype):
+    shape, kernel_size, stride, padding, dilation, ceil_mode, channels_last = case
+    program = _program(kernel_size, stride, padding, dilation, ceil_mode)
+    x = _input(shape, channels_last, dtype)
+    kiln.reset()
+    with torch.no_grad(), kiln.config.patch(strict=True, cpu_backend=backend, graph_cache=False):
+        (graph,) = explain(program, x).graphs
+        got = kiln.compile(program)(x)
+        expected = program(x)
+    assert graph.kernels == 1 and graph.externs == 0, graph.lines()
+    assert got.stride() == expected.stride() and got.dtype == expected.dtype
+    torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("backend", ["cpp", "triton"])
+def test_max_pool2d_whose_indices_are_read_stays_atens(backend):
+    def program(x):
+        values, indices = F.max_pool2d(x, 3, 2, 1, return_indices=True)
+        return values * 3, indices
+
+    x = _input((2, 3, 9, 11), False, torch.float32)
+    kiln.reset()
+    with torch.no_grad(), kiln.config.patch(strict=True, cpu_backend=backend, graph_cache=False):
+        (graph,) = explain(program, x).graphs
+        got = kiln.compile(program)(x)
+    assert graph.extern_ops == {"aten.max_pool2d_with_indices.default": 1}, graph.lines()
+    for value, want in zip(got, program(x)):
+        torch.testing.assert_close(value, want, rtol=0, atol=0, equal_nan=True)
+
+
+def test_max_pool2d_in_training_gives_eagers_gradients():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(3, 2, 1))
+    x = torch.randn(2, 3, 10, 10)
+    expected = model(x)
+    expected.sum().backward()
+    wants = [parameter.grad.clone() for parameter in model.parameters()]
+    model.zero_grad()
+    kiln.reset()
+    with kiln.config.patch(strict=True):
+        got = kiln.compile(model)(x)
+        got.sum().backward()
+    torch.testing.assert_close(got, expected)
+    for parameter, want in zip(model.parameters(), wants):
+        torch.testing.assert_close(parameter.grad, want)
+
+
+def test_integer_max_pool2d_stays_atens():
+    """-inf, the padding, has no integer value: ATen's kernel pools integers."""
+    def program(x):
+        return F.max_pool2d(x, 3, 2, 1) * 2
+
+    x = torch.randint(-50, 50, (1, 2, 7, 7))
+    kiln.reset()
+    with torch.no_grad(), kiln.config.patch(strict=True, graph_cache=False):
+        (graph,) = explain(program, x).graphs
+        got = kiln.compile(program)(x)
+    assert graph.extern_ops == {"aten.max_pool2d_with_indices.default": 1}, graph.lines()
+    torch.testing.assert_close(got, program(x), rtol=0, atol=0)
