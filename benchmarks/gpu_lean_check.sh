@@ -9,6 +9,9 @@
 #      FIRST_CALL_PROCESSES="1" for the default only).
 #   AB_MODELS=bert,resnet18: those models again with kiln's default-mode CUDA graphs off, after step 2.
 #   MODELS_ONLY=bert,resnet18 limits step 2 to those models; MODELS_BUDGET=0 skips step 2 (a separate call measures eager, torch.compile and kiln), KERNELS_BUDGET=0 step 3.
+#   WARM_MODELS=llama: after step 4, cold and warm first calls of those models (benchmarks.warm_start, KILN_LOGS=perf:
+#   why a warm start traced a graph again, and the diff of the two processes' keys where one found no link).
+#   RO_MODELS=bert,resnet18: then those models under mode="reduce-overhead", kiln and torch.compile ($RO_BUDGET s, 90).
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_lean_check.sh
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -43,4 +46,14 @@ for processes in ${FIRST_CALL_PROCESSES:-1 0}; do
     KILN_COMPILE_PROCESSES=$processes timeout 60 "$PYTHON" -m benchmarks.first_call_compiles --only bert --profile 0 \
         2>&1 | grep -v "Warn" | cut -c1-160 | head -8
 done | tee "$OUT_DIR/first_call.txt"
+if [ -n "${WARM_MODELS:-}" ]; then
+    timeout 120 "$PYTHON" -m benchmarks.warm_start --only "$WARM_MODELS" --timeout 50 --label "warm-start-$commit" \
+        --out "$OUT_DIR" 2>&1 | grep "^| \|^- [a-z0-9]*, kiln" | cut -c1-300
+fi
+if [ -n "${RO_MODELS:-}" ]; then
+    "$PYTHON" -m benchmarks.run --suite models --only "$RO_MODELS" --modes cudagraphs --backends kiln,inductor \
+        --budget "${RO_BUDGET:-90}" --timeout 60 --label "ro-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
+fi
+grep -q "first call" "$OUT_DIR/first_call.txt" 2>/dev/null || rm -f "$OUT_DIR/first_call.txt"
+rm -f "$OUT_DIR"/*ro-"$commit"*.json  # its table is in the .md; at most 8 files come back from a device call
 rm -f "$OUT_DIR"/*.log "$OUT_DIR/models.txt" "$OUT_DIR/models_ab.txt"  # the tables are in the .md files (8 files come back)
