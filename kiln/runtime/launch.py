@@ -215,7 +215,10 @@ def compile_ahead(jobs: list, workers: int) -> int:
         return 0
     processes = compile_workers.workers()
     in_worker = processes.compile if processes is not None else (lambda job: False)
-    load = functools.partial(_triton.load_compiled, device=torch.cuda.current_device())
+    try:  # the caller's device, where the first launches will run
+        load = functools.partial(_triton.load_compiled, device=torch.cuda.current_device())
+    except (AssertionError, RuntimeError):  # a torch without CUDA (tests' stand-in kernels): nothing to load
+        load = None
     with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as executor:
         with _triton.WorkerCompileMode(executor, in_worker, after_compile=load, ignore_errors=True) as mode:
             for kernel, pointer_dtypes, ints, constexprs, options in jobs:
