@@ -4,6 +4,8 @@ padding, strides, dilation, ceil_mode's overhanging last window, 3-d inputs, cha
 -inf inputs; a call whose indices are read (training's backward) stays ATen's."""
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -98,3 +100,37 @@ def test_integer_max_pool2d_stays_atens():
         got = kiln.compile(program)(x)
     assert graph.extern_ops == {"aten.max_pool2d_with_indices.default": 1}, graph.lines()
     torch.testing.assert_close(got, program(x), rtol=0, atol=0)
+
+
+def _random_cases(count: int, seed: int) -> list:
+    """Valid max_pool2d calls drawn at random: windows 1-4 (rectangular), strides 1-3, padding up to half the
+    window (torch's bound), dilation 1-2, ceil_mode either way, 3-d and 4-d inputs of sizes that leave at least one
+    output, some channels-last."""
+    import random
+
+    rng, cases = random.Random(seed), []
+    while len(cases) < count:
+        kernel = (rng.randint(1, 4), rng.randint(1, 4))
+        stride = (rng.randint(1, 3), rng.randint(1, 3))
+        padding = (rng.randint(0, kernel[0] // 2), rng.randint(0, kernel[1] // 2))
+        dilation = (rng.randint(1, 2), rng.randint(1, 2))
+        rank = rng.choice((3, 4))
+        shape = (rng.randint(1, 3),) * (rank - 3) + (rng.randint(1, 4), rng.randint(1, 13), rng.randint(1, 13))
+        if any(shape[-2 + k] + 2 * padding[k] < dilation[k] * (kernel[k] - 1) + 1 for k in (0, 1)):
+            continue  # no window fits: torch raises
+        cases.append((shape, kernel, stride, padding, dilation, rng.random() < 0.4, rank == 4 and rng.random() < 0.4))
+    return cases
+
+
+@pytest.mark.parametrize("backend, count", [("cpp", 40), ("triton", 12)])
+def test_max_pool2d_on_random_valid_calls_equals_eagers(backend, count):
+    for case in _random_cases(count, seed=len(backend)):
+        shape, kernel_size, stride, padding, dilation, ceil_mode, channels_last = case
+        program = _program(kernel_size, stride, padding, dilation, ceil_mode)
+        x = _input(shape, channels_last, torch.float32) if math.prod(shape) > 40 else torch.randn(shape)
+        expected = program(x)
+        kiln.reset()
+        with torch.no_grad(), kiln.config.patch(strict=True, cpu_backend=backend, graph_cache=False):
+            got = kiln.compile(program)(x)
+        assert got.shape == expected.shape and got.stride() == expected.stride(), case
+        torch.testing.assert_close(got, expected, rtol=0, atol=0, equal_nan=True, msg=lambda message: f"{case}: {message}")
