@@ -26,7 +26,8 @@ from benchmarks.run import REPO_ROOT, _case_environment
 
 
 # What kiln logs (KILN_LOGS=perf) when a warm start cannot skip AOTAutograd for a graph (kiln/aot/plain.py).
-_RETRACE_MESSAGES = ("a warm start traces this graph to ATen", "is not linked to its ATen graph")
+_RETRACE_MESSAGES = ("a warm start traces this graph to ATen", "is not linked to its ATen graph",
+                     "so it is traced to ATen")
 
 
 def first_call(spec: dict, cache_dir: str, timeout: float, profile_path: str | None = None) -> dict:
@@ -53,6 +54,34 @@ def first_call(spec: dict, cache_dir: str, timeout: float, profile_path: str | N
         return {"status": "timeout", "error": f"killed after {timeout:.0f} s"}
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _key_texts(cache_dir: str) -> dict:
+    """{file: text} of the torch-level keys kiln kept under `cache_dir` (KILN_LOGS=perf: kiln/runtime/graph_cache.py)."""
+    texts = {}
+    for folder, _, files in os.walk(os.path.join(cache_dir, "kiln", "keys")):  # KILN_CACHE_DIR (benchmarks.run)
+        for name in files:
+            with open(os.path.join(folder, name)) as handle:
+                texts[name] = handle.read()
+    return texts
+
+
+def _key_diffs(cold: dict, warm: dict, lines: int = 40) -> list[str]:
+    """For each key the warm process made that the cold one did not (a graph whose link it could not find), the
+    difference from the cold key of the most similar length: what made one graph's keys differ."""
+    import difflib
+
+    diffs = []
+    for name in sorted(set(warm) - set(cold)):
+        text = warm[name].splitlines()
+        if not cold:
+            diffs.append(f"{name}: the cold process kept no key")
+            continue
+        nearest = min(cold, key=lambda other: abs(len(cold[other].splitlines()) - len(text)))
+        diff = list(difflib.unified_diff(cold[nearest].splitlines(), text, "cold " + nearest, "warm " + name,
+                                         n=0, lineterm=""))
+        diffs.append("\n".join(line[:300] for line in diff[:lines]))
+    return diffs
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -82,7 +111,9 @@ def main(argv: list[str] | None = None) -> int:
             cache_dir = tempfile.mkdtemp(prefix="kiln_warm_cache_")
             try:
                 cold = first_call(spec, cache_dir, args.timeout)
+                cold_keys = _key_texts(cache_dir)
                 warm = first_call(spec, cache_dir, args.timeout)
+                warm["key_diffs"] = _key_diffs(cold_keys, _key_texts(cache_dir))
                 if args.profile_dir:  # a third process, profiled, so that the two timed ones are not
                     os.makedirs(args.profile_dir, exist_ok=True)
                     first_call(spec, cache_dir, args.timeout,
@@ -129,6 +160,12 @@ def main(argv: list[str] | None = None) -> int:
         if notes:
             lines += ["", f"## {title} (KILN_LOGS=perf)", "",
                       *(f"- {model}, {backend}: {line}" for model, backend, line in notes)]
+    diffs = [(model, backend, diff) for model, backend, _, warm in rows for diff in warm.get("key_diffs", [])]
+    if diffs:
+        lines += ["", "## Keys the warm process made that the cold one did not (diffed against the cold key nearest in "
+                  "length)", ""]
+        for model, backend, diff in diffs:
+            lines += [f"- {model}, {backend}:", "", "```", diff, "```", ""]
     text = "\n".join(lines) + "\n"
     stem = f"{env['date'][:10]}_{args.label}_{report.hardware_tag(env)}"
     path = os.path.join(REPO_ROOT, "benchmarks", "results", stem + ".md")

@@ -168,3 +168,16 @@ def test_sass_census_counts_every_distinct_kernel_of_a_model():
     assert _triton.SerializedInterpretedFunction.run is run
     assert rows and all(row["instructions"] > 0 and row["per_element"] > 0 and row["launches"] >= 1 for row in rows)
     assert len({row["kernel"] for row in rows}) == len(rows)
+
+
+def test_warm_start_diffs_a_key_the_warm_process_made_against_the_cold_ones(tmp_path):
+    from benchmarks import warm_start
+
+    keys = tmp_path / "kiln" / "keys" / "ab"
+    keys.mkdir(parents=True)
+    (keys / "kab1.txt").write_text("level torch\ninput 0 T((4,), (1,))\nnode a\nnode b")
+    cold = warm_start._key_texts(str(tmp_path))
+    (keys / "kab2.txt").write_text("level torch\ninput 0 T((4,), (1,))\nnode a\nnode c")
+    diffs = warm_start._key_diffs(cold, warm_start._key_texts(str(tmp_path)))
+    assert len(diffs) == 1 and "-node b" in diffs[0] and "+node c" in diffs[0] and "node a" not in diffs[0]
+    assert warm_start._key_diffs(cold, cold) == []
