@@ -129,8 +129,7 @@ def _writes_in_place(node: torch.fx.Node) -> bool:
     if node.kwargs.get("inplace") is True or target in _AUGMENTED:
         return True
     if isinstance(target, torch._ops.OpOverload):
-        return any(argument.alias_info is not None and argument.alias_info.is_write
-                   for argument in target._schema.arguments)
+        return bool(_writes(node))
     name = target if isinstance(target, str) else (getattr(target, "__name__", "") or "")
     return (name.endswith("_") and not name.endswith("__")) or name in ("__setitem__", "__delitem__")
 

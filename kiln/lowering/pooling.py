@@ -10,6 +10,8 @@ and ReLU before it into the loads, as it fuses any producer into a gather's load
 """
 from __future__ import annotations
 
+import operator
+
 import torch
 
 from kiln import _torch
@@ -34,8 +36,6 @@ def _pair(value, default) -> tuple:
 
 def _reads_indices(node: torch.fx.Node) -> bool:
     """Whether anything reads the call's second result (the indices)."""
-    import operator
-
     return any(user.op != "call_function" or user.target is not operator.getitem or user.args[1] != 0
                for user in node.users)
 
