@@ -132,6 +132,8 @@ OPTIONS = [
     Option("causal_attention_masks", bool, True, "an SDPA mask that depends on no input and is exactly the causal "
            "pattern (or masks nothing) is dropped at compile time, the call made is_causal=True, so flash attention "
            "can run (kiln/aot/attention.py causal_masks)"),
+    Option("in_kernel_dropout", bool, True, "dropout's mask drawn in kiln's kernels from a Philox seed, and "
+           "recomputed in the backward from the seed rather than saved (kiln/aot/random.py)"),
     Option("ddp_split", bool, True, "a graph traced inside DistributedDataParallel's forward is compiled as one piece "
            "per gradient bucket, so each bucket's all-reduce overlaps the rest of the backward (kiln/frontend/ddp.py); "
            "off: one graph, whose gradients are all ready at the end of its backward"),

@@ -13,6 +13,8 @@ vectorized kernel over 48 elements, -2.2448e38 and 2.2448e38 from its scalar pat
 """
 from __future__ import annotations
 
+import contextlib
+import math
 from dataclasses import dataclass
 
 import torch
@@ -147,3 +149,43 @@ def to_float64(value):
     if isinstance(value, dict):
         return {key: to_float64(item) for key, item in value.items()}
     return value
+
+
+@contextlib.contextmanager
+def philox_dropout():
+    """Within it, eager `F.dropout`, and the dropout of `F.scaled_dot_product_attention` (its math path, which a
+    trace takes where the fused kernels do not apply dropout), draw the masks kiln's kernels draw
+    (kiln/aot/random.py): run an eager twin of a compiled model under it, seeded alike, and the two compare value
+    for value with dropout on. kiln draws each dropout's seed from torch's generator where the program calls
+    dropout, as this does."""
+    from kiln.aot.random import eager_dropout
+
+    functional = torch.nn.functional
+    originals = functional.dropout, functional.scaled_dot_product_attention
+    functional.dropout, functional.scaled_dot_product_attention = eager_dropout, _attention_with_philox_dropout
+    try:
+        yield
+    finally:
+        functional.dropout, functional.scaled_dot_product_attention = originals
+
+
+def _attention_with_philox_dropout(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                   enable_gqa=False):
+    """torch's math attention (as a trace decomposes it) with kiln's dropout; torch's own where dropout_p is 0."""
+    from kiln.aot.random import eager_dropout
+
+    if not dropout_p:
+        return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
+                                                         scale=scale, enable_gqa=enable_gqa)
+    if enable_gqa:
+        key = key.repeat_interleave(query.size(-3) // key.size(-3), -3)
+        value = value.repeat_interleave(query.size(-3) // value.size(-3), -3)
+    root = math.sqrt(scale if scale is not None else 1 / math.sqrt(query.size(-1)))
+    scores = (query * root) @ (key * root).transpose(-2, -1)
+    if is_causal:
+        attn_mask = torch.ones(query.size(-2), key.size(-2), dtype=torch.bool, device=query.device).tril()
+    if attn_mask is not None and attn_mask.dtype == torch.bool:
+        scores = scores.masked_fill(attn_mask.logical_not(), float("-inf"))
+    elif attn_mask is not None:
+        scores = scores + attn_mask
+    return eager_dropout(scores.softmax(-1), dropout_p) @ value

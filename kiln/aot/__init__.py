@@ -26,6 +26,7 @@ from kiln.config import config
 from kiln.aot.attention import causal_masks, make_attention_fusable
 from kiln.aot.cse import merge_duplicates
 from kiln.aot.decompositions import decomposition_table
+from kiln.aot.random import partition as with_dropout_seeds, rewrite_forward as dropouts_in_kernels
 from kiln.aot.layouts import channels_last_training_convs, choose_conv_layouts
 from kiln.aot.strides import expand_writes_as_views, keep_written_layouts, restride_to_eager, tag_torch_graph
 from kiln.runtime.locks import compile_lock
@@ -51,6 +52,7 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
             restride_to_eager(aten_gm, facts if forward else None)
             choose_conv_layouts(aten_gm, inference=inference)
             if inference:
+                dropouts_in_kernels(aten_gm)  # a training graph's forward: in the partitioner (its backward too)
                 merge_duplicates(aten_gm)
             compiled = compile_one(aten_gm, aten_inputs)
         if getattr(compiled, "_boxed_call", False):
@@ -67,6 +69,6 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
         compiled = _torch.aot_module_simplified(gm, example_inputs, fw_compiler=boxed,
                                                 bw_compiler=functools.partial(boxed, forward=False),
                                                 inference_compiler=inference, decompositions=decomposition_table(),
-                                                partition_fn=_torch.partition_function(config.partitioner))
+                                                partition_fn=with_dropout_seeds(_torch.partition_function(config.partitioner)))
     _torch.count_aot_autograd_call()
     return compiled

@@ -60,6 +60,13 @@ INDEX_STATUS = "_index_status"
 #   is not `~` (`^ -1`), which the interpreter cannot make a uint8.
 
 HELPERS = {
+    # Philox4x32-10's first word for key = the seed's 32-bit halves, counter = (the offset's halves, 0, 0):
+    # Triton's tl.randint with int64 operands, zero-extended to int64 (kiln/ir/ops.py CPP_PHILOX is the same)
+    "philox": """
+@triton.jit
+def _philox(seed, offset):
+    return tl.randint(seed.to(tl.int64), offset.to(tl.int64)).to(tl.int64)
+""",
     # erf_for_16bit (kiln/ir/ops.py) in float32: erf(z) = sign(z) (1 - 2^P(min(|z|, 4))), P a degree-10
     # polynomial with P(0) = 0 fitted to log2(erfc(u)) on [0, 4] (least squares reweighted towards the minimax,
     # Lawson's way; float32 coefficients). Past 4, erfc(u) < 2^-25 and erf rounds to +-1 in float32, as 1 - 2^P(4)

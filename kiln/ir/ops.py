@@ -129,6 +129,7 @@ class Op(enum.StrEnum):
     FMIN = "fmin"
     LOGADDEXP = "logaddexp"
     XLOGY = "xlogy"
+    PHILOX = "philox"
 
 
 @dataclass(frozen=True)
@@ -220,6 +221,27 @@ static inline double kiln_erfinv(double y) {
         }
     }
     return x;
+}
+"""
+
+# Philox4x32-10 (Salmon, Moraes, Dror and Shaw, SC'11), the generator of curand and of Triton's tl.randint:
+# key = the seed's low and high 32-bit words, counter = (the offset's low and high words, 0, 0); the first
+# output word, zero-extended. Ten rounds of two 32x32 -> 64-bit products, the key bumped by the Weyl constants.
+CPP_PHILOX = r"""
+static inline int64_t kiln_philox(int64_t seed, int64_t offset) {
+    uint32_t c0 = (uint32_t)(uint64_t)offset, c1 = (uint32_t)((uint64_t)offset >> 32), c2 = 0, c3 = 0;
+    uint32_t k0 = (uint32_t)(uint64_t)seed, k1 = (uint32_t)((uint64_t)seed >> 32);
+    for (int round = 0; round < 10; round++) {
+        uint64_t p0 = (uint64_t)0xD2511F53u * c0, p1 = (uint64_t)0xCD9E8D57u * c2;
+        uint32_t next0 = (uint32_t)(p1 >> 32) ^ c1 ^ k0, next2 = (uint32_t)(p0 >> 32) ^ c3 ^ k1;
+        c1 = (uint32_t)p1;
+        c3 = (uint32_t)p0;
+        c0 = next0;
+        c2 = next2;
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+    }
+    return (int64_t)c0;
 }
 """
 
@@ -475,6 +497,12 @@ ROWS = [
          aten=(aten.xlogy.Tensor, aten.xlogy.Scalar_Self, aten.xlogy.Scalar_Other),
          triton='tl.where({1} != {1}, float("nan"), tl.where({0} == 0, 0.0, {0} * libdevice.log({1})))',
          cpp="({1} != {1} ? std::numeric_limits<{T}>::quiet_NaN() : {0} == 0 ? ({T})0 : {0} * std::log({1}))"),
+    # philox(seed, offset): a uniform 32-bit random word (in [0, 2**32), converted to the operands' integer
+    # dtype as a C cast does) from the operands' int64 values; in-kernel dropout (kiln/aot/random.py)
+    # compares it with a threshold. The same bits on every backend: tests/lowering/test_random.py.
+    _row(Op.PHILOX, 2, INTEGER, EXPENSIVE, cpp_prelude=CPP_PHILOX,
+         triton="_philox({0}, {1}).to({T})",
+         cpp="(({T})kiln_philox((int64_t)({0}), (int64_t)({1})))"),
 ]
 OPS = {row.op.value: row for row in ROWS}
 

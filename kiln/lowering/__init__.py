@@ -18,8 +18,8 @@ import torch
 from kiln import _torch
 from kiln.ir import FloorDiv, Graph, GraphInput, TensorArg
 # imported to register their rules
-from kiln.lowering import (creation, effects, indexing, matmul, pointwise, pooling, reductions,  # noqa: F401
-                            scatters, views)
+from kiln.lowering import (creation, effects, indexing, matmul, pointwise, pooling, random,  # noqa: F401
+                            reductions, scatters, views)
 from kiln.lowering.context import (BufferValue, LoweringContext, TensorValue, Unsupported, layout_of,
                                    meta_of)
 from kiln.lowering.patterns import apply_patterns  # noqa: F401  (run on the ATen graph before lower_graph)

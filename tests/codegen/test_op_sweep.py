@@ -24,6 +24,7 @@ import torch
 
 import kiln
 import kiln.testing
+from kiln.aot.random import philox
 from kiln.backend import compile_graph
 from kiln.codegen.wrapper import generate_wrapper
 from kiln.schedule.memory import plan_memory
@@ -68,7 +69,15 @@ OPS = {
     "copysign": (torch.copysign, "math"), "hypot": (torch.hypot, "math"), "nextafter": (torch.nextafter, "math"),
     "fmax": (torch.fmax, "math"), "fmin": (torch.fmin, "math"), "logaddexp": (torch.logaddexp, "math"),
     "xlogy": (torch.xlogy, "math"), "erf_for_16bit": (torch.erf, "math"),
+    "philox": (lambda seed, offset: _philox(seed, offset), "math"),
 }
+
+
+def _philox(seed, offset):
+    """kiln's reference Philox (kiln/aot/random.py) on integer operands, converted to theirs as a C cast does."""
+    if seed.dtype.is_floating_point or seed.dtype == torch.bool:
+        raise TypeError("philox takes integers")
+    return philox(seed, offset).to(seed.dtype)
 # Ops with their own test here (where, to_dtype) or swept through lowering (reduce), or that
 # every case uses (load, store); constant/index_expr/getitem are covered by lowering's tests,
 # check_index by tests/backend/test_indexing.py.

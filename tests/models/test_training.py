@@ -2,9 +2,10 @@
 default configs (dropout on), and five-step AdamW loops whose losses and final parameters match eager's.
 
 Models are built from configs that only shrink sizes; every other setting is the default (the KV cache,
-dropout: BERT and GPT-2 drop 10% in several places). kiln's dropout draws its masks with torch's own
-generator, in eager's order, so seeding torch identically before the eager, the compiled and the float64
-run gives all three the same masks, and the runs compare value for value (`kiln.testing.compare`: no
+dropout: BERT and GPT-2 drop 10% in several places). kiln draws dropout's masks in its kernels from seeds
+taken from torch's generator in eager's order (kiln/aot/random.py); the eager and float64 runs draw the same
+masks under kiln.testing.philox_dropout(), so seeding torch identically before the eager, the compiled and the
+float64 run gives all three the same masks, and the runs compare value for value (`kiln.testing.compare`: no
 farther from the float64 run than eager is). Every test runs on both CPU backends (`cpu_backend`: the
 C++ kernels and the Triton kernels under the interpreter) and asserts that kiln compiled the model: graphs
 captured, no graph break, no frame or graph run eagerly, kernels generated (conftest.py adds strict mode).
@@ -30,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 import kiln
+import kiln.testing
 from kiln.debug.explain import ExplainReport, _recording
 from kiln.testing import compare, to_float64
 
@@ -134,11 +136,12 @@ def test_training_step_with_default_dropout(make_model, cpu_backend):
     compiled_model, reference_model = copy.deepcopy(model), copy.deepcopy(model).double()
     input_ids = tokens()
     inputs = {"input_ids": input_ids, "labels": input_ids}
-    eager = _seeded_step(model, model, inputs)
+    with kiln.testing.philox_dropout():  # eager and float64 draw the masks kiln's kernels draw
+        eager = _seeded_step(model, model, inputs)
+        reference = _seeded_step(reference_model, reference_model, to_float64(inputs))
     compiled = kiln.compile(compiled_model)
     with kiln.config.patch(cpu_backend=cpu_backend), compiled_by_kiln(name):
         actual = _seeded_step(compiled_model, compiled, inputs)
-    reference = _seeded_step(reference_model, reference_model, to_float64(inputs))
     verdict = compare(actual[0], eager[0], reference[0])
     assert verdict, f"{name}: loss: {verdict.message}"
     assert_gradients_match(name, actual[1], eager[1], reference[1], [n for n, _ in model.named_parameters()])

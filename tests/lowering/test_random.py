@@ -1,0 +1,156 @@
+"""Dropout drawn in kernels (kiln/aot/random.py, kiln/lowering/random.py): Philox bits equal on the reference,
+Triton and C++; a training step's dropout fused into its neighbours' kernel, its mask recomputed in the backward
+(no bool mask saved), kept values equal to eager's bit for bit, each element kept with probability 1 - p, a new
+mask on every call, the same ones after torch.manual_seed, and gradients that use the forward's mask."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import kiln
+from kiln.aot.random import keep_threshold, philox
+from kiln.debug.explain import explain
+
+F = torch.nn.functional
+BACKENDS = pytest.mark.parametrize("backend", ["cpp", "triton"])
+
+
+def test_philox_known_answer():
+    """Random123's known-answer vector for philox4x32-10 with counter and key 0 (first word)."""
+    assert int(philox(torch.tensor(0), torch.tensor(0))) == 0x6627E8D5
+
+
+def test_philox_reference_is_tritons_randint():
+    """kiln's reference is what Triton's tl.randint computes with int64 seeds and offsets (under the interpreter
+    here; the kernels call it on the GPU)."""
+    triton = pytest.importorskip("triton")
+    import triton.language as tl
+
+    @triton.jit
+    def draw(seeds, offsets, out, n: tl.constexpr):
+        index = tl.arange(0, n)
+        bits = tl.randint(tl.load(seeds + index), tl.load(offsets + index))
+        tl.store(out + index, bits.to(tl.int64))
+
+    generator = torch.Generator().manual_seed(0)
+    seeds = torch.randint(-2 ** 63, 2 ** 63 - 1, (64,), generator=generator, dtype=torch.int64)
+    offsets = torch.randint(-2 ** 63, 2 ** 63 - 1, (64,), generator=generator, dtype=torch.int64)
+    offsets[:8] = torch.arange(8)
+    out = torch.empty(64, dtype=torch.int64)
+    import os
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("runs Triton's interpreter (CPU tensors)")
+    draw[(1,)](seeds, offsets, out, n=64)
+    assert torch.equal(out, philox(seeds, offsets))
+
+
+def _step(program, x, backend, **options):
+    """The compiled program's result and x's gradient (a fixed random cotangent), and what it saved for the backward."""
+    saved = []
+
+    def pack(tensor):
+        saved.append(tensor)
+        return tensor
+
+    with kiln.config.patch(strict=True, cpu_backend=backend, graph_cache=False, **options), \
+            torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        x = x.detach().requires_grad_()
+        out = kiln.compile(program)(x)
+    cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
+    out.backward(cotangent)
+    return out.detach(), x.grad, cotangent, saved
+
+
+def _program(p):
+    def program(x):
+        return F.dropout(x * 2, p=p, training=True) * 3  # exact in every dtype but the last rounding
+
+    return program
+
+
+@BACKENDS
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dropout_training_step(backend, dtype):
+    p = 0.3
+    program = _program(p)
+    x = torch.rand(64, 96, generator=torch.Generator().manual_seed(0)).to(dtype) + 0.25  # never 0: kept is out != 0
+    kiln.reset()
+    with kiln.config.patch(strict=True, cpu_backend=backend, graph_cache=False):
+        report = explain(program, x.clone().requires_grad_())
+    torch.manual_seed(7)
+    out, grad, cotangent, saved = _step(program, x, backend)
+    kept = out != 0
+    # one kernel: the product, the mask and the scale; no ATen dropout
+    (forward,) = report.graphs
+    assert forward.kernels == 1 and forward.extern_ops.keys() <= {"aten.randint.low"}, report
+    # no bool mask saved: the backward recomputes it from the seed
+    assert not [tensor for tensor in saved if tensor.dtype == torch.bool], [t.shape for t in saved]
+    # kept values are eager's bit for bit: eager's own dropout where it kept the same elements
+    torch.manual_seed(11)
+    eager = program(x)
+    both = kept & (eager != 0)
+    assert both.sum() > 1000
+    torch.testing.assert_close(out[both], eager[both], rtol=0, atol=0)
+    assert abs(kept.double().mean().item() - (1 - p)) < 0.03
+    # the gradient is 6 / (1 - p) where the forward kept an element, 0 elsewhere, times the cotangent
+    expected = cotangent.double() * kept * 6 / (1 - p)
+    tolerance = 1e-6 if dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(grad.double(), expected, rtol=tolerance, atol=tolerance)
+
+
+@BACKENDS
+def test_dropout_statistics_and_seeding(backend):
+    """Each element kept with probability 1 - p (within 5 standard deviations over 2**16 elements), independently of
+    its neighbours and of the other dropout; a new mask each call; the same masks after the same manual_seed."""
+    p = 0.25
+
+    def program(x):
+        return F.dropout(x, p=p, training=True), F.dropout(x, p=p, training=True)
+
+    x = torch.ones(256, 256)
+    with kiln.config.patch(strict=True, cpu_backend=backend, graph_cache=False), torch.no_grad():
+        compiled = kiln.compile(program)
+        torch.manual_seed(3)
+        first, second = (out != 0 for out in compiled(x))
+        again = compiled(x)[0] != 0
+        torch.manual_seed(3)
+        repeated = compiled(x)[0] != 0
+    n = x.numel()
+    sigma = math.sqrt(p * (1 - p) / n)
+    for mask in (first, second, again):
+        assert abs(mask.double().mean().item() - (1 - p)) < 5 * sigma
+    both = (first & second).double().mean().item()  # independent masks: kept by both with probability (1 - p)^2
+    assert abs(both - (1 - p) ** 2) < 5 * math.sqrt((1 - p) ** 2 * (1 - (1 - p) ** 2) / n)
+    neighbours = (first[:, 1:] & first[:, :-1]).double().mean().item()
+    assert abs(neighbours - (1 - p) ** 2) < 5 * math.sqrt((1 - p) ** 2 * (1 - (1 - p) ** 2) / n)
+    assert not torch.equal(first, again)
+    assert torch.equal(first, repeated)
+    assert keep_threshold(p) == 2 ** 30
+
+
+@BACKENDS
+def test_kernels_draw_the_reference_masks(backend):
+    """The kernels' masks are the eager implementation's (kiln.compile(..., backend="aot_eager") runs the same ATen
+    graph with torch's kernels and the custom ops' torch code), and its values."""
+    def program(x):
+        return F.dropout(x * 2, p=0.5, training=True)
+
+    x = torch.randn(33, 65, generator=torch.Generator().manual_seed(2))
+    with torch.no_grad(), kiln.config.patch(strict=True, cpu_backend=backend, graph_cache=False):
+        torch.manual_seed(5)
+        got = kiln.compile(program)(x)
+        kiln.reset()
+        torch.manual_seed(5)
+        expected = kiln.compile(program, backend="aot_eager")(x)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+def test_in_kernel_dropout_off_keeps_atens_dropout():
+    program = _program(0.3)
+    x = torch.randn(16, 16, requires_grad=True)
+    kiln.reset()
+    with kiln.config.patch(strict=True, in_kernel_dropout=False, graph_cache=False):
+        report = explain(program, x)
+    assert "native_dropout" in str(report)
