@@ -1,0 +1,73 @@
+"""Dropout drawn in kiln's kernels on the GPU (kiln/aot/random.py): for fp32 and bf16, a training step of
+F.dropout(x * 2, p) * 3 compiled by kiln has one forward kernel and no ATen dropout, saves no bool mask for the
+backward, keeps eager's values bit for bit where both kept an element, keeps each element with probability 1 - p,
+and its gradient is 6 / (1 - p) times the cotangent exactly where the forward kept; the masks equal what
+kiln.testing.philox_dropout() makes eager draw (tl.randint on the GPU against the torch reference). Prints PASS/FAIL
+per check.
+
+    python -m benchmarks.gpu_dropout_check
+"""
+from __future__ import annotations
+
+import sys
+
+import torch
+
+import kiln
+import kiln.testing
+from kiln.debug.explain import explain
+
+F = torch.nn.functional
+
+
+def check(dtype, p=0.3) -> list:
+    def program(x):
+        return F.dropout(x * 2, p=p, training=True) * 3
+
+    failures = []
+    x = (torch.rand(512, 1024, device="cuda") + 0.25).to(dtype)
+    kiln.reset()
+    report = explain(program, x.clone().requires_grad_())
+    (graph,) = report.graphs
+    if graph.kernels != 1 or not graph.extern_ops.keys() <= {"aten.randint.low"}:
+        failures.append(f"forward: {graph.kernels} kernels, externs {graph.extern_ops}")
+    saved = []
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+        leaf = x.clone().requires_grad_()
+        torch.manual_seed(5)
+        out = kiln.compile(program)(leaf)
+    cotangent = torch.randn_like(out)
+    out.backward(cotangent)
+    kept = out != 0
+    if any(t.dtype == torch.bool for t in saved):
+        failures.append("a bool mask was saved for the backward")
+    eager = program(x)
+    both = kept & (eager != 0)
+    if not torch.equal(out[both], eager[both]):
+        failures.append("kept values differ from eager's")
+    fraction = kept.double().mean().item()
+    if abs(fraction - (1 - p)) > 5 * ((p * (1 - p) / x.numel()) ** 0.5):
+        failures.append(f"kept fraction {fraction:.5f}, expected {1 - p}")
+    expected = cotangent.double() * kept * 6 / (1 - p)
+    tolerance = 1e-6 if dtype == torch.float32 else 1e-2
+    if not torch.allclose(leaf.grad.double(), expected, rtol=tolerance, atol=tolerance):
+        failures.append(f"gradient off by {(leaf.grad.double() - expected).abs().max().item():.3g}")
+    torch.manual_seed(5)
+    with kiln.testing.philox_dropout():
+        twin = program(x)
+    if not torch.equal(twin != 0, kept):
+        failures.append("masks differ from kiln.testing.philox_dropout()'s eager draw")
+    return failures
+
+
+def main() -> int:
+    failed = 0
+    for dtype in (torch.float32, torch.bfloat16):
+        failures = check(dtype)
+        failed += bool(failures)
+        print(f"gpu_dropout_check {dtype}: {'PASS' if not failures else 'FAIL: ' + '; '.join(failures)}", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
