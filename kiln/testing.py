@@ -153,12 +153,12 @@ def to_float64(value):
 
 @contextlib.contextmanager
 def philox_dropout():
-    """Within it, eager `F.dropout`, and the dropout of `F.scaled_dot_product_attention` (its math path, which a
-    trace takes where the fused kernels do not apply dropout), draw the masks kiln's kernels draw
+    """Within it, eager `F.dropout`, and on the CPU the dropout of `F.scaled_dot_product_attention` (its math path,
+    which a CPU trace takes for attention with dropout), draw the masks kiln's kernels draw
     (kiln/aot/random.py): run an eager twin of a compiled model under it, seeded alike, and the two compare value
     for value with dropout on. kiln draws each dropout's seed from torch's generator where the program calls
     dropout, as this does."""
-    from kiln.aot.random import eager_dropout
+    from kiln.philox import eager_dropout
 
     functional = torch.nn.functional
     originals = functional.dropout, functional.scaled_dot_product_attention
@@ -171,10 +171,11 @@ def philox_dropout():
 
 def _attention_with_philox_dropout(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                    enable_gqa=False):
-    """torch's math attention (as a trace decomposes it) with kiln's dropout; torch's own where dropout_p is 0."""
-    from kiln.aot.random import eager_dropout
+    """torch's math attention (as a trace decomposes it) with kiln's dropout; torch's own where dropout_p is 0 and
+    off the CPU (a CUDA trace keeps a fused kernel, which draws its own dropout as eager's does)."""
+    from kiln.philox import eager_dropout
 
-    if not dropout_p:
+    if not dropout_p or query.device.type != "cpu":
         return torch._C._nn.scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, is_causal,
                                                          scale=scale, enable_gqa=enable_gqa)
     if enable_gqa:

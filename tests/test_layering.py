@@ -35,7 +35,7 @@ LAYERS = (
     ("kiln.codegen",),
     ("kiln.runtime",),
     ("kiln.ir",),
-    ("kiln.testing", "kiln.config", "kiln.errors", "kiln._torch", "kiln._triton"),
+    ("kiln.testing", "kiln.config", "kiln.errors", "kiln._torch", "kiln._triton", "kiln.philox"),
 )
 
 

@@ -10,6 +10,7 @@ import torch
 from kiln import _torch
 from kiln.aot.strides import dense_strides, index_layout
 from kiln.ir.ops import ROWS
+from kiln.philox import dropout_as_eager
 
 aten = _torch.aten
 
@@ -173,18 +174,7 @@ def native_dropout_backward(grad_output, mask, scale):
     decomposition is eager's backward bit for bit (not the CPU's native_dropout_backward kernel, which
     keeps the scale in float32, for the rare program that calls native_dropout itself).
     """
-    return dropout_backward_as_eager(grad_output, mask, scale, scale_in_grad_dtype=grad_output.device.type == "cpu")
-
-
-def dropout_backward_as_eager(grad_output, mask, scale, *, scale_in_grad_dtype: bool):
-    """grad * mask * scale, with the scale in the gradient's dtype (eager's CPU dropout) or in float32 for
-    fp16/bf16, rounded once (eager's CUDA kernel); laid out in the gradient's memory format, as torch's is."""
-    if scale_in_grad_dtype:
-        result = grad_output * (mask.to(grad_output.dtype) * scale)
-    else:
-        dtype = torch.float32 if grad_output.dtype in (torch.float16, torch.bfloat16) else grad_output.dtype
-        result = (grad_output.to(dtype) * mask.to(dtype) * scale).to(grad_output.dtype)
-    return result.clone(memory_format=_torch.suggest_memory_format(grad_output))
+    return dropout_as_eager(grad_output, mask, scale, scale_in_dtype=grad_output.device.type == "cpu")
 
 
 # kiln's own decompositions, replacing core ATen's for these ops.

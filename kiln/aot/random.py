@@ -5,8 +5,8 @@ torch's generator, returns the scaled result and the bool mask, and the backward
 (one byte per element; BERT-base at 8 x 512 saves 25 of them, 75 MiB a step) and breaks the fusion of
 the pointwise work on either side. Here each such call becomes `kiln::philox_dropout(x, seed, p)`:
 the mask is `philox(seed, i) >= round(p * 2**32)`, i the element's row-major position in x's shape and
-philox Philox4x32-10's first 32-bit word (kiln/ir/ops.py's `philox` row: the same bits on Triton and
-C++), so the forward's kernels compute it where they read x. Each dropout's seed is an `aten.randint`
+philox Philox4x32-10's first 32-bit word (kiln/philox.py; kiln/ir/ops.py's `philox` row: the same bits on
+Triton and C++), so the forward's kernels compute it where they read x. Each dropout's seed is an `aten.randint`
 call where the dropout was (a 64-bit seed drawn from torch's generator in the program's order of random
 ops: `torch.manual_seed` makes a run repeatable, a CUDA graph's replays draw new seeds, and
 `kiln.testing.philox_dropout()` makes eager draw the same masks), and where the
@@ -31,64 +31,9 @@ import torch
 
 from kiln import _torch
 from kiln.config import config
+from kiln.philox import SEED_HIGH
 
 aten = _torch.aten
-_WORD = 0xFFFFFFFF
-SEED_HIGH = 2 ** 62  # seeds are drawn from [0, SEED_HIGH)
-
-
-def philox(seed: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
-    """Philox4x32-10's first word (int64, in [0, 2**32)) for key = seed's two 32-bit halves and counter =
-    (offset's halves, 0, 0), in torch's int64 arithmetic (products wrap mod 2**64): the reference the
-    kernels' `philox` op is tested against, and the eager implementation of the ops below."""
-    seed, offset = torch.broadcast_tensors(seed.to(torch.int64), offset.to(torch.int64))
-    k0, k1 = seed & _WORD, (seed >> 32) & _WORD
-    c0, c1 = offset & _WORD, (offset >> 32) & _WORD
-    c2 = c3 = torch.zeros_like(c0)
-    for _ in range(10):
-        p0, p1 = c0 * 0xD2511F53, c2 * 0xCD9E8D57
-        c0, c1, c2, c3 = ((p1 >> 32) & _WORD) ^ c1 ^ k0, p1 & _WORD, ((p0 >> 32) & _WORD) ^ c3 ^ k1, p0 & _WORD
-        k0, k1 = (k0 + 0x9E3779B9) & _WORD, (k1 + 0xBB67AE85) & _WORD
-    return c0
-
-
-def keep_threshold(p: float) -> int:
-    """An element is kept where its 32-bit word is at least this: with probability 1 - p within 2**-33."""
-    return round(p * 2 ** 32)
-
-
-def dropout_scale(p: float) -> float:
-    return 1.0 / (1.0 - p)
-
-
-def _keep(seed: torch.Tensor, size, p: float) -> torch.Tensor:
-    offsets = torch.arange(int(torch.Size(size).numel()), device=seed.device, dtype=torch.int64).view(size)
-    return philox(seed, offsets) >= keep_threshold(p)
-
-
-@torch.library.custom_op("kiln::philox_keep", mutates_args=())
-def philox_keep(seed: torch.Tensor, size: list[int], p: float) -> torch.Tensor:
-    """The keep mask (bool, contiguous, `size`) of the dropout whose seed is `seed` (int64, 0-d)."""
-    return _keep(seed, size, p)
-
-
-@philox_keep.register_fake
-def _(seed, size, p):
-    return seed.new_empty(size, dtype=torch.bool)
-
-
-@torch.library.custom_op("kiln::philox_dropout", mutates_args=())
-def philox_dropout(x: torch.Tensor, seed: torch.Tensor, p: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """`native_dropout(x, p, train=True)` with the mask `philox_keep(seed, x.shape, p)`: (result, mask)."""
-    from kiln.aot.decompositions import dropout_backward_as_eager
-
-    keep = _keep(seed, x.shape, p)
-    return dropout_backward_as_eager(x, keep, dropout_scale(p), scale_in_grad_dtype=x.device.type == "cpu"), keep
-
-
-@philox_dropout.register_fake
-def _(x, seed, p):
-    return torch.empty_like(x, memory_format=_torch.suggest_memory_format(x)), x.new_empty(x.shape, dtype=torch.bool)
 
 
 def _dropouts(gm: torch.fx.GraphModule) -> list:
@@ -129,23 +74,6 @@ def rewrite_forward(gm: torch.fx.GraphModule) -> dict:
     graph.lint()
     gm.recompile()
     return masks
-
-
-def eager_dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
-    """F.dropout as kiln's kernels compute it, in torch ops (differentiable): the seed drawn from torch's
-    generator as the compiled graph draws it, so an eager run made with it draws kiln's masks
-    (kiln.testing.philox_dropout)."""
-    if not training or not 0 < p < 1 or not x.dtype.is_floating_point or x.numel() == 0:
-        return _F_DROPOUT(x, p, training, inplace)
-    from kiln.aot.decompositions import dropout_backward_as_eager
-
-    seed = torch.randint(0, SEED_HIGH, (), dtype=torch.int64, device=x.device)
-    result = dropout_backward_as_eager(x, _keep(seed, x.shape, p), dropout_scale(p),
-                                       scale_in_grad_dtype=x.device.type == "cpu")
-    return x.copy_(result) if inplace else result
-
-
-_F_DROPOUT = torch.nn.functional.dropout
 
 
 def partition(partition_fn: Callable) -> Callable:

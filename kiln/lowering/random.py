@@ -1,4 +1,4 @@
-"""Dropout drawn in kernels (kiln/aot/random.py): the keep mask `philox(seed, i) >= threshold`, i the
+"""Dropout drawn in kernels (kiln/aot/random.py, kiln/philox.py): the keep mask `philox(seed, i) >= threshold`, i the
 element's row-major position in the tensor's shape, whatever its layout, so that the forward and the
 backward, whose kernels walk different layouts, draw the same mask. Each rule is a pointwise node, fused
 with its producers and consumers like any other."""
@@ -8,7 +8,7 @@ import sympy
 import torch
 
 from kiln import _torch
-from kiln.aot.random import dropout_scale, keep_threshold
+from kiln.philox import dropout_scale, keep_threshold
 from kiln.ir.indexing import contiguous_strides
 from kiln.lowering.context import TensorValue, Unsupported, compute_dtype_for, meta_of, rounded_scalar
 from kiln.lowering.registry import lowering

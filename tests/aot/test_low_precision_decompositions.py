@@ -19,13 +19,17 @@ the CPU form through kiln.compile, on the aot_eager rung and through kiln's kern
 """
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 from torch.fx.experimental.proxy_tensor import make_fx
 
 import kiln
+import kiln.testing
 from kiln import _torch
-from kiln.aot.decompositions import decomposition_table, dropout_backward_as_eager
+from kiln.aot.decompositions import decomposition_table
+from kiln.philox import dropout_as_eager
 
 aten = _torch.aten
 
@@ -125,7 +129,7 @@ def _dropped(dtype: torch.dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
 def test_dropout_backward_for_cuda_keeps_the_scale_in_float32(dtype):
     grad, mask, _ = _dropped(dtype)
-    got = dropout_backward_as_eager(grad, mask, 1 / 0.9, scale_in_grad_dtype=False)
+    got = dropout_as_eager(grad, mask, 1 / 0.9, scale_in_dtype=False)
     want = aten.native_dropout_backward(grad, mask, 1 / 0.9)  # the CPU kernel computes as CUDA's: float32, once
     exact = aten.native_dropout_backward(grad.double(), mask, 1 / 0.9)
     _assert_as_precise(got, want, exact, f"dropout backward, CUDA's form ({dtype})")
@@ -165,8 +169,9 @@ def test_dropout_gradient_in_bf16_is_eagers(rung, cpu_backend):
         for function, dtype in ((_through_dropout, torch.bfloat16), (compiled, torch.bfloat16),
                                 (_through_dropout, torch.float64)):
             leaf = weight.to(dtype).detach().clone().requires_grad_()
-            torch.manual_seed(0)  # the same mask for all three
-            function(x.to(dtype), leaf).backward()
+            torch.manual_seed(0)  # the same mask for all three: eager's drawn as kiln's kernels draw it
+            with kiln.testing.philox_dropout() if function is _through_dropout else contextlib.nullcontext():
+                function(x.to(dtype), leaf).backward()
             gradients.append(leaf.grad.double())
     kiln.reset()
     eager, got, exact = gradients

@@ -24,7 +24,7 @@ import torch
 
 import kiln
 import kiln.testing
-from kiln.aot.random import philox
+from kiln.philox import philox
 from kiln.backend import compile_graph
 from kiln.codegen.wrapper import generate_wrapper
 from kiln.schedule.memory import plan_memory

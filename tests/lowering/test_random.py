@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import kiln
-from kiln.aot.random import keep_threshold, philox
+from kiln.philox import keep_threshold, philox
 from kiln.debug.explain import explain
 
 F = torch.nn.functional
