@@ -4,6 +4,8 @@ backward, whose kernels walk different layouts, draw the same mask. Each rule is
 with its producers and consumers like any other."""
 from __future__ import annotations
 
+import operator
+
 import sympy
 import torch
 
@@ -57,5 +59,12 @@ def philox_dropout(ctx, node, x, seed, p):
         factor = body.emit("where", (kept, body.constant(scale, dtype), body.constant(0.0, dtype)), dtype)
         return body.emit("mul", (ctx.load_broadcast(body, x, index, shape, dtype), factor), dtype)
 
-    mask = ctx.pointwise_indexed(mask_meta, lambda body, index: _keep(body, seed, index, shape, p))
+    # the forward of a training graph saves the seed, not the mask: then nothing reads it and it is not stored
+    mask = ctx.pointwise_indexed(mask_meta, lambda body, index: _keep(body, seed, index, shape, p)) \
+        if _read(node, 1) else None
     return ctx.pointwise_indexed(result_meta, result), mask
+
+
+def _read(node, position: int) -> bool:
+    """Whether anything reads result `position` of the multi-result FX node."""
+    return any(user.target is operator.getitem and user.args[1] == position and user.users for user in node.users)

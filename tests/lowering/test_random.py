@@ -154,3 +154,29 @@ def test_in_kernel_dropout_off_keeps_atens_dropout():
     with kiln.config.patch(strict=True, in_kernel_dropout=False, graph_cache=False):
         report = explain(program, x)
     assert "native_dropout" in str(report)
+
+
+@BACKENDS
+def test_training_forward_stores_no_mask(backend):
+    """The forward of a training step saves the seed: its memory plan has no bool buffer (the mask is not stored)."""
+    from kiln.debug.dump import GraphDump
+
+    dumps = []
+
+    def keep(dump, gm):
+        dump.kept = {}
+        dumps.append(dump)
+
+    program = _program(0.3)
+    x = torch.randn(16, 32, requires_grad=True)
+    kiln.reset()
+    GraphDump.observer = keep
+    try:
+        with kiln.config.patch(strict=True, cpu_backend=backend, graph_cache=False):
+            kiln.compile(program)(x)
+    finally:
+        GraphDump.observer = None
+    (forward,) = dumps
+    plan = forward.kept["memory_plan.txt"]
+    assert "f32" in plan or "float32" in plan, plan
+    assert "b8" not in plan and "bool" not in plan, plan
