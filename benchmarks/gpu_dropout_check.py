@@ -10,6 +10,7 @@ per check.
 from __future__ import annotations
 
 import sys
+import traceback
 
 import torch
 
@@ -31,8 +32,17 @@ def check(dtype, p=0.3) -> list:
     (graph,) = report.graphs
     if graph.kernels != 1 or not graph.extern_ops.keys() <= {"aten.randint.low"}:
         failures.append(f"forward: {graph.kernels} kernels, externs {graph.extern_ops}")
-    saved = []
-    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t) or t, lambda t: t):
+    saved, where = [], []
+
+    def pack(tensor):
+        saved.append(tensor)
+        if tensor.dtype == torch.bool:  # who saves it: the innermost frames outside torch
+            frames = [f"{frame.filename.rsplit('/', 2)[-1]}:{frame.lineno} {frame.name}"
+                      for frame in traceback.extract_stack()[:-1]]
+            where.append(" <- ".join(reversed(frames[-6:])))
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         leaf = x.clone().requires_grad_()
         torch.manual_seed(5)
         out = kiln.compile(program)(leaf)
@@ -41,7 +51,7 @@ def check(dtype, p=0.3) -> list:
     kept = out != 0
     if any(t.dtype == torch.bool for t in saved):
         failures.append("a bool tensor was saved for the backward; saved: " +
-                        ", ".join(f"{t.dtype} {tuple(t.shape)}" for t in saved))
+                        ", ".join(f"{t.dtype} {tuple(t.shape)}" for t in saved) + "; bool saved at: " + " | ".join(where))
     eager = program(x)
     both = kept & (eager != 0)
     if not torch.equal(out[both], eager[both]):
