@@ -12,7 +12,12 @@
 #   WARM_MODELS=llama: after step 4, cold and warm first calls of those models (benchmarks.warm_start, KILN_LOGS=perf:
 #   why a warm start traced a graph again, and the diff of the two processes' keys where one found no link).
 #   RO_MODELS=bert,resnet18: then those models under mode="reduce-overhead", kiln and torch.compile ($RO_BUDGET s, 90).
-#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_lean_check.sh
+#   TRAIN_MODELS=bert,llama,resnet50,vit: then training (forward + backward, dropout on) of those models, eager,
+#   torch.compile and kiln ($TRAIN_BACKENDS, default eager,inductor,kiln; $TRAIN_BUDGET s, 240).
+#   PROFILE_MODELS=bert,llama: then benchmarks.profile of those models, kiln and torch.compile (launches, host ms,
+#   GPU kernel ms, wall ms, memory: issue 14's table; $PROFILE_BUDGET s, 200).
+#   DROPOUT_CHECK=1: benchmarks.gpu_dropout_check beside step 1 (correctness only: it shares the GPU with the smoke).
+#   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_lean_check.sh (exported to every step: the device's .git may be stale)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONUNBUFFERED=1
@@ -20,6 +25,10 @@ PYTHON="${PYTHON:-python3}"
 OUT_DIR="${OUT:-benchmarks/results/out}"
 mkdir -p "$OUT_DIR"
 commit="${KILN_GIT_COMMIT:-unknown}"
+export KILN_GIT_COMMIT="$commit"
+if [ -n "${DROPOUT_CHECK:-}" ]; then
+    { timeout 150 "$PYTHON" -m benchmarks.gpu_dropout_check 2>&1 | grep -v "Warn"; } > "$OUT_DIR/dropout.txt" 2>&1 &
+fi
 { timeout 200 "$PYTHON" -m benchmarks.gpu_smoke 2>&1 | grep -v "Warn\|runners = "
   echo "gpu_smoke exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/smoke.txt" 2>&1 &
 { timeout 200 "$PYTHON" -m benchmarks.gpu_capture_check 2>&1 | grep -v "Warning"
@@ -54,6 +63,17 @@ if [ -n "${RO_MODELS:-}" ]; then
     "$PYTHON" -m benchmarks.run --suite models --only "$RO_MODELS" --modes cudagraphs --backends kiln,inductor \
         --budget "${RO_BUDGET:-90}" --timeout 60 --label "ro-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
 fi
+if [ -n "${TRAIN_MODELS:-}" ]; then
+    "$PYTHON" -m benchmarks.run --suite models --only "$TRAIN_MODELS" --modes train \
+        --backends "${TRAIN_BACKENDS:-eager,inductor,kiln}" --budget "${TRAIN_BUDGET:-240}" --timeout 90 \
+        --label "train-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
+fi
+if [ -n "${PROFILE_MODELS:-}" ]; then
+    timeout "${PROFILE_BUDGET:-200}" "$PYTHON" -m benchmarks.profile --only "$PROFILE_MODELS" --backends kiln,inductor \
+        --out "$OUT_DIR/profile" 2>&1 | tail -4
+    cp "$OUT_DIR/profile/profile_summary.md" "$OUT_DIR/profile-$commit.md" 2>/dev/null; rm -rf "$OUT_DIR/profile"
+fi
+[ -f "$OUT_DIR/dropout.txt" ] && cat "$OUT_DIR/dropout.txt"
 grep -q "first call" "$OUT_DIR/first_call.txt" 2>/dev/null || rm -f "$OUT_DIR/first_call.txt"
-rm -f "$OUT_DIR"/*ro-"$commit"*.json  # its table is in the .md; at most 8 files come back from a device call
+rm -f "$OUT_DIR"/*ro-"$commit"*.json "$OUT_DIR"/*train-"$commit"*.json  # tables in the .md: 8 files come back
 rm -f "$OUT_DIR"/*.log "$OUT_DIR/models.txt" "$OUT_DIR/models_ab.txt"  # the tables are in the .md files (8 files come back)
