@@ -2,8 +2,8 @@
 F.dropout(x * 2, p) * 3 compiled by kiln has one forward kernel and no ATen dropout, saves no bool mask for the
 backward, keeps eager's values bit for bit where both kept an element, keeps each element with probability 1 - p,
 and its gradient is 6 / (1 - p) times the cotangent exactly where the forward kept; the masks equal what
-kiln.testing.philox_dropout() makes eager draw (tl.randint on the GPU against the torch reference). Prints PASS/FAIL
-per check.
+kiln.testing.philox_draws() makes eager draw (tl.randint on the GPU against the torch reference); and rand_like, drawn
+in the kernel too, is uniform on [0, 1) on its dtype's grid. Prints PASS/FAIL per check.
 
     python -m benchmarks.gpu_dropout_check
 """
@@ -50,8 +50,8 @@ def check(dtype, p=0.3) -> list:
     out.backward(cotangent)
     kept = out != 0
     if any(t.dtype == torch.bool for t in saved):
-        failures.append("a bool tensor was saved for the backward; saved: " +
-                        ", ".join(f"{t.dtype} {tuple(t.shape)}" for t in saved) + "; bool saved at: " + " | ".join(where))
+        listed = ", ".join(f"{t.dtype} {tuple(t.shape)}" for t in saved)
+        failures.append(f"a bool tensor was saved for the backward; saved: {listed}; saved at: {' | '.join(where)}")
     eager = program(x)
     both = kept & (eager != 0)
     if not torch.equal(out[both], eager[both]):
@@ -64,19 +64,47 @@ def check(dtype, p=0.3) -> list:
     if not torch.allclose(leaf.grad.double(), expected, rtol=tolerance, atol=tolerance):
         failures.append(f"gradient off by {(leaf.grad.double() - expected).abs().max().item():.3g}")
     torch.manual_seed(5)
-    with kiln.testing.philox_dropout():
+    with kiln.testing.philox_draws():
         twin = program(x)
     if not torch.equal(twin != 0, kept):
-        failures.append("masks differ from kiln.testing.philox_dropout()'s eager draw")
+        failures.append("masks differ from kiln.testing.philox_draws()'s eager draw")
+    return failures
+
+
+def check_rand(dtype) -> list:
+    """rand_like drawn in the kernel: on [0, 1), on the dtype's significand grid, mean 1/2 and variance 1/12."""
+    def program(x):
+        return torch.rand_like(x) + x
+
+    failures = []
+    x = torch.zeros(1024, 1024, device="cuda", dtype=dtype)
+    kiln.reset()
+    with torch.no_grad():
+        (graph,) = explain(program, x).graphs
+        values = kiln.compile(program)(x).double()
+    if graph.extern_ops.keys() != {"aten.randint.low"}:
+        failures.append(f"externs {graph.extern_ops}")
+    bits = {torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}[dtype]
+    if values.min() < 0 or values.max() >= 1 or not torch.equal(values * 2 ** bits, (values * 2 ** bits).round()):
+        failures.append("values off [0, 1) or off the grid")
+    # the uniform law on the grid {0, 2^-bits, ..., 1 - 2^-bits}: mean (1 - 2^-bits) / 2 (bfloat16: 0.5 - 2^-9),
+    # variance (1 - 2^-2bits) / 12
+    n, step = values.numel(), 2.0 ** -bits
+    mean, variance = (1 - step) / 2, (1 - step * step) / 12
+    if abs(values.mean().item() - mean) > 5 * (variance / n) ** 0.5 or \
+            abs(values.var().item() - variance) > 5 * (1 / 180 / n) ** 0.5:
+        failures.append(f"mean {values.mean().item():.5f}, variance {values.var().item():.5f}")
     return failures
 
 
 def main() -> int:
     failed = 0
-    for dtype in (torch.float32, torch.bfloat16):
-        failures = check(dtype)
-        failed += bool(failures)
-        print(f"gpu_dropout_check {dtype}: {'PASS' if not failures else 'FAIL: ' + '; '.join(failures)}", flush=True)
+    for name, checker in (("dropout", check), ("rand_like", check_rand)):
+        for dtype in (torch.float32, torch.bfloat16):
+            failures = checker(dtype)
+            failed += bool(failures)
+            print(f"gpu_dropout_check {name} {dtype}: {'PASS' if not failures else 'FAIL: ' + '; '.join(failures)}",
+                  flush=True)
     return 1 if failed else 0
 
 

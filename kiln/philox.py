@@ -7,7 +7,8 @@ kiln/aot/random.py puts in a graph in place of `native_dropout` and of a saved m
 where a graph runs without kiln's kernels; kiln/lowering/random.py lowers them). An element at row-major position i
 is kept where `philox(seed, i) >= round(p * 2**32)`. `dropout_as_eager` is eager's arithmetic for x * mask * 1/(1-p),
 forward (F.dropout) and backward (native_dropout_backward, kiln/aot/decompositions.py). `eager_dropout` is F.dropout
-drawing these masks (kiln.testing.philox_dropout).
+drawing these masks, `eager_rand` and `eager_rand_like` torch.rand and torch.rand_like drawing kiln's values
+(kiln.testing.philox_draws).
 """
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def _(x, seed, p):
 def eager_dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplace: bool = False) -> torch.Tensor:
     """F.dropout as kiln's kernels compute it, in torch ops (differentiable): the seed drawn from torch's
     generator as the compiled graph draws it, so an eager run made with it draws kiln's masks
-    (kiln.testing.philox_dropout)."""
+    (kiln.testing.philox_draws)."""
     if not training or not 0 < p < 1 or not x.dtype.is_floating_point or x.numel() == 0:
         return _F_DROPOUT(x, p, training, inplace)
     seed = torch.randint(0, SEED_HIGH, (), dtype=torch.int64, device=x.device)
@@ -93,4 +94,34 @@ def eager_dropout(x: torch.Tensor, p: float = 0.5, training: bool = True, inplac
     return x.copy_(result) if inplace else result
 
 
-_F_DROPOUT = torch.nn.functional.dropout
+UNIFORM_BITS = {torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}  # each format's significand
+
+
+def uniform(seed: torch.Tensor, size, dtype: torch.dtype) -> torch.Tensor:
+    """What kiln's kernels draw for rand: the top 8, 11 or 24 bits of each element's word times 2**-bits (uniform on
+    [0, 1) and exact in the dtype)."""
+    bits = UNIFORM_BITS[dtype]
+    offsets = torch.arange(int(torch.Size(size).numel()), device=seed.device, dtype=torch.int64).view(size)
+    return ((philox(seed, offsets) >> (32 - bits)).to(torch.float32) * 2.0 ** -bits).to(dtype)
+
+
+def eager_rand(*size, dtype=None, device=None, generator=None, **kwargs) -> torch.Tensor:
+    """torch.rand drawing what kiln's kernels draw (kiln.testing.philox_draws)."""
+    size = tuple(size[0]) if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)) else size
+    dtype = dtype or torch.get_default_dtype()
+    if generator is not None or dtype not in UNIFORM_BITS:
+        return _RAND(*size, dtype=dtype, device=device, generator=generator, **kwargs)
+    seed = torch.randint(0, SEED_HIGH, (), dtype=torch.int64, device=device)
+    return uniform(seed, size, dtype).requires_grad_(kwargs.get("requires_grad", False))
+
+
+def eager_rand_like(x: torch.Tensor, dtype=None, **kwargs) -> torch.Tensor:
+    """torch.rand_like drawing what kiln's kernels draw (kiln.testing.philox_draws)."""
+    dtype = dtype or x.dtype
+    if dtype not in UNIFORM_BITS or kwargs.get("device") not in (None, x.device):
+        return _RAND_LIKE(x, dtype=dtype, **kwargs)
+    seed = torch.randint(0, SEED_HIGH, (), dtype=torch.int64, device=x.device)
+    return uniform(seed, x.shape, dtype)
+
+
+_F_DROPOUT, _RAND, _RAND_LIKE = torch.nn.functional.dropout, torch.rand, torch.rand_like

@@ -152,21 +152,22 @@ def to_float64(value):
 
 
 @contextlib.contextmanager
-def philox_dropout():
-    """Within it, eager `F.dropout`, and on the CPU the dropout of `F.scaled_dot_product_attention` (its math path,
-    which a CPU trace takes for attention with dropout), draw the masks kiln's kernels draw
-    (kiln/aot/random.py): run an eager twin of a compiled model under it, seeded alike, and the two compare value
-    for value with dropout on. kiln draws each dropout's seed from torch's generator where the program calls
-    dropout, as this does."""
-    from kiln.philox import eager_dropout
+def philox_draws():
+    """Within it, eager draws what kiln's kernels draw (kiln/philox.py): `F.dropout`'s masks, on the CPU the dropout of
+    `F.scaled_dot_product_attention` (its math path, which a CPU trace takes for attention with dropout), and the
+    values of `torch.rand` and `torch.rand_like` (float32, float16, bfloat16). Run an eager twin of a compiled model
+    under it, seeded alike, and the two compare value for value with dropout and rand. kiln draws each seed from
+    torch's generator where the program calls the op, as this does. (Tensor.bernoulli is not patched.)"""
+    from kiln.philox import eager_dropout, eager_rand, eager_rand_like
 
     functional = torch.nn.functional
-    originals = functional.dropout, functional.scaled_dot_product_attention
+    originals = functional.dropout, functional.scaled_dot_product_attention, torch.rand, torch.rand_like
     functional.dropout, functional.scaled_dot_product_attention = eager_dropout, _attention_with_philox_dropout
+    torch.rand, torch.rand_like = eager_rand, eager_rand_like
     try:
         yield
     finally:
-        functional.dropout, functional.scaled_dot_product_attention = originals
+        functional.dropout, functional.scaled_dot_product_attention, torch.rand, torch.rand_like = originals
 
 
 def _attention_with_philox_dropout(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,

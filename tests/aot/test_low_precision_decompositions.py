@@ -170,7 +170,7 @@ def test_dropout_gradient_in_bf16_is_eagers(rung, cpu_backend):
                                 (_through_dropout, torch.float64)):
             leaf = weight.to(dtype).detach().clone().requires_grad_()
             torch.manual_seed(0)  # the same mask for all three: eager's drawn as kiln's kernels draw it
-            with kiln.testing.philox_dropout() if function is _through_dropout else contextlib.nullcontext():
+            with kiln.testing.philox_draws() if function is _through_dropout else contextlib.nullcontext():
                 function(x.to(dtype), leaf).backward()
             gradients.append(leaf.grad.double())
     kiln.reset()

@@ -40,7 +40,7 @@ def test_train_and_eval_switches():
         torch.manual_seed(1)
         actual = compiled(X)
         torch.manual_seed(1)
-        with kiln.testing.philox_dropout():  # eager draws kiln's dropout masks
+        with kiln.testing.philox_draws():  # eager draws kiln's dropout masks
             torch.testing.assert_close(actual, eager(X))
 
 
@@ -98,7 +98,7 @@ def test_adamw_with_clipping_and_a_scheduler():
         for target, run, optimizer, scheduler in runs:
             optimizer.zero_grad()
             torch.manual_seed(step)
-            with kiln.testing.philox_dropout() if run is eager else contextlib.nullcontext():  # kiln's masks
+            with kiln.testing.philox_draws() if run is eager else contextlib.nullcontext():  # kiln's masks
                 run(X).pow(2).mean().backward()
             torch.nn.utils.clip_grad_norm_(target.parameters(), 0.5)
             optimizer.step()

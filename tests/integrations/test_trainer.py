@@ -47,7 +47,7 @@ def train(compiled: bool, tmp_path) -> tuple[list[float], object]:
 
 
 def test_trainer_trains_a_kiln_compiled_model_with_its_default_arguments(tmp_path):
-    with kiln.testing.philox_dropout():  # GPT-2's default dropout: the eager run draws kiln's masks
+    with kiln.testing.philox_draws():  # GPT-2's default dropout: the eager run draws kiln's masks
         eager_losses, _ = train(False, tmp_path)
     with kiln.config.patch(strict=True):  # a graph kiln cannot compile fails the test, not runs eagerly
         kiln_losses, model = train(True, tmp_path)

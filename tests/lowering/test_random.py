@@ -180,3 +180,74 @@ def test_training_forward_stores_no_mask(backend):
     plan = forward.kept["memory_plan.txt"]
     assert "f32" in plan or "float32" in plan, plan
     assert "b8" not in plan and "bool" not in plan, plan
+
+
+@BACKENDS
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_rand_like_is_drawn_in_the_kernel(backend, dtype):
+    """rand_like: uniform on [0, 1) (mean and variance within 5 standard errors over 2**16 values), on the dtype's
+    significand grid (so never rounded up to 1), fused with its consumer, new values each call, the same after the
+    same manual_seed."""
+    def program(x):
+        return torch.rand_like(x) + x
+
+    x = torch.zeros(256, 256, dtype=dtype)
+    kiln.reset()
+    with torch.no_grad(), kiln.config.patch(strict=True, cpu_backend=backend, graph_cache=False):
+        (graph,) = explain(program, x).graphs
+        compiled = kiln.compile(program)
+        torch.manual_seed(1)
+        first = compiled(x)
+        second = compiled(x)
+        torch.manual_seed(1)
+        repeated = compiled(x)
+    assert graph.kernels == 1 and graph.extern_ops.keys() == {"aten.randint.low"}, graph.lines()
+    values = first.double()
+    assert first.dtype == dtype and values.min() >= 0 and values.max() < 1
+    bits = {torch.float32: 24, torch.float16: 11, torch.bfloat16: 8}[dtype]
+    scaled = values * 2 ** bits
+    assert torch.equal(scaled, scaled.round())
+    # the uniform law on that grid: mean (1 - 2^-bits) / 2 (bfloat16: 0.5 - 2^-9), variance (1 - 2^-2bits) / 12;
+    # (u - mean)^2 has variance about 1/180
+    n, step = values.numel(), 2.0 ** -bits
+    mean, variance = (1 - step) / 2, (1 - step * step) / 12
+    assert abs(values.mean().item() - mean) < 5 * math.sqrt(variance / n)
+    assert abs(values.var().item() - variance) < 5 * math.sqrt(1 / 180 / n)
+    assert not torch.equal(first, second) and torch.equal(first, repeated)
+
+
+@BACKENDS
+def test_bernoulli_and_rand_are_drawn_in_the_kernel(backend):
+    def program(x):
+        return x.bernoulli(0.3), torch.rand(128, 512) * 2
+
+    x = torch.zeros(256, 256)
+    kiln.reset()
+    with torch.no_grad(), kiln.config.patch(strict=True, cpu_backend=backend, graph_cache=False):
+        (graph,) = explain(program, x).graphs
+        ones, scaled = kiln.compile(program)(x)
+    assert graph.extern_ops.keys() == {"aten.randint.low"}, graph.lines()
+    fraction = ones.mean().item()
+    assert set(ones.unique().tolist()) == {0.0, 1.0}
+    assert abs(fraction - 0.3) < 5 * math.sqrt(0.3 * 0.7 / ones.numel())
+    assert scaled.shape == (128, 512) and 0 <= scaled.min() and scaled.max() < 2
+    assert abs(scaled.mean().item() - 1.0) < 5 * math.sqrt(4 / 12 / scaled.numel())
+
+
+@BACKENDS
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_eager_twins_draw_the_kernels_values(backend, dtype):
+    """Under kiln.testing.philox_draws(), eager's rand, rand_like and dropout give what kiln's kernels give."""
+    import kiln.testing
+
+    def program(x):
+        return torch.rand_like(x) + torch.rand(x.shape, dtype=x.dtype) * 2 + F.dropout(x, 0.4) * 3
+
+    x = torch.randn(40, 72, generator=torch.Generator().manual_seed(3)).to(dtype)
+    with torch.no_grad(), kiln.config.patch(strict=True, cpu_backend=backend, graph_cache=False):
+        torch.manual_seed(9)
+        got = kiln.compile(program)(x)
+    torch.manual_seed(9)
+    with torch.no_grad(), kiln.testing.philox_draws():
+        expected = program(x)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)

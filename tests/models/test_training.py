@@ -4,7 +4,7 @@ default configs (dropout on), and five-step AdamW loops whose losses and final p
 Models are built from configs that only shrink sizes; every other setting is the default (the KV cache,
 dropout: BERT and GPT-2 drop 10% in several places). kiln draws dropout's masks in its kernels from seeds
 taken from torch's generator in eager's order (kiln/aot/random.py); the eager and float64 runs draw the same
-masks under kiln.testing.philox_dropout(), so seeding torch identically before the eager, the compiled and the
+masks under kiln.testing.philox_draws(), so seeding torch identically before the eager, the compiled and the
 float64 run gives all three the same masks, and the runs compare value for value (`kiln.testing.compare`: no
 farther from the float64 run than eager is). Every test runs on both CPU backends (`cpu_backend`: the
 C++ kernels and the Triton kernels under the interpreter) and asserts that kiln compiled the model: graphs
@@ -136,7 +136,7 @@ def test_training_step_with_default_dropout(make_model, cpu_backend):
     compiled_model, reference_model = copy.deepcopy(model), copy.deepcopy(model).double()
     input_ids = tokens()
     inputs = {"input_ids": input_ids, "labels": input_ids}
-    with kiln.testing.philox_dropout():  # eager and float64 draw the masks kiln's kernels draw
+    with kiln.testing.philox_draws():  # eager and float64 draw the masks kiln's kernels draw
         eager = _seeded_step(model, model, inputs)
         reference = _seeded_step(reference_model, reference_model, to_float64(inputs))
     compiled = kiln.compile(compiled_model)
