@@ -51,7 +51,7 @@ def check(dtype, p=0.3) -> list:
     kept = out != 0
     if any(t.dtype == torch.bool for t in saved):
         listed = ", ".join(f"{t.dtype} {tuple(t.shape)}" for t in saved)
-        failures.append(f"a bool tensor was saved for the backward; saved: {listed}; bool saved at: {' | '.join(where)}")
+        failures.append(f"a bool tensor was saved for the backward; saved: {listed}; saved at: {' | '.join(where)}")
     eager = program(x)
     both = kept & (eager != 0)
     if not torch.equal(out[both], eager[both]):
