@@ -46,18 +46,19 @@ def test_philox_reference_is_tritons_randint():
     assert torch.equal(out, philox(seeds, offsets))
 
 
-def _step(program, x, backend, **options):
+def _step(program, x, backend, dynamic=None, **options):
     """The compiled program's result and x's gradient (a fixed random cotangent), and what it saved for the backward."""
     saved = []
 
     def pack(tensor):
-        saved.append(tensor)
+        if type(tensor) is torch.Tensor:  # not the FakeTensors the first call's trace saves while kiln compiles
+            saved.append(tensor)
         return tensor
 
     with kiln.config.patch(strict=True, cpu_backend=backend, graph_cache=False, **options), \
             torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         x = x.detach().requires_grad_()
-        out = kiln.compile(program)(x)
+        out = kiln.compile(program, dynamic=dynamic)(x)
     cotangent = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out.dtype)
     out.backward(cotangent)
     return out.detach(), x.grad, cotangent, saved
@@ -251,3 +252,17 @@ def test_eager_twins_draw_the_kernels_values(backend, dtype):
     with torch.no_grad(), kiln.testing.philox_draws():
         expected = program(x)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
+@BACKENDS
+def test_dropout_with_symbolic_sizes_saves_the_seed(backend):
+    """A shape-generic training graph: the backward takes the sizes from its symbolic inputs and recomputes the mask."""
+    p = 0.5
+    program = _program(p)
+    kiln.reset()
+    for rows in (17, 33, 65):
+        x = torch.rand(rows, 24, generator=torch.Generator().manual_seed(rows)) + 0.25
+        out, grad, cotangent, saved = _step(program, x, backend, dynamic=True)
+        kept = out != 0
+        assert not [tensor for tensor in saved if tensor.dtype == torch.bool], [t.shape for t in saved]
+        torch.testing.assert_close(grad.double(), cotangent.double() * kept * 6 / (1 - p), rtol=1e-6, atol=1e-6)
