@@ -3,7 +3,8 @@ F.dropout(x * 2, p) * 3 compiled by kiln has one forward kernel and no ATen drop
 backward, keeps eager's values bit for bit where both kept an element, keeps each element with probability 1 - p,
 and its gradient is 6 / (1 - p) times the cotangent exactly where the forward kept; the masks equal what
 kiln.testing.philox_draws() makes eager draw (tl.randint on the GPU against the torch reference); and rand_like, drawn
-in the kernel too, is uniform on [0, 1) on its dtype's grid. Prints PASS/FAIL per check.
+in the kernel too, is uniform on [0, 1) on its dtype's grid; and an inference graph's dropout recorded in a CUDA graph
+draws a new mask at each replay. Prints PASS/FAIL per check.
 
     python -m benchmarks.gpu_dropout_check
 """
@@ -99,9 +100,36 @@ def check_rand(dtype) -> list:
     return failures
 
 
+def check_replays(dtype, mode=None) -> list:
+    """Dropout in an inference graph (train mode under no_grad) that kiln records as a CUDA graph (the default mode's
+    graphs; `mode="reduce-overhead"`): each replay draws a new seed, so every call's mask differs, at rate 1 - p."""
+    from benchmarks.case import cuda_graph_counts
+
+    def program(x):
+        return F.dropout(x, p=0.5, training=True)
+
+    failures = []
+    x = torch.ones(256, 1024, device="cuda", dtype=dtype)
+    kiln.reset()
+    compiled = kiln.compile(program, mode=mode)
+    with torch.no_grad():
+        masks = [(compiled(x) != 0).clone() for _ in range(6)]
+    counts = cuda_graph_counts()
+    if not counts.get("cuda_graph_replays"):
+        failures.append(f"no CUDA-graph replay: {counts}")
+    if any(torch.equal(masks[i], masks[j]) for i in range(6) for j in range(i)):
+        failures.append("two calls drew the same mask")
+    fractions = [mask.double().mean().item() for mask in masks]
+    if any(abs(fraction - 0.5) > 5 * (0.25 / x.numel()) ** 0.5 for fraction in fractions):
+        failures.append(f"kept fractions {fractions}")
+    return failures
+
+
 def main() -> int:
     failed = 0
-    for name, checker in (("dropout", check), ("rand_like", check_rand)):
+    checks = (("dropout", check), ("rand_like", check_rand), ("dropout replayed", check_replays),
+              ("dropout replayed, reduce-overhead", lambda dtype: check_replays(dtype, "reduce-overhead")))
+    for name, checker in checks:
         for dtype in (torch.float32, torch.bfloat16):
             failures = checker(dtype)
             failed += bool(failures)
