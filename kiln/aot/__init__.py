@@ -14,7 +14,9 @@ Before tracing, CUDA attention calls lose masks that are constant causal pattern
 and get inputs that the fused SDPA kernels accept (kiln/aot/attention.py, `config.dense_attention_inputs`). An inference graph's 2-D convolutions are then laid out
 channels-last where `config.conv_layout` says so (kiln/aot/layouts.py), and its duplicate nodes (autocast's
 casts of one tensor for several products) are merged (kiln/aot/cse.py): AOTAutograd's partitioner does
-that for a training graph's joint trace, nothing does it for an inference graph.
+that for a training graph's joint trace, nothing does it for an inference graph. Dropout is drawn in kiln's
+kernels (kiln/aot/random.py): in an inference graph before it compiles, in a training graph's pair right after the
+partitioner, whose saved masks become seeds the backward expands again.
 """
 from __future__ import annotations
 
@@ -26,8 +28,8 @@ from kiln.config import config
 from kiln.aot.attention import causal_masks, make_attention_fusable
 from kiln.aot.cse import merge_duplicates
 from kiln.aot.decompositions import decomposition_table
-from kiln.aot.random import partition as with_dropout_seeds, rewrite_forward as dropouts_in_kernels
 from kiln.aot.layouts import channels_last_training_convs, choose_conv_layouts
+from kiln.aot.random import partition as with_dropout_seeds, rewrite_forward as dropouts_in_kernels
 from kiln.aot.strides import expand_writes_as_views, keep_written_layouts, restride_to_eager, tag_torch_graph
 from kiln.runtime.locks import compile_lock
 
@@ -65,10 +67,11 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
             traced = plain_graphs.trace_to_aten(gm, example_inputs, decomposition_table())
             if traced is not None:
                 return plain_graphs.runtime_wrapper(inference(*traced), {"autocast": _torch.autocast_state()})
+    partition_function = _torch.partition_function(config.partitioner)
     with compile_lock:
         compiled = _torch.aot_module_simplified(gm, example_inputs, fw_compiler=boxed,
                                                 bw_compiler=functools.partial(boxed, forward=False),
                                                 inference_compiler=inference, decompositions=decomposition_table(),
-                                                partition_fn=with_dropout_seeds(_torch.partition_function(config.partitioner)))
+                                                partition_fn=with_dropout_seeds(partition_function))
     _torch.count_aot_autograd_call()
     return compiled

@@ -8,8 +8,9 @@ the mask is `philox(seed, i) >= round(p * 2**32)`, i the element's row-major pos
 philox Philox4x32-10's first 32-bit word (kiln/philox.py; kiln/ir/ops.py's `philox` row: the same bits on
 Triton and C++), so the forward's kernels compute it where they read x. Each dropout's seed is an `aten.randint`
 call where the dropout was (a 64-bit seed drawn from torch's generator in the program's order of random
-ops: `torch.manual_seed` makes a run repeatable, a CUDA graph's replays draw new seeds, and
-`kiln.testing.philox_draws()` makes eager draw the same masks), and where the
+ops: `torch.manual_seed` makes a run repeatable, and `kiln.testing.philox_draws()` makes eager draw the same
+masks; torch's CUDA generator is graph-safe, so a recorded CUDA graph's replays should draw new seeds, which
+benchmarks/gpu_dropout_check.py checks on a GPU), and where the
 partitioner saved a dropout's mask for the backward, the forward saves its seed instead (8 bytes) and
 the backward recomputes the mask, `kiln::philox_keep(seed, size, p)`, in the kernel that reads it.
 
