@@ -105,15 +105,18 @@ def check_replays(dtype, mode=None) -> list:
     graphs; `mode="reduce-overhead"`): each replay draws a new seed, so every call's mask differs, at rate 1 - p."""
     from benchmarks.case import cuda_graph_counts
 
-    def program(x):
-        return F.dropout(x, p=0.5, training=True)
+    def program(x, w):  # six launches: the default mode records graphs of at least four (MIN_DEFAULT_LAUNCHES)
+        dropped = F.dropout(x, p=0.5, training=True)
+        hidden = torch.tanh(torch.relu(dropped @ w) @ w) @ w
+        return dropped, hidden
 
     failures = []
     x = torch.ones(256, 1024, device="cuda", dtype=dtype)
+    w = torch.randn(1024, 1024, device="cuda", dtype=dtype) / 32
     kiln.reset()
     compiled = kiln.compile(program, mode=mode)
     with torch.no_grad():
-        masks = [(compiled(x) != 0).clone() for _ in range(6)]
+        masks = [(compiled(x, w)[0] != 0).clone() for _ in range(6)]
     counts = cuda_graph_counts()
     if not counts.get("cuda_graph_replays"):
         failures.append(f"no CUDA-graph replay: {counts}")

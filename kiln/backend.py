@@ -31,6 +31,7 @@ import torch
 from kiln import _torch
 from kiln.config import config
 from kiln.errors import KilnCompileError
+from kiln.runtime.heap import frozen_heap
 
 log = logging.getLogger("kiln")
 
@@ -108,7 +109,7 @@ def compile_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str |
     """
     mode = checked_mode(mode, "kiln backend")
     options = config.checked(options or {})
-    with config.patch(**options):
+    with config.patch(**options), frozen_heap():
         return run_with_options(_compile_graph(gm, example_inputs, mode, fullgraph), options)
 
 
@@ -118,7 +119,10 @@ def _compile_graph(gm: torch.fx.GraphModule, example_inputs: list, mode: str, fu
 
     try:
         _check_supported_inputs(example_inputs)
-        is_plain = plain.not_plain_reason(gm, example_inputs, private_writes=True) is None
+        not_plain = plain.not_plain_reason(gm, example_inputs, private_writes=True)
+        if not_plain is not None and config.log_enabled("perf"):
+            log.warning("kiln: AOTAutograd traces this graph (two traces, not one): %s", not_plain)
+        is_plain = not_plain is None
         plain_key = None if _stages_wanted() else plain.key_of(gm, example_inputs, mode)
         if plain_key is not None:
             warm = _load_plain_inference(plain_key, gm, example_inputs, mode, fullgraph)
@@ -211,7 +215,7 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
         raise KilnCompileError("kiln.backend has no stage recorder: import kiln (kiln.debug registers it)")
     dump = _stage_recorder_factory(gm)
     try:
-        with config.patch(**_mode_options(mode)), autotune.graph_budget():
+        with config.patch(**_mode_options(mode)), autotune.graph_budget(), frozen_heap():
             compiled, cached_key = _compile_aten_graph(gm, example_inputs, dump, mode, inference)
         recorded = _compiled_graphs.get()
         if recorded is not None:

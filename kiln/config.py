@@ -111,6 +111,9 @@ OPTIONS = [
     Option("compile_processes", bool, True, "compile_ahead's threads have worker processes compile each CUDA "
            "kernel into Triton's cache first, past the GIL (kiln/runtime/compile_workers.py); off: the threads "
            "compile in this process"),
+    Option("compile_gc_freeze", bool, True, "while kiln compiles, the objects alive before are kept out of the "
+           "garbage collector's scans (gc.freeze, undone when the compile ends: kiln/runtime/heap.py), so the "
+           "collections a compile's allocations trigger do not walk the whole heap"),
     Option("progress_after_s", float, 5.0, "a compile step running longer than this reports how many kernels are "
            "done, of how many (on kiln's logger); negative: never"),
     Option("progress_every_s", float, 5.0, "... and again at most this often"),

@@ -23,8 +23,9 @@ A graph is plain when AOTAutograd's wrapper around its compiled ATen graph does 
   no output shares storage with an input or another output (the wrapper regenerates aliases);
 - it holds no parameters, buffers or submodules (AOTAutograd would lift them as inputs), every call
   target is an ATen op, a function of torch's or of `operator`, or a method name (something its
-  qualified name and torch's version identify across processes), and no node changes grad mode;
-  autocast regions are allowed when each one the graph enters it also leaves (Llama's rotary
+  qualified name and torch's version identify across processes); grad mode may change inside (Llama's
+  rotary embedding is a `torch.no_grad()` function) when the graph leaves it as it found it and does not
+  turn it on where an input requires grad; autocast regions are allowed when each one the graph enters it also leaves (Llama's rotary
   embedding turns autocast off around its float32 math): the trace bakes their casts into the ATen
   graph, and the global state after the graph is what it was before;
 - its ATen graph, compiled, took exactly the graph's inputs and gave exactly its outputs.
@@ -53,6 +54,7 @@ _MODE_CHANGES = ("_set_grad_enabled", "set_grad_enabled", "_enter_autocast", "_e
                  "_exit_inference_mode", "set_autocast_enabled")
 _AUGMENTED = _AUGMENTED_ASSIGNMENTS | {operator.setitem, operator.delitem}
 _ENTER_AUTOCAST, _EXIT_AUTOCAST = _torch.autocast_region_functions()
+_SET_GRAD_ENABLED = torch._C._set_grad_enabled
 
 
 def key_of(gm: torch.fx.GraphModule, example_inputs: list, mode: str) -> str | None:
@@ -84,11 +86,17 @@ def not_plain_reason(gm: torch.fx.GraphModule, example_inputs: list, *, private_
         return "two inputs share storage"
     outputs, inputs = [], []
     open_autocasts: list[torch.fx.Node] = []
+    grad_mode = torch.is_grad_enabled()
     for node in gm.graph.nodes:
         if node.op == "placeholder":
             inputs.append(node.meta.get("example_value", node.meta.get("val")))
         elif node.op == "output":
             outputs = [item for item in torch.utils._pytree.tree_leaves(node.args[0]) if isinstance(item, torch.fx.Node)]
+        elif node.target is _SET_GRAD_ENABLED and len(node.args) == 1 and not node.kwargs \
+                and isinstance(node.args[0], bool):
+            grad_mode = node.args[0]
+            if grad_mode and any(value.requires_grad for value in example_inputs):
+                return f"{node.name} turns grad mode on around inputs that require grad"
         elif node.target is _ENTER_AUTOCAST:
             open_autocasts.append(node)
         elif node.target is _EXIT_AUTOCAST:
@@ -102,6 +110,8 @@ def not_plain_reason(gm: torch.fx.GraphModule, example_inputs: list, *, private_
             return f"{node.name} is a {node.op} node"
     if open_autocasts:  # a region left open (a graph break inside it): the graph changes the global state
         return "an autocast region stays open after the graph"
+    if grad_mode != torch.is_grad_enabled():
+        return "the graph leaves grad mode changed"
     values = [node.meta.get("example_value", node.meta.get("val")) for node in outputs]
     if not all(isinstance(value, torch.Tensor) for value in (*values, *inputs)):
         return "an input or output has no trace-time tensor to tell aliasing by"

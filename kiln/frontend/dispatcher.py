@@ -43,6 +43,7 @@ from kiln.frontend.interpreter import BreakHere, Frame
 from kiln.frontend.output import OutputGraph
 from kiln.frontend.sources import ClosureCellSource, LocalSource, NamedSource
 from kiln.frontend.variables.modules import untraceable_hooks
+from kiln.runtime.heap import frozen_heap
 from kiln.frontend.variables.functions import CellVariable
 from kiln.runtime.locks import compile_lock
 from kiln.runtime.support import KilnIndexError
@@ -347,9 +348,16 @@ class Dispatcher:
         return f"{code.co_qualname} ({code.co_filename}:{code.co_firstlineno})"
 
     def _capture(self, args: tuple, kwargs: dict) -> CacheEntry:
+        with frozen_heap():  # collections while it compiles scan only what the compile makes
+            entry = self._capture_or_retrace(args, kwargs)
+        for listener in capture_listeners:
+            listener(self, entry)
+        return entry
+
+    def _capture_or_retrace(self, args: tuple, kwargs: dict) -> CacheEntry:
         grad = torch.is_grad_enabled()  # a compile that raises midway (in AOTAutograd) may leave it switched
         try:
-            entry = self._capture_entry(args, kwargs)
+            return self._capture_entry(args, kwargs)
         except Exception as error:
             torch._C._set_grad_enabled(grad)
             policy = self._dynamic_policy()
@@ -361,10 +369,7 @@ class Dispatcher:
             if config.log_enabled("recompiles"):
                 log.warning("kiln: %s: float arguments are specialized (torch %s cannot tensorify their "
                             "arithmetic)", self._name(), torch.__version__)
-            entry = self._capture_entry(args, kwargs)
-        for listener in capture_listeners:
-            listener(self, entry)
-        return entry
+            return self._capture_entry(args, kwargs)
 
     def _capture_entry(self, args: tuple, kwargs: dict) -> CacheEntry:
         stats.captures += 1

@@ -379,7 +379,10 @@ class OutputGraph:
     # -- global state inside the trace ---------------------------------------------------------------
 
     def set_grad_enabled(self, tx, enabled: bool) -> None:
-        """Switch grad mode for the rest of the trace and at the same point in the graph."""
+        """Switch grad mode for the rest of the trace and at the same point in the graph (no node where the
+        mode is `enabled` already: the guards fix the mode the graph starts in)."""
+        if enabled == torch.is_grad_enabled():
+            return
         node = self.graph.create_node("call_function", torch._C._set_grad_enabled, (enabled,))
         node.meta["example_value"] = None
         torch._C._set_grad_enabled(enabled)

@@ -285,3 +285,67 @@ def test_a_write_to_an_unsafe_views_result_is_not_made_functional():
     module = torch.fx.GraphModule(torch.nn.Module(), graph)
     _with_metas(module, torch.randn(4, 4))
     assert plain.functionalize_private_writes(graph) == "aten.relu_.default"
+
+
+class _RotaryLike(torch.nn.Module):
+    """A forward that calls a `torch.no_grad()` function, as Hugging Face's rotary embeddings (some releases) do."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.Linear(8, 8)
+
+    @torch.no_grad()
+    def _angles(self, x):
+        return torch.cos(x.float()) * 2
+
+    def forward(self, x):
+        return self.linear(x) + self._angles(x)
+
+
+def test_a_no_grad_function_inside_an_inference_call_is_traced_once(monkeypatch):
+    """Under no_grad, the function's `torch.no_grad()` changes nothing: the frontend records no grad-mode node, and
+    the graph takes the single trace (AOTAutograd does not run)."""
+    torch.manual_seed(0)
+    model, x = _RotaryLike().eval(), torch.randn(4, 8)
+    graphs, compile_graph = [], backend._compile_graph
+
+    def recording(gm, *args):
+        graphs.append(gm)
+        return compile_graph(gm, *args)
+
+    monkeypatch.setattr(backend, "_compile_graph", recording)
+    kiln.reset()
+    before = _aot_runs()
+    with torch.no_grad():
+        torch.testing.assert_close(kiln.compile(model)(x), model(x))
+    assert _aot_runs() == before and len(graphs) == 1
+    assert not any(node.target is torch._C._set_grad_enabled for node in graphs[0].graph.nodes)
+
+
+def _grad_mode_graph(*modes: bool) -> torch.fx.GraphModule:
+    """x -> sin(x), with `_set_grad_enabled(mode)` calls before it, in order."""
+    graph = torch.fx.Graph()
+    x = graph.placeholder("x")
+    for mode in modes:
+        graph.call_function(torch._C._set_grad_enabled, (mode,))
+    graph.output((graph.call_function(torch.sin, (x,)),))
+    module = torch.fx.GraphModule(torch.nn.Module(), graph)
+    for node in module.graph.nodes:
+        if node.op == "placeholder":
+            node.meta["example_value"] = torch.empty(3)
+        elif node.target is torch.sin:
+            node.meta["example_value"] = torch.empty(3)
+    return module
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["no_grad", "grad"])
+def test_grad_mode_changes_keep_a_graph_plain_when_they_leave_the_mode_as_found(grad):
+    """A graph that switches grad mode and switches it back is plain (autograd plays no part when no input requires
+    grad); one that leaves the mode changed is not, nor one that turns grad on around an input that requires it."""
+    x = torch.randn(3)
+    with torch.set_grad_enabled(grad):
+        assert plain.not_plain_reason(_grad_mode_graph(not grad, grad), [x]) is None
+        assert plain.not_plain_reason(_grad_mode_graph(not grad), [x]) == "the graph leaves grad mode changed"
+        if not grad:
+            reason = plain.not_plain_reason(_grad_mode_graph(True, False), [x.requires_grad_()])
+            assert reason is not None and "require grad" in reason
