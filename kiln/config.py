@@ -144,6 +144,9 @@ OPTIONS = [
            "kiln/aot/plain.py) is traced to ATen once, without AOTAutograd, which traces it twice; off: AOTAutograd"),
     Option("parallel_compile", bool, True, "a graph's CUDA kernels are compiled in parallel when it loads, before "
            "their first launch (kiln/runtime/launch.py compile_ahead); off: each compiles at its first launch"),
+    Option("compile_overlap", bool, True, "... and the graph's first call starts while they compile, each kernel's "
+           "first launch waiting for its own compile only (kiln/runtime/launch.py compile_ahead); off: the graph "
+           "waits for all of them before its first call"),
     Option("default_cuda_graphs", bool, True, "mode='default': a CUDA inference graph of static shapes replays "
            "through a CUDA graph from its third call (kiln/runtime/cudagraphs.py), its results as fresh as eager's: "
            "each call's results are copies of the graph's output buffers"),

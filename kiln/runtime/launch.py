@@ -37,6 +37,7 @@ import builtins
 import functools
 import traceback as _traceback
 import types
+import weakref
 
 from typing import Callable
 
@@ -77,6 +78,8 @@ def _triton_launcher(kernel, name: str, constexprs: dict, options: dict) -> Call
     launched = []  # empty until a launch succeeded: a failure before that is the kernel's
 
     def launch(grid_x, *args):
+        if not launched:
+            wait_for_ahead_compile(kernel)
         try:
             kernel[(grid_x,)](*args, **constexprs, **options, **COMPILE_OPTIONS)
         except TritonError as error:
@@ -112,6 +115,7 @@ def _fast_launcher(kernel, name: str, pointer_count: int, int_count: int, conste
 
     def first_launch(grid_x, *args):
         """Compile for this specialization (Triton compiles as it launches) and launch."""
+        wait_for_ahead_compile(kernel)
         try:
             compiled_kernel = kernel.run(*args, grid=(grid_x,), warmup=False, **constexprs, **options,
                                          **COMPILE_OPTIONS)
@@ -184,7 +188,22 @@ def launch({params}):
     return next(constant for constant in module.co_consts if isinstance(constant, types.CodeType))
 
 
-def compile_ahead(jobs: list, workers: int) -> int:
+# A kernel whose ahead compile runs in the background (compile_ahead(background=True)) -> the Event set once
+# its compiles are finalized in Triton's kernel cache: its first launch waits for that, not for the graph's.
+_compiling: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+
+
+def wait_for_ahead_compile(kernel) -> None:
+    """Block until `kernel`'s background compiles (if any) are in its cache, where its launch finds them."""
+    try:
+        event = _compiling.get(kernel)
+    except TypeError:  # not weakly referenceable (a test's stand-in): it was never registered
+        return
+    if event is not None:
+        event.wait()
+
+
+def compile_ahead(jobs: list, workers: int, *, background: bool = False) -> int:
     """Compile CUDA kernels on `workers` threads before their first launch; how many were submitted.
 
     `jobs` holds `(kernel, pointer_dtypes, ints, constexprs, options)`: a Triton JITFunction and the
@@ -202,34 +221,79 @@ def compile_ahead(jobs: list, workers: int) -> int:
     once every compile had finished, so a graph waited for its slowest compile and then its slowest launcher.
 
     With `config.compile_processes`, each thread has a worker process compile its kernel into Triton's
-    cache first (kiln/runtime/compile_workers.py), past the part of Triton's compile that holds the GIL."""
+    cache first (kiln/runtime/compile_workers.py), past the part of Triton's compile that holds the GIL.
+
+    `background`: return at once, the compiles running on a thread of their own, so that the graph's first call
+    (its extern calls, CUDA's and cuDNN's lazy start-up, the frontend's work after the compile) overlaps them; each
+    kernel's first launch waits for that kernel's compiles only (`wait_for_ahead_compile`)."""
     import functools
-    from concurrent.futures import ThreadPoolExecutor, as_completed
+    import threading
 
     import torch
     from kiln import _triton
-    from kiln.runtime import compile_workers
-    from kiln.runtime.progress import Progress
 
     if not jobs:
         return 0
-    processes = compile_workers.workers()
-    in_worker = processes.compile if processes is not None else (lambda job: False)
     try:  # the caller's device, where the first launches will run
         load = functools.partial(_triton.load_compiled, device=torch.cuda.current_device())
     except (AssertionError, RuntimeError):  # a torch without CUDA (tests' stand-in kernels): nothing to load
         load = None
-    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as executor:
-        with _triton.WorkerCompileMode(executor, in_worker, after_compile=load, ignore_errors=True) as mode:
-            for kernel, pointer_dtypes, ints, constexprs, options in jobs:
-                try:
-                    kernel.warmup(*pointer_dtypes, *ints, grid=(1,), **constexprs, **options, **COMPILE_OPTIONS)
-                except Exception:  # the launch compiles it and reports the error
-                    continue
-            progress = Progress(len(mode.raw_futures), "compiling the CUDA kernels of a graph")
-            for _ in as_completed(mode.raw_futures):  # the mode's exit finalizes them
-                progress.step()
+    if not background:
+        _compile_now(jobs, workers, load, {})
+        return len(jobs)
+    events: dict = {}
+    for kernel, *_ in jobs:
+        try:
+            events[kernel] = _compiling[kernel] = threading.Event()
+        except TypeError:  # not weakly referenceable: its launch will not wait (nor need to)
+            pass
+    threading.Thread(target=_compile_now, args=(jobs, workers, load, events), name="kiln-compile-ahead",
+                     daemon=True).start()
     return len(jobs)
 
 
-__all__ = ["KernelCompileError", "compile_ahead", "make_launcher"]
+def _compile_now(jobs: list, workers: int, load, events: dict) -> None:
+    """compile_ahead's compiles, on `workers` threads; each kernel's event in `events` is set as soon as its own
+    compiles are finalized (in Triton's kernel cache, where its launch finds them), and every event at the end."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from kiln import _triton
+    from kiln.runtime import compile_workers
+    from kiln.runtime.progress import Progress
+
+    processes = compile_workers.workers()
+    in_worker = processes.compile if processes is not None else (lambda job: False)
+    pending: dict = {}  # a kernel -> how many of its compiles are not finalized yet
+    owners: dict = {}  # a raw future -> (its kernel, the FutureKernel that finalizes it)
+    try:
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as executor:
+            with _triton.WorkerCompileMode(executor, in_worker, after_compile=load, ignore_errors=True) as mode:
+                for kernel, pointer_dtypes, ints, constexprs, options in jobs:
+                    try:
+                        future = kernel.warmup(*pointer_dtypes, *ints, grid=(1,), **constexprs, **options,
+                                               **COMPILE_OPTIONS)
+                    except Exception:  # the launch compiles it and reports the error
+                        continue
+                    raw = getattr(future, "future", None)
+                    if raw is not None and raw not in owners:
+                        owners[raw] = (kernel, future)
+                        pending[kernel] = pending.get(kernel, 0) + 1
+                for kernel, event in events.items():
+                    if kernel not in pending:
+                        event.set()
+                progress = Progress(len(mode.raw_futures), "compiling the CUDA kernels of a graph")
+                for raw in as_completed(mode.raw_futures):  # the mode's exit finalizes any left
+                    progress.step()
+                    kernel, future = owners.get(raw, (None, None))
+                    if future is None:
+                        continue
+                    future.result(ignore_errors=True)  # into the kernel's cache
+                    pending[kernel] -= 1
+                    if pending[kernel] == 0 and kernel in events:
+                        events[kernel].set()
+    finally:
+        for event in events.values():
+            event.set()
+
+
+__all__ = ["KernelCompileError", "compile_ahead", "make_launcher", "wait_for_ahead_compile"]

@@ -82,7 +82,7 @@ def _compile_ahead(kernel_sources: list) -> None:
         if key not in seen:
             seen.add(key)
             jobs.append((jit, kernel.pointer_dtypes, ints, kernel.constexprs, kernel.launch_options))
-    compile_ahead(jobs, config.compile_workers or os.cpu_count() or 1)
+    compile_ahead(jobs, config.compile_workers or os.cpu_count() or 1, background=config.compile_overlap)
 
 
 def _launcher(kernel):

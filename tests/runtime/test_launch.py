@@ -203,9 +203,10 @@ class _AsyncKernel:
     """Stands in for a JITFunction's warmup under Triton's AsyncCompileMode: submits its compile to the
     mode's executor and stores the result in its own cache when the mode finalizes it."""
 
-    def __init__(self, fail: bool = False, compiled=None):
+    def __init__(self, fail: bool = False, compiled=None, gate=None):
         self.cache, self.threads, self.calls, self.fail = {}, set(), [], fail
         self.compiled = "binary" if compiled is None else compiled
+        self.gate = gate  # a threading.Event the compile waits for
 
     def warmup(self, *args, grid, **options):
         import threading
@@ -218,6 +219,8 @@ class _AsyncKernel:
 
         def compile_kernel():
             time.sleep(0.05)
+            if self.gate is not None:
+                self.gate.wait(30)
             self.threads.add(threading.get_ident())
             if self.fail:
                 raise RuntimeError("ptxas failed")
@@ -240,6 +243,37 @@ def test_compile_ahead_compiles_every_kernel_on_several_threads_before_returning
     args, options = kernels[0].calls[0]
     assert args == (torch.float32, torch.bfloat16, 4096, 1)  # pointers as dtypes (warmup mocks them), ints
     assert options == {"XBLOCK": 1024, "num_warps": 4, "enable_fp_fusion": False}  # the launch's options
+
+
+def test_compile_ahead_in_the_background_returns_at_once_and_each_launch_waits_for_its_own_kernel():
+    from kiln.runtime.launch import compile_ahead, wait_for_ahead_compile
+
+    gate = threading.Event()
+    slow, quick = _AsyncKernel(gate=gate), _AsyncKernel()
+    jobs = [(kernel, [torch.float32], [16], {"XBLOCK": 16}, {"num_warps": 2}) for kernel in (slow, quick)]
+    assert compile_ahead(jobs, workers=2, background=True) == 2
+    assert not slow.cache  # still compiling: compile_ahead did not wait for it
+    wait_for_ahead_compile(quick)
+    assert len(quick.cache) == 1  # finalized, where its launch finds it, while the other still compiles
+    waiter = threading.Thread(target=wait_for_ahead_compile, args=(slow,))
+    waiter.start()
+    waiter.join(0.3)
+    assert waiter.is_alive() and not slow.cache
+    gate.set()
+    waiter.join(10)
+    assert not waiter.is_alive() and len(slow.cache) == 1
+    wait_for_ahead_compile(_AsyncKernel())  # a kernel never compiled ahead: nothing to wait for
+
+
+def test_a_failing_background_compile_releases_its_launch():
+    from kiln.runtime.launch import compile_ahead, wait_for_ahead_compile
+
+    failing = _AsyncKernel(fail=True)
+    compile_ahead([(failing, [torch.float32], [16], {"XBLOCK": 16}, {"num_warps": 2})], workers=1, background=True)
+    waiter = threading.Thread(target=wait_for_ahead_compile, args=(failing,))
+    waiter.start()
+    waiter.join(10)
+    assert not waiter.is_alive() and not failing.cache  # the launch compiles it and reports the error
 
 
 class _CompiledKernel:
@@ -287,7 +321,7 @@ def test_the_loader_compiles_static_cuda_kernels_ahead_once_each(monkeypatch):
     shared = object()
     monkeypatch.setattr(loader, "load_kernel", lambda name, source, device_type: shared)
     monkeypatch.setattr(loader._triton, "is_interpreted", lambda kernel: False)
-    monkeypatch.setattr(launch, "compile_ahead", lambda jobs, workers: submitted.extend(jobs) or len(jobs))
+    monkeypatch.setattr(launch, "compile_ahead", lambda jobs, workers, background=False: submitted.extend(jobs) or len(jobs))
     s0 = sympy.Symbol("s0", integer=True, positive=True)
 
     def source(name, sizes, device_type="cuda", skip=False):
