@@ -15,10 +15,12 @@ def test_the_outermost_compile_freezes_and_unfreezes():
     with frozen_heap():
         frozen = gc.get_freeze_count()
         assert frozen > len(before)
-        with frozen_heap():  # a nested compile (a graph break's callee) changes nothing
-            assert gc.get_freeze_count() == frozen
-        assert gc.get_freeze_count() == frozen
+        made_since = [[] for _ in range(1000)]  # tracked objects in the young generation
+        with frozen_heap():  # a nested compile (a graph break's callee) freezes nothing more
+            assert gc.get_freeze_count() <= frozen  # (frozen objects freed by refcount leave it)
+        assert gc.get_freeze_count() <= frozen
     assert gc.get_freeze_count() == 0
+    del made_since
 
 
 def test_a_programs_own_freeze_and_the_option_are_respected():
