@@ -17,6 +17,9 @@
 #   torch.compile and kiln ($TRAIN_BACKENDS, default eager,inductor,kiln; $TRAIN_BUDGET s, 240).
 #   PROFILE_MODELS=bert,llama: then benchmarks.profile of those models, kiln and torch.compile (launches, host ms,
 #   GPU kernel ms, wall ms, memory: issue 14's table; $PROFILE_BUDGET s, 200).
+#   STAGE_MODELS=resnet50,vit,llama: then each model's cold first call, one process each, with kiln's steps timed
+#   (benchmarks.first_call_compiles --stages), once per setting in $STAGE_VARIANTS (default: the defaults, then
+#   KILN_COMPILE_OVERLAP=0, then KILN_COMPILE_GC_FREEZE=0): what each compile-time change gives, on one machine.
 #   DROPOUT_CHECK=1: benchmarks.gpu_dropout_check beside step 1 (correctness only: it shares the GPU with the smoke).
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_lean_check.sh (exported to every step: the device's .git may be stale)
 set -uo pipefail
@@ -68,6 +71,15 @@ if [ -n "${TRAIN_MODELS:-}" ]; then
     "$PYTHON" -m benchmarks.run --suite models --only "$TRAIN_MODELS" --modes train \
         --backends "${TRAIN_BACKENDS:-eager,inductor,kiln}" --budget "${TRAIN_BUDGET:-240}" --timeout 90 \
         --label "train-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
+fi
+if [ -n "${STAGE_MODELS:-}" ]; then
+    for model in ${STAGE_MODELS//,/ }; do
+        for variant in ${STAGE_VARIANTS:-KILN_DEFAULTS=1 KILN_COMPILE_OVERLAP=0 KILN_COMPILE_GC_FREEZE=0}; do
+            echo "-- $model $variant"
+            env "$variant" KILN_LOGS=perf timeout 60 "$PYTHON" -m benchmarks.first_call_compiles --only "$model" \
+                --profile 0 --stages 2>&1 | grep "^==\|^   \|AOTAutograd traces" | cut -c1-700
+        done
+    done | tee "$OUT_DIR/stages.txt"
 fi
 if [ -n "${PROFILE_MODELS:-}" ]; then
     timeout "${PROFILE_BUDGET:-200}" "$PYTHON" -m benchmarks.profile --only "$PROFILE_MODELS" --backends kiln,inductor \
