@@ -74,7 +74,7 @@ if [ -n "${TRAIN_MODELS:-}" ]; then
 fi
 if [ -n "${STAGE_MODELS:-}" ]; then
     for model in ${STAGE_MODELS//,/ }; do
-        for variant in ${STAGE_VARIANTS:-KILN_DEFAULTS=1 KILN_COMPILE_OVERLAP=0 KILN_COMPILE_GC_FREEZE=0}; do
+        for variant in ${STAGE_VARIANTS:-STAGE_DEFAULTS=1 KILN_COMPILE_OVERLAP=0 KILN_COMPILE_GC_FREEZE=0}; do
             echo "-- $model $variant"
             env "$variant" KILN_LOGS=perf timeout 60 "$PYTHON" -m benchmarks.first_call_compiles --only "$model" \
                 --profile 0 --stages 2>&1 | grep "^==\|^   \|AOTAutograd traces" | cut -c1-700
