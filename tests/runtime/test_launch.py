@@ -352,3 +352,24 @@ def test_the_launcher_runs_with_the_builtins(fake_driver):
 
     launch = _fast_launcher(_Kernel(), "k0", pointer_count=1, int_count=1, constexprs={"XBLOCK": 16}, options={"num_warps": 4})
     assert launch.__globals__["__builtins__"] is builtins
+
+
+def test_a_first_launch_waits_for_its_kernels_background_compile(fake_driver):
+    """A kernel compiling in the background (compile_ahead(background=True)) is launched only once its compile is in
+    its cache: the first launch blocks on its event; later launches take the direct path without waiting."""
+    from kiln.runtime import launch as launch_module
+
+    kernel, ready = _Kernel(), threading.Event()
+    launch_module._compiling[kernel] = ready
+    launch = _fast_launcher(kernel, "k0", pointer_count=1, int_count=1, constexprs={"XBLOCK": 16},
+                            options={"num_warps": 4})
+    buffer = torch.zeros(64)
+    launcher = threading.Thread(target=launch, args=(3, buffer, 48))
+    launcher.start()
+    launcher.join(0.3)
+    assert launcher.is_alive() and kernel.compiles == 0  # waiting: Triton has not been asked to compile
+    ready.set()
+    launcher.join(10)
+    assert not launcher.is_alive() and kernel.compiles == 1  # Triton's run compiles (its cache) and launches
+    launch(3, buffer, 48)
+    assert kernel.compiles == 1 and len(kernel.compiled.launches) == 1  # the direct path
