@@ -29,9 +29,11 @@ def test_a_programs_own_freeze_and_the_option_are_respected():
     gc.freeze()
     try:
         count = gc.get_freeze_count()
+        made_since = [[] for _ in range(1000)]  # tracked objects a second freeze would add
         with frozen_heap():
-            assert gc.get_freeze_count() == count
-        assert gc.get_freeze_count() == count  # kiln did not unfreeze what the program froze
+            assert 0 < gc.get_freeze_count() <= count  # (frozen objects freed by refcount leave it)
+        assert 0 < gc.get_freeze_count() <= count  # kiln did not unfreeze what the program froze
+        del made_since
     finally:
         gc.unfreeze()
 
