@@ -177,10 +177,35 @@ def native_dropout_backward(grad_output, mask, scale):
     return dropout_as_eager(grad_output, mask, scale, scale_in_dtype=grad_output.device.type == "cpu")
 
 
+def batch_norm_inference(input, weight, bias, running_mean, running_var, momentum, eps):
+    """`aten._native_batch_norm_legit_no_training` (eval batch norm): torch's formula, in fewer ops.
+
+    torch's decomposition goes through the training helper: it copies both running statistics
+    (`.to(copy=True)`), writes 1 / sqrt(v) as reciprocal then a multiply by 1, and unsqueezes each
+    per-channel vector one dim at a time: 19 ATen ops per batch norm, traced anew at every first call
+    (53 batch norms in ResNet-50). Here the statistics are read as they are, each vector takes one view
+    to (C, 1, ..., 1), and the arithmetic is the same: (x - mean) * (1 / sqrt(var + eps)) * w + b,
+    the same values bit for bit (tests/aot/test_decomposition_table.py).
+    """
+    dtype = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
+    channels = [-1] + [1] * (input.dim() - 2)
+    mean = running_mean.to(dtype)
+    invstd = torch.reciprocal(torch.sqrt(running_var.to(dtype) + eps))
+    output = (input - mean.view(channels)) * invstd.view(channels)
+    if weight is not None:
+        output = output * weight.reshape(channels)
+    if bias is not None:
+        output = output + bias.reshape(channels)
+    if input.device.type == "cpu":  # eager's CPU kernel returns empty statistics, its CUDA kernel these two
+        return output.to(input.dtype), input.new_zeros((0,)), input.new_zeros((0,))
+    return output.to(input.dtype), mean.clone() if mean is running_mean else mean, invstd
+
+
 # kiln's own decompositions, replacing core ATen's for these ops.
 OWN_DECOMPOSITIONS = {aten._softmax.default: softmax, aten.index.Tensor: index, aten.take.default: take,
                       aten.soft_margin_loss_backward.default: soft_margin_loss_backward,
-                      aten.native_dropout_backward.default: native_dropout_backward}
+                      aten.native_dropout_backward.default: native_dropout_backward,
+                      aten._native_batch_norm_legit_no_training.default: batch_norm_inference}
 if hasattr(aten, "_fused_rms_norm"):
     OWN_DECOMPOSITIONS[aten._fused_rms_norm.default] = fused_rms_norm
 

@@ -73,3 +73,51 @@ def test_the_table_leaves_out_the_composite_implicit_entries_and_keeps_the_core_
     for op in (aten.native_layer_norm.default, aten.gelu.default, aten._softmax.default):
         assert (op in ours) == (op in public), op
     assert aten.linear.default in public and aten.linear.default not in ours  # a CIA op: the dispatcher decomposes it
+
+
+def _traced_batch_norm(table):
+    """Eval batch norm traced to ATen with `table` (kiln's, or kiln's with torch's entry for the op)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    op = torch.ops.aten._native_batch_norm_legit_no_training.default
+    return lambda *args: make_fx(lambda *a: op(*a, 0.1, 1e-5), decomposition_table=table)(*args)(*args)
+
+
+def _tables():
+    op = torch.ops.aten._native_batch_norm_legit_no_training.default
+    ours = decompositions.decomposition_table()
+    return ours, {**ours, op: _torch.get_decompositions([op])[op]}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("affine", [True, False])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_eval_batch_norm_matches_torchs_decomposition_bit_for_bit(dtype, affine, channels_last):
+    """kiln's batch_norm_inference computes torch's formula in fewer ops: the same values, shapes and layout."""
+    torch.manual_seed(0)
+    x = torch.randn(4, 6, 5, 7, dtype=dtype)
+    if channels_last:
+        x = x.to(memory_format=torch.channels_last)
+    stats_dtype = torch.float32 if dtype == torch.bfloat16 else dtype
+    mean, var = torch.randn(6, dtype=stats_dtype), torch.rand(6, dtype=stats_dtype) + 0.1
+    weight, bias = (torch.randn(6, dtype=stats_dtype), torch.randn(6, dtype=stats_dtype)) if affine else (None, None)
+    ours, torchs = (_traced_batch_norm(table)(x, weight, bias, mean, var) for table in _tables())
+    for a, b in zip(ours, torchs):
+        assert a.shape == b.shape and a.dtype == b.dtype and a.stride() == b.stride()
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    eager = torch.ops.aten._native_batch_norm_legit_no_training(x, weight, bias, mean, var, 0.1, 1e-5)[0]
+    torch.testing.assert_close(ours[0], eager, **({"rtol": 1.6e-2, "atol": 1e-2} if dtype == torch.bfloat16 else {}))
+
+
+def test_eval_batch_norm_traces_in_fewer_ops_than_torchs():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    x, mean, var, weight, bias = torch.randn(2, 3, 4, 4), torch.randn(3), torch.rand(3) + 0.1, torch.randn(3), torch.randn(3)
+    op = torch.ops.aten._native_batch_norm_legit_no_training.default
+
+    def count(table):
+        gm = make_fx(lambda *a: op(*a, 0.1, 1e-5), decomposition_table=table)(x, weight, bias, mean, var)
+        return sum(node.op == "call_function" for node in gm.graph.nodes)
+
+    ours, torchs = (count(table) for table in _tables())
+    assert ours < torchs, (ours, torchs)
