@@ -12,6 +12,7 @@ signature, constants and attributes, with the target, options and environment of
 Triton's JIT would run. The reply is `(ok, message)`. The compile writes the kernel into Triton's cache
 under the key the JIT's own compile computes, so that compile, in the parent, is a cache hit.
 """
+import functools
 import linecache
 import os
 import pickle
@@ -58,9 +59,13 @@ def _build_launcher(source, target) -> None:
 
 
 def main() -> None:
-    from triton.runtime.cache import triton_key
+    from triton.runtime import cache
 
-    triton_key()  # Triton's cache-key prefix (a hash of its 415 MB library: 0.36 s), before the first request comes
+    remembered = os.environ.get("KILN_TRITON_KEY")  # the parent's (kiln/runtime/compile_workers.py)
+    if remembered:
+        cache.triton_key = functools.lru_cache(maxsize=None)(lambda: remembered)
+    else:
+        cache.triton_key()  # Triton's cache-key prefix (a hash of its 415 MB library: 0.36 s), before the first request
     requests = sys.stdin.buffer
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed while compiling (Triton, ptxas) goes to stderr, not into the replies

@@ -126,8 +126,42 @@ def workers() -> CompileWorkers | None:
         return _workers
 
 
+_TRITON_KEY_VARIABLE = "KILN_TRITON_KEY"  # the parent's remembered Triton key, handed to its workers
+_triton_key_lock = threading.Lock()
+_triton_key_known = False
+
+
+def remember_triton_key() -> None:
+    """Give Triton its cache-key prefix from kiln's cache (kiln/_triton.py `triton_key_stamp`), computing and
+    storing it only where Triton's files changed since it was stored; the workers started after this get it
+    too. Once per process; a failure leaves Triton to compute its key itself, as without kiln."""
+    global _triton_key_known
+    with _triton_key_lock:
+        if _triton_key_known or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+            return
+        _triton_key_known = True
+        try:
+            from kiln import _triton
+            from kiln.runtime import cache
+
+            stamp = _triton.triton_key_stamp()
+            relative = cache.entry_name("triton-key", cache.source_hash(stamp), ".json")
+            record = cache.load_record(relative, stamp, {"triton_key": str})
+            if record is None:
+                record = {"triton_key": _triton.computed_triton_key()}
+                cache.store_record(relative, stamp, record)
+            _triton.use_triton_key(record["triton_key"])
+            os.environ[_TRITON_KEY_VARIABLE] = record["triton_key"]
+        except Exception as error:
+            from kiln.runtime.cache import warn_once
+
+            warn_once("triton-key", "kiln: Triton's cache key could not be remembered (%s: %s); Triton computes it",
+                      type(error).__name__, error)
+
+
 def prestart() -> None:
     """Start the workers now (in the background: start-up overlaps the caller's work)."""
+    remember_triton_key()
     pool = workers()
     if pool is not None:
         try:

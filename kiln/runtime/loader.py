@@ -68,6 +68,10 @@ def _compile_ahead(kernel_sources: list) -> None:
     if not config.parallel_compile:
         return
     jobs, seen = [], set()
+    if any(kernel.device_type == "cuda" for kernel in kernel_sources):
+        from kiln.runtime.compile_workers import remember_triton_key
+
+        remember_triton_key()  # before the first compile hashes Triton's files (backend.py's prestart may have)
     for kernel in kernel_sources:
         if kernel.device_type != "cuda" or kernel.skip:
             continue
