@@ -245,6 +245,7 @@ def run_case(spec: dict) -> dict:
     times = timing.time_calls(runner, device, spec["iterations"], before_each)
     result.update(timing.summarize(times))
     result["peak_gib"] = timing.peak_memory_gib(device)
+    result["peak_reserved_gib"] = timing.peak_reserved_gib(device)
     if workload.bytes_moved is not None:
         result["gb_per_s"] = workload.bytes_moved / (result["median_ms"] / 1000.0) / 1e9
 

@@ -8,6 +8,8 @@
 #      case took 30-31 s in its process on an H100 at 0f22607, past the 25 s limit it had);
 #   4. BERT's cold first call with kiln's compile worker processes on, then off (config.compile_processes;
 #      FIRST_CALL_PROCESSES="1" for the default only).
+#   MODELS_BACKENDS=eager,kiln,inductor adds torch.compile to step 2 (default eager,kiln); KERNELS_ONLY and
+#   KERNELS_BACKENDS the same for step 3 (default copy,gelu_bias,layer_norm,softmax; eager,kiln).
 #   AB_MODELS=bert,resnet18: those models again with kiln's default-mode CUDA graphs off, after step 2.
 #   MODELS_ONLY=bert,resnet18 limits step 2 to those models; MODELS_BUDGET=0 skips step 2 (a separate call measures eager, torch.compile and kiln), KERNELS_BUDGET=0 step 3.
 #   WARM_MODELS=llama: after step 4, cold and warm first calls of those models (benchmarks.warm_start, KILN_LOGS=perf:
@@ -41,7 +43,8 @@ wait
 tail -4 "$OUT_DIR/smoke.txt"; grep -i "fail\|error\|mismatch\|cudagraphs" "$OUT_DIR/smoke.txt" | cut -c1-300 | head -14
 tail -8 "$OUT_DIR/capture.txt"
 [ "${MODELS_BUDGET:-190}" = 0 ] || \
-"$PYTHON" -m benchmarks.run --suite models ${MODELS_ONLY:+--only "$MODELS_ONLY"} --modes infer --backends eager,kiln \
+"$PYTHON" -m benchmarks.run --suite models ${MODELS_ONLY:+--only "$MODELS_ONLY"} --modes infer \
+    --backends "${MODELS_BACKENDS:-eager,kiln}" \
     --budget "${MODELS_BUDGET:-190}" \
     --timeout 60 --label "models-$commit" --copy-to "$OUT_DIR" 2>&1 | grep --line-buffered "^\[\|^| " \
     | tee "$OUT_DIR/models.txt"
@@ -51,7 +54,8 @@ if [ -n "${AB_MODELS:-}" ]; then  # the default mode's CUDA graphs off, beside t
         --copy-to "$OUT_DIR" 2>&1 | grep --line-buffered "^\[\|^| " | tee "$OUT_DIR/models_ab.txt"
 fi
 [ "${KERNELS_BUDGET:-30}" = 0 ] || \
-"$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends eager,kiln --only copy,gelu_bias,layer_norm,softmax \
+"$PYTHON" -m benchmarks.run --suite kernels --modes infer --backends "${KERNELS_BACKENDS:-eager,kiln}" \
+    --only "${KERNELS_ONLY:-copy,gelu_bias,layer_norm,softmax}" \
     --budget "${KERNELS_BUDGET:-30}" --timeout 45 --label "kernels-$commit" 2>&1 | grep --line-buffered "^| " \
     | tee "$OUT_DIR/kernels.txt"
 for processes in ${FIRST_CALL_PROCESSES:-1 0}; do

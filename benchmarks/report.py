@@ -163,6 +163,7 @@ def _model_table(cases, workloads, compiled_columns, mode_family: str) -> list[s
         header += [f"{COLUMN_TITLES[column]} ms", "x"]
     header += ["first call s (" + " / ".join(COLUMN_TITLES[c] for c in compiled_columns) + ")"]
     header += ["peak GiB (eager / " + " / ".join(COLUMN_TITLES[c] for c in compiled_columns) + ")"]
+    header += ["peak reserved GiB (eager / " + " / ".join(COLUMN_TITLES[c] for c in compiled_columns) + ")"]
     header += ["accuracy"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     speedups: dict = {column: [] for column in compiled_columns}
@@ -178,14 +179,15 @@ def _model_table(cases, workloads, compiled_columns, mode_family: str) -> list[s
             speedups[column].append(ratio)
             row += [_time_cell(case), _fmt_ratio(ratio)]
         row.append(" / ".join(f"{c['first_call_s']:.1f}" if _ok(c) else "-" for c in row_cases))
-        row.append(" / ".join(f"{c['peak_gib']:.2f}" if _ok(c) and c.get("peak_gib") is not None else "-"
-                              for c in [baseline, *row_cases]))
+        for key in ("peak_gib", "peak_reserved_gib"):
+            row.append(" / ".join(f"{c[key]:.2f}" if _ok(c) and c.get(key) is not None else "-"
+                                  for c in [baseline, *row_cases]))
         row.append(" / ".join(_accuracy_cell(c) or "-" for c in row_cases))
         lines.append("| " + " | ".join(row) + " |")
     geomean_row = ["geomean", "", ""]
     for column in compiled_columns:
         geomean_row += ["", _geomean_cell(speedups[column])]
-    geomean_row += ["", "", ""]
+    geomean_row += ["", "", "", ""]
     lines.append("| " + " | ".join(geomean_row) + " |")
     return lines
 
@@ -251,7 +253,7 @@ def _problems(cases) -> list[str]:
 
 def _details(cases) -> list[str]:
     header = ["suite", "workload", "backend", "mode", "status", "median ms", "p20-p80 ms", "first call s",
-              "peak GiB", "graphs / breaks", "accuracy"]
+              "peak GiB", "peak reserved GiB", "graphs / breaks", "accuracy"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for c in cases:
         ok = _ok(c)
@@ -261,6 +263,7 @@ def _details(cases) -> list[str]:
             f"{c['p20_ms']:.4g}-{c['p80_ms']:.4g}" if ok else "",
             f"{c['first_call_s']:.2f}" if ok else "",
             f"{c['peak_gib']:.2f}" if ok and c.get("peak_gib") is not None else "",
+            f"{c['peak_reserved_gib']:.2f}" if ok and c.get("peak_reserved_gib") is not None else "",
             (f"{c['graphs']} / {c['graph_breaks']}" + (f" (+{c['eager_frames']} eager frames)"
                                                         if c.get("eager_frames") else "")) if "graphs" in c else "",
             (c.get("accuracy", "") if ok else c.get("error", "")).replace("|", "/")[:160],
