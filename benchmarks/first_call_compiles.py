@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", default="bert")
     parser.add_argument("--profile", type=int, default=25, help="profile entries to print (0: none)")
     parser.add_argument("--stages", action="store_true", help="seconds inside each of kiln's compile steps")
+    parser.add_argument("--sort", default="cumulative", help="the profile's order: cumulative or tottime")
     args = parser.parse_args(argv)
     cache = tempfile.mkdtemp(prefix="kiln_first_call_")
     os.environ["KILN_CACHE_DIR"] = os.path.join(cache, "kiln")
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
                                   for _, _, label in STAGES if label in stages))
         if args.profile:
             text = io.StringIO()
-            pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(args.profile)
+            pstats.Stats(profile, stream=text).sort_stats(args.sort).print_stats(args.profile)
             print("\n".join(line for line in text.getvalue().splitlines() if line.strip())[:6000])
 
 
