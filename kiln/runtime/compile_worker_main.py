@@ -26,6 +26,14 @@ def _compile(job: dict) -> None:
 
     import triton
     from triton.compiler import ASTSource
+    from triton.runtime import cache
+
+    if job.get("triton_key") and not getattr(cache.triton_key, "kiln_parents", False):
+        # The parent's Triton cache-key prefix (kiln/runtime/compile_workers.py): this process need not hash
+        # Triton's files (0.36 s) to find the cache folder of the kernel it writes. Without it Triton computes it.
+        known = job["triton_key"]
+        cache.triton_key = functools.lru_cache(maxsize=None)(lambda: known)
+        cache.triton_key.kiln_parents = True
 
     linecache.cache[job["path"]] = (len(job["text"]), None, job["text"].splitlines(True), job["path"])
     module = types.ModuleType(job["module"])
@@ -59,13 +67,6 @@ def _build_launcher(source, target) -> None:
 
 
 def main() -> None:
-    from triton.runtime import cache
-
-    remembered = os.environ.get("KILN_TRITON_KEY")  # the parent's (kiln/runtime/compile_workers.py)
-    if remembered:
-        cache.triton_key = functools.lru_cache(maxsize=None)(lambda: remembered)
-    else:
-        cache.triton_key()  # Triton's cache-key prefix (a hash of its 415 MB library: 0.36 s), before the first request
     requests = sys.stdin.buffer
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed while compiling (Triton, ptxas) goes to stderr, not into the replies

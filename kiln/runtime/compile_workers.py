@@ -84,7 +84,9 @@ class CompileWorkers:
                 self._idle.put(worker)
 
     def compile(self, job: dict, timeout: float = TIMEOUT_S) -> bool:
-        """Compile `job` (kiln/_triton.py compile_job) in a worker; whether it succeeded."""
+        """Compile `job` (kiln/_triton.py compile_job) in a worker; whether it succeeded. The job carries the
+        parent's Triton key, so that no worker hashes Triton's files again."""
+        job = dict(job, triton_key=triton_key())
         self.start()
         worker = self._idle.get()
         try:
@@ -126,37 +128,54 @@ def workers() -> CompileWorkers | None:
         return _workers
 
 
-_TRITON_KEY_VARIABLE = "KILN_TRITON_KEY"  # the parent's remembered Triton key, handed to its workers
 _triton_key_lock = threading.Lock()
-_triton_key_known = False
+_triton_key_thread: threading.Thread | None = None
+_triton_key: str | None = None  # Triton's cache-key prefix once known: set by `remember_triton_key`'s thread
 
 
 def remember_triton_key() -> None:
-    """Give Triton its cache-key prefix from kiln's cache (kiln/_triton.py `triton_key_stamp`), computing and
-    storing it only where Triton's files changed since it was stored; the workers started after this get it
-    too. Once per process; a failure leaves Triton to compute its key itself, as without kiln."""
-    global _triton_key_known
+    """Start, once per process and on a thread of its own, giving Triton its cache-key prefix from kiln's cache
+    (kiln/_triton.py `triton_key_stamp`), computing and storing it where Triton's files changed since it was
+    stored. The thread runs while the graph is traced and lowered: the hashing (0.3 s of a cold first call on
+    the GPU machine's main thread, 2026-12-06) releases the GIL. `triton_key()` waits for it. A failure leaves
+    Triton to compute its key itself, as without kiln."""
+    global _triton_key_thread
     with _triton_key_lock:
-        if _triton_key_known or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        if _triton_key_thread is not None or os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
             return
-        _triton_key_known = True
-        try:
-            from kiln import _triton
-            from kiln.runtime import cache
+        _triton_key_thread = threading.Thread(target=_remember_triton_key, name="kiln-triton-key", daemon=True)
+        _triton_key_thread.start()
 
-            stamp = _triton.triton_key_stamp()
-            relative = cache.entry_name("triton-key", cache.source_hash(stamp), ".json")
-            record = cache.load_record(relative, stamp, {"triton_key": str})
-            if record is None:
-                record = {"triton_key": _triton.computed_triton_key()}
-                cache.store_record(relative, stamp, record)
-            _triton.use_triton_key(record["triton_key"])
-            os.environ[_TRITON_KEY_VARIABLE] = record["triton_key"]
-        except Exception as error:
-            from kiln.runtime.cache import warn_once
 
-            warn_once("triton-key", "kiln: Triton's cache key could not be remembered (%s: %s); Triton computes it",
-                      type(error).__name__, error)
+def _remember_triton_key() -> None:
+    global _triton_key
+    try:
+        from kiln import _triton
+        from kiln.runtime import cache
+
+        stamp = _triton.triton_key_stamp()
+        relative = cache.entry_name("triton-key", cache.source_hash(stamp), ".json")
+        record = cache.load_record(relative, stamp, {"triton_key": str})
+        if record is None:
+            record = {"triton_key": _triton.computed_triton_key()}
+            cache.store_record(relative, stamp, record)
+        _triton.use_triton_key(record["triton_key"])
+        _triton_key = record["triton_key"]
+    except Exception as error:
+        from kiln.runtime.cache import warn_once
+
+        warn_once("triton-key", "kiln: Triton's cache key could not be remembered (%s: %s); Triton computes it",
+                  type(error).__name__, error)
+
+
+def triton_key() -> str | None:
+    """Triton's cache-key prefix (started by `remember_triton_key`, waited for here), or None where it is not
+    known: interpreted kernels, or a failure (Triton then computes it in each process that compiles)."""
+    remember_triton_key()
+    thread = _triton_key_thread
+    if thread is not None:
+        thread.join()
+    return _triton_key
 
 
 def prestart() -> None:

@@ -69,9 +69,9 @@ def _compile_ahead(kernel_sources: list) -> None:
         return
     jobs, seen = [], set()
     if any(kernel.device_type == "cuda" for kernel in kernel_sources):
-        from kiln.runtime.compile_workers import remember_triton_key
+        from kiln.runtime.compile_workers import triton_key
 
-        remember_triton_key()  # before the first compile hashes Triton's files (backend.py's prestart may have)
+        triton_key()  # known before the first compile needs it (started by backend.py's prestart)
     for kernel in kernel_sources:
         if kernel.device_type != "cuda" or kernel.skip:
             continue
