@@ -8,6 +8,7 @@
 #      case took 30-31 s in its process on an H100 at 0f22607, past the 25 s limit it had);
 #   4. BERT's cold first call with kiln's compile worker processes on, then off (config.compile_processes;
 #      FIRST_CALL_PROCESSES="1" for the default only).
+#   CHECKS=0 skips step 1 (a second call at the same commit, on the same machine).
 #   MODELS_BACKENDS=eager,kiln,inductor adds torch.compile to step 2 (default eager,kiln); KERNELS_ONLY and
 #   KERNELS_BACKENDS the same for step 3 (default copy,gelu_bias,layer_norm,softmax; eager,kiln).
 #   AB_MODELS=bert,resnet18: those models again with kiln's default-mode CUDA graphs off, after step 2.
@@ -35,13 +36,15 @@ export KILN_GIT_COMMIT="$commit"
 if [ -n "${DROPOUT_CHECK:-}" ]; then
     { timeout 150 "$PYTHON" -m benchmarks.gpu_dropout_check 2>&1 | grep -v "Warn"; } > "$OUT_DIR/dropout.txt" 2>&1 &
 fi
-{ timeout 200 "$PYTHON" -m benchmarks.gpu_smoke 2>&1 | grep -v "Warn\|runners = "
-  echo "gpu_smoke exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/smoke.txt" 2>&1 &
-{ timeout 200 "$PYTHON" -m benchmarks.gpu_capture_check 2>&1 | grep -v "Warning"
-  echo "gpu_capture_check exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/capture.txt" 2>&1 &
-wait
-tail -4 "$OUT_DIR/smoke.txt"; grep -i "fail\|error\|mismatch\|cudagraphs" "$OUT_DIR/smoke.txt" | cut -c1-300 | head -14
-tail -8 "$OUT_DIR/capture.txt"
+if [ "${CHECKS:-1}" != 0 ]; then
+    { timeout 200 "$PYTHON" -m benchmarks.gpu_smoke 2>&1 | grep -v "Warn\|runners = "
+      echo "gpu_smoke exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/smoke.txt" 2>&1 &
+    { timeout 200 "$PYTHON" -m benchmarks.gpu_capture_check 2>&1 | grep -v "Warning"
+      echo "gpu_capture_check exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/capture.txt" 2>&1 &
+    wait
+    tail -4 "$OUT_DIR/smoke.txt"; grep -i "fail\|error\|mismatch\|cudagraphs" "$OUT_DIR/smoke.txt" | cut -c1-300 | head -14
+    tail -8 "$OUT_DIR/capture.txt"
+fi
 [ "${MODELS_BUDGET:-190}" = 0 ] || \
 "$PYTHON" -m benchmarks.run --suite models ${MODELS_ONLY:+--only "$MODELS_ONLY"} --modes infer \
     --backends "${MODELS_BACKENDS:-eager,kiln}" \

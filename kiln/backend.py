@@ -280,6 +280,7 @@ def _compile_aten_graph(gm, example_inputs, dump, mode, inference=False):
     from kiln.ir import format_graph, graph_device_type
     from kiln.lowering import apply_patterns, lower_graph
     from kiln.runtime import graph_cache
+    from kiln.runtime.loader import streamed_compiles
     from kiln.schedule import schedule_graph
     from kiln.schedule.memory import plan_memory
     from kiln.schedule.passes import optimize
@@ -311,16 +312,17 @@ def _compile_aten_graph(gm, example_inputs, dump, mode, inference=False):
     with dump.stage("plan_memory"):
         memory_plan = plan_memory(scheduled, inference=inference)
     dump.write("memory_plan.txt", memory_plan.format)
-    with dump.stage("codegen"):
-        module_source = generate_wrapper(scheduled, memory_plan)
-    dump.write("wrapper.py", module_source.wrapper)
-    for kernel in module_source.kernel_sources:
-        dump.write_kernel(kernel, scheduled.graph, example_inputs)
-    if key is not None:
-        with dump.stage("graph_cache"):
-            if not graph_cache.store(key, module_source, graph_device_type(graph)):
-                key = None
-    return _load(module_source, gm, dump, mode, scheduled), key
+    with streamed_compiles():  # each CUDA kernel compiles from when its text exists, while the rest is generated
+        with dump.stage("codegen"):
+            module_source = generate_wrapper(scheduled, memory_plan)
+        dump.write("wrapper.py", module_source.wrapper)
+        for kernel in module_source.kernel_sources:
+            dump.write_kernel(kernel, scheduled.graph, example_inputs)
+        if key is not None:
+            with dump.stage("graph_cache"):
+                if not graph_cache.store(key, module_source, graph_device_type(graph)):
+                    key = None
+        return _load(module_source, gm, dump, mode, scheduled), key
 
 
 def _load(module_source, gm, dump, mode, scheduled, fallback=None):

@@ -91,3 +91,7 @@ class KernelBackend(Protocol):
 
     def load_kernels(self, kernel_sources: list) -> dict:
         """{kernel name: callable} for one graph's kernel sources, compiled and loaded (kiln/runtime)."""
+
+    def kernel_generated(self, source) -> None:
+        """Told of each kernel source as the wrapper's generator makes it: a backend may start compiling it
+        (Triton: kiln/runtime/loader.py `compile_early`)."""

@@ -892,3 +892,6 @@ class CppBackend:
     def load_kernels(self, kernel_sources: list) -> dict:
         """Kernels with an empty iteration space are never called, so never built."""
         return compile_kernels([source for source in kernel_sources if not source.skip])
+
+    def kernel_generated(self, source: CppKernelSource) -> None:
+        """C++ kernels are built together, in parallel, when the module loads (kiln/runtime/cpp_build.py)."""

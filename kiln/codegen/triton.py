@@ -26,7 +26,7 @@ from kiln.ir.ops import OPS, triton_variants
 from kiln.ir.template import template_parts
 from kiln.codegen.triton_templates import default_tile, emit_product, program_count
 from kiln.codegen.tuning import tune_kernel
-from kiln.runtime.loader import load_triton_kernels
+from kiln.runtime.loader import compile_early, load_triton_kernels
 from kiln.ir.kernel import OUTER_ROWS_PER_PROGRAM, Kernel, var_map
 
 INT32_LIMIT = 2**31 - 1
@@ -824,3 +824,6 @@ class TritonBackend:
 
     def load_kernels(self, kernel_sources: list) -> dict:
         return load_triton_kernels(kernel_sources)
+
+    def kernel_generated(self, source: KernelSource) -> None:
+        compile_early(source)  # a CUDA kernel's compile starts while the rest of the graph is generated

@@ -196,6 +196,7 @@ class WrapperGenerator:
 
     def _kernel_call(self, kernel: Kernel, module: ModuleSource) -> list[str]:
         source = self.backend.generate_kernel(kernel, self.graph)
+        self.backend.kernel_generated(source)
         module.kernel_sources.append(source)
         module.kernels[kernel.name] = source.listing
         lines = [self._allocate(allocation) for allocation in self.step_plans[kernel.name].allocations]

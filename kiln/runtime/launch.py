@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import threading
 import traceback as _traceback
 import types
 import weakref
@@ -226,18 +227,9 @@ def compile_ahead(jobs: list, workers: int, *, background: bool = False) -> int:
     `background`: return at once, the compiles running on a thread of their own, so that the graph's first call
     (its extern calls, CUDA's and cuDNN's lazy start-up, the frontend's work after the compile) overlaps them; each
     kernel's first launch waits for that kernel's compiles only (`wait_for_ahead_compile`)."""
-    import functools
-    import threading
-
-    import torch
-    from kiln import _triton
-
     if not jobs:
         return 0
-    try:  # the caller's device, where the first launches will run
-        load = functools.partial(_triton.load_compiled, device=torch.cuda.current_device())
-    except (AssertionError, RuntimeError):  # a torch without CUDA (tests' stand-in kernels): nothing to load
-        load = None
+    load = _loader_on_current_device()
     if not background:
         _compile_now(jobs, workers, load, {})
         return len(jobs)
@@ -252,9 +244,58 @@ def compile_ahead(jobs: list, workers: int, *, background: bool = False) -> int:
     return len(jobs)
 
 
-def _compile_now(jobs: list, workers: int, load, events: dict) -> None:
+def _loader_on_current_device():
+    """What loads a compiled kernel on the caller's device (where its first launches will run), or None."""
+    import torch
+    from kiln import _triton
+
+    try:
+        return functools.partial(_triton.load_compiled, device=torch.cuda.current_device())
+    except (AssertionError, RuntimeError):  # a torch without CUDA (tests' stand-in kernels): nothing to load
+        return None
+
+
+class CompileStream:
+    """compile_ahead(background=True) fed one kernel at a time: the compiles start while the rest of the graph is
+    still generated (kiln/runtime/loader.py `streamed_compiles`), not once every kernel's text exists.
+
+    `add(job)` (a compile_ahead job) registers the kernel's event at once, so that its first launch waits for it;
+    `close()` says no job follows, after which the thread finalizes the compiles and sets the events. A stream
+    must be closed (its thread waits for jobs until then)."""
+
+    def __init__(self, workers: int) -> None:
+        import queue
+
+        load = _loader_on_current_device()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._events: dict = {}
+        self.submitted = 0
+        self.thread = threading.Thread(target=_compile_now, args=(self._jobs(), workers, load, self._events),
+                                       name="kiln-compile-stream", daemon=True)
+        self.thread.start()
+
+    def add(self, job: tuple) -> None:
+        kernel = job[0]
+        if kernel not in self._events:
+            try:
+                self._events[kernel] = _compiling[kernel] = threading.Event()
+            except TypeError:  # not weakly referenceable: its launch will not wait (nor need to)
+                pass
+        self.submitted += 1
+        self._queue.put(job)
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _jobs(self):
+        while (job := self._queue.get()) is not None:
+            yield job
+
+
+def _compile_now(jobs, workers: int, load, events: dict) -> None:
     """compile_ahead's compiles, on `workers` threads; each kernel's event in `events` is set as soon as its own
-    compiles are finalized (in Triton's kernel cache, where its launch finds them), and every event at the end."""
+    compiles are finalized (in Triton's kernel cache, where its launch finds them), and every event at the end.
+    `jobs` may be a generator (a CompileStream's): each is submitted as it comes."""
     from concurrent.futures import ThreadPoolExecutor, as_completed
 
     from kiln import _triton
@@ -263,10 +304,12 @@ def _compile_now(jobs: list, workers: int, load, events: dict) -> None:
 
     processes = compile_workers.workers()
     in_worker = processes.compile if processes is not None else (lambda job: False)
+    compile_workers.triton_key()  # Triton's key known before the first job's cache key needs it
     pending: dict = {}  # a kernel -> how many of its compiles are not finalized yet
     owners: dict = {}  # a raw future -> (its kernel, the FutureKernel that finalizes it)
     try:
-        with ThreadPoolExecutor(max_workers=max(1, min(workers, len(jobs)))) as executor:
+        count = len(jobs) if isinstance(jobs, list) else workers
+        with ThreadPoolExecutor(max_workers=max(1, min(workers, count))) as executor:
             with _triton.WorkerCompileMode(executor, in_worker, after_compile=load, ignore_errors=True) as mode:
                 for kernel, pointer_dtypes, ints, constexprs, options in jobs:
                     try:
@@ -296,4 +339,4 @@ def _compile_now(jobs: list, workers: int, load, events: dict) -> None:
             event.set()
 
 
-__all__ = ["KernelCompileError", "compile_ahead", "make_launcher", "wait_for_ahead_compile"]
+__all__ = ["CompileStream", "KernelCompileError", "compile_ahead", "make_launcher", "wait_for_ahead_compile"]

@@ -12,8 +12,10 @@ tracebacks point.
 """
 from __future__ import annotations
 
+import contextlib
 import linecache
 import logging
+import threading
 import types
 
 from kiln import _triton
@@ -59,7 +61,8 @@ def load_triton_kernels(kernel_sources: list) -> dict:
 
 
 def _compile_ahead(kernel_sources: list) -> None:
-    """Each distinct (kernel, static arguments) of the graph's CUDA kernels compiled in parallel."""
+    """Each distinct (kernel, static arguments) of the graph's CUDA kernels compiled in parallel: on this thread's
+    stream where `streamed_compiles` opened one (the kernels it has not had yet go to it), else all at once."""
     import os
 
     from kiln.config import config
@@ -67,26 +70,107 @@ def _compile_ahead(kernel_sources: list) -> None:
 
     if not config.parallel_compile:
         return
+    if _open_streams():
+        for kernel in kernel_sources:
+            compile_early(kernel)
+        _open_streams()[-1].close()
+        return
     jobs, seen = [], set()
-    if any(kernel.device_type == "cuda" for kernel in kernel_sources):
-        from kiln.runtime.compile_workers import triton_key
-
-        triton_key()  # known before the first compile needs it (started by backend.py's prestart)
     for kernel in kernel_sources:
-        if kernel.device_type != "cuda" or kernel.skip:
-            continue
-        ints = [int(size) if getattr(size, "is_Integer", False) else None for size in kernel.size_args]
-        if None in ints:  # a symbolic size: its value (and so the specialization) is known at launch only
-            continue
-        jit = load_kernel(kernel.function_name, kernel.source, kernel.device_type)
-        if _triton.is_interpreted(jit):
-            continue
-        key = (id(jit), tuple(map(str, kernel.pointer_dtypes)), tuple(ints), tuple(kernel.constexprs.items()),
-               tuple(kernel.launch_options.items()))
-        if key not in seen:
-            seen.add(key)
-            jobs.append((jit, kernel.pointer_dtypes, ints, kernel.constexprs, kernel.launch_options))
+        job = _compile_job(kernel, seen)
+        if job is not None:
+            jobs.append(job)
     compile_ahead(jobs, config.compile_workers or os.cpu_count() or 1, background=config.compile_overlap)
+
+
+def _compile_job(kernel, seen: set):
+    """compile_ahead's job for a kernel source, or None: not a compiled CUDA kernel, a size known only at launch,
+    or a (kernel, static arguments) already in `seen` (which it is added to)."""
+    if kernel.device_type != "cuda" or kernel.skip:
+        return None
+    ints = [int(size) if getattr(size, "is_Integer", False) else None for size in kernel.size_args]
+    if None in ints:  # a symbolic size: its value (and so the specialization) is known at launch only
+        return None
+    jit = load_kernel(kernel.function_name, kernel.source, kernel.device_type)
+    if _triton.is_interpreted(jit):
+        return None
+    key = (id(jit), tuple(map(str, kernel.pointer_dtypes)), tuple(ints), tuple(kernel.constexprs.items()),
+           tuple(kernel.launch_options.items()))
+    if key in seen:
+        return None
+    seen.add(key)
+    return jit, kernel.pointer_dtypes, ints, kernel.constexprs, kernel.launch_options
+
+
+class _Stream:
+    """One graph's streamed compiles: its CompileStream (made at its first CUDA kernel) and the jobs it had."""
+
+    def __init__(self) -> None:
+        self.compiles = None
+        self.seen: set = set()
+        self.closed = False
+
+    def add(self, kernel) -> None:
+        import os
+
+        from kiln.config import config
+        from kiln.runtime.launch import CompileStream
+
+        if self.closed:
+            return
+        job = _compile_job(kernel, self.seen)
+        if job is None:
+            return
+        if self.compiles is None:
+            self.compiles = CompileStream(config.compile_workers or os.cpu_count() or 1)
+        self.compiles.add(job)
+
+    def close(self) -> None:
+        if not self.closed and self.compiles is not None:
+            self.compiles.close()
+        self.closed = True
+
+
+_local = threading.local()
+
+
+def _open_streams() -> list:
+    """This thread's open streams, innermost last (a graph compiled while another is generated has its own)."""
+    if not hasattr(_local, "streams"):
+        _local.streams = []
+    return _local.streams
+
+
+@contextlib.contextmanager
+def streamed_compiles():
+    """While a graph's kernels are generated and its module loaded (kiln/backend.py): each CUDA kernel's compile
+    starts as soon as its text exists (`compile_early`, which the Triton backend calls as it generates a kernel),
+    on compile_ahead's background threads, rather than once the whole module is generated and loaded
+    (`config.compile_overlap` and `config.parallel_compile`; otherwise this does nothing). The stream closes when
+    the module is loaded, or when this block ends."""
+    from kiln.config import config
+
+    if not (config.parallel_compile and config.compile_overlap):
+        yield
+        return
+    stream = _Stream()
+    streams = _open_streams()
+    streams.append(stream)
+    try:
+        yield
+    finally:
+        streams.remove(stream)
+        stream.close()
+
+
+def compile_early(kernel) -> None:
+    """Start compiling a CUDA kernel source now, when `streamed_compiles` is open on this thread (else nothing)."""
+    streams = _open_streams()
+    if streams:
+        try:
+            streams[-1].add(kernel)
+        except Exception as error:  # an optimization only: the kernel compiles with the module, or at its launch
+            log.warning("kiln: compiling a kernel early failed (%s: %s)", type(error).__name__, error)
 
 
 def _launcher(kernel):

@@ -373,3 +373,109 @@ def test_a_first_launch_waits_for_its_kernels_background_compile(fake_driver):
     assert not launcher.is_alive() and kernel.compiles == 1  # Triton's run compiles (its cache) and launches
     launch(3, buffer, 48)
     assert kernel.compiles == 1 and len(kernel.compiled.launches) == 1  # the direct path
+
+
+# ---- streamed compiles: each kernel's compile starts as codegen makes it ------------------------------------
+
+
+def test_a_compile_stream_compiles_each_job_as_it_comes_and_finalizes_after_close():
+    from kiln.runtime.launch import CompileStream, wait_for_ahead_compile
+
+    first, second = _AsyncKernel(), _AsyncKernel()
+    stream = CompileStream(workers=2)
+    stream.add((first, [torch.float32], [16], {"XBLOCK": 16}, {"num_warps": 2}))
+    for _ in range(200):  # compiling before the next job exists
+        if first.threads:
+            break
+        threading.Event().wait(0.01)
+    assert first.threads and not second.calls
+    waiter = threading.Thread(target=wait_for_ahead_compile, args=(first,))
+    waiter.start()
+    stream.add((second, [torch.float32], [32], {"XBLOCK": 32}, {"num_warps": 4}))
+    waiter.join(0.2)
+    assert waiter.is_alive()  # a launch waits until the stream is closed and its compile finalized
+    stream.close()
+    waiter.join(10)
+    stream.thread.join(10)
+    assert not waiter.is_alive() and not stream.thread.is_alive()
+    assert len(first.cache) == 1 and len(second.cache) == 1 and stream.submitted == 2
+
+
+def _kernel_source(name, sizes, device_type="cuda"):
+    from kiln.codegen.triton import KernelSource
+
+    return KernelSource(name, "src", ["buf0", "buf1"], sizes, sizes[-1], 1024, None, 4, device_type, False,
+                        f"kernel_{name}", [torch.float32, torch.bfloat16])
+
+
+def test_streamed_compiles_start_each_kernel_when_generated_and_close_with_the_module(monkeypatch):
+    import sympy
+
+    from kiln.runtime import launch, loader
+
+    added, closed = [], []
+
+    class Stream:
+        def __init__(self, workers):
+            self.workers = workers
+
+        def add(self, job):
+            added.append(job[0])
+
+        def close(self):
+            closed.append(self)
+
+    jits: dict = {}  # the loader's cache: one kernel object per source
+    monkeypatch.setattr(loader, "load_kernel", lambda name, source, device_type: jits.setdefault(name, name))
+    monkeypatch.setattr(loader._triton, "is_interpreted", lambda kernel: False)
+    monkeypatch.setattr(launch, "CompileStream", Stream)
+    monkeypatch.setattr(launch, "compile_ahead", lambda *a, **k: pytest.fail("compiled all at once"))
+    sizes = [sympy.Integer(8), sympy.Integer(4096)]
+    with kiln.config.patch(parallel_compile=True, compile_overlap=True):
+        with loader.streamed_compiles():
+            loader.compile_early(_kernel_source("k0", sizes))
+            assert added == ["kernel_k0"] and not closed  # compiling while the rest is generated
+            loader.compile_early(_kernel_source("k0", sizes))  # the same kernel and arguments: once
+            loader.compile_early(_kernel_source("k1", sizes, device_type="cpu"))  # not a CUDA kernel
+            loader._compile_ahead([_kernel_source("k0", sizes), _kernel_source("k2", sizes)])  # the module loads
+            assert added == ["kernel_k0", "kernel_k2"] and len(closed) == 1
+            loader.compile_early(_kernel_source("k3", sizes))  # after the load: not into a closed stream
+        assert added == ["kernel_k0", "kernel_k2"] and len(closed) == 1
+        loader.compile_early(_kernel_source("k4", sizes))  # no stream open: nothing
+    assert added == ["kernel_k0", "kernel_k2"]
+
+
+def test_a_stream_closes_when_its_block_ends_early(monkeypatch):
+    """A compile that fails after some kernels were generated still closes their stream (its thread ends)."""
+    import sympy
+
+    from kiln.runtime import launch, loader
+
+    closed = []
+    monkeypatch.setattr(loader, "load_kernel", lambda name, source, device_type: name)
+    monkeypatch.setattr(loader._triton, "is_interpreted", lambda kernel: False)
+    monkeypatch.setattr(launch, "CompileStream", lambda workers: type("S", (), {
+        "add": lambda self, job: None, "close": lambda self: closed.append(1)})())
+    with kiln.config.patch(parallel_compile=True, compile_overlap=True):
+        with pytest.raises(ValueError):
+            with loader.streamed_compiles():
+                loader.compile_early(_kernel_source("k0", [sympy.Integer(8), sympy.Integer(4096)]))
+                raise ValueError("lowering failed")
+    assert closed == [1] and loader._open_streams() == []
+
+
+def test_without_overlap_the_kernels_compile_together_at_load(monkeypatch):
+    import sympy
+
+    from kiln.runtime import launch, loader
+
+    submitted = []
+    monkeypatch.setattr(loader, "load_kernel", lambda name, source, device_type: name)
+    monkeypatch.setattr(loader._triton, "is_interpreted", lambda kernel: False)
+    monkeypatch.setattr(launch, "compile_ahead", lambda jobs, workers, background=False: submitted.append(
+        ([job[0] for job in jobs], background)))
+    with kiln.config.patch(parallel_compile=True, compile_overlap=False):
+        with loader.streamed_compiles():
+            loader.compile_early(_kernel_source("k0", [sympy.Integer(8), sympy.Integer(4096)]))
+            loader._compile_ahead([_kernel_source("k0", [sympy.Integer(8), sympy.Integer(4096)])])
+    assert submitted == [(["kernel_k0"], False)]
