@@ -21,7 +21,7 @@ import sys
 import types
 
 
-def _compile(job: dict) -> None:
+def _compile(job: dict, build_launcher: bool = True) -> None:
     import threading
 
     import triton
@@ -41,6 +41,9 @@ def _compile(job: dict) -> None:
     exec(compile(job["text"], job["path"], "exec"), module.__dict__)
     function = triton.jit(getattr(module, job["function"]))
     source = ASTSource(function, job["signature"], constexprs=job["constants"], attrs=job["attrs"])
+    if not build_launcher:
+        triton.compile(source, target=job["target"], options=job["options"], _env_vars=job["env_vars"])
+        return
     launcher = threading.Thread(target=_build_launcher, args=(source, job["target"]))
     launcher.start()
     try:
@@ -66,7 +69,54 @@ def _build_launcher(source, target) -> None:
         pass
 
 
+_WARM_UP_SOURCE = """
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import libdevice
+
+
+def kiln_warm_up(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    offsets = tl.arange(0, BLOCK)
+    mask = offsets < n
+    x = tl.load(x_ptr + row * n + offsets, mask=mask, other=0.0).to(tl.float32)
+    y = libdevice.exp(x - tl.max(x, 0))
+    tl.store(out_ptr + row * n + offsets, (y / tl.sum(y, 0)).to(tl.bfloat16), mask=mask)
+"""
+
+
+def warm_up(description: str) -> None:
+    """Compile a small row kernel for the parent's GPU (`description`: "cuda,<arch>,<warp size>", the parent's
+    KILN_WARM_UP_TARGET) and throw it away: a process's first Triton compile pays for importing the compiler,
+    making its MLIR context and loading libdevice (0.4 s more than a later compile on this project's CPU
+    machine, 2026-12-06), which the worker then pays while the parent traces, not on its first kernel. The
+    compile bypasses Triton's cache (`always_compile`), under a key prefix of its own (no hash of Triton's
+    files); its result is not kept. Only CUDA targets; a failure is ignored (the first job pays as before)."""
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.runtime import cache
+
+    backend, arch, warp_size = description.split(",")
+    if backend != "cuda":
+        return
+    key_function, always_compile = cache.triton_key, knobs.compilation.always_compile
+    cache.triton_key = lambda: "kiln-warm-up"
+    knobs.compilation.always_compile = True
+    try:
+        _compile({"path": "<kiln warm-up>", "text": _WARM_UP_SOURCE, "module": "kiln_warm_up",
+                  "function": "kiln_warm_up", "signature": {"x_ptr": "*bf16", "out_ptr": "*bf16", "n": "i32",
+                                                            "BLOCK": "constexpr"},
+                  "constants": {"BLOCK": 1024}, "attrs": {}, "target": GPUTarget(backend, int(arch), int(warp_size)),
+                  "options": {"num_warps": 4}, "env_vars": {}}, build_launcher=False)
+    except Exception:
+        pass
+    finally:
+        cache.triton_key, knobs.compilation.always_compile = key_function, always_compile
+
+
 def main() -> None:
+    if os.environ.get("KILN_WARM_UP_TARGET"):
+        warm_up(os.environ["KILN_WARM_UP_TARGET"])
     requests = sys.stdin.buffer
     replies = os.fdopen(os.dup(1), "wb")
     os.dup2(2, 1)  # anything printed while compiling (Triton, ptxas) goes to stderr, not into the replies

@@ -13,7 +13,9 @@ thread's compile is then a cache hit that loads the files. A worker that fails, 
 
 The workers (`config.compile_workers`, by default one per CPU core) start when the first graph with
 CUDA inputs begins to compile (`prestart`), so their start-up overlaps kiln's own tracing and
-lowering, and they live until the process exits. A kernel already in Triton's cache is sent to no worker
+lowering, and they live until the process exits. Each first compiles a throwaway kernel for the current GPU
+(compile_worker_main.py `warm_up`): a process's first Triton compile costs 0.35-0.4 s more than a later one,
+which the worker pays then rather than on the graph's kernel. A kernel already in Triton's cache is sent to no worker
 (kiln/_triton.py `in_cache`): a warm start, whose graphs load from kiln's cache without tracing, starts none.
 """
 from __future__ import annotations
@@ -34,8 +36,10 @@ _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "compile_work
 
 
 class _Worker:
-    def __init__(self):
+    def __init__(self, warm_up_target: str | None = None):
         environment = dict(os.environ, TRITON_INTERPRET="0")
+        if warm_up_target:  # the worker compiles a throwaway kernel for this GPU first (compile_worker_main.warm_up)
+            environment["KILN_WARM_UP_TARGET"] = warm_up_target
         self.process = subprocess.Popen([sys.executable, "-P", _WORKER], stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=environment)
 
@@ -75,11 +79,14 @@ class CompileWorkers:
         self._all: list[_Worker] = []
         self._lock = threading.Lock()
         self.failures: list[str] = []  # what the workers reported (the threads compiled those kernels themselves)
+        self.warm_up_target: str | None = None  # the GPU the workers warm up for ("": none), read at the first start
 
     def start(self) -> None:
         with self._lock:
+            if len(self._all) < self.count and self.warm_up_target is None:
+                self.warm_up_target = _current_target() or ""
             while len(self._all) < self.count:
-                worker = _Worker()
+                worker = _Worker(self.warm_up_target)
                 self._all.append(worker)
                 self._idle.put(worker)
 
@@ -126,6 +133,17 @@ def workers() -> CompileWorkers | None:
             _workers = CompileWorkers(config.compile_workers or os.cpu_count() or 1)
             atexit.register(_workers.close)
         return _workers
+
+
+def _current_target() -> str | None:
+    """The current GPU as Triton's target, "cuda,<arch>,<warp size>", or None where there is none to ask."""
+    try:
+        from triton.runtime import driver
+
+        target = driver.active.get_current_target()
+        return f"{target.backend},{target.arch},{target.warp_size}"
+    except Exception:
+        return None
 
 
 _triton_key_lock = threading.Lock()

@@ -244,3 +244,67 @@ def test_a_worker_builds_a_cuda_kernels_launcher_while_the_kernel_compiles(monke
         assert seen["overlapped"] and seen["source"] is seen["compiled"]  # built while compiling, from its source
     else:
         assert not seen["overlapped"] and "source" not in seen  # no CUDA launcher for another backend
+
+
+def _run_worker(script: str, environment: dict) -> subprocess.CompletedProcess:
+    worker = os.path.join(ROOT, "kiln", "runtime", "compile_worker_main.py")
+    return subprocess.run([sys.executable, "-c", script, worker], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TRITON_INTERPRET="0", **environment))
+
+
+def test_a_worker_warms_up_for_the_parents_gpu_without_hashing_triton_or_keeping_the_kernel(tmp_path):
+    """compile_worker_main.warm_up compiles a throwaway row kernel for the target it is given (sm_90 here, on this
+    GPU-less machine): it runs Triton's whole pipeline, under a key prefix of its own (Triton's hash of itself is not
+    computed), and restores what it changed."""
+    script = textwrap.dedent('''
+        import runpy, sys, time
+        from triton import knobs
+        from triton.backends.nvidia.compiler import CUDABackend
+        from triton.runtime import cache
+        stages = []
+        add_stages = CUDABackend.add_stages
+        CUDABackend.add_stages = lambda self, *args: (stages.append(1), add_stages(self, *args))[1]
+        original = cache.triton_key
+        cache.triton_key = lambda: (_ for _ in ()).throw(AssertionError("hashed Triton"))
+        worker = runpy.run_path(sys.argv[1])
+        start = time.perf_counter()
+        worker["warm_up"]("cuda,90,32")
+        print(len(stages), cache.triton_key is not original and cache.triton_key.__name__ == "<lambda>",
+              knobs.compilation.always_compile)
+    ''')
+    result = _run_worker(script, {"TRITON_CACHE_DIR": str(tmp_path / "cache")})
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["1", "True", "False"]  # compiled once; triton_key and always_compile restored
+
+
+def test_a_failed_warm_up_leaves_the_worker_serving():
+    script = textwrap.dedent('''
+        import runpy, sys
+        worker = runpy.run_path(sys.argv[1])
+        worker["warm_up"]("cuda,not-an-arch,32")
+        worker["warm_up"]("hip,gfx942,64")  # not a CUDA target: nothing
+        print("serving")
+    ''')
+    result = _run_worker(script, {})
+    assert result.returncode == 0 and result.stdout.strip() == "serving", result.stderr[-3000:]
+
+
+def test_workers_are_told_the_target_they_warm_up_for(monkeypatch):
+    from kiln.runtime import compile_workers
+
+    started = []
+
+    class Worker:
+        def __init__(self, warm_up_target=None):
+            started.append(warm_up_target)
+            self.process = None
+
+    monkeypatch.setattr(compile_workers, "_Worker", Worker)
+    monkeypatch.setattr(compile_workers, "_current_target", lambda: "cuda,90,32")
+    pool = CompileWorkers(2)
+    pool.start()
+    assert started == ["cuda,90,32", "cuda,90,32"]
+    monkeypatch.setattr(compile_workers, "_current_target", lambda: None)
+    pool, started[:] = CompileWorkers(1), []
+    pool.start()
+    assert started == [""]  # no GPU to ask: no warm-up

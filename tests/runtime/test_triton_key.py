@@ -94,11 +94,15 @@ def test_each_job_sent_to_a_worker_carries_the_key(fresh, monkeypatch):
     class Worker:
         process = None
 
+        def __init__(self, warm_up_target=None):
+            pass
+
         def run(self, job, timeout):
             sent.append(job)
             return True, ""
 
     pool = compile_workers.CompileWorkers(1)
     monkeypatch.setattr(compile_workers, "_Worker", Worker)
+    monkeypatch.setattr(compile_workers, "_current_target", lambda: None)
     assert pool.compile({"path": "k.py"})
     assert sent == [{"path": "k.py", "triton_key": triton.runtime.cache.triton_key()}]
