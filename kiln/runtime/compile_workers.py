@@ -15,7 +15,8 @@ The workers (`config.compile_workers`, by default one per CPU core) start when t
 CUDA inputs begins to compile (`prestart`), so their start-up overlaps kiln's own tracing and
 lowering, and they live until the process exits. Each first compiles a throwaway kernel for the current GPU
 (compile_worker_main.py `warm_up`): a process's first Triton compile costs 0.35-0.4 s more than a later one,
-which the worker pays then rather than on the graph's kernel. A kernel already in Triton's cache is sent to no worker
+which the worker pays then rather than on the graph's kernel. Workers run at a lower priority than the parent
+(compile_worker_main.NICENESS): while they start and warm up, the parent's tracing comes first on a busy host. A kernel already in Triton's cache is sent to no worker
 (kiln/_triton.py `in_cache`): a warm start, whose graphs load from kiln's cache without tracing, starts none.
 """
 from __future__ import annotations

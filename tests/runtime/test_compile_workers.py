@@ -13,6 +13,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import threading
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -308,3 +309,19 @@ def test_workers_are_told_the_target_they_warm_up_for(monkeypatch):
     pool, started[:] = CompileWorkers(1), []
     pool.start()
     assert started == [""]  # no GPU to ask: no warm-up
+
+
+def test_workers_run_at_a_lower_priority_than_their_parent():
+    from kiln.runtime import compile_worker_main
+    from kiln.runtime.compile_workers import _Worker
+
+    worker = _Worker()
+    try:
+        for _ in range(100):  # the worker lowers its own priority as it starts
+            if os.getpriority(os.PRIO_PROCESS, worker.process.pid) > os.getpriority(os.PRIO_PROCESS, 0):
+                break
+            threading.Event().wait(0.05)
+        parent = os.getpriority(os.PRIO_PROCESS, 0)
+        assert os.getpriority(os.PRIO_PROCESS, worker.process.pid) == min(parent + compile_worker_main.NICENESS, 19)
+    finally:
+        worker.close()
