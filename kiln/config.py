@@ -111,6 +111,10 @@ OPTIONS = [
     Option("compile_processes", bool, True, "compile_ahead's threads have worker processes compile each CUDA "
            "kernel into Triton's cache first, past the GIL (kiln/runtime/compile_workers.py); off: the threads "
            "compile in this process"),
+    Option("compile_worker_warm_up", bool, False, "each compile worker process first compiles a throwaway kernel "
+           "for the current GPU, at a lower priority than this process (kiln/runtime/compile_worker_main.py warm_up), "
+           "while this process traces: a process's first Triton compile costs 0.35-0.4 s more than a later one on "
+           "the CPU machine; off until a GPU has measured it"),
     Option("compile_gc_freeze", bool, True, "while kiln compiles, the objects alive before are kept out of the "
            "garbage collector's scans (gc.freeze, undone when the compile ends: kiln/runtime/heap.py), so the "
            "collections a compile's allocations trigger do not walk the whole heap"),

@@ -118,11 +118,11 @@ NICENESS = 5  # added to the worker's scheduling niceness
 
 
 def main() -> None:
-    try:  # the parent's tracing is the first call's critical path while the workers start and warm up: on a busy
-        os.nice(NICENESS)  # host (16 workers on 16 cores) the workers yield the CPU to it, and use what is idle
-    except OSError:
-        pass
-    if os.environ.get("KILN_WARM_UP_TARGET"):
+    if os.environ.get("KILN_WARM_UP_TARGET"):  # config.compile_worker_warm_up
+        try:  # the parent's tracing is the first call's critical path while the workers start and warm up: on a
+            os.nice(NICENESS)  # busy host (16 workers on 16 cores) the workers yield the CPU to it, and use what is idle
+        except OSError:
+            pass
         warm_up(os.environ["KILN_WARM_UP_TARGET"])
     requests = sys.stdin.buffer
     replies = os.fdopen(os.dup(1), "wb")

@@ -13,10 +13,11 @@ thread's compile is then a cache hit that loads the files. A worker that fails, 
 
 The workers (`config.compile_workers`, by default one per CPU core) start when the first graph with
 CUDA inputs begins to compile (`prestart`), so their start-up overlaps kiln's own tracing and
-lowering, and they live until the process exits. Each first compiles a throwaway kernel for the current GPU
-(compile_worker_main.py `warm_up`): a process's first Triton compile costs 0.35-0.4 s more than a later one,
-which the worker pays then rather than on the graph's kernel. Workers run at a lower priority than the parent
-(compile_worker_main.NICENESS): while they start and warm up, the parent's tracing comes first on a busy host. A kernel already in Triton's cache is sent to no worker
+lowering, and they live until the process exits. With `config.compile_worker_warm_up` (off until a GPU has
+measured it) each first compiles a throwaway kernel for the current GPU (compile_worker_main.py `warm_up`): a
+process's first Triton compile costs 0.35-0.4 s more than a later one, which the worker pays then rather than on
+the graph's kernel; such workers run at a lower priority than the parent (compile_worker_main.NICENESS), so that
+the parent's tracing comes first on a busy host. A kernel already in Triton's cache is sent to no worker
 (kiln/_triton.py `in_cache`): a warm start, whose graphs load from kiln's cache without tracing, starts none.
 """
 from __future__ import annotations
@@ -85,7 +86,9 @@ class CompileWorkers:
     def start(self) -> None:
         with self._lock:
             if len(self._all) < self.count and self.warm_up_target is None:
-                self.warm_up_target = _current_target() or ""
+                from kiln.config import config
+
+                self.warm_up_target = (_current_target() or "") if config.compile_worker_warm_up else ""
             while len(self._all) < self.count:
                 worker = _Worker(self.warm_up_target)
                 self._all.append(worker)

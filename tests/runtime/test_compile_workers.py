@@ -19,6 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+import kiln
+
 from kiln import _triton
 from kiln.runtime.compile_workers import CompileWorkers
 
@@ -302,20 +304,25 @@ def test_workers_are_told_the_target_they_warm_up_for(monkeypatch):
 
     monkeypatch.setattr(compile_workers, "_Worker", Worker)
     monkeypatch.setattr(compile_workers, "_current_target", lambda: "cuda,90,32")
-    pool = CompileWorkers(2)
-    pool.start()
-    assert started == ["cuda,90,32", "cuda,90,32"]
-    monkeypatch.setattr(compile_workers, "_current_target", lambda: None)
+    with kiln.config.patch(compile_worker_warm_up=True):
+        pool = CompileWorkers(2)
+        pool.start()
+        assert started == ["cuda,90,32", "cuda,90,32"]
+        monkeypatch.setattr(compile_workers, "_current_target", lambda: None)
+        pool, started[:] = CompileWorkers(1), []
+        pool.start()
+        assert started == [""]  # no GPU to ask: no warm-up
+    monkeypatch.setattr(compile_workers, "_current_target", lambda: "cuda,90,32")
     pool, started[:] = CompileWorkers(1), []
     pool.start()
-    assert started == [""]  # no GPU to ask: no warm-up
+    assert started == [""]  # the default: no warm-up (not yet measured on a GPU)
 
 
-def test_workers_run_at_a_lower_priority_than_their_parent():
+def test_warming_workers_run_at_a_lower_priority_than_their_parent():
     from kiln.runtime import compile_worker_main
     from kiln.runtime.compile_workers import _Worker
 
-    worker = _Worker()
+    worker = _Worker("cuda,90,32")
     try:
         for _ in range(100):  # the worker lowers its own priority as it starts
             if os.getpriority(os.PRIO_PROCESS, worker.process.pid) > os.getpriority(os.PRIO_PROCESS, 0):
