@@ -161,7 +161,7 @@ def peak_reserved_gib(device: str) -> float | None:
     Where the allocated peak undercounts: torch.compile's CUDA graphs (cudagraph trees) hand out each replay's
     results on storages made from the graph pool's pointers, outside the allocator, so its allocated peak leaves
     out the results and the pool (Llama-style under reduce-overhead: 0.62 GiB allocated, with 0.60 GiB of
-    parameters and 0.37 GiB of logits and KV cache returned). The reserved peak counts the pool's segments for
+    parameters, measured, and 0.37 GiB of logits and KV cache returned, by the config's sizes). The reserved peak counts the pool's segments for
     every backend alike."""
     if device.startswith("cuda"):
         return torch.cuda.max_memory_reserved() / 2**30

@@ -269,7 +269,6 @@ class CompileStream:
         load = _loader_on_current_device()
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._events: dict = {}
-        self.submitted = 0
         self.thread = threading.Thread(target=_compile_now, args=(self._jobs(), workers, load, self._events),
                                        name="kiln-compile-stream", daemon=True)
         self.thread.start()
@@ -281,7 +280,6 @@ class CompileStream:
                 self._events[kernel] = _compiling[kernel] = threading.Event()
             except TypeError:  # not weakly referenceable: its launch will not wait (nor need to)
                 pass
-        self.submitted += 1
         self._queue.put(job)
 
     def close(self) -> None:

@@ -398,7 +398,7 @@ def test_a_compile_stream_compiles_each_job_as_it_comes_and_finalizes_after_clos
     waiter.join(10)
     stream.thread.join(10)
     assert not waiter.is_alive() and not stream.thread.is_alive()
-    assert len(first.cache) == 1 and len(second.cache) == 1 and stream.submitted == 2
+    assert len(first.cache) == 1 and len(second.cache) == 1
 
 
 def _kernel_source(name, sizes, device_type="cuda"):
