@@ -1,7 +1,7 @@
 """A cold compile's Python stages on the CPU, for a full-size TARGETS model: what a GPU first call spends before
 its kernels compile, measured where no GPU time is needed.
 
-    python -m benchmarks.compile_stages --only llama,bert [--runs 3] [--profile 40]
+    python -m benchmarks.compile_stages --only llama,bert [--runs 3] [--profile 40 [--sort tottime]]
 
 Each run is a new process with empty caches (the whole-graph cache off). The model is built on the CPU in its
 TARGETS config (benchmarks/workloads.py) and called under bf16 autocast, with kiln's Triton backend for CPU tensors
@@ -27,7 +27,7 @@ stages = first_call_compiles._time_stages()
 import torch, kiln
 from kiln.runtime import loader
 from benchmarks import workloads
-name, entries = sys.argv[1], int(sys.argv[2])
+name, entries, order = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 workload = getattr(workloads, name)(False, "cpu")
 compiled = kiln.compile(workload.program.eval())
 profile = cProfile.Profile()
@@ -39,7 +39,7 @@ def stop(*args, **kwargs):
           for _, _, label in first_call_compiles.STAGES if label in stages), flush=True)
     if entries:
         text = io.StringIO()
-        pstats.Stats(profile, stream=text).sort_stats("cumulative").print_stats(entries)
+        pstats.Stats(profile, stream=text).sort_stats(order).print_stats(entries)
         print(text.getvalue())
     os._exit(0)
 loader.load_module = stop
@@ -58,6 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", default="llama,bert,gpt2")
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--profile", type=int, default=0, help="cProfile entries to print (0: no profiler)")
+    parser.add_argument("--sort", default="cumulative", help="the profile's order: cumulative or tottime")
     args = parser.parse_args(argv)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     for _ in range(args.runs):
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
                 environment = dict(os.environ, KILN_CPU_BACKEND="triton", KILN_CONV_LAYOUT="channels_last",
                                    KILN_GRAPH_CACHE="0", KILN_CACHE_DIR=cache,
                                    PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-                result = subprocess.run([sys.executable, "-c", _CHILD, name, str(args.profile)], env=environment,
+                result = subprocess.run([sys.executable, "-c", _CHILD, name, str(args.profile), args.sort], env=environment,
                                         capture_output=True, text=True, timeout=600)
                 lines = [line for line in result.stdout.splitlines() if line.strip()]
                 print("\n".join(lines) if lines else f"{name}: failed\n{result.stderr[-2000:]}", flush=True)

@@ -7,7 +7,7 @@ import sympy
 import torch
 
 from kiln.ir.indexing import FloorDiv, Mod
-from kiln.ir.nodes import indirect_value
+from kiln.ir.nodes import indirect_value, symbol_name
 
 
 def expr_to_source(expr, rename=None, language: str = "python", helpers_used: set | None = None) -> str:
@@ -26,7 +26,7 @@ def expr_to_source(expr, rename=None, language: str = "python", helpers_used: se
             if spelled is not None:
                 return spelled
         value = indirect_value(symbol)
-        return f"tmp{value}" if value is not None else str(symbol)
+        return f"tmp{value}" if value is not None else symbol_name(symbol)
 
     def visit(node) -> str:
         if node.is_Integer:

@@ -21,13 +21,13 @@ from kiln.codegen.common import LineBuffer, kernel_ranges, pointer_name, reducti
 from kiln.codegen.printing import TRITON_DTYPES, expr_to_source, python_constant
 from kiln.ir import Graph
 from kiln.ir.indexing import simplify_index
-from kiln.ir.nodes import indirect_value
+from kiln.ir.nodes import indirect_value, symbol_name
 from kiln.ir.ops import OPS, triton_variants
 from kiln.ir.template import template_parts
 from kiln.codegen.triton_templates import default_tile, emit_product, program_count
 from kiln.codegen.tuning import tune_kernel
 from kiln.runtime.loader import compile_early, load_triton_kernels
-from kiln.ir.kernel import OUTER_ROWS_PER_PROGRAM, Kernel, var_map
+from kiln.ir.kernel import OUTER_ROWS_PER_PROGRAM, Kernel, is_loop_variable, var_map
 
 INT32_LIMIT = 2**31 - 1
 # The pseudo-buffer a kernel with check_index ops takes as one of its pointers: the graph's one-int32
@@ -304,8 +304,7 @@ class TritonKernelGenerator:
     def index_source(self, expr) -> str:
         expr = sympy.sympify(expr)
         for symbol in expr.free_symbols:
-            name = str(symbol)
-            if indirect_value(symbol) is None and not (name[0] in "xr" and name[1:].isdigit()):
+            if indirect_value(symbol) is None and not is_loop_variable(symbol):
                 self.size_symbols.add(symbol)
         return expr_to_source(expr, rename=self._rename, language="triton", helpers_used=self.helpers)
 
@@ -524,8 +523,7 @@ class TritonKernelGenerator:
         index = [sympy.sympify(expr).xreplace(self._mapping) for expr in op.index]
         offset = simplify_index(sympy.expand(layout.offset_of(index)), self._ranges_dict())
         text = self.index_source(offset)
-        letters = {str(symbol)[0] for symbol in offset.free_symbols
-                   if str(symbol)[0] in "xr" and str(symbol)[1:].isdigit()}
+        letters = {symbol_name(symbol)[0] for symbol in offset.free_symbols if is_loop_variable(symbol)}
         if not letters:
             text += " + 0 * xindex"  # a scalar address, broadcast to the block so masks apply
         return text, letters

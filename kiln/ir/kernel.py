@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from kiln.ir import Extern, LoopNode, range_vars
-from kiln.ir.nodes import Template, indirect_value
+from kiln.ir.nodes import Template, indirect_value, symbol_name
 from kiln.ir.indexing import contiguous_strides, index_var, product, simplify_index, unravel
 from kiln.ir.printer import format_body, format_node
 
@@ -118,7 +118,7 @@ def var_map(node: LoopNode, role: str, row: list, col: list) -> dict:
 
 def is_loop_variable(symbol) -> bool:
     """A kernel loop variable: x<k> (rows) or r<k> (columns)."""
-    name = str(symbol)
+    name = symbol_name(symbol)
     return name[:1] in ("x", "r") and name[1:].isdigit()
 
 
