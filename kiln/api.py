@@ -35,9 +35,10 @@ def compile(model=None, *, fullgraph: bool = False, dynamic: bool | None = None,
     dynamic: None (static first, dynamic after a shape change), True or False.
     backend: a rung of `kiln.list_backends()`, or a callable `backend(gm, example_inputs) -> callable`
         (torch.compile's backend contract) that compiles each graph kiln's frontend captures.
-    mode: "default" (None means it); "reduce-overhead": inference graphs on CUDA replay through
+    mode: "default" (None means it); "reduce-overhead": graphs on CUDA replay through
         CUDA graphs (kiln/runtime/cudagraphs.py: a result stays valid until the next call, whose
-        replay overwrites it; reading it after that raises, saying to keep a `.clone()`);
+        replay overwrites it; reading it after that raises, saying to keep a `.clone()`; a training
+        step's saved tensors and gradients are never overwritten while referenced);
         "max-autotune": as "reduce-overhead"; "max-autotune-no-cudagraphs": as "default". Their autotuning
         (config.matmul_template, config.autotune_kernels; docs/design/templates.md) is off until its illegal
         memory access on the H200 is found; the options turn it on explicitly.

@@ -37,7 +37,7 @@ log = logging.getLogger("kiln")
 
 LADDER = ("eager", "aot_eager", "kiln")
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-# As torch.compile's: these modes replay inference graphs on CUDA through CUDA graphs (runtime/cudagraphs.py) ...
+# As torch.compile's: these modes replay graphs on CUDA through CUDA graphs (runtime/cudagraphs.py) ...
 CUDA_GRAPH_MODES = ("reduce-overhead", "max-autotune")
 # ... and these autotune (config.matmul_template, config.autotune_kernels: docs/design/templates.md).
 AUTOTUNE_MODES = ("max-autotune", "max-autotune-no-cudagraphs")
@@ -207,7 +207,8 @@ def _load_plain_inference(key: str, gm: torch.fx.GraphModule, example_inputs: li
 def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: str = "default",
                        fullgraph: bool = False, inference: bool = False) -> Callable:
     """Compile one functional ATen graph (from kiln/aot) into kernels and a wrapper; with
-    mode="reduce-overhead" or "max-autotune", an inference graph on CUDA replays through a CUDA graph."""
+    mode="reduce-overhead" or "max-autotune", a graph on CUDA (inference, or a training step's forward or
+    backward) replays through a CUDA graph."""
     from kiln.ir import IRVerificationError
     from kiln.runtime import autotune
 
@@ -240,12 +241,15 @@ def compile_aten_graph(gm: torch.fx.GraphModule, example_inputs: list, *, mode: 
 def _with_cuda_graphs(compiled, name: str, example_inputs: list, mode: str, *, inference: bool,
                       gm: torch.fx.GraphModule | None = None) -> Callable:
     """`compiled`, replayed through CUDA graphs where its mode has them: reduce-overhead and max-autotune with
-    torch.compile's semantics (a result is valid until the next call); the default mode, under
+    torch.compile's semantics (a result is valid until the next call; a training graph's saved tensors and
+    gradients, until the caller drops them); the default mode, under
     `config.default_cuda_graphs`, with eager's (results stay valid: runtime/cudagraphs.py, "preserve")."""
+    from kiln.aot import training_role
     from kiln.runtime import cudagraphs
 
-    if mode in CUDA_GRAPH_MODES:
-        return cudagraphs.wrap(compiled, name, example_inputs, inference=inference)
+    if mode in CUDA_GRAPH_MODES:  # a training graph's part (forward or backward) decides its runner's policy
+        role = training_role(gm) if gm is not None and not inference else {}
+        return cudagraphs.wrap(compiled, name, example_inputs, inference=inference, **role)
     if mode == "default" and config.default_cuda_graphs:
         launches = getattr(compiled, "kernel_count", 0) + getattr(compiled, "extern_count", 0)
         return cudagraphs.wrap(compiled, name, example_inputs, inference=inference, preserve=True,

@@ -16,12 +16,16 @@ channels-last where `config.conv_layout` says so (kiln/aot/layouts.py), and its 
 casts of one tensor for several products) are merged (kiln/aot/cse.py): AOTAutograd's partitioner does
 that for a training graph's joint trace, nothing does it for an inference graph. Dropout is drawn in kiln's
 kernels (kiln/aot/random.py): in an inference graph before it compiles, in a training graph's pair right after the
-partitioner, whose saved masks become seeds the backward expands again.
+partitioner, whose saved masks become seeds the backward expands again. The partitioner's pair is tagged
+with its parts (`training_role`): CUDA graphs treat a forward's tensors saved for the backward, and a
+backward's gradients, apart from the results a caller reads (kiln/runtime/cudagraphs.py).
 """
 from __future__ import annotations
 
 import functools
 from typing import Callable
+
+import torch
 
 from kiln import _torch
 from kiln.config import config
@@ -72,6 +76,41 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
         compiled = _torch.aot_module_simplified(gm, example_inputs, fw_compiler=boxed,
                                                 bw_compiler=functools.partial(boxed, forward=False),
                                                 inference_compiler=inference, decompositions=decomposition_table(),
-                                                partition_fn=with_dropout_seeds(partition_function))
+                                                partition_fn=_tagged(with_dropout_seeds(partition_function)))
     _torch.count_aot_autograd_call()
     return compiled
+
+
+# The meta keys that tag a training step's pair (`_tagged`); GraphModule.meta survives AOTAutograd's deepcopy of
+# the backward and reaches compile_aten_graph.
+SAVED_FROM = "kiln_saved_from"  # a forward: its outputs from this position on are saved for the backward
+FORWARD_OUTPUTS = "kiln_forward_outputs"  # a forward: how many outputs it had when the partitioner tagged it
+BACKWARD = "kiln_backward"  # a backward: True
+
+
+def _tagged(partition_fn: Callable) -> Callable:
+    """`partition_fn` (AOTAutograd's signature), with its forward and backward tagged (`training_role`)."""
+
+    @functools.wraps(partition_fn)
+    def partition_and_tag(joint_module, joint_inputs, **kwargs):
+        forward, backward = partition_fn(joint_module, joint_inputs, **kwargs)
+        if "num_fwd_outputs" in kwargs:  # the outputs before it are the user's (AOTAutograd passes it by name)
+            forward.meta[SAVED_FROM] = kwargs["num_fwd_outputs"]
+            forward.meta[FORWARD_OUTPUTS] = len(forward.graph.output_node().args[0])
+        backward.meta[BACKWARD] = True
+        return forward, backward
+
+    return partition_and_tag
+
+
+def training_role(gm: torch.fx.GraphModule) -> dict:
+    """The part `gm` plays in a training step, as `_tagged` recorded it: {"saved_from": n} for a forward whose
+    outputs from n on are saved for the backward (those before, the user's), {"backward": True} for a backward,
+    {} where that is unknown: an inference graph, or a forward whose outputs changed after the partitioner
+    (AOTAutograd drops effect tokens, or inlines saved-tensor hooks, there), which tells no more which are saved."""
+    if gm.meta.get(BACKWARD):
+        return {"backward": True}
+    saved_from = gm.meta.get(SAVED_FROM)
+    if saved_from is None or gm.meta.get(FORWARD_OUTPUTS) != len(gm.graph.output_node().args[0]):
+        return {}
+    return {"saved_from": saved_from}

@@ -1,4 +1,4 @@
-"""CUDA graphs for `mode="reduce-overhead"`: record a compiled inference graph once, replay it.
+"""CUDA graphs for `mode="reduce-overhead"`: record a compiled graph once, replay it.
 
 kiln's generated wrapper issues one kernel launch or extern call per step from Python; a
 transformer layer stack is hundreds of steps, and on a GPU the host then takes longer to
@@ -31,6 +31,22 @@ policies, chosen by `config.cudagraph_invalidate`:
   of the previous results is alive, that call runs the wrapper without the graph (correct,
   slower; logged once). In an `out = model(x)` loop `out` is alive during the next call, so
   such a loop runs without the graph.
+A training step's two graphs (AOTAutograd's partition, tagged by kiln/aot `training_role`) are recorded
+too. The forward's outputs are the user's, then the tensors (and sizes) saved for the backward, from
+position `saved_from` on; the user's follow the policy above, but a saved tensor is never invalidated:
+it must stay valid until its backward runs. So one of the previous replay's saved tensors still alive at
+the next call (its backward has not run: two forwards before one backward, or `retain_graph=True`) makes
+that call run without the graph (logged once), and keeps the recording even where an input moved. The
+backward's results, gradients, are all treated so (`block_results`): a `.grad` kept to accumulate into
+blocks the replay; with `zero_grad(set_to_none=True)` between steps it replays. The backward's inputs are
+the forward's saved tensors, then the incoming gradients; the saved ones come from the forward's graph only
+once the forward has recorded (at its second call), so the backward warms up twice (`warm_up_calls`),
+takes its second call's addresses, and records at its third: the saved tensors, at the same addresses in
+each forward replay, are then read in place, never copied (a copy of each activation a step would double
+their memory). AOTAutograd releases the saved tensors when the backward runs (without `retain_graph`); the
+backward then consumes its argument list. Without the invalidation (off, or a CPU-only build) every
+result alive blocks the replay anyway. Where memory goes with a recording (recording again, dropping the
+runner), the saved tensors and gradients still alive are invalidated too.
 An in-place input that moved makes the runner record again, up to `MAX_RECORDINGS` times: a
 parameter is read in place again (reassigned weights), any other input is copied in from then
 on (an activation that the allocator happened to place at the same address twice); a capture
@@ -61,6 +77,7 @@ stand-in recording (tests/runtime/test_cudagraphs.py); on a GPU it is `cuda_capt
 """
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import weakref
@@ -77,6 +94,9 @@ MAX_RECORDINGS = 3
 STALE_RESULT = ("kiln: this tensor is a result of graph {name} under mode='reduce-overhead', and a later call "
                 "overwrote its memory (CUDA graph results are valid until the next call). Keep a .clone() of a "
                 "result you need after the next call.")
+FREED_RESULT = ("kiln: this tensor is a result of graph {name} under mode='reduce-overhead' (saved for the backward, "
+                "or a gradient), and its memory went with the graph's recording (recorded again, or the compiled "
+                "function was dropped). Keep a .clone() of a result you need after that.")
 
 
 class CudaCapture:
@@ -156,7 +176,13 @@ class CudaGraphRunner:
                  make_stream: Callable = side_stream, stream_context: Callable = torch.cuda.stream,
                  invalidate: Callable | None | str = "config", max_shapes: int | None = None,
                  preserve: PreservingPool | None = None, is_capturing: Callable | None = None,
-                 release_workspaces: Callable | None | str = "torch") -> None:
+                 release_workspaces: Callable | None | str = "torch", saved_from: int | None = None,
+                 block_results: bool = False, warm_up_calls: int = 1) -> None:
+        """`saved_from`: a training forward, whose results from this position on are saved for its backward;
+        `block_results`: a backward, whose results are gradients. Such results are never invalidated: one of the
+        last replay still alive makes the next call run without the graph (module docstring). `warm_up_calls`:
+        calls run without the graph before the one that records; the last one's input addresses decide which
+        inputs are read in place (a backward's: 2, so that they are the forward's recorded ones)."""
         from kiln.config import config
 
         # torch's cuBLAS workspaces are kept per stream for the process's life: one first made by the warm-up
@@ -183,7 +209,8 @@ class CudaGraphRunner:
         # new sizes run without graphs.
         self._options = dict(capture=capture, make_stream=make_stream, stream_context=stream_context,
                              invalidate=invalidate, max_shapes=self.max_shapes, preserve=preserve,
-                             release_workspaces=self._release_workspaces)
+                             release_workspaces=self._release_workspaces, saved_from=saved_from,
+                             block_results=block_results, warm_up_calls=warm_up_calls)
         self._scalar_positions: tuple | None = None  # where the non-tensor inputs are
         self._key = None  # their values in this runner's calls
         self.shapes: dict = {}  # other values -> their runner
@@ -193,6 +220,22 @@ class CudaGraphRunner:
         self._previous: list = []  # weak references to the storages of the last replay's results
         self.invalidated = 0  # results invalidated, over the runner's life
         weakref.finalize(self, _invalidate_alive, self._previous, invalidate, self._message)
+        # The results never invalidated: from this output position on (None: none), weakly referenced in `_held`
+        # (storages of their own, apart from those of the results invalidated, even over the same buffer).
+        self.saved_from, self.block_results = saved_from, block_results
+        self._held_from = 0 if block_results else saved_from
+        self._held_reason = ("a gradient of the previous call is still referenced (kept to accumulate into; its "
+                             "memory would be overwritten)" if block_results else
+                             "the previous call's saved tensors are still held because its backward has not run "
+                             "(two forwards before one backward, or retain_graph=True; their memory would be "
+                             "overwritten)")
+        self._held_advice = ("Set gradients to None between steps (optimizer.zero_grad(set_to_none=True)) to replay "
+                             "it" if block_results else "Run each forward's backward before the next forward to "
+                             "replay it")
+        self._freed_message = FREED_RESULT.format(name=name)
+        self._held: list = []  # weak references to the storages of the last replay's results never invalidated
+        weakref.finalize(self, _invalidate_alive, self._held, invalidate, self._freed_message)
+        self.warm_up_calls = warm_up_calls
         self.kernel_count = getattr(compiled, "kernel_count", 0)
         self.extern_count = getattr(compiled, "extern_count", 0)
         self.module_source = getattr(compiled, "module_source", None)
@@ -206,8 +249,10 @@ class CudaGraphRunner:
     def _reset(self) -> None:
         if getattr(self, "recording", None) is not None:  # its memory goes: the results on it too
             self.invalidated += _invalidate_alive(self._previous, self._invalidate, self._message)
+            self.invalidated += _invalidate_alive(self._held, self._invalidate, self._freed_message)
         self.recording = None
-        self.first_call: list | None = None  # per input: data_ptr of a tensor, or the value itself
+        self.warm_ups = 0  # calls run to warm up since the last recording went
+        self.first_call: list | None = None  # per input, in the last warm-up: data_ptr of a tensor, or the value
         self.in_place: list = []  # (position, data_ptr) read where they are
         self.copied: list = []  # (position, static buffer) copied into before each replay
         self.broadcast: set = set()  # positions of copied inputs with broadcast dims (stride 0): copied as _held_part
@@ -231,9 +276,13 @@ class CudaGraphRunner:
             return self._plain(args)  # the caller records a CUDA graph of its own (the wrapper's launches join it),
             #                           or calls from another thread than the pool's (whose static buffers are shared)
         if self.recording is None:
-            if self.first_call is None:
+            if self.warm_ups < self.warm_up_calls:
                 return self._warm_up(args)
             return self._record(args)
+        if self._invalidate is not None and any(not ref.expired() for ref in self._held):
+            # before an input that moved is looked at: recording again would free the memory they are on
+            self._note_plain(self._held_reason, self._held_advice)
+            return self._plain(args)
         reason = self._replay_blocker(args)
         if reason == "moved" and self.preserve is not None:
             moved = [position for position, address in self.in_place if args[position].data_ptr() != address]
@@ -282,6 +331,7 @@ class CudaGraphRunner:
         return runner(args)
 
     def _warm_up(self, args: list):
+        self.warm_ups += 1
         self.first_call = [value.data_ptr() if isinstance(value, torch.Tensor) else value for value in args]
         stream = self._make_stream()
         self._release()
@@ -326,7 +376,7 @@ class CudaGraphRunner:
         stream = self._make_stream()
         self._release()
         try:
-            recording = self._capture(lambda: list(self.compiled(list(static_args))), stream,
+            recording = self._capture(functools.partial(_run_on, self.compiled, static_args), stream,
                                       self.preserve.pool if self.preserve is not None else None)
         except Exception as error:  # a host sync, an unsupported op: run without graphs from now on
             self._reset()
@@ -398,29 +448,34 @@ class CudaGraphRunner:
             return "a result of the previous call is an input of this one (its memory would be overwritten)"
         return None
 
-    def _note_plain(self, reason: str) -> None:
+    def _note_plain(self, reason: str,
+                    advice: str = "Release the previous results (or keep a .clone()) to replay it") -> None:
         if self.plain_calls == 0:
-            log.warning("kiln: graph %s ran without its CUDA graph: %s. Release the previous results (or "
-                        "keep a .clone()) to replay it", self.name, reason)
+            log.warning("kiln: graph %s ran without its CUDA graph: %s. %s", self.name, reason, advice)
 
     def _results(self) -> list:
         """This call's results: the graph's output buffers on storage objects of their own (one per
         buffer, so outputs that share memory still do), weakly referenced for the next replay, or under
-        "preserve" on a copy of each buffer; inputs as they are; outputs that alias a copied-in buffer cloned."""
+        "preserve" on a copy of each buffer; inputs as they are; outputs that alias a copied-in buffer cloned.
+        Results never invalidated (from `_held_from` on) get storage objects apart from the others', so that
+        invalidating a user's result never reaches a saved tensor over the same buffer."""
         if self._invalidate is None and self.preserve is None:
             return [self._result(kind, value) for kind, value in self.outputs]
         copy = self.preserve is not None
-        storages, results = {}, []
-        for kind, value in self.outputs:
+        storages, held_storages, results = {}, {}, []
+        for position, (kind, value) in enumerate(self.outputs):
             if kind != "pool":
                 results.append(self._result(kind, value))
                 continue
+            held = self._held_from is not None and position >= self._held_from
+            group = held_storages if held else storages
             handle = _storage_handle(value)
-            if handle not in storages:
-                storages[handle] = value.untyped_storage().clone() if copy else _torch.storage_alias(value)
-            results.append(_torch.tensor_on(storages[handle], value))
+            if handle not in group:
+                group[handle] = value.untyped_storage().clone() if copy else _torch.storage_alias(value)
+            results.append(_torch.tensor_on(group[handle], value))
         if not copy:
             self._previous[:] = [_torch.storage_weak_ref(storage) for storage in storages.values()]
+            self._held[:] = [_torch.storage_weak_ref(storage) for storage in held_storages.values()]
         return results
 
     @staticmethod
@@ -430,6 +485,11 @@ class CudaGraphRunner:
         if kind == "clone":
             return value.clone()
         return value
+
+
+def _run_on(compiled, inputs: list) -> list:
+    """What a recording records: one run of the boxed `compiled` on a copy of `inputs` (it consumes its list)."""
+    return list(compiled(list(inputs)))
 
 
 def _invalidate_alive(previous: list, invalidate: Callable | None, message: str) -> int:
@@ -478,18 +538,25 @@ MAX_RESULT_BYTES_PER_LAUNCH = 4 << 20
 
 
 def wrap(compiled, name: str, example_inputs: list, *, inference: bool, preserve: bool = False,
-         launches: int | None = None, output_bytes: int | None = None):
+         launches: int | None = None, output_bytes: int | None = None, saved_from: int | None = None,
+         backward: bool = False):
     """`compiled` behind a CudaGraphRunner when CUDA graphs apply to it, else `compiled` (logged why).
-    `preserve`: the default mode's policy (results stay valid; static shapes only; the device's shared pool),
-    for graphs of at least MIN_DEFAULT_LAUNCHES `launches` whose `output_bytes` (None: unknown) are at most
-    MAX_RESULT_BYTES_PER_LAUNCH per launch."""
+    A training step's graphs (not `inference`) say their part: a forward whose outputs from `saved_from` on are
+    saved for the backward, or a `backward`; one that says neither runs without graphs.
+    `preserve`: the default mode's policy (results stay valid; static shapes only; the device's shared pool;
+    inference graphs only), for graphs of at least MIN_DEFAULT_LAUNCHES `launches` whose `output_bytes`
+    (None: unknown) are at most MAX_RESULT_BYTES_PER_LAUNCH per launch."""
     tensors = [value for value in example_inputs if isinstance(value, torch.Tensor)]
-    if not inference:
+    if not inference and preserve:
         reason = "kiln records inference graphs only (this one is part of a training step)"
+    elif not inference and saved_from is None and not backward:
+        reason = "it is part of a training step, but whether it is the forward or the backward is unknown"
     elif not tensors or not all(value.is_cuda for value in tensors):
         reason = "its inputs are not all CUDA tensors"
+    elif not preserve and backward:  # its saved inputs are the forward's, recorded at the forward's second call
+        return CudaGraphRunner(compiled, name, block_results=True, warm_up_calls=2)
     elif not preserve:
-        return CudaGraphRunner(compiled, name)
+        return CudaGraphRunner(compiled, name, saved_from=None if inference else saved_from)
     elif len(tensors) != len(example_inputs):
         reason = "its shapes are symbolic (the default mode records static shapes only)"
     elif len({value.device for value in tensors}) != 1:
