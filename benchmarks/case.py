@@ -11,7 +11,8 @@ Backends: eager (the program itself), inductor (`torch.compile`), kiln (`kiln.co
 whose ladder rung is the spec's `kiln_backend`, "kiln" unless asked otherwise).
 Modes: infer (`torch.no_grad()`), cudagraphs (infer with mode="reduce-overhead"), autotune (infer with
 mode="max-autotune-no-cudagraphs": kiln's product templates and kernel configs timed, Inductor's autotuning),
-train (forward + loss.backward(), no optimizer step; gradients set to None before each call).
+train (forward + loss.backward(), no optimizer step; gradients set to None before each call), train-cudagraphs
+(train with mode="reduce-overhead").
 """
 from __future__ import annotations
 
@@ -58,7 +59,8 @@ def error_summary(error: BaseException) -> str:
 def compile_program(program, backend: str, mode: str, kiln_backend: str):
     """The program as the backend runs it."""
     # autotuning alone, without CUDA graphs (which torch's and kiln's "max-autotune" also turn on)
-    compile_mode = {"cudagraphs": "reduce-overhead", "autotune": "max-autotune-no-cudagraphs"}.get(mode, "default")
+    compile_mode = {"cudagraphs": "reduce-overhead", "train-cudagraphs": "reduce-overhead",
+                    "autotune": "max-autotune-no-cudagraphs"}.get(mode, "default")
     if backend == "eager":
         return program
     if backend == "inductor":
@@ -68,6 +70,10 @@ def compile_program(program, backend: str, mode: str, kiln_backend: str):
 
         return kiln.compile(program, mode=compile_mode, backend=kiln_backend)
     raise ValueError(f"unknown backend {backend!r}")
+
+
+def is_training(mode: str) -> bool:
+    return mode in ("train", "train-cudagraphs")
 
 
 def snapshot(value: Any) -> Any:
@@ -108,7 +114,7 @@ class Runner:
         if self.mark_cudagraph_steps:
             torch.compiler.cudagraph_mark_step_begin()
         work = self.workload
-        if self.mode == "train":
+        if is_training(self.mode):
             with self.autocast():
                 output = self.program(*work.train_args, **work.train_kwargs)
                 loss = work.loss_of(output)
@@ -124,7 +130,7 @@ class Runner:
         """Inference: the outputs. Training: (loss, every parameter's gradient)."""
         self.zero_grad()
         value = snapshot(self())
-        if self.mode != "train":
+        if not is_training(self.mode):
             return value
         # A parameter that got no gradient counts as a zero gradient: a compiled backward may
         # materialize zeros where eager leaves None (torch.compile does, e.g. BERT's unused pooler).
@@ -156,7 +162,7 @@ def check_accuracy(workload: Workload, compiled_runner: Runner, eager_runner: Ru
     actual = compiled_runner.result_for_checking()
     eager = eager_runner.result_for_checking()
     reference = float64_reference(workload, mode, eager_runner.device)
-    if mode != "train":
+    if not is_training(mode):
         verdict = compare(actual, eager, reference)
         return {"accuracy_ok": bool(verdict.ok), "accuracy": verdict.message}
     # Training: the loss and the gradients judged apart, so that one verdict does not hide the other (a
@@ -219,7 +225,7 @@ def run_case(spec: dict) -> dict:
     result["shape"] = workload.shape
     if workload.bytes_moved is not None:
         result["bytes_moved"] = workload.bytes_moved
-    if mode == "train":
+    if is_training(mode):
         if workload.loss_of is None:
             return {**result, "status": "skipped", "error": "no training mode for this workload"}
         workload.program.train()
@@ -229,8 +235,8 @@ def run_case(spec: dict) -> dict:
     use_autocast = device.startswith("cuda")
     compiled = compile_program(workload.program, backend, mode, spec.get("kiln_backend", "kiln"))
     runner = Runner(workload, compiled, mode, device, use_autocast,
-                    mark_cudagraph_steps=(backend == "inductor" and mode == "cudagraphs"))
-    before_each = runner.zero_grad if mode == "train" else None
+                    mark_cudagraph_steps=(backend == "inductor" and mode in ("cudagraphs", "train-cudagraphs")))
+    before_each = runner.zero_grad if is_training(mode) else None
 
     if before_each:
         before_each()

@@ -17,7 +17,8 @@
 #   why a warm start traced a graph again, and the diff of the two processes' keys where one found no link).
 #   RO_MODELS=bert,resnet18: then those models under mode="reduce-overhead", kiln and torch.compile ($RO_BUDGET s, 90).
 #   TRAIN_MODELS=bert,llama,resnet50,vit: then training (forward + backward, dropout on) of those models, eager,
-#   torch.compile and kiln ($TRAIN_BACKENDS, default eager,inductor,kiln; $TRAIN_BUDGET s, 240).
+#   torch.compile and kiln ($TRAIN_BACKENDS, default eager,inductor,kiln; $TRAIN_BUDGET s, 240; TRAIN_MODES=train,
+#   train-cudagraphs adds mode="reduce-overhead").
 #   PROFILE_MODELS=bert,llama: then benchmarks.profile of those models, kiln and torch.compile (launches, host ms,
 #   GPU kernel ms, wall ms, memory: issue 14's table; $PROFILE_BUDGET s, 200).
 #   STAGE_MODELS=resnet50,vit,llama: then each model's cold first call, one process each, with kiln's steps timed
@@ -75,7 +76,7 @@ if [ -n "${RO_MODELS:-}" ]; then
         --budget "${RO_BUDGET:-90}" --timeout 60 --label "ro-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
 fi
 if [ -n "${TRAIN_MODELS:-}" ]; then
-    "$PYTHON" -m benchmarks.run --suite models --only "$TRAIN_MODELS" --modes train \
+    "$PYTHON" -m benchmarks.run --suite models --only "$TRAIN_MODELS" --modes "${TRAIN_MODES:-train}" \
         --backends "${TRAIN_BACKENDS:-eager,inductor,kiln}" --budget "${TRAIN_BUDGET:-240}" --timeout 90 \
         --label "train-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
 fi

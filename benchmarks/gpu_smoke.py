@@ -7,7 +7,8 @@ result checked against eager, and how many calls replayed a graph; then the Llam
 sequence lengths (a recording per length). Last, mode="max-autotune" and "max-autotune-no-cudagraphs" on
 a bf16 MLP: its products' tiles and its kernels' configs timed (choices counted in a fresh cache), three
 calls each checked. Between them, the default mode's CUDA graphs: results kept across later calls, checked
-(check_default_mode_cuda_graphs). One line per case.
+(check_default_mode_cuda_graphs), and training steps under mode="reduce-overhead" (check_training_cuda_graphs:
+each step's loss and gradients against eager's and float64's, the forward and backward replayed). One line per case.
 """
 from __future__ import annotations
 
@@ -54,6 +55,7 @@ def main() -> int:
                 print(f"{name:20} {str(dtype):15} ERROR {traceback.format_exc()[-1500:]}", flush=True)
     failures += check_cuda_graphs()
     failures += check_default_mode_cuda_graphs()
+    failures += check_training_cuda_graphs()
     failures += check_max_autotune()
     print(f"{failures} failures")
     return 1 if failures else 0
@@ -176,6 +178,69 @@ def _check_cuda_graph_model(name, call, model, make, keep_results: bool) -> int:
     except Exception:
         failures += 1
         print(f"cudagraphs {policy:10} {name:10} ERROR {traceback.format_exc()[-1500:]}", flush=True)
+    return failures
+
+
+def check_training_cuda_graphs(steps: int = 6) -> int:
+    """Training steps under mode="reduce-overhead" (a small Llama, whose loss comes out of its forward; a small
+    ResNet-18 in train mode, whose batch norms update their running statistics): at each step the compiled model's
+    loss and gradients against an eager copy's and a float64 copy's with the same parameters, then an SGD step;
+    gradients set to None between steps, the loss of a step alive during the next (a user's loop). The forward
+    and the backward must replay, no call may run without its graph."""
+    import transformers
+    import torchvision
+
+    config = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=256, num_attention_heads=4,
+                                      num_key_value_heads=2, intermediate_size=512, vocab_size=1000)
+    models = [("llama", transformers.LlamaForCausalLM(config),
+               lambda m, ids: m(input_ids=ids, labels=ids).loss, lambda: (torch.randint(0, 1000, (2, 64)),)),
+              ("resnet18", torchvision.models.resnet18(num_classes=10),
+               lambda m, x: F.cross_entropy(m(x).float(), torch.arange(4, device=x.device)),
+               lambda: (torch.randn(4, 3, 64, 64),))]
+    failures = 0
+    for name, model, loss_of, make in models:
+        torch._dynamo.reset()
+        gc.collect()
+        try:
+            model = model.cuda().train()
+            eager, model64 = copy.deepcopy(model), copy.deepcopy(model).double()
+            compiled = kiln.compile(model, mode="reduce-overhead")
+            optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+            loss = None
+            for step in range(steps):
+                args = [a.cuda() for a in make()]
+                eager.load_state_dict(model.state_dict())
+                model64.load_state_dict(model.state_dict())
+                optimizer.zero_grad(set_to_none=True)
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    loss = loss_of(compiled, *args)  # the last step's loss alive during this call
+                loss.backward()
+                with torch.autocast("cuda", dtype=torch.bfloat16):
+                    eager_loss = loss_of(eager, *args)
+                eager_loss.backward()
+                loss64 = loss_of(model64, *[a.double() if a.is_floating_point() else a for a in args])
+                loss64.backward()
+                grads = [[p.grad.float() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32)
+                          for p in m.parameters()] for m in (model, eager, model64)]
+                for what, verdict in (("loss", kiln.testing.compare(loss.float(), eager_loss.float(), loss64.float(),
+                                                                    factor=3.0)),
+                                      ("gradients", kiln.testing.compare(*grads, factor=3.0))):
+                    if not verdict:
+                        failures += 1
+                        print(f"cudagraphs training  {name:10} step {step} {what} MISMATCH {verdict.message}",
+                              flush=True)
+                optimizer.step()
+                for m in (eager, model64):
+                    m.zero_grad(set_to_none=True)
+            del loss
+            runners, totals, disabled = _runner_totals()
+            print(f"cudagraphs training  {name:10} {steps} steps checked; graphs {runners}, replays "
+                  f"{totals['replays']}, plain calls {totals['plain_calls']}, disabled {disabled}", flush=True)
+            # the forward replays from its 2nd call on, the backward from its 3rd
+            failures += totals["replays"] < 2 * steps - 3 or totals["plain_calls"] > 0 or bool(disabled)
+        except Exception:
+            failures += 1
+            print(f"cudagraphs training  {name:10} ERROR {traceback.format_exc()[-1500:]}", flush=True)
     return failures
 
 

@@ -23,6 +23,7 @@ COLUMN_TITLES = {
     ("eager", "infer"): "eager", ("inductor", "infer"): "torch.compile", ("kiln", "infer"): "kiln",
     ("inductor", "cudagraphs"): "torch.compile CUDA graphs", ("kiln", "cudagraphs"): "kiln CUDA graphs",
     ("eager", "train"): "eager", ("inductor", "train"): "torch.compile", ("kiln", "train"): "kiln",
+    ("inductor", "train-cudagraphs"): "torch.compile CUDA graphs", ("kiln", "train-cudagraphs"): "kiln CUDA graphs",
     ("inductor", "autotune"): "torch.compile max-autotune", ("kiln", "autotune"): "kiln max-autotune",
 }
 
@@ -281,9 +282,10 @@ def summary_sections(cases: list[dict], plan: dict) -> list[str]:
     if models and any(m in plan["modes"] for m in ("infer", "cudagraphs", "autotune")):
         out += ["## Inference (median ms per call; x = speedup over eager)", ""]
         out += _model_table(cases, models, infer_columns, "infer") + [""]
-    if models and "train" in plan["modes"]:
+    train_columns = [(b, m) for m in ("train", "train-cudagraphs") if m in plan["modes"] for b in compiled_backends]
+    if models and train_columns:
         out += ["## Training: forward + backward (median ms per call; x = speedup over eager)", ""]
-        out += _model_table(cases, models, [(b, "train") for b in compiled_backends], "train") + [""]
+        out += _model_table(cases, models, train_columns, "train") + [""]
     if kernels:
         kernel_columns = [c for c in infer_columns]
         out += ["## Kernels vs the memory roofline (median us per call)", ""]

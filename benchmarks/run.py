@@ -28,7 +28,7 @@ from benchmarks.workloads import DEFAULT_MODELS, DEFAULT_SMALL_MODELS, KERNELS, 
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BACKENDS = ("eager", "inductor", "kiln")
-MODES = ("infer", "cudagraphs", "train", "autotune")
+MODES = ("infer", "cudagraphs", "train", "train-cudagraphs", "autotune")
 DEFAULT_MODES = ("infer", "cudagraphs", "train")
 
 
@@ -111,10 +111,10 @@ def plan(args, device: str) -> tuple[list[dict], dict]:
     for suite in suites:
         for workload in chosen[suite]:
             for mode in MODES:
-                if mode not in args.modes or (suite == "kernels" and mode == "train"):
+                if mode not in args.modes or (suite == "kernels" and mode.startswith("train")):
                     continue
                 for backend in args.backends:
-                    if (backend == "eager" and mode in ("cudagraphs", "autotune")) or \
+                    if (backend == "eager" and mode in ("cudagraphs", "train-cudagraphs", "autotune")) or \
                             (workload == "copy" and backend != "eager"):
                         continue
                     if workload == "copy" and mode != "infer":
@@ -239,7 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             if remaining is not None and remaining < 20:
                 case = {key: spec[key] for key in ("suite", "workload", "backend", "mode")}
                 case.update(status="skipped", error=f"time budget of {args.budget:.0f} s spent")
-            elif spec["mode"] == "cudagraphs" and device != "cuda":
+            elif spec["mode"] in ("cudagraphs", "train-cudagraphs") and device != "cuda":
                 case = {key: spec[key] for key in ("suite", "workload", "backend", "mode")}
                 case.update(status="skipped", error="CUDA graphs need a GPU")
             else:

@@ -457,26 +457,36 @@ class CudaGraphRunner:
         """This call's results: the graph's output buffers on storage objects of their own (one per
         buffer, so outputs that share memory still do), weakly referenced for the next replay, or under
         "preserve" on a copy of each buffer; inputs as they are; outputs that alias a copied-in buffer cloned.
-        Results never invalidated (from `_held_from` on) get storage objects apart from the others', so that
-        invalidating a user's result never reaches a saved tensor over the same buffer."""
+        Results never invalidated (from `_held_from` on) get storage objects apart from the others'; a user's
+        result over the buffer of one of them (an output the backward also reads) is a copy, so that neither
+        invalidating it nor writing into it in place reaches the saved tensor."""
         if self._invalidate is None and self.preserve is None:
             return [self._result(kind, value) for kind, value in self.outputs]
         copy = self.preserve is not None
-        storages, held_storages, results = {}, {}, []
+        held_handles = {_storage_handle(value) for position, (kind, value) in enumerate(self.outputs)
+                        if kind == "pool" and self._is_held(position)}
+        storages, held_storages, copies, results = {}, {}, {}, []
         for position, (kind, value) in enumerate(self.outputs):
             if kind != "pool":
                 results.append(self._result(kind, value))
                 continue
-            held = self._held_from is not None and position >= self._held_from
-            group = held_storages if held else storages
             handle = _storage_handle(value)
+            if self._is_held(position):
+                group = held_storages
+            elif copy or handle in held_handles:
+                group = copies
+            else:
+                group = storages
             if handle not in group:
-                group[handle] = value.untyped_storage().clone() if copy else _torch.storage_alias(value)
+                group[handle] = value.untyped_storage().clone() if group is copies else _torch.storage_alias(value)
             results.append(_torch.tensor_on(group[handle], value))
         if not copy:
             self._previous[:] = [_torch.storage_weak_ref(storage) for storage in storages.values()]
             self._held[:] = [_torch.storage_weak_ref(storage) for storage in held_storages.values()]
         return results
+
+    def _is_held(self, position: int) -> bool:
+        return self._held_from is not None and position >= self._held_from
 
     @staticmethod
     def _result(kind: str, value):

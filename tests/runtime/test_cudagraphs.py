@@ -356,12 +356,17 @@ def test_a_training_forwards_saved_tensors_are_never_invalidated_and_block_the_r
     out = runner([w, xs[1]])  # recorded
     check_all(out, forward_expected(w, xs[1]))
     user, saved = out[:2], out[2:]
-    assert user[0].data_ptr() == saved[0].data_ptr()  # one buffer, two storage objects: the user's is invalidated,
-    assert user[0].untyped_storage()._cdata != saved[0].untyped_storage()._cdata  # the saved one is not
+    # y is the user's and saved: the user's is a copy, so that writing into it (or invalidating it) never
+    # reaches the tensor the backward reads, which eager's autograd would have caught by its version counter
+    assert user[0].data_ptr() != saved[0].data_ptr()
+    user[0].add_(1.0)
+    check_all(saved, forward_expected(w, xs[1])[2:])
     del out, saved  # the backward ran
-    out = runner([w, xs[2]])  # the previous user results alive: invalidated, and the graph replays
+    out = runner([w, xs[2]])  # the previous user results alive: invalidated (the copy needs not), and it replays
     invalidated = [cdata for cdata, _ in invalidator.invalidated]
-    assert {result.untyped_storage()._cdata for result in user} <= set(invalidated) and runner.replays == 2
+    assert user[1].untyped_storage()._cdata in invalidated and runner.replays == 2
+    assert user[0].untyped_storage()._cdata not in invalidated
+    torch.testing.assert_close(user[0], forward_expected(w, xs[1])[0] + 1.0)
     user, saved = out[:2], out[2:]  # this call's backward has not run when the next forward is called
     del out
     held = [result.untyped_storage()._cdata for result in saved]
