@@ -96,5 +96,14 @@ if [ -n "${PROFILE_MODELS:-}" ]; then
 fi
 [ -f "$OUT_DIR/dropout.txt" ] && cat "$OUT_DIR/dropout.txt"
 grep -q "first call" "$OUT_DIR/first_call.txt" 2>/dev/null || rm -f "$OUT_DIR/first_call.txt"
+for json in "$OUT_DIR"/*ro-"$commit"*.json "$OUT_DIR"/*train-"$commit"*.json; do  # CUDA graphs' counts per case
+    [ -f "$json" ] && "$PYTHON" -c "import json, sys
+data = json.load(open(sys.argv[1]))
+for case in data['cases']:
+    if 'cuda_graph_replays' in case:
+        print('CUDA graphs:', case.get('workload'), case.get('backend'), case.get('mode'), 'replays',
+              case['cuda_graph_replays'], 'plain calls', case.get('cuda_graph_plain_calls'), 'off',
+              case.get('cuda_graphs_off'))" "$json"
+done
 rm -f "$OUT_DIR"/*ro-"$commit"*.json "$OUT_DIR"/*train-"$commit"*.json  # tables in the .md: 8 files come back
 rm -f "$OUT_DIR"/*.log "$OUT_DIR/models.txt" "$OUT_DIR/models_ab.txt"  # the tables are in the .md files (8 files come back)
