@@ -26,7 +26,7 @@ import dataclasses
 
 import sympy
 
-from kiln.ir.indexing import index_var
+from kiln.ir.indexing import index_var, linear_coefficient
 from kiln.ir.kernel import Kernel, ScheduledGraph, var_map
 
 
@@ -69,9 +69,9 @@ def _first_output_strides(kernel: Kernel, buffers: dict) -> list | None:
             offset = sympy.expand(buffers[op.buffer].layout.offset_of(index))
             strides = []
             for dim in range(len(kernel.row_ranges)):
-                stride = sympy.diff(offset, index_var("x", dim))
-                if not stride.is_Integer:  # a FloorDiv or Mod of the variable, or a symbolic stride
+                stride = linear_coefficient(offset, index_var("x", dim))
+                if stride is None:  # a FloorDiv or Mod of the variable, or a symbolic stride
                     return None
-                strides.append(int(stride))
+                strides.append(stride)
             return strides
     return None

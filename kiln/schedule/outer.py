@@ -25,11 +25,9 @@ Which values are computed does not change, only the order the elements are visit
 """
 from __future__ import annotations
 
-import sympy
-
 from kiln.ir import LoopNode
 from kiln.ir.kernel import OUTER_PERSISTENT_MAX, OUTER_ROWS_PER_PROGRAM
-from kiln.ir.indexing import FloorDiv, Mod, fold_div_mod, index_var
+from kiln.ir.indexing import FloorDiv, Mod, fold_div_mod, index_var, linear_coefficient
 
 
 def is_outer_reduction(node: LoopNode, buffers: dict) -> bool:
@@ -54,19 +52,13 @@ def is_outer_reduction(node: LoopNode, buffers: dict) -> bool:
             continue
         if offset.has(FloorDiv, Mod) or not offset.is_polynomial(*symbols):
             return False  # a view whose index divides: its strides are not constant
-        strides = [_stride(offset, var) for var in (row, *sorted(column_vars, key=str))]
+        strides = [linear_coefficient(offset, var) for var in (row, *sorted(column_vars, key=str))]
         if any(stride is None for stride in strides):
             return False
         row_stride, *column_strides = strides
         # contiguous along the rows; along no column (a column it does not move with is fine)
         verdicts.append(abs(row_stride) == 1 and all(abs(stride) != 1 for stride in column_strides))
     return bool(verdicts) and all(verdicts)
-
-
-def _stride(offset: sympy.Expr, var: sympy.Symbol) -> int | None:
-    """The offset's constant coefficient of `var` (None where it is not linear in it)."""
-    derivative = sympy.diff(offset, var)
-    return int(derivative) if derivative.is_Integer else None
 
 
 __all__ = ["OUTER_PERSISTENT_MAX", "OUTER_ROWS_PER_PROGRAM", "is_outer_reduction"]
