@@ -50,7 +50,8 @@ class Layout:
     offset: sympy.Expr = sympy.Integer(0)
 
     def offset_of(self, index: Sequence[sympy.Expr]) -> sympy.Expr:
-        return self.offset + sum((i * s for i, s in zip(index, self.stride)), sympy.Integer(0))
+        # one Add of all the terms: the same canonical sum as adding them one by one, flattened once
+        return self.offset + sympy.Add(*[i * s for i, s in zip(index, self.stride)])
 
     @property
     def numel(self) -> sympy.Expr:
