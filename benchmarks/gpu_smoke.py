@@ -220,7 +220,10 @@ def check_training_cuda_graphs(steps: int = 6) -> int:
                 eager_loss.backward()
                 loss64 = loss_of(model64, *[a.double() if a.is_floating_point() else a for a in args])
                 loss64.backward()
-                grads = [[p.grad.float() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32)
+                # copies: a float32 .grad's .float() is the gradient itself, which kept alive into the next
+                # step makes that backward run without its graph (a gradient kept to accumulate into), as it
+                # did at 05ad837: 2 plain calls per model
+                grads = [[p.grad.float().clone() if p.grad is not None else torch.zeros_like(p, dtype=torch.float32)
                           for p in m.parameters()] for m in (model, eager, model64)]
                 for what, verdict in (("loss", kiln.testing.compare(loss.float(), eager_loss.float(), loss64.float(),
                                                                     factor=3.0)),
