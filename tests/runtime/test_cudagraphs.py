@@ -588,6 +588,47 @@ def test_a_training_loop_replays_its_forward_and_backward_and_matches_eager(monk
     assert not backward._invalidate.invalidated
 
 
+def test_a_conv_nets_training_with_batch_norm_statistics_replays_and_matches_eager(monkeypatch):
+    # A forward that also writes its inputs (batch norm's running statistics, copied back by AOTAutograd's runtime
+    # from outputs before `saved_from`), a loss computed outside the graph and kept alive into the next step, as
+    # benchmarks/gpu_smoke.py's ResNet-18 training check does on the GPU: every step's loss, gradients and
+    # statistics are eager's
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        cuda_inputs = [torch.empty(1, device="cuda")]
+    runners = []
+    wrap = cudagraphs.wrap
+    monkeypatch.setattr(cudagraphs, "CudaGraphRunner", StandInRunner)
+    monkeypatch.setattr(cudagraphs, "wrap", lambda compiled, name, example_inputs, *, inference, **part: (
+        runners.append(wrap(compiled, name, cuda_inputs, inference=inference, **part)) or runners[-1]))
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.Conv2d(8, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(),
+                                torch.nn.AdaptiveAvgPool2d(1), torch.nn.Flatten(), torch.nn.Linear(8, 10)).train()
+    eager = copy.deepcopy(model)
+    compiled = kiln.compile(model, mode="reduce-overhead")
+    optimizer, eager_optimizer = (torch.optim.SGD(m.parameters(), lr=1e-2) for m in (model, eager))
+    loss = None
+    for _ in range(6):
+        x = torch.randn(4, 3, 16, 16)
+        for m, o in ((model, optimizer), (eager, eager_optimizer)):
+            o.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.cross_entropy(compiled(x), torch.arange(4))  # the last step's alive meanwhile
+        loss.backward()
+        eager_loss = torch.nn.functional.cross_entropy(eager(x), torch.arange(4))
+        eager_loss.backward()
+        torch.testing.assert_close(loss.detach(), eager_loss.detach())
+        for got, want in zip([*model.parameters(), *model.buffers()], [*eager.parameters(), *eager.buffers()]):
+            torch.testing.assert_close(got.grad if got.grad is not None else got,
+                                       want.grad if want.grad is not None else want)
+        optimizer.step()
+        eager_optimizer.step()
+    forward, backward = runners
+    assert forward.saved_from is not None and backward.block_results
+    assert (forward.replays, backward.replays, forward.plain_calls, backward.plain_calls) == (5, 4, 0, 0)
+
+
 def test_a_forward_whose_outputs_changed_after_the_partitioner_has_no_known_part():
     # AOTAutograd may drop effect tokens or inline saved-tensor hooks after partitioning: which outputs are
     # saved is then unknown, and the graph runs without CUDA graphs
