@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import types
 
 import pytest
 import torch
@@ -479,3 +480,17 @@ def test_without_overlap_the_kernels_compile_together_at_load(monkeypatch):
             loader.compile_early(_kernel_source("k0", [sympy.Integer(8), sympy.Integer(4096)]))
             loader._compile_ahead([_kernel_source("k0", [sympy.Integer(8), sympy.Integer(4096)])])
     assert submitted == [(["kernel_k0"], False)]
+
+
+def test_a_first_launch_error_names_the_parameter_counts_of_the_kernel_and_of_what_its_cache_compiled():
+    # the diagnostic for a launcher built for another kernel's signature (seen once on an H100 at 05ad837)
+    from kiln.runtime.launch import _compiled_signatures
+
+    compiled = types.SimpleNamespace(src=types.SimpleNamespace(signature={"a": "*fp32", "b": "i32", "c": "i32"}),
+                                     hash="h1")
+    future = types.SimpleNamespace(kernel=compiled)  # a finalized FutureKernel
+    kernel = types.SimpleNamespace(arg_names=["p0", "p1", "p2", "p3", "XBLOCK"],
+                                   device_caches={0: ({"spec0": compiled, "spec1": future}, {})})
+    text = _compiled_signatures(kernel)
+    assert "kernel parameters 5" in text and text.count("3 (h1)") == 2
+    assert _compiled_signatures(object()) == ""  # a stand-in without Triton's caches: no diagnostic
