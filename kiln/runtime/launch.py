@@ -59,16 +59,20 @@ class KernelCompileError(RuntimeError):
 
 def _compiled_signatures(kernel) -> str:
     """For a first launch's error: the kernel's parameter count and, per specialization in its cache, the parameter
-    count of the compiled kernel's source and its cache hash. A launcher built for another kernel's signature
-    ("function takes exactly 21 arguments (27 given)", ResNet-50 on an H100 at 05ad837, once in two runs) shows
-    as a count that differs from the kernel's."""
+    count of the compiled kernel's source, its cache hash and its launcher's library file. A launcher built for
+    another kernel's signature ("function takes exactly 21 arguments (27 given)", ResNet-50 on an H100 at 05ad837,
+    once in three processes) shows as a source count that differs from the kernel's, or, where the counts agree,
+    as a library that is not the one its source's launcher hashes to."""
     try:
         parts = []
         for cache in kernel.device_caches.values():
             for compiled in cache[0].values():
                 compiled = getattr(compiled, "kernel", None) or compiled  # a FutureKernel's result, if finalized
                 source = getattr(compiled, "src", None)
-                parts.append(f"{len(getattr(source, 'signature', ()))} ({getattr(compiled, 'hash', '?')})")
+                launch = getattr(getattr(compiled, "_run", None), "launch", None)  # Triton's C launcher, if built
+                library = getattr(getattr(launch, "__self__", None), "__file__", "not built")
+                parts.append(f"{len(getattr(source, 'signature', ()))} ({getattr(compiled, 'hash', '?')}; "
+                             f"launcher {library})")
         return f" [kernel parameters {len(kernel.arg_names)}; compiled specializations' parameters: " \
                f"{', '.join(parts) or 'none'}]"
     except Exception:  # a diagnostic only
