@@ -24,6 +24,8 @@
 #   STAGE_MODELS=resnet50,vit,llama: then each model's cold first call, one process each, with kiln's steps timed
 #   (benchmarks.first_call_compiles --stages), once per setting in $STAGE_VARIANTS (default: the defaults, then
 #   KILN_COMPILE_OVERLAP=0, then KILN_COMPILE_GC_FREEZE=0): what each compile-time change gives, on one machine.
+#   REPEAT_MODELS=resnet50: those models' kiln inference in REPEAT_RUNS (4) new processes each, no accuracy check, their
+#   kiln warnings printed (ResNet-50 ran eagerly in one process of three at 05ad837: a launcher of another signature).
 #   DROPOUT_CHECK=1: benchmarks.gpu_dropout_check beside step 1 (correctness only: it shares the GPU with the smoke).
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_lean_check.sh (exported to every step: the device's .git may be stale)
 set -uo pipefail
@@ -88,6 +90,13 @@ if [ -n "${STAGE_MODELS:-}" ]; then
                 --profile 0 --stages 2>&1 | grep "^==\|^   \|AOTAutograd traces" | cut -c1-700
         done
     done | tee "$OUT_DIR/stages.txt"
+fi
+if [ -n "${REPEAT_MODELS:-}" ]; then  # an intermittent failure: each model's kiln case in $REPEAT_RUNS new processes
+    for run in $(seq "${REPEAT_RUNS:-4}"); do
+        "$PYTHON" -m benchmarks.run --suite models --only "$REPEAT_MODELS" --modes infer --backends kiln --no-check \
+            --budget 300 --timeout 60 --label "repeat-$run-$commit" 2>&1 | grep "^\[\|kiln warning\|runs eagerly" \
+            | cut -c1-900
+    done | tee "$OUT_DIR/repeat.txt"
 fi
 if [ -n "${PROFILE_MODELS:-}" ]; then
     timeout "${PROFILE_BUDGET:-200}" "$PYTHON" -m benchmarks.profile --only "$PROFILE_MODELS" --backends kiln,inductor \
