@@ -206,7 +206,7 @@ def check_training_cuda_graphs(steps: int = 6) -> int:
             eager, model64 = copy.deepcopy(model), copy.deepcopy(model).double()
             compiled = kiln.compile(model, mode="reduce-overhead")
             optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
-            loss = None
+            loss, loss_errors = None, []  # per step: (kiln's, eager's) loss distance from float64's
             for step in range(steps):
                 args = [a.cuda() for a in make()]
                 eager.load_state_dict(model.state_dict())
@@ -220,6 +220,7 @@ def check_training_cuda_graphs(steps: int = 6) -> int:
                 eager_loss.backward()
                 loss64 = loss_of(model64, *[a.double() if a.is_floating_point() else a for a in args])
                 loss64.backward()
+                loss_errors.append((abs(float(loss) - float(loss64)), abs(float(eager_loss) - float(loss64))))
                 # copies: a float32 .grad's .float() is the gradient itself, which kept alive into the next
                 # step makes that backward run without its graph (a gradient kept to accumulate into), as it
                 # did at 05ad837: 2 plain calls per model
@@ -237,6 +238,8 @@ def check_training_cuda_graphs(steps: int = 6) -> int:
                     m.zero_grad(set_to_none=True)
             del loss
             runners, totals, disabled = _runner_totals()
+            print(f"cudagraphs training  {name:10} loss errors vs float64 per step (kiln / eager): "
+                  + ", ".join(f"{mine:.2e} / {theirs:.2e}" for mine, theirs in loss_errors), flush=True)
             print(f"cudagraphs training  {name:10} {steps} steps checked; graphs {runners}, replays "
                   f"{totals['replays']}, plain calls {totals['plain_calls']}, disabled {disabled}", flush=True)
             # the forward replays from its 2nd call on, the backward from its 3rd
