@@ -73,7 +73,7 @@ without the graph), and a replay on another stream than the pool's last one firs
 may not yet be copied out of buffers this replay writes).
 
 `capture` is a parameter so that tests can drive the same logic on a CPU with a
-stand-in recording (tests/runtime/test_cudagraphs.py); on a GPU it is `cuda_capture`.
+stand-in recording (tests/runtime/test_cudagraphs.py, test_cudagraphs_training.py); on a GPU it is `cuda_capture`.
 """
 from __future__ import annotations
 
@@ -566,7 +566,7 @@ def wrap(compiled, name: str, example_inputs: list, *, inference: bool, preserve
     elif not preserve and backward:  # its saved inputs are the forward's, recorded at the forward's second call
         return CudaGraphRunner(compiled, name, block_results=True, warm_up_calls=2)
     elif not preserve:
-        return CudaGraphRunner(compiled, name, saved_from=None if inference else saved_from)
+        return CudaGraphRunner(compiled, name, saved_from=saved_from)
     elif len(tensors) != len(example_inputs):
         reason = "its shapes are symbolic (the default mode records static shapes only)"
     elif len({value.device for value in tensors}) != 1:
