@@ -27,6 +27,8 @@
 #   REPEAT_MODELS=resnet50: those models' kiln inference in REPEAT_RUNS (4) new processes each, no accuracy check, their
 #   kiln warnings printed (ResNet-50 ran eagerly in one process of three at 05ad837: a launcher of another signature).
 #   DROPOUT_CHECK=1: benchmarks.gpu_dropout_check beside step 1 (correctness only: it shares the GPU with the smoke).
+#   LAUNCHER_CHECK=1: benchmarks.gpu_launcher_check beside step 1 (CPU only: does dlopen hand a new launcher file an
+#   already loaded library here, with Python's loader and with kiln's).
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_lean_check.sh (exported to every step: the device's .git may be stale)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -39,12 +41,17 @@ export KILN_GIT_COMMIT="$commit"
 if [ -n "${DROPOUT_CHECK:-}" ]; then
     { timeout 150 "$PYTHON" -m benchmarks.gpu_dropout_check 2>&1 | grep -v "Warn"; } > "$OUT_DIR/dropout.txt" 2>&1 &
 fi
+if [ -n "${LAUNCHER_CHECK:-}" ]; then
+    { timeout 200 "$PYTHON" -m benchmarks.gpu_launcher_check --rounds 12 2>&1; echo "gpu_launcher_check exit $?"; } \
+        > "$OUT_DIR/launcher.txt" 2>&1 &
+fi
 if [ "${CHECKS:-1}" != 0 ]; then
     { timeout 200 "$PYTHON" -m benchmarks.gpu_smoke 2>&1 | grep -v "Warn\|runners = "
       echo "gpu_smoke exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/smoke.txt" 2>&1 &
     { timeout 200 "$PYTHON" -m benchmarks.gpu_capture_check 2>&1 | grep -v "Warning"
       echo "gpu_capture_check exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/capture.txt" 2>&1 &
     wait
+    [ -z "${LAUNCHER_CHECK:-}" ] || cat "$OUT_DIR/launcher.txt"
     tail -4 "$OUT_DIR/smoke.txt"; grep -i "fail\|error\|mismatch\|cudagraphs" "$OUT_DIR/smoke.txt" | cut -c1-300 | head -14
     tail -8 "$OUT_DIR/capture.txt"
 fi
