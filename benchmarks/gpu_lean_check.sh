@@ -25,7 +25,8 @@
 #   (benchmarks.first_call_compiles --stages), once per setting in $STAGE_VARIANTS (default: the defaults, then
 #   KILN_COMPILE_OVERLAP=0, then KILN_COMPILE_GC_FREEZE=0): what each compile-time change gives, on one machine.
 #   REPEAT_MODELS=resnet50: those models' kiln inference in REPEAT_RUNS (4) new processes each, no accuracy check, their
-#   kiln warnings printed (ResNet-50 ran eagerly in one process of three at 05ad837: a launcher of another signature).
+#   kiln warnings printed, each with empty Triton and kiln caches (ResNet-50 ran eagerly in one process of three at
+#   05ad837: a launcher of another signature, which only a cold start's launcher builds can cause).
 #   DROPOUT_CHECK=1: benchmarks.gpu_dropout_check beside step 1 (correctness only: it shares the GPU with the smoke).
 #   LAUNCHER_CHECK=1: benchmarks.gpu_launcher_check beside step 1 (CPU only: does dlopen hand a new launcher file an
 #   already loaded library here, with Python's loader and with kiln's).
@@ -99,10 +100,12 @@ if [ -n "${STAGE_MODELS:-}" ]; then
     done | tee "$OUT_DIR/stages.txt"
 fi
 if [ -n "${REPEAT_MODELS:-}" ]; then  # an intermittent failure: each model's kiln case in $REPEAT_RUNS new processes
-    for run in $(seq "${REPEAT_RUNS:-4}"); do
-        "$PYTHON" -m benchmarks.run --suite models --only "$REPEAT_MODELS" --modes infer --backends kiln --no-check \
+    for run in $(seq "${REPEAT_RUNS:-4}"); do  # cold each time: launchers are built (and raced) on a cold start only
+        cold=$(mktemp -d)
+        TRITON_CACHE_DIR="$cold/triton" KILN_CACHE_DIR="$cold/kiln" "$PYTHON" -m benchmarks.run --suite models --only "$REPEAT_MODELS" --modes infer --backends kiln --no-check \
             --budget 300 --timeout 60 --label "repeat-$run-$commit" 2>&1 | grep "^\[\|kiln warning\|runs eagerly" \
             | cut -c1-900
+        rm -rf "$cold"
     done | tee "$OUT_DIR/repeat.txt"
 fi
 if [ -n "${PROFILE_MODELS:-}" ]; then
