@@ -26,10 +26,10 @@
 #   KILN_COMPILE_OVERLAP=0, then KILN_COMPILE_GC_FREEZE=0): what each compile-time change gives, on one machine.
 #   REPEAT_MODELS=resnet50: those models' kiln inference in REPEAT_RUNS (4) new processes each, no accuracy check, their
 #   kiln warnings printed, each with empty Triton and kiln caches (ResNet-50 ran eagerly in one process of three at
-#   05ad837: a launcher of another signature, which only a cold start's launcher builds can cause).
+#   05ad837: a launcher of another signature, read off a module object two compile threads' loads shared).
 #   DROPOUT_CHECK=1: benchmarks.gpu_dropout_check beside step 1 (correctness only: it shares the GPU with the smoke).
-#   LAUNCHER_CHECK=1: benchmarks.gpu_launcher_check beside step 1 (CPU only: does dlopen hand a new launcher file an
-#   already loaded library here, with Python's loader and with kiln's).
+#   LAUNCHER_CHECK=1: benchmarks.gpu_launcher_check beside step 1 (CPU only, seconds: threads loading Triton launchers
+#   at once, through Python's loader and kiln's: how many got another launcher).
 #   KILN_GIT_COMMIT=<sha> bash benchmarks/gpu_lean_check.sh (exported to every step: the device's .git may be stale)
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -43,7 +43,7 @@ if [ -n "${DROPOUT_CHECK:-}" ]; then
     { timeout 150 "$PYTHON" -m benchmarks.gpu_dropout_check 2>&1 | grep -v "Warn"; } > "$OUT_DIR/dropout.txt" 2>&1 &
 fi
 if [ -n "${LAUNCHER_CHECK:-}" ]; then
-    { timeout 200 "$PYTHON" -m benchmarks.gpu_launcher_check --rounds 12 2>&1; echo "gpu_launcher_check exit $?"; } \
+    { timeout 200 "$PYTHON" -m benchmarks.gpu_launcher_check 2>&1; echo "gpu_launcher_check exit $?"; } \
         > "$OUT_DIR/launcher.txt" 2>&1 &
 fi
 if [ "${CHECKS:-1}" != 0 ]; then
@@ -100,7 +100,7 @@ if [ -n "${STAGE_MODELS:-}" ]; then
     done | tee "$OUT_DIR/stages.txt"
 fi
 if [ -n "${REPEAT_MODELS:-}" ]; then  # an intermittent failure: each model's kiln case in $REPEAT_RUNS new processes
-    for run in $(seq "${REPEAT_RUNS:-4}"); do  # cold each time: launchers are built (and raced) on a cold start only
+    for run in $(seq "${REPEAT_RUNS:-4}"); do  # cold each time, as when it failed
         cold=$(mktemp -d)
         TRITON_CACHE_DIR="$cold/triton" KILN_CACHE_DIR="$cold/kiln" "$PYTHON" -m benchmarks.run --suite models --only "$REPEAT_MODELS" --modes infer --backends kiln --no-check \
             --budget 300 --timeout 60 --label "repeat-$run-$commit" 2>&1 | grep "^\[\|kiln warning\|runs eagerly" \

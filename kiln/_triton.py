@@ -333,59 +333,35 @@ def use_triton_key(key: str) -> None:
     cache.triton_key = triton_key
 
 
-# ---- Loading Triton's launchers: one library per file ----
-# Every Triton launcher is a C extension module named `__triton_launcher`, one library per kernel signature in
-# Triton's cache, loaded with `dlopen`. glibc's dlopen returns a library it already holds when the file it opens
-# has that library's device and inode numbers, whatever its path (`_dl_file_id_match_p`). A launcher file that
-# another process or thread replaced (Triton's cache writes a file again whenever two compiles of one signature
-# race; kiln's compile workers do) frees its inode number on a file system that does not hold it for the mapping
-# (seen as possible under the gVisor sandbox), and a later launcher written there can get that number: its dlopen
-# then hands back the old library, a launcher for another signature. ResNet-50 on an H100 at 05ad837, once in
-# three processes: "function takes exactly 21 arguments (27 given)", a kernel of 14 parameters given the launcher
-# of one of 8. With the same number of parameters and other types, the wrong launcher would pack the arguments
-# wrongly and run silently. So kiln loads each launcher through `load_extension_module`, which checks the library
-# dlopen returns is the file asked for, and otherwise loads a fresh copy of that file.
+# ---- Loading Triton's launchers: a module object per load ----
+# Every Triton launcher is a C extension module named `__triton_launcher` (single-phase init), one library per kernel
+# signature in Triton's cache. CPython keeps such a module's dict per library file, and a second load of a file it
+# loaded before (every kernel whose signature an earlier kernel had) returns the module object that
+# `sys.modules["__triton_launcher"]` holds, which is the last launcher loaded, with that file's dict copied into it.
+# Triton's `CudaLauncher` reads `mod.launch` after the load returns; two threads loading launchers at once (kiln
+# builds them on its compile threads, kiln/runtime/launch.py) can each read the other's off that shared object.
+# ResNet-50 on an H100 at 05ad837, once in three processes: "function takes exactly 21 arguments (27 given)", a
+# kernel of 14 parameters given the launcher of one of 8. With equal counts and other types, a wrong launcher would
+# pack the arguments wrongly and run silently. Triton's own loader on 6 threads, 1,800 loads of cached launchers: 23
+# to 39 wrong (tests/runtime/test_launcher_loads.py). kiln's loader (`load_extension_module`) gives each load a
+# module object of its own, made under a lock.
 
 _extension_lock = threading.Lock()
-_RTLD_DI_LINKMAP = 2  # <dlfcn.h>: dlinfo's request for the library's `struct link_map`, whose second field is l_name
 
 
-def loaded_library_path(path: str) -> str:
-    """The file of the library that `dlopen(path)` returns (which glibc may have loaded from another path)."""
-    import ctypes
-    import os
-
-    handle = ctypes.CDLL(path, mode=os.RTLD_NOW)._handle
-    libc = ctypes.CDLL(None)
-    dlinfo = getattr(libc, "dlinfo", None) or ctypes.CDLL("libdl.so.2").dlinfo  # glibc < 2.34: in libdl
-    link_map = ctypes.c_void_p()
-    if dlinfo(ctypes.c_void_p(handle), _RTLD_DI_LINKMAP, ctypes.byref(link_map)) != 0:
-        raise ImportError(f"dlinfo failed for {path}")
-    name = ctypes.cast(link_map.value + ctypes.sizeof(ctypes.c_void_p), ctypes.POINTER(ctypes.c_char_p))[0]
-    return os.fsdecode(name or b"")
-
-
-def load_extension_module(name: str, path: str, *, attempts: int = 8):
-    """Triton's `_load_module_from_path(name, path)` (import the extension module `name` from the library file
-    `path`), sure to run that file's code: where dlopen would return another library (see above), the file is
-    copied beside itself, a new file with a new inode number, until one copy loads as itself. The copies that
-    did not stay on disk, so that their numbers are not given out again while this process runs."""
+def load_extension_module(name: str, path: str):
+    """Triton's `_load_module_from_path(name, path)`: import the extension module `name` from the library file
+    `path`; here into a module object no other load shares (see above)."""
     import importlib.util
-    import os
-    import shutil
-    import uuid
+    import types
 
     with _extension_lock:
-        candidate = path
-        for _ in range(attempts):
-            if os.path.realpath(loaded_library_path(candidate)) == os.path.realpath(candidate):
-                spec = importlib.util.spec_from_file_location(name, candidate)
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
-                return module
-            candidate = os.path.join(os.path.dirname(path), f"{name}.copy-{os.getpid()}-{uuid.uuid4().hex}.so")
-            shutil.copyfile(path, candidate)
-        raise ImportError(f"{path}: dlopen returned another library for each of {attempts} copies of it")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        private = types.ModuleType(name)
+        private.__dict__.update(module.__dict__)
+        return private
 
 
 def guard_launcher_loads() -> None:

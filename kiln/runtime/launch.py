@@ -61,8 +61,9 @@ def _compiled_signatures(kernel) -> str:
     """For a first launch's error: the kernel's parameter count and, per specialization in its cache, the parameter
     count of the compiled kernel's source, its cache hash and its launcher's library file. A launcher built for
     another kernel's signature ("function takes exactly 21 arguments (27 given)", ResNet-50 on an H100 at 05ad837,
-    once in three processes) shows as a source count that differs from the kernel's, or, where the counts agree,
-    as a library that is not the one its source's launcher hashes to."""
+    once in three processes: two compile threads' launcher loads sharing one module object, which kiln/_triton.py
+    `load_extension_module` now prevents) shows as a source count that differs from the kernel's, or, where the
+    counts agree, as a library that is not the one its source's launcher hashes to."""
     try:
         parts = []
         for cache in kernel.device_caches.values():
