@@ -19,6 +19,8 @@
 #   TRAIN_MODELS=bert,llama,resnet50,vit: then training (forward + backward, dropout on) of those models, eager,
 #   torch.compile and kiln ($TRAIN_BACKENDS, default eager,inductor,kiln; $TRAIN_BUDGET s, 240; TRAIN_MODES=train,
 #   train-cudagraphs adds mode="reduce-overhead").
+#   TRAIN_VARIANT_MODELS=resnet50: then kiln's training of those models under $TRAIN_VARIANT (default
+#   KILN_CONV_LAYOUT_TRAINING=1: channels-last training convolutions, last measured at 3786325, slower then).
 #   PROFILE_MODELS=bert,llama: then benchmarks.profile of those models, kiln and torch.compile (launches, host ms,
 #   GPU kernel ms, wall ms, memory: issue 14's table; $PROFILE_BUDGET s, 200).
 #   STAGE_MODELS=resnet50,vit,llama: then each model's cold first call, one process each, with kiln's steps timed
@@ -89,6 +91,11 @@ if [ -n "${TRAIN_MODELS:-}" ]; then
     "$PYTHON" -m benchmarks.run --suite models --only "$TRAIN_MODELS" --modes "${TRAIN_MODES:-train}" \
         --backends "${TRAIN_BACKENDS:-eager,inductor,kiln}" --budget "${TRAIN_BUDGET:-240}" --timeout 90 \
         --label "train-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
+fi
+if [ -n "${TRAIN_VARIANT_MODELS:-}" ]; then  # kiln's training again under a setting, e.g. channels-last convs
+    env ${TRAIN_VARIANT:-KILN_CONV_LAYOUT_TRAINING=1} "$PYTHON" -m benchmarks.run --suite models \
+        --only "$TRAIN_VARIANT_MODELS" --modes train --backends kiln --budget "${TRAIN_VARIANT_BUDGET:-120}" \
+        --timeout 90 --label "train-variant-$commit" --copy-to "$OUT_DIR" 2>&1 | grep "^\[\|^| "
 fi
 if [ -n "${STAGE_MODELS:-}" ]; then
     for model in ${STAGE_MODELS//,/ }; do
