@@ -13,41 +13,9 @@ import argparse
 import platform
 import sys
 import tempfile
-import threading
 import os
 
-from tests.runtime.test_launcher_loads import launcher_like, pythons_loader
-
-
-def wrong_launchers(loader, threads: int, loads: int, salt: str) -> int:
-    from triton.runtime import build
-
-    build._load_module_from_path = loader
-    sources = {count: launcher_like(count, salt) for count in range(1, threads + 1)}
-    for source in sources.values():
-        build.compile_module_from_src(source, "__triton_launcher")
-    wrong = []
-
-    def work(count: int) -> None:
-        for _ in range(loads):
-            launch = build.compile_module_from_src(sources[count], "__triton_launcher").launch
-            try:
-                if launch(*range(count)) != count:
-                    wrong.append(count)
-            except TypeError:
-                wrong.append(count)
-
-    interval = sys.getswitchinterval()
-    sys.setswitchinterval(1e-6)
-    try:
-        workers = [threading.Thread(target=work, args=(count,)) for count in sources]
-        for worker in workers:
-            worker.start()
-        for worker in workers:
-            worker.join()
-    finally:
-        sys.setswitchinterval(interval)
-    return len(wrong)
+from tests.runtime.test_launcher_loads import pythons_loader, wrong_launchers
 
 
 def main() -> int:
@@ -60,8 +28,12 @@ def main() -> int:
 
     total = args.threads * args.loads
     print(f"Python {platform.python_version()}, kernel {platform.release()}: {args.threads} threads, {total} loads")
-    stock = wrong_launchers(pythons_loader, args.threads, args.loads, "stock")
-    kiln = wrong_launchers(_triton.load_extension_module, args.threads, args.loads, "kiln")
+    from triton.runtime import build
+
+    build._load_module_from_path = pythons_loader
+    stock = wrong_launchers(args.threads, args.loads, "stock")
+    build._load_module_from_path = _triton.load_extension_module
+    kiln = wrong_launchers(args.threads, args.loads, "kiln")
     print(f"wrong launchers: Python's loader {stock} of {total}, kiln's {kiln} of {total}")
     return 1 if kiln else 0
 

@@ -342,7 +342,7 @@ def use_triton_key(key: str) -> None:
 # builds them on its compile threads, kiln/runtime/launch.py) can each read the other's off that shared object.
 # ResNet-50 on an H100 at 05ad837, once in three processes: "function takes exactly 21 arguments (27 given)", a
 # kernel of 14 parameters given the launcher of one of 8. With equal counts and other types, a wrong launcher would
-# pack the arguments wrongly and run silently. Triton's own loader on 6 threads, 1,800 loads of cached launchers: 23
+# pack the arguments wrongly and run silently. Triton's own loader on 6 threads, 1,800 loads of cached launchers: up
 # to 39 wrong (tests/runtime/test_launcher_loads.py). kiln's loader (`load_extension_module`) gives each load a
 # module object of its own, made under a lock.
 
