@@ -22,7 +22,9 @@
 #   TRAIN_VARIANT_MODELS=resnet50: then kiln's training of those models under $TRAIN_VARIANT (default
 #   KILN_CONV_LAYOUT_TRAINING=1: channels-last training convolutions, last measured at 3786325, slower then).
 #   PROFILE_MODELS=bert,llama: then benchmarks.profile of those models, kiln and torch.compile (launches, host ms,
-#   GPU kernel ms, wall ms, memory: issue 14's table; $PROFILE_BUDGET s, 200).
+#   GPU kernel ms, wall ms, memory: issue 14's table; $PROFILE_BUDGET s, 200). PROFILE_MODES=train (default infer),
+#   PROFILE_BACKENDS=kiln (default kiln,inductor), PROFILE_ENV="KILN_CONV_LAYOUT_TRAINING=1" (a setting, named in the
+#   files): ResNet-50 training's profile with channels-last convolutions, issue 16.
 #   STAGE_MODELS=resnet50,vit,llama: then each model's cold first call, one process each, with kiln's steps timed
 #   (benchmarks.first_call_compiles --stages), once per setting in $STAGE_VARIANTS (default: the defaults, then
 #   KILN_COMPILE_OVERLAP=0, then KILN_COMPILE_GC_FREEZE=0): what each compile-time change gives, on one machine.
@@ -116,9 +118,14 @@ if [ -n "${REPEAT_MODELS:-}" ]; then  # an intermittent failure: each model's ki
     done | tee "$OUT_DIR/repeat.txt"
 fi
 if [ -n "${PROFILE_MODELS:-}" ]; then
-    timeout "${PROFILE_BUDGET:-200}" "$PYTHON" -m benchmarks.profile --only "$PROFILE_MODELS" --backends kiln,inductor \
-        --out "$OUT_DIR/profile" 2>&1 | tail -4
-    cp "$OUT_DIR/profile/profile_summary.md" "$OUT_DIR/profile-$commit.md" 2>/dev/null; rm -rf "$OUT_DIR/profile"
+    env ${PROFILE_ENV:-} timeout "${PROFILE_BUDGET:-200}" "$PYTHON" -m benchmarks.profile \
+        --only "$PROFILE_MODELS" --backends "${PROFILE_BACKENDS:-kiln,inductor}" --modes "${PROFILE_MODES:-infer}" \
+        ${PROFILE_ENV:+--tag "-$(echo "$PROFILE_ENV" | tr -c 'A-Za-z0-9\n' _)"} --out "$OUT_DIR/profile" 2>&1 | tail -4
+    for summary in "$OUT_DIR"/profile/profile_summary*.md; do
+        [ -f "$summary" ] && cp "$summary" "$OUT_DIR/profile-$commit$(basename "$summary" .md | sed 's/^profile_summary//').md"
+    done
+    cat "$OUT_DIR"/profile/profile_*_*.txt > "$OUT_DIR/profile-cases-$commit.txt" 2>/dev/null  # top kernels per case
+    rm -rf "$OUT_DIR/profile"
 fi
 [ -f "$OUT_DIR/dropout.txt" ] && cat "$OUT_DIR/dropout.txt"
 grep -q "first call" "$OUT_DIR/first_call.txt" 2>/dev/null || rm -f "$OUT_DIR/first_call.txt"
