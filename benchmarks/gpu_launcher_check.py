@@ -10,10 +10,10 @@ Exit status 1 when kiln's loader ever gave a wrong launcher.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 import tempfile
-import os
 
 from tests.runtime.test_launcher_loads import pythons_loader, wrong_launchers
 
@@ -24,12 +24,12 @@ def main() -> int:
     parser.add_argument("--loads", type=int, default=300)
     args = parser.parse_args()
     os.environ["TRITON_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-launcher-check-")
+    from triton.runtime import build
+
     from kiln import _triton
 
     total = args.threads * args.loads
     print(f"Python {platform.python_version()}, kernel {platform.release()}: {args.threads} threads, {total} loads")
-    from triton.runtime import build
-
     build._load_module_from_path = pythons_loader
     stock = wrong_launchers(args.threads, args.loads, "stock")
     build._load_module_from_path = _triton.load_extension_module

@@ -184,8 +184,8 @@ def batch_norm_inference(input, weight, bias, running_mean, running_var, momentu
     (`.to(copy=True)`), writes 1 / sqrt(v) as reciprocal then a multiply by 1, and unsqueezes each
     per-channel vector one dim at a time: 20 ATen ops per batch norm (13 here, counted by
     tests/aot/test_decomposition_table.py), traced anew at every first call (53 batch norms in ResNet-50).
-    Here the statistics are read as they are, each vector takes one view to (C, 1, ..., 1), and the arithmetic is the same: (x - mean) * (1 / sqrt(var + eps)) * w + b,
-    the same values bit for bit (tests/aot/test_decomposition_table.py).
+    Here the statistics are read as they are, each vector takes one view to (C, 1, ..., 1), and the arithmetic
+    is the same: (x - mean) * (1 / sqrt(var + eps)) * w + b, the same values bit for bit (tests/aot/test_decomposition_table.py).
     """
     dtype = torch.float32 if input.dtype in (torch.float16, torch.bfloat16) else input.dtype
     channels = [-1] + [1] * (input.dim() - 2)
