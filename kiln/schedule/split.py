@@ -18,9 +18,8 @@ only; it moves to stage 2.
 
 Outer reductions (kiln/schedule/outer.py: rows contiguous, columns strided) are split
 whatever their consumers, into about `split_outer_target_programs` programs, with the
-partials chunk-major ([S, rows]); an outer welford becomes three such sums
-(`_welford_as_sums`), since welford's three values per chunk do not merge accurately
-from float32 partials.
+partials chunk-major ([S, rows]); an outer welford splits as welfords of chunks of x - K (K an
+element of the row), merged by two sums (`_welford_split`).
 """
 from __future__ import annotations
 
@@ -109,7 +108,7 @@ def _split(node: LoopNode, graph: Graph, outer: bool = False) -> list | None:
     if count == 1:
         return None
     if kind == "welford":
-        return _welford_as_sums(node, graph, position, carried, columns)
+        return _welford_split(node, graph, position, carried, count, columns)
     reduce_op = node.body.ops[position]
     output = graph.buffers[node.outputs[0]]
     # An outer reduction's partials are chunk-major ([chunks, rows]): stage 1 then stores, and
@@ -181,72 +180,117 @@ def _second_stage(node: LoopNode, position: int, partial: Buffer, count: int, ca
                      reduction_ranges=[sympy.Integer(count)])
 
 
-def _welford_as_sums(node: LoopNode, graph: Graph, position: int, carried: set, columns: int) -> list:
-    """An outer welford (var_mean over leading dims: a channels-last batch norm's training statistics) as
-    three sums, each split like any outer sum:
+def _welford_split(node: LoopNode, graph: Graph, position: int, carried: set, count: int, columns: int) -> list | None:
+    """An outer welford (var_mean over leading dims: a channels-last batch norm's training statistics) in
+    one read of x, over deviations from K, one element of x per row (the first column's):
 
-        m0   = sum(x / n)                  a first estimate of the mean (no overflow where sum(x) would)
-        mean = m0 + sum(x - m0) / n        corrected: exact for a row of equal values, as eager's
-        m2   = sum((x - mean)^2)           then the original finish (var, std, the stores)
+        stage 1   per (chunk, row): welford of x - K over the chunk's w columns -> mu_c, m2_c
+        stage 2a  per row: d = sum(mu_c) / chunks                              (the mean deviation)
+        stage 2b  per row: m2 = sum(m2_c + w (mu_c - d)^2);  mean = K + d      then the original finish
 
-    Welford's three values per chunk cannot be merged from float32 partials without their compensation
-    (chunk means near 1000 with a spread of 0.01 lost 3 digits of the variance), and sum(x) / n rounds
-    the mean at the sum's magnitude (n times the mean's ulp), which the deviations' squares then carry
-    (n d^2). These passes read x three times; on a 1000 +- 0.01 input their variance is as accurate as
-    the unsplit welford kernel's (tests/schedule/test_outer.py)."""
+    Stage 2b is Chan's merge of equal-sized chunks, as two sums (2a feeds 2b's loop, as softmax's max
+    feeds its sum, so they fuse). Merging welford's values in float32 partials loses digits where the mean
+    is large against the spread (1000 +- 0.01: every mu_c near 1000, their differences rounded at its
+    ulp); deviations from K are of the spread's size, and x - K is exact where x is near K. So the
+    result is as accurate as the unsplit welford kernel's: a row of equal values has its exact mean and
+    variance 0 (eager's), 1000 +- 0.01 and a K far out in the row (an outlier, a row of zeros but one)
+    lose no more than it (tests/schedule/test_outer.py). Plain shifted sums, sum(x - K) and sum((x - K)^2),
+    lost 3 digits of the variance for a K 100 spreads out."""
     reduce_op = node.body.ops[position]
     dtype, value = reduce_op.dtype, reduce_op.operands[0]
-    rows = [index_var("i", k) for k in range(len(node.ranges))]
+    if not _copyable_at(node.body, value):
+        return None
+    width, rank = columns // count, len(node.ranges)
+    row_sizes = [sympy.Integer(int(size)) for size in node.ranges]
     device = graph.buffers[node.outputs[0]].device
-    sizes = [sympy.Integer(int(size)) for size in node.ranges]
+    rows = [index_var("i", k) for k in range(rank)]
+    first_column = {index_var("r", k): sympy.Integer(0) for k in range(len(node.reduction_ranges))}
 
-    def row_buffer(suffix):
+    def buffer(suffix, sizes):
         made = Buffer(f"{node.name}_{suffix}", device, dtype, Layout(tuple(sizes), tuple(contiguous_strides(sizes))))
         graph.buffers[made.name] = made
         return made
 
-    def pass_over_x(suffix, summand, finish, outputs):
-        """A sum node over the welford's columns: `summand(body)` the value summed, `finish(body, sum)` after."""
-        body = Body()
-        body.ops = list(node.body.ops[:position])
-        total = body.emit("reduce", (summand(body),), dtype, attr="sum")
-        finish(body, total)
-        return Reduction(f"{node.name}_{suffix}", list(node.ranges), body, outputs,
-                         reduction_ranges=list(node.reduction_ranges))
+    partial_sizes = [sympy.Integer(count), *row_sizes]  # chunk-major, as any outer split's
+    means, m2s, mean_deviation = buffer("mu", partial_sizes), buffer("m2", partial_sizes), buffer("d", row_sizes)
 
-    estimate, mean = row_buffer("m0"), row_buffer("mean")
-    first = pass_over_x(
-        "m0", lambda body: body.emit("mul", (value, body.constant(1.0 / columns, dtype)), dtype),
-        lambda body, total: body.store(estimate, rows, total), [estimate.name])
-    second = pass_over_x(
-        "mean", lambda body: body.emit("sub", (value, body.load(estimate, rows)), dtype),
-        lambda body, total: body.store(mean, rows, body.emit("add", (
-            body.load(estimate, rows), body.emit("truediv", (total, body.constant(float(columns), dtype)), dtype)),
-            dtype)), [mean.name])
+    # stage 1: the chunk's columns [chunk * width, (chunk + 1) * width); rows move up one for the chunk
+    chunk, shifted_rows = index_var("i", 0), [index_var("i", k + 1) for k in range(rank)]
+    original = dict(zip([index_var("r", k) for k in range(len(node.reduction_ranges))],
+                        unravel(chunk * width + index_var("r", 0), list(node.reduction_ranges))))
+    original.update(zip(rows, shifted_rows))
+    body = Body()
+    for op in node.body.ops[:position]:
+        body.ops.append(_substituted(op, original))
+    shift = _copy_at(body, node.body, value, {**first_column, **dict(zip(rows, shifted_rows))})
+    reduced = body.emit("reduce", (body.emit("sub", (value, shift), dtype),), dtype, attr="welford")
+    body.store(means, [chunk, *shifted_rows], body.emit("getitem", (reduced,), dtype, attr=0))
+    body.store(m2s, [chunk, *shifted_rows], body.emit("getitem", (reduced,), dtype, attr=1))
+    first = Reduction(f"{node.name}_stage1", [sympy.Integer(count), *node.ranges], body, [means.name, m2s.name],
+                      reduction_ranges=[sympy.Integer(width)])
 
-    def finish_as_the_node(body, m2):
-        renumber = {operand: operand for operand in carried}
-        for offset, op in enumerate(node.body.ops[position + 1:], start=position + 1):
-            if op.name == "getitem" and op.operands == (position,):
-                renumber[offset] = (body.load(mean, rows) if op.attr == 0 else m2 if op.attr == 1
-                                    else body.constant(float(columns), op.dtype))
-                continue
-            body.ops.append(Op(op.name, tuple(renumber[operand] for operand in op.operands), op.dtype, op.buffer,
-                               op.index, op.attr))
-            renumber[offset] = len(body.ops) - 1
+    chunks = [index_var("r", 0), *rows]
+    body = Body()
+    total = body.emit("reduce", (body.load(means, chunks),), dtype, attr="sum")
+    body.store(mean_deviation, rows, body.emit("truediv", (total, body.constant(float(count), dtype)), dtype))
+    second = Reduction(f"{node.name}_stage2a", list(node.ranges), body, [mean_deviation.name],
+                       reduction_ranges=[sympy.Integer(count)])
 
-    def squared_deviation(body):
-        deviation = body.emit("sub", (value, body.load(mean, rows)), dtype)
-        return body.emit("mul", (deviation, deviation), dtype)
+    body = Body()
+    for operand in sorted(carried):  # the finish's constants, at their old SSA ids
+        body.ops.append(node.body.ops[operand])
+    renumber = {operand: k for k, operand in enumerate(sorted(carried))}
+    deviation = body.load(mean_deviation, rows)
+    apart = body.emit("sub", (body.load(means, chunks), deviation), dtype)
+    term = body.emit("add", (body.load(m2s, chunks), body.emit("mul", (
+        body.constant(float(width), dtype), body.emit("mul", (apart, apart), dtype)), dtype)), dtype)
+    m2 = body.emit("reduce", (term,), dtype, attr="sum")
+    mean = body.emit("add", (_copy_at(body, node.body, value, first_column), deviation), dtype)
+    for offset, op in enumerate(node.body.ops[position + 1:], start=position + 1):
+        if op.name == "getitem" and op.operands == (position,):
+            renumber[offset] = (mean if op.attr == 0 else m2 if op.attr == 1
+                                else body.constant(float(columns), op.dtype))
+            continue
+        body.ops.append(Op(op.name, tuple(renumber[operand] for operand in op.operands), op.dtype, op.buffer,
+                           op.index, op.attr))
+        renumber[offset] = len(body.ops) - 1
+    third = Reduction(f"{node.name}_stage2b", list(node.ranges), body, list(node.outputs),
+                      reduction_ranges=[sympy.Integer(count)])
+    return [first, second, third]
 
-    third = pass_over_x("m2", squared_deviation, finish_as_the_node, list(node.outputs))
-    stages = []
-    for part in (first, second, third):
-        split = _split(part, graph, outer=True)
-        if split is None:  # the node's own sizes, which split: a sum of them that does not is a bug here
-            raise AssertionError(f"{part.name}: an outer sum of {columns} columns did not split")
-        stages += split
-    return stages
+
+def _copyable_at(body: Body, value: int) -> bool:
+    """Whether `value` can be computed again at other indices: loads and arithmetic, no reduce, no gather."""
+    seen, stack = set(), [value]
+    while stack:
+        position = stack.pop()
+        if position in seen:
+            continue
+        seen.add(position)
+        op = body.ops[position]
+        if op.name in ("reduce", "store", "getitem"):
+            return False
+        exprs = list(op.index or ()) + ([op.attr] if op.name == "index_expr" else [])
+        if any(indirect_value(symbol) is not None for expr in exprs for symbol in sympy.sympify(expr).free_symbols):
+            return False
+        stack.extend(op.operands)
+    return True
+
+
+def _copy_at(target: Body, source: Body, value: int, mapping: dict) -> int:
+    """Append to `target` the ops of `source` that `value` depends on, their indices substituted by
+    `mapping`; the copy's SSA id of `value`."""
+    copied = {}
+
+    def copy(position):
+        if position not in copied:
+            op = _substituted(source.ops[position], mapping)
+            operands = tuple(copy(operand) for operand in op.operands)
+            target.ops.append(Op(op.name, operands, op.dtype, op.buffer, op.index, op.attr))
+            copied[position] = len(target.ops) - 1
+        return copied[position]
+
+    return copy(value)
 
 
 def _substituted(op: Op, mapping: dict) -> Op:

@@ -153,9 +153,9 @@ def test_without_the_outer_rule_the_values_are_the_same():
 
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_a_split_welford_keeps_eager_exactness_on_equal_values(backend):
-    """Three passes (m0 = sum(x / n), mean = m0 + sum(x - m0) / n, m2 = sum((x - mean)^2)): a channel of equal
-    values has its exact mean and variance 0, as eager's (sum(x) / n alone was a few ulp off, and every
-    squared deviation then counted)."""
+    """Welfords of chunks of x - K (K the row's first element), merged: a channel of equal values has its
+    exact mean and variance 0, as eager's (sum(x) / n alone was a few ulp off, and every squared deviation
+    then counted)."""
     x = torch.full((8, 24, 16, 16), 3.7).to(memory_format=torch.channels_last)
     x[:, 1] = 0.1  # another value in another channel
 
@@ -165,8 +165,11 @@ def test_a_split_welford_keeps_eager_exactness_on_equal_values(backend):
     with kiln.config.patch(strict=True, cpu_backend=backend):
         compiled = compile_graph(torch.fx.symbolic_trace(stats), [x])
         variance, mean = compiled(x)
-    # 2048 columns of 24 rows: split (m0, mean, m2; two stages each), every kernel an outer one
-    assert len(compiled.scheduled.kernels) >= 6 and all(kernel.outer for kernel in compiled.scheduled.kernels)
+    # 2048 columns of 24 rows: split in chunks (one read of x), then the two sums that merge them in one kernel,
+    # both outer kernels
+    kernels = compiled.scheduled.kernels
+    assert len(kernels) == 2 and all(kernel.outer for kernel in kernels), kernels
+    assert [len(kernel.nodes) for kernel in kernels] == [1, 2]
     assert torch.equal(variance, torch.zeros(24)) and torch.equal(mean, stats(x)[1])
 
 
@@ -187,3 +190,33 @@ def test_the_split_welford_is_as_accurate_as_the_whole_one():
     split_error = float((split_variance.double() - reference[0]).abs().max())
     whole_error = float((whole_variance.double() - reference[0]).abs().max())
     assert split_error <= 1.5 * whole_error, (split_error, whole_error)
+
+
+@pytest.mark.parametrize("layout", ["outlier", "dead"])
+def test_the_split_welford_is_accurate_where_its_shift_lies_far_out(layout):
+    """The split shifts each row by its first element K. Where K lies far out in the row's distribution
+    (100 spreads from the mean; a channel of zeros but K and one other), sum(x - K) and sum((x - K)^2)
+    would cancel (3e-4 of the variance lost at 100 spreads, measured); welfords of chunks of x - K, merged
+    by Chan's formula, lose no more than the unsplit welford kernel."""
+    if layout == "outlier":
+        x = _random((8, 24, 16, 16), 7) * 0.01 + 1000
+        x[0, :, 0, 0] = 1000 + 100 * 0.03
+    else:
+        x = torch.zeros(8, 24, 16, 16)
+        x[0, :, 0, 0] = 5.0
+        x[3, 5, 2, 2] = -1.0
+    x = x.to(memory_format=torch.channels_last)
+
+    def stats(x):
+        return torch.var_mean(x, dim=(0, 2, 3))
+
+    reference = stats(x.double())
+    with kiln.config.patch(strict=True, cpu_backend="triton"):
+        split_variance, split_mean = compile_graph(torch.fx.symbolic_trace(stats), [x])(x)
+        with mock.patch("kiln.schedule.split.is_outer_reduction", lambda node, buffers: False), \
+                mock.patch("kiln.schedule.fusion.is_outer_reduction", lambda node, buffers: False):
+            whole_variance, _ = compile_graph(torch.fx.symbolic_trace(stats), [x])(x)
+    split_error = float(((split_variance.double() - reference[0]) / reference[0]).abs().max())
+    whole_error = float(((whole_variance.double() - reference[0]) / reference[0]).abs().max())
+    assert split_error <= max(1.5 * whole_error, 1e-7), (split_error, whole_error)
+    torch.testing.assert_close(split_mean.double(), reference[1], rtol=1e-6, atol=1e-6)
