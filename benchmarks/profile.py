@@ -54,7 +54,32 @@ def _profile_table(runner, calls: int = 5) -> tuple[str, float, float]:
                     if not getattr(event, "is_user_annotation", False)) / calls / 1000.0
     table = events.table(sort_by="self_cuda_time_total" if hasattr(events[0], "self_cuda_time_total")
                          else "self_device_time_total", row_limit=30, max_name_column_width=90)
-    return table, launches, kernel_ms
+    kinds: dict = {}
+    for event in device_events:
+        if getattr(event, "is_user_annotation", False):
+            continue
+        launches_ms = kinds.setdefault(kernel_kind(event.key), [0, 0.0])
+        launches_ms[0] += event.count / calls
+        launches_ms[1] += getattr(event, own_time) / calls / 1000.0
+    breakdown = "GPU time by kind (per call): " + "; ".join(
+        f"{kind} {ms:.3f} ms in {count:.0f}" for kind, (count, ms) in sorted(kinds.items(), key=lambda item: -item[1][1]))
+    return breakdown + "\n\n" + table, launches, kernel_ms
+
+
+# What a device kernel's name says it is: the first kind whose words it contains (lower case).
+KERNEL_KINDS = (("layout transform", ("nchwtonhwc", "nhwctonchw", "transpose")),
+                ("batch norm (ATen, cuDNN)", ("batch_norm", "bn_fw", "bn_bw")),
+                ("convolution", ("conv", "dgrad", "wgrad", "xmma", "implicit_gemm", "cudnn")),
+                ("matmul", ("gemm", "cutlass", "cublas", "nvjet")),
+                ("generated (Triton)", ("kernel_", "triton_")),
+                ("ATen elementwise", ("elementwise", "vectorized", "unrolled")),
+                ("ATen reduction", ("reduce",)),
+                ("copy / memset", ("memcpy", "memset", "copy")))
+
+
+def kernel_kind(name: str) -> str:
+    lower = name.lower()
+    return next((kind for kind, words in KERNEL_KINDS if any(word in lower for word in words)), "other")
 
 
 def _python_profile(runner, calls: int = 20, rows: int = 45) -> str:
