@@ -124,7 +124,8 @@ if [ -n "${PROFILE_MODELS:-}" ]; then
     for summary in "$OUT_DIR"/profile/profile_summary*.md; do
         [ -f "$summary" ] && cp "$summary" "$OUT_DIR/profile-$commit$(basename "$summary" .md | sed 's/^profile_summary//').md"
     done
-    cat "$OUT_DIR"/profile/profile_*_*.txt > "$OUT_DIR/profile-cases-$commit.txt" 2>/dev/null  # top kernels per case
+    tag="${PROFILE_ENV:+-$(echo "$PROFILE_ENV" | tr -c 'A-Za-z0-9\n' _)}"  # a second call's cases beside the first's
+    cat "$OUT_DIR"/profile/profile_*_*.txt > "$OUT_DIR/profile-cases-$commit$tag.txt" 2>/dev/null  # top kernels per case
     rm -rf "$OUT_DIR/profile"
 fi
 [ -f "$OUT_DIR/dropout.txt" ] && cat "$OUT_DIR/dropout.txt"
