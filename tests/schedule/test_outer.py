@@ -173,20 +173,25 @@ def test_a_split_welford_keeps_eager_exactness_on_equal_values(backend):
     assert torch.equal(variance, torch.zeros(24)) and torch.equal(mean, stats(x)[1])
 
 
-def test_the_split_welford_is_as_accurate_as_the_whole_one():
-    """A mean 1e5 times the spread (1000 +- 0.01): float32 statistics lose digits here, eager's CPU kernel
-    (double accumulators) does not. The split passes must lose no more than the unsplit welford kernel."""
-    x = (_random((8, 24, 16, 16), 7) * 0.01 + 1000).to(memory_format=torch.channels_last)
+def _split_and_whole_statistics(x):
+    """var_mean over (N, H, W) of a channels-last x: split (outer), unsplit (the outer rule off), float64."""
 
     def stats(x):
         return torch.var_mean(x, dim=(0, 2, 3))
 
-    reference = stats(x.double())
     with kiln.config.patch(strict=True, cpu_backend="triton"):
-        split_variance, _ = compile_graph(torch.fx.symbolic_trace(stats), [x])(x)
+        split = compile_graph(torch.fx.symbolic_trace(stats), [x])(x)
         with mock.patch("kiln.schedule.split.is_outer_reduction", lambda node, buffers: False), \
                 mock.patch("kiln.schedule.fusion.is_outer_reduction", lambda node, buffers: False):
-            whole_variance, _ = compile_graph(torch.fx.symbolic_trace(stats), [x])(x)
+            whole = compile_graph(torch.fx.symbolic_trace(stats), [x])(x)
+    return split, whole, stats(x.double())
+
+
+def test_the_split_welford_is_as_accurate_as_the_whole_one():
+    """A mean 1e5 times the spread (1000 +- 0.01): float32 statistics lose digits here, eager's CPU kernel
+    (double accumulators) does not. The split must lose no more than the unsplit welford kernel."""
+    x = (_random((8, 24, 16, 16), 7) * 0.01 + 1000).to(memory_format=torch.channels_last)
+    (split_variance, _), (whole_variance, _), reference = _split_and_whole_statistics(x)
     split_error = float((split_variance.double() - reference[0]).abs().max())
     whole_error = float((whole_variance.double() - reference[0]).abs().max())
     assert split_error <= 1.5 * whole_error, (split_error, whole_error)
@@ -205,17 +210,8 @@ def test_the_split_welford_is_accurate_where_its_shift_lies_far_out(layout):
         x = torch.zeros(8, 24, 16, 16)
         x[0, :, 0, 0] = 5.0
         x[3, 5, 2, 2] = -1.0
-    x = x.to(memory_format=torch.channels_last)
-
-    def stats(x):
-        return torch.var_mean(x, dim=(0, 2, 3))
-
-    reference = stats(x.double())
-    with kiln.config.patch(strict=True, cpu_backend="triton"):
-        split_variance, split_mean = compile_graph(torch.fx.symbolic_trace(stats), [x])(x)
-        with mock.patch("kiln.schedule.split.is_outer_reduction", lambda node, buffers: False), \
-                mock.patch("kiln.schedule.fusion.is_outer_reduction", lambda node, buffers: False):
-            whole_variance, _ = compile_graph(torch.fx.symbolic_trace(stats), [x])(x)
+    (split_variance, split_mean), (whole_variance, _), reference = _split_and_whole_statistics(
+        x.to(memory_format=torch.channels_last))
     split_error = float(((split_variance.double() - reference[0]) / reference[0]).abs().max())
     whole_error = float(((whole_variance.double() - reference[0]) / reference[0]).abs().max())
     assert split_error <= max(1.5 * whole_error, 1e-7), (split_error, whole_error)
