@@ -25,14 +25,16 @@ Which values are computed does not change, only the order the elements are visit
 """
 from __future__ import annotations
 
+import sympy
+
 from kiln.ir import LoopNode
+from kiln.ir.indexing import FloorDiv, Mod, fold_div_mod, index_var
 from kiln.ir.kernel import OUTER_PERSISTENT_MAX, OUTER_ROWS_PER_PROGRAM
-from kiln.ir.indexing import FloorDiv, Mod, fold_div_mod, index_var, linear_coefficient
 
 
 def is_outer_reduction(node: LoopNode, buffers: dict) -> bool:
     """Whether `node` is a reduction whose main loads are contiguous along its innermost row and
-    along none of its columns (static, linear offsets only)."""
+    along none of its columns (static offsets, the row's linear)."""
     if not node.is_reduction:
         return False
     rows = [position for position, size in enumerate(node.ranges) if size != 1]
@@ -50,15 +52,29 @@ def is_outer_reduction(node: LoopNode, buffers: dict) -> bool:
         symbols = offset.free_symbols
         if not (symbols & row_vars and symbols & column_vars):
             continue
-        if offset.has(FloorDiv, Mod) or not offset.is_polynomial(*symbols):
-            return False  # a view whose index divides: its strides are not constant
-        strides = [linear_coefficient(offset, var) for var in (row, *sorted(column_vars, key=str))]
-        if any(stride is None for stride in strides):
+        row_stride = _stride(offset, row, divided_ok=False)
+        column_strides = [_stride(offset, var, divided_ok=True) for var in sorted(column_vars, key=str)]
+        if row_stride is None or None in column_strides:
             return False
-        row_stride, *column_strides = strides
         # contiguous along the rows; along no column (a column it does not move with is fine)
         verdicts.append(abs(row_stride) == 1 and all(abs(stride) != 1 for stride in column_strides))
     return bool(verdicts) and all(verdicts)
+
+
+def _stride(offset, var, *, divided_ok: bool) -> int | None:
+    """How far `offset` moves with `var` through its terms c * var; None where `var` appears in another term,
+    except, with `divided_ok`, a multiple of a FloorDiv or Mod: a column read through a broadcast (an average
+    pool's gradient, `grad[n]` at n = r // (H * W)) moves by whole rows every H * W columns, not by one."""
+    total = 0
+    for term in sympy.Add.make_args(offset):
+        if var not in term.free_symbols:
+            continue
+        coefficient, rest = term.as_coeff_Mul()
+        if rest == var and coefficient.is_Integer:
+            total += int(coefficient)
+        elif not (divided_ok and isinstance(rest, (FloorDiv, Mod))):
+            return None
+    return total
 
 
 __all__ = ["OUTER_PERSISTENT_MAX", "OUTER_ROWS_PER_PROGRAM", "is_outer_reduction"]

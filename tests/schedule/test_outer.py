@@ -216,3 +216,22 @@ def test_the_split_welford_is_accurate_where_its_shift_lies_far_out(layout):
     whole_error = float(((whole_variance.double() - reference[0]) / reference[0]).abs().max())
     assert split_error <= max(1.5 * whole_error, 1e-7), (split_error, whole_error)
     torch.testing.assert_close(split_mean.double(), reference[1], rtol=1e-6, atol=1e-6)
+
+
+def test_a_split_read_through_a_broadcast_stays_outer():
+    """A channels-last batch norm's weight gradient after a global average pool (ResNet's last block):
+    sum over (N, H, W) of x * g[n, c] / 49. Split in chunks of whole images, the first stage reads g at
+    n = chunk * k + r // 49, a FloorDiv of the column; its rows (channels) are still contiguous in x and g,
+    so the kernel is tiled as an outer one (it was a [1, 512] row tile, each lane 2048 elements apart)."""
+    x = _random((16, 256, 7, 7), 8).to(memory_format=torch.channels_last)
+    g = _random((16, 256), 9)
+
+    def weight_gradient(x, g):
+        return (x * (g[:, :, None, None] / 49)).sum(dim=(0, 2, 3)),
+
+    with kiln.config.patch(strict=True, cpu_backend="triton"):
+        compiled = compile_graph(torch.fx.symbolic_trace(weight_gradient), [x, g])
+        got = compiled(x, g)
+    reductions = [kernel for kernel in compiled.scheduled.kernels if kernel.col_ranges]
+    assert len(reductions) == 2 and all(kernel.outer for kernel in reductions), reductions
+    torch.testing.assert_close(got[0], weight_gradient(x, g)[0], rtol=1e-5, atol=1e-4)
