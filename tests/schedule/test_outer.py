@@ -90,6 +90,11 @@ def _channels_last_batch_norm(x, weight, bias):  # training statistics: an outer
     return torch.nn.functional.batch_norm(x, None, None, weight, bias, training=True), variance, mean
 
 
+def _batch_norm_1d(x, weight, bias):  # BatchNorm1d's training statistics over the batch: an outer welford of (N, C)
+    variance, mean = torch.var_mean(x, dim=0)
+    return torch.nn.functional.batch_norm(x, None, None, weight, bias, training=True), variance, mean
+
+
 def _middle_dim(x):
     return x.sum(1), (x * 2).mean(1)
 
@@ -100,6 +105,8 @@ PROGRAMS = {
     "channels_last_statistics": (_channels_last_statistics,
                                  lambda dtype: [_random((4, 24, 9, 8), 2, dtype).to(memory_format=torch.channels_last)]),
     "middle_dim": (_middle_dim, lambda dtype: [_random((3, 300, 40), 3, dtype)]),
+    "batch_norm_1d": (_batch_norm_1d, lambda dtype: [(_random((4096, 48), 10) + 3).to(dtype), _random((48,), 11, dtype),
+                                                     _random((48,), 12, dtype)]),
     "channels_last_batch_norm": (_channels_last_batch_norm, lambda dtype: [
         (_random((8, 24, 16, 16), 4) + 5).to(dtype).to(memory_format=torch.channels_last),
         _random((24,), 5, dtype), _random((24,), 6, dtype)]),
