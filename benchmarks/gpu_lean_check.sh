@@ -118,13 +118,13 @@ if [ -n "${REPEAT_MODELS:-}" ]; then  # an intermittent failure: each model's ki
     done | tee "$OUT_DIR/repeat.txt"
 fi
 if [ -n "${PROFILE_MODELS:-}" ]; then
+    tag="${PROFILE_ENV:+-$(echo "$PROFILE_ENV" | tr -c 'A-Za-z0-9\n' _)}"  # the setting, in the files' names
     env ${PROFILE_ENV:-} timeout "${PROFILE_BUDGET:-200}" "$PYTHON" -m benchmarks.profile \
         --only "$PROFILE_MODELS" --backends "${PROFILE_BACKENDS:-kiln,inductor}" --modes "${PROFILE_MODES:-infer}" \
-        ${PROFILE_ENV:+--tag "-$(echo "$PROFILE_ENV" | tr -c 'A-Za-z0-9\n' _)"} --out "$OUT_DIR/profile" 2>&1 | tail -4
+        ${tag:+--tag="$tag"} --out "$OUT_DIR/profile" 2>&1 | tail -4
     for summary in "$OUT_DIR"/profile/profile_summary*.md; do
         [ -f "$summary" ] && cp "$summary" "$OUT_DIR/profile-$commit$(basename "$summary" .md | sed 's/^profile_summary//').md"
     done
-    tag="${PROFILE_ENV:+-$(echo "$PROFILE_ENV" | tr -c 'A-Za-z0-9\n' _)}"  # a second call's cases beside the first's
     cat "$OUT_DIR"/profile/profile_*_*.txt > "$OUT_DIR/profile-cases-$commit$tag.txt" 2>/dev/null  # top kernels per case
     rm -rf "$OUT_DIR/profile"
 fi

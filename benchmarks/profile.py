@@ -50,17 +50,15 @@ def _profile_table(runner, calls: int = 5) -> tuple[str, float, float]:
     # the device events' own time, as the profiler's "Self CUDA time total" sums it (a CPU op's row repeats
     # its kernels' time, so only device-side events count); microseconds in the profile
     own_time = "self_device_time_total" if hasattr(events[0], "self_device_time_total") else "self_cuda_time_total"
-    kernel_ms = sum(getattr(event, own_time) for event in device_events
-                    if not getattr(event, "is_user_annotation", False)) / calls / 1000.0
+    kinds: dict = {}  # kind -> [launches, ms] per call
+    for event in device_events:
+        if not getattr(event, "is_user_annotation", False):
+            per_kind = kinds.setdefault(kernel_kind(event.key), [0.0, 0.0])
+            per_kind[0] += event.count / calls
+            per_kind[1] += getattr(event, own_time) / calls / 1000.0
+    kernel_ms = sum(ms for _, ms in kinds.values())
     table = events.table(sort_by="self_cuda_time_total" if hasattr(events[0], "self_cuda_time_total")
                          else "self_device_time_total", row_limit=30, max_name_column_width=90)
-    kinds: dict = {}
-    for event in device_events:
-        if getattr(event, "is_user_annotation", False):
-            continue
-        launches_ms = kinds.setdefault(kernel_kind(event.key), [0, 0.0])
-        launches_ms[0] += event.count / calls
-        launches_ms[1] += getattr(event, own_time) / calls / 1000.0
     breakdown = "GPU time by kind (per call): " + "; ".join(
         f"{kind} {ms:.3f} ms in {count:.0f}" for kind, (count, ms) in sorted(kinds.items(), key=lambda item: -item[1][1]))
     return breakdown + "\n\n" + table, launches, kernel_ms
@@ -148,7 +146,7 @@ def _case_in_its_own_process(name: str, backend: str, mode: str, args) -> str:
     import subprocess
 
     command = [sys.executable, "-m", "benchmarks.profile", "--in-process", "--row-only", "--only", name,
-               "--backends", backend, "--modes", mode, "--out", args.out, "--tag", args.tag]
+               "--backends", backend, "--modes", mode, "--out", args.out, f"--tag={args.tag}"]
     if args.python_profile:
         command.append("--python-profile")
     done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)

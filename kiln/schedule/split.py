@@ -138,24 +138,30 @@ def _constants_used_after(body: Body, position: int) -> set | None:
     return carried
 
 
-def _first_stage(node: LoopNode, position: int, partial: Buffer, count: int, columns: int,
-                 outer: bool) -> Reduction:
-    """Each (row, chunk) reduces columns [chunk * width, (chunk + 1) * width). The chunk is the last
-    row variable, or the first for an outer reduction (the node's own rows then move up by one)."""
+def _chunked_body(node: LoopNode, position: int, count: int, columns: int, outer: bool) -> tuple:
+    """The node's ops before its reduce, rewritten so that each (row, chunk) visits columns
+    [chunk * width, (chunk + 1) * width): (body, chunk variable, row variables, ranges, width). The chunk is the
+    last row variable, or the first for an outer reduction (the node's own rows then move up by one)."""
     width = columns // count
     rank = len(node.ranges)
     chunk = index_var("i", 0 if outer else rank)
     row_vars = [index_var("i", k + 1 if outer else k) for k in range(rank)]
-    column = index_var("r", 0)
-    flat = chunk * width + column
     reduction_vars = [index_var("r", k) for k in range(len(node.reduction_ranges))]
-    original = dict(zip(reduction_vars, unravel(flat, list(node.reduction_ranges))))
+    original = dict(zip(reduction_vars, unravel(chunk * width + index_var("r", 0), list(node.reduction_ranges))))
     original.update(zip([index_var("i", k) for k in range(rank)], row_vars))  # one simultaneous xreplace
     body = Body()
-    for op in node.body.ops[:position + 1]:
+    for op in node.body.ops[:position]:
         body.ops.append(_substituted(op, original))
-    body.store(partial, [chunk, *row_vars] if outer else [*row_vars, chunk], position)
     ranges = [sympy.Integer(count), *node.ranges] if outer else [*node.ranges, sympy.Integer(count)]
+    return body, chunk, row_vars, ranges, width
+
+
+def _first_stage(node: LoopNode, position: int, partial: Buffer, count: int, columns: int,
+                 outer: bool) -> Reduction:
+    """Each (row, chunk) reduces its chunk of columns into the partial buffer."""
+    body, chunk, row_vars, ranges, width = _chunked_body(node, position, count, columns, outer)
+    body.ops.append(node.body.ops[position])  # the reduce (no index)
+    body.store(partial, [chunk, *row_vars] if outer else [*row_vars, chunk], position)
     return Reduction(f"{node.name}_stage1", ranges, body, [partial.name], reduction_ranges=[sympy.Integer(width)])
 
 
@@ -163,21 +169,36 @@ def _second_stage(node: LoopNode, position: int, partial: Buffer, count: int, ca
                   outer: bool) -> Reduction:
     """Reduce each row's partials, then finish as the original body did after its reduce."""
     body = Body()
-    renumber = {}
-    for operand in sorted(carried):
-        body.ops.append(node.body.ops[operand])
-        renumber[operand] = len(body.ops) - 1
+    renumber = _carry(body, node, carried)
     row_vars = [index_var("i", k) for k in range(len(node.ranges))]
     chunk = index_var("r", 0)
     loaded = body.load(partial, [chunk, *row_vars] if outer else [*row_vars, chunk])
     reduce_op = node.body.ops[position]
     renumber[position] = body.emit("reduce", (loaded,), reduce_op.dtype, attr=reduce_op.attr)
+    _finish(body, node, position, renumber)
+    return Reduction(f"{node.name}_stage2", list(node.ranges), body, list(node.outputs),
+                     reduction_ranges=[sympy.Integer(count)])
+
+
+def _carry(body: Body, node: LoopNode, carried: set) -> dict:
+    """Append the constants the node's finish reads; {their old SSA ids: new}."""
+    renumber = {}
+    for operand in sorted(carried):
+        body.ops.append(node.body.ops[operand])
+        renumber[operand] = len(body.ops) - 1
+    return renumber
+
+
+def _finish(body: Body, node: LoopNode, position: int, renumber: dict, getitem=None) -> None:
+    """Append the node's ops after its reduce, renumbered; with `getitem(op)`, each getitem of the reduce's
+    result is that value instead (a welford's mean, m2 or count)."""
     for offset, op in enumerate(node.body.ops[position + 1:], start=position + 1):
+        if getitem is not None and op.name == "getitem" and op.operands == (position,):
+            renumber[offset] = getitem(op)
+            continue
         body.ops.append(Op(op.name, tuple(renumber[operand] for operand in op.operands), op.dtype, op.buffer,
                            op.index, op.attr))
         renumber[offset] = len(body.ops) - 1
-    return Reduction(f"{node.name}_stage2", list(node.ranges), body, list(node.outputs),
-                     reduction_ranges=[sympy.Integer(count)])
 
 
 def _welford_split(node: LoopNode, graph: Graph, position: int, carried: set, count: int, columns: int) -> list | None:
@@ -200,10 +221,9 @@ def _welford_split(node: LoopNode, graph: Graph, position: int, carried: set, co
     dtype, value = reduce_op.dtype, reduce_op.operands[0]
     if not _copyable_at(node.body, value):
         return None
-    width, rank = columns // count, len(node.ranges)
     row_sizes = [sympy.Integer(int(size)) for size in node.ranges]
     device = graph.buffers[node.outputs[0]].device
-    rows = [index_var("i", k) for k in range(rank)]
+    rows = [index_var("i", k) for k in range(len(node.ranges))]
     first_column = {index_var("r", k): sympy.Integer(0) for k in range(len(node.reduction_ranges))}
 
     def buffer(suffix, sizes):
@@ -214,19 +234,12 @@ def _welford_split(node: LoopNode, graph: Graph, position: int, carried: set, co
     partial_sizes = [sympy.Integer(count), *row_sizes]  # chunk-major, as any outer split's
     means, m2s, mean_deviation = buffer("mu", partial_sizes), buffer("m2", partial_sizes), buffer("d", row_sizes)
 
-    # stage 1: the chunk's columns [chunk * width, (chunk + 1) * width); rows move up one for the chunk
-    chunk, shifted_rows = index_var("i", 0), [index_var("i", k + 1) for k in range(rank)]
-    original = dict(zip([index_var("r", k) for k in range(len(node.reduction_ranges))],
-                        unravel(chunk * width + index_var("r", 0), list(node.reduction_ranges))))
-    original.update(zip(rows, shifted_rows))
-    body = Body()
-    for op in node.body.ops[:position]:
-        body.ops.append(_substituted(op, original))
+    body, chunk, shifted_rows, ranges, width = _chunked_body(node, position, count, columns, outer=True)
     shift = _copy_at(body, node.body, value, {**first_column, **dict(zip(rows, shifted_rows))})
     reduced = body.emit("reduce", (body.emit("sub", (value, shift), dtype),), dtype, attr="welford")
     body.store(means, [chunk, *shifted_rows], body.emit("getitem", (reduced,), dtype, attr=0))
     body.store(m2s, [chunk, *shifted_rows], body.emit("getitem", (reduced,), dtype, attr=1))
-    first = Reduction(f"{node.name}_stage1", [sympy.Integer(count), *node.ranges], body, [means.name, m2s.name],
+    first = Reduction(f"{node.name}_stage1", ranges, body, [means.name, m2s.name],
                       reduction_ranges=[sympy.Integer(width)])
 
     chunks = [index_var("r", 0), *rows]
@@ -237,23 +250,15 @@ def _welford_split(node: LoopNode, graph: Graph, position: int, carried: set, co
                        reduction_ranges=[sympy.Integer(count)])
 
     body = Body()
-    for operand in sorted(carried):  # the finish's constants, at their old SSA ids
-        body.ops.append(node.body.ops[operand])
-    renumber = {operand: k for k, operand in enumerate(sorted(carried))}
+    renumber = _carry(body, node, carried)
     deviation = body.load(mean_deviation, rows)
     apart = body.emit("sub", (body.load(means, chunks), deviation), dtype)
     term = body.emit("add", (body.load(m2s, chunks), body.emit("mul", (
         body.constant(float(width), dtype), body.emit("mul", (apart, apart), dtype)), dtype)), dtype)
     m2 = body.emit("reduce", (term,), dtype, attr="sum")
     mean = body.emit("add", (_copy_at(body, node.body, value, first_column), deviation), dtype)
-    for offset, op in enumerate(node.body.ops[position + 1:], start=position + 1):
-        if op.name == "getitem" and op.operands == (position,):
-            renumber[offset] = (mean if op.attr == 0 else m2 if op.attr == 1
-                                else body.constant(float(columns), op.dtype))
-            continue
-        body.ops.append(Op(op.name, tuple(renumber[operand] for operand in op.operands), op.dtype, op.buffer,
-                           op.index, op.attr))
-        renumber[offset] = len(body.ops) - 1
+    _finish(body, node, position, renumber,
+            lambda op: mean if op.attr == 0 else m2 if op.attr == 1 else body.constant(float(columns), op.dtype))
     third = Reduction(f"{node.name}_stage2b", list(node.ranges), body, list(node.outputs),
                       reduction_ranges=[sympy.Integer(count)])
     return [first, second, third]
