@@ -145,7 +145,7 @@ def substitute_loads(body: Body, producer: LoopNode) -> Body:
                 value = new.emit("where", (mask, value, new.constant(0, op.dtype)), op.dtype)
             mapping[position] = value
         else:
-            mapping[position] = _copy_op(new, op, mapping, {})
+            mapping[position] = copy_op(new, op, mapping, {})
     return new
 
 
@@ -163,7 +163,7 @@ def _copy_producer(new: Body, producer_body: Body, substitution: dict, mask: int
             new.ops.append(Op("load", (combined,), op.dtype, op.buffer, index, op.attr))
             local[position] = len(new.ops) - 1
             continue
-        local[position] = _copy_op(new, op, local, substitution)
+        local[position] = copy_op(new, op, local, substitution)
     raise AssertionError("pointwise body without a store")
 
 
@@ -179,7 +179,7 @@ def _renumbered(expr, mapping: dict, substitution: dict):
     return expr.xreplace(renames)
 
 
-def _copy_op(new: Body, op: Op, mapping: dict, substitution: dict) -> int:
+def copy_op(new: Body, op: Op, mapping: dict, substitution: dict) -> int:
     """Append `op` to `new`: operands through `mapping`, indices (and an index_expr's expression,
     which may name gathered values too) through `_renumbered`."""
     index = op.index

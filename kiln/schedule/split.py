@@ -29,7 +29,7 @@ from kiln.config import config
 from kiln.ir import Body, Buffer, Graph, Layout, LoopNode, Op, Reduction, Template
 from kiln.ir.indexing import contiguous_strides, index_var, product, unravel
 from kiln.ir.nodes import indirect_value
-from kiln.schedule.inline import buffer_uses
+from kiln.schedule.inline import buffer_uses, copy_op
 from kiln.schedule.outer import OUTER_ROWS_PER_PROGRAM, is_outer_reduction
 
 SPLITTABLE = ("sum", "prod", "max", "min")
@@ -285,14 +285,13 @@ def _copyable_at(body: Body, value: int) -> bool:
 def _copy_at(target: Body, source: Body, value: int, mapping: dict) -> int:
     """Append to `target` the ops of `source` that `value` depends on, their indices substituted by
     `mapping`; the copy's SSA id of `value`."""
-    copied = {}
+    copied: dict = {}
 
     def copy(position):
         if position not in copied:
-            op = _substituted(source.ops[position], mapping)
-            operands = tuple(copy(operand) for operand in op.operands)
-            target.ops.append(Op(op.name, operands, op.dtype, op.buffer, op.index, op.attr))
-            copied[position] = len(target.ops) - 1
+            for operand in source.ops[position].operands:
+                copy(operand)
+            copied[position] = copy_op(target, source.ops[position], copied, mapping)
         return copied[position]
 
     return copy(value)
