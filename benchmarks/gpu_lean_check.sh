@@ -57,7 +57,7 @@ if [ "${CHECKS:-1}" != 0 ]; then
       echo "gpu_capture_check exit ${PIPESTATUS[0]}"; } > "$OUT_DIR/capture.txt" 2>&1 &
     wait
     [ -z "${LAUNCHER_CHECK:-}" ] || cat "$OUT_DIR/launcher.txt"
-    tail -4 "$OUT_DIR/smoke.txt"; grep -i "fail\|error\|mismatch\|cudagraphs" "$OUT_DIR/smoke.txt" | cut -c1-300 | head -14
+    tail -4 "$OUT_DIR/smoke.txt"; grep "FAILED\|ERROR\|MISMATCH" "$OUT_DIR/smoke.txt" | cut -c1-300 | head -14
     tail -8 "$OUT_DIR/capture.txt"
 fi
 [ "${MODELS_BUDGET:-190}" = 0 ] || \

@@ -61,6 +61,13 @@ def main() -> int:
     return 1 if failures else 0
 
 
+def _report(line: str, failed: bool) -> int:
+    """Print a check's summary line, marked FAILED where the check failed (a count with no line once hid which
+    check failed), and return 1 for a failure."""
+    print(line + ("  FAILED" if failed else ""), flush=True)
+    return int(bool(failed))
+
+
 def _small_models():
     import torchvision
     import transformers
@@ -111,10 +118,10 @@ def _check_cuda_graph_sizes() -> int:
                           flush=True)
             del out
         runners, totals, disabled = _runner_totals()
-        print(f"cudagraphs sizes      {name:10} {len(lengths)} calls, lengths {sorted(set(lengths))} checked; "
-              f"runners {runners}, recordings {totals['recordings']}, replays {totals['replays']}, "
-              f"plain calls {totals['plain_calls']}, disabled {disabled}", flush=True)
-        failures += not totals["replays"] or totals["plain_calls"] > 0 or bool(disabled)
+        failures += _report(f"cudagraphs sizes      {name:10} {len(lengths)} calls, lengths {sorted(set(lengths))} "
+                            f"checked; runners {runners}, recordings {totals['recordings']}, replays "
+                            f"{totals['replays']}, plain calls {totals['plain_calls']}, disabled {disabled}",
+                            not totals["replays"] or totals["plain_calls"] > 0 or bool(disabled))
     except Exception:
         failures += 1
         print(f"cudagraphs sizes      {name:10} ERROR {traceback.format_exc()[-1500:]}", flush=True)
@@ -171,10 +178,11 @@ def _check_cuda_graph_model(name, call, model, make, keep_results: bool) -> int:
                 del stale
             del out
         runners, totals, disabled = _runner_totals()
-        print(f"cudagraphs {policy:10} {name:10} 6 calls checked; graphs {runners}, replays {totals['replays']}, "
-              f"plain calls {totals['plain_calls']}, disabled {disabled}, stale results invalidated "
-              f"{totals['invalidated']}, reading a stale result: {stale_message}", flush=True)
-        failures += not totals["replays"] or totals["plain_calls"] > 0 or (keep_results and stale_message != "raises")
+        failures += _report(f"cudagraphs {policy:10} {name:10} 6 calls checked; graphs {runners}, replays "
+                            f"{totals['replays']}, plain calls {totals['plain_calls']}, disabled {disabled}, stale "
+                            f"results invalidated {totals['invalidated']}, reading a stale result: {stale_message}",
+                            not totals["replays"] or totals["plain_calls"] > 0
+                            or (keep_results and stale_message != "raises"))
     except Exception:
         failures += 1
         print(f"cudagraphs {policy:10} {name:10} ERROR {traceback.format_exc()[-1500:]}", flush=True)
@@ -256,10 +264,11 @@ def check_training_cuda_graphs(steps: int = 6) -> int:
             runners, totals, disabled = _runner_totals()
             print(f"cudagraphs training  {name:10} loss errors vs float64 per step (kiln / eager): "
                   + ", ".join(f"{abs(a - c):.2e} / {abs(b - c):.2e}" for a, b, c in losses), flush=True)
-            print(f"cudagraphs training  {name:10} {steps} steps checked; graphs {runners}, replays "
-                  f"{totals['replays']}, plain calls {totals['plain_calls']}, disabled {disabled}", flush=True)
             # the forward replays from its 2nd call on, the backward from its 3rd
-            failures += totals["replays"] < 2 * steps - 3 or totals["plain_calls"] > 0 or bool(disabled)
+            failures += _report(f"cudagraphs training  {name:10} {steps} steps checked; graphs {runners}, replays "
+                                f"{totals['replays']} (at least {2 * steps - 3}), recordings {totals['recordings']}, "
+                                f"plain calls {totals['plain_calls']}, disabled {disabled}",
+                                totals["replays"] < 2 * steps - 3 or totals["plain_calls"] > 0 or bool(disabled))
         except Exception:
             failures += 1
             print(f"cudagraphs training  {name:10} ERROR {traceback.format_exc()[-1500:]}", flush=True)
@@ -294,10 +303,10 @@ def check_default_mode_cuda_graphs() -> int:
             runners = [o for o in gc.get_objects() if isinstance(o, cudagraphs.CudaGraphRunner) and o.preserve]
             replays = sum(r.replays for r in runners)
             disabled = [r.disabled_reason for r in runners if r.disabled_reason]
-            print(f"default cudagraphs    {name:10} 6 results kept and checked after later calls: "
-                  f"{'ok' if not bad and views_ok else f'MISMATCH at calls {bad}, views ok {views_ok}'}; "
-                  f"graphs {len(runners)}, replays {replays}, disabled {disabled}", flush=True)
-            failures += bool(bad) or not views_ok or not replays or bool(disabled)
+            failures += _report(f"default cudagraphs    {name:10} 6 results kept and checked after later calls: "
+                                f"{'ok' if not bad and views_ok else f'MISMATCH at calls {bad}, views ok {views_ok}'}; "
+                                f"graphs {len(runners)}, replays {replays}, disabled {disabled}",
+                                bool(bad) or not views_ok or not replays or bool(disabled))
             del kept
         except Exception:
             failures += 1
@@ -355,9 +364,8 @@ def _check_expanded_inputs() -> int:
                     bad += not kiln.testing.compare(got, want)
             runners = [o for o in gc.get_objects() if isinstance(o, cudagraphs.CudaGraphRunner)]
             replays = sum(r.replays for r in runners)
-            print(f"expanded input        {mode:16} 5 calls: {'ok' if not bad else f'{bad} MISMATCH'}; "
-                  f"graphs {len(runners)}, replays {replays}", flush=True)
-            failures += bool(bad) or not replays
+            failures += _report(f"expanded input        {mode:16} 5 calls: {'ok' if not bad else f'{bad} MISMATCH'}; "
+                                f"graphs {len(runners)}, replays {replays}", bool(bad) or not replays)
         except Exception:
             failures += 1
             print(f"expanded input        {mode:16} ERROR {traceback.format_exc()[-1500:]}", flush=True)
@@ -386,8 +394,7 @@ def check_max_autotune() -> int:
                     if not verdict:
                         print(f"{mode:28} call {step} MISMATCH {verdict.message}", flush=True)
                 choices = len(list(pathlib.Path(cache_dir).rglob("autotune/*.json")))
-            failures += choices == 0
-            print(f"{mode:28} 3 calls checked; autotuned choices {choices}", flush=True)
+            failures += _report(f"{mode:28} 3 calls checked; autotuned choices {choices}", choices == 0)
         except Exception:
             failures += 1
             print(f"{mode:28} ERROR {traceback.format_exc()[-1500:]}", flush=True)
