@@ -244,6 +244,14 @@ def cublas_workspace_releaser():
     return getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
 
 
+def tangent_positions(gm: torch.fx.GraphModule) -> tuple[int, ...]:
+    """The positions, among a backward graph's inputs, of the tangents (the gradients of the forward's outputs,
+    new tensors on every backward). AOTAutograd names their placeholders `tangents_<n>` (its partitioner tells
+    them apart by that name, `_is_tangent`)."""
+    placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
+    return tuple(position for position, node in enumerate(placeholders) if "tangents" in str(node.target))
+
+
 def reinterpret_tensor():
     """torch's C++ `_reinterpret_tensor(tensor, size, stride, offset)` (Inductor's wrappers use it):
     a view whose offset counts from the tensor's own storage offset, in about half the time of

@@ -105,11 +105,12 @@ def _tagged(partition_fn: Callable) -> Callable:
 
 def training_role(gm: torch.fx.GraphModule) -> dict:
     """The part `gm` plays in a training step, as `_tagged` recorded it: {"saved_from": n} for a forward whose
-    outputs from n on are saved for the backward (those before, the user's), {"backward": True} for a backward,
+    outputs from n on are saved for the backward (those before, the user's), {"backward": True, "tangents": its
+    inputs' positions that are tangents} for a backward,
     {} where that is unknown: an inference graph, or a forward whose outputs changed after the partitioner
     (AOTAutograd drops effect tokens, or inlines saved-tensor hooks, there), which tells no more which are saved."""
     if gm.meta.get(BACKWARD):
-        return {"backward": True}
+        return {"backward": True, "tangents": _torch.tangent_positions(gm)}
     saved_from = gm.meta.get(SAVED_FROM)
     if saved_from is None or gm.meta.get(FORWARD_OUTPUTS) != len(gm.graph.output_node().args[0]):
         return {}

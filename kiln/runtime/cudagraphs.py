@@ -177,12 +177,15 @@ class CudaGraphRunner:
                  invalidate: Callable | None | str = "config", max_shapes: int | None = None,
                  preserve: PreservingPool | None = None, is_capturing: Callable | None = None,
                  release_workspaces: Callable | None | str = "torch", saved_from: int | None = None,
-                 block_results: bool = False, warm_up_calls: int = 1) -> None:
+                 block_results: bool = False, warm_up_calls: int = 1, fresh: tuple = ()) -> None:
         """`saved_from`: a training forward, whose results from this position on are saved for its backward;
         `block_results`: a backward, whose results are gradients. Such results are never invalidated: one of the
         last replay still alive makes the next call run without the graph (module docstring). `warm_up_calls`:
         calls run without the graph before the one that records; the last one's input addresses decide which
-        inputs are read in place (a backward's: 2, so that they are the forward's recorded ones)."""
+        inputs are read in place (a backward's: 2, so that they are the forward's recorded ones). `fresh`: the
+        positions of inputs new on every call (a backward's tangents), always copied in: one whose address
+        happened to repeat between the last warm-up and the recording was read in place, and its next move
+        cost a warm-up and a recording more (Llama's training in benchmarks/gpu_smoke.py, 8 replays of 9)."""
         from kiln.config import config
 
         # torch's cuBLAS workspaces are kept per stream for the process's life: one first made by the warm-up
@@ -210,7 +213,7 @@ class CudaGraphRunner:
         self._options = dict(capture=capture, make_stream=make_stream, stream_context=stream_context,
                              invalidate=invalidate, max_shapes=self.max_shapes, preserve=preserve,
                              release_workspaces=self._release_workspaces, saved_from=saved_from,
-                             block_results=block_results, warm_up_calls=warm_up_calls)
+                             block_results=block_results, warm_up_calls=warm_up_calls, fresh=fresh)
         self._scalar_positions: tuple | None = None  # where the non-tensor inputs are
         self._key = None  # their values in this runner's calls
         self.shapes: dict = {}  # other values -> their runner
@@ -240,7 +243,7 @@ class CudaGraphRunner:
         self.extern_count = getattr(compiled, "extern_count", 0)
         self.module_source = getattr(compiled, "module_source", None)
         self.recordings = 0
-        self.moved: set = set()  # positions of non-parameter inputs that moved: always copied in
+        self.moved: set = set(fresh)  # positions of non-parameter inputs that moved (or always do): copied in
         self.disabled_reason: str | None = None
         self.replays = 0
         self.plain_calls = 0
@@ -549,10 +552,11 @@ MAX_RESULT_BYTES_PER_LAUNCH = 4 << 20
 
 def wrap(compiled, name: str, example_inputs: list, *, inference: bool, preserve: bool = False,
          launches: int | None = None, output_bytes: int | None = None, saved_from: int | None = None,
-         backward: bool = False):
+         backward: bool = False, tangents: tuple = ()):
     """`compiled` behind a CudaGraphRunner when CUDA graphs apply to it, else `compiled` (logged why).
     A training step's graphs (not `inference`) say their part: a forward whose outputs from `saved_from` on are
-    saved for the backward, or a `backward`; one that says neither runs without graphs.
+    saved for the backward, or a `backward` (with its `tangents`' positions: inputs always copied in); one that
+    says neither runs without graphs.
     `preserve`: the default mode's policy (results stay valid; static shapes only; the device's shared pool;
     inference graphs only), for graphs of at least MIN_DEFAULT_LAUNCHES `launches` whose `output_bytes`
     (None: unknown) are at most MAX_RESULT_BYTES_PER_LAUNCH per launch."""
@@ -564,7 +568,7 @@ def wrap(compiled, name: str, example_inputs: list, *, inference: bool, preserve
     elif not tensors or not all(value.is_cuda for value in tensors):
         reason = "its inputs are not all CUDA tensors"
     elif not preserve and backward:  # its saved inputs are the forward's, recorded at the forward's second call
-        return CudaGraphRunner(compiled, name, block_results=True, warm_up_calls=2)
+        return CudaGraphRunner(compiled, name, block_results=True, warm_up_calls=2, fresh=tangents)
     elif not preserve:
         return CudaGraphRunner(compiled, name, saved_from=saved_from)
     elif len(tensors) != len(example_inputs):

@@ -11,6 +11,7 @@ import copy
 import gc
 import logging
 
+import pytest
 import torch
 
 import kiln
@@ -151,6 +152,22 @@ def test_a_backward_warms_up_twice_reads_saved_tensors_in_place_and_a_kept_gradi
     assert runner.replays == 3 and runner.plain_calls == 1 and runner.recordings == 1
 
 
+@pytest.mark.parametrize("fresh, replays, recordings", [((2,), 5, 1), ((), 3, 2)])
+def test_a_backwards_tangents_are_copied_in_even_where_their_address_repeats(fresh, replays, recordings):
+    # The incoming gradient is a new tensor each step, and the allocator may give it the last one's address: the
+    # same tensor at the second warm-up and the recording here. Kept in place (no `fresh`, as before), its next
+    # move warmed up twice and recorded again: 2 replays lost over 7 steps (on the GPU, Llama's training in
+    # benchmarks/gpu_smoke.py replayed 8 times of 9). Copied in as a tangent, every call from the third replays.
+    runner = runner_for(backward_function, invalidate=StandInInvalidator(), block_results=True, warm_up_calls=2,
+                        fresh=fresh)
+    x, y = torch.randn(5, 8), torch.tanh(torch.randn(5, 4))
+    repeated = torch.randn(5, 4)
+    for grad_y in [torch.randn(5, 4), repeated, repeated] + [torch.randn(5, 4) for _ in range(4)]:
+        check_all(runner([x, y, grad_y]), backward_expected(x, y, grad_y))
+    assert (runner.replays, runner.recordings, runner.plain_calls) == (replays, recordings, 0)
+    assert [position for position, _ in runner.copied] == [2]
+
+
 def test_other_sizes_get_runners_with_the_same_training_options():
     def function(args):  # a backward of a shape-generic graph: its size (a non-tensor input) first
         rows, x, grad = args
@@ -184,7 +201,7 @@ def test_a_training_steps_forward_and_backward_reach_wrap_with_their_parts(monke
     wrap = cudagraphs.wrap
 
     def recording_wrap(compiled, name, example_inputs, *, inference, **part):
-        wrapped.append((inference, part))
+        wrapped.append((inference, part, len(example_inputs)))
         return wrap(compiled, name, example_inputs, inference=inference, **part)  # CPU inputs: no runner
 
     monkeypatch.setattr(cudagraphs, "wrap", recording_wrap)
@@ -198,7 +215,10 @@ def test_a_training_steps_forward_and_backward_reach_wrap_with_their_parts(monke
         for module in (compiled, reference):
             out, total = module(x)
             (out.sum() + total).backward()
-    assert wrapped == [(False, {"saved_from": 3 + 2}), (False, {"backward": True})]
+    (forward_part, (_, backward_part, backward_inputs)) = wrapped
+    assert forward_part[:2] == (False, {"saved_from": 3 + 2})
+    # the backward's last two inputs are the gradients of the two outputs: copied in, never read in place
+    assert backward_part == {"backward": True, "tangents": (backward_inputs - 2, backward_inputs - 1)}
     for got, want in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-5, atol=1e-4)  # float32, summed in another order
 
@@ -337,4 +357,10 @@ def test_a_forward_whose_outputs_changed_after_the_partitioner_has_no_known_part
     forward.meta.clear()
     assert aot.training_role(forward) == {}
     forward.meta[aot.BACKWARD] = True
-    assert aot.training_role(forward) == {"backward": True}
+    assert aot.training_role(forward) == {"backward": True, "tangents": ()}
+    graph = torch.fx.Graph()  # a backward as AOTAutograd names its inputs: saved values, then tangents
+    saved, tangent = graph.placeholder("mm"), graph.placeholder("tangents_1")
+    graph.output((graph.call_function(torch.mul, (saved, tangent)),))
+    backward = torch.fx.GraphModule(torch.nn.Module(), graph)
+    backward.meta[aot.BACKWARD] = True
+    assert aot.training_role(backward) == {"backward": True, "tangents": (1,)}
