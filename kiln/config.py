@@ -169,6 +169,10 @@ OPTIONS = [
     Option("split_reduction_max_rows", int, 32, "reductions with at most this many rows are split in two stages..."),
     Option("split_reduction_min_columns", int, 8192, "... when a row has at least this many columns"),
     Option("split_reduction_target_programs", int, 256, "... into chunks so that rows x chunks is about this"),
+    Option("split_long_row_programs", int, 1024, "a reduction of fewer rows than this whose rows are longer than "
+           "persistent_reduction_max (an NCHW batch norm's statistics: 64 channels of 802,816 at ResNet-50's stem, "
+           "batch 64) is split even where its consumer reads the rows again (that kernel would loop over each row "
+           "twice anyway), into chunks so that rows x chunks is about this (0: never)"),
     Option("split_outer_target_programs", int, 1024, "an outer reduction (kiln/schedule/outer.py) is split into "
            "chunks so that its row tiles x chunks is about this: 8 programs of 64 x 32 per SM of an H200"),
     Option("matmul_template", str, "default",

@@ -533,10 +533,12 @@ class TritonKernelGenerator:
         args = [names[operand] for operand in op.operands]
         if op.name == "load":
             if op.buffer in self.register_values and not op.operands:
-                if self._defined is not None:  # the value is a variable of this straight-line kernel: use it
-                    self._aliases[name] = self.register_values[op.buffer]
-                else:
-                    self.out.add(f"{name} = {self.register_values[op.buffer]}")
+                # the value is a variable of this kernel: use it. A copy (`name = value`) made inside a column
+                # loop is a name Triton does not know after the loop, where a looped reduction's finish may
+                # read it (a channels-last batch norm's split statistics: mean = K + d, d loaded before the
+                # reduce; "NameError: n1_0 is not defined" at ResNet-50's sizes on the GPU, the graph run
+                # eagerly; the interpreter, plain Python, knows it)
+                self._aliases[name] = self.register_values[op.buffer]
                 return
             offset, letters = self._offset(op)
             if self.kernel.is_reduction and not op.operands and "r" not in letters:

@@ -10,16 +10,18 @@ partials of each row and finish as the original node did:
                                  stage 2: cols [S]                 -> the original output
 
 Reductions of several rows whose result feeds a loop over their whole input (softmax,
-norms) are left whole: they fuse with it into one kernel. A single row is always split.
-Only sum, prod, max and min are split (argmax/argmin would carry indices), only static
-sizes, and only when S divides the columns exactly (no masks). What follows the reduce
+norms) are left whole: they fuse with it into one kernel; unless the rows are few and too long
+for registers (`_long_rows`: an NCHW batch norm's statistics), where that kernel would read each
+row twice anyway. A single row is always split. Only sum, prod, max, min and welford are split
+(argmax/argmin would carry indices), only static sizes, and only when S divides the columns
+exactly (no masks). What follows the reduce
 in the body (a mean's division, a cast) must depend on the reduced value and constants
 only; it moves to stage 2.
 
 Outer reductions (kiln/schedule/outer.py: rows contiguous, columns strided) are split
 whatever their consumers, into about `split_outer_target_programs` programs, with the
 partials chunk-major ([S, rows]); an outer welford splits as welfords of chunks of x - K (K an
-element of the row), merged by two sums (`_welford_split`).
+element of the row), merged by two sums (`_welford_split`; a row welford splits the same way).
 """
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ def split_reductions(graph: Graph) -> Graph:
                 stages = _split(node, graph, outer=True)
             elif product(node.ranges) == 1 or not _feeds_its_rows(node, uses):
                 stages = _split(node, graph)
+            elif _long_rows(node):
+                stages = _split(node, graph, count=long_row_split_count)
         nodes += stages if stages else [node]
     graph.nodes = nodes
     return graph
@@ -61,6 +65,29 @@ def _feeds_its_rows(node: LoopNode, uses: dict) -> bool:
                     sympy.expand(product([*user.ranges, *user.reduction_ranges]) - total) == 0:
                 return True
     return False
+
+
+def _long_rows(node: LoopNode) -> bool:
+    """Few rows too long for one kernel to keep in registers (static sizes). A consumer that reads the rows
+    again either fuses and loops over each row a second time, as a split's stage 1 and the consumer's own
+    kernel read it, or does not fuse at all (an NCHW batch norm's normalization, over N, C, H, W, whose
+    leading dim is not the channel): splitting costs no more reads. Unsplit, the rows alone leave most of
+    the GPU idle: ResNet-50's NCHW batch norms in training at batch 64 were 64 to 2,048 programs, each
+    looping over 25,088 to 802,816 elements."""
+    sizes = [*node.ranges, *node.reduction_ranges]
+    if not all(sympy.sympify(size).is_Integer for size in sizes):
+        return False
+    rows, columns = int(product(node.ranges)), int(product(node.reduction_ranges))
+    return rows < config.split_long_row_programs and columns > config.persistent_reduction_max
+
+
+def long_row_split_count(rows: int, columns: int) -> int:
+    """How many chunks to split each of a few long rows into (`_long_rows`; 1: do not split): rows x chunks
+    about `split_long_row_programs`, each chunk at least 1,024 columns, the chunks dividing the row exactly."""
+    for count in range(min(config.split_long_row_programs // rows, columns // 1024), 1, -1):
+        if columns % count == 0:
+            return count
+    return 1
 
 
 def split_count(rows: int, columns: int) -> int:
@@ -89,7 +116,9 @@ def outer_split_count(rows: int, columns: int) -> int:
     return 1
 
 
-def _split(node: LoopNode, graph: Graph, outer: bool = False) -> list | None:
+def _split(node: LoopNode, graph: Graph, outer: bool = False, count=None) -> list | None:
+    """`node` as two stages (a welford: three), or None where it cannot or need not split; `count(rows, columns)`
+    the chunks per row (default: outer_split_count or split_count)."""
     sizes = [*node.ranges, *node.reduction_ranges]
     if not all(sympy.sympify(size).is_Integer for size in sizes):
         return None
@@ -97,18 +126,18 @@ def _split(node: LoopNode, graph: Graph, outer: bool = False) -> list | None:
     if len(reduces) != 1:
         return None
     kind = node.body.ops[reduces[0]].attr
-    if kind not in SPLITTABLE and not (kind == "welford" and outer):
+    if kind not in SPLITTABLE and kind != "welford":
         return None
     position = reduces[0]
     carried = _constants_used_after(node.body, position)
     if carried is None:
         return None
     rows, columns = int(product(node.ranges)), int(product(node.reduction_ranges))
-    count = (outer_split_count if outer else split_count)(rows, columns)
+    count = (count or (outer_split_count if outer else split_count))(rows, columns)
     if count == 1:
         return None
     if kind == "welford":
-        return _welford_split(node, graph, position, carried, count, columns)
+        return _welford_split(node, graph, position, carried, count, columns, outer)
     reduce_op = node.body.ops[position]
     output = graph.buffers[node.outputs[0]]
     # An outer reduction's partials are chunk-major ([chunks, rows]): stage 1 then stores, and
@@ -201,9 +230,11 @@ def _finish(body: Body, node: LoopNode, position: int, renumber: dict, getitem=N
         renumber[offset] = len(body.ops) - 1
 
 
-def _welford_split(node: LoopNode, graph: Graph, position: int, carried: set, count: int, columns: int) -> list | None:
-    """An outer welford (var_mean over leading dims: a channels-last batch norm's training statistics) in
-    one read of x, over deviations from K, one element of x per row (the first column's):
+def _welford_split(node: LoopNode, graph: Graph, position: int, carried: set, count: int, columns: int,
+                   outer: bool) -> list | None:
+    """A welford (var_mean: a batch norm's training statistics, over leading dims where channels-last, or a
+    few long rows where NCHW) in one read of x, over deviations from K, one element of x per row (the first
+    column's); the partials chunk-major where `outer`, as any outer split's:
 
         stage 1   per (chunk, row): welford of x - K over the chunk's w columns -> mu_c, m2_c
         stage 2a  per row: d = sum(mu_c) / chunks                              (the mean deviation)
@@ -231,18 +262,19 @@ def _welford_split(node: LoopNode, graph: Graph, position: int, carried: set, co
         graph.buffers[made.name] = made
         return made
 
-    partial_sizes = [sympy.Integer(count), *row_sizes]  # chunk-major, as any outer split's
+    partial_sizes = [sympy.Integer(count), *row_sizes] if outer else [*row_sizes, sympy.Integer(count)]
     means, m2s, mean_deviation = buffer("mu", partial_sizes), buffer("m2", partial_sizes), buffer("d", row_sizes)
 
-    body, chunk, shifted_rows, ranges, width = _chunked_body(node, position, count, columns, outer=True)
+    body, chunk, shifted_rows, ranges, width = _chunked_body(node, position, count, columns, outer)
     shift = _copy_at(body, node.body, value, {**first_column, **dict(zip(rows, shifted_rows))})
     reduced = body.emit("reduce", (body.emit("sub", (value, shift), dtype),), dtype, attr="welford")
-    body.store(means, [chunk, *shifted_rows], body.emit("getitem", (reduced,), dtype, attr=0))
-    body.store(m2s, [chunk, *shifted_rows], body.emit("getitem", (reduced,), dtype, attr=1))
+    at = [chunk, *shifted_rows] if outer else [*shifted_rows, chunk]
+    body.store(means, at, body.emit("getitem", (reduced,), dtype, attr=0))
+    body.store(m2s, at, body.emit("getitem", (reduced,), dtype, attr=1))
     first = Reduction(f"{node.name}_stage1", ranges, body, [means.name, m2s.name],
                       reduction_ranges=[sympy.Integer(width)])
 
-    chunks = [index_var("r", 0), *rows]
+    chunks = [index_var("r", 0), *rows] if outer else [*rows, index_var("r", 0)]
     body = Body()
     total = body.emit("reduce", (body.load(means, chunks),), dtype, attr="sum")
     body.store(mean_deviation, rows, body.emit("truediv", (total, body.constant(float(count), dtype)), dtype))
@@ -303,4 +335,4 @@ def _substituted(op: Op, mapping: dict) -> Op:
     return Op(op.name, op.operands, op.dtype, op.buffer, index, attr)
 
 
-__all__ = ["outer_split_count", "split_count", "split_reductions"]
+__all__ = ["long_row_split_count", "outer_split_count", "split_count", "split_reductions"]

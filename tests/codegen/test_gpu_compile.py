@@ -104,6 +104,26 @@ def cuda_sources(fn, *args, backward: bool = False) -> list:
     return [generate_kernel(kernel, graph, "cuda") for kernel, graph in kernels]
 
 
+def test_a_looped_split_statistics_merge_compiles_for_hopper():
+    """var_mean over (N, H, W) of a channels-last x, split into 256 chunks a channel: the merge (stage 2) loops
+    over the chunks, and its finish (mean = K + d) reads d, which the loop's body loaded. A copy of it made
+    inside the loop failed Triton's compile (a name unknown after the loop): ResNet-50's channels-last
+    training ran a graph eagerly on the GPU. The interpreter runs such a kernel; only a compile shows it."""
+    from kiln import _triton
+
+    x = torch.randn(16, 32, 64, 64).to(memory_format=torch.channels_last)
+    skipped = _triton.SerializedInterpretedFunction.run
+    _triton.SerializedInterpretedFunction.run = lambda self, *a, **k: None  # sources only: launches skipped
+    try:
+        sources = cuda_sources(lambda x: torch.var_mean(x, dim=(0, 2, 3)), x)
+    finally:
+        _triton.SerializedInterpretedFunction.run = skipped
+    merges = [source for source in sources if "for roffset" in source.source and "tl.load" in source.source
+              and source.xnumel == 32]
+    assert merges, [source.source for source in sources]
+    assert len(compile_for_h200(sources)) == len(sources)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_product_templates_compile_for_hopper_with_tensor_cores_and_a_pipelined_loop(dtype):
     x, w, b, r = (torch.randn(*size, dtype=dtype) for size in ((256, 768), (1024, 768), (1024,), (256, 1024)))
