@@ -173,6 +173,8 @@ OPTIONS = [
            "persistent_reduction_max (an NCHW batch norm's statistics: 64 channels of 802,816 at ResNet-50's stem, "
            "batch 64) is split even where its consumer reads the rows again (that kernel would loop over each row "
            "twice anyway), into chunks so that rows x chunks is about this (0: never)"),
+    Option("split_long_row_min_columns", int, 32768, "... when its rows have at least this many columns (one program "
+           "streaming a shorter row takes about a launch's time: a softmax of 4 x 9000 stays one kernel)"),
     Option("split_outer_target_programs", int, 1024, "an outer reduction (kiln/schedule/outer.py) is split into "
            "chunks so that its row tiles x chunks is about this: 8 programs of 64 x 32 per SM of an H200"),
     Option("matmul_template", str, "default",

@@ -68,7 +68,8 @@ def _feeds_its_rows(node: LoopNode, uses: dict) -> bool:
 
 
 def _long_rows(node: LoopNode) -> bool:
-    """Few rows too long for one kernel to keep in registers (static sizes). A consumer that reads the rows
+    """Few rows too long for one kernel to keep in registers, and long enough that one program streaming a row
+    takes longer than a launch (`split_long_row_min_columns`; static sizes). A consumer that reads the rows
     again either fuses and loops over each row a second time, as a split's stage 1 and the consumer's own
     kernel read it, or does not fuse at all (an NCHW batch norm's normalization, over N, C, H, W, whose
     leading dim is not the channel): splitting costs no more reads. Unsplit, the rows alone leave most of
@@ -78,7 +79,8 @@ def _long_rows(node: LoopNode) -> bool:
     if not all(sympy.sympify(size).is_Integer for size in sizes):
         return False
     rows, columns = int(product(node.ranges)), int(product(node.reduction_ranges))
-    return rows < config.split_long_row_programs and columns > config.persistent_reduction_max
+    return rows < config.split_long_row_programs and \
+        columns >= max(config.split_long_row_min_columns, config.persistent_reduction_max + 1)
 
 
 def long_row_split_count(rows: int, columns: int) -> int:

@@ -41,35 +41,35 @@ def _statistics_kernels(x, **options):
 
 
 def test_few_long_rows_feeding_their_consumer_are_split():
-    x = _random((4, 8, 64, 64), 1) * 3 + 2  # 8 rows of 16384 columns (past persistent_reduction_max)
+    x = _random((8, 8, 64, 64), 1) * 3 + 2  # 8 rows of 32768 columns (split_long_row_min_columns)
     kernels, (out, variance), (out64, variance64) = _statistics_kernels(x)
-    # stage 1 (welfords of chunks, 8 x 16 programs), stage 2 (the two merging sums), then the normalization
+    # stage 1 (welfords of chunks, 8 x 32 programs), stage 2 (the two merging sums), then the normalization
     assert [len(kernel.nodes) for kernel in kernels] == [1, 3, 1], kernels
-    assert [int(size) for size in kernels[0].row_ranges] == [8, 16]
+    assert [int(size) for size in kernels[0].row_ranges] == [8, 32]
     torch.testing.assert_close(out.double(), out64, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(variance.double(), variance64, rtol=1e-5, atol=1e-6)
     whole, (out, _), _ = _statistics_kernels(x, split_long_row_programs=0)
-    # the option off: one program per channel (8) loops over its 16384 columns; the normalization (over N, C, H,
+    # the option off: one program per channel (8) loops over its 32768 columns; the normalization (over N, C, H,
     # W: the channel is not its leading dim) was never fused with it
     assert [int(size) for size in whole[0].row_ranges] == [8] and len(whole) == 2, whole
     torch.testing.assert_close(out.double(), out64, rtol=1e-5, atol=1e-5)
 
 
-def test_rows_that_fit_in_registers_stay_whole():
-    x = _random((2, 8, 32, 32), 2)  # 2048 columns: in registers, read once
-    kernels, _, _ = _statistics_kernels(x)
-    assert [int(size) for size in kernels[0].row_ranges] == [8] and len(kernels) == 2, kernels
+def test_rows_in_registers_or_short_stay_whole():
+    for shape in ((2, 8, 32, 32), (4, 8, 64, 64)):  # 2048 columns (in registers, read once), 16384 (short)
+        kernels, _, _ = _statistics_kernels(_random(shape, 2))
+        assert [int(size) for size in kernels[0].row_ranges] == [8] and len(kernels) == 2, kernels
 
 
 @pytest.mark.parametrize("values", ["offset", "outlier", "equal"])
 def test_a_split_row_welford_is_as_accurate_as_the_whole_one(values):
     """The outer split's accuracy cases (tests/schedule/test_outer.py) for a row welford: a mean 1e5 spreads
     from 0, K (the row's first element) 100 spreads out, and equal values (exact mean, variance 0)."""
-    x = _random((4, 8, 64, 64), 7) * 0.01 + 1000
+    x = _random((8, 8, 64, 64), 7) * 0.01 + 1000
     if values == "outlier":
         x[0, :, 0, 0] = 1000 + 100 * 0.01
     elif values == "equal":
-        x = torch.full((4, 8, 64, 64), 3.7)
+        x = torch.full((8, 8, 64, 64), 3.7)
     _, (_, split_variance), (_, reference) = _statistics_kernels(x)
     _, (_, whole_variance), _ = _statistics_kernels(x, split_long_row_programs=0)
     if values == "equal":
@@ -82,16 +82,16 @@ def test_a_split_row_welford_is_as_accurate_as_the_whole_one(values):
 
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
 def test_an_nchw_batch_norm_trains_as_eager(backend):
-    """Forward and backward of a training batch norm and ReLU, NCHW, 8 channels of 16384: the statistics and
+    """Forward and backward of a training batch norm and ReLU, NCHW, 8 channels of 32768: the statistics and
     the backward's per-channel sums split; output and gradients against eager and float64."""
     torch.manual_seed(0)
 
     def step(x, w, b):
         return F.batch_norm(x, None, None, w, b, training=True).relu()
 
-    x = (_random((4, 8, 64, 64), 3) * 3 + 100).requires_grad_()
+    x = (_random((8, 8, 64, 64), 3) * 3 + 100).requires_grad_()
     w, b = _random((8,), 4).requires_grad_(), _random((8,), 5).requires_grad_()
-    grad = _random((4, 8, 64, 64), 6)
+    grad = _random((8, 8, 64, 64), 6)
     with kiln.config.patch(cpu_backend=backend, graph_cache=False):
         out = kiln.compile(step)(x, w, b)
         out.backward(grad)
