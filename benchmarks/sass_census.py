@@ -1,6 +1,7 @@
 """Every CUDA kernel kiln generates for a TARGETS.md model, compiled for sm_90 on a machine without a GPU.
 
     TRITON_INTERPRET=1 python -m benchmarks.sass_census [--only bert,resnet50] [--batch-scale 8]
+        [--train] [--set conv_layout_training=1]
 
 On the H200 a fused pointwise or row kernel is bound by instruction issue once it needs more than about
 25 SASS instructions an element (tests/codegen/test_gpu_compile.py test_row_kernels_stay_within_their_instruction_
@@ -52,23 +53,35 @@ def _models(batch_scale: int) -> dict:
     }
 
 
-def census(make_model, args: tuple, options: dict) -> list[dict]:
-    """One row per distinct CUDA kernel of the model's inference graphs (see the module docstring)."""
+def census(make_model, args: tuple, options: dict, train: bool = False) -> list[dict]:
+    """One row per distinct CUDA kernel of the model's inference graphs (see the module docstring); with `train`,
+    of its training step's forward and backward graphs (train mode, the loss the output's float32 sum)."""
     import kiln
-    from kiln import _triton
+    from kiln import _triton, backend
     from kiln.codegen.triton import generate_kernel
-    from tests.backend.test_pipeline import compiled_graphs
     from tests.codegen.test_gpu_compile import sass_instructions
 
-    model = make_model().eval()
+    model = make_model().train(train)
+    graphs = []  # what kiln.compile's graphs compiled to (kiln's frontend, as users run it)
+    compile_aten_graph = backend._compile_aten_graph
+
+    def recording(*arguments, **keywords):
+        compiled, key = compile_aten_graph(*arguments, **keywords)
+        graphs.append(compiled)
+        return compiled, key
+
     skipped = _triton.SerializedInterpretedFunction.run
     _triton.SerializedInterpretedFunction.run = lambda self, *a, **k: None  # sources only: launches skipped
+    backend._compile_aten_graph = recording
     try:
-        with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16), \
+        with torch.set_grad_enabled(train), torch.autocast("cpu", dtype=torch.bfloat16), \
                 kiln.config.patch(cpu_backend="triton", graph_cache=False, **options):
-            _, graphs = compiled_graphs(lambda *inputs: model(*inputs)[0], *args)
+            result = kiln.compile(model)(*args)
+            if train:  # the backward graph compiles at its first call
+                result.float().sum().backward()
     finally:
         _triton.SerializedInterpretedFunction.run = skipped
+        backend._compile_aten_graph = compile_aten_graph
     distinct: dict = {}
     for graph in graphs:
         for kernel in graph.scheduled.kernels:
@@ -76,7 +89,11 @@ def census(make_model, args: tuple, options: dict) -> list[dict]:
             distinct.setdefault(source.source, []).append(source)
     firsts = [launches[0] for launches in distinct.values()]
     rows = []
-    for source, count, launches in zip(firsts, sass_instructions(firsts), distinct.values()):
+    for source, count, launches in zip(firsts, sass_instructions(firsts, errors=True), distinct.values()):
+        if isinstance(count, str):  # failed Triton's compile: on a GPU, its graph would run eagerly
+            rows.append({"kernel": source.function_name, "instructions": 0, "per_element": 0.0,
+                         "launches": len(launches), "elements": int(source.xnumel), "looped": False, "error": count})
+            continue
         block = source.constexprs
         per_thread = max(1, block.get("XBLOCK", 1) * block.get("RBLOCK", 1) // (32 * source.num_warps))
         rows.append({"kernel": source.function_name, "instructions": count, "per_element": count / per_thread,
@@ -90,22 +107,37 @@ def main(argv: list[str] | None = None) -> None:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", default="", help="comma-separated models (default: all)")
     parser.add_argument("--batch-scale", type=int, default=8, help="the TARGETS.md batch divided by this")
+    parser.add_argument("--train", action="store_true", help="a training step's kernels (forward and backward)")
+    parser.add_argument("--set", action="append", default=[], metavar="OPTION=VALUE",
+                        help="a kiln.config option for the compile, e.g. conv_layout_training=1 (repeatable)")
     args = parser.parse_args(argv)
+    settings = {}
+    for item in args.set:
+        option, _, value = item.partition("=")
+        settings[option] = {"1": True, "0": False, "true": True, "false": False}.get(value.lower(), value)
     os.environ.setdefault("TRITON_INTERPRET", "1")
     torch.manual_seed(0)
     models = _models(args.batch_scale)
     for name in [name for name in models if not args.only or name in args.only.split(",")]:
         make_model, inputs, options = models[name]
-        rows = census(make_model, inputs, options)
+        rows = census(make_model, inputs, {**options, **settings}, train=args.train)
+        issued = sum(row["per_element"] * row["elements"] * row["launches"] for row in rows if not row["looped"])
         over = [row for row in rows if not row["looped"] and row["per_element"] > ISSUE_BUDGET
                 and row["elements"] >= 1 << 20]
-        print(f"\n## {name}: {sum(row['launches'] for row in rows)} launches of {len(rows)} distinct kernels; "
-              f"{len(over)} of at least 2^20 elements over {ISSUE_BUDGET} instructions an element\n")
-        print("| kernel | SASS instructions | per element | launches | elements per launch | loop |")
+        failed = [row for row in rows if "error" in row]
+        print(f"\n## {name}{' (training step)' if args.train else ''}{''.join(f', {item}' for item in args.set)}: "
+              f"{sum(row['launches'] for row in rows)} launches of {len(rows)} distinct kernels; "
+              f"**{len(failed)} failed Triton's compile**; {len(over)} of at least 2^20 elements over {ISSUE_BUDGET} "
+              f"instructions an element; {issued / 1e9:.2f} G thread-instructions (per element x elements x "
+              f"launches) in the kernels without a loop\n")
+        for row in failed:
+            print(f"- {row['kernel']} ({row['launches']} launches, {row['elements']} rows): {row['error']}")
+        print("\n| kernel | SASS instructions | per element | launches | elements per launch | loop |")
         print("|---|---|---|---|---|---|")
         for row in rows:
-            print(f"| {row['kernel']} | {row['instructions']} | {row['per_element']:.1f} | {row['launches']} | "
-                  f"{row['elements']} | {'yes' if row['looped'] else ''} |", flush=True)
+            if "error" not in row:
+                print(f"| {row['kernel']} | {row['instructions']} | {row['per_element']:.1f} | {row['launches']} | "
+                      f"{row['elements']} | {'yes' if row['looped'] else ''} |", flush=True)
 
 
 if __name__ == "__main__":

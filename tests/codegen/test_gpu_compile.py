@@ -205,13 +205,22 @@ def _sass_instructions(job: dict) -> int:
     return len(re.findall(r"^\s+/\*[0-9a-f]{4}\*/\s+\S", sass, re.M))
 
 
-def sass_instructions(sources: list) -> list:
-    """Each KernelSource's SASS instruction count for sm_90, compiled in a fresh process (compile_for_h200)."""
+def _sass_instructions_or_error(job: dict) -> int | str:
+    try:
+        return _sass_instructions(job)
+    except Exception as error:  # noqa: BLE001 - reported per kernel (benchmarks.sass_census)
+        return f"{type(error).__name__}: {error}".replace("\n", " ")[-300:]
+
+
+def sass_instructions(sources: list, errors: bool = False) -> list:
+    """Each KernelSource's SASS instruction count for sm_90, compiled in a fresh process (compile_for_h200);
+    with `errors`, a kernel that fails to compile gives its error's text instead of raising."""
     saved = os.environ.get("TRITON_INTERPRET")
     os.environ["TRITON_INTERPRET"] = "0"
     try:
         with multiprocessing.get_context("spawn").Pool(1) as pool:
-            return pool.map(_sass_instructions, [job_of(source) for source in sources])
+            return pool.map(_sass_instructions_or_error if errors else _sass_instructions,
+                            [job_of(source) for source in sources])
     finally:
         if saved is None:
             del os.environ["TRITON_INTERPRET"]
