@@ -27,6 +27,13 @@ def test_long_row_split_count(rows, columns, count):
     assert split.long_row_split_count(rows, columns) == count
 
 
+def test_an_empty_reduction_of_long_rows_is_not_split():
+    x = torch.randn(0, 40000)
+    with kiln.config.patch(strict=True, cpu_backend="triton"):
+        (out,) = compile_graph(torch.fx.symbolic_trace(lambda x: (torch.softmax(x, -1),)), [x])(x)
+    assert out.shape == (0, 40000)
+
+
 def _statistics_kernels(x, **options):
     """var_mean over (N, H, W) of an NCHW x feeding the normalization (the batch norm's pattern): the compiled
     graph's kernels and its results."""
