@@ -170,6 +170,26 @@ def test_sass_census_counts_every_distinct_kernel_of_a_model():
     assert len({row["kernel"] for row in rows}) == len(rows)
 
 
+def test_sass_census_of_a_training_step_counts_the_backwards_kernels_too():
+    """sass_census --train: the forward's and the backward's kernels (kiln.compile's graphs, recorded as they
+    compile), each compiled for sm_90; the recording hook is removed after it."""
+    pytest.importorskip("triton")
+    import torch
+
+    from benchmarks import sass_census
+    from kiln import backend
+
+    def block():
+        return torch.nn.Sequential(torch.nn.LayerNorm(64), torch.nn.Linear(64, 64), torch.nn.GELU())
+
+    compile_aten_graph = backend._compile_aten_graph
+    inference = sass_census.census(block, (torch.randn(4, 64),), {})
+    training = sass_census.census(block, (torch.randn(4, 64),), {}, train=True)
+    assert backend._compile_aten_graph is compile_aten_graph
+    assert len(training) > len(inference) and not any("error" in row for row in training)
+    assert all(row["instructions"] > 0 for row in training)
+
+
 def test_warm_start_diffs_a_key_the_warm_process_made_against_the_cold_ones(tmp_path):
     from benchmarks import warm_start
 
