@@ -75,32 +75,41 @@ def _long_rows(node: LoopNode) -> bool:
     leading dim is not the channel): splitting costs no more reads. Unsplit, the rows alone leave most of
     the GPU idle: ResNet-50's NCHW batch norms in training at batch 64 were 64 to 2,048 programs, each
     looping over 25,088 to 802,816 elements."""
-    sizes = [*node.ranges, *node.reduction_ranges]
-    if not all(sympy.sympify(size).is_Integer for size in sizes):
+    extent = _static_extent(node)
+    if extent is None:
         return False
-    rows, columns = int(product(node.ranges)), int(product(node.reduction_ranges))
+    rows, columns = extent
     return 0 < rows < config.split_long_row_programs and \
         columns >= max(config.split_long_row_min_columns, config.persistent_reduction_max + 1)
+
+
+def _static_extent(node: LoopNode) -> tuple | None:
+    """(rows, columns) of a reduction whose sizes are all static, else None (a split needs exact chunks)."""
+    sizes = [*node.ranges, *node.reduction_ranges]
+    if not all(sympy.sympify(size).is_Integer for size in sizes):
+        return None
+    return int(product(node.ranges)), int(product(node.reduction_ranges))
+
+
+def _dividing_count(most: int, columns: int, chunk: int) -> int:
+    """The largest count, at most `most`, that divides `columns` into chunks of at least `chunk` (1: none)."""
+    for count in range(min(most, columns // chunk), 1, -1):
+        if columns % count == 0:
+            return count
+    return 1
 
 
 def long_row_split_count(rows: int, columns: int) -> int:
     """How many chunks to split each of a few long rows into (`_long_rows`; 1: do not split): rows x chunks
     about `split_long_row_programs`, each chunk at least 1,024 columns, the chunks dividing the row exactly."""
-    for count in range(min(config.split_long_row_programs // rows, columns // 1024), 1, -1):
-        if columns % count == 0:
-            return count
-    return 1
+    return _dividing_count(config.split_long_row_programs // rows, columns, 1024)
 
 
 def split_count(rows: int, columns: int) -> int:
     """How many chunks to split each row into (1: do not split)."""
     if rows > config.split_reduction_max_rows or columns < config.split_reduction_min_columns:
         return 1
-    target = max(2, config.split_reduction_target_programs // rows)
-    for count in range(min(target, columns // 1024), 1, -1):
-        if columns % count == 0:
-            return count
-    return 1
+    return _dividing_count(max(2, config.split_reduction_target_programs // rows), columns, 1024)
 
 
 def outer_split_count(rows: int, columns: int) -> int:
@@ -112,10 +121,7 @@ def outer_split_count(rows: int, columns: int) -> int:
     target = config.split_outer_target_programs
     if programs == 0 or 2 * programs > target:
         return 1
-    for count in range(min(target // programs, columns // 256), 1, -1):
-        if columns % count == 0:
-            return count
-    return 1
+    return _dividing_count(target // programs, columns, 256)
 
 
 def _split(node: LoopNode, graph: Graph, outer: bool = False, long_rows: bool = False) -> list | None:
@@ -124,8 +130,8 @@ def _split(node: LoopNode, graph: Graph, outer: bool = False, long_rows: bool = 
     smaller than K lost relative digits that the unsplit kernel keeps (var_mean of 5 x 9000 bf16 values, in
     tests/codegen/test_cpp.py, came out 1 ulp off where eager's was exact). In a batch norm it shifts the
     normalized values by about K's ulp over the spread: ~4e-7 in float32 for a K three spreads out."""
-    sizes = [*node.ranges, *node.reduction_ranges]
-    if not all(sympy.sympify(size).is_Integer for size in sizes):
+    extent = _static_extent(node)
+    if extent is None:
         return None
     reduces = [position for position, op in enumerate(node.body.ops) if op.name == "reduce"]
     if len(reduces) != 1:
@@ -137,7 +143,7 @@ def _split(node: LoopNode, graph: Graph, outer: bool = False, long_rows: bool = 
     carried = _constants_used_after(node.body, position)
     if carried is None:
         return None
-    rows, columns = int(product(node.ranges)), int(product(node.reduction_ranges))
+    rows, columns = extent
     count = (outer_split_count if outer else long_row_split_count if long_rows else split_count)(rows, columns)
     if count == 1:
         return None
