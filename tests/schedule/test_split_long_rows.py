@@ -88,10 +88,13 @@ def test_a_split_row_welford_is_as_accurate_as_the_whole_one(values):
 
 
 @pytest.mark.parametrize("backend", ["cpp", "triton"])
-def test_an_nchw_batch_norm_trains_as_eager(backend):
+def test_an_nchw_batch_norm_trains_as_eager(backend, monkeypatch):
     """Forward and backward of a training batch norm and ReLU, NCHW, 8 channels of 32768: the statistics and
     the backward's per-channel sums split; output and gradients against eager and float64."""
     torch.manual_seed(0)
+    counts = []  # each long-row split's chunk count, in the forward and in the backward
+    count_of = split.long_row_split_count
+    monkeypatch.setattr(split, "long_row_split_count", lambda *sizes: counts.append(count_of(*sizes)) or counts[-1])
 
     def step(x, w, b):
         return F.batch_norm(x, None, None, w, b, training=True).relu()
@@ -99,9 +102,11 @@ def test_an_nchw_batch_norm_trains_as_eager(backend):
     x = (_random((8, 8, 64, 64), 3) * 3 + 100).requires_grad_()
     w, b = _random((8,), 4).requires_grad_(), _random((8,), 5).requires_grad_()
     grad = _random((8, 8, 64, 64), 6)
-    with kiln.config.patch(cpu_backend=backend, graph_cache=False):
+    with kiln.config.patch(cpu_backend=backend, graph_cache=False, strict=True):
         out = kiln.compile(step)(x, w, b)
+        split_in_forward = len(counts)
         out.backward(grad)
+    assert split_in_forward >= 1 and len(counts) > split_in_forward and all(count > 1 for count in counts), counts
     got = [out.detach(), *(t.grad for t in (x, w, b))]
     leaves = [t.detach().clone().requires_grad_() for t in (x, w, b)]
     expected = step(*leaves)
