@@ -32,7 +32,8 @@
 #   kiln warnings printed, each with empty Triton and kiln caches (ResNet-50 ran eagerly in one process of three at
 #   05ad837: a launcher of another signature, read off a module object two compile threads' loads shared).
 #   OUTER_PROBE=1: then benchmarks.outer_reduction_probe (GPU kernel us of kiln's channels-last batch-norm statistics
-#   per config.split_outer_target_programs in $OUTER_PROBE_TARGETS, default 1024,4096, against eager and a copy).
+#   per kiln setting in $OUTER_PROBE_SETTINGS (its --settings; default: the defaults, 4096 split programs,
+#   uncompensated welford, both), against eager and a copy).
 #   DROPOUT_CHECK=1: benchmarks.gpu_dropout_check beside step 1 (correctness only: it shares the GPU with the smoke).
 #   LAUNCHER_CHECK=1: benchmarks.gpu_launcher_check beside step 1 (CPU only, seconds: threads loading Triton launchers
 #   at once, through Python's loader and kiln's: how many got another launcher).
@@ -121,7 +122,7 @@ if [ -n "${REPEAT_MODELS:-}" ]; then  # an intermittent failure: each model's ki
 fi
 if [ -n "${OUTER_PROBE:-}" ]; then  # kiln's channels-last batch-norm statistics per split_outer_target_programs
     timeout "${OUTER_PROBE_BUDGET:-150}" "$PYTHON" -m benchmarks.outer_reduction_probe \
-        --targets "${OUTER_PROBE_TARGETS:-1024,4096}" --out "$OUT_DIR" 2>&1 | grep -v "Warn" | tail -14
+        ${OUTER_PROBE_SETTINGS:+--settings "$OUTER_PROBE_SETTINGS"} --out "$OUT_DIR" 2>&1 | grep -v "Warn" | tail -14
 fi
 if [ -n "${PROFILE_MODELS:-}" ]; then
     tag="${PROFILE_ENV:+-$(echo "$PROFILE_ENV" | tr -c 'A-Za-z0-9\n' _)}"  # the setting, in the files' names

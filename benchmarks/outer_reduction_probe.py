@@ -1,12 +1,14 @@
 """GPU kernel time of kiln's outer reductions (a channels-last batch norm's statistics) against eager and a copy.
 
-    python -m benchmarks.outer_reduction_probe [--targets 1024,4096] [--out DIR]
+    python -m benchmarks.outer_reduction_probe [--settings "split_outer_target_programs=4096;welford_compensation=0"]
+        [--out DIR]
 
 A ResNet-50 training step at batch 64 spends over 1.2 ms in the first stages of its split batch-norm statistics
 (welford over N x H x W per channel, channels-last; 2026-12-07_profile-train-resnet50-ded8935): about 450 GB/s
 where a copy runs near 3 TB/s. Each program loops over its chunk one [64, 32] tile at a time, a load's latency
-per step, which suggests too few programs doing too long a loop. This times, per `config.split_outer_target_
-programs` in --targets, kiln's var_mean and sum over dims (0, 2, 3) of a channels-last bf16 activation of
+per step, which suggests too few programs doing too long a loop (or, second, the per-element work of its
+compensated updates). This times, per setting in --settings (kiln config options, `;` between settings, `,`
+between the options of one; `default` is the defaults), kiln's var_mean and sum over dims (0, 2, 3) of a channels-last bf16 activation of
 ResNet-50's shapes, as the sum of the GPU kernels' own times per call (torch.profiler), against eager's
 (torch.var_mean, ATen's reduction kernels) and a copy of the input (the memory ceiling). One process; each
 setting compiles afresh (kiln.reset, the graph cache off).
@@ -48,7 +50,9 @@ def main(argv=None) -> None:
     import kiln
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--targets", default="1024,2048,4096,8192", help="split_outer_target_programs values")
+    parser.add_argument("--settings", default="default;split_outer_target_programs=4096;welford_compensation=0;"
+                        "split_outer_target_programs=4096,welford_compensation=0",
+                        help="kiln config settings to compare, ';' between settings")
     parser.add_argument("--device", default="cuda", help="cuda (a CPU: a dry run at a small shape)")
     parser.add_argument("--out", default=None, help="also write the table to DIR/outer_reduction_probe.md")
     args = parser.parse_args(argv)
@@ -57,11 +61,12 @@ def main(argv=None) -> None:
         "sum": lambda x: x.sum(dim=(0, 2, 3), dtype=torch.float32),
     }
     cuda = args.device == "cuda"
+    settings = [setting.strip() for setting in args.settings.split(";") if setting.strip()]
     lines = [f"device: {torch.cuda.get_device_name() if cuda else 'cpu'}; torch {torch.__version__}; kiln commit "
              f"{os.environ.get('KILN_GIT_COMMIT', 'unknown')}", "",
              "| shape (channels-last bf16) | program | eager us | copy us | " +
-             " | ".join(f"kiln us, target {target}" for target in args.targets.split(",")) + " |",
-             "|---|---|---|---|" + "---|" * len(args.targets.split(","))]
+             " | ".join(f"kiln us, {setting}" for setting in settings) + " |",
+             "|---|---|---|---|" + "---|" * len(settings)]
     for shape in SHAPES if cuda else [(2, 8, 6, 6)]:
         x = torch.randn(shape, device=args.device, dtype=torch.bfloat16).to(memory_format=torch.channels_last)
         copy_us, _ = kernel_us(lambda: x.clone(), args.device)
@@ -69,9 +74,11 @@ def main(argv=None) -> None:
             eager_us, _ = kernel_us(lambda: program(x), args.device)
             expected = program(x)
             cells = []
-            for target in args.targets.split(","):
+            for setting in settings:
                 kiln.reset()
-                with torch.no_grad(), kiln.config.patch(split_outer_target_programs=int(target)):
+                options = {} if setting == "default" else {
+                    name: int(value) for name, value in (item.split("=") for item in setting.split(","))}
+                with torch.no_grad(), kiln.config.patch(**options):
                     compiled = kiln.compile(program)
                     got = compiled(x)
                     for value, want in zip(torch.utils._pytree.tree_leaves(got),
@@ -79,7 +86,7 @@ def main(argv=None) -> None:
                         torch.testing.assert_close(value.float(), want.float(), rtol=2e-3, atol=2e-3)
                     us, kernels = kernel_us(lambda: compiled(x), args.device)
                 cells.append(f"{us:.1f}")
-                print(f"{shape} {name} target {target}: {us:.1f} us; " +
+                print(f"{shape} {name} {setting}: {us:.1f} us; " +
                       ", ".join(f"{kernel[:40]} {k_us:.1f}" for kernel, k_us in kernels[:4]), flush=True)
             lines.append(f"| {'x'.join(map(str, shape))} | {name} | {eager_us:.1f} | {copy_us:.1f} | "
                          + " | ".join(cells) + " |")

@@ -191,6 +191,9 @@ OPTIONS = [
     Option("autotune_budget_s", float, 60.0, "autotuning: the most seconds one graph spends compiling and timing "
            "candidates; past it, the remaining products take the extern"),
     Option("persistent_reduction_max", int, 8192, "rows up to this length stay in registers"),
+    Option("welford_compensation", bool, True, "a looped welford's per-lane mean and m2 each carry Kahan's "
+           "compensation (kiln/codegen/triton.py), as long rows need to stay as accurate as eager's; off: plain "
+           "Welford updates, fewer instructions an element (benchmarks/outer_reduction_probe.py weighs the two)"),
     Option("gpu_index_checks", str, "deferred",
            "how a graph whose Triton kernels gather (index, gather, embedding) learns of an out-of-range index "
            "on CUDA: 'deferred' raises IndexError at the graph's next call, with no host sync; 'sync' raises in "
