@@ -25,6 +25,15 @@ CASES = [  # (shape, kernel_size, stride, padding, dilation, ceil_mode, channels
 ]
 
 
+def every_backend_case_and_dtype(test):
+    """`test` for each CPU backend, each of CASES and float32 and bfloat16."""
+    for mark in (pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16]),
+                 pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))]),
+                 pytest.mark.parametrize("backend", ["cpp", "triton"])):
+        test = mark(test)
+    return test
+
+
 def _program(kernel_size, stride, padding, dilation, ceil_mode):
     def program(x):
         # all below 0 after the shift: a window edge padded with anything but -inf would show
@@ -40,9 +49,7 @@ def _input(shape, channels_last, dtype):
     return x.to(memory_format=torch.channels_last) if channels_last else x
 
 
-@pytest.mark.parametrize("backend", ["cpp", "triton"])
-@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@every_backend_case_and_dtype
 def test_max_pool2d_is_one_fused_kernel_equal_to_eagers(backend, case, dtype):
     shape, kernel_size, stride, padding, dilation, ceil_mode, channels_last = case
     program = _program(kernel_size, stride, padding, dilation, ceil_mode)
@@ -136,9 +143,7 @@ def _pool(kernel_size, stride, padding, dilation, ceil_mode):
     return program
 
 
-@pytest.mark.parametrize("backend", ["cpp", "triton"])
-@pytest.mark.parametrize("case", CASES, ids=[f"case{i}" for i in range(len(CASES))])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@every_backend_case_and_dtype
 def test_max_pool2d_backward_is_generated_and_matches_eagers(backend, case, dtype):
     shape, kernel_size, stride, padding, dilation, ceil_mode, channels_last = case
     program = _pool(kernel_size, stride, padding, dilation, ceil_mode)
