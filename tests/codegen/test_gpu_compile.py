@@ -124,6 +124,16 @@ def test_a_looped_split_statistics_merge_compiles_for_hopper():
     assert len(compile_for_h200(sources)) == len(sources)
 
 
+def test_max_pooling_indices_and_backward_compile_for_hopper():
+    """ResNet's stem pool in training, channels-last bf16: the indices kernel (int64 positions picked with NaN and
+    tie rules) and the backward's gather (window starts by FloorDiv and Mod) compile for sm_90."""
+    x = torch.randn(2, 8, 16, 16).to(torch.bfloat16).to(memory_format=torch.channels_last).requires_grad_()
+    sources = cuda_sources(lambda x: (F.max_pool2d(x, 3, 2, 1).float() * 1.5).sum(), x, backward=True)
+    pooling = [source for source in sources if "tl.int64" in source.source]
+    assert len(pooling) >= 2, [source.source for source in sources]  # the indices (forward) and the backward
+    assert len(compile_for_h200(sources)) == len(sources)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_product_templates_compile_for_hopper_with_tensor_cores_and_a_pipelined_loop(dtype):
     x, w, b, r = (torch.randn(*size, dtype=dtype) for size in ((256, 768), (1024, 768), (1024,), (256, 1024)))
