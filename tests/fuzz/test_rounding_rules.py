@@ -300,6 +300,28 @@ def test_a_nan_of_the_exact_math_where_eager_rounds_to_finite_is_sensitive_and_o
     assert classify(FMOD_BY_ROUNDED_ZERO, [torch.full_like(expected[0], float("inf"))])[0] == Outcome.WRONG
 
 
+# Seed 3115 #2923 (minimized): the sum of a normalized row is 0 in exact math and +-1e-7 by rounding, so its sqrt is
+# NaN or not by the summation order: kiln's and eager's NaNs sit at different rows, and float64's at others again.
+SQRT_OF_CANCELLED_SUM = make_program(
+    [InputSpec("x0", (13, 3, 6), "float32", scale=3.0, seed=334352977)],
+    [("v0", "(x0 - x0.mean(-1, keepdim=True)) / torch.sqrt(x0.var(-1, keepdim=True, correction=0) + 1e-5)"),
+     ("v7", "torch.sum(v0, 2)"), ("v14", "torch.sqrt(v7)")], ["v14"])
+
+
+def test_nan_where_rounding_noise_turns_an_element_nan_is_sensitive_and_a_wrong_value_beside_it_is_not():
+    expected, reference = eager_and_reference(SQRT_OF_CANCELLED_SUM)
+    make_inputs, _ = SQRT_OF_CANCELLED_SUM.load()
+    (x0,) = make_inputs()
+    v0 = (x0 - x0.mean(-1, keepdim=True)) / torch.sqrt(x0.var(-1, keepdim=True, correction=0) + 1e-5)
+    kiln_like = torch.sqrt(v0.flip(-1).cumsum(-1)[..., -1])  # the same sum, added in another order
+    assert not torch.equal(kiln_like.isnan(), expected[0].isnan())  # the program still shows the edge
+    outcome, message = classify(SQRT_OF_CANCELLED_SUM, [kiln_like])
+    assert outcome == Outcome.SENSITIVE and "turns it NaN/inf" in message, message
+    wrong = kiln_like.clone()
+    wrong[~kiln_like.isnan() & ~expected[0].isnan()] = 1.0  # finite where both are, but far from 1e-4
+    assert classify(SQRT_OF_CANCELLED_SUM, [wrong])[0] == Outcome.WRONG
+
+
 # Seed 3008 #733 (minimized): a mean of randn * 3 values cancels to -0.0019; its rounding is of the
 # terms' size (the inputs' units), not of its own. (Downstream, remainder(x, mean) jumps by the mean
 # where x / mean is near an integer: there the verdict depends on whether a noise run crosses the
