@@ -590,7 +590,8 @@ def _float_rounding_reason(got, want, ref, trace, position: int) -> str:
     got_class, want_class, ref_class = _value_class(got), _value_class(want), _value_class(ref)
     differs = got_class != want_class
     if differs.any():
-        explained, where = (got_class == ref_class) | (want_class != ref_class), "kiln agrees with float64 or eager does not"
+        explained = (got_class == ref_class) | (want_class != ref_class)
+        where = "kiln agrees with float64 or eager does not"
         if not explained[differs].all():
             traced = trace()
             flips = traced.class_flips(position) if traced is not None else None
