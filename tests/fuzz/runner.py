@@ -30,7 +30,7 @@ by one rule per kind; everything else stays `wrong`:
 - eager's rounding on the far side of NaN/inf: a float output differs only where eager has a
   NaN or inf, the exact math (every value widened to float64, casts included) is finite, and
   kiln gives it, or where eager is finite, the exact math is NaN or inf, and kiln is too
-  (`_exact_where_eager_overflows`: eager's fp16 prod of 128 values, 0 * inf in its float
+  (`_nonfinite_only_where_kiln_is_exact`: eager's fp16 prod of 128 values, 0 * inf in its float
   partials, where the exact product is 0 in fp16; fmod by eager's 2.3e-5 fp16 layer_norm
   of one element, exactly 0);
 - rounding noise: kiln.testing's max-error rule holds element by element with the
@@ -355,7 +355,7 @@ def compare_outputs(actual: list, expected: list, reference: list | None, progra
         if _differs_only_where(got, want, nan_sign_mask(position), ref):
             sensitive = sensitive or f"output {position}: {message} (only where a NaN's sign decides it)"
             continue
-        if _exact_where_eager_overflows(got, want, ref, widened_output(position)):
+        if _nonfinite_only_where_kiln_is_exact(got, want, ref, widened_output(position)):
             sensitive = sensitive or (f"output {position}: {message} (NaN/inf differ from eager's only where "
                                       f"kiln gives the exact math's value and eager does not)")
             continue
@@ -430,7 +430,7 @@ def _differs_only_where(got, want, mask, ref=None) -> bool:
     return bool(compare(got[kept], want[kept], ref.detach().cpu()[kept]).ok)
 
 
-def _exact_where_eager_overflows(got, want, ref, exact) -> bool:
+def _nonfinite_only_where_kiln_is_exact(got, want, ref, exact) -> bool:
     """Does a float output differ from eager's only in where NaN and inf sit, each such element one where
     kiln agrees with the exact math and eager does not?
 
@@ -820,19 +820,21 @@ class ProgramTrace:
         so the deviation is what rounding can do to the output here, cancellation included,
         and it shrinks wherever a normalization makes large values small again.
         """
-        if self._noise is None:
-            self._noise, self._flips = self._measure_noise()
+        self._measure_once()
         return self._noise[position] if self._noise else None
 
     def class_flips(self, position: int) -> torch.Tensor | None:
         """Where a rounding-noise run (`rounding_noise`'s) turned output `position`'s element to another class
         (finite, NaN, +inf, -inf) than the float64 run's: an element on a NaN/inf edge (the sqrt of a sum of
         normalized values, 0 in exact math and +-1e-16 by rounding: seed 3115 #2923), or None."""
-        if self._noise is None:
-            self._noise, self._flips = self._measure_noise()
+        self._measure_once()
         return self._flips[position] if self._flips else None
 
-    def _measure_noise(self) -> list:
+    def _measure_once(self) -> None:
+        if self._noise is None:
+            self._noise, self._flips = self._measure_noise()
+
+    def _measure_noise(self) -> tuple[list, list]:
         from kiln.testing import to_float64
 
         make_inputs, _ = self.program.load()
