@@ -31,6 +31,9 @@
 #   REPEAT_MODELS=resnet50: those models' kiln inference in REPEAT_RUNS (4) new processes each, no accuracy check, their
 #   kiln warnings printed, each with empty Triton and kiln caches (ResNet-50 ran eagerly in one process of three at
 #   05ad837: a launcher of another signature, read off a module object two compile threads' loads shared).
+#   OUTER_PROBE=1: then benchmarks.outer_reduction_probe (GPU kernel us of kiln's channels-last batch-norm statistics
+#   per kiln setting in $OUTER_PROBE_SETTINGS (its --settings; default: the defaults, 4096 split programs,
+#   uncompensated welford, both), against eager and a copy).
 #   DROPOUT_CHECK=1: benchmarks.gpu_dropout_check beside step 1 (correctness only: it shares the GPU with the smoke).
 #   LAUNCHER_CHECK=1: benchmarks.gpu_launcher_check beside step 1 (CPU only, seconds: threads loading Triton launchers
 #   at once, through Python's loader and kiln's: how many got another launcher).
@@ -116,6 +119,10 @@ if [ -n "${REPEAT_MODELS:-}" ]; then  # an intermittent failure: each model's ki
             | cut -c1-900
         rm -rf "$cold"
     done | tee "$OUT_DIR/repeat.txt"
+fi
+if [ -n "${OUTER_PROBE:-}" ]; then  # kiln's channels-last batch-norm statistics per split_outer_target_programs
+    timeout "${OUTER_PROBE_BUDGET:-150}" "$PYTHON" -m benchmarks.outer_reduction_probe \
+        ${OUTER_PROBE_SETTINGS:+--settings "$OUTER_PROBE_SETTINGS"} --out "$OUT_DIR" 2>&1 | grep -v "Warn" | tail -14
 fi
 if [ -n "${PROFILE_MODELS:-}" ]; then
     tag="${PROFILE_ENV:+-$(echo "$PROFILE_ENV" | tr -c 'A-Za-z0-9\n' _)}"  # the setting, in the files' names

@@ -70,17 +70,15 @@ def census(make_model, args: tuple, options: dict, train: bool = False) -> list[
         graphs.append(compiled)
         return compiled, key
 
-    skipped = _triton.SerializedInterpretedFunction.run
-    _triton.SerializedInterpretedFunction.run = lambda self, *a, **k: None  # sources only: launches skipped
     backend._compile_aten_graph = recording
     try:
-        with torch.set_grad_enabled(train), torch.autocast("cpu", dtype=torch.bfloat16), \
+        with _triton.interpreted_launches_skipped(), torch.set_grad_enabled(train), \
+                torch.autocast("cpu", dtype=torch.bfloat16), \
                 kiln.config.patch(cpu_backend="triton", graph_cache=False, **options):
             result = kiln.compile(model)(*args)
             if train:  # the backward graph compiles at its first call
                 result.float().sum().backward()
     finally:
-        _triton.SerializedInterpretedFunction.run = skipped
         backend._compile_aten_graph = compile_aten_graph
     distinct: dict = {}
     for graph in graphs:

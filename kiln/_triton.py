@@ -21,6 +21,7 @@ runs therefore hold one process-wide lock; compiled CUDA launches take no lock.
 """
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import numpy as np
@@ -176,6 +177,18 @@ class SerializedInterpretedFunction(_interpreter.InterpretedFunction):
     def run(self, *args, **kwargs):
         with _INTERPRETER_LOCK:
             return super().run(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def interpreted_launches_skipped():
+    """Within it, interpreted kernels' runs (`kernel[grid](...)`) return at once: a graph compiles and "runs"
+    for its kernel sources only (the SASS census, compile-for-Hopper tests), its outputs left unwritten."""
+    run = SerializedInterpretedFunction.run
+    SerializedInterpretedFunction.run = lambda self, *args, **kwargs: None
+    try:
+        yield
+    finally:
+        SerializedInterpretedFunction.run = run
 
 
 def jit_for_device(function, device_type: str):

@@ -245,15 +245,17 @@ def _with_cuda_graphs(compiled, name: str, example_inputs: list, mode: str, *, i
     gradients, until the caller drops them); the default mode, under
     `config.default_cuda_graphs`, with eager's (results stay valid: runtime/cudagraphs.py, "preserve")."""
     from kiln.aot import training_role
+    from kiln.aot.mutations import mutated_inputs
     from kiln.runtime import cudagraphs
 
+    mutated = mutated_inputs(gm) if gm is not None else ()  # read in place by a CUDA graph, never copied
     if mode in CUDA_GRAPH_MODES:  # a training graph's part (forward or backward) decides its runner's policy
         role = training_role(gm) if gm is not None and not inference else {}
-        return cudagraphs.wrap(compiled, name, example_inputs, inference=inference, **role)
+        return cudagraphs.wrap(compiled, name, example_inputs, inference=inference, mutated=mutated, **role)
     if mode == "default" and config.default_cuda_graphs:
         launches = getattr(compiled, "kernel_count", 0) + getattr(compiled, "extern_count", 0)
         return cudagraphs.wrap(compiled, name, example_inputs, inference=inference, preserve=True,
-                               launches=launches, output_bytes=_output_bytes(gm))
+                               launches=launches, output_bytes=_output_bytes(gm), mutated=mutated)
     return compiled
 
 

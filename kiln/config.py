@@ -128,9 +128,9 @@ OPTIONS = [
            "'auto' (the default: channels_last on CUDA), 'channels_last' (NHWC, which cuDNN's fastest kernels take; "
            "values around the convs follow it, the graph's outputs keep their layouts), 'keep' (the traced layouts)",
            normalize=_one_of("auto", "channels_last", "keep")),
-    Option("conv_layout_training", bool, False, "training graphs' 2-D convolutions take channels-last operands too, "
+    Option("conv_layout_training", bool, True, "training graphs' 2-D convolutions take channels-last operands too, "
            "where conv_layout says so (kiln/aot/layouts.py channels_last_training_convs: before AOTAutograd's joint "
-           "trace); off: on the H200 at 3786325 it made ResNet-50 training slower, 29.70 ms a step against 24.11"),
+           "trace); on: ResNet-50 b64 training 17.58 ms a step against NCHW's 21.07 (H100, 283666d)"),
     Option("dense_attention_inputs", str, "all", "which CUDA SDPA calls get their strided inputs (a broadcast "
            "attention mask) copied dense before tracing, so the trace picks a fused attention kernel over the math "
            "path, which upcasts 16-bit operands to float32 (kiln/aot/attention.py): 'all', 'training' (calls with "
@@ -191,6 +191,9 @@ OPTIONS = [
     Option("autotune_budget_s", float, 60.0, "autotuning: the most seconds one graph spends compiling and timing "
            "candidates; past it, the remaining products take the extern"),
     Option("persistent_reduction_max", int, 8192, "rows up to this length stay in registers"),
+    Option("welford_compensation", bool, True, "a looped welford's per-lane mean and m2 each carry Kahan's "
+           "compensation (kiln/codegen/triton.py), as long rows need to stay as accurate as eager's; off: plain "
+           "Welford updates, fewer instructions an element (benchmarks/outer_reduction_probe.py weighs the two)"),
     Option("gpu_index_checks", str, "deferred",
            "how a graph whose Triton kernels gather (index, gather, embedding) learns of an out-of-range index "
            "on CUDA: 'deferred' raises IndexError at the graph's next call, with no host sync; 'sync' raises in "

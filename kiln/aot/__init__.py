@@ -33,6 +33,7 @@ from kiln.aot.attention import causal_masks, make_attention_fusable
 from kiln.aot.cse import merge_duplicates
 from kiln.aot.decompositions import decomposition_table
 from kiln.aot.layouts import channels_last_training_convs, choose_conv_layouts
+from kiln.aot.mutations import batch_input_copies
 from kiln.aot.random import partition as with_dropout_seeds, rewrite_forward as dropouts_in_kernels
 from kiln.aot.strides import expand_writes_as_views, keep_written_layouts, restride_to_eager, tag_torch_graph
 from kiln.runtime.locks import compile_lock
@@ -60,6 +61,7 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
             if inference:
                 dropouts_in_kernels(aten_gm)  # a training graph's forward: in the partitioner (its backward too)
                 merge_duplicates(aten_gm)
+            batch_input_copies(aten_gm)  # the input mutations kept in the graph: one _foreach_copy_ per dtype
             compiled = compile_one(aten_gm, aten_inputs)
         if getattr(compiled, "_boxed_call", False):
             return compiled
@@ -76,6 +78,7 @@ def aot_compile(gm, example_inputs, compile_aten: Callable, compile_inference: C
         compiled = _torch.aot_module_simplified(gm, example_inputs, fw_compiler=boxed,
                                                 bw_compiler=functools.partial(boxed, forward=False),
                                                 inference_compiler=inference, decompositions=decomposition_table(),
+                                                keep_inference_input_mutations=True,  # kiln/aot/mutations.py
                                                 partition_fn=_tagged(with_dropout_seeds(partition_function)))
     _torch.count_aot_autograd_call()
     return compiled

@@ -228,7 +228,8 @@ def channels_last_training_convs(gm: torch.fx.GraphModule) -> bool:
     graph under its fake mode, so kiln/aot/strides.py's facts hold the new layouts. A changed 4-D output
     is copied back to its traced layout. The graph is left as traced where a call changes a mode (the
     re-derivation runs every call; in-place writes reach only the fake examples), where shapes are
-    symbolic, or where an output changed and was not contiguous."""
+    symbolic, where an output changed and was not contiguous, or where an op fails on the NHWC values (a view
+    that only the traced layout allows, `y.view(n, -1)` after a convolution)."""
     from kiln.aot.plain import changes_mode
 
     if not config.conv_layout_training or config.conv_layout == "keep":
@@ -238,8 +239,8 @@ def channels_last_training_convs(gm: torch.fx.GraphModule) -> bool:
     if not convolutions:
         return False
     weights = [_example_4d(node.args[1]) for node in convolutions]
-    if not any(weight.requires_grad for weight in weights):
-        return False  # an inference graph: choose_conv_layouts lays it out after the trace
+    if not torch.is_grad_enabled() or not any(weight.requires_grad for weight in weights):
+        return False  # inference (under no_grad parameters still require grad): choose_conv_layouts lays it out
     if config.conv_layout == "auto" and any(weight.device.type != "cuda" for weight in weights):
         return False
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
@@ -256,7 +257,12 @@ def channels_last_training_convs(gm: torch.fx.GraphModule) -> bool:
                 dense = gm.graph.call_method("contiguous", (node.args[position],),
                                              {"memory_format": torch.channels_last})
             node.update_arg(position, dense)
-    _rederive_examples(gm, fake_mode)
+    try:
+        _rederive_examples(gm, fake_mode)
+    except Exception as error:  # noqa: BLE001 (an op the NHWC values cannot take: the graph is left as traced)
+        log.debug("kiln: training convolutions keep their traced layouts: %s: %s", type(error).__name__, error)
+        _undo_training_relayout(gm, fake_mode)
+        return False
     for item in torch.utils._pytree.tree_leaves(output.args[0]):
         if not isinstance(item, torch.fx.Node):
             continue

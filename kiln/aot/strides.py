@@ -442,9 +442,15 @@ def _in_place_strides(meta: torch.Tensor, written: torch.Tensor) -> list[int] | 
     values = [*written.shape, *written.stride()]
     if not all(isinstance(value, int) for value in values) or tuple(meta.shape) != tuple(written.shape):
         return None
-    if _dense_without_overlap(list(written.shape), list(written.stride())):
-        return list(written.stride())
-    return _tensor_iterator_strides(list(written.shape), [list(written.stride())])
+    return _empty_like_strides(list(written.shape), list(written.stride()))
+
+
+def _empty_like_strides(shape: list[int], strides: list[int]) -> list[int]:
+    """empty_like's (and `.to(dtype)`'s) strides for a tensor of `strides`: its own where they are dense and do
+    not overlap, else dense in the order they give (a broadcast dim's place kept)."""
+    if _dense_without_overlap(shape, strides):
+        return strides
+    return _tensor_iterator_strides(shape, [strides])
 
 
 def _dense_without_overlap(shape: list[int], strides: list[int]) -> bool:
@@ -460,7 +466,9 @@ def _dense_without_overlap(shape: list[int], strides: list[int]) -> bool:
 # ---------------------------------------------------------------------------- TensorIterator ops
 def _tensor_iterator_op_strides(node, meta: torch.Tensor) -> list[int] | None:
     """The strides of a pointwise TensorIterator op's result: its tensor operands, broadcast to the
-    result's shape, order the dims."""
+    result's shape, order the dims, each as eager hands it to the iterator: an operand of another dtype
+    than the op's common one is first copied by `.to(dtype)` (empty_like's strides: a broadcast bool
+    mask becomes dense) where eager does that, which `_cast_operands` says."""
     operands = [arg.meta.get("val") for arg in node.args if isinstance(arg, torch.fx.Node)]
     if not all(isinstance(operand, torch.Tensor) for operand in operands):
         return None
@@ -470,8 +478,37 @@ def _tensor_iterator_op_strides(node, meta: torch.Tensor) -> list[int] | None:
         values += [*operand.shape, *operand.stride()]
     if not all(isinstance(value, int) for value in values):
         return None
-    return _tensor_iterator_strides(shape, [_broadcast_strides(operand.shape, operand.stride(), shape)
-                                            for operand in operands])
+    cast = _cast_operands(node, meta)
+    return _tensor_iterator_strides(shape, [
+        _broadcast_strides(operand.shape, _empty_like_strides(list(operand.shape), list(operand.stride()))
+                           if position in cast else operand.stride(), shape)
+        for position, operand in enumerate(operands)])
+
+
+def _cast_operands(node, meta: torch.Tensor) -> set[int]:
+    """Which tensor operands (positions among them) eager copies to another dtype before its TensorIterator.
+
+    `where(c, x, y)` casts x and y to the result's dtype itself (`.to()`, every device). On CPU, TensorIterator
+    casts every input of another dtype than the op's common one (`promote_inputs_to_common_dtype`, CPU only: CUDA
+    kernels cast as they load). The copies are dense: `where(mask, mask, y)` of a broadcast bool mask and a float
+    y permuted lays its result out as the mask's copy, not as y (fuzz seed 3117 #963)."""
+    tensors = [arg.meta.get("val") for arg in node.args if isinstance(arg, torch.fx.Node)]
+    if node.target is aten.where.self:
+        return {position for position, arg in enumerate(node.args[1:3], start=1)
+                if isinstance(arg, torch.fx.Node) and tensors[position].dtype != meta.dtype}
+    if meta.device.type != "cpu" or len(node.args) != 2:
+        return set()
+    common = _common_dtype(node.args[0], node.args[1])
+    return {position for position, operand in enumerate(tensors) if common is not None and operand.dtype != common}
+
+
+def _common_dtype(first, second) -> torch.dtype | None:
+    """torch.result_type of a binary op's two operands (graph nodes or Python numbers), or None."""
+    try:
+        return torch.result_type(*(arg.meta["val"] if isinstance(arg, torch.fx.Node) else arg
+                                   for arg in (first, second)))
+    except (KeyError, TypeError, RuntimeError):
+        return None
 
 
 def _broadcast_strides(size, stride, shape: list[int]) -> list[int]:

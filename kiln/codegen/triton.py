@@ -27,6 +27,7 @@ from kiln.ir.template import template_parts
 from kiln.codegen.triton_templates import default_tile, emit_product, program_count
 from kiln.codegen.tuning import tune_kernel
 from kiln.runtime.loader import compile_early, load_triton_kernels
+from kiln.config import config
 from kiln.ir.kernel import OUTER_ROWS_PER_PROGRAM, Kernel, is_loop_variable, var_map
 
 INT32_LIMIT = 2**31 - 1
@@ -714,13 +715,13 @@ class TritonKernelGenerator:
         if kind == "welford":
             # Welford's updates per lane (no overflow where a sum would; a row of equal values
             # keeps its exact mean and m2 0), with mean and m2 each compensated (_kahan_add)
-            # so that long rows stay as accurate as eager's.
+            # so that long rows stay as accurate as eager's (config.welford_compensation).
             self.out.add(f"{name}_w = tl.where({mask}, {name}_weight + 1.0, {name}_weight)")
             self.out.add(f"{name}_delta = {value} - {name}_mean")
-            self._kahan_add(f"{name}_mean", f"{name}_cmean",
-                            f"tl.where({mask}, {name}_delta / tl.where({name}_w == 0.0, 1.0, {name}_w), 0.0)")
-            self._kahan_add(f"{name}_m2", f"{name}_cm2",
-                            f"tl.where({mask}, {name}_delta * ({value} - {name}_mean), 0.0)")
+            add = self._kahan_add if config.welford_compensation else self._plain_add
+            add(f"{name}_mean", f"{name}_cmean",
+                f"tl.where({mask}, {name}_delta / tl.where({name}_w == 0.0, 1.0, {name}_w), 0.0)")
+            add(f"{name}_m2", f"{name}_cm2", f"tl.where({mask}, {name}_delta * ({value} - {name}_mean), 0.0)")
             self.out.add(f"{name}_weight = {name}_w")
         elif compensated:
             self._kahan_add(f"{name}_acc", f"{name}_comp", f"tl.where({mask}, {value}, 0.0)")
@@ -769,6 +770,10 @@ class TritonKernelGenerator:
         pairwise sum under the interpreter (kiln/_triton.py)."""
         self.helpers.add("sum")
         return f"tl.reduce({value}, 1, _sum_combine)[:, None]"
+
+    def _plain_add(self, total: str, compensation: str, value: str) -> None:
+        """total += value per lane, the compensation left at 0 (config.welford_compensation off)."""
+        self.out.add(f"{total} = {total} + {value}")
 
     def _kahan_add(self, total: str, compensation: str, value: str) -> None:
         """total += value per lane with Kahan's compensation: a lane of a looped reduction adds

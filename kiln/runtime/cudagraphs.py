@@ -177,7 +177,8 @@ class CudaGraphRunner:
                  invalidate: Callable | None | str = "config", max_shapes: int | None = None,
                  preserve: PreservingPool | None = None, is_capturing: Callable | None = None,
                  release_workspaces: Callable | None | str = "torch", saved_from: int | None = None,
-                 block_results: bool = False, warm_up_calls: int = 1, fresh: tuple = ()) -> None:
+                 block_results: bool = False, warm_up_calls: int = 1, fresh: tuple = (),
+                 mutated: tuple = ()) -> None:
         """`saved_from`: a training forward, whose results from this position on are saved for its backward;
         `block_results`: a backward, whose results are gradients. Such results are never invalidated: one of the
         last replay still alive makes the next call run without the graph (module docstring). `warm_up_calls`:
@@ -185,7 +186,10 @@ class CudaGraphRunner:
         inputs are read in place (a backward's: 2, so that they are the forward's recorded ones). `fresh`: the
         positions of inputs new on every call (a backward's tangents), always copied in: one whose address
         happened to repeat between the last warm-up and the recording was read in place, and its next move
-        cost a warm-up and a recording more (Llama's training in benchmarks/gpu_smoke.py, 8 replays of 9)."""
+        cost a warm-up and a recording more (Llama's training in benchmarks/gpu_smoke.py, 8 replays of 9).
+        `mutated`: the positions of inputs the graph writes (kiln/aot/mutations.py: a batch norm's running
+        statistics), always read in place: written in a copy of kiln's, a replay's write would never reach them.
+        One that moved makes the runner record again, as a parameter that moved does."""
         from kiln.config import config
 
         # torch's cuBLAS workspaces are kept per stream for the process's life: one first made by the warm-up
@@ -213,7 +217,8 @@ class CudaGraphRunner:
         self._options = dict(capture=capture, make_stream=make_stream, stream_context=stream_context,
                              invalidate=invalidate, max_shapes=self.max_shapes, preserve=preserve,
                              release_workspaces=self._release_workspaces, saved_from=saved_from,
-                             block_results=block_results, warm_up_calls=warm_up_calls, fresh=fresh)
+                             block_results=block_results, warm_up_calls=warm_up_calls, fresh=fresh,
+                             mutated=mutated)
         self._scalar_positions: tuple | None = None  # where the non-tensor inputs are
         self._key = None  # their values in this runner's calls
         self.shapes: dict = {}  # other values -> their runner
@@ -243,7 +248,8 @@ class CudaGraphRunner:
         self.extern_count = getattr(compiled, "extern_count", 0)
         self.module_source = getattr(compiled, "module_source", None)
         self.recordings = 0
-        self.moved: set = set(fresh)  # positions of non-parameter inputs that moved (or always do): copied in
+        self.mutated = frozenset(mutated)  # positions of inputs the graph writes: read in place, never copied
+        self.moved: set = set(fresh) - self.mutated  # positions of other inputs that moved (or always do): copied in
         self.disabled_reason: str | None = None
         self.replays = 0
         self.plain_calls = 0
@@ -295,7 +301,8 @@ class CudaGraphRunner:
                                      f"several modules", args)
         if reason == "moved":  # warm up and record again, with the new addresses
             self.moved |= {position for position, address in self.in_place
-                           if args[position].data_ptr() != address and not isinstance(args[position], torch.nn.Parameter)}
+                           if args[position].data_ptr() != address and not isinstance(args[position], torch.nn.Parameter)
+                           and position not in self.mutated}
             self._reset()
             return self._warm_up(args)
         if reason is not None:
@@ -357,7 +364,8 @@ class CudaGraphRunner:
             if not isinstance(value, torch.Tensor):
                 self.constants.append((position, value))
                 static_args.append(value)
-            elif isinstance(value, torch.nn.Parameter) or (value.data_ptr() == first and position not in self.moved):
+            elif isinstance(value, torch.nn.Parameter) or position in self.mutated or \
+                    (value.data_ptr() == first and position not in self.moved):
                 self.in_place.append((position, value.data_ptr()))
                 static_args.append(value)
             else:
@@ -552,14 +560,15 @@ MAX_RESULT_BYTES_PER_LAUNCH = 4 << 20
 
 def wrap(compiled, name: str, example_inputs: list, *, inference: bool, preserve: bool = False,
          launches: int | None = None, output_bytes: int | None = None, saved_from: int | None = None,
-         backward: bool = False, tangents: tuple = ()):
+         backward: bool = False, tangents: tuple = (), mutated: tuple = ()):
     """`compiled` behind a CudaGraphRunner when CUDA graphs apply to it, else `compiled` (logged why).
     A training step's graphs (not `inference`) say their part: a forward whose outputs from `saved_from` on are
     saved for the backward, or a `backward` (with its `tangents`' positions: inputs always copied in); one that
     says neither runs without graphs.
     `preserve`: the default mode's policy (results stay valid; static shapes only; the device's shared pool;
     inference graphs only), for graphs of at least MIN_DEFAULT_LAUNCHES `launches` whose `output_bytes`
-    (None: unknown) are at most MAX_RESULT_BYTES_PER_LAUNCH per launch."""
+    (None: unknown) are at most MAX_RESULT_BYTES_PER_LAUNCH per launch. `mutated`: the positions of the inputs the
+    graph writes (read in place by every runner)."""
     tensors = [value for value in example_inputs if isinstance(value, torch.Tensor)]
     if not inference and preserve:
         reason = "kiln records inference graphs only (this one is part of a training step)"
@@ -568,9 +577,9 @@ def wrap(compiled, name: str, example_inputs: list, *, inference: bool, preserve
     elif not tensors or not all(value.is_cuda for value in tensors):
         reason = "its inputs are not all CUDA tensors"
     elif not preserve and backward:  # its saved inputs are the forward's, recorded at the forward's second call
-        return CudaGraphRunner(compiled, name, block_results=True, warm_up_calls=2, fresh=tangents)
+        return CudaGraphRunner(compiled, name, block_results=True, warm_up_calls=2, fresh=tangents, mutated=mutated)
     elif not preserve:
-        return CudaGraphRunner(compiled, name, saved_from=saved_from)
+        return CudaGraphRunner(compiled, name, saved_from=saved_from, mutated=mutated)
     elif len(tensors) != len(example_inputs):
         reason = "its shapes are symbolic (the default mode records static shapes only)"
     elif len({value.device for value in tensors}) != 1:
@@ -580,6 +589,6 @@ def wrap(compiled, name: str, example_inputs: list, *, inference: bool, preserve
     elif launches is not None and output_bytes is not None and output_bytes > launches * MAX_RESULT_BYTES_PER_LAUNCH:
         reason = f"{output_bytes} bytes of results for {launches} launches: copying them would cost more than it saves"
     else:
-        return CudaGraphRunner(compiled, name, preserve=preserving_pool(tensors[0].device))
+        return CudaGraphRunner(compiled, name, preserve=preserving_pool(tensors[0].device), mutated=mutated)
     log.log(logging.DEBUG if preserve else logging.INFO, "kiln: graph %s runs without CUDA graphs: %s", name, reason)
     return compiled

@@ -141,14 +141,34 @@ def test_training_graphs_keep_their_traced_layouts():
     expected = reference(x)
     expected.sum().backward()
     report = ExplainReport()
-    with kiln.config.patch(conv_layout="channels_last", strict=True), _recording(report), \
-            ConvolutionLayouts() as layouts:
+    with kiln.config.patch(conv_layout="channels_last", conv_layout_training=False, strict=True), \
+            _recording(report), ConvolutionLayouts() as layouts:
         result = kiln.compile(model)(x)
         result.sum().backward()
     assert kiln.testing.compare(result, expected)
     for parameter, want in zip(model.parameters(), reference.parameters()):
         assert kiln.testing.compare(parameter.grad, want.grad)
     assert layouts.calls and not any(input_is_nhwc for input_is_nhwc, _ in layouts.calls)
+
+
+def test_a_training_graph_with_a_view_only_its_traced_layout_allows_keeps_it():
+    """conv_layout_training (on by default): the NHWC values fail the view, so the graph trains as traced."""
+    model = ViewOfConvolution().train()
+    reference = ViewOfConvolution().train()
+    reference.load_state_dict(model.state_dict())
+    x = torch.randn(2, 3, 8, 8)
+    expected = reference(x)
+    expected.sum().backward()
+    with kiln.config.patch(conv_layout="channels_last", strict=True), ConvolutionLayouts() as layouts:
+        result = kiln.compile(model)(x)
+        result.sum().backward()
+    assert kiln.testing.compare(result, expected)
+    for parameter, want in zip(model.parameters(), reference.parameters()):
+        assert kiln.testing.compare(parameter.grad, want.grad)
+    # one NHWC call: the re-derivation of the examples that failed at the view; every call after it (the joint
+    # trace, the compiled graphs' runs) takes the traced layout
+    (tried,) = [index for index, (input_is_nhwc, _) in enumerate(layouts.calls) if input_is_nhwc]
+    assert len(layouts.calls) > tried + 1 and not any(nhwc for nhwc, _ in layouts.calls[tried + 1:])
 
 
 def test_pointwise_kernels_after_channels_last_convolutions_walk_the_channel_innermost():

@@ -123,6 +123,15 @@ EAGER_LAYOUT_PROGRAMS = {
     "where_broadcast_size1_dims": (lambda x, y, c: (torch.where(c > 2.0, c, x != y), x * c.t()),
                                    lambda: (torch.randn(1, 1, 2, 1).permute(3, 0, 1, 2), torch.randn(1, 1, 1),
                                             torch.randn(2, 1))),
+    # An operand of another dtype is copied dense first (where: its own .to(); CPU TensorIterator: every input off
+    # the common dtype), so a broadcast bool mask decides the layout, not the permuted float (fuzz seed 3117 #963).
+    "where_of_a_broadcast_mask_cast_dense": (
+        lambda x, y: (torch.where((x >= -1.5).expand(7, 2, 7, 4, 1), (x >= -1.5).expand(7, 2, 7, 4, 1), y),),
+        lambda: (torch.randn(2, 1, 4, 1), torch.randn(1, 1, 4, 7).permute(1, 3, 2, 0))),
+    "add_and_eq_of_a_broadcast_mask_cast_dense": (
+        lambda x, y: (torch.add((x >= 0).expand(7, 2, 7, 4, 1), y), (x >= 0).expand(7, 2, 7, 4, 1) == y,
+                      x.double().expand(7, 2, 7, 4, 1) + y),
+        lambda: (torch.randn(2, 1, 4, 1), torch.randn(1, 1, 4, 7).permute(1, 3, 2, 0))),
     "index_after_size1_dim": (lambda x, i: ((x.t().unsqueeze(0) * 2.0)[:, i % 5],),
                               lambda: (torch.randn(7, 5), torch.randint(0, 5, (7, 16)).t())),
 }

@@ -112,15 +112,21 @@ def test_a_looped_split_statistics_merge_compiles_for_hopper():
     from kiln import _triton
 
     x = torch.randn(16, 32, 64, 64).to(memory_format=torch.channels_last)
-    skipped = _triton.SerializedInterpretedFunction.run
-    _triton.SerializedInterpretedFunction.run = lambda self, *a, **k: None  # sources only: launches skipped
-    try:
+    with _triton.interpreted_launches_skipped():  # sources only
         sources = cuda_sources(lambda x: torch.var_mean(x, dim=(0, 2, 3)), x)
-    finally:
-        _triton.SerializedInterpretedFunction.run = skipped
     merges = [source for source in sources if "for roffset" in source.source and "tl.load" in source.source
               and source.xnumel == 32]
     assert merges, [source.source for source in sources]
+    assert len(compile_for_h200(sources)) == len(sources)
+
+
+def test_max_pooling_indices_and_backward_compile_for_hopper():
+    """ResNet's stem pool in training, channels-last bf16: the indices kernel (int64 positions picked with NaN and
+    tie rules) and the backward's gather (window starts by FloorDiv and Mod) compile for sm_90."""
+    x = torch.randn(2, 8, 16, 16).to(torch.bfloat16).to(memory_format=torch.channels_last).requires_grad_()
+    sources = cuda_sources(lambda x: (F.max_pool2d(x, 3, 2, 1).float() * 1.5).sum(), x, backward=True)
+    pooling = [source for source in sources if "tl.int64" in source.source]
+    assert len(pooling) >= 2, [source.source for source in sources]  # the indices (forward) and the backward
     assert len(compile_for_h200(sources)) == len(sources)
 
 

@@ -687,3 +687,45 @@ def test_runners_share_one_side_stream_per_device_and_thread(monkeypatch):
     thread.start()
     thread.join()
     assert other[0] is not first and len(made) == 3
+
+
+def _accumulating_graph(args):
+    """A boxed graph that writes its input 1 (a running total, as a batch norm's statistics): total += x.sum(0)."""
+    x, total = args
+    args.clear()
+    total.add_(x.sum(0))
+    return [x * 2]
+
+
+class CaptureWritesNothing(RerunRecording):
+    """As a real capture: recording runs no kernel, so the recorded inputs keep their values (RerunRecording's
+    run at capture would write a written input twice: at capture and at the first replay)."""
+
+    def __init__(self, run, stream, pool=None):
+        inputs = [value for value in run.args[1] if isinstance(value, torch.Tensor)]
+        saved = [value.clone() for value in inputs]
+        super().__init__(run, stream, pool)
+        for value, before in zip(inputs, saved):
+            value.copy_(before)
+
+
+@pytest.mark.parametrize("mutated", [(1,), ()])
+def test_an_input_the_graph_writes_is_read_in_place_even_where_it_moved(mutated):
+    """kiln/aot/mutations.py names the written inputs: never copied into a buffer of the runner's, where a replay's
+    write would not reach the caller's tensor. A total that moves (a new tensor each call) records again, and each
+    call's write lands; without `mutated` (the negative case) the moved total is copied in and its write is lost."""
+    runner = runner_for(_accumulating_graph, capture=CaptureWritesNothing, mutated=mutated)
+    totals, lost = [], 0
+    for index in range(6):
+        x = torch.randn(3, 4)
+        total = torch.zeros(4) if index % 2 else (totals[-1] if totals else torch.zeros(4))
+        before = total.clone()
+        (result,) = runner([x, total])
+        torch.testing.assert_close(result, x * 2)
+        lost += not torch.allclose(total, before + x.sum(0))
+        totals.append(total)
+        del result
+    if mutated:
+        assert lost == 0 and 1 not in runner.moved and runner.copied == []
+    else:
+        assert lost > 0  # what the runner did before it knew which inputs the graph writes

@@ -185,7 +185,7 @@ def test_other_sizes_get_runners_with_the_same_training_options():
 
 class TwoOutputs(torch.nn.Module):
     """Two outputs, and a batch norm whose three buffers (running mean, variance, batch count) the forward
-    writes: AOTAutograd's forward returns the three written values and the two outputs, the user's part, first."""
+    writes in the graph (kiln/aot/mutations.py): its outputs are the two, the user's part, then the saved tensors."""
 
     def __init__(self):
         super().__init__()
@@ -216,9 +216,10 @@ def test_a_training_steps_forward_and_backward_reach_wrap_with_their_parts(monke
             out, total = module(x)
             (out.sum() + total).backward()
     (forward_part, (_, backward_part, backward_inputs)) = wrapped
-    assert forward_part[:2] == (False, {"saved_from": 3 + 2})
+    # two outputs and the saved tensors; the norm's running statistics (inputs 3, 4, 5) are written in the graph
+    assert forward_part[:2] == (False, {"saved_from": 2, "mutated": (3, 4, 5)})
     # the backward's last two inputs are the gradients of the two outputs: copied in, never read in place
-    assert backward_part == {"backward": True, "tangents": (backward_inputs - 2, backward_inputs - 1)}
+    assert backward_part == {"backward": True, "tangents": (backward_inputs - 2, backward_inputs - 1), "mutated": ()}
     for got, want in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(got.grad, want.grad, rtol=1e-5, atol=1e-4)  # float32, summed in another order
 
@@ -226,11 +227,17 @@ def test_a_training_steps_forward_and_backward_reach_wrap_with_their_parts(monke
 class ByAddressRecording(RerunRecording):
     """As a CUDA graph, it holds none of the inputs it was recorded with: its reruns read them through storage
     objects over their memory that do not own it (RerunRecording's `run` holds them, which would keep a forward's
-    saved tensors alive after their backward, as no CUDA graph does). Parameters are read as they are."""
+    saved tensors alive after their backward, as no CUDA graph does). Parameters are read as they are. As a CUDA
+    graph's capture runs no kernel, the inputs keep the values they had before it: a graph that writes its inputs
+    (batch norm's running statistics, kiln/aot/mutations.py) writes them once, at the replay."""
 
     def __init__(self, run, stream, pool=None):
         compiled, static_args = run.args  # functools.partial(_run_on, compiled, static_args)
+        before = [(value, value.detach().clone()) for value in static_args if isinstance(value, torch.Tensor)]
         self.outputs = run()
+        with torch.no_grad():
+            for value, saved in before:
+                value.copy_(saved)
         by_address = [cudagraphs._torch.tensor_on(cudagraphs._torch.storage_alias(value), value)
                       if isinstance(value, torch.Tensor) and not isinstance(value, torch.nn.Parameter) else value
                       for value in static_args]
@@ -301,8 +308,8 @@ def test_a_training_loop_replays_its_forward_and_backward_and_matches_eager(monk
 
 
 def test_a_conv_nets_training_with_batch_norm_statistics_replays_and_matches_eager(monkeypatch):
-    # A forward that also writes its inputs (batch norm's running statistics, copied back by AOTAutograd's runtime
-    # from outputs before `saved_from`), a loss computed outside the graph and kept alive into the next step, as
+    # A forward that also writes its inputs (batch norm's running statistics, kept in the graph: one _foreach_copy_,
+    # kiln/aot/mutations.py), a loss computed outside the graph and kept alive into the next step, as
     # benchmarks/gpu_smoke.py's ResNet-18 training check does on the GPU: every step's loss, gradients and
     # statistics are eager's
     from torch._subclasses.fake_tensor import FakeTensorMode
