@@ -11,7 +11,8 @@
 #   CHECKS=0 skips step 1 (a second call at the same commit, on the same machine).
 #   MODELS_BACKENDS=eager,kiln,inductor adds torch.compile to step 2 (default eager,kiln); KERNELS_ONLY and
 #   KERNELS_BACKENDS the same for step 3 (default copy,gelu_bias,layer_norm,softmax; eager,kiln).
-#   AB_MODELS=bert,resnet18: those models again with kiln's default-mode CUDA graphs off, after step 2.
+#   AB_MODELS=bert,resnet18: those models again with kiln's default-mode CUDA graphs off, after step 2
+#   (AB_ENV=KILN_CUDA_GRAPH_TAIL_MIN_BYTES=0: under that setting instead; it names the files).
 #   MODELS_ONLY=bert,resnet18 limits step 2 to those models; MODELS_BUDGET=0 skips step 2 (a separate call measures eager, torch.compile and kiln), KERNELS_BUDGET=0 step 3.
 #   WARM_MODELS=llama: after step 4, cold and warm first calls of those models (benchmarks.warm_start, KILN_LOGS=perf:
 #   why a warm start traced a graph again, and the diff of the two processes' keys where one found no link).
@@ -70,8 +71,10 @@ fi
     --timeout 60 --label "models-$commit" --copy-to "$OUT_DIR" 2>&1 | grep --line-buffered "^\[\|^| " \
     | tee "$OUT_DIR/models.txt"
 if [ -n "${AB_MODELS:-}" ]; then  # the default mode's CUDA graphs off, beside the run above (same machine)
-    KILN_DEFAULT_CUDA_GRAPHS=0 "$PYTHON" -m benchmarks.run --suite models --only "$AB_MODELS" --modes infer \
-        --backends kiln --budget "${AB_BUDGET:-90}" --timeout 60 --label "models-no-default-graphs-$commit" \
+    ab_env="${AB_ENV:-KILN_DEFAULT_CUDA_GRAPHS=0}"
+    env "$ab_env" "$PYTHON" -m benchmarks.run --suite models --only "$AB_MODELS" --modes infer \
+        --backends kiln --budget "${AB_BUDGET:-90}" --timeout 60 \
+        --label "models-$(echo "$ab_env" | tr 'A-Z=_' 'a-z--')-$commit" \
         --copy-to "$OUT_DIR" 2>&1 | grep --line-buffered "^\[\|^| " | tee "$OUT_DIR/models_ab.txt"
 fi
 [ "${KERNELS_BUDGET:-30}" = 0 ] || \

@@ -281,36 +281,11 @@ def check_default_mode_cuda_graphs() -> int:
     eager only after the later calls have replayed; the graphs must replay. Then the Llama at new sequence
     lengths (symbolic shapes: no graphs), checked."""
     failures = 0
-    from kiln.runtime import cudagraphs
-
     for name, call, model, make in _small_models():
-        torch._dynamo.reset()
-        gc.collect()
-        try:
-            compiled = kiln.compile(model)
-            model64 = copy.deepcopy(model).double()
-            kept = []
-            with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
-                out = None
-                for _ in range(6):
-                    args = [a.cuda() for a in make()]
-                    out = call(compiled, *args)  # the previous `out` alive during the call
-                    kept.append((out, out[..., :3], args))
-                del out
-                verdicts = [_compare(call, out, model, model64, args) for out, _, args in kept]
-                views_ok = all(torch.equal(view, out[..., :3]) for out, view, _ in kept)
-            bad = [step for step, verdict in enumerate(verdicts) if not verdict]
-            runners = [o for o in gc.get_objects() if isinstance(o, cudagraphs.CudaGraphRunner) and o.preserve]
-            replays = sum(r.replays for r in runners)
-            disabled = [r.disabled_reason for r in runners if r.disabled_reason]
-            failures += _report(f"default cudagraphs    {name:10} 6 results kept and checked after later calls: "
-                                f"{'ok' if not bad and views_ok else f'MISMATCH at calls {bad}, views ok {views_ok}'}; "
-                                f"graphs {len(runners)}, replays {replays}, disabled {disabled}",
-                                bool(bad) or not views_ok or not replays or bool(disabled))
-            del kept
-        except Exception:
-            failures += 1
-            print(f"default cudagraphs    {name:10} ERROR {traceback.format_exc()[-1500:]}", flush=True)
+        failures += _check_default_model(name, call, model, make)
+    name, call, model, make = _small_models()[0]
+    with kiln.config.patch(cuda_graph_tail_min_bytes=1):  # the small Llama's logits as a tail (16 MiB by default)
+        failures += _check_default_model(f"{name} tail", call, model, make, tail=True)
     failures += _check_expanded_inputs()
     name, call, model, _ = _small_models()[0]
     torch._dynamo.reset()
@@ -329,6 +304,44 @@ def check_default_mode_cuda_graphs() -> int:
         failures += 1
         print(f"default cudagraphs    {name:10} sizes ERROR {traceback.format_exc()[-1500:]}", flush=True)
     return failures
+
+
+def _check_default_model(name, call, model, make, tail: bool = False) -> int:
+    """One model's `out = model(x)` loop under the default mode's CUDA graphs, every result (and a view of each)
+    kept and checked against eager after the later calls have replayed. `tail`: the recording must be of the
+    wrapper's head only, and the last output (the logits) made by its tail after each replay, never copied."""
+    from kiln.runtime import cudagraphs
+
+    torch._dynamo.reset()
+    gc.collect()
+    try:
+        compiled = kiln.compile(model)
+        model64 = copy.deepcopy(model).double()
+        kept = []
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            out = None
+            for _ in range(6):
+                args = [a.cuda() for a in make()]
+                out = call(compiled, *args)  # the previous `out` alive during the call
+                kept.append((out, out[..., :3], args))
+            del out
+            verdicts = [_compare(call, out, model, model64, args) for out, _, args in kept]
+            views_ok = all(torch.equal(view, out[..., :3]) for out, view, _ in kept)
+        bad = [step for step, verdict in enumerate(verdicts) if not verdict]
+        runners = [o for o in gc.get_objects() if isinstance(o, cudagraphs.CudaGraphRunner) and o.preserve]
+        replays = sum(r.replays for r in runners)
+        disabled = [r.disabled_reason for r in runners if r.disabled_reason]
+        fresh = sum(kind == "fresh" for r in runners if r.split is not None for kind, _ in r.outputs)
+        split_note = f", tail outputs {fresh}" if tail else ""
+        failed = bool(bad) or not views_ok or not replays or bool(disabled) or (tail and not fresh)
+        result = _report(f"default cudagraphs    {name:10} 6 results kept and checked after later calls: "
+                         f"{'ok' if not bad and views_ok else f'MISMATCH at calls {bad}, views ok {views_ok}'}; "
+                         f"graphs {len(runners)}, replays {replays}, disabled {disabled}{split_note}", failed)
+        del kept
+        return result
+    except Exception:
+        print(f"default cudagraphs    {name:10} ERROR {traceback.format_exc()[-1500:]}", flush=True)
+        return 1
 
 
 class _Masked(torch.nn.Module):

@@ -254,8 +254,12 @@ def _with_cuda_graphs(compiled, name: str, example_inputs: list, mode: str, *, i
         return cudagraphs.wrap(compiled, name, example_inputs, inference=inference, mutated=mutated, **role)
     if mode == "default" and config.default_cuda_graphs:
         launches = getattr(compiled, "kernel_count", 0) + getattr(compiled, "extern_count", 0)
+        output_bytes = _output_bytes(gm)
+        split = getattr(compiled, "split", None)
+        if output_bytes is not None and split is not None:  # the tail's outputs are never copied (cudagraphs.py)
+            output_bytes -= split.output_bytes
         return cudagraphs.wrap(compiled, name, example_inputs, inference=inference, preserve=True,
-                               launches=launches, output_bytes=_output_bytes(gm), mutated=mutated)
+                               launches=launches, output_bytes=output_bytes, mutated=mutated)
     return compiled
 
 

@@ -20,7 +20,7 @@ from kiln.codegen.printing import expr_to_source
 from kiln.codegen.triton import INDEX_STATUS, KernelSource
 from kiln.ir import Extern, TensorArg, graph_device_type
 from kiln.ir.kernel import Kernel, ScheduledGraph
-from kiln.ir.memory_plan import ALLOCATED_BY_WRAPPER, HUGE, SCRATCH, MemoryPlan
+from kiln.ir.memory_plan import ALLOCATED_BY_WRAPPER, EMPTY, HUGE, RETURNED, SCRATCH, MemoryPlan
 
 
 @dataclass
@@ -35,6 +35,8 @@ class ModuleSource:
     kernel_count: int = 0
     extern_count: int = 0
     index_status: list = field(default_factory=list)  # names of the IndexStatus constants (one per device's flag)
+    tail_steps: int = 0  # steps in `call_tail` (0: the wrapper has only `call`; see WrapperGenerator._tail_start)
+    tail_bytes: int = 0  # the bytes of the outputs `call_tail` makes
     backend: KernelBackend | None = None  # generated the kernels; loads them (kiln/runtime/loader.py)
 
 
@@ -93,38 +95,94 @@ class WrapperGenerator:
         graph = self.graph
         module = ModuleSource("", {}, constants=dict(graph.constants), backend=self.backend)
         input_names = [graph_input.name for graph_input in graph.inputs]
-        self.lines.append("def call(args):")
-        body = []
+        prologue = []
         if input_names:
-            body.append(f"{', '.join(input_names)}, = args")
-        body.append("args.clear()")
-        bindings = len(body)  # the symbols' lines go here, once every line that reads one is written
+            prologue.append(f"{', '.join(input_names)}, = args")
+        prologue.append("args.clear()")
         scratch = self.memory_plan.scratch
         if scratch is not None:
             from kiln.runtime.scratch import ScratchArena
 
             module.constants["_arena"] = ScratchArena(scratch.nbytes, scratch.layouts, scratch.device)
+        steps = []  # per step: its lines
         for step, step_plan in zip(self.scheduled.steps, self.memory_plan.steps):
-            if isinstance(step, Kernel):
-                body += self._kernel_call(step, module)
-            else:
-                body += self._extern_call(step, module)
+            lines = self._kernel_call(step, module) if isinstance(step, Kernel) else self._extern_call(step, module)
             if step_plan.frees:
-                body.append(f"del {', '.join(sorted(self.name(name) for name in step_plan.frees))}")
-        body += self._index_status_checks(module)
-        body.append(f"return ({''.join(self._output(output) + ', ' for output in graph.outputs)})")
+                lines.append(f"del {', '.join(sorted(self.name(name) for name in step_plan.frees))}")
+            steps.append(lines)
+        checks = self._index_status_checks(module)
+        returned = f"return ({''.join(self._output(output) + ', ' for output in graph.outputs)})"
         used_symbols = self._used_symbols() | {symbol for symbol in self.referenced_symbols if symbol in self.symbols}
-        body[bindings:bindings] = [f"{symbol} = {self.symbols[symbol]}" for symbol in sorted(used_symbols, key=str)
-                                   if str(symbol) not in input_names]
-        body[bindings:bindings] = [f"{name} = cuda_allocator({index})" for name, index in self.cuda_allocators.items()]
-        if scratch is not None:
-            body = (["_scratch = _arena.acquire()", "try:"] + ["    " + line for line in body]
-                    + ["finally:", "    _arena.release(_scratch)"])
-        self.lines += ["    " + line for line in body]
+        bindings = [f"{name} = cuda_allocator({index})" for name, index in self.cuda_allocators.items()]
+        bindings += [f"{symbol} = {self.symbols[symbol]}" for symbol in sorted(used_symbols, key=str)
+                     if str(symbol) not in input_names]
+        tail = self._tail_start(module, used_symbols)
+        if tail == len(steps):
+            body = prologue + bindings + [line for lines in steps for line in lines] + checks + [returned]
+            if scratch is not None:
+                body = (["_scratch = _arena.acquire()", "try:"] + ["    " + line for line in body]
+                        + ["finally:", "    _arena.release(_scratch)"])
+            self.lines += ["def call(args):"] + ["    " + line for line in body]
+        else:
+            live = self._live_into(tail)
+            live_tuple = "(" + "".join(name + ", " for name in live) + ")"
+            head = prologue + bindings + [line for lines in steps[:tail] for line in lines] + [f"return {live_tuple}"]
+            unpack = [f"{''.join(name + ', ' for name in live)}= live", "live.clear()"] if live else []
+            rest = unpack + bindings + [line for lines in steps[tail:] for line in lines] + [returned]
+            self.lines += (["def call_head(args):"] + ["    " + line for line in head] + ["", "", "def call_tail(live):"]
+                           + ["    " + line for line in rest] + ["", "", "def call(args):",
+                                                                  "    return call_tail(list(call_head(args)))"])
+            module.tail_steps = len(steps) - tail
+            module.tail_bytes = sum(int(allocation.nbytes) for step_plan in self.memory_plan.steps[tail:]
+                                    for allocation in step_plan.allocations)
         module.wrapper = "\n".join(self._header(module) + self.lines) + "\n"
         module.kernel_count = len([k for k in module.kernel_sources if not k.skip])
         module.extern_count = len(module.externs)
         return module
+
+    def _tail_start(self, module: ModuleSource, used_symbols: set) -> int:
+        """Where the wrapper's tail begins (the number of steps when it has none): its last steps that each
+        bring into being only graph outputs, in fresh memory (an `empty_strided` or an extern's own result), of
+        at least `config.cuda_graph_tail_min_bytes` (static sizes). The default mode's CUDA graph records the
+        head (`call_head`) and runs `call_tail` after each replay (kiln/runtime/cudagraphs.py), so such outputs
+        (an LM head's logits) are made outside the graph's pool and never copied out of it. No tail where the
+        graph has size symbols, a scratch block or index checks (the head would have to hand them over)."""
+        from kiln.config import config
+
+        threshold = config.cuda_graph_tail_min_bytes
+        steps = len(self.scheduled.steps)
+        if threshold <= 0 or used_symbols or self.memory_plan.scratch is not None or module.index_status \
+                or self.index_status_kernels:
+            return steps
+        outputs = {output.buffer for output in self.graph.outputs if isinstance(output, TensorArg)}
+        start = steps
+        for step_plan in reversed(self.memory_plan.steps):
+            allocations = step_plan.allocations
+            if not allocations or any(allocation.kind not in (EMPTY, RETURNED) or allocation.buffer not in outputs
+                                      or not sympy.sympify(allocation.nbytes).is_Integer for allocation in allocations):
+                break
+            if sum(int(allocation.nbytes) for allocation in allocations) < threshold:
+                break
+            start -= 1
+        return start
+
+    def _live_into(self, tail: int) -> list:
+        """The wrapper names the head hands to the tail: what the tail's steps read, and what the graph
+        returns, that the tail does not make (inputs, and buffers of earlier steps)."""
+        from kiln.schedule.memory import step_buffers
+
+        made, wanted = set(), []
+        for step, step_plan in zip(self.scheduled.steps[tail:], self.memory_plan.steps[tail:]):
+            local = step.local_buffers if isinstance(step, Kernel) else set()
+            for name in sorted(step_buffers(step) - local):
+                if name not in made and name not in self.graph.constants and name not in wanted:
+                    wanted.append(name)
+            made |= {allocation.buffer for allocation in step_plan.allocations}
+        for output in self.graph.outputs:
+            if isinstance(output, TensorArg) and output.buffer not in made and output.buffer not in wanted \
+                    and output.buffer not in self.graph.constants:
+                wanted.append(output.buffer)
+        return [self.name(name) for name in wanted if name not in made]
 
     def _index_status_for(self, kernel: Kernel, module: ModuleSource) -> str:
         """The wrapper's name of the index-error flag of `kernel`'s device, allocated on first use:

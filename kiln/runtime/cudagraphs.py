@@ -260,6 +260,7 @@ class CudaGraphRunner:
             self.invalidated += _invalidate_alive(self._previous, self._invalidate, self._message)
             self.invalidated += _invalidate_alive(self._held, self._invalidate, self._freed_message)
         self.recording = None
+        self.split = None  # the compiled graph's Split when the recording is of its head only (preserve policy)
         self.warm_ups = 0  # calls run to warm up since the last recording went
         self.first_call: list | None = None  # per input, in the last warm-up: data_ptr of a tensor, or the value
         self.in_place: list = []  # (position, data_ptr) read where they are
@@ -267,6 +268,7 @@ class CudaGraphRunner:
         self.broadcast: set = set()  # positions of copied inputs with broadcast dims (stride 0): copied as _held_part
         self.constants: list = []  # (position, value) non-tensor inputs the recording assumed
         self.outputs: list = []  # per output: ("pool", tensor) | ("input", tensor) | ("clone", tensor) | ("value", v)
+        #                          | ("fresh", None): made by the split's tail, after the replay, in memory of its own
         self.storages: list = []  # (storage handle, use count when no result is alive)
 
     # ---- calling ---------------------------------------------------------------------------------
@@ -321,7 +323,12 @@ class CudaGraphRunner:
         self.replays += 1
         self._check_indices()
         args.clear()
-        return self._results()
+        return self._results(self._run_tail())
+
+    def _run_tail(self) -> list | None:
+        """After a replay of a split graph's head: its tail, run on the head's recorded values (on the same stream,
+        so before the next replay overwrites them); its results. None for a graph recorded whole."""
+        return self.split.tail(list(self.recording.outputs)) if self.split is not None else None
 
     def _plain(self, args: list):
         self.plain_calls += 1
@@ -386,8 +393,12 @@ class CudaGraphRunner:
                 static_args.append(static)
         stream = self._make_stream()
         self._release()
+        # The default mode records a split graph's head only: its tail's outputs (an LM head's logits) are then
+        # made after each replay in memory of their own, never copied out of the pool (kiln/runtime/loader.py Split).
+        split = getattr(self.compiled, "split", None) if self.preserve is not None else None
         try:
-            recording = self._capture(functools.partial(_run_on, self.compiled, static_args), stream,
+            recording = self._capture(functools.partial(_run_on, split.head if split is not None else self.compiled,
+                                                        static_args), stream,
                                       self.preserve.pool if self.preserve is not None else None)
         except Exception as error:  # a host sync, an unsupported op: run without graphs from now on
             self._reset()
@@ -395,15 +406,19 @@ class CudaGraphRunner:
         finally:
             self._release()
         self.recordings += 1
-        self.recording = recording
-        self._classify_outputs(recording.outputs, static_args)
+        self.recording, self.split = recording, split
+        if split is None:
+            self._classify_outputs(recording.outputs, static_args)
         if self.preserve is not None:
             self.preserve.order()
         recording.replay()
         self.replays += 1
+        tail_results = self._run_tail()
+        if split is not None:  # the outputs are the tail's: views of the head's values, or memory of the tail's own
+            self._classify_outputs(tail_results, static_args, pool=recording.outputs)
         self._check_indices()
         args.clear()
-        return self._results()
+        return self._results(tail_results)
 
     def _check_indices(self) -> None:
         """A replay runs no wrapper code, so the wrapper's last lines, the kernels' out-of-range-index
@@ -411,18 +426,23 @@ class CudaGraphRunner:
         for status in getattr(self.compiled, "index_status", ()):
             status.after_call()
 
-    def _classify_outputs(self, outputs: list, static_args: list) -> None:
+    def _classify_outputs(self, outputs: list, static_args: list, pool: list | None = None) -> None:
         """Which outputs live in the graph's pool (aliased out, liveness-checked), which are inputs'
-        memory (returned as they are) and which alias kiln's copied-in buffers (cloned)."""
+        memory (returned as they are) and which alias kiln's copied-in buffers (cloned). `pool`: a split
+        graph's recorded head values; an output on none of their memory is the tail's own ("fresh")."""
         input_storages = {_storage_handle(static_args[position]) for position, _ in self.in_place}
         copied_storages = {_storage_handle(static) for _, static in self.copied}
+        pool_storages = None if pool is None else {_storage_handle(value) for value in pool
+                                                   if isinstance(value, torch.Tensor)}
         self.outputs, handles = [], {}
         for value in outputs:
             if not isinstance(value, torch.Tensor):
                 self.outputs.append(("value", value))
                 continue
             handle = _storage_handle(value)
-            if handle in input_storages:
+            if pool_storages is not None and handle not in pool_storages | input_storages | copied_storages:
+                self.outputs.append(("fresh", None))
+            elif handle in input_storages:
                 self.outputs.append(("input", value))
             elif handle in copied_storages:
                 self.outputs.append(("clone", value))
@@ -464,13 +484,14 @@ class CudaGraphRunner:
         if self.plain_calls == 0:
             log.warning("kiln: graph %s ran without its CUDA graph: %s. %s", self.name, reason, advice)
 
-    def _results(self) -> list:
+    def _results(self, tail_results: list | None = None) -> list:
         """This call's results: the graph's output buffers on storage objects of their own (one per
         buffer, so outputs that share memory still do), weakly referenced for the next replay, or under
         "preserve" on a copy of each buffer; inputs as they are; outputs that alias a copied-in buffer cloned.
         Results never invalidated (from `_held_from` on) get storage objects apart from the others'; a user's
         result over the buffer of one of them (an output the backward also reads) is a copy, so that neither
-        invalidating it nor writing into it in place reaches the saved tensor."""
+        invalidating it nor writing into it in place reaches the saved tensor. `tail_results`: a split graph's
+        tail's, this call's; its "fresh" ones are returned as they are."""
         if self._invalidate is None and self.preserve is None:
             return [self._result(kind, value) for kind, value in self.outputs]
         copy = self.preserve is not None
@@ -478,6 +499,9 @@ class CudaGraphRunner:
                         if kind == "pool" and self._is_held(position)}
         storages, held_storages, copies, results = {}, {}, {}, []
         for position, (kind, value) in enumerate(self.outputs):
+            if kind == "fresh":
+                results.append(tail_results[position])
+                continue
             if kind != "pool":
                 results.append(self._result(kind, value))
                 continue

@@ -182,6 +182,15 @@ def _launcher(kernel):
                          constexprs=kernel.constexprs, options=kernel.launch_options)
 
 
+class Split:
+    """A wrapper cut in two (kiln/codegen/wrapper.py `_tail_start`): `head(args)` runs the first steps and returns
+    the values the rest need, as a tuple; `tail(list_of_them)` runs the rest and returns the graph's outputs. The
+    default mode's CUDA graph records the head only (kiln/runtime/cudagraphs.py)."""
+
+    def __init__(self, head, tail, steps: int, output_bytes: int = 0) -> None:
+        self.head, self.tail, self.steps, self.output_bytes = head, tail, steps, output_bytes
+
+
 class CompiledGraph:
     """The boxed callable for one graph: `compiled(list_of_inputs) -> tuple of outputs`.
 
@@ -211,6 +220,12 @@ class CompiledGraph:
         self._fallback = fallback
         self.strict = strict  # raise KilnCompileError rather than run eagerly (strict mode, fullgraph=True)
         self._first_call = True
+        self._split: Split | None = None
+
+    @property
+    def split(self) -> Split | None:
+        """The wrapper's head and tail, where it has a tail and the graph has not fallen back to eager."""
+        return self._split if self.fallback_reason is None else None
 
     def __call__(self, args):
         if not self._first_call:
@@ -258,5 +273,9 @@ def load_module(module_source, *, mode: str = "default", scheduled=None, name: s
     namespace.update(module_source.constants)
     namespace.update({name: python_binding(op) for name, op in module_source.externs.items()})
     _execute(module_source.wrapper, "wrappers", namespace)
-    return CompiledGraph(namespace["call"], module_source, scheduled, name=name, fallback=fallback, strict=strict,
-                         index_status=[namespace[name] for name in module_source.index_status])
+    compiled = CompiledGraph(namespace["call"], module_source, scheduled, name=name, fallback=fallback, strict=strict,
+                             index_status=[namespace[name] for name in module_source.index_status])
+    if "call_tail" in namespace:
+        compiled._split = Split(namespace["call_head"], namespace["call_tail"], getattr(module_source, "tail_steps", 0),
+                                getattr(module_source, "tail_bytes", 0))
+    return compiled

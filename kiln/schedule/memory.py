@@ -81,17 +81,21 @@ def last_uses(scheduled: ScheduledGraph) -> dict:
     keep |= set(graph.constants)
     last: dict = {}
     for step_index, step in enumerate(scheduled.steps):
-        names = set()
-        if isinstance(step, Kernel):
-            for node in step.nodes:
-                names |= {op.buffer for op in node.body.reads()}
-                names |= set(node.outputs)
-        else:
-            names |= {arg.buffer for arg in step.tensor_args()} | set(step.outputs)
-        for name in names:
+        for name in step_buffers(step):
             last[name] = step_index
     local = {name for step in scheduled.kernels for name in step.local_buffers}
     return {name: index for name, index in last.items() if name not in keep and name not in local}
+
+
+def step_buffers(step) -> set:
+    """The buffers a step (a Kernel or an Extern) reads or writes, its kernels' in-register ones included."""
+    if isinstance(step, Kernel):
+        names = set()
+        for node in step.nodes:
+            names |= {op.buffer for op in node.body.reads()}
+            names |= set(node.outputs)
+        return names
+    return {arg.buffer for arg in step.tensor_args()} | set(step.outputs)
 
 
 def _plan_scratch(scheduled: ScheduledGraph, last_use: dict, device_type: str, inference: bool) -> tuple:
