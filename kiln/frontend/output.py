@@ -213,6 +213,7 @@ class OutputGraph:
         name = self._symbolic_name()
         self.guards.type_is(source, type(value))
         if type(value) is int:
+            self.guards.fits_int64(source)
             symbolic = _torch.symbolic_int(self.fake_mode, value, name)
             node = self._placeholder(source.readable_name(), symbolic)
             self.inputs.append((source, symbolic, SymNumberVariable(node, symbolic, source)))
