@@ -86,3 +86,43 @@ def test_symbolic_int_arithmetic_past_int64():
         return x * (m % 5), m % 7
 
     _check_calls(lambda: (program, {}), _with_ints([3, 5, 2**30, 2**40]))
+
+
+# -- a symbolic int as a dict key --------------------------------------------------------------------------------
+# Once wrong: an int argument made symbolic (after it changed value) hashed as its tracker, not its value, as a
+# dict key: `{1: a, 2: b}[n]` or `n in table` missed, and a dict built with `{n: x}` did not hold the key n.
+
+TABLE = {1: 10.0, 2: 20.0, 5: 50.0}
+
+
+def _dict_key_programs():
+    def lookup_literal(x, n):
+        return x * {1: 2.0, 2: 3.0, 3: 4.0, 7: 5.0}.get(n, -1.0), {1: "a", 3: "c"}.get(n)
+
+    def lookup_built(x, n):
+        d = {n: x, n + 1: x * 2}
+        return d[n], d[n + 1], list(d), n in d, (n - 1) in d, 3 in d
+
+    def lookup_global(x, n):
+        return (x * TABLE[n] if n in TABLE else x - 1), TABLE.get(n, 0.0)
+
+    def build_and_mutate(x, n):
+        d = {}
+        d[n] = x
+        d[2] = x + 1
+        d.setdefault(n, x * 10)
+        return sorted(d), d.pop(n) * 2
+
+    def count_keys(x, n):
+        counts = {}
+        for key in (n, 1, n, 2, n % 2):
+            counts[key] = counts.get(key, 0) + 1
+        return x * len(counts), counts
+
+    return {"literal": lookup_literal, "built": lookup_built, "global": lookup_global,
+            "mutate": build_and_mutate, "count": count_keys}
+
+
+@pytest.mark.parametrize("name", list(_dict_key_programs()))
+def test_symbolic_int_as_a_dict_key(name):
+    _check_calls(lambda: (_dict_key_programs()[name], {}), _with_ints([1, 2, 3, 5, 7, 2, 4, 1]))

@@ -34,7 +34,7 @@ from kiln.frontend.variables.iterators import (MAX_ITERATION_STEPS, BaseIterator
                                                DictIteratorVariable, IteratorVariable, LazyIteratorVariable,
                                                UserIteratorVariable, advanced, changed_during_iteration,
                                                changed_size_message, iterator_at)
-from kiln.frontend.variables.tensor import TensorVariable
+from kiln.frontend.variables.tensor import SymNumberVariable, TensorVariable
 
 
 def missing_key(key: Variable, container: Variable) -> ProgramException:
@@ -65,9 +65,12 @@ def _is_identity_key(key: Any) -> bool:
 
 
 def hashable_key(tx, key: Variable) -> Any:
-    """The Python object a tracker stands for as a dict key; an outside tensor is a `TensorKey` (by identity)."""
+    """The Python object a tracker stands for as a dict key; an outside tensor is a `TensorKey` (by identity); a
+    symbolic number is specialized (its value guarded), since a dict hashes the number, not the tracker."""
     if isinstance(key, TensorVariable):
         return tensor_key(tx, key)
+    if isinstance(key, SymNumberVariable):
+        return key.as_constant()
     if isinstance(key, TupleVariable):
         return tuple(hashable_key(tx, item) for item in key.items)
     identity = key.identity()
