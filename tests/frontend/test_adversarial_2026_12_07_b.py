@@ -126,3 +126,72 @@ def _dict_key_programs():
 @pytest.mark.parametrize("name", list(_dict_key_programs()))
 def test_symbolic_int_as_a_dict_key(name):
     _check_calls(lambda: (_dict_key_programs()[name], {}), _with_ints([1, 2, 3, 5, 7, 2, 4, 1]))
+
+
+# -- dict subclasses with their own mutators ---------------------------------------------------------------------
+# Once wrong: a dict subclass whose __setitem__ stores `v * 2` was changed as a plain dict (the raw value stored);
+# and once its mutation was modelled, the entry's replay (`d.clear(); d.update(...)`) called an overridden update.
+
+class _Doubling(dict):
+    def __setitem__(self, key, value):
+        super().__setitem__(key, value * 2)
+
+
+class _Shifting(dict):
+    def update(self, other):
+        for key, value in other.items():
+            dict.__setitem__(self, key, value + 100)
+
+    def setdefault(self, key, default=None):
+        return dict.setdefault(self, key, default * 3)
+
+
+class _Plain(dict):  # no mutator of its own: modelled as a dict
+    def total(self):
+        return sum(self.values())
+
+
+def _dict_subclass_programs():
+    def doubling_inside(x):
+        d = _Doubling()
+        d["a"] = x
+        d["b"] = 1
+        return d["a"] + d["b"], d
+
+    def doubling_passed(x, d):
+        d["a"] = x
+        d["n"] = len(d)
+        return d["a"] + 1
+
+    def shifting_inside(x):
+        d = _Shifting()
+        d.update({"a": 1})
+        d.setdefault("b", 2)
+        return x + d["a"] + d["b"], d
+
+    def shifting_passed(x, d):
+        d.update({"a": len(d)})
+        d.setdefault("b", 2)
+        d["c"] = 5  # dict's own __setitem__
+        return x + d["a"] + d["b"]
+
+    def plain_passed(x, d):
+        d["a"] = x.sum()
+        d.update(b=2)
+        return x * d.total()
+
+    return {"doubling_inside": (doubling_inside, lambda state: (torch.ones(2),), {}),
+            "doubling_passed": (doubling_passed, lambda state: (torch.ones(2), state["d"]), {"d": _Doubling()}),
+            "shifting_inside": (shifting_inside, lambda state: (torch.ones(2),), {}),
+            "shifting_passed": (shifting_passed, lambda state: (torch.ones(2), state["d"]), {"d": _Shifting()}),
+            "plain_passed": (plain_passed, lambda state: (torch.ones(2), state["d"]), {"d": _Plain()})}
+
+
+@pytest.mark.parametrize("name", list(_dict_subclass_programs()))
+def test_dict_subclass_with_its_own_mutators(name):
+    def make():
+        program, _, state = _dict_subclass_programs()[name]
+        return program, state
+
+    call = _dict_subclass_programs()[name][1]
+    _check_calls(make, [call] * 3, strict=False)

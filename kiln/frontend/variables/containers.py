@@ -604,6 +604,19 @@ _DICT_METHODS_OF_COUNTER = frozenset({"__delitem__", "clear", "pop", "popitem", 
 
 
 _DICT_MUTATORS = frozenset({"__setitem__", "__delitem__", "pop", "popitem", "setdefault", "update", "clear"})
+_DICT_CLASSES = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
+
+
+def _overridden_mutator(value: dict) -> str | None:
+    """A mutator a dict subclass defines itself (`__setitem__` that stores `v * 2`), if any: it runs code that the
+    trace's copy of the dict would not, and the entry's replay (`clear()` then `update()`) could call it."""
+    for name in sorted(_DICT_MUTATORS | {"__ior__"}):
+        for cls in type(value).__mro__:
+            if name in vars(cls):
+                if cls not in _DICT_CLASSES:
+                    return name
+                break
+    return None
 
 
 class ExternalDictVariable(Variable):
@@ -644,6 +657,10 @@ class ExternalDictVariable(Variable):
             if _is_module_namespace(self.value):
                 raise Unsupported(f"assigning into a module's globals dict ({self.describe()}); assign the global "
                                   "itself (`global NAME` or `module.NAME = ...`), which kiln tracks")
+            overridden = _overridden_mutator(self.value)
+            if overridden is not None:
+                raise Unsupported(f"changing {self.describe()}, a {type(self.value).__qualname__}, whose class defines "
+                                  f"its own {overridden} (kiln models dict's; a graph break runs the change in Python)")
             entries = {key: (self.key_variable(key), self.item(tx, key)) for key in self.keys(tx)}
             self.materialized = DictVariable(entries, self.source, type(self.value), self._default_factory(tx))
             for iterator in self.iterators:
