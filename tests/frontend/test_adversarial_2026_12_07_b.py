@@ -195,3 +195,90 @@ def test_dict_subclass_with_its_own_mutators(name):
 
     call = _dict_subclass_programs()[name][1]
     _check_calls(make, [call] * 3, strict=False)
+
+
+# -- slices of nn containers -----------------------------------------------------------------------------------
+# Once a crash: `self.layers[1:](x)` sliced a Sequential into a tuple of its children, which the graph break at its
+# call then called ("'tuple' object is not callable"); returned, a slice came back as a tuple.
+
+class _Printing(torch.nn.Module):
+    def forward(self, x):
+        print("", end="")  # a graph break inside a sliced Sequential's call
+        return x * 2
+
+
+class _Sliced(torch.nn.Module):
+    def __init__(self, kind):
+        super().__init__()
+        self.kind = kind
+        self.layers = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU(), torch.nn.Linear(3, 3),
+                                          torch.nn.Tanh())
+        self.blocks = torch.nn.ModuleList([torch.nn.Linear(3, 3) for _ in range(3)])
+        self.weights = torch.nn.ParameterList([torch.nn.Parameter(torch.full((3,), float(i))) for i in range(3)])
+
+    def forward(self, x):
+        if self.kind == "call":
+            return self.layers[1:](x), self.layers[::-1](x), self.layers[:2](x), len(self.layers[1:3])
+        if self.kind == "nested":
+            inner = self.layers[1:][::-1][:2]
+            return inner(x), [type(m).__name__ for m in inner], list(inner._modules)
+        if self.kind == "returned":
+            return self.layers[2:], self.blocks[1:], self.layers[1:](x)
+        if self.kind == "module_list":
+            for block in self.blocks[1:]:
+                x = block(x)
+            for weight in self.weights[::2]:
+                x = x + weight
+            return x, len(self.blocks[:-1]), len(self.weights[1:])
+        if self.kind == "break_inside":
+            return self.layers[1:](x)
+        raise AssertionError(self.kind)
+
+
+def _assert_same(actual, expected, where):
+    """Equal structure and values; tensors equal up to float rounding (a compiled graph may sum in another
+    order), modules the same class holding the same children under the same names."""
+    if isinstance(expected, torch.Tensor):
+        assert isinstance(actual, torch.Tensor) and actual.shape == expected.shape, where
+        torch.testing.assert_close(actual, expected, msg=where)
+    elif isinstance(expected, torch.nn.Module):
+        assert type(actual) is type(expected), where
+        assert [(name, id(child)) for name, child in actual.named_children()] == \
+            [(name, id(child)) for name, child in expected.named_children()], where
+        assert [id(p) for p in actual.parameters()] == [id(p) for p in expected.parameters()], where
+    elif isinstance(expected, (list, tuple)):
+        assert type(actual) is type(expected) and len(actual) == len(expected), where
+        for item, expected_item in zip(actual, expected):
+            _assert_same(item, expected_item, where)
+    else:
+        assert actual == expected, where
+
+
+@pytest.mark.parametrize("kind", ["call", "nested", "returned", "module_list", "break_inside"])
+def test_slices_of_nn_containers(kind):
+    model = _Sliced(kind)
+    if kind == "break_inside":
+        model.layers[2] = _Printing()
+    compiled = kiln.compile(model)
+    with kiln.config.patch(strict=kind != "break_inside"):
+        for number, x in enumerate([torch.randn(2, 3), torch.randn(2, 3), torch.randn(4, 3)]):
+            if number == 2:
+                model.layers.append(torch.nn.Sigmoid())  # the container changed: a guard fails
+            _assert_same(compiled(x), model(x), f"call {number}")
+
+
+def test_slice_of_a_sequential_subclass_breaks():
+    def make():
+        class Stack(torch.nn.Sequential):
+            made = 0
+
+            def __init__(self, *layers):
+                super().__init__(*layers)
+                Stack.made += 1  # its own construction has a side effect
+
+        def program(x, stack):
+            return stack[1:](x), Stack.made
+
+        return program, {"stack": Stack(torch.nn.ReLU(), torch.nn.Tanh(), torch.nn.Sigmoid())}
+
+    _check_calls(make, [lambda state: (torch.ones(2, 3), state["stack"])] * 3, strict=False)
