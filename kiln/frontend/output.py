@@ -288,6 +288,7 @@ class OutputGraph:
                               "offset counts from where the input's storage starts)")
         if self.inference_switched and not self.inference_mode:
             _check_inference_tensor_use(kind, target, node_args, node_kwargs, fake_args, fake_kwargs)
+        _check_requires_grad_change(kind, target, fake_args, fake_kwargs)
         leaves = {id(item) for item in _flatten((fake_args, list(fake_kwargs.values())))  # leaves requiring grad
                   if isinstance(item, torch.Tensor) and item.requires_grad}  # before the op (`w.mul_(2)` keeps one)
         try:
@@ -707,6 +708,21 @@ def _convert(variable: Any) -> tuple[Any, Any]:
 
 # A Python type torch takes as a dtype (`torch.tensor(0, dtype=int)`, `x.to(float)`), as the dtype torch reads it
 # as: the graph's code cannot spell the type (`dtype = <class 'int'>`).
+def _check_requires_grad_change(kind: str, target: Any, fake_args: list, fake_kwargs: dict) -> None:
+    """`t.requires_grad_()` that changes the flag is Unsupported (a graph break makes the change in Python): a view
+    of an input (`x[0].requires_grad_()`) made a leaf of the program's autograd graph, or an input's own flag, is
+    a change of the real tensor that the graph's outputs do not carry (they came back without grad_fn), and eager
+    raises for a non-leaf (`y[0].requires_grad_(False)`). The same flag again is nothing."""
+    if not ((kind == "call_method" and target == "requires_grad_") or target is torch.Tensor.requires_grad_):
+        return
+    if not fake_args or not isinstance(fake_args[0], torch.Tensor):
+        return
+    requested = fake_args[1] if len(fake_args) > 1 else fake_kwargs.get("requires_grad", True)
+    if type(requested) is not bool or requested != fake_args[0].requires_grad:
+        raise Unsupported(f"Tensor.requires_grad_({requested!r}) on a tensor whose requires_grad is "
+                          f"{fake_args[0].requires_grad} (autograd metadata of a real tensor, changed in Python)")
+
+
 _PYTHON_TYPE_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool, complex: torch.complex128}
 
 

@@ -282,3 +282,69 @@ def test_slice_of_a_sequential_subclass_breaks():
         return program, {"stack": Stack(torch.nn.ReLU(), torch.nn.Tanh(), torch.nn.Sigmoid())}
 
     _check_calls(make, [lambda state: (torch.ones(2, 3), state["stack"])] * 3, strict=False)
+
+
+# -- autograd metadata changed on views ------------------------------------------------------------------------
+# Once wrong: `x[0].requires_grad_()` on a view of an input ran as an op of the graph, whose outputs then came
+# back without grad_fn (eager's `v * 2` requires grad); an input's own flag set to False was not set.
+
+def _autograd_metadata_programs():
+    def view_of_input(x):
+        v = x[0]
+        v.requires_grad_()
+        return v * 2, v.requires_grad, v.is_leaf, x.requires_grad
+
+    def flat_view(x):
+        v = x.view(-1).requires_grad_(True)
+        return (v * 2).sum(), v
+
+    def view_of_computed(x):
+        y = x * 2
+        y[0].requires_grad_()  # a non-leaf view (x requires grad): no change; else a new leaf, dropped
+        return y, y.requires_grad
+
+    def unset_on_non_leaf_view(x):
+        y = x * 2
+        y[1:].requires_grad_(False)  # eager raises when y requires grad (a non-leaf)
+        return y
+
+    def unset_on_input(x):
+        x.requires_grad_(False)  # eager raises for a view that requires grad (not a leaf)
+        return x * 2, x.requires_grad
+
+    def through_the_function(x):
+        v = torch.Tensor.requires_grad_(x[1], True)
+        return v + 1, x[1] * 3
+
+    return {"view_of_input": view_of_input, "flat_view": flat_view, "view_of_computed": view_of_computed,
+            "unset_on_non_leaf_view": unset_on_non_leaf_view, "unset_on_input": unset_on_input,
+            "through_the_function": through_the_function}
+
+
+@pytest.mark.parametrize("name", list(_autograd_metadata_programs()))
+def test_requires_grad_on_views(name):
+    inputs = [lambda: torch.ones(2, 3), lambda: torch.ones(2, 3, requires_grad=True), lambda: torch.ones(2, 3),
+              lambda: torch.ones(3, 2, requires_grad=True)[1:], lambda: torch.arange(6.).reshape(2, 3)]
+
+    def fresh(make):
+        def call(state):
+            state["x"] = make()
+            return (state["x"],)
+        return call
+
+    _check_calls(lambda: (_autograd_metadata_programs()[name], {}), [fresh(make) for make in inputs], strict=False)
+
+
+def test_gradients_reach_a_view_made_a_leaf():
+    def program(x):
+        v = x[0]
+        v.requires_grad_()
+        return (v * v).sum(), v
+
+    compiled = kiln.compile(program)
+    for make in [lambda: torch.arange(6.).reshape(2, 3), lambda: torch.arange(8.).reshape(2, 4)]:
+        (expected, expected_v), (actual, actual_v) = program(make()), compiled(make())
+        expected.backward()
+        actual.backward()
+        torch.testing.assert_close(actual_v.grad, expected_v.grad)
+        assert actual_v.is_leaf and actual_v.requires_grad
