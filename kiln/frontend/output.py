@@ -329,6 +329,25 @@ class OutputGraph:
         self.compute_nodes += 1
         return self._wrap_result(tx, node, result)
 
+    def _guard_changed_objects_stay_apart(self) -> None:
+        """An outside container or object the trace changed was another object than each one of its type the trace
+        read elsewhere (`f(a, b)` doing `a.append(1); len(b)`): the trace kept them apart, so an entry never serves a
+        call passing the same one for both (it gets its own). The same object under two sources at trace time is
+        guarded so already (builder.wrap)."""
+        changed = [variable for variable in (*self.side_effects.containers, *self.side_effects.objects)
+                   if variable.source is not None]
+        if not changed:
+            return
+        read = [(variable, _python_type(variable)) for variable in self.wrapped.values() if variable.source is not None]
+        for variable in changed:
+            kind = _python_type(variable)
+            if kind is None or issubclass(kind, torch.nn.Module):  # (a module is guarded by identity already)
+                continue
+            for other, other_kind in read:
+                if other_kind is kind and other.source != variable.source:
+                    self.guards.add(variable.source, "{} is {key}", f"is now the same object as {other.source.expr()}",
+                                    other.source)
+
     def _unread_gathers(self) -> list[torch.fx.Node]:
         """The graph's gathers by tensor indices (`x[i]`, index_select, gather, take, embedding) whose result
         nothing reads."""
@@ -463,6 +482,7 @@ class OutputGraph:
         if tail is not None:  # a break inside inference-mode regions the trace entered: the program is in them now
             ending[0:0] = [f"{codegen.constant(region)}.enter()" for region in self.open_inference]
         side_effect_lines = self.side_effects.codegen(codegen)
+        self._guard_changed_objects_stay_apart()
         # a gather nothing reads still raises for an index out of range, as eager does: an output (the entry
         # ignores it) keeps it from being dropped as dead code
         self.graph.output(tuple(codegen.output_nodes) + tuple(self._unread_gathers()))
@@ -578,6 +598,14 @@ def _specialized(variable: Variable) -> Variable:
             any(isinstance(item, (SymNumberVariable, TupleVariable, ListVariable)) for item in variable.items):
         return variable.rebuild([_specialized(item) for item in variable.items])
     return variable
+
+
+def _python_type(variable: Variable) -> type | None:
+    """Its Python type, None for a tracker that cannot say."""
+    try:
+        return variable.python_type()
+    except Unsupported:
+        return None
 
 
 def _graph_call(input_texts: list[str], codegen) -> list[str]:

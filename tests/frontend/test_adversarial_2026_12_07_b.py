@@ -348,3 +348,49 @@ def test_gradients_reach_a_view_made_a_leaf():
         actual.backward()
         torch.testing.assert_close(actual_v.grad, expected_v.grad)
         assert actual_v.is_leaf and actual_v.requires_grad
+
+
+# -- one outside container passed twice ------------------------------------------------------------------------
+# Once wrong: traced with two different lists, an entry served a call passing the same list twice; `a.append(1)`
+# then `len(b)` read b's length as traced (the guards compared each list's contents, not whether they were one).
+
+class _Box:
+    def __init__(self):
+        self.v = 1
+
+
+def _aliasing_programs():
+    def lists(x, a, b):
+        a.append(1)
+        return x * len(b)
+
+    def dicts(x, a, b):
+        a["k"] = 1
+        return x * len(b), "k" in b
+
+    def objects(x, a, b):
+        a.v = 5
+        return x * b.v
+
+    def nested(x, table, b):
+        table["items"].append(2)
+        return x * len(b)
+
+    return {"lists": (lists, list), "dicts": (dicts, dict), "objects": (objects, _Box),
+            "nested": (nested, "nested")}
+
+
+@pytest.mark.parametrize("name", list(_aliasing_programs()))
+def test_one_container_passed_as_two_arguments(name):
+    program, kind = _aliasing_programs()[name]
+
+    def pair(same):
+        def call(state):
+            if kind == "nested":
+                inner = []
+                return torch.ones(2), {"items": inner}, inner if same else []
+            first = kind()
+            return torch.ones(2), first, first if same else kind()
+        return call
+
+    _check_calls(lambda: (program, {}), [pair(False), pair(True), pair(False), pair(True)])
