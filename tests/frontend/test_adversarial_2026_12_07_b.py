@@ -394,3 +394,31 @@ def test_one_container_passed_as_two_arguments(name):
         return call
 
     _check_calls(lambda: (program, {}), [pair(False), pair(True), pair(False), pair(True)])
+
+
+# -- globals() of exec'd code --------------------------------------------------------------------------------
+# Once wrong: a store through `globals()` of a function exec'd into a plain dict was modelled as a change of an
+# outside dict, which the function's own global reads (LOAD_GLOBAL) did not see: `COUNT` read its old value.
+
+_EXECED = '''
+COUNT = 0
+
+def count(x):
+    namespace = globals()
+    namespace["COUNT"] = namespace.get("COUNT", 0) + 1
+    return x * COUNT, "count" in namespace
+
+def define(x):
+    globals()["NEW"] = COUNT + 5
+    return x * NEW
+'''
+
+
+@pytest.mark.parametrize("name", ["count", "define"])
+def test_store_through_globals_of_execed_code(name):
+    def make():
+        namespace = {}
+        exec(_EXECED, namespace)
+        return namespace[name], {"COUNT": lambda: namespace["COUNT"], "NEW": lambda: namespace.get("NEW")}
+
+    _check_calls(make, [lambda state: (torch.ones(2),)] * 3, strict=False)

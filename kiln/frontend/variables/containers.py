@@ -871,9 +871,13 @@ def _view_of(tx, args, kwargs) -> Variable:
 
 
 def _is_module_namespace(value: dict) -> bool:
-    """Whether `value` is some module's `__dict__` (the globals of the functions defined in it)."""
+    """Whether `value` is some module's `__dict__` (the globals of the functions defined in it), or the globals of
+    code exec'd into a plain dict (exec puts `__builtins__` in it): the trace's global reads and stores go to
+    `SideEffects.globals`, which a change of the dict as a container would not reach."""
     import sys
 
+    if "__builtins__" in value:
+        return True
     module = sys.modules.get(value.get("__name__")) if isinstance(value.get("__name__"), str) else None
     return module is not None and getattr(module, "__dict__", None) is value
 
