@@ -78,6 +78,9 @@ class DynamicPolicy:
         if self.mode is False or type(value) not in (int, float) or not _is_argument(source) or \
                 (type(value) is float and (self.static_floats or not math.isfinite(value))):
             return False
+        if type(value) is int and not fits_int64(value):  # a SymInt is an int64: 2**70 would overflow
+            self.scalars.setdefault(source, value)
+            return False
         if self.mode is True or source in self.dynamic_scalars:
             return True
         first = self.scalars.setdefault(source, value)
@@ -87,6 +90,15 @@ class DynamicPolicy:
                 log.warning("kiln: %s: changed from %r to %r; a graph input from now on", source.expr(), first, value)
             return True
         return False
+
+
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+
+
+def fits_int64(value: int) -> bool:
+    """Whether an int can be a SymInt graph input (an int64 at run time); a bigger one stays a constant,
+    guarded by value, and the guard of an entry where that argument is symbolic refuses it."""
+    return INT64_MIN <= value <= INT64_MAX
 
 
 def _may_be_dynamic(source: Source, tensor: torch.Tensor) -> bool:

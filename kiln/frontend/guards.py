@@ -218,6 +218,10 @@ class GuardBuilder:
         `name` in its ShapeEnv: `build` checks the relations the trace recorded about it."""
         self._symbolic_inputs.append((source, name, value))
 
+    def fits_int64(self, source: Source) -> None:
+        """An int argument that is a SymInt graph input (an int64) still fits one (2**70 gets its own entry)."""
+        self.add(source, f"not ({-2**63} <= {{}} <= {2**63 - 1})", "no longer fits an int64 (a symbolic input)")
+
     def has_symbolic_inputs(self) -> bool:
         return bool(self._symbolic_inputs)
 

@@ -213,6 +213,7 @@ class OutputGraph:
         name = self._symbolic_name()
         self.guards.type_is(source, type(value))
         if type(value) is int:
+            self.guards.fits_int64(source)
             symbolic = _torch.symbolic_int(self.fake_mode, value, name)
             node = self._placeholder(source.readable_name(), symbolic)
             self.inputs.append((source, symbolic, SymNumberVariable(node, symbolic, source)))
@@ -287,6 +288,7 @@ class OutputGraph:
                               "offset counts from where the input's storage starts)")
         if self.inference_switched and not self.inference_mode:
             _check_inference_tensor_use(kind, target, node_args, node_kwargs, fake_args, fake_kwargs)
+        _check_requires_grad_change(kind, target, fake_args, fake_kwargs)
         leaves = {id(item) for item in _flatten((fake_args, list(fake_kwargs.values())))  # leaves requiring grad
                   if isinstance(item, torch.Tensor) and item.requires_grad}  # before the op (`w.mul_(2)` keeps one)
         try:
@@ -326,6 +328,25 @@ class OutputGraph:
         node.meta["example_value"] = result
         self.compute_nodes += 1
         return self._wrap_result(tx, node, result)
+
+    def _guard_changed_objects_stay_apart(self) -> None:
+        """An outside container or object the trace changed was another object than each one of its type the trace
+        read elsewhere (`f(a, b)` doing `a.append(1); len(b)`): the trace kept them apart, so an entry never serves a
+        call passing the same one for both (it gets its own). The same object under two sources at trace time is
+        guarded so already (builder.wrap)."""
+        changed = [variable for variable in (*self.side_effects.containers, *self.side_effects.objects)
+                   if variable.source is not None]
+        if not changed:
+            return
+        read = [(variable, _python_type(variable)) for variable in self.wrapped.values() if variable.source is not None]
+        for variable in changed:
+            kind = _python_type(variable)
+            if kind is None or issubclass(kind, torch.nn.Module):  # (a module is guarded by identity already)
+                continue
+            for other, other_kind in read:
+                if other_kind is kind and other.source != variable.source:
+                    self.guards.add(variable.source, "{} is {key}", f"is now the same object as {other.source.expr()}",
+                                    other.source)
 
     def _unread_gathers(self) -> list[torch.fx.Node]:
         """The graph's gathers by tensor indices (`x[i]`, index_select, gather, take, embedding) whose result
@@ -461,6 +482,7 @@ class OutputGraph:
         if tail is not None:  # a break inside inference-mode regions the trace entered: the program is in them now
             ending[0:0] = [f"{codegen.constant(region)}.enter()" for region in self.open_inference]
         side_effect_lines = self.side_effects.codegen(codegen)
+        self._guard_changed_objects_stay_apart()
         # a gather nothing reads still raises for an index out of range, as eager does: an output (the entry
         # ignores it) keeps it from being dropped as dead code
         self.graph.output(tuple(codegen.output_nodes) + tuple(self._unread_gathers()))
@@ -576,6 +598,14 @@ def _specialized(variable: Variable) -> Variable:
             any(isinstance(item, (SymNumberVariable, TupleVariable, ListVariable)) for item in variable.items):
         return variable.rebuild([_specialized(item) for item in variable.items])
     return variable
+
+
+def _python_type(variable: Variable) -> type | None:
+    """Its Python type, None for a tracker that cannot say."""
+    try:
+        return variable.python_type()
+    except Unsupported:
+        return None
 
 
 def _graph_call(input_texts: list[str], codegen) -> list[str]:
@@ -706,6 +736,21 @@ def _convert(variable: Any) -> tuple[Any, Any]:
 
 # A Python type torch takes as a dtype (`torch.tensor(0, dtype=int)`, `x.to(float)`), as the dtype torch reads it
 # as: the graph's code cannot spell the type (`dtype = <class 'int'>`).
+def _check_requires_grad_change(kind: str, target: Any, fake_args: list, fake_kwargs: dict) -> None:
+    """`t.requires_grad_()` that changes the flag is Unsupported (a graph break makes the change in Python): a view
+    of an input (`x[0].requires_grad_()`) made a leaf of the program's autograd graph, or an input's own flag, is
+    a change of the real tensor that the graph's outputs do not carry (they came back without grad_fn), and eager
+    raises for a non-leaf (`y[0].requires_grad_(False)`). The same flag again is nothing."""
+    if not ((kind == "call_method" and target == "requires_grad_") or target is torch.Tensor.requires_grad_):
+        return
+    if not fake_args or not isinstance(fake_args[0], torch.Tensor):
+        return
+    requested = fake_args[1] if len(fake_args) > 1 else fake_kwargs.get("requires_grad", True)
+    if type(requested) is not bool or requested != fake_args[0].requires_grad:
+        raise Unsupported(f"Tensor.requires_grad_({requested!r}) on a tensor whose requires_grad is "
+                          f"{fake_args[0].requires_grad} (autograd metadata of a real tensor, changed in Python)")
+
+
 _PYTHON_TYPE_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool, complex: torch.complex128}
 
 

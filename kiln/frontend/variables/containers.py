@@ -34,7 +34,7 @@ from kiln.frontend.variables.iterators import (MAX_ITERATION_STEPS, BaseIterator
                                                DictIteratorVariable, IteratorVariable, LazyIteratorVariable,
                                                UserIteratorVariable, advanced, changed_during_iteration,
                                                changed_size_message, iterator_at)
-from kiln.frontend.variables.tensor import TensorVariable
+from kiln.frontend.variables.tensor import SymNumberVariable, TensorVariable
 
 
 def missing_key(key: Variable, container: Variable) -> ProgramException:
@@ -65,9 +65,12 @@ def _is_identity_key(key: Any) -> bool:
 
 
 def hashable_key(tx, key: Variable) -> Any:
-    """The Python object a tracker stands for as a dict key; an outside tensor is a `TensorKey` (by identity)."""
+    """The Python object a tracker stands for as a dict key; an outside tensor is a `TensorKey` (by identity); a
+    symbolic number is specialized (its value guarded), since a dict hashes the number, not the tracker."""
     if isinstance(key, TensorVariable):
         return tensor_key(tx, key)
+    if isinstance(key, SymNumberVariable):
+        return key.as_constant()
     if isinstance(key, TupleVariable):
         return tuple(hashable_key(tx, item) for item in key.items)
     identity = key.identity()
@@ -601,6 +604,19 @@ _DICT_METHODS_OF_COUNTER = frozenset({"__delitem__", "clear", "pop", "popitem", 
 
 
 _DICT_MUTATORS = frozenset({"__setitem__", "__delitem__", "pop", "popitem", "setdefault", "update", "clear"})
+_DICT_CLASSES = (dict, collections.OrderedDict, collections.defaultdict, collections.Counter)
+
+
+def _overridden_mutator(value: dict) -> str | None:
+    """A mutator a dict subclass defines itself (`__setitem__` that stores `v * 2`), if any: it runs code that the
+    trace's copy of the dict would not, and the entry's replay (`clear()` then `update()`) could call it."""
+    for name in sorted(_DICT_MUTATORS | {"__ior__"}):
+        for cls in type(value).__mro__:
+            if name in vars(cls):
+                if cls not in _DICT_CLASSES:
+                    return name
+                break
+    return None
 
 
 class ExternalDictVariable(Variable):
@@ -641,6 +657,10 @@ class ExternalDictVariable(Variable):
             if _is_module_namespace(self.value):
                 raise Unsupported(f"assigning into a module's globals dict ({self.describe()}); assign the global "
                                   "itself (`global NAME` or `module.NAME = ...`), which kiln tracks")
+            overridden = _overridden_mutator(self.value)
+            if overridden is not None:
+                raise Unsupported(f"changing {self.describe()}, a {type(self.value).__qualname__}, whose class defines "
+                                  f"its own {overridden} (kiln models dict's; a graph break runs the change in Python)")
             entries = {key: (self.key_variable(key), self.item(tx, key)) for key in self.keys(tx)}
             self.materialized = DictVariable(entries, self.source, type(self.value), self._default_factory(tx))
             for iterator in self.iterators:
@@ -851,9 +871,13 @@ def _view_of(tx, args, kwargs) -> Variable:
 
 
 def _is_module_namespace(value: dict) -> bool:
-    """Whether `value` is some module's `__dict__` (the globals of the functions defined in it)."""
+    """Whether `value` is some module's `__dict__` (the globals of the functions defined in it), or the globals of
+    code exec'd into a plain dict (exec puts `__builtins__` in it): the trace's global reads and stores go to
+    `SideEffects.globals`, which a change of the dict as a container would not reach."""
     import sys
 
+    if "__builtins__" in value:
+        return True
     module = sys.modules.get(value.get("__name__")) if isinstance(value.get("__name__"), str) else None
     return module is not None and getattr(module, "__dict__", None) is value
 

@@ -10,6 +10,7 @@ Sequential index, iterate and measure like the containers they are.
 """
 from __future__ import annotations
 
+import operator
 import types
 from typing import Any
 
@@ -63,6 +64,8 @@ class ModuleVariable(Variable):
         # and arguments, so the entry can make it again where it leaves the trace (stored at a graph break)
         self.made_as: tuple[type, list[Variable], dict[str, Variable]] | None = None
         self.built_once = False  # made by the entry once, wherever the trace put it (set with made_as)
+        # a slice of a container (`self.layers[1:]`, made by the trace): its children, the trackers the container's
+        self.sliced_children: list[tuple[str, Variable]] | None = None
 
     def describe(self) -> str:
         return f"module {type(self.value).__qualname__}"
@@ -153,6 +156,8 @@ class ModuleVariable(Variable):
     # -- container modules ---------------------------------------------------------------------
 
     def _children(self, tx) -> list[tuple[str, Variable]]:
+        if self.sliced_children is not None:
+            return list(self.sliced_children)
         module = self.value
         if not isinstance(module, _CONTAINER_TYPES):
             raise Unsupported(f"iterating over {self.describe()}")
@@ -195,8 +200,23 @@ class ModuleVariable(Variable):
                     return child
             raise missing_key(key, self)
         if isinstance(index, slice):
-            return TupleVariable([child for _, child in children][index])
+            return self._slice(tx, children, index)
         return children[index][1]
+
+    def _slice(self, tx, children: list[tuple[str, Variable]], index: slice) -> Variable:
+        """`self.layers[1:]`: a new container of the same class holding the same children, made for real as eager
+        makes it (a Sequential keeps their names, a ModuleList renumbers them): called, it runs them in turn; where
+        it leaves the trace the entry makes it again, `container[index]`. A subclass's construction may run its
+        own code: unsupported (a graph break slices it in Python)."""
+        if type(self.value) not in (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ParameterList):
+            raise Unsupported(f"slicing {self.describe()}, a subclass of a torch.nn container (its construction "
+                              "may run its own code)")
+        sliced = self.value[index]
+        table = "_parameters" if isinstance(sliced, torch.nn.ParameterList) else "_modules"
+        variable = ModuleVariable(sliced)
+        variable.sliced_children = list(zip(sliced.__dict__[table], [child for _, child in children][index]))
+        variable.made_as, variable.built_once = (operator.getitem, [self, ConstantVariable(index)], {}), True
+        return variable
 
     def call_method(self, tx, name, args, kwargs) -> Variable:
         if isinstance(self.value, _CONTAINER_TYPES) and _uses_container_method(self.value, name):
