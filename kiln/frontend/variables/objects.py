@@ -141,10 +141,17 @@ class UserObjectVariable(Variable):
             return self.pending[name] is not DELETED
         return object_has_attribute(tx, self, self.value, name)
 
+    def own_method(self, name: str) -> Any:
+        """The class's own Python `__setattr__` or `__delattr__` (`name`), which the trace inlines, else None. The
+        stores and deletions it makes are object.__setattr__'s / object.__delattr__'s, and the entry replays them
+        as such: through the class's method again, it would run twice (a counter counting two stores)."""
+        raw, _ = lookup_class_attribute(type(self.value), name)
+        return raw if isinstance(raw, types.FunctionType) else None
+
     def setattr(self, tx, name: str, value: Variable, generic: bool = False) -> None:
         """`obj.name = value`; a class-defined __setattr__ is inlined unless `generic`."""
-        raw, _ = lookup_class_attribute(type(self.value), "__setattr__")
-        if isinstance(raw, types.FunctionType) and not generic:
+        raw = self.own_method("__setattr__")
+        if raw is not None and not generic:
             bind_class_attribute(tx, raw, "__setattr__", self, type(self.value), _class_source(tx, self.source)) \
                 .call(tx, [ConstantVariable(name), value], {})
             return
@@ -161,7 +168,13 @@ class UserObjectVariable(Variable):
         self.pending[name] = value
         tx.output.side_effects.mutated_object(self)
 
-    def delattr(self, tx, name: str) -> None:
+    def delattr(self, tx, name: str, generic: bool = False) -> None:
+        """`del obj.name`; a class-defined __delattr__ is inlined unless `generic`."""
+        raw = self.own_method("__delattr__")
+        if raw is not None and not generic:
+            bind_class_attribute(tx, raw, "__delattr__", self, type(self.value), _class_source(tx, self.source)) \
+                .call(tx, [ConstantVariable(name)], {})
+            return
         if self.source is None:
             raise Unsupported(f"deleting {name!r} on {self.describe()} that has no source")
         self.pending[name] = DELETED
