@@ -11,6 +11,7 @@ import torch
 
 import kiln
 from kiln.frontend import dispatcher
+from tests.frontend import adversarial_helper_module
 
 
 def _compiled(fn):
@@ -128,3 +129,115 @@ def test_deletion_through_a_counting_delattr_runs_it_once():
         return torch.ones(2), state["obj"]
 
     _check_calls(lambda: (program, {"obj": _CountingDeleter()}), [call] * 3)
+
+
+# -- attributes found absent -----------------------------------------------------------------------------------
+# Once wrong: a trace that found an attribute absent (hasattr, getattr with a default, `except AttributeError`)
+# carried no guard that it stays absent, so the graph ran on after the attribute appeared; a tensor's own
+# attribute (set in its __dict__) was taken as absent even when there.
+
+def _reads_optional_attribute(x, obj):
+    first = x * 2 if hasattr(obj, "foo") else x * 3
+    second = first + getattr(obj, "foo", 10)
+    try:
+        third = second * obj.foo
+    except AttributeError:
+        third = second - 1
+    return third
+
+
+def _adds_foo_on_call(number, target=lambda state: state["obj"]):
+    """The calls: `foo` absent, then set on `target(state)` from call `number` on, then changed."""
+    def call_at(index):
+        def call(state):
+            if index >= number:
+                setattr(target(state), "foo", index)
+            return state["x"], state["obj"]
+        return call
+    return [call_at(index) for index in range(number + 2)]
+
+
+def test_tensor_attribute_found_absent_then_set():
+    def make():
+        x = torch.ones(2)
+        return _reads_optional_attribute, {"x": x, "obj": torch.zeros(2)}
+    _check_calls(make, _adds_foo_on_call(1))
+
+
+def test_tensor_attribute_present_from_the_first_call():
+    def make():
+        t = torch.zeros(2)
+        t.foo = 4
+        return _reads_optional_attribute, {"x": torch.ones(2), "obj": t}
+    _check_calls(make, [lambda state: (state["x"], state["obj"])] * 2)
+
+
+class _Plain(torch.nn.Module):
+    def forward(self, x):
+        return _reads_optional_attribute(x, self)
+
+
+def test_module_attribute_found_absent_then_set():
+    _check_calls(lambda: (lambda x, obj: obj(x), {"x": torch.ones(2), "obj": _Plain()}), _adds_foo_on_call(1))
+
+
+def test_module_buffer_found_absent_then_registered():
+    def call_at(index):
+        def call(state):
+            if index == 1:
+                state["obj"].register_buffer("foo", torch.full((2,), 5.0))
+            return state["x"], state["obj"]
+        return call
+    _check_calls(lambda: (lambda x, obj: obj(x), {"x": torch.ones(2), "obj": _Plain()}),
+                 [call_at(index) for index in range(3)])
+
+
+def test_module_submodule_found_absent_then_added():
+    class Optional(torch.nn.Module):
+        def forward(self, x):
+            return self.foo(x) if hasattr(self, "foo") else x + 1
+
+    def call_at(index):
+        def call(state):
+            if index == 1:
+                state["obj"].foo = torch.nn.ReLU()
+            return state["x"], state["obj"]
+        return call
+    _check_calls(lambda: (lambda x, obj: obj(x), {"x": -torch.ones(2), "obj": Optional()}),
+                 [call_at(index) for index in range(3)])
+
+
+def test_class_attribute_found_absent_then_set():
+    def make():
+        class Holder:
+            pass
+        return _reads_optional_attribute, {"x": torch.ones(2), "obj": Holder}
+    _check_calls(make, _adds_foo_on_call(1))
+
+
+def test_class_attribute_found_absent_on_an_instance_then_set_on_its_class():
+    def make():
+        class Holder:
+            pass
+        return _reads_optional_attribute, {"x": torch.ones(2), "obj": Holder()}
+    _check_calls(make, _adds_foo_on_call(1, target=lambda state: type(state["obj"])))
+
+
+def test_user_module_global_found_absent_then_set():
+    def make():
+        return _reads_optional_attribute, {"x": torch.ones(2), "obj": adversarial_helper_module}
+    try:
+        _check_calls(make, _adds_foo_on_call(1))
+    finally:
+        vars(adversarial_helper_module).pop("foo", None)
+
+
+def test_class_attribute_found_absent_on_a_new_instance_then_set_on_its_class():
+    def make():
+        class Holder:
+            pass
+
+        def program(x, cls):
+            return _reads_optional_attribute(x, cls())
+        return program, {"x": torch.ones(2), "obj": Holder}
+    _check_calls(make, _adds_foo_on_call(1))

@@ -115,6 +115,11 @@ class ModuleVariable(Variable):
             entries = module.__dict__.get(table)
             if entries is not None and name in entries:
                 return tx.wrap(entries[name], self._sub(table, name))
+        if self.source is not None:  # absent, and guarded absent: from the instance, its class and its tables
+            _guard_falls_back(tx, self.source, type(module), name)
+            for table in ("_parameters", "_buffers", "_modules"):
+                if table in module.__dict__:
+                    tx.output.guards.contains(AttrSource(self.source, table), name, False)
         raise AttributeFailure(f"{type(module).__qualname__} has no attribute {name!r}")
 
     def has_attribute(self, tx, name: str) -> bool:
@@ -442,6 +447,8 @@ class PythonModuleVariable(Variable):
         try:
             value = getattr(self.value, name)
         except AttributeError:
+            if self.source is not None and not _is_trusted_module(self.value):  # until the module gains it
+                tx.output.guards.has_attr(self.source, name, False)
             raise AttributeFailure(f"module {self.value.__name__} has no attribute {name!r}") from None
         # a library module's functions, classes and submodules are taken as they are; its flags are settings
         # a program changes between calls (`torch.backends.mkldnn.enabled`, `torch.backends.cudnn.benchmark`)

@@ -346,6 +346,8 @@ class ClassVariable(Variable):
                 return ConstantVariable(self.value.__mro__)
             raw = getattr(self.value, name, MISSING)
             if raw is MISSING:
+                if self.source is not None and not _is_library_class(self.value):  # until the class gains it
+                    tx.output.guards.has_attr(self.source, name, False)
                 raise AttributeFailure(f"class {self.value.__qualname__} has no attribute {name!r}")
             return tx.wrap(raw, AttrSource(self.source, name) if self.source else None)
         source = AttrSource(self.source, name) if self.source is not None else None
@@ -596,6 +598,9 @@ class NewObjectVariable(Variable):
             return self.instance_dict.entries[name][1]
         if raw is not MISSING:
             return self._bind(tx, raw, name)
+        class_source = self._class_source(tx)
+        if class_source is not None:  # until the class gains it
+            tx.output.guards.has_attr(class_source, name, False)
         raise AttributeFailure(f"{self.cls.__qualname__!r} object has no attribute {name!r}")
 
     def has_attribute(self, tx, name: str) -> bool:
