@@ -241,3 +241,42 @@ def test_class_attribute_found_absent_on_a_new_instance_then_set_on_its_class():
             return _reads_optional_attribute(x, cls())
         return program, {"x": torch.ones(2), "obj": Holder}
     _check_calls(make, _adds_foo_on_call(1))
+
+
+# -- an nn.Module's property with a setter ---------------------------------------------------------------------
+# Once wrong: `self.scale = v` on a module whose class defines the property `scale` was kept as a plain attribute
+# named `scale`: later reads in the trace saw the value stored, not the getter's result, and the attribute the
+# setter writes was not written in the trace.
+
+class _WithScale(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self._scale = 1.0
+        self.sets = 0
+
+    @property
+    def scale(self):
+        return self._scale * 10
+
+    @scale.setter
+    def scale(self, value):
+        self.sets += 1
+        self._scale = value + 1
+
+    def forward(self, x):
+        before = x * self.scale
+        self.scale = self._scale * 2
+        return before + self.scale + self._scale + self.sets
+
+
+def test_module_property_setter_and_getter():
+    eager_module, compiled_module = _WithScale(), _WithScale()
+    compiled, graphs = _compiled(compiled_module)
+    eager_frames = dispatcher.stats.eager_frames
+    for number in range(3):
+        expected = eager_module(torch.ones(2))
+        actual = compiled(torch.ones(2))
+        assert _same(actual, expected), f"call {number}: {actual!r} != {expected!r}"
+        assert (compiled_module._scale, compiled_module.sets) == (eager_module._scale, eager_module.sets)
+    assert "scale" not in vars(compiled_module)
+    assert graphs and dispatcher.stats.eager_frames == eager_frames

@@ -20,7 +20,7 @@ from kiln.frontend.sources import AttrSource, ItemSource, NamedSource, TypeSourc
 from kiln.frontend.variables.base import (MISSING, NONE, ConstantVariable, TrackerMethod, Variable,
                                           is_trusted_module, lookup_class_attribute)
 from kiln.frontend.variables.containers import IteratorVariable, ListIteratorLike, TupleVariable, missing_key
-from kiln.frontend.variables.objects import bind_class_attribute, object_getattr
+from kiln.frontend.variables.objects import bind_class_attribute, is_data_descriptor, object_getattr, property_function
 
 _CONTAINER_TYPES = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                     torch.nn.ParameterDict)
@@ -146,6 +146,17 @@ class ModuleVariable(Variable):
         setter, _ = lookup_class_attribute(type(module), "__setattr__")
         if setter is not torch.nn.Module.__setattr__:
             raise Unsupported(f"setting attribute {name!r} on {self.describe()}, whose class defines __setattr__")
+        descriptor, _ = lookup_class_attribute(type(module), name)
+        if is_data_descriptor(descriptor) and name not in _module_tables(module) and \
+                not issubclass(value.python_type(), (torch.nn.Parameter, torch.nn.Module)):
+            # nn.Module.__setattr__ leaves such a value to object.__setattr__: a property's setter runs (inlined),
+            # and what it stores is replayed; the name itself is never a plain attribute
+            if not isinstance(descriptor, property):
+                raise Unsupported(f"setting {name!r} on {self.describe()}: a {type(descriptor).__name__} on its class")
+            if descriptor.fset is None:
+                raise AttributeFailure(f"property {name!r} of {type(module).__qualname__!r} object has no setter")
+            property_function(tx, descriptor, "fset", name, type(module)).call(tx, [self, value], {})
+            return
         if _same_tensor_object(tx, self, name, value):
             return  # `self.steps += 1` on a buffer: the in-place op's result is the very tensor the attribute holds
         if not value.is_constant() or isinstance(value.as_constant(), (torch.Tensor, torch.nn.Module)) or \
