@@ -280,3 +280,66 @@ def test_module_property_setter_and_getter():
         assert (compiled_module._scale, compiled_module.sets) == (eager_module._scale, eager_module.sets)
     assert "scale" not in vars(compiled_module)
     assert graphs and dispatcher.stats.eager_frames == eager_frames
+
+
+# -- an object's __dict__ read after stores the trace made ------------------------------------------------------
+# Once wrong: `obj.a = v` is kept pending until the entry replays it after the graph, and `obj.__dict__` /
+# `vars(obj)` read later in the trace was the real dict as it was before the store.
+
+class _Bag:
+    def __init__(self):
+        self.a = 1
+
+
+class _BagModule(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = 1
+
+    def forward(self, x):
+        self.a = self.a + 1
+        self.b = 7
+        return x + vars(self)["a"] + self.__dict__["b"] + len(self.__dict__)
+
+
+def _reads_dict_after_stores(read):
+    def program(x, obj):
+        obj.a = obj.a + 1
+        obj.b = 7
+        mapping = read(obj)
+        return x + mapping["a"] + mapping.get("b", 100) + len(mapping)
+    return program
+
+
+def test_instance_dict_after_a_store():
+    _check_calls(lambda: (_reads_dict_after_stores(lambda obj: obj.__dict__), {"x": torch.ones(2), "obj": _Bag()}),
+                 [lambda state: (state["x"], state["obj"])] * 3)
+
+
+def test_vars_after_a_store():
+    _check_calls(lambda: (_reads_dict_after_stores(vars), {"x": torch.ones(2), "obj": _Bag()}),
+                 [lambda state: (state["x"], state["obj"])] * 3)
+
+
+def test_module_dict_and_vars_after_a_store():
+    eager_module, compiled_module = _BagModule(), _BagModule()
+    compiled = kiln.compile(compiled_module)
+    for number in range(3):
+        expected = eager_module(torch.ones(2))
+        assert _same(compiled(torch.ones(2)), expected), f"call {number}"
+        assert (compiled_module.a, compiled_module.b) == (eager_module.a, eager_module.b)
+
+
+def test_instance_dict_read_before_a_store():
+    def program(x, obj):
+        mapping = obj.__dict__
+        obj.a = obj.a + 1
+        return x + mapping["a"]
+    _check_calls(lambda: (program, {"x": torch.ones(2), "obj": _Bag()}), [lambda state: (state["x"], state["obj"])] * 3)
+
+
+def test_instance_dict_written_then_attribute_read():
+    def program(x, obj):
+        obj.__dict__["a"] = 5
+        return x + obj.a
+    _check_calls(lambda: (program, {"x": torch.ones(2), "obj": _Bag()}), [lambda state: (state["x"], state["obj"])] * 3)

@@ -20,7 +20,8 @@ from kiln.frontend.sources import AttrSource, ItemSource, NamedSource, TypeSourc
 from kiln.frontend.variables.base import (MISSING, NONE, ConstantVariable, TrackerMethod, Variable,
                                           is_trusted_module, lookup_class_attribute)
 from kiln.frontend.variables.containers import IteratorVariable, ListIteratorLike, TupleVariable, missing_key
-from kiln.frontend.variables.objects import bind_class_attribute, is_data_descriptor, object_getattr, property_function
+from kiln.frontend.variables.objects import (bind_class_attribute, check_instance_dict_in_step, is_data_descriptor,
+                                            object_getattr, property_function)
 
 _CONTAINER_TYPES = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                     torch.nn.ParameterDict)
@@ -163,6 +164,7 @@ class ModuleVariable(Variable):
                 name in _module_tables(module) or self.source is None:
             raise Unsupported(f"setting attribute {name!r} on {self.describe()} to {value.describe()} "
                               "inside a compiled function (only plain values are supported)")
+        check_instance_dict_in_step(tx, self, self.value, "store")
         self.pending[name] = value
         tx.output.side_effects.mutated_object(self)
 

@@ -94,6 +94,33 @@ def functools_cached_property():
     return functools.cached_property
 
 
+def check_instance_dict_in_step(tx, variable: Variable, value: Any, access: str) -> None:
+    """An outside object's attributes and its `__dict__` read as a dict are two trackers of one mapping, and the
+    trace keeps a change to either apart from the other (pending stores, an outside dict's entries) until the entry
+    writes it back. So where the trace would read one after changing the other, or change the attributes while it
+    holds the dict, it breaks instead (`access`: "read __dict__", "store" or "read"); the break writes back first."""
+    if access == "read __dict__":
+        if getattr(variable, "pending", None):
+            raise Unsupported(f"reading the __dict__ of {variable.describe()}, whose attributes the trace set")
+        return
+    held = _held_instance_dict(tx, value)
+    if held is None:
+        return
+    if access == "store":
+        raise Unsupported(f"setting an attribute of {variable.describe()}, whose __dict__ the trace holds")
+    if getattr(held, "materialized", None) is not None:  # an outside dict's first change copies it
+        raise Unsupported(f"reading an attribute of {variable.describe()}, whose __dict__ the trace changed")
+
+
+def _held_instance_dict(tx, value: Any) -> Variable | None:
+    """The tracker the trace made of `value.__dict__`, if it read that dict as a value."""
+    try:
+        instance_dict = object.__getattribute__(value, "__dict__")
+    except AttributeError:
+        return None
+    return tx.output.wrapped.get(id(instance_dict)) if isinstance(instance_dict, dict) else None
+
+
 class UserObjectVariable(Variable):
     """An instance of a user class from outside the trace."""
 
@@ -165,6 +192,7 @@ class UserObjectVariable(Variable):
             raise Unsupported(f"setting {name!r} on {self.describe()}: a {type(descriptor).__name__} on its class")
         if self.source is None:
             raise Unsupported(f"setting {name!r} on {self.describe()} that has no source")
+        check_instance_dict_in_step(tx, self, self.value, "store")
         self.pending[name] = value
         tx.output.side_effects.mutated_object(self)
 
@@ -177,6 +205,7 @@ class UserObjectVariable(Variable):
             return
         if self.source is None:
             raise Unsupported(f"deleting {name!r} on {self.describe()} that has no source")
+        check_instance_dict_in_step(tx, self, self.value, "store")
         self.pending[name] = DELETED
         tx.output.side_effects.mutated_object(self)
 
@@ -205,6 +234,7 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
     """
     cls = type(value)
     source = variable.source
+    check_instance_dict_in_step(tx, variable, value, "read __dict__" if name == "__dict__" else "read")
     raw_getattribute, _ = lookup_class_attribute(cls, "__getattribute__")
     if isinstance(raw_getattribute, types.FunctionType) and _is_model_config(cls) and source is not None \
             and not generic:
