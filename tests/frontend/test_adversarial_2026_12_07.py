@@ -343,3 +343,38 @@ def test_instance_dict_written_then_attribute_read():
         obj.__dict__["a"] = 5
         return x + obj.a
     _check_calls(lambda: (program, {"x": torch.ones(2), "obj": _Bag()}), [lambda state: (state["x"], state["obj"])] * 3)
+
+
+# -- a builtin's method bound to an instance of a subclass that overrides it, live across a graph break ---------
+# Once wrong: the entry rebuilt `list.append` bound to the object as `obj.append`, which is the subclass's
+# override: after the break the program called the override instead of list's own method.
+
+class _TenfoldList(list):
+    def append(self, item):
+        super().append(item * 10)
+
+
+def _calls_after_a_break(bind):
+    def program(x, items):
+        add = bind(items)
+        print("", end="")  # a graph break: `add` is rebuilt for the resume function
+        add(len(items) + 1)
+        return x + len(items)
+    return program
+
+
+def _check_bound_across_a_break(bind):
+    _check_calls(lambda: (_calls_after_a_break(bind), {"x": torch.ones(2), "items": _TenfoldList()}),
+                 [lambda state: (state["x"], state["items"])] * 3)
+
+
+def test_super_bound_builtin_method_across_a_break():
+    _check_bound_across_a_break(lambda items: super(_TenfoldList, items).append)
+
+
+def test_descriptor_bound_builtin_method_across_a_break():
+    _check_bound_across_a_break(lambda items: list.append.__get__(items))
+
+
+def test_overriding_bound_method_across_a_break():
+    _check_bound_across_a_break(lambda items: items.append)
