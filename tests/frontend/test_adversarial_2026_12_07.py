@@ -378,3 +378,89 @@ def test_descriptor_bound_builtin_method_across_a_break():
 
 def test_overriding_bound_method_across_a_break():
     _check_bound_across_a_break(lambda items: items.append)
+
+
+# -- an attribute the trace stored or deleted, read back through the class's own lookup -------------------------
+# Once wrong: a read of an attribute the trace had stored took the stored value directly, skipping the class's
+# own __getattribute__; one the trace had deleted raised AttributeError without asking the class's __getattr__;
+# an attribute the inlined __getattribute__ read with object.__getattribute__ was guarded (and, once it changed,
+# made a graph input) through `obj.a`, which runs the class's __getattribute__ again: a doubled value.
+
+class _DoublingReads:
+    def __init__(self):
+        self.a = 1
+
+    def __getattribute__(self, name):
+        found = object.__getattribute__(self, name)
+        return found * 2 if name == "a" else found
+
+
+class _WithFallback:
+    def __init__(self):
+        self.a = 1
+
+    def __getattr__(self, name):
+        return 42
+
+
+class _WithSlots:
+    __slots__ = ("a",)
+
+    def __init__(self):
+        self.a = 1
+
+    def __getattr__(self, name):
+        return 43
+
+
+def test_attribute_read_through_getattribute_changes_between_calls():
+    def program(x, obj):
+        return x + obj.a
+
+    def call(state):
+        state["obj"].a += 1
+        return state["x"], state["obj"]
+    _check_calls(lambda: (program, {"x": torch.ones(2), "obj": _DoublingReads()}), [call] * 4)
+
+
+def test_stored_attribute_read_through_getattribute():
+    def program(x, obj):
+        obj.a = obj.a + 3
+        return x + obj.a
+    _check_calls(lambda: (program, {"x": torch.ones(2), "obj": _DoublingReads()}),
+                 [lambda state: (state["x"], state["obj"])] * 3)
+
+
+def test_deleted_attribute_read_through_getattr_fallback():
+    def program(x, obj):
+        del obj.a
+        return x + obj.a + hasattr(obj, "a")
+
+    def call(state):
+        state["obj"].a = 1
+        return state["x"], state["obj"]
+    _check_calls(lambda: (program, {"x": torch.ones(2), "obj": _WithFallback()}), [call] * 3)
+
+
+def test_deleted_slot_read_through_getattr_fallback():
+    def program(x, obj):
+        del obj.a
+        return x + obj.a
+
+    def call(state):
+        state["obj"].a = 1
+        return state["x"], state["obj"]
+    eager, compiled_obj = _WithSlots(), _WithSlots()
+    compiled = kiln.compile(program)
+    for number in range(3):
+        eager.a = compiled_obj.a = 1
+        assert _same(compiled(torch.ones(2), compiled_obj), program(torch.ones(2), eager)), f"call {number}"
+        assert not hasattr(type(compiled_obj), "a") or not _has_slot_value(compiled_obj)
+
+
+def _has_slot_value(obj):
+    try:
+        object.__getattribute__(obj, "a")
+        return True
+    except AttributeError:
+        return False

@@ -22,7 +22,7 @@ import types
 from typing import Any, Callable
 
 from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported
-from kiln.frontend.sources import AttrSource, ItemSource, TypeSource
+from kiln.frontend.sources import AttrSource, GenericAttrSource, ItemSource, TypeSource
 from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import (MISSING, NONE, ConstantVariable, TrackerMethod, Variable, is_trusted_module,
                                           lookup_class_attribute, run_on_constants)
@@ -156,16 +156,11 @@ class UserObjectVariable(Variable):
         raise Unsupported(f"truth value of {self.describe()} (its class defines __bool__ or __len__)")
 
     def getattr(self, tx, name: str, generic: bool = False) -> Variable:
-        """`obj.name`; `generic` skips a class-defined __getattribute__ (object.__getattribute__ itself)."""
-        if name in self.pending:
-            if self.pending[name] is DELETED:
-                raise AttributeFailure(f"reading attribute {name!r} deleted during the trace")
-            return self.pending[name]
+        """`obj.name`; `generic` skips a class-defined __getattribute__ (object.__getattribute__ itself). What the
+        trace stored or deleted (`pending`) stands for the instance's own storage in that lookup."""
         return object_getattr(tx, self, self.value, name, generic)
 
     def has_attribute(self, tx, name: str) -> bool:
-        if name in self.pending:
-            return self.pending[name] is not DELETED
         return object_has_attribute(tx, self, self.value, name)
 
     def own_method(self, name: str) -> Any:
@@ -235,9 +230,15 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
     cls = type(value)
     source = variable.source
     check_instance_dict_in_step(tx, variable, value, "read __dict__" if name == "__dict__" else "read")
+    pending = getattr(variable, "pending", None) or {}  # what the trace stored (or deleted) on the object
+    stored = pending.get(name, MISSING)
     raw_getattribute, _ = lookup_class_attribute(cls, "__getattribute__")
-    if isinstance(raw_getattribute, types.FunctionType) and _is_model_config(cls) and source is not None \
-            and not generic:
+    is_config = isinstance(raw_getattribute, types.FunctionType) and _is_model_config(cls)
+    if stored is not MISSING and (is_config or _is_module(value)):
+        if stored is DELETED:
+            raise AttributeFailure(f"reading attribute {name!r} deleted during the trace")
+        return stored
+    if is_config and source is not None and not generic:
         # A transformers config reads its values through a Python __getattribute__ (per-layer views of
         # heterogeneous configs, a warning at most): side-effect-free data, so the value is read for real
         # and guarded like any other read, instead of tracing the library's machinery (which builds
@@ -258,23 +259,28 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
         raw = raw_getattribute
         return bind_class_attribute(tx, raw, "__getattribute__", variable, cls, _class_source(tx, source)) \
             .call(tx, [ConstantVariable(name)], {})
+    if stored is not MISSING and stored is not DELETED:  # in the instance's own storage (its __dict__, a slot)
+        return stored
+    # past a class's own __getattribute__, guards and entries read what the trace read: object.__getattribute__'s
+    own_source = GenericAttrSource if isinstance(raw_getattribute, types.FunctionType) else AttrSource
+    deleted = stored is DELETED  # the instance's own storage has no `name` now, whatever it had at the call
     raw, owner = lookup_class_attribute(cls, name)
     is_data_descriptor = raw is not MISSING and (hasattr(type(raw), "__set__") or hasattr(type(raw), "__delete__"))
-    if is_data_descriptor and not isinstance(raw, property):
+    if is_data_descriptor and not isinstance(raw, property) and not deleted:
         # __slots__ members, getset descriptors of builtins: read the real value.
         real = getattr(value, name)
-        return tx.wrap(real, AttrSource(source, name) if source is not None else None)
-    if is_data_descriptor:
+        return tx.wrap(real, own_source(source, name) if source is not None else None)
+    if is_data_descriptor and isinstance(raw, property):
         return bind_class_attribute(tx, raw, name, variable, cls, _class_source(tx, source))
     instance_dict = getattr(value, "__dict__", None)
-    if isinstance(instance_dict, dict) and name in instance_dict:
-        return tx.wrap(instance_dict[name], AttrSource(source, name) if source is not None else None)
-    if raw is not MISSING:
-        if source is not None and isinstance(instance_dict, dict) and \
+    if isinstance(instance_dict, dict) and name in instance_dict and not deleted:
+        return tx.wrap(instance_dict[name], own_source(source, name) if source is not None else None)
+    if raw is not MISSING and not is_data_descriptor:
+        if source is not None and isinstance(instance_dict, dict) and not deleted and \
                 isinstance(raw, (types.FunctionType, staticmethod, classmethod)):
             # A method is read through the class; an instance attribute set later
             # (`module.forward = patched`, as accelerate does) would shadow it.
-            tx.output.guards.contains(AttrSource(source, "__dict__"), name, False)
+            tx.output.guards.contains(own_source(source, "__dict__"), name, False)
         return bind_class_attribute(tx, raw, name, variable, cls, _class_source(tx, source))
     if name == "__class__":
         return tx.wrap(cls, TypeSource(source) if source is not None else None)
@@ -283,13 +289,15 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
     fallback, _ = lookup_class_attribute(cls, "__getattr__")
     if fallback is not MISSING:
         if source is not None:  # the read reaches __getattr__ only while neither the instance nor its class has it
-            if isinstance(instance_dict, dict):
-                tx.output.guards.contains(AttrSource(source, "__dict__"), name, False)
+            if isinstance(instance_dict, dict) and not deleted:
+                tx.output.guards.contains(own_source(source, "__dict__"), name, False)
             tx.output.guards.has_attr(TypeSource(source), name, False)
         return bind_class_attribute(tx, fallback, "__getattr__", variable, cls,
                                     _class_source(tx, source)).call(tx, [ConstantVariable(name)], {})
-    if source is not None:
-        tx.output.guards.has_attr(source, name, False)
+    if source is not None:  # absent from the class (and from the instance, unless the trace deleted it there)
+        tx.output.guards.has_attr(TypeSource(source) if deleted else source, name, False)
+    if deleted:
+        raise AttributeFailure(f"reading attribute {name!r} deleted during the trace")
     raise AttributeFailure(f"{cls.__qualname__} object has no attribute {name!r}")
 
 
