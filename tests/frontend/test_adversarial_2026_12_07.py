@@ -464,3 +464,15 @@ def _has_slot_value(obj):
         return True
     except AttributeError:
         return False
+
+
+def test_name_only_the_metaclass_gives_is_absent_without_recompiling():
+    # `__name__` is no attribute of a module object, though hasattr() finds it on its class: the guard that it stays
+    # absent must not test the class with hasattr() (the second call would recompile, every call after it too)
+    class Named(torch.nn.Module):
+        def forward(self, x):
+            return x + 1 if getattr(self, "__name__", None) is None else x - 1
+
+    graphs = _check_calls(lambda: ((lambda x, obj: obj(x)), {"x": torch.ones(2), "obj": Named()}),
+                          [lambda state: (state["x"], state["obj"])] * 3)
+    assert len(graphs) == 1

@@ -20,8 +20,8 @@ from kiln.frontend.sources import AttrSource, ItemSource, NamedSource, TypeSourc
 from kiln.frontend.variables.base import (MISSING, NONE, ConstantVariable, TrackerMethod, Variable,
                                           is_trusted_module, lookup_class_attribute)
 from kiln.frontend.variables.containers import IteratorVariable, ListIteratorLike, TupleVariable, missing_key
-from kiln.frontend.variables.objects import (bind_class_attribute, check_instance_dict_in_step, is_data_descriptor,
-                                            object_getattr, property_function)
+from kiln.frontend.variables.objects import (bind_class_attribute, check_instance_dict_in_step, guard_class_lacks,
+                                            is_data_descriptor, object_getattr, property_function)
 
 _CONTAINER_TYPES = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                     torch.nn.ParameterDict)
@@ -331,7 +331,7 @@ def _guard_falls_back(tx, source, cls: type, name: str) -> None:
     -1.0` after a trace that forwarded `gain` to the wrapped model) nor on its class."""
     if source is not None:
         tx.output.guards.contains(AttrSource(source, "__dict__"), name, False)
-        tx.output.guards.has_attr(TypeSource(source), name, False)
+        guard_class_lacks(tx, TypeSource(source), cls, name)
 
 
 def _falls_back(module: torch.nn.Module, name: str) -> bool:

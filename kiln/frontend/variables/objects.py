@@ -112,6 +112,13 @@ def check_instance_dict_in_step(tx, variable: Variable, value: Any, access: str)
         raise Unsupported(f"reading an attribute of {variable.describe()}, whose __dict__ the trace changed")
 
 
+def guard_class_lacks(tx, class_source, cls: type, name: str) -> None:
+    """Guards that a lookup on an instance of `cls` still finds no `name` on the class. A name only the metaclass
+    gives (`__name__`) is not guarded: hasattr() on the class finds it, while the instance's lookup never does."""
+    if not hasattr(cls, name):
+        tx.output.guards.has_attr(class_source, name, False)
+
+
 def _held_instance_dict(tx, value: Any) -> Variable | None:
     """The tracker the trace made of `value.__dict__`, if it read that dict as a value."""
     try:
@@ -291,11 +298,14 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
         if source is not None:  # the read reaches __getattr__ only while neither the instance nor its class has it
             if isinstance(instance_dict, dict) and not deleted:
                 tx.output.guards.contains(own_source(source, "__dict__"), name, False)
-            tx.output.guards.has_attr(TypeSource(source), name, False)
+            guard_class_lacks(tx, TypeSource(source), cls, name)
         return bind_class_attribute(tx, fallback, "__getattr__", variable, cls,
                                     _class_source(tx, source)).call(tx, [ConstantVariable(name)], {})
     if source is not None:  # absent from the class (and from the instance, unless the trace deleted it there)
-        tx.output.guards.has_attr(TypeSource(source) if deleted else source, name, False)
+        if deleted:
+            guard_class_lacks(tx, TypeSource(source), cls, name)
+        else:
+            tx.output.guards.has_attr(source, name, False)
     if deleted:
         raise AttributeFailure(f"reading attribute {name!r} deleted during the trace")
     raise AttributeFailure(f"{cls.__qualname__} object has no attribute {name!r}")
@@ -638,7 +648,7 @@ class NewObjectVariable(Variable):
             return self._bind(tx, raw, name)
         class_source = self._class_source(tx)
         if class_source is not None:  # until the class gains it
-            tx.output.guards.has_attr(class_source, name, False)
+            guard_class_lacks(tx, class_source, self.cls, name)
         raise AttributeFailure(f"{self.cls.__qualname__!r} object has no attribute {name!r}")
 
     def has_attribute(self, tx, name: str) -> bool:
