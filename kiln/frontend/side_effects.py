@@ -131,15 +131,18 @@ def _write_state(codegen: EntryCodegen, state: OutsideState, written: OutsideSta
         if previous is not None and previous[2] is value:
             continue
         target = codegen.source(variable.source)
+        own_method = getattr(variable, "own_method", lambda name: None)  # the trace inlined it: not again
+        setter = codegen.constant(object.__setattr__) if own_method("__setattr__") else "setattr"
+        deleter = codegen.constant(object.__delattr__) if own_method("__delattr__") else "delattr"
         # Every store is replayed, as eager makes it: an attribute's value when the trace ran is not guarded (a
         # store of that same value was skipped, and a later call's object kept whatever it held; the break fuzzer).
         if value is DELETED and previous is None and getattr(variable.value, name, _ABSENT) is _ABSENT:
             # set and deleted by the trace: absent afterwards, whatever the object holds when the entry runs
-            lines.append(f"{codegen.constant(_discard_attribute)}({target}, {name!r})")
+            lines.append(f"{codegen.constant(_discard_attribute)}({target}, {name!r}, {deleter})")
         elif value is DELETED:
-            lines.append(f"delattr({target}, {name!r})")
+            lines.append(f"{deleter}({target}, {name!r})")
         else:
-            lines.append(f"setattr({target}, {name!r}, {codegen.value(value)})")
+            lines.append(f"{setter}({target}, {name!r}, {codegen.value(value)})")
     for key, (variable, contents) in state.containers.items():
         previous = written.containers.get(key)
         if previous is not None and _same_contents(previous[1], contents):
@@ -182,9 +185,9 @@ def _same_contents(before: Any, after: Any) -> bool:
 _ABSENT = object()
 
 
-def _discard_attribute(obj: Any, name: str) -> None:
+def _discard_attribute(obj: Any, name: str, deleter: Callable[[Any, str], None]) -> None:
     """`del obj.name` where the program set it first: the attribute ends absent, whether or not it was there."""
     try:
-        delattr(obj, name)
+        deleter(obj, name)
     except AttributeError:
         pass

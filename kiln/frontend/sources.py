@@ -109,6 +109,15 @@ class AttrSource(Source):
 
 
 @_source
+class GenericAttrSource(AttrSource):
+    """`object.__getattribute__(parent, name)`: an attribute of an object whose class has a `__getattribute__` of its
+    own, as the trace read it (past that method: what the method itself reads with object.__getattribute__)."""
+
+    def with_parent(self, text: str) -> str:
+        return f"object.__getattribute__({text}, {self.name!r})"
+
+
+@_source
 class ItemSource(Source):
     """`parent[key]` for a key that prints as a literal (str, int, bool, None), or as the name or source of the
     object it stands for (containers.NamedKey, TensorKey)."""

@@ -23,7 +23,8 @@ import torch
 from kiln.frontend.errors import ProgramException, Unsupported
 from kiln.frontend.sources import AttrSource, ClosureCellSource, ItemSource
 from kiln.frontend.variables import builder
-from kiln.frontend.variables.base import NONE, ConstantVariable, Variable, is_constant_value, is_trusted_module
+from kiln.frontend.variables.base import (NONE, ConstantVariable, Variable, is_constant_value, is_trusted_module,
+                                          lookup_class_attribute)
 from kiln.frontend.variables.containers import DictVariable, ExternalDictVariable, TupleVariable
 
 
@@ -363,7 +364,11 @@ class BoundMethodVariable(Variable):
         if self.source is not None:
             return codegen.source(self.source)
         if isinstance(self.function, MethodDescriptorVariable):  # a builtin's method: bound as Python binds it
-            return f"{codegen.value(self.bound_self)}.{self.function.name}"
+            descriptor = self.function.identity()
+            if _resolves_to(self.bound_self, self.function.name, descriptor):
+                return f"{codegen.value(self.bound_self)}.{self.function.name}"
+            # `super().append` or `list.append.__get__(obj)` on a subclass whose own `append` overrides it
+            return f"{codegen.constant(descriptor)}.__get__({codegen.value(self.bound_self)})"
         return f"{codegen.constant(types.MethodType)}({codegen.value(self.function)}, {codegen.value(self.bound_self)})"
 
     def python_type(self) -> type:
@@ -381,6 +386,15 @@ class BoundMethodVariable(Variable):
         if name == "__func__":
             return self.function
         return self.function.getattr(tx, name)
+
+
+def _resolves_to(receiver: Variable, name: str, descriptor: Any) -> bool:
+    """Whether `receiver.name` finds `descriptor` on the receiver's class (no subclass overrides it)."""
+    try:
+        cls = receiver.python_type()
+    except Unsupported:
+        return False
+    return lookup_class_attribute(cls, name)[0] is descriptor
 
 
 class PartialVariable(Variable):

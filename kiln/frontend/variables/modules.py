@@ -21,7 +21,8 @@ from kiln.frontend.sources import AttrSource, ItemSource, NamedSource, TypeSourc
 from kiln.frontend.variables.base import (MISSING, NONE, ConstantVariable, TrackerMethod, Variable,
                                           is_trusted_module, lookup_class_attribute)
 from kiln.frontend.variables.containers import IteratorVariable, ListIteratorLike, TupleVariable, missing_key
-from kiln.frontend.variables.objects import bind_class_attribute, object_getattr
+from kiln.frontend.variables.objects import (bind_class_attribute, check_instance_dict_in_step, guard_class_lacks,
+                                            is_data_descriptor, object_getattr, property_function)
 
 _CONTAINER_TYPES = (torch.nn.ModuleList, torch.nn.Sequential, torch.nn.ModuleDict, torch.nn.ParameterList,
                     torch.nn.ParameterDict)
@@ -118,6 +119,11 @@ class ModuleVariable(Variable):
             entries = module.__dict__.get(table)
             if entries is not None and name in entries:
                 return tx.wrap(entries[name], self._sub(table, name))
+        if self.source is not None:  # absent, and guarded absent: from the instance, its class and its tables
+            _guard_falls_back(tx, self.source, type(module), name)
+            for table in ("_parameters", "_buffers", "_modules"):
+                if table in module.__dict__:
+                    tx.output.guards.contains(AttrSource(self.source, table), name, False)
         raise AttributeFailure(f"{type(module).__qualname__} has no attribute {name!r}")
 
     def has_attribute(self, tx, name: str) -> bool:
@@ -144,12 +150,24 @@ class ModuleVariable(Variable):
         setter, _ = lookup_class_attribute(type(module), "__setattr__")
         if setter is not torch.nn.Module.__setattr__:
             raise Unsupported(f"setting attribute {name!r} on {self.describe()}, whose class defines __setattr__")
+        descriptor, _ = lookup_class_attribute(type(module), name)
+        if is_data_descriptor(descriptor) and name not in _module_tables(module) and \
+                not issubclass(value.python_type(), (torch.nn.Parameter, torch.nn.Module)):
+            # nn.Module.__setattr__ leaves such a value to object.__setattr__: a property's setter runs (inlined),
+            # and what it stores is replayed; the name itself is never a plain attribute
+            if not isinstance(descriptor, property):
+                raise Unsupported(f"setting {name!r} on {self.describe()}: a {type(descriptor).__name__} on its class")
+            if descriptor.fset is None:
+                raise AttributeFailure(f"property {name!r} of {type(module).__qualname__!r} object has no setter")
+            property_function(tx, descriptor, "fset", name, type(module)).call(tx, [self, value], {})
+            return
         if _same_tensor_object(tx, self, name, value):
             return  # `self.steps += 1` on a buffer: the in-place op's result is the very tensor the attribute holds
         if not value.is_constant() or isinstance(value.as_constant(), (torch.Tensor, torch.nn.Module)) or \
                 name in _module_tables(module) or self.source is None:
             raise Unsupported(f"setting attribute {name!r} on {self.describe()} to {value.describe()} "
                               "inside a compiled function (only plain values are supported)")
+        check_instance_dict_in_step(tx, self, self.value, "store")
         self.pending[name] = value
         tx.output.side_effects.mutated_object(self)
 
@@ -333,7 +351,7 @@ def _guard_falls_back(tx, source, cls: type, name: str) -> None:
     -1.0` after a trace that forwarded `gain` to the wrapped model) nor on its class."""
     if source is not None:
         tx.output.guards.contains(AttrSource(source, "__dict__"), name, False)
-        tx.output.guards.has_attr(TypeSource(source), name, False)
+        guard_class_lacks(tx, TypeSource(source), cls, name)
 
 
 def _falls_back(module: torch.nn.Module, name: str) -> bool:
@@ -462,6 +480,8 @@ class PythonModuleVariable(Variable):
         try:
             value = getattr(self.value, name)
         except AttributeError:
+            if self.source is not None and not _is_trusted_module(self.value):  # until the module gains it
+                tx.output.guards.has_attr(self.source, name, False)
             raise AttributeFailure(f"module {self.value.__name__} has no attribute {name!r}") from None
         # a library module's functions, classes and submodules are taken as they are; its flags are settings
         # a program changes between calls (`torch.backends.mkldnn.enabled`, `torch.backends.cudnn.benchmark`)

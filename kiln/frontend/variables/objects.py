@@ -22,7 +22,7 @@ import types
 from typing import Any, Callable
 
 from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported
-from kiln.frontend.sources import AttrSource, ItemSource, TypeSource
+from kiln.frontend.sources import AttrSource, GenericAttrSource, ItemSource, TypeSource
 from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import (MISSING, NONE, ConstantVariable, TrackerMethod, Variable, is_trusted_module,
                                           lookup_class_attribute, run_on_constants)
@@ -94,6 +94,40 @@ def functools_cached_property():
     return functools.cached_property
 
 
+def check_instance_dict_in_step(tx, variable: Variable, value: Any, access: str) -> None:
+    """An outside object's attributes and its `__dict__` read as a dict are two trackers of one mapping, and the
+    trace keeps a change to either apart from the other (pending stores, an outside dict's entries) until the entry
+    writes it back. So where the trace would read one after changing the other, or change the attributes while it
+    holds the dict, it breaks instead (`access`: "read __dict__", "store" or "read"); the break writes back first."""
+    if access == "read __dict__":
+        if getattr(variable, "pending", None):
+            raise Unsupported(f"reading the __dict__ of {variable.describe()}, whose attributes the trace set")
+        return
+    held = _held_instance_dict(tx, value)
+    if held is None:
+        return
+    if access == "store":
+        raise Unsupported(f"setting an attribute of {variable.describe()}, whose __dict__ the trace holds")
+    if getattr(held, "materialized", None) is not None:  # an outside dict's first change copies it
+        raise Unsupported(f"reading an attribute of {variable.describe()}, whose __dict__ the trace changed")
+
+
+def guard_class_lacks(tx, class_source, cls: type, name: str) -> None:
+    """Guards that a lookup on an instance of `cls` still finds no `name` on the class. A name only the metaclass
+    gives (`__name__`) is not guarded: hasattr() on the class finds it, while the instance's lookup never does."""
+    if not hasattr(cls, name):
+        tx.output.guards.has_attr(class_source, name, False)
+
+
+def _held_instance_dict(tx, value: Any) -> Variable | None:
+    """The tracker the trace made of `value.__dict__`, if it read that dict as a value."""
+    try:
+        instance_dict = object.__getattribute__(value, "__dict__")
+    except AttributeError:
+        return None
+    return tx.output.wrapped.get(id(instance_dict)) if isinstance(instance_dict, dict) else None
+
+
 class UserObjectVariable(Variable):
     """An instance of a user class from outside the trace."""
 
@@ -129,22 +163,24 @@ class UserObjectVariable(Variable):
         raise Unsupported(f"truth value of {self.describe()} (its class defines __bool__ or __len__)")
 
     def getattr(self, tx, name: str, generic: bool = False) -> Variable:
-        """`obj.name`; `generic` skips a class-defined __getattribute__ (object.__getattribute__ itself)."""
-        if name in self.pending:
-            if self.pending[name] is DELETED:
-                raise AttributeFailure(f"reading attribute {name!r} deleted during the trace")
-            return self.pending[name]
+        """`obj.name`; `generic` skips a class-defined __getattribute__ (object.__getattribute__ itself). What the
+        trace stored or deleted (`pending`) stands for the instance's own storage in that lookup."""
         return object_getattr(tx, self, self.value, name, generic)
 
     def has_attribute(self, tx, name: str) -> bool:
-        if name in self.pending:
-            return self.pending[name] is not DELETED
         return object_has_attribute(tx, self, self.value, name)
+
+    def own_method(self, name: str) -> Any:
+        """The class's own Python `__setattr__` or `__delattr__` (`name`), which the trace inlines, else None. The
+        stores and deletions it makes are object.__setattr__'s / object.__delattr__'s, and the entry replays them
+        as such: through the class's method again, it would run twice (a counter counting two stores)."""
+        raw, _ = lookup_class_attribute(type(self.value), name)
+        return raw if isinstance(raw, types.FunctionType) else None
 
     def setattr(self, tx, name: str, value: Variable, generic: bool = False) -> None:
         """`obj.name = value`; a class-defined __setattr__ is inlined unless `generic`."""
-        raw, _ = lookup_class_attribute(type(self.value), "__setattr__")
-        if isinstance(raw, types.FunctionType) and not generic:
+        raw = self.own_method("__setattr__")
+        if raw is not None and not generic:
             bind_class_attribute(tx, raw, "__setattr__", self, type(self.value), _class_source(tx, self.source)) \
                 .call(tx, [ConstantVariable(name), value], {})
             return
@@ -158,12 +194,20 @@ class UserObjectVariable(Variable):
             raise Unsupported(f"setting {name!r} on {self.describe()}: a {type(descriptor).__name__} on its class")
         if self.source is None:
             raise Unsupported(f"setting {name!r} on {self.describe()} that has no source")
+        check_instance_dict_in_step(tx, self, self.value, "store")
         self.pending[name] = value
         tx.output.side_effects.mutated_object(self)
 
-    def delattr(self, tx, name: str) -> None:
+    def delattr(self, tx, name: str, generic: bool = False) -> None:
+        """`del obj.name`; a class-defined __delattr__ is inlined unless `generic`."""
+        raw = self.own_method("__delattr__")
+        if raw is not None and not generic:
+            bind_class_attribute(tx, raw, "__delattr__", self, type(self.value), _class_source(tx, self.source)) \
+                .call(tx, [ConstantVariable(name)], {})
+            return
         if self.source is None:
             raise Unsupported(f"deleting {name!r} on {self.describe()} that has no source")
+        check_instance_dict_in_step(tx, self, self.value, "store")
         self.pending[name] = DELETED
         tx.output.side_effects.mutated_object(self)
 
@@ -192,9 +236,16 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
     """
     cls = type(value)
     source = variable.source
+    check_instance_dict_in_step(tx, variable, value, "read __dict__" if name == "__dict__" else "read")
+    pending = getattr(variable, "pending", None) or {}  # what the trace stored (or deleted) on the object
+    stored = pending.get(name, MISSING)
     raw_getattribute, _ = lookup_class_attribute(cls, "__getattribute__")
-    if isinstance(raw_getattribute, types.FunctionType) and _is_model_config(cls) and source is not None \
-            and not generic:
+    is_config = isinstance(raw_getattribute, types.FunctionType) and _is_model_config(cls)
+    if stored is not MISSING and (is_config or _is_module(value)):
+        if stored is DELETED:
+            raise AttributeFailure(f"reading attribute {name!r} deleted during the trace")
+        return stored
+    if is_config and source is not None and not generic:
         # A transformers config reads its values through a Python __getattribute__ (per-layer views of
         # heterogeneous configs, a warning at most): side-effect-free data, so the value is read for real
         # and guarded like any other read, instead of tracing the library's machinery (which builds
@@ -215,23 +266,28 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
         raw = raw_getattribute
         return bind_class_attribute(tx, raw, "__getattribute__", variable, cls, _class_source(tx, source)) \
             .call(tx, [ConstantVariable(name)], {})
+    if stored is not MISSING and stored is not DELETED:  # in the instance's own storage (its __dict__, a slot)
+        return stored
+    # past a class's own __getattribute__, guards and entries read what the trace read: object.__getattribute__'s
+    own_source = GenericAttrSource if isinstance(raw_getattribute, types.FunctionType) else AttrSource
+    deleted = stored is DELETED  # the instance's own storage has no `name` now, whatever it had at the call
     raw, owner = lookup_class_attribute(cls, name)
     is_data_descriptor = raw is not MISSING and (hasattr(type(raw), "__set__") or hasattr(type(raw), "__delete__"))
-    if is_data_descriptor and not isinstance(raw, property):
+    if is_data_descriptor and not isinstance(raw, property) and not deleted:
         # __slots__ members, getset descriptors of builtins: read the real value.
         real = getattr(value, name)
-        return tx.wrap(real, AttrSource(source, name) if source is not None else None)
-    if is_data_descriptor:
+        return tx.wrap(real, own_source(source, name) if source is not None else None)
+    if is_data_descriptor and isinstance(raw, property):
         return bind_class_attribute(tx, raw, name, variable, cls, _class_source(tx, source))
     instance_dict = getattr(value, "__dict__", None)
-    if isinstance(instance_dict, dict) and name in instance_dict:
-        return tx.wrap(instance_dict[name], AttrSource(source, name) if source is not None else None)
-    if raw is not MISSING:
-        if source is not None and isinstance(instance_dict, dict) and \
+    if isinstance(instance_dict, dict) and name in instance_dict and not deleted:
+        return tx.wrap(instance_dict[name], own_source(source, name) if source is not None else None)
+    if raw is not MISSING and not is_data_descriptor:
+        if source is not None and isinstance(instance_dict, dict) and not deleted and \
                 isinstance(raw, (types.FunctionType, staticmethod, classmethod)):
             # A method is read through the class; an instance attribute set later
             # (`module.forward = patched`, as accelerate does) would shadow it.
-            tx.output.guards.contains(AttrSource(source, "__dict__"), name, False)
+            tx.output.guards.contains(own_source(source, "__dict__"), name, False)
         return bind_class_attribute(tx, raw, name, variable, cls, _class_source(tx, source))
     if name == "__class__":
         return tx.wrap(cls, TypeSource(source) if source is not None else None)
@@ -240,13 +296,18 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
     fallback, _ = lookup_class_attribute(cls, "__getattr__")
     if fallback is not MISSING:
         if source is not None:  # the read reaches __getattr__ only while neither the instance nor its class has it
-            if isinstance(instance_dict, dict):
-                tx.output.guards.contains(AttrSource(source, "__dict__"), name, False)
-            tx.output.guards.has_attr(TypeSource(source), name, False)
+            if isinstance(instance_dict, dict) and not deleted:
+                tx.output.guards.contains(own_source(source, "__dict__"), name, False)
+            guard_class_lacks(tx, TypeSource(source), cls, name)
         return bind_class_attribute(tx, fallback, "__getattr__", variable, cls,
                                     _class_source(tx, source)).call(tx, [ConstantVariable(name)], {})
-    if source is not None:
-        tx.output.guards.has_attr(source, name, False)
+    if source is not None:  # absent from the class (and from the instance, unless the trace deleted it there)
+        if deleted:
+            guard_class_lacks(tx, TypeSource(source), cls, name)
+        else:
+            tx.output.guards.has_attr(source, name, False)
+    if deleted:
+        raise AttributeFailure(f"reading attribute {name!r} deleted during the trace")
     raise AttributeFailure(f"{cls.__qualname__} object has no attribute {name!r}")
 
 
@@ -333,6 +394,8 @@ class ClassVariable(Variable):
                 return ConstantVariable(self.value.__mro__)
             raw = getattr(self.value, name, MISSING)
             if raw is MISSING:
+                if self.source is not None and not _is_library_class(self.value):  # until the class gains it
+                    tx.output.guards.has_attr(self.source, name, False)
                 raise AttributeFailure(f"class {self.value.__qualname__} has no attribute {name!r}")
             return tx.wrap(raw, AttrSource(self.source, name) if self.source else None)
         source = AttrSource(self.source, name) if self.source is not None else None
@@ -583,6 +646,9 @@ class NewObjectVariable(Variable):
             return self.instance_dict.entries[name][1]
         if raw is not MISSING:
             return self._bind(tx, raw, name)
+        class_source = self._class_source(tx)
+        if class_source is not None:  # until the class gains it
+            guard_class_lacks(tx, class_source, self.cls, name)
         raise AttributeFailure(f"{self.cls.__qualname__!r} object has no attribute {name!r}")
 
     def has_attribute(self, tx, name: str) -> bool:

@@ -99,8 +99,21 @@ class TensorVariable(Variable):
         if callable(getattr(torch.Tensor, name, None)):
             return TensorMethodVariable(self, name)
         if not hasattr(torch.Tensor, name):
-            raise AttributeFailure(f"'Tensor' object has no attribute {name!r}")
+            return self._own_attribute(tx, name)
         raise Unsupported(f"tensor attribute {name!r}")
+
+    def _own_attribute(self, tx, name: str) -> Variable:
+        """An attribute set on the tensor object itself (`t.tag = 1`: its `__dict__`), or absent under a guard
+        that it stays absent. A tensor the trace computed has none."""
+        if self.source is None:
+            raise AttributeFailure(f"'Tensor' object has no attribute {name!r}")
+        value = tx.output.outside_tensor(self)
+        if value is None:
+            raise Unsupported(f"attribute {name!r} of {self.describe()}, not a tensor input")
+        if name in getattr(value, "__dict__", {}):
+            return tx.wrap(value.__dict__[name], AttrSource(self.source, name))
+        tx.output.guards.has_attr(self.source, name, False)
+        raise AttributeFailure(f"'{type(value).__name__}' object has no attribute {name!r}")
 
     def call_method(self, tx, name, args, kwargs) -> Variable:
         return TensorMethodVariable(self, name).call(tx, args, kwargs)
