@@ -345,6 +345,43 @@ def test_instance_dict_written_then_attribute_read():
     _check_calls(lambda: (program, {"x": torch.ones(2), "obj": _Bag()}), [lambda state: (state["x"], state["obj"])] * 3)
 
 
+class _LooksUpItsDict:
+    """As transformers' configs do: every attribute read first looks a key up in the instance's __dict__."""
+
+    def __init__(self):
+        self.problem = None
+
+    def __getattribute__(self, name):
+        spec = object.__getattribute__(self, "__dict__").get("_spec")
+        if spec is not None and name in spec:
+            raise AttributeError(name)
+        return object.__getattribute__(self, name)
+
+
+def test_store_after_a_lookup_in_the_instance_dict_neither_breaks_nor_goes_stale():
+    # Once a graph break: any store on an object whose __dict__ the trace had read (a transformers config setting
+    # `problem_type` in its loss, after its __getattribute__ had looked a key up) broke the graph (ViT training).
+    # (Reading an attribute through that __getattribute__ after the store still breaks, since it reads the
+    # __dict__ while the store is pending; a transformers config's values are read past it: objects.py.)
+    def program(x, obj):
+        scale = 2 if obj.problem is None else 3
+        obj.problem = "single"
+        return x * scale
+
+    def config_program(x, config):  # what transformers' ForSequenceClassificationLoss does
+        if config.problem_type is None:
+            config.problem_type = "single_label_classification"
+        return x * 2 if config.problem_type == "single_label_classification" else x
+
+    import transformers
+
+    for make in (lambda: (program, {"x": torch.ones(2), "obj": _LooksUpItsDict()}),
+                 lambda: (config_program, {"x": torch.ones(2), "config": transformers.ViTConfig()})):
+        breaks = dispatcher.stats.breaks
+        graphs = _check_calls(make, [lambda state: tuple(state.values())] * 3)
+        assert dispatcher.stats.breaks == breaks and len(graphs) >= 1
+
+
 # -- a builtin's method bound to an instance of a subclass that overrides it, live across a graph break ---------
 # Once wrong: the entry rebuilt `list.append` bound to the object as `obj.append`, which is the subclass's
 # override: after the break the program called the override instead of list's own method.

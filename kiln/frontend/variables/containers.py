@@ -633,6 +633,13 @@ class ExternalDictVariable(Variable):
         self.materialized: DictVariable | None = None
         self.tensor_keys: dict[TensorKey, Variable] = {}  # the trackers of its tensor keys the trace listed
         self.iterators: list[DictIteratorVariable] = []  # over it before its copy: they continue over the copy
+        # Why it may no longer be read (objects.check_instance_dict_in_step): an object's `__dict__` whose
+        # attributes the trace then set, which this tracker does not show; any use of it breaks the graph.
+        self.stale: str | None = None
+
+    def _check_fresh(self) -> None:
+        if self.stale is not None:
+            raise Unsupported(self.stale)
 
     def describe(self) -> str:
         return f"dict at {self.source}"
@@ -644,6 +651,7 @@ class ExternalDictVariable(Variable):
         return self.value
 
     def _materialize(self, tx) -> DictVariable:
+        self._check_fresh()
         if self.materialized is None:
             import os
 
@@ -683,6 +691,7 @@ class ExternalDictVariable(Variable):
         return ConstantVariable(key)
 
     def keys(self, tx) -> list:
+        self._check_fresh()
         if self.materialized is not None:
             return list(self.materialized.entries)
         if tx.output.side_effects.stores_globals_into(self.value):
@@ -704,6 +713,7 @@ class ExternalDictVariable(Variable):
         return python_key
 
     def item(self, tx, key) -> Variable:
+        self._check_fresh()
         if self.materialized is not None:
             return self.materialized.entries[key][1]
         stored = tx.output.side_effects.stored_global(self.value, key)  # a module's globals dict, read after a store
@@ -726,6 +736,7 @@ class ExternalDictVariable(Variable):
         return tx.wrap(read(self.value, key), item_source(self.source, key))
 
     def contains(self, tx, key: Variable) -> bool:
+        self._check_fresh()
         if self.materialized is not None:
             return self.materialized.contains(tx, key)
         python_key = hashable_key(tx, key)
@@ -737,10 +748,12 @@ class ExternalDictVariable(Variable):
         return present
 
     def truth(self, tx) -> bool:
+        self._check_fresh()
         return bool(self.keys(tx))
 
     def live_iterator(self, tx, kind: str = "dict_keys") -> BaseIteratorVariable:
         """`iter(d)` (or of its `kind` of view): over its keys as listed now (guarded), values read as given."""
+        self._check_fresh()
         if self.materialized is not None:
             return self.materialized.live_iterator(tx, kind)
         pending = [(self.key_variable(key), lambda key=key: self.item(tx, key)) for key in self.keys(tx)]
@@ -750,6 +763,7 @@ class ExternalDictVariable(Variable):
 
     def view_items(self, tx, kind: str) -> list[Variable]:
         """What its keys(), values() or items() view holds now (read, and guarded, as the dict's own reads)."""
+        self._check_fresh()
         if self.materialized is not None:
             return self.materialized.view_items(tx, kind)
         keys = self.keys(tx)
@@ -760,14 +774,17 @@ class ExternalDictVariable(Variable):
         return [TupleVariable([self.key_variable(key), self.item(tx, key)]) for key in keys]
 
     def length(self, tx) -> int:
+        self._check_fresh()
         return len(self.keys(tx))
 
     def unpack(self, tx) -> list[Variable]:
+        self._check_fresh()
         if self.materialized is not None:
             return self.materialized.unpack(tx)
         return [self.key_variable(key) for key in self.keys(tx)]
 
     def getitem(self, tx, key: Variable) -> Variable:
+        self._check_fresh()
         python_key = hashable_key(tx, key)
         if not self.contains(tx, key):
             if hasattr(type(self.value), "__missing__"):  # a defaultdict stores a new default: a mutation
@@ -776,13 +793,16 @@ class ExternalDictVariable(Variable):
         return self.item(tx, python_key)
 
     def setitem(self, tx, key: Variable, value: Variable) -> None:
+        self._check_fresh()
         self._materialize(tx).setitem(tx, key, value)
 
     def update_in_place(self, tx, other: Variable) -> None:
         """`d |= other`."""
+        self._check_fresh()
         self._materialize(tx).call_method(tx, "update", [other], {})
 
     def call_method(self, tx, name, args, kwargs) -> Variable:
+        self._check_fresh()
         if name in _DICT_MUTATORS or self.materialized is not None:
             materialized = self._materialize(tx)
             if name == "__delitem__":

@@ -26,8 +26,8 @@ from kiln.frontend.sources import AttrSource, GenericAttrSource, ItemSource, Typ
 from kiln.frontend.variables import builder
 from kiln.frontend.variables.base import (MISSING, NONE, ConstantVariable, TrackerMethod, Variable, is_trusted_module,
                                           lookup_class_attribute, run_on_constants)
-from kiln.frontend.variables.containers import (DictVariable, DictViewVariable, IteratorVariable, ListIteratorLike,
-                                                TupleVariable, missing_key)
+from kiln.frontend.variables.containers import (DictVariable, DictViewVariable, ExternalDictVariable, IteratorVariable,
+                                                ListIteratorLike, TupleVariable, missing_key)
 from kiln.frontend.variables.functions import BoundMethodVariable, MethodDescriptorVariable, bind_arguments
 
 DELETED = object()
@@ -107,7 +107,14 @@ def check_instance_dict_in_step(tx, variable: Variable, value: Any, access: str)
     if held is None:
         return
     if access == "store":
-        raise Unsupported(f"setting an attribute of {variable.describe()}, whose __dict__ the trace holds")
+        if isinstance(held, ExternalDictVariable) and held.materialized is None:
+            # Only read so far (a library's __getattribute__ looking a key up in it: transformers' configs), so
+            # the store goes on, and the tracker, which would not show it, breaks the graph if it is used again;
+            # a later `obj.__dict__` makes a new one (which breaks while the store is pending: above).
+            held.stale = f"reading the __dict__ of {variable.describe()} taken before the trace set its attributes"
+            del tx.output.wrapped[id(object.__getattribute__(value, "__dict__"))]
+            return
+        raise Unsupported(f"setting an attribute of {variable.describe()}, whose __dict__ the trace changed")
     if getattr(held, "materialized", None) is not None:  # an outside dict's first change copies it
         raise Unsupported(f"reading an attribute of {variable.describe()}, whose __dict__ the trace changed")
 
