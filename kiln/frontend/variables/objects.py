@@ -275,7 +275,15 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
     is_data_descriptor = raw is not MISSING and (hasattr(type(raw), "__set__") or hasattr(type(raw), "__delete__"))
     if is_data_descriptor and not isinstance(raw, property) and not deleted:
         # __slots__ members, getset descriptors of builtins: read the real value.
-        real = getattr(value, name)
+        try:
+            real = raw.__get__(value, cls)
+        except AttributeError:
+            # An unset slot: the lookup fails (and reaches a class's __getattr__, which is not traced here).
+            if lookup_class_attribute(cls, "__getattr__")[0] is not MISSING:
+                raise Unsupported(f"reading the unset slot {name!r} of a {cls.__qualname__} with a __getattr__")
+            if source is not None:
+                tx.output.guards.has_attr(source, name, False)
+            raise AttributeFailure(f"{cls.__qualname__} object has no attribute {name!r}") from None
         return tx.wrap(real, own_source(source, name) if source is not None else None)
     if is_data_descriptor and isinstance(raw, property):
         return bind_class_attribute(tx, raw, name, variable, cls, _class_source(tx, source))

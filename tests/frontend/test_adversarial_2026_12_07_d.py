@@ -1,0 +1,83 @@
+"""Adversarial programs (2026-12-07, d): against eager, call after call while the state changes between calls.
+
+Each program runs eagerly and compiled (strict mode unless it must break the graph) on equal copies of its
+state; the results and the state left behind must be eager's. Each program says what was once wrong.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kiln
+
+
+def _plain(value):
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dtype, tuple(value.shape), value.requires_grad, value.detach().tolist())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [_plain(item) for item in value])
+    if isinstance(value, dict):
+        return (type(value).__name__, [(key, _plain(item)) for key, item in value.items()])
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return value
+    return (type(value).__name__, _plain(_slots(value)))
+
+
+def _slots(value):
+    out = {}
+    for name in getattr(type(value), "__slots__", ()):
+        try:
+            out[name] = getattr(value, name)
+        except AttributeError:
+            out[name] = "<unset>"
+    return out
+
+
+def _outcome(fn, args):
+    try:
+        return ("returned", _plain(fn(*args)))
+    except Exception as error:
+        return ("raised", type(error).__name__, str(error))
+
+
+def _check_calls(make, calls, strict=True):
+    eager_fn, eager_state = make()
+    compiled_fn, compiled_state = make()
+    compiled = kiln.compile(compiled_fn)
+    with kiln.config.patch(strict=strict):
+        for number, call in enumerate(calls):
+            expected = _outcome(eager_fn, call(eager_state))
+            actual = _outcome(compiled, call(compiled_state))
+            assert actual == expected, f"call {number}"
+            assert _plain(compiled_state) == _plain(eager_state), f"state after call {number}"
+
+
+# -- an unset __slots__ member ------------------------------------------------------------------------------------
+# Once wrong: reading a slot that holds no value (never set, or deleted) crashed the frontend (its own
+# AttributeError while reading the real value), so the frame ran eagerly (and strict mode refused it) instead
+# of tracing the program's own `except AttributeError` / hasattr() with a guard that the slot stays unset.
+
+class _Slotted:
+    __slots__ = ("a", "b")
+
+
+def test_unset_slot_read_under_try_and_hasattr():
+    def program(x, obj):
+        try:
+            found = obj.b
+        except AttributeError:
+            found = -1
+        return x * found + hasattr(obj, "b")
+
+    def setting(action):
+        def call(state):
+            if action == "set3":
+                state["obj"].b = 3
+            elif action == "set4":
+                state["obj"].b = 4
+            elif action == "del":
+                del state["obj"].b
+            return torch.ones(2), state["obj"]
+        return call
+    _check_calls(lambda: (program, {"obj": _Slotted()}),
+                 [setting(None), setting("set3"), setting("set4"), setting("del"), setting(None)])
