@@ -81,3 +81,36 @@ def test_unset_slot_read_under_try_and_hasattr():
         return call
     _check_calls(lambda: (program, {"obj": _Slotted()}),
                  [setting(None), setting("set3"), setting("set4"), setting("del"), setting(None)])
+
+
+# -- a user class's data descriptor (not a property) ----------------------------------------------------------
+# Once wrong: its value was read for real at trace time (running the descriptor's own __get__) and guarded by
+# value, which ran __get__ again on every call: a __get__ that counts its reads counted 2-3 reads per call
+# where eager counts one, and a value that changes per read made the compiled result off.
+
+class _CountingDescriptor:
+    def __get__(self, obj, owner=None):
+        if obj is None:
+            return self
+        obj.count += 1
+        return obj.count
+
+    def __set__(self, obj, value):
+        raise AttributeError("read-only")
+
+
+class _Counted:
+    value = _CountingDescriptor()
+
+    def __init__(self):
+        self.count = 0
+
+    __slots__ = ("count",)
+
+
+def test_user_data_descriptor_get_runs_once_per_read():
+    def program(x, obj):
+        return x * obj.value, obj.count
+
+    _check_calls(lambda: (program, {"obj": _Counted()}), [lambda state: (torch.ones(2), state["obj"])] * 3,
+                 strict=False)

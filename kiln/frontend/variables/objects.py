@@ -274,7 +274,10 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
     raw, owner = lookup_class_attribute(cls, name)
     is_data_descriptor = raw is not MISSING and (hasattr(type(raw), "__set__") or hasattr(type(raw), "__delete__"))
     if is_data_descriptor and not isinstance(raw, property) and not deleted:
-        # __slots__ members, getset descriptors of builtins: read the real value.
+        # __slots__ members, getset descriptors of builtins: read the real value. A data descriptor of a user
+        # class runs its own __get__, which a real read here (and the value guard after it) would run again.
+        if isinstance(getattr(type(raw), "__get__", None), types.FunctionType):
+            raise Unsupported(f"class attribute {name!r} is a data descriptor of type {type(raw).__name__}")
         try:
             real = raw.__get__(value, cls)
         except AttributeError:
