@@ -114,3 +114,55 @@ def test_user_data_descriptor_get_runs_once_per_read():
 
     _check_calls(lambda: (program, {"obj": _Counted()}), [lambda state: (torch.ones(2), state["obj"])] * 3,
                  strict=False)
+
+
+# -- descriptors read through a class ---------------------------------------------------------------------------
+# Once wrong: `Class.attr` where attr is a user descriptor, or a property of the metaclass, was read for real at
+# trace time and then guarded by value, running the user's __get__ / getter again on every call (a counting getter
+# gave 1, 5, 7 where eager gives 1, 2, 3).
+
+class _ClassCounter:
+    def __init__(self):
+        self.count = 0
+
+    def __get__(self, obj, owner=None):
+        self.count += 1
+        return self.count
+
+
+class _WithClassCounter:
+    counter = _ClassCounter()
+
+
+class _CountingMeta(type):
+    @property
+    def reads(cls):
+        cls.count += 1
+        return cls.count
+
+
+class _WithCountingMeta(metaclass=_CountingMeta):
+    count = 0
+
+
+def test_user_descriptor_read_through_its_class():
+    def program(x):
+        return x * _WithClassCounter.counter
+
+    _WithClassCounter.__dict__["counter"].count = 0
+    expected = [program(torch.ones(1)).item() for _ in range(3)]
+    _WithClassCounter.__dict__["counter"].count = 0
+    compiled = kiln.compile(program)
+    assert [compiled(torch.ones(1)).item() for _ in range(3)] == expected == [1.0, 2.0, 3.0]
+
+
+def test_metaclass_property_read_through_the_class():
+    def program(x):
+        return x * _WithCountingMeta.reads
+
+    _WithCountingMeta.count = 0
+    expected = [program(torch.ones(1)).item() for _ in range(3)]
+    _WithCountingMeta.count = 0
+    compiled = kiln.compile(program)
+    assert [compiled(torch.ones(1)).item() for _ in range(3)] == expected == [1.0, 2.0, 3.0]
+    assert _WithCountingMeta.count == 3

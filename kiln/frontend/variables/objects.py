@@ -84,6 +84,17 @@ def is_data_descriptor(raw: Any) -> bool:
     return raw is not MISSING and (hasattr(type(raw), "__set__") or hasattr(type(raw), "__delete__"))
 
 
+def _runs_user_get(raw: Any) -> bool:
+    """A class attribute whose reading through an instance runs user code: a property, or a descriptor of a user
+    class whose __get__ is a Python function."""
+    if raw is MISSING:
+        return False
+    if isinstance(raw, property):
+        return isinstance(raw.fget, types.FunctionType) and \
+            not is_trusted_module(str(getattr(raw.fget, "__module__", "")))
+    return isinstance(getattr(type(raw), "__get__", None), types.FunctionType) and not _is_library_class(type(raw))
+
+
 def _is_library_class(cls: type) -> bool:
     return is_trusted_module(str(getattr(cls, "__module__", "")))
 
@@ -398,6 +409,13 @@ class ClassVariable(Variable):
 
     def getattr(self, tx, name: str) -> Variable:
         raw, _ = lookup_class_attribute(self.value, name)
+        meta_raw, _ = lookup_class_attribute(type(self.value), name)
+        if _runs_user_get(meta_raw) and (raw is MISSING or is_data_descriptor(meta_raw)):
+            # a metaclass's property or descriptor: its __get__ is user code, which a real read here (and the
+            # value guard after it, on every call) would run again
+            raise Unsupported(f"class attribute {name!r} given by a {type(meta_raw).__name__} of the metaclass")
+        if raw is not MISSING and _runs_user_get(raw) and not isinstance(raw, property):
+            raise Unsupported(f"class attribute {name!r} is a descriptor of type {type(raw).__name__}")
         if raw is MISSING:
             if name in ("__name__", "__qualname__", "__module__"):
                 return ConstantVariable(getattr(self.value, name))
