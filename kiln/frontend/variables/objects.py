@@ -84,6 +84,17 @@ def is_data_descriptor(raw: Any) -> bool:
     return raw is not MISSING and (hasattr(type(raw), "__set__") or hasattr(type(raw), "__delete__"))
 
 
+def _runs_user_get(raw: Any) -> bool:
+    """A class attribute whose reading through an instance runs user code: a property, or a descriptor of a user
+    class whose __get__ is a Python function."""
+    if raw is MISSING:
+        return False
+    if isinstance(raw, property):
+        return isinstance(raw.fget, types.FunctionType) and \
+            not is_trusted_module(str(getattr(raw.fget, "__module__", "")))
+    return isinstance(getattr(type(raw), "__get__", None), types.FunctionType) and not _is_library_class(type(raw))
+
+
 def _is_library_class(cls: type) -> bool:
     return is_trusted_module(str(getattr(cls, "__module__", "")))
 
@@ -281,8 +292,19 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
     raw, owner = lookup_class_attribute(cls, name)
     is_data_descriptor = raw is not MISSING and (hasattr(type(raw), "__set__") or hasattr(type(raw), "__delete__"))
     if is_data_descriptor and not isinstance(raw, property) and not deleted:
-        # __slots__ members, getset descriptors of builtins: read the real value.
-        real = getattr(value, name)
+        # __slots__ members, getset descriptors of builtins: read the real value. A data descriptor of a user
+        # class runs its own __get__, which a real read here (and the value guard after it) would run again.
+        if isinstance(getattr(type(raw), "__get__", None), types.FunctionType):
+            raise Unsupported(f"class attribute {name!r} is a data descriptor of type {type(raw).__name__}")
+        try:
+            real = raw.__get__(value, cls)
+        except AttributeError:
+            # An unset slot: the lookup fails (and reaches a class's __getattr__, which is not traced here).
+            if lookup_class_attribute(cls, "__getattr__")[0] is not MISSING:
+                raise Unsupported(f"reading the unset slot {name!r} of a {cls.__qualname__} with a __getattr__")
+            if source is not None:
+                tx.output.guards.has_attr(source, name, False)
+            raise AttributeFailure(f"{cls.__qualname__} object has no attribute {name!r}") from None
         return tx.wrap(real, own_source(source, name) if source is not None else None)
     if is_data_descriptor and isinstance(raw, property):
         return bind_class_attribute(tx, raw, name, variable, cls, _class_source(tx, source))
@@ -394,6 +416,13 @@ class ClassVariable(Variable):
 
     def getattr(self, tx, name: str) -> Variable:
         raw, _ = lookup_class_attribute(self.value, name)
+        meta_raw, _ = lookup_class_attribute(type(self.value), name)
+        if _runs_user_get(meta_raw) and (raw is MISSING or is_data_descriptor(meta_raw)):
+            # a metaclass's property or descriptor: its __get__ is user code, which a real read here (and the
+            # value guard after it, on every call) would run again
+            raise Unsupported(f"class attribute {name!r} given by a {type(meta_raw).__name__} of the metaclass")
+        if raw is not MISSING and _runs_user_get(raw) and not isinstance(raw, property):
+            raise Unsupported(f"class attribute {name!r} is a descriptor of type {type(raw).__name__}")
         if raw is MISSING:
             if name in ("__name__", "__qualname__", "__module__"):
                 return ConstantVariable(getattr(self.value, name))
