@@ -1,0 +1,63 @@
+"""Adversarial indexing programs (gathers and writes at computed positions) against eager, on both CPU
+backends, through `kiln.compile` (and `torch.compile(backend="kiln")` where the two frontends' graphs differ)
+with KILN_STRICT (a compile failure raises; nothing runs eagerly behind
+the test's back). Each program is called on three sizes, so the second and third calls run a graph
+with symbolic sizes. Each case names what was once wrong.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kiln
+import kiln.testing
+
+
+@pytest.fixture(autouse=True, params=["cpp", "triton"])
+def cpu_backend(request):
+    with kiln.config.patch(cpu_backend=request.param, strict=True):
+        yield request.param
+
+
+SIZES = (5, 7, 6)
+
+
+def _compile(program, frontend: str):
+    if frontend == "kiln":
+        return kiln.compile(program)
+    torch._dynamo.reset()
+    return torch.compile(program, backend="kiln")
+
+
+def _check(program, make_inputs, frontend: str = "kiln"):
+    compiled = _compile(program, frontend)
+    for call, size in enumerate(SIZES):
+        torch.manual_seed(call)
+        inputs = make_inputs(size)
+        expected = program(*[value.clone() for value in inputs])
+        actual = compiled(*[value.clone() for value in inputs])
+        assert actual.shape == expected.shape and actual.dtype == expected.dtype, (size, actual, expected)
+        verdict = kiln.testing.compare(actual, expected)
+        assert verdict, (size, verdict.message)
+
+
+# A 0-d operand of gather or scatter counts as a 1-d one of one element in eager (ATen's ensure_nonempty_dim).
+RANK_QUIRKS = {
+    # once wrong: gather's rule took an index of another rank for an empty one and returned zeros
+    "gather_1d_at_0d_index": (lambda x: torch.gather(x * 2, 0, x.argmax()), lambda n: [torch.randn(n)]),
+    "gather_1d_at_0d_input_index": (lambda x, i: torch.gather(x + 1, 0, i),
+                                    lambda n: [torch.randn(n), torch.tensor(n - 2)]),
+    "gather_0d_at_1d_index": (lambda x: x.sum().gather(0, torch.zeros(3, dtype=torch.long)) * 2,
+                              lambda n: [torch.randn(n)]),
+    # once a compile error: scatter's rule loaded a 0-d source with a 1-d index
+    "scatter_0d_source": (lambda x: (x * 2).scatter(0, x.argmax()[None], x.sum()), lambda n: [torch.randn(n)]),
+    "scatter_into_0d": (lambda x: x.sum().scatter(0, torch.zeros((), dtype=torch.long), x[:1] * 3),
+                        lambda n: [torch.randn(n)]),
+}
+
+
+@pytest.mark.parametrize("name", list(RANK_QUIRKS))
+def test_zero_dim_operands_of_gather_and_scatter(name):
+    program, make_inputs = RANK_QUIRKS[name]
+    _check(program, make_inputs)
+
