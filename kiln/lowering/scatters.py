@@ -20,7 +20,7 @@ from kiln.ir.indexing import FloorDiv, Mod, as_expr
 from kiln.lowering.context import Unsupported, compute_dtype_for, meta_of
 from kiln.lowering.indexing import _check_kernel_dtypes, _in_range, as_nonempty_dims, nonempty_index
 from kiln.lowering.registry import lowering
-from kiln.lowering.views import _normalize_start
+from kiln.lowering.views import _normalize_start, normalize_index
 
 aten = _torch.aten
 
@@ -76,9 +76,7 @@ def select_scatter(ctx, node, base, src, dim, index):
     _check_kernel_dtypes(base, src)
     meta = meta_of(node)
     dim = dim % base.ndim
-    position = as_expr(index)
-    if position.is_Integer and int(position) < 0:
-        position = base.shape[dim] + position
+    position = normalize_index(index, base.shape[dim])
     dtype = compute_dtype_for(meta.dtype)
 
     def compute(body, out_index):

@@ -61,3 +61,34 @@ def test_zero_dim_operands_of_gather_and_scatter(name):
     program, make_inputs = RANK_QUIRKS[name]
     _check(program, make_inputs)
 
+
+def _write_at_negative_size(x):
+    y = x * 2
+    y[-(x.shape[0] // 2)] = 0.0
+    return y
+
+
+def _add_at_negative_size_column(x):
+    y = x * 2
+    y[:, 1 - x.shape[1]] += 5.0
+    return y
+
+
+# An integer index that is a size expression with a sign sympy cannot decide (-(s0 // 2): the ShapeEnv
+# guarded it negative, the graph keeps the expression). Once wrong: select took it as a position as it
+# was, and read before the tensor's first row (garbage, up to 9e30).
+SYMBOLIC_NEGATIVE_INDICES = {
+    "select_rows": lambda x: (x * 2)[-(x.shape[0] // 2)],
+    "select_of_an_input": lambda x: x[-(x.shape[0] // 2)] + 1,
+    "select_columns": lambda x: x.select(1, 1 - x.shape[1]) * 3,
+    "select_scatter": lambda x: torch.select_scatter(x * 2, x[0], 0, -(x.shape[0] // 2)),
+    "setitem": _write_at_negative_size,
+    "add_into_a_column": _add_at_negative_size_column,
+}
+
+
+@pytest.mark.parametrize("frontend", ["kiln", "dynamo"])
+@pytest.mark.parametrize("name", list(SYMBOLIC_NEGATIVE_INDICES))
+def test_select_at_a_symbolic_negative_index(name, frontend):
+    _check(SYMBOLIC_NEGATIVE_INDICES[name], lambda n: [torch.randn(n, n - 1)], frontend)
+
