@@ -136,3 +136,28 @@ def test_upper_bound_of_a_product_of_symbols():
     assert upper_bound(s0 * i0, {i0: 4}) == 3 * s0
     assert sympy.expand(upper_bound(3 * s0 * i0 + i1, {i0: 4, i1: s0}) - (10 * s0 - 1)) == 0
 
+
+# Eager's index_add and index_copy take an index in [0, size) and raise for a negative one. Once accepted:
+# their decompositions wrote through index_put, which counts a negative index from the end.
+NEGATIVE_INDEX_WRITES = {  # name: (program, the dim it indexes)
+    "index_add": (lambda x, i: (x * 2).index_add(0, i - x.shape[0], x[:2]), 0),
+    "index_copy": (lambda x, i: (x * 2).index_copy(0, i - x.shape[0], x[:2]), 0),
+    "index_add_in_place": (lambda x, i: (x * 2).index_add_(1, i - x.shape[1], x[:, :2], alpha=2), 1),
+}
+
+
+@pytest.mark.parametrize("name", list(NEGATIVE_INDEX_WRITES))
+def test_negative_index_of_index_add_and_index_copy_raises(name):
+    program, dim = NEGATIVE_INDEX_WRITES[name]
+    compiled = kiln.compile(program)
+    for size in SIZES:
+        x = torch.randn(size, size - 1)
+        negative = torch.tensor([0, 1])  # minus the size: -size and -size + 1
+        with pytest.raises((IndexError, RuntimeError)):
+            program(x, negative)
+        with pytest.raises((IndexError, RuntimeError)):
+            compiled(x, negative)
+        valid = negative + x.shape[dim]
+        verdict = kiln.testing.compare(compiled(x, valid), program(x, valid))
+        assert verdict, verdict.message
+
