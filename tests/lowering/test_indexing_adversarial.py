@@ -161,3 +161,19 @@ def test_negative_index_of_index_add_and_index_copy_raises(name):
         verdict = kiln.testing.compare(compiled(x, valid), program(x, valid))
         assert verdict, verdict.message
 
+
+# Gathers at positions computed from a size divided by a number: the ATen graph computes the scale as a
+# SymFloat (`s0 / 7`, `sym_float(s0) * 1.7`) and multiplies a tensor by it. kiln's lowering has no symbolic
+# float scalars (operator.truediv and sym_float become externs that return a SymFloat, which it refuses),
+# so after the recompile with symbolic sizes the graph does not compile: KILN_STRICT raises, and without it
+# the graph runs eagerly (right values, no kernels).
+SYMBOLIC_FLOAT_SCALES = {
+    "interpolate_to_a_size": lambda x: torch.nn.functional.interpolate(x * 2, size=(7, 5), mode="bilinear"),
+    "interpolate_by_a_factor": lambda x: torch.nn.functional.interpolate(x + 1, scale_factor=1.7, mode="nearest"),
+}
+
+
+@pytest.mark.xfail(strict=True, reason="no symbolic float scalars in the lowering (SymFloat externs refused)")
+@pytest.mark.parametrize("name", list(SYMBOLIC_FLOAT_SCALES))
+def test_gathers_at_positions_scaled_by_a_symbolic_float(name):
+    _check(SYMBOLIC_FLOAT_SCALES[name], lambda n: [torch.randn(1, 2, n, 3)])
