@@ -36,6 +36,10 @@ KEEP = [
     aten.gelu, aten.silu, aten.var_mean, aten.var, aten.std,
     aten.clamp, aten.where, aten.hardtanh, aten.mean,
     aten.embedding,  # its decomposition (aten.index) accepts negative indices, which eager's embedding rejects
+    # Their decompositions write through aten.index_put, which takes an index in [-size, size) where eager's
+    # index_add and index_copy raise for a negative one: kiln returned a result where eager raised. index_put
+    # is an extern anyway, so ATen's own op (which checks, and writes as eager does) costs nothing more.
+    aten.index_add, aten.index_copy,
 ]
 
 

@@ -152,7 +152,8 @@ def upper_bound(expr, ranges: dict) -> sympy.Expr | None:
         return None if any(bound is None for bound in bounds) else sympy.Add(*bounds)
     if isinstance(expr, sympy.Mul):
         coefficient, rest = expr.as_coeff_Mul()
-        if coefficient.is_Integer and coefficient >= 0:
+        # (a product without a number factor is its own `rest`: bounded factor by factor below)
+        if coefficient.is_Integer and coefficient >= 0 and rest != expr:
             rest_bound = upper_bound(rest, ranges)
             if rest_bound is not None:
                 return coefficient * rest_bound

@@ -13,7 +13,7 @@ import torch
 
 from kiln import _torch
 from kiln.ir.indexing import as_expr
-from kiln.lowering.context import TensorValue, Unsupported, compute_dtype_for, meta_of
+from kiln.lowering.context import TensorValue, Unsupported, ViewValue, compute_dtype_for, meta_of
 from kiln.lowering.registry import lowering
 
 aten = _torch.aten
@@ -50,21 +50,36 @@ def _check_kernel_dtypes(*values):
             raise Unsupported(f"dtype {value.dtype}")
 
 
+def as_nonempty_dims(value):
+    """`value` as gather and scatter see their operands: a 0-d tensor counts as a 1-d one of one element
+    (ATen's `ensure_nonempty_dim`), so `gather(x, 0, i)` with x 1-d and i 0-d reads x[i], and a 0-d source
+    scatters like a 1-element one. Other values are returned as they are."""
+    if isinstance(value, TensorValue) and value.ndim == 0:
+        return ViewValue(value, [sympy.Integer(1)], lambda index: [])
+    return value
+
+
+def nonempty_index(out_index, ndim: int) -> list:
+    """An output index of a tensor of rank `ndim`, as an index into its `as_nonempty_dims` view."""
+    return list(out_index) if ndim else [sympy.Integer(0)]
+
+
 @lowering(aten.gather.default)
 def gather(ctx, node, x, dim, index, sparse_grad=False):
     _check_kernel_dtypes(x)
     dim = dim % max(x.ndim, 1)
-    if x.ndim == 0:
-        raise Unsupported("gather of a scalar")
-    if index.ndim != x.ndim:  # torch allows it for an empty index only: nothing to read
+    source_value, index_value = as_nonempty_dims(x), as_nonempty_dims(index)
+    if index_value.ndim != source_value.ndim:  # torch allows it for an empty index only: nothing to read
         meta = meta_of(node)
         return ctx.pointwise([0], lambda body, zero: zero, meta=meta, compute_dtype=compute_dtype_for(meta.dtype))
 
     def compute(body, out_index):
-        position = _gathered_position(body, index.load(body, out_index), x.shape[dim], negative_wraps=False)
+        out_index = nonempty_index(out_index, index.ndim)  # the result has the index's shape
+        position = _gathered_position(body, index_value.load(body, out_index), source_value.shape[dim],
+                                      negative_wraps=False)
         source = list(out_index)
         source[dim] = position
-        return x.load(body, source)
+        return source_value.load(body, source)
 
     return ctx.pointwise_indexed(meta_of(node), compute)
 

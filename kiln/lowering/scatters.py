@@ -18,9 +18,9 @@ import torch
 from kiln import _torch
 from kiln.ir.indexing import FloorDiv, Mod, as_expr
 from kiln.lowering.context import Unsupported, compute_dtype_for, meta_of
-from kiln.lowering.indexing import _check_kernel_dtypes, _in_range
+from kiln.lowering.indexing import _check_kernel_dtypes, _in_range, as_nonempty_dims, nonempty_index
 from kiln.lowering.registry import lowering
-from kiln.lowering.views import _normalize_start
+from kiln.lowering.views import _normalize_start, normalize_index
 
 aten = _torch.aten
 
@@ -76,9 +76,7 @@ def select_scatter(ctx, node, base, src, dim, index):
     _check_kernel_dtypes(base, src)
     meta = meta_of(node)
     dim = dim % base.ndim
-    position = as_expr(index)
-    if position.is_Integer and int(position) < 0:
-        position = base.shape[dim] + position
+    position = normalize_index(index, base.shape[dim])
     dtype = compute_dtype_for(meta.dtype)
 
     def compute(body, out_index):
@@ -92,20 +90,25 @@ def select_scatter(ctx, node, base, src, dim, index):
 @lowering(aten.scatter.value, aten.scatter.src)
 def scatter(ctx, node, base, dim, index, value):
     """out = base, with out[..., index[..., 0, ...], ...] = value (a scalar, or src[..., 0, ...]) for
-    every position the index tensor covers: one index per row along `dim`."""
+    every position the index tensor covers: one index per row along `dim`. A 0-d base, index or source
+    counts as 1-d (`as_nonempty_dims`), as in eager."""
     _check_kernel_dtypes(base)
     meta = meta_of(node)
-    if base.ndim == 0 or index.ndim != base.ndim:
-        raise Unsupported("scatter of a scalar, or with an index of another rank")
-    dim = dim % base.ndim
-    if index.shape[dim] != 1:
-        raise Unsupported("scatter with several indices per row (which duplicate write wins is eager's choice)")
     tensor_source = not isinstance(value, (int, float, bool))
     if tensor_source:
         _check_kernel_dtypes(value)
+        value = as_nonempty_dims(value)
+    base_rank = base.ndim
+    base, index = as_nonempty_dims(base), as_nonempty_dims(index)
+    if index.ndim != base.ndim or (tensor_source and value.ndim != base.ndim):
+        raise Unsupported("scatter with an index or source of another rank")
+    dim = dim % base.ndim
+    if index.shape[dim] != 1:
+        raise Unsupported("scatter with several indices per row (which duplicate write wins is eager's choice)")
     dtype = compute_dtype_for(meta.dtype)
 
     def compute(body, out_index):
+        out_index = nonempty_index(out_index, base_rank)
         covered = None  # the positions the index tensor has a row for (it may be smaller than base)
         for d in range(base.ndim):
             if d != dim and index.shape[d] != base.shape[d]:

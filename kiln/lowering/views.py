@@ -8,7 +8,7 @@ from __future__ import annotations
 import sympy
 
 from kiln import _torch
-from kiln.ir.indexing import as_expr, contiguous_strides, product, unravel
+from kiln.ir.indexing import Mod, as_expr, contiguous_strides, product, unravel
 from kiln.lowering.context import BufferValue, Unsupported, ViewValue, meta_of
 from kiln.lowering.registry import lowering
 
@@ -158,12 +158,24 @@ def _normalize_start(start, size):
     raise Unsupported("symbolic negative slice start")
 
 
+def normalize_index(index, size):
+    """The position in [0, size) that `select`'s index names: eager's rule, a negative one counts from the
+    end. A symbolic index whose sign sympy cannot decide (`-(s0 // 2)`: the ShapeEnv guarded its sign, the
+    graph keeps the expression) is taken as (index + size) mod size, the same position for either sign."""
+    position = as_expr(index)
+    if position.is_Integer:
+        return position + size if int(position) < 0 else position
+    if position.is_nonnegative:
+        return position
+    if position.is_negative:
+        return position + size
+    return Mod(position + size, size)
+
+
 @lowering(aten.select.int)
 def select(ctx, node, x, dim, index):
     dim = dim % x.ndim
-    position = as_expr(index)
-    if position.is_Integer and int(position) < 0:
-        position = x.shape[dim] + position
+    position = normalize_index(index, x.shape[dim])
 
     def remap(idx):
         return list(idx[:dim]) + [position] + list(idx[dim:])
