@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import kiln
+from tests.frontend.adversarial_support import check_calls, outcome
 
 
 def _plain(value):
@@ -30,24 +31,11 @@ def _plain(value):
 
 
 def _outcome(fn, args):
-    try:
-        return ("returned", _plain(fn(*args)))
-    except Exception as error:  # the program's own exception must be eager's too
-        return ("raised", type(error).__name__, str(error))
+    return outcome(fn, args, _plain)
 
 
 def _check_calls(make, calls, strict=True):
-    """make() -> (fn, state); each call(state) -> the arguments, after changing the state as it likes. Not
-    `strict`: for the programs that must break the graph (strict mode refuses a break)."""
-    eager_fn, eager_state = make()
-    compiled_fn, compiled_state = make()
-    compiled = kiln.compile(compiled_fn)
-    with kiln.config.patch(strict=strict):
-        for number, call in enumerate(calls):
-            expected = _outcome(eager_fn, call(eager_state))
-            actual = _outcome(compiled, call(compiled_state))
-            assert actual == expected, f"call {number}"
-            assert _plain(compiled_state) == _plain(eager_state), f"state after call {number}"
+    check_calls(make, calls, _plain, strict)
 
 
 def _with_ints(values):
