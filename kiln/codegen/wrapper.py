@@ -19,7 +19,7 @@ from kiln.codegen.common import KernelBackend
 from kiln.codegen.printing import expr_to_source
 from kiln.codegen.triton import INDEX_STATUS, KernelSource
 from kiln.ir import Extern, TensorArg, graph_device_type
-from kiln.ir.kernel import Kernel, ScheduledGraph
+from kiln.ir.kernel import Kernel, ScheduledGraph, step_buffers
 from kiln.ir.memory_plan import ALLOCATED_BY_WRAPPER, EMPTY, HUGE, RETURNED, SCRATCH, MemoryPlan
 
 
@@ -169,8 +169,6 @@ class WrapperGenerator:
     def _live_into(self, tail: int) -> list:
         """The wrapper names the head hands to the tail: what the tail's steps read, and what the graph
         returns, that the tail does not make (inputs, and buffers of earlier steps)."""
-        from kiln.schedule.memory import step_buffers
-
         made, wanted = set(), []
         for step, step_plan in zip(self.scheduled.steps[tail:], self.memory_plan.steps[tail:]):
             local = step.local_buffers if isinstance(step, Kernel) else set()

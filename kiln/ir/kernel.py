@@ -240,6 +240,18 @@ class Kernel:
         return lines
 
 
+def step_buffers(step) -> set:
+    """The buffers a step of a scheduled graph (a Kernel or an Extern) reads or writes, a kernel's in-register ones
+    included: what the memory plan's last uses and the wrapper's tail count."""
+    if isinstance(step, Kernel):
+        names = set()
+        for node in step.nodes:
+            names |= {op.buffer for op in node.body.reads()}
+            names |= set(node.outputs)
+        return names
+    return {arg.buffer for arg in step.tensor_args()} | set(step.outputs)
+
+
 @dataclass
 class ScheduledGraph:
     graph: object

@@ -33,7 +33,7 @@ import torch
 from kiln.config import config
 from kiln.ir import TensorArg, graph_device_type
 from kiln.ir.nodes import dtype_name
-from kiln.ir.kernel import Kernel, ScheduledGraph
+from kiln.ir.kernel import Kernel, ScheduledGraph, step_buffers
 from kiln.ir.memory_plan import (ALLOCATED_BY_WRAPPER, EMPTY, HUGE, RETURNED, SCRATCH, VIEW, Allocation,
                                  MemoryPlan, ScratchPlan, StepPlan)
 
@@ -85,17 +85,6 @@ def last_uses(scheduled: ScheduledGraph) -> dict:
             last[name] = step_index
     local = {name for step in scheduled.kernels for name in step.local_buffers}
     return {name: index for name, index in last.items() if name not in keep and name not in local}
-
-
-def step_buffers(step) -> set:
-    """The buffers a step (a Kernel or an Extern) reads or writes, its kernels' in-register ones included."""
-    if isinstance(step, Kernel):
-        names = set()
-        for node in step.nodes:
-            names |= {op.buffer for op in node.body.reads()}
-            names |= set(node.outputs)
-        return names
-    return {arg.buffer for arg in step.tensor_args()} | set(step.outputs)
 
 
 def _plan_scratch(scheduled: ScheduledGraph, last_use: dict, device_type: str, inference: bool) -> tuple:
