@@ -220,7 +220,9 @@ class GuardBuilder:
 
     def fits_int64(self, source: Source) -> None:
         """An int argument that is a SymInt graph input (an int64) still fits one (2**70 gets its own entry)."""
-        self.add(source, f"not ({-2**63} <= {{}} <= {2**63 - 1})", "no longer fits an int64 (a symbolic input)")
+        from kiln.frontend.dynamic import INT64_MAX, INT64_MIN
+
+        self.add(source, f"not ({INT64_MIN} <= {{}} <= {INT64_MAX})", "no longer fits an int64 (a symbolic input)")
 
     def has_symbolic_inputs(self) -> bool:
         return bool(self._symbolic_inputs)

@@ -734,8 +734,6 @@ def _convert(variable: Any) -> tuple[Any, Any]:
     return variable, variable
 
 
-# A Python type torch takes as a dtype (`torch.tensor(0, dtype=int)`, `x.to(float)`), as the dtype torch reads it
-# as: the graph's code cannot spell the type (`dtype = <class 'int'>`).
 def _check_requires_grad_change(kind: str, target: Any, fake_args: list, fake_kwargs: dict) -> None:
     """`t.requires_grad_()` that changes the flag is Unsupported (a graph break makes the change in Python): a view
     of an input (`x[0].requires_grad_()`) made a leaf of the program's autograd graph, or an input's own flag, is
@@ -751,6 +749,8 @@ def _check_requires_grad_change(kind: str, target: Any, fake_args: list, fake_kw
                           f"{fake_args[0].requires_grad} (autograd metadata of a real tensor, changed in Python)")
 
 
+# A Python type torch takes as a dtype (`torch.tensor(0, dtype=int)`, `x.to(float)`), as the dtype torch reads it
+# as: the graph's code cannot spell the type (`dtype = <class 'int'>`).
 _PYTHON_TYPE_DTYPES = {int: torch.int64, float: torch.float64, bool: torch.bool, complex: torch.complex128}
 
 

@@ -290,11 +290,11 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
     own_source = GenericAttrSource if isinstance(raw_getattribute, types.FunctionType) else AttrSource
     deleted = stored is DELETED  # the instance's own storage has no `name` now, whatever it had at the call
     raw, owner = lookup_class_attribute(cls, name)
-    is_data_descriptor = raw is not MISSING and (hasattr(type(raw), "__set__") or hasattr(type(raw), "__delete__"))
-    if is_data_descriptor and not isinstance(raw, property) and not deleted:
+    data_descriptor = is_data_descriptor(raw)
+    if data_descriptor and not isinstance(raw, property) and not deleted:
         # __slots__ members, getset descriptors of builtins: read the real value. A data descriptor of a user
         # class runs its own __get__, which a real read here (and the value guard after it) would run again.
-        if isinstance(getattr(type(raw), "__get__", None), types.FunctionType):
+        if _runs_user_get(raw):
             raise Unsupported(f"class attribute {name!r} is a data descriptor of type {type(raw).__name__}")
         try:
             real = raw.__get__(value, cls)
@@ -306,12 +306,12 @@ def object_getattr(tx, variable: Variable, value: Any, name: str, generic: bool 
                 tx.output.guards.has_attr(source, name, False)
             raise AttributeFailure(f"{cls.__qualname__} object has no attribute {name!r}") from None
         return tx.wrap(real, own_source(source, name) if source is not None else None)
-    if is_data_descriptor and isinstance(raw, property):
+    if data_descriptor and isinstance(raw, property):
         return bind_class_attribute(tx, raw, name, variable, cls, _class_source(tx, source))
     instance_dict = getattr(value, "__dict__", None)
     if isinstance(instance_dict, dict) and name in instance_dict and not deleted:
         return tx.wrap(instance_dict[name], own_source(source, name) if source is not None else None)
-    if raw is not MISSING and not is_data_descriptor:
+    if raw is not MISSING and not data_descriptor:
         if source is not None and isinstance(instance_dict, dict) and not deleted and \
                 isinstance(raw, (types.FunctionType, staticmethod, classmethod)):
             # A method is read through the class; an instance attribute set later
