@@ -1,0 +1,80 @@
+"""Adversarial programs, second round (after test_indexing_adversarial.py): computed indices, masks and the
+numbers that ops fill with, against eager on both CPU backends, through `kiln.compile` with KILN_STRICT. Each
+case names what was once wrong.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import kiln
+import kiln.testing
+from kiln.debug.explain import explain
+
+
+@pytest.fixture(autouse=True, params=["cpp", "triton"])
+def cpu_backend(request):
+    with kiln.config.patch(cpu_backend=request.param, strict=True):
+        yield request.param
+
+
+def _as_int8(x):
+    return (x * 10).to(torch.int8)
+
+
+# A number that does not fit the dtype an op fills with: eager raises ("value cannot be converted to type
+# int8_t without overflow"). Once wrong: the kernel stored the number wrapped (300 as int8 is 44) or inf, and
+# returned it (the C++ backend; the Triton interpreter happened to refuse the constant, a GPU need not).
+UNFITTING_FILL_VALUES = {
+    "masked_fill_int8": lambda x: _as_int8(x).masked_fill(x > 0, 300),
+    "masked_fill_half": lambda x: x.half().masked_fill(x.cumsum(1) > 0, 1e6),
+    "where_int8": lambda x: torch.where(x.cumsum(0) > 0, 300, _as_int8(x)),
+    "where_int32": lambda x: torch.where(x > 0, _as_int8(x).int(), 2 ** 33 + 3),
+    "full_like_int8": lambda x: torch.full_like(_as_int8(x), 300) + 1,
+    "fill_int8": lambda x: _as_int8(x).fill_(-129),
+    "clamp_int8": lambda x: _as_int8(x).clamp(max=300),
+    "hardtanh_int8": lambda x: torch.nn.functional.hardtanh(_as_int8(x), -300, 300),
+    "threshold_int8": lambda x: torch.nn.functional.threshold(_as_int8(x), 3, 300),
+    "pad_int8": lambda x: torch.nn.functional.pad(_as_int8(x), (1, 1), value=300),
+    "pad_half": lambda x: torch.nn.functional.pad(x.half(), (1, 1), value=1e6),
+    "scatter_into_int32": lambda x: _as_int8(x).int().scatter(1, x.argsort(1)[:, :1], 2 ** 31 + 5),
+    "scatter_into_half": lambda x: x.half().scatter(1, x.argsort(1)[:, :1], 70000),
+    "index_fill_int8": lambda x: _as_int8(x).index_fill(1, x[0].argsort()[:2], 300),
+}
+
+
+@pytest.mark.parametrize("name", list(UNFITTING_FILL_VALUES))
+def test_a_fill_value_that_does_not_fit_raises(name):
+    program = UNFITTING_FILL_VALUES[name]
+    x = torch.randn(5, 4)
+    with pytest.raises(RuntimeError, match="overflow"):
+        program(x.clone())
+    with pytest.raises(RuntimeError, match="overflow"):
+        kiln.compile(program)(x.clone())
+
+
+# The same ops at the edges of what fits, which eager takes (and wraps or rounds): they still compile to kernels.
+FITTING_FILL_VALUES = {
+    "masked_fill_uint8_negative": lambda x: (x.abs() * 10).to(torch.uint8).masked_fill(x > 0, -255),
+    "masked_fill_int8_truncated": lambda x: _as_int8(x).masked_fill(x > 0, -127.5),
+    "masked_fill_half_max": lambda x: x.half().masked_fill(x > 0, 65504.0),
+    "masked_fill_half_inf": lambda x: x.half().masked_fill(x > 0, float("-inf")),
+    "masked_fill_bool": lambda x: (x > 0).masked_fill(x.cumsum(1) > 0, 2),
+    "where_half_beyond_its_max": lambda x: torch.where(x > 0, x.half(), 1e6),  # scalar_tensor: inf, no error
+    "where_int8_float": lambda x: torch.where(x > 0, _as_int8(x), 1e6),  # promoted to float32
+    "clamp_int8_float": lambda x: _as_int8(x).clamp(max=1e6),  # promoted to float32
+    "add_int8_wraps": lambda x: _as_int8(x) * 2 + 1,
+    "full_like_int64_max": lambda x: torch.full_like((x * 10).long(), 2 ** 63 - 1) - (x * 10).long(),
+}
+
+
+@pytest.mark.parametrize("name", list(FITTING_FILL_VALUES))
+def test_a_fill_value_that_fits_compiles_to_kernels(name):
+    program = FITTING_FILL_VALUES[name]
+    x = torch.randn(5, 4)
+    report = explain(program, x.clone())
+    assert report.kernel_count > 0 and report.break_count == 0, str(report)
+    actual, expected = kiln.compile(program)(x.clone()), program(x.clone())
+    assert actual.dtype == expected.dtype
+    verdict = kiln.testing.compare(actual, expected)
+    assert verdict, verdict.message
