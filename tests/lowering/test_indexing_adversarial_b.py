@@ -78,3 +78,47 @@ def test_a_fill_value_that_fits_compiles_to_kernels(name):
     assert actual.dtype == expected.dtype
     verdict = kiln.testing.compare(actual, expected)
     assert verdict, verdict.message
+
+
+def _check_gradients(program, shapes):
+    """The program's result and its input's gradient against eager, one compiled function over `shapes` (the
+    second call recompiles with symbolic sizes)."""
+    compiled = kiln.compile(program)
+    for call, shape in enumerate(shapes):
+        torch.manual_seed(call)
+        x = torch.randn(*shape)
+        eager_x, kiln_x = x.clone().requires_grad_(), x.clone().requires_grad_()
+        expected, actual = program(eager_x), compiled(kiln_x)
+        gradient = torch.randn(expected.shape)
+        expected.backward(gradient)
+        actual.backward(gradient)
+        for got, want in ((actual, expected), (kiln_x.grad, eager_x.grad)):
+            verdict = kiln.testing.compare(got, want)
+            assert verdict, (shape, verdict.message)
+
+
+# Once an IndexError where eager has none: roll's backward gathers at (arange(s0) + (s0 - 3) % s0) fmod s0, and
+# the index simplifier took Mod(-3, s0) (sympy's form of (s0 - 3) % s0) for -3, its own remainder since -3 < s0:
+# it checked only the upper end of [0, s0).
+ROLLS_BY_A_NEGATIVE_SHIFT = {
+    "columns": lambda x: torch.roll(x * 2, -3, 1),
+    "rows_and_columns": lambda x: torch.roll(x + 1, (-1, -2), (0, 1)),
+    "flattened": lambda x: torch.roll(x * 3, -5),
+}
+
+
+@pytest.mark.parametrize("name", list(ROLLS_BY_A_NEGATIVE_SHIFT))
+def test_backward_of_a_roll_by_a_negative_shift_at_symbolic_sizes(name):
+    _check_gradients(ROLLS_BY_A_NEGATIVE_SHIFT[name], [(5, 4), (6, 3), (7, 5)])
+
+
+def test_a_negative_dividend_below_the_divisor_is_not_its_own_remainder():
+    import sympy
+
+    from kiln.ir.indexing import FloorDiv, Mod, index_var, simplify_index
+
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    i0 = index_var("i", 0)
+    assert simplify_index(Mod(-3, s0), {}) == Mod(-3, s0)
+    assert simplify_index(FloorDiv(i0 - 3, s0), {i0: s0 - 1}) == FloorDiv(i0 - 3, s0)
+    assert simplify_index(Mod(i0 + 1, s0 + 1), {i0: s0}) == i0 + 1  # nonnegative and below: still simplified
