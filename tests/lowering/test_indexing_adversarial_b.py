@@ -122,3 +122,29 @@ def test_a_negative_dividend_below_the_divisor_is_not_its_own_remainder():
     assert simplify_index(Mod(-3, s0), {}) == Mod(-3, s0)
     assert simplify_index(FloorDiv(i0 - 3, s0), {i0: s0 - 1}) == FloorDiv(i0 - 3, s0)
     assert simplify_index(Mod(i0 + 1, s0 + 1), {i0: s0}) == i0 + 1  # nonnegative and below: still simplified
+
+
+# Outputs whose elements share addresses. Once a wrong gradient (inductor's too): AOTAutograd copied the incoming
+# gradient into the output's own layout before the backward read it, and the elements that share an address
+# overwrote each other (x.grad[0, 1] = 2 * (g[0, 1] + g[1, 0]) came out 4 * g[1, 0]). Its overlap check gave up on
+# these layouts (TOO_HARD) and read that as "no overlap"; kiln/_torch.py wraps its guess.
+OVERLAPPING_OUTPUTS = {
+    "as_strided": lambda x: (x * 2).as_strided((2, 2), (1, 1)),
+    "unfold": lambda x: (x * 2).unfold(1, 2, 1),
+    "unfold_rows": lambda x: (x + 1).unfold(0, 3, 2),
+    "gather_then_unfold": lambda x: x.gather(1, x.detach().argsort(1)).unfold(1, 2, 1) * 3,
+}
+
+
+@pytest.mark.parametrize("name", list(OVERLAPPING_OUTPUTS))
+def test_gradient_through_an_output_that_overlaps_itself(name):
+    _check_gradients(OVERLAPPING_OUTPUTS[name], [(5, 4)])
+
+
+def test_overlap_check_of_tangent_layouts():
+    from kiln._torch import _may_overlap_itself
+
+    x = torch.empty(5, 4)
+    assert not _may_overlap_itself(x) and not _may_overlap_itself(x.t()) and not _may_overlap_itself(x[:, ::2])
+    assert _may_overlap_itself(x.unfold(1, 2, 1)) and _may_overlap_itself(x.as_strided((2, 2), (1, 1)))
+    assert _may_overlap_itself(x[:1].expand(3, 4)) and not _may_overlap_itself(x.unfold(1, 2, 2))
