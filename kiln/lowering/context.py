@@ -451,6 +451,17 @@ def check_fill_value(value, dtype: torch.dtype, *, half_floats_checked: bool = T
                           f"(value cannot be converted without overflow)")
 
 
+def check_fill_dtype(value_dtype: torch.dtype, dtype: torch.dtype) -> None:
+    """`check_fill_value` for a number read from a 0-d tensor of `value_dtype` at run time (masked_fill.Tensor):
+    Unsupported unless `dtype` holds every value of `value_dtype` (an int64 sum into int8, a float32 into float16),
+    so that ATen's op, which checks the number it reads, runs instead of a kernel that would wrap it."""
+    if value_dtype is torch.bool or value_dtype == dtype:
+        return
+    limits = torch.finfo(value_dtype) if value_dtype.is_floating_point else torch.iinfo(value_dtype)
+    for extreme in (limits.min, limits.max):
+        check_fill_value(float(extreme) if value_dtype.is_floating_point else int(extreme), dtype)
+
+
 def _python_scalar(value):
     if isinstance(value, sympy.Basic):
         return value if not value.is_Number else (int(value) if value.is_Integer else float(value))

@@ -17,8 +17,8 @@ import torch
 
 from kiln import _torch
 from kiln.ir.ops import ROWS
-from kiln.lowering.context import (LOW_PRECISION, TensorValue, Unsupported, check_fill_value, compute_dtype_for,
-                                   meta_of, rounded_scalar)
+from kiln.lowering.context import (LOW_PRECISION, TensorValue, Unsupported, check_fill_dtype, check_fill_value,
+                                   compute_dtype_for, meta_of, rounded_scalar)
 from kiln.lowering.registry import lowering
 
 aten = _torch.aten
@@ -437,6 +437,9 @@ def masked_fill(ctx, node, x, mask, value):
     error in eager, as for full and fill: ATen's op runs and raises it."""
     meta = meta_of(node)
     dtype = compute_dtype_for(meta.dtype)
-    check_fill_value(value, meta.dtype)
+    if isinstance(value, TensorValue):  # a 0-d tensor: its number is read at run time
+        check_fill_dtype(value.dtype, meta.dtype)
+    else:
+        check_fill_value(value, meta.dtype)
     return ctx.pointwise([mask, value, x], lambda body, m, v, a: body.emit("where", (m, v, a), dtype), meta=meta,
                          input_dtypes=[torch.bool, dtype, dtype])

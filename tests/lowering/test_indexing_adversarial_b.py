@@ -40,6 +40,9 @@ UNFITTING_FILL_VALUES = {
     "scatter_into_int32": lambda x: _as_int8(x).int().scatter(1, x.argsort(1)[:, :1], 2 ** 31 + 5),
     "scatter_into_half": lambda x: x.half().scatter(1, x.argsort(1)[:, :1], 70000),
     "index_fill_int8": lambda x: _as_int8(x).index_fill(1, x[0].argsort()[:2], 300),
+    # a 0-d tensor's number, read at run time (masked_fill.Tensor): ATen's op runs unless the dtype holds any
+    "masked_fill_int8_by_a_sum": lambda x: _as_int8(x).masked_fill(x > 0, (x * 10).long().abs().sum() * 100),
+    "masked_fill_half_by_a_double": lambda x: x.half().masked_fill(x > 0, x.double().abs().sum() * 1e6),
 }
 
 
@@ -65,6 +68,8 @@ FITTING_FILL_VALUES = {
     "clamp_int8_float": lambda x: _as_int8(x).clamp(max=1e6),  # promoted to float32
     "add_int8_wraps": lambda x: _as_int8(x) * 2 + 1,
     "full_like_int64_max": lambda x: torch.full_like((x * 10).long(), 2 ** 63 - 1) - (x * 10).long(),
+    "masked_fill_by_a_sum": lambda x: x.masked_fill(x.cumsum(1) > 0, x.sum()) * 2,
+    "masked_fill_int8_by_an_int8": lambda x: _as_int8(x).masked_fill(x > 0, _as_int8(x).amax()),
 }
 
 
@@ -74,6 +79,8 @@ def test_a_fill_value_that_fits_compiles_to_kernels(name):
     x = torch.randn(5, 4)
     report = explain(program, x.clone())
     assert report.kernel_count > 0 and report.break_count == 0, str(report)
+    assert not any("masked_fill" in line or "scalar_tensor" in line for line in str(report).splitlines()
+                   if "extern" in line.lower()), str(report)
     actual, expected = kiln.compile(program)(x.clone()), program(x.clone())
     assert actual.dtype == expected.dtype
     verdict = kiln.testing.compare(actual, expected)
