@@ -334,6 +334,54 @@ def fix_vector_norm_shape_rule() -> bool:
 fix_vector_norm_shape_rule()
 
 
+def _may_overlap_itself(tensor: torch.Tensor) -> bool:
+    """Whether two indices of the strided `tensor` might address one element (an expand, unfold with a step
+    below its size, as_strided((2, 2), (1, 1))). False only where provably not: each dim's stride, smallest
+    first, passes the farthest offset the dims before it reach."""
+    if tensor.numel() == 0:
+        return False
+    reach = 0
+    for stride, size in sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride()) if size != 1):
+        if stride <= reach:
+            return True
+        reach += (size - 1) * stride
+    return False
+
+
+def guess_no_tangent_strides_from_overlapping_outputs() -> bool:
+    """AOTAutograd traces the backward with each tangent laid out as its forward output and copies the runtime
+    tangent into that layout; it skips an output that overlaps itself only where `_debug_has_internal_overlap`
+    says so for certain (an expand), not where it gives up (unfold with a step below its size, as_strided with
+    interleaved strides). Copied into such a layout, the elements of the gradient that share an address
+    overwrite each other: the input's gradient came out wrong (inductor's as well). Wrap its guess so that any
+    output that may overlap itself takes the memory-format path (a contiguous tangent), as dynamic shapes do.
+    True when wrapped (or the guess is not this torch's)."""
+    try:
+        from torch._functorch._aot_autograd.schemas import MemoryFormatMeta
+        from torch._prims_common import suggest_memory_format
+    except ImportError:
+        return True
+    guess = MemoryFormatMeta.__dict__.get("from_tensor")
+    if not isinstance(guess, staticmethod):
+        return False
+    original = guess.__func__
+    if getattr(original, "kiln_overlap_checked", False):
+        return True
+
+    def from_tensor(tensor, *args, **kwargs):
+        if isinstance(tensor, torch.Tensor) and tensor.layout == torch.strided and \
+                not tensor._has_symbolic_sizes_strides and _may_overlap_itself(tensor):
+            return MemoryFormatMeta(memory_format=suggest_memory_format(tensor))
+        return original(tensor, *args, **kwargs)
+
+    from_tensor.kiln_overlap_checked = True
+    MemoryFormatMeta.from_tensor = staticmethod(functools.wraps(original)(from_tensor))
+    return True
+
+
+guess_no_tangent_strides_from_overlapping_outputs()
+
+
 def keep_linalg_error_checks() -> None:
     """Mark `aten._linalg_check_errors` effectful (ordered), as torch 2.13 does, where this torch
     does not: it returns nothing, so torch 2.11's functionalization dropped it from the ATen graph

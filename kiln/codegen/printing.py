@@ -42,6 +42,8 @@ def expr_to_source(expr, rename=None, language: str = "python", helpers_used: se
                 helper = "_floordiv_integer" if isinstance(node, FloorDiv) else "_remainder_integer"
                 if helpers_used is not None:
                     helpers_used.add(helper[1:])
+                if node.args[0].is_Integer:  # the helpers read the dividend's dtype: a literal has none
+                    return f"{helper}(tl.full([1], {int(node.args[0])}, tl.int64), {visit(node.args[1])})"
             return f"{helper}({visit(node.args[0])}, {visit(node.args[1])})"
         if isinstance(node, FloorDiv):
             return f"({visit(node.args[0])} {'/' if cpp else '//'} {visit(node.args[1])})"

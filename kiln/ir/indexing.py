@@ -194,7 +194,8 @@ def simplify_index(expr, ranges: dict) -> sympy.Expr:
         if isinstance(node, (FloorDiv, Mod)):
             base, divisor = rewrite(node.args[0]), node.args[1]
             bound = upper_bound(base, ranges)
-            if bound is not None and _provably_less(bound, divisor):
+            # in [0, divisor): both ends, a negative base (Mod(-3, s0), from (s0 - 3) % s0) is not its own remainder
+            if bound is not None and _provably_less(bound, divisor) and base.is_nonnegative:
                 return sympy.Integer(0) if isinstance(node, FloorDiv) else base
             factored = _factor_out(base, divisor, ranges)
             if factored is not None:  # base = g * high + low, 0 <= low < g, g | divisor

@@ -10,6 +10,7 @@ Rules build nodes through `LoweringContext.pointwise`, `.reduction` and `.extern
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Sequence
 
 import sympy
@@ -423,6 +424,42 @@ def rounded_scalar(value, dtype: torch.dtype):
     exact_int = not isinstance(value, float) and -2 ** 63 <= value < 2 ** 63
     rounded = torch.tensor(value, dtype=torch.int64 if exact_int else torch.float64).to(dtype)
     return rounded.item()
+
+
+def check_fill_value(value, dtype: torch.dtype, *, half_floats_checked: bool = True) -> None:
+    """Raise Unsupported where eager refuses to convert the number `value` to `dtype` ("value cannot be
+    converted to type int8_t without overflow"): the ops that fill with a number (full, fill, scalar_tensor,
+    masked_fill, scatter's value, constant padding, clamp's bounds) check it, where arithmetic (`x + 300` on
+    int8) wraps. A kernel would store the wrapped number (300 as int8 is 44) or inf; refused, the call runs
+    ATen's op, which raises eager's error. c10's rule: a bool takes anything; an integer dtype takes
+    [lowest, max], an unsigned one down to -max too (it wraps), and no inf or NaN; a floating dtype takes inf
+    and NaN, and finite values in [lowest, max]. scalar_tensor (so where's number branch) does not check
+    float16 and bfloat16: `half_floats_checked=False`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or dtype is torch.bool or dtype.is_complex:
+        return
+    if dtype.is_floating_point:
+        if (dtype in LOW_PRECISION and not half_floats_checked) or value != value or value in (math.inf, -math.inf):
+            return
+        limits = torch.finfo(dtype)
+        fits = limits.min <= value <= limits.max
+    else:
+        limits = torch.iinfo(dtype)
+        lowest = -limits.max if limits.min == 0 else limits.min
+        fits = value == value and lowest <= value <= limits.max
+    if not fits:
+        raise Unsupported(f"the number {value!r} does not fit {dtype}: ATen's op runs, and raises as in eager "
+                          f"(value cannot be converted without overflow)")
+
+
+def check_fill_dtype(value_dtype: torch.dtype, dtype: torch.dtype) -> None:
+    """`check_fill_value` for a number read from a 0-d tensor of `value_dtype` at run time (masked_fill.Tensor):
+    Unsupported unless `dtype` holds every value of `value_dtype` (an int64 sum into int8, a float32 into float16),
+    so that ATen's op, which checks the number it reads, runs instead of a kernel that would wrap it."""
+    if value_dtype is torch.bool or value_dtype == dtype:
+        return
+    limits = torch.finfo(value_dtype) if value_dtype.is_floating_point else torch.iinfo(value_dtype)
+    for extreme in (limits.min, limits.max):
+        check_fill_value(float(extreme) if value_dtype.is_floating_point else int(extreme), dtype)
 
 
 def _python_scalar(value):

@@ -5,17 +5,18 @@ import torch
 
 from kiln import _torch
 from kiln.ir.indexing import as_expr
-from kiln.lowering.context import Unsupported, compute_dtype_for, meta_of
+from kiln.lowering.context import Unsupported, check_fill_value, compute_dtype_for, meta_of
 from kiln.lowering.registry import lowering
 
 aten = _torch.aten
 
 
-def _filled(ctx, node, value):
+def _filled(ctx, node, value, *, half_floats_checked: bool = True):
     meta = meta_of(node)
     dtype = compute_dtype_for(meta.dtype)
     if isinstance(value, complex):
         raise Unsupported("complex fill value")
+    check_fill_value(value, meta.dtype, half_floats_checked=half_floats_checked)
     return ctx.pointwise([value], lambda body, v: v, meta=meta, compute_dtype=dtype)
 
 
@@ -26,7 +27,7 @@ def full(ctx, node, size_or_like, fill_value, **_):
 
 @lowering(aten.scalar_tensor.default)
 def scalar_tensor(ctx, node, value, **_):
-    return _filled(ctx, node, value)
+    return _filled(ctx, node, value, half_floats_checked=False)  # eager's scalar_tensor does not check them
 
 
 @lowering(aten.zeros.default, aten.zeros_like.default, aten.empty.memory_format, aten.empty_like.default,

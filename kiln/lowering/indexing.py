@@ -13,7 +13,7 @@ import torch
 
 from kiln import _torch
 from kiln.ir.indexing import as_expr
-from kiln.lowering.context import TensorValue, Unsupported, ViewValue, compute_dtype_for, meta_of
+from kiln.lowering.context import TensorValue, Unsupported, ViewValue, check_fill_value, compute_dtype_for, meta_of
 from kiln.lowering.registry import lowering
 
 aten = _torch.aten
@@ -197,6 +197,7 @@ def constant_pad_nd(ctx, node, x, pad, value=0):
     pads = [(as_expr(pad[2 * k]), as_expr(pad[2 * k + 1])) for k in range(len(pad) // 2)]
     if any(not (low.is_Integer and low >= 0 and high.is_Integer and high >= 0) for low, high in pads):
         raise Unsupported("negative or symbolic padding")
+    check_fill_value(value, meta.dtype)
     dtype = compute_dtype_for(meta.dtype)
 
     def compute(body, out_index):

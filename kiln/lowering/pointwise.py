@@ -17,8 +17,8 @@ import torch
 
 from kiln import _torch
 from kiln.ir.ops import ROWS
-from kiln.lowering.context import (LOW_PRECISION, TensorValue, Unsupported, compute_dtype_for, meta_of,
-                                   rounded_scalar)
+from kiln.lowering.context import (LOW_PRECISION, TensorValue, Unsupported, check_fill_dtype, check_fill_value,
+                                   compute_dtype_for, meta_of, rounded_scalar)
 from kiln.lowering.registry import lowering
 
 aten = _torch.aten
@@ -252,6 +252,8 @@ def rsub(ctx, node, a, b, alpha=1):
 def where(ctx, node, condition, a, b):
     meta = meta_of(node)
     dtype = compute_dtype_for(meta.dtype)
+    for branch in (a, b):  # a number branch is eager's scalar_tensor of the result's dtype
+        check_fill_value(branch, meta.dtype, half_floats_checked=False)
     return ctx.pointwise([condition, a, b], lambda body, c, x, y: body.emit("where", (c, x, y), dtype), meta=meta,
                          input_dtypes=[torch.bool, dtype, dtype])
 
@@ -289,6 +291,8 @@ def clamp(ctx, node, x, low=None, high=None):
     meta = meta_of(node)
     dtype = compute_dtype_for(meta.dtype)
     operands = [x] + [bound for bound in (low, high) if bound is not None]
+    for bound in operands[1:]:  # eager converts a number bound to the result's dtype, checked
+        check_fill_value(bound, meta.dtype)
 
     # Ties (x equal to a number bound) as eager's kernels break them, which decides the sign of a zero
     # result (fuzz seed 3008 #1972: signbit of clamp_max(-0.0, 0.0)). CPU (measured, vectorized and
@@ -429,7 +433,13 @@ def lerp(ctx, node, start, end, weight):
 
 @lowering(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
 def masked_fill(ctx, node, x, mask, value):
+    """where(mask, value, x). A number that does not fit x's dtype (300 in int8, 1e6 in float16) is an
+    error in eager, as for full and fill: ATen's op runs and raises it."""
     meta = meta_of(node)
     dtype = compute_dtype_for(meta.dtype)
+    if isinstance(value, TensorValue):  # a 0-d tensor: its number is read at run time
+        check_fill_dtype(value.dtype, meta.dtype)
+    else:
+        check_fill_value(value, meta.dtype)
     return ctx.pointwise([mask, value, x], lambda body, m, v, a: body.emit("where", (m, v, a), dtype), meta=meta,
                          input_dtypes=[torch.bool, dtype, dtype])

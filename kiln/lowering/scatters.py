@@ -17,7 +17,7 @@ import torch
 
 from kiln import _torch
 from kiln.ir.indexing import FloorDiv, Mod, as_expr
-from kiln.lowering.context import Unsupported, compute_dtype_for, meta_of
+from kiln.lowering.context import Unsupported, check_fill_value, compute_dtype_for, meta_of
 from kiln.lowering.indexing import _check_kernel_dtypes, _in_range, as_nonempty_dims, nonempty_index
 from kiln.lowering.registry import lowering
 from kiln.lowering.views import _normalize_start, normalize_index
@@ -98,6 +98,8 @@ def scatter(ctx, node, base, dim, index, value):
     if tensor_source:
         _check_kernel_dtypes(value)
         value = as_nonempty_dims(value)
+    else:
+        check_fill_value(value, meta.dtype)
     base_rank = base.ndim
     base, index = as_nonempty_dims(base), as_nonempty_dims(index)
     if index.ndim != base.ndim or (tensor_source and value.ndim != base.ndim):
