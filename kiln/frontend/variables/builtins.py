@@ -34,7 +34,7 @@ from kiln.frontend import replay
 from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported, unbreakable
 from kiln.frontend.operations import BINARY_OPERATORS, COMPARE_OPERATORS, binary_op, compare_op, contains, unary_op
 from kiln.frontend.sources import TypeSource
-from kiln.frontend.variables import builder
+from kiln.frontend.variables import builder, iterators
 from kiln.frontend.variables.base import (NONE, ConstantVariable, ObjectIdVariable, Variable, constant_arguments,
                                           is_constant_value, is_same, lookup_class_attribute, run_on_constants)
 from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, CounterVariable, DictVariable,
@@ -387,7 +387,38 @@ def _filter(tx, args, kwargs):
 
 
 def _reversed(tx, args, kwargs):
+    if isinstance(args[0], ListVariable) and args[0].python_type() is list:
+        return _live_reversed(args[0], len(args[0].items) - 1)
     return IteratorVariable(list(reversed(_iterable_items(tx, args[0]))))
+
+
+def _live_reversed(sequence: ListVariable, index: int) -> LazyIteratorVariable:
+    """`reversed(list)`: as CPython's reverse list iterator, an index into the list, read at each step (an item
+    removed from the front inside the loop shifts what it gives next; one appended is never reached); once the
+    index is off either end it stays exhausted. Not a copy of the items as they were when it was made."""
+    position = [index]
+
+    def step(tx):
+        if 0 <= position[0] < len(sequence.items):
+            position[0] -= 1
+            return sequence.items[position[0] + 1]
+        position[0] = -1
+        return None
+
+    def parts():
+        if position[0] >= len(sequence.items):  # off the end the list shrank to: `__setstate__` would clamp it
+            return None
+        return iterators.reversed_at, [sequence, ConstantVariable(position[0])]
+
+    return LazyIteratorVariable("list_reverseiterator", step, parts)
+
+
+def _reversed_at(tx, args, kwargs):
+    """`iterators.reversed_at(list, index)` in a resume function's prologue: the live reversed iterator again."""
+    sequence, index = args
+    if not (isinstance(sequence, ListVariable) and sequence.python_type() is list):
+        raise Unsupported(f"reversed_at over {sequence.describe()}")
+    return _live_reversed(sequence, index.as_constant())
 
 
 def _iter(tx, args, kwargs):
@@ -1072,4 +1103,5 @@ for _name in ("sqrt", "exp", "log", "log2", "log10", "ceil", "floor", "sin", "co
               "copysign", "fmod", "radians", "degrees", "log1p", "expm1", "sinh", "cosh", "asin", "acos", "isclose",
               "dist", "fsum", "comb", "perm", "factorial", "ldexp", "frexp", "modf", "remainder", "cbrt", "exp2"):
     _HANDLERS[getattr(math, _name)] = _math(getattr(math, _name))
+builder.register_call_handler(iterators.reversed_at, _reversed_at)
 builder.register_call_handler(builtins.sorted, _sorted)  # list.sort (containers.py) orders as sorted() does

@@ -354,6 +354,14 @@ def iterator_at(container, kind: str, left, size: int | None = None):
     return iterator
 
 
+def reversed_at(sequence: list, index: int):
+    """`reversed(sequence)` whose next step gives `sequence[index]` (-1: exhausted): a live reversed list iterator
+    passed on at a graph break (`index` is below the list's length there, which `__setstate__` needs)."""
+    iterator = reversed(sequence)
+    iterator.__setstate__(index)
+    return iterator
+
+
 def changed_size_message(container_type: type) -> str:
     """The RuntimeError's text a `container_type` iterator raises once the container changed size."""
     if issubclass(container_type, collections.OrderedDict):
@@ -469,7 +477,7 @@ def _iterator_types() -> dict[str, type]:
     import itertools
 
     return {"zip": zip, "map": map, "filter": filter, "enumerate": enumerate, "chain": itertools.chain,
-            "islice": itertools.islice, "count": itertools.count}
+            "islice": itertools.islice, "count": itertools.count, "list_reverseiterator": type(reversed([]))}
 
 
 _ITERATOR_TYPES = _iterator_types()

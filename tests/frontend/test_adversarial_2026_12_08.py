@@ -1,0 +1,74 @@
+"""Adversarial programs (2026-12-08): against eager, call after call while the state changes between calls.
+
+Each program runs eagerly and compiled (strict mode unless it must break the graph, and then the frame must still
+be compiled, not run eagerly) on equal copies of its state; the results and the state left behind must be
+eager's. Each program says what was once wrong.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import torch
+
+from kiln.frontend.dispatcher import stats
+from tests.frontend.adversarial_support import check_calls
+
+
+def _plain(value):
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dtype, tuple(value.shape), value.requires_grad, value.detach().tolist())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [_plain(item) for item in value])
+    if isinstance(value, dict):
+        return (type(value).__name__, [(key, _plain(item)) for key, item in value.items()])
+    return value
+
+
+def _check_calls(make, calls, strict=True):
+    check_calls(make, calls, _plain, strict)
+
+
+@contextlib.contextmanager
+def _compiled_with_breaks():
+    """The block's compiled frames break the graph and none of them runs eagerly."""
+    eager_frames, breaks = stats.eager_frames, stats.breaks
+    yield
+    assert stats.eager_frames == eager_frames
+    assert stats.breaks > breaks
+
+
+# -- reversed() over a list changed while it is iterated ----------------------------------------------------------
+# Once wrong: `reversed(xs)` copied the list's items when it was made, so an item removed from the front (or
+# written) before its next step did not show; CPython's reverse list iterator is an index into the list.
+# `reversed(xs)` gave [3, 2, 1] where eager gives [4, 3, 2].
+
+def test_reversed_list_changed_while_iterated():
+    def program(x, xs):
+        iterator = reversed(xs)
+        first = next(iterator)
+        xs.append(100)
+        xs.pop(0)
+        return x + first, list(iterator), next(iterator, "end")
+
+    _check_calls(lambda: (program, {}), [lambda state: (torch.ones(2), [1, 2, 3, 4]),
+                                         lambda state: (torch.ones(2), [5, 6])])
+
+
+def test_reversed_list_iterated_across_a_graph_break():
+    def program(x, xs, log):
+        out = x
+        for value in reversed(xs):
+            out = out + value
+            if value == 3:
+                os.getpid()  # a graph break inside the loop
+                xs.pop(0)
+            log.append(value)
+        return out
+
+    def call(values):
+        return lambda state: (torch.ones(2), list(values), state["log"])
+
+    with _compiled_with_breaks():
+        _check_calls(lambda: (program, {"log": []}), [call([1, 2, 3, 4, 5]), call([1, 3, 4]), call([3])],
+                     strict=False)
