@@ -72,3 +72,61 @@ def test_reversed_list_iterated_across_a_graph_break():
     with _compiled_with_breaks():
         _check_calls(lambda: (program, {"log": []}), [call([1, 2, 3, 4, 5]), call([1, 3, 4]), call([3])],
                      strict=False)
+
+
+# -- reversed() over a dict changed while it is iterated ----------------------------------------------------------
+# Once wrong: `reversed(d)` copied the dict's keys (and values) when it was made: its next step after `d["new"] = 1`
+# gave the next key where eager raises "dictionary changed size during iteration" (and goes on raising once the
+# size is back), and `reversed(d.values())` gave the values d had when it was made, not those it has at each step.
+
+def test_reversed_dict_changed_while_iterated():
+    def program(x, d):
+        iterator = reversed(d)
+        first = next(iterator)
+        d["new"] = 1
+        try:
+            second = next(iterator)
+        except RuntimeError as error:
+            second = str(error)
+        del d["new"]
+        try:
+            third = next(iterator)
+        except RuntimeError as error:
+            third = str(error)
+        return x * d[first], second, third
+
+    _check_calls(lambda: (program, {}), [lambda state: (torch.ones(2), {"a": 1, "b": 2}),
+                                         lambda state: (torch.ones(2), {"a": 1, "b": 2, "c": 3})])
+
+
+def test_reversed_dict_views_read_values_at_each_step():
+    def program(x, d):
+        seen = []
+        for key, value in reversed(d.items()):
+            d[key] = value * 10
+            seen.append((key, value))
+        values = reversed(d.values())
+        d["a"] = -1
+        return x * len(seen), seen, list(values), list(reversed(d.keys()))
+
+    _check_calls(lambda: (program, {}), [lambda state: (torch.ones(2), {"a": 1, "b": 2}),
+                                         lambda state: (torch.ones(2), {"a": 1, "b": 2, "c": 4})])
+
+
+def test_reversed_dict_iterated_across_a_graph_break():
+    def program(x, d, log):
+        out = x
+        for key, value in reversed(d.items()):
+            out = out * value
+            os.getpid()  # a graph break inside the loop
+            if key == "b":
+                d["z"] = 5  # the next step raises
+            log.append(key)
+        return out
+
+    def call(entries):
+        return lambda state: (torch.ones(2), dict(entries), state["log"])
+
+    with _compiled_with_breaks():
+        _check_calls(lambda: (program, {"log": []}), [call({"a": 1, "b": 2, "c": 3}), call({"a": 1, "c": 3})] * 2,
+                     strict=False)

@@ -362,6 +362,16 @@ def reversed_at(sequence: list, index: int):
     return iterator
 
 
+def reversed_dict_at(container: dict, kind: str, index: int, size: int):
+    """`reversed()` of `container` (or of its view `kind`) whose next step gives its entry at `index` (-1:
+    exhausted): a reverse dict iterator passed on at a graph break, made when the dict had `size` entries (a
+    dict of another size now gives an iterator that raises, as Python's would)."""
+    if len(container) != size:
+        return changed_during_iteration(changed_size_message(type(container)))
+    view = {"dict_values": container.values, "dict_items": container.items}.get(kind, container.keys)()
+    return advanced(reversed(view), len(container) - 1 - index)
+
+
 def changed_size_message(container_type: type) -> str:
     """The RuntimeError's text a `container_type` iterator raises once the container changed size."""
     if issubclass(container_type, collections.OrderedDict):
@@ -477,7 +487,9 @@ def _iterator_types() -> dict[str, type]:
     import itertools
 
     return {"zip": zip, "map": map, "filter": filter, "enumerate": enumerate, "chain": itertools.chain,
-            "islice": itertools.islice, "count": itertools.count, "list_reverseiterator": type(reversed([]))}
+            "islice": itertools.islice, "count": itertools.count, "list_reverseiterator": type(reversed([])),
+            "dict_reversekeyiterator": type(reversed({})), "dict_reversevalueiterator": type(reversed({}.values())),
+            "dict_reverseitemiterator": type(reversed({}.items()))}
 
 
 _ITERATOR_TYPES = _iterator_types()
