@@ -291,6 +291,8 @@ class OutputGraph:
         _check_requires_grad_change(kind, target, fake_args, fake_kwargs)
         leaves = {id(item) for item in _flatten((fake_args, list(fake_kwargs.values())))  # leaves requiring grad
                   if isinstance(item, torch.Tensor) and item.requires_grad}  # before the op (`w.mul_(2)` keeps one)
+        operands = [item for item in _flatten((fake_args, list(fake_kwargs.values()))) if isinstance(item, torch.Tensor)]
+        versions = [_version_of(item) for item in operands]
         try:
             with _torch.fake_tracing(self.fake_mode):
                 if kind == "call_method":
@@ -305,6 +307,8 @@ class OutputGraph:
                 "DynamicOutputShape" in type(error).__name__ else "an error"
             raise Unsupported(f"{name}() raised {kind_text} during tracing: {type(error).__name__}: "
                               f"{str(error).splitlines()[0] if str(error) else ''}") from None
+        _check_write_overlap(target, [item for item, version in zip(operands, versions)
+                                      if version is not None and _version_of(item) != version], operands)
         if isinstance(result, torch.Tensor) and result.requires_grad and result.is_leaf and not result._is_view() \
                 and id(result) not in leaves:  # (a view made under no_grad of a parameter is a leaf that requires grad)
             # `torch.ones(4, requires_grad=True)`, `t.detach().requires_grad_()`: a new autograd leaf. A graph's
@@ -747,6 +751,60 @@ def _check_requires_grad_change(kind: str, target: Any, fake_args: list, fake_kw
     if type(requested) is not bool or requested != fake_args[0].requires_grad:
         raise Unsupported(f"Tensor.requires_grad_({requested!r}) on a tensor whose requires_grad is "
                           f"{fake_args[0].requires_grad} (autograd metadata of a real tensor, changed in Python)")
+
+
+def _version_of(tensor: torch.Tensor) -> int | None:
+    try:
+        return tensor._version
+    except RuntimeError:  # a tensor without a version counter (an inference tensor)
+        return None
+
+
+def _check_write_overlap(target: Any, written: list[torch.Tensor], operands: list[torch.Tensor]) -> None:
+    """An op that wrote a tensor with internal overlap (a stride 0 over a dim of more than one item: `expand`'s
+    view), or one whose memory partly overlaps another operand's (`x[:3].add_(x[1:4])`), is Unsupported: eager's
+    ATen raises "unsupported operation: ... refer to a single memory location" for most such ops (not all:
+    `fill_`, `masked_fill_`), fake tensors never do, and the graph, functionalized, computed a value instead. A
+    graph break runs the op in Python, which raises or not as eager does."""
+    for tensor in written:
+        if _symbolic_layout(tensor):
+            continue
+        if not _dense_without_overlap(tensor) and \
+                any(stride == 0 and size > 1 for size, stride in zip(tensor.shape, tensor.stride())):
+            raise Unsupported(f"{getattr(target, '__name__', target)}() writes a tensor whose elements share memory "
+                              "(an expanded view: eager raises for most ops, `clone()` it first)")
+        for other in operands:
+            if other is not tensor and not _symbolic_layout(other) and _partly_overlap(tensor, other):
+                raise Unsupported(f"{getattr(target, '__name__', target)}() writes a tensor whose memory partly "
+                                  "overlaps another of its operands (eager raises for most ops, `clone()` one first)")
+
+
+def _symbolic_layout(tensor: torch.Tensor) -> bool:
+    return _torch.is_symbolic((*tensor.shape, *tensor.stride(), tensor.storage_offset()))
+
+
+def _dense_without_overlap(tensor: torch.Tensor) -> bool:
+    """ATen's `is_non_overlapping_and_dense`: the strides, sorted, are those of a contiguous tensor."""
+    expected = 1
+    for stride, size in sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride()) if size != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _partly_overlap(tensor: torch.Tensor, other: torch.Tensor) -> bool:
+    """ATen's `get_overlap_status(tensor, other) == Partial`: both dense without overlap and in one storage, their
+    memory overlaps but is not the same span with the same strides."""
+    if tensor.numel() == 0 or other.numel() == 0 or _torch.storage_ids(tensor)[0] != _torch.storage_ids(other)[0]:
+        return False
+    if not (_dense_without_overlap(tensor) and _dense_without_overlap(other)):
+        return False
+    begin, other_begin = tensor.storage_offset() * tensor.element_size(), other.storage_offset() * other.element_size()
+    end, other_end = begin + tensor.numel() * tensor.element_size(), other_begin + other.numel() * other.element_size()
+    if (begin, end) == (other_begin, other_end):
+        return tensor.stride() != other.stride()
+    return begin < other_end and other_begin < end
 
 
 # A Python type torch takes as a dtype (`torch.tensor(0, dtype=int)`, `x.to(float)`), as the dtype torch reads it
