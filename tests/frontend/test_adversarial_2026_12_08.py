@@ -191,3 +191,24 @@ def test_write_from_the_same_span_still_compiles():
 
     _check_calls(lambda: (program, {"base": torch.arange(6.0)}),
                  [lambda state: (state["base"][1:4], state["base"][1:4])] * 2)
+
+
+# -- a write through one of split()'s or chunk()'s views -------------------------------------------------------
+# Once wrong: `a, b = x.split(2); a.add_(1)` left x unchanged, silently ([0., 1., 2., 3.] where eager gives
+# [1., 2., 2., 3.]). The plain inference trace (kiln/aot/plain.py) made an in-place call functional where the
+# written value was "the graph's own": an item of split's result (operator.getitem) was not seen as a view, so
+# the write never reached x. It now is, and the write goes through AOTAutograd's functionalization.
+
+def test_write_through_a_view_that_split_or_chunk_made():
+    def program(x, y):
+        first, _ = x.split(2)
+        first.add_(1)
+        for part in y.chunk(2):
+            part.mul_(3)
+        z = y * 2
+        z.split(1)[0].zero_()
+        return x, z
+
+    _check_calls(lambda: (program, {"x": torch.arange(4.0), "y": torch.arange(4.0)}),
+                 [lambda state: (state["x"], state["y"])] * 2)
+
