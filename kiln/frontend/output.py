@@ -306,7 +306,8 @@ class OutputGraph:
             kind_text = "data-dependent" if "DataDependent" in type(error).__name__ or \
                 "DynamicOutputShape" in type(error).__name__ else "an error"
             raise Unsupported(f"{name}() raised {kind_text} during tracing: {type(error).__name__}: "
-                              f"{str(error).splitlines()[0] if str(error) else ''}") from None
+                              f"{str(error).splitlines()[0] if str(error) else ''}",
+                              breakable=not _has_marked_view(operands)) from None
         _check_write_overlap(target, [item for item, version in zip(operands, versions)
                                       if version is not None and _version_of(item) != version], operands)
         if isinstance(result, torch.Tensor) and result.requires_grad and result.is_leaf and not result._is_view() \
@@ -777,6 +778,16 @@ def _check_write_overlap(target: Any, written: list[torch.Tensor], operands: lis
             if other is not tensor and not _symbolic_layout(other) and _partly_overlap(tensor, other):
                 raise Unsupported(f"{getattr(target, '__name__', target)}() writes a tensor whose memory partly "
                                   "overlaps another of its operands (eager raises for most ops, `clone()` one first)")
+
+
+def _has_marked_view(operands: list[torch.Tensor]) -> bool:
+    """Whether an operand is a view autograd marked (`split`'s outputs, a view made under no_grad or in inference
+    mode), whose in-place writes autograd refuses. An op on one that failed on fake tensors must not be run at a
+    graph break: there it would get the graph's output, a tensor without the mark, and succeed where eager
+    raises ("Output 0 of Split is a view and is being modified inplace"); the frame runs eagerly instead."""
+    default = torch._C._autograd.CreationMeta.DEFAULT
+    return any(operand._is_view() and torch._C._autograd._get_creation_meta(operand) != default
+               for operand in operands)
 
 
 def _symbolic_layout(tensor: torch.Tensor) -> bool:

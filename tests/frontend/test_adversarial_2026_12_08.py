@@ -212,3 +212,21 @@ def test_write_through_a_view_that_split_or_chunk_made():
     _check_calls(lambda: (program, {"x": torch.arange(4.0), "y": torch.arange(4.0)}),
                  [lambda state: (state["x"], state["y"])] * 2)
 
+
+# -- a write into a view that autograd refuses to let be written -------------------------------------------------
+# Once wrong: with an input requiring grad, `a, b = (x * 2).split(2); a.add_(1)` raises in eager ("Output 0 of
+# Split is a view and is being modified inplace"); the fake op raised too, but its graph break ran `a.add_(1)` in
+# Python on the graph's output, a plain tensor without split's mark, and it returned a value. Such an op (one
+# whose operand is a view autograd marked) now runs its whole frame eagerly.
+
+def test_write_into_a_view_of_a_multi_output_op_under_autograd():
+    def program(x, log):
+        y = x * 2
+        log.append(1)
+        first, _ = y.split(2)
+        first.add_(1)
+        log.append(2)
+        return y
+
+    _check_calls(lambda: (program, {"log": []}),
+                 [lambda state: (torch.ones(4, requires_grad=True), state["log"])] * 2, strict=False)
