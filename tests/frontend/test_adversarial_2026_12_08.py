@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 
+import pytest
 import torch
 
 from kiln.frontend.dispatcher import stats
@@ -230,3 +231,23 @@ def test_write_into_a_view_of_a_multi_output_op_under_autograd():
 
     _check_calls(lambda: (program, {"log": []}),
                  [lambda state: (torch.ones(4, requires_grad=True), state["log"])] * 2, strict=False)
+
+
+# -- a marked view that leaves the graph (a limitation) ----------------------------------------------------------
+# Autograd refuses an in-place write into an output of split/chunk/unbind, or into a view made under no_grad,
+# while grad is on. Such a view that leaves a graph (returned, or live across a graph break) comes back as the
+# graph's output, a tensor without autograd's mark, and the write succeeds where eager raises. Running every frame
+# that returns such a view eagerly would cost compiled question-answering heads (`logits.split(1, dim=-1)`);
+# kiln accepts the difference for now.
+
+@pytest.mark.xfail(strict=True, reason="a split/unbind or no_grad view that leaves a graph loses autograd's "
+                                       "refusal of in-place writes (the graph's output is a plain tensor)")
+def test_split_view_across_a_graph_break_then_written():
+    def program(x):
+        y = x * 2
+        first, _ = y.split(1)
+        os.getpid()  # a graph break with the view live
+        first.add_(1)
+        return y
+
+    _check_calls(lambda: (program, {}), [lambda state: (torch.ones(2, 2, requires_grad=True),)], strict=False)
