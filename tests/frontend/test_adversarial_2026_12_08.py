@@ -6,6 +6,7 @@ eager's. Each program says what was once wrong.
 """
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 
@@ -274,3 +275,33 @@ def test_write_through_data_is_hidden_from_autograd():
         compiled(y)
         y.sum().backward()  # eager: no error (the write went through .data)
     assert torch.allclose(x.grad, torch.full((3,), torch.e + 1))
+
+
+# -- an OrderedDict reordered at a graph break inside a loop over it ---------------------------------------------
+# Once wrong: `od.move_to_end("a")` is a graph break; the loop's iterator was rebuilt after it by the resume
+# function as a fresh iterator over the dict (same size: no error), which gave "a" again (["a", "a"]) where
+# eager raises "OrderedDict mutated during iteration". The rebuilt iterator now checks the keys' order too.
+
+def test_ordered_dict_reordered_at_a_graph_break_inside_its_loop():
+    def program(x, od, log):
+        for key in od:
+            log.append(key)
+            if key == "a":
+                od.move_to_end("a")  # a graph break
+        return x * len(log)
+
+    def unchanged(x, od, log):
+        for key, value in od.items():
+            x = x * value
+            os.getpid()  # a graph break
+            od[key] = value * 2  # values change, keys stay
+            log.append(key)
+        return x
+
+    def call(state):
+        return torch.ones(2), collections.OrderedDict(a=1, b=2, c=3), state["log"]
+
+    with _compiled_with_breaks():
+        _check_calls(lambda: (program, {"log": []}), [call] * 2, strict=False)
+        _check_calls(lambda: (unchanged, {"log": []}), [call] * 2, strict=False)
+

@@ -1002,10 +1002,15 @@ def compare_equal(tx, left: Variable, right: Variable) -> bool:
 def _iterator_at(tx, args, kwargs) -> BaseIteratorVariable:
     """`iterators.iterator_at(container, kind, left)` in a resume function's prologue: the container's live
     iterator, advanced so that as many items are left as `left` gives."""
-    container, kind, left, *size = args
+    container, kind, left, *size_and_keys = args
     kind = kind.as_constant()
-    if size and size[0].as_constant() is not None and container.length(tx) != size[0].as_constant():
-        message = changed_size_message(container.python_type())  # the original would raise at its next step
+    size, keys = [*(arg.as_constant() for arg in size_and_keys), None, None][:2]
+    message = None  # the original would raise at its next step
+    if size is not None and container.length(tx) != size:
+        message = changed_size_message(container.python_type())
+    elif keys is not None and tuple(hashable_key(tx, key) for key in container.unpack(tx)) != keys:
+        message = "OrderedDict mutated during iteration"
+    if message is not None:
         return tx.wrap_sourceless(changed_during_iteration).call(tx, [ConstantVariable(message)], {})
     if kind in _VIEW_KINDS.values():
         container = container.call_method(tx, {view: name for name, view in _VIEW_KINDS.items()}[kind], [], {})

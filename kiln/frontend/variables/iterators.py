@@ -254,7 +254,18 @@ class DictIteratorVariable(BaseIteratorVariable):
             if self.taken != len(order) - left or any(a is not b for a, b in zip(order[len(order) - left:], rest)) \
                     or (self.ordered_keys is not None and list(self.entries) != self.ordered_keys):
                 raise Unsupported(f"passing on {self.describe()} at a graph break after the loop changed its keys")
-        return iterator_at, [self.owner, ConstantVariable(self.kind), _left(left), ConstantVariable(self.size)]
+        parts = [self.owner, ConstantVariable(self.kind), _left(left), ConstantVariable(self.size)]
+        if self.ordered_keys is not None:  # the call at the break may reorder it (`move_to_end`): that raises too
+            parts.append(ConstantVariable(self._keys_when_made()))
+        return iterator_at, parts
+
+    def _keys_when_made(self) -> tuple:
+        """An OrderedDict iterator's keys as they were when it was made, as constants for a resume function."""
+        keys = [key.as_constant() if isinstance(key, ConstantVariable) else key for key, _ in self.pending] \
+            if self.entries is None else self.ordered_keys
+        if not all(type(key) in (str, int, bool, float, bytes, type(None)) for key in keys):
+            raise Unsupported(f"passing on {self.describe()} at a graph break (keys other than str/int literals)")
+        return tuple(keys)
 
     def remaining_items(self) -> list[Variable]:
         """What it has left to give (a graph break passes them on), if the dict does not change."""
@@ -333,13 +344,16 @@ def _left(count: int) -> "IteratorVariable":
     return IteratorVariable([ConstantVariable(None)] * count)
 
 
-def iterator_at(container, kind: str, left, size: int | None = None):
+def iterator_at(container, kind: str, left, size: int | None = None, keys: tuple | None = None):
     """The iterator of `container` (a list, dict view `kind`, set) with as many items left as `left` gives: made
     by a resume function's prologue at a graph break, where it is traced (a live iterator over the container) or
     runs in Python. A dict or set whose size is no longer `size` (the size the iterator was made at: the call at
-    the break, or the trace before it, changed it) gives the iterator Python's would be: one that raises."""
+    the break, or the trace before it, changed it), or an OrderedDict whose keys are no longer `keys` (in their
+    order), gives the iterator Python's would be: one that raises."""
     if size is not None and len(container) != size:
         return changed_during_iteration(changed_size_message(type(container)))
+    if keys is not None and tuple(container) != keys:
+        return changed_during_iteration("OrderedDict mutated during iteration")
     if kind == "dict_values":
         iterator = iter(container.values())
     elif kind == "dict_items":
