@@ -305,3 +305,18 @@ def test_ordered_dict_reordered_at_a_graph_break_inside_its_loop():
         _check_calls(lambda: (program, {"log": []}), [call] * 2, strict=False)
         _check_calls(lambda: (unchanged, {"log": []}), [call] * 2, strict=False)
 
+
+# -- == with a dict view -----------------------------------------------------------------------------------------
+# Once wrong: a keys (or items) view compared as a list of its items in the dict's order, so
+# `d.keys() == {"a", "b"}` and `d.keys() == e.keys()` (e with the keys in another order) were False where
+# Python compares views as sets (True); a values view equals only itself.
+
+def test_dict_views_compare_as_sets():
+    def program(x, d, e):
+        return (x * len(d), d.keys() == {"a", "b"}, {"b", "a"} == d.keys(), d.keys() == e.keys(),
+                d.items() == e.items(), d.items() == {("a", 1), ("b", 2)}, d.keys() == ["a", "b"],
+                d.values() == e.values(), d.keys() != frozenset("ab"))
+
+    _check_calls(lambda: (program, {}), [lambda state: (torch.ones(2), {"a": 1, "b": 2}, {"b": 2, "a": 1}),
+                                         lambda state: (torch.ones(2), {"a": 1, "b": 3}, {"b": 2, "a": 1}),
+                                         lambda state: (torch.ones(2), {"a": 1}, {"a": 1})])

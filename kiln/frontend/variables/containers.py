@@ -984,6 +984,8 @@ def compare_equal(tx, left: Variable, right: Variable) -> bool:
         return left.equals(right, tx)
     if isinstance(right, ObjectIdVariable):
         return right.equals(left, tx)
+    if isinstance(left, DictViewVariable) or isinstance(right, DictViewVariable):
+        return _views_equal(tx, left, right)
     if isinstance(left, BaseListVariable) and isinstance(right, BaseListVariable):
         if issubclass(left.python_type(), list) != issubclass(right.python_type(), list):
             return False
@@ -997,6 +999,26 @@ def compare_equal(tx, left: Variable, right: Variable) -> bool:
     if has_python_method(left, "__eq__"):
         return left.call_method(tx, "__eq__", [right], {}).truth(tx)
     return is_same(left, right, tx)
+
+
+def _views_equal(tx, left: Variable, right: Variable) -> bool:
+    """`==` with a dict view, as Python's: a values view equals only itself; a keys or items view compares as a set
+    (in any order) with a set, a frozenset or another keys or items view, and is unequal to anything else. Not
+    the view's items as a list in the dict's order, which gave False for `d.keys() == {"a", "b"}`."""
+    if isinstance(left, DictViewVariable) and left.kind == "dict_values" or \
+            isinstance(right, DictViewVariable) and right.kind == "dict_values":
+        return left is right
+    set_like = (set, frozenset, type({}.keys()), type({}.items()))
+    try:
+        kinds = (left.python_type(), right.python_type())
+    except Unsupported:
+        return False
+    if not all(issubclass(kind, set_like) for kind in kinds):
+        return False
+    left_items, right_items = left.unpack(tx), right.unpack(tx)
+    if not all(item.is_constant() for item in (*left_items, *right_items)):
+        raise Unsupported("== between a dict view and a set whose items are not constants")
+    return {item.as_constant() for item in left_items} == {item.as_constant() for item in right_items}
 
 
 def _iterator_at(tx, args, kwargs) -> BaseIteratorVariable:
