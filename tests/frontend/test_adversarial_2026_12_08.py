@@ -320,3 +320,21 @@ def test_dict_views_compare_as_sets():
     _check_calls(lambda: (program, {}), [lambda state: (torch.ones(2), {"a": 1, "b": 2}, {"b": 2, "a": 1}),
                                          lambda state: (torch.ones(2), {"a": 1, "b": 3}, {"b": 2, "a": 1}),
                                          lambda state: (torch.ones(2), {"a": 1}, {"a": 1})])
+
+
+# -- == between dicts ------------------------------------------------------------------------------------------
+# Once wrong: two dict arguments (or a dict and a defaultdict or OrderedDict made from it) compared by identity
+# when their values were not all constants the trace knew: `{"a": 1, "b": 2} == {"b": 2, "a": 1}` was False.
+# Python compares keys and values in any order; two OrderedDicts in order too.
+
+def test_dicts_compare_by_entries():
+    def program(x, d, e):
+        weights = {"w": x}
+        return (x * len(d), d == e, d != e, collections.OrderedDict(d) == collections.OrderedDict(e),
+                collections.OrderedDict(d) == e, collections.defaultdict(int, d) == d, d == dict(e),
+                weights == {"w": x}, d == [("a", 1)], [d] == [e])
+
+    _check_calls(lambda: (program, {}), [lambda state: (torch.ones(2), {"a": 1, "b": 2}, {"b": 2, "a": 1}),
+                                         lambda state: (torch.ones(2), {"a": 1, "b": 2}, {"a": 1, "b": 2}),
+                                         lambda state: (torch.ones(2), {"a": 1, "b": 2}, {"a": 1, "b": 3}),
+                                         lambda state: (torch.ones(2), {"a": 1}, {"b": 1})])

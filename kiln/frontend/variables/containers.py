@@ -986,6 +986,8 @@ def compare_equal(tx, left: Variable, right: Variable) -> bool:
         return right.equals(left, tx)
     if isinstance(left, DictViewVariable) or isinstance(right, DictViewVariable):
         return _views_equal(tx, left, right)
+    if _compares_as_dict(left) and _compares_as_dict(right):
+        return _dicts_equal(tx, left, right)
     if isinstance(left, BaseListVariable) and isinstance(right, BaseListVariable):
         if issubclass(left.python_type(), list) != issubclass(right.python_type(), list):
             return False
@@ -999,6 +1001,30 @@ def compare_equal(tx, left: Variable, right: Variable) -> bool:
     if has_python_method(left, "__eq__"):
         return left.call_method(tx, "__eq__", [right], {}).truth(tx)
     return is_same(left, right, tx)
+
+
+def _compares_as_dict(variable: Variable) -> bool:
+    """A dict tracker whose `==` is dict's (or OrderedDict's): not a Counter's, nor a subclass's own `__eq__`."""
+    if not isinstance(variable, (DictVariable, ExternalDictVariable)):
+        return False
+    kind = variable.python_type()
+    return issubclass(kind, dict) and not issubclass(kind, collections.Counter) and \
+        not has_python_method(variable, "__eq__")
+
+
+def _dicts_equal(tx, left: Variable, right: Variable) -> bool:
+    """`==` of two dicts, as Python's: the same keys, each with an equal value, in any order (two OrderedDicts: in
+    the same order too). Not the identity of the two trackers, which made `{"a": 1, "b": 2} == {"b": 2, "a": 1}`
+    of two arguments, or a dict and its defaultdict copy, False."""
+    left_entries = {hashable_key(tx, key): key for key in left.unpack(tx)}
+    right_entries = {hashable_key(tx, key): key for key in right.unpack(tx)}
+    if left_entries.keys() != right_entries.keys():
+        return False
+    if issubclass(left.python_type(), collections.OrderedDict) and \
+            issubclass(right.python_type(), collections.OrderedDict) and list(left_entries) != list(right_entries):
+        return False
+    return all(compare_equal(tx, left.getitem(tx, key), right.getitem(tx, right_entries[python_key]))
+               for python_key, key in left_entries.items())
 
 
 def _views_equal(tx, left: Variable, right: Variable) -> bool:
