@@ -338,3 +338,20 @@ def test_dicts_compare_by_entries():
                                          lambda state: (torch.ones(2), {"a": 1, "b": 2}, {"a": 1, "b": 2}),
                                          lambda state: (torch.ones(2), {"a": 1, "b": 2}, {"a": 1, "b": 3}),
                                          lambda state: (torch.ones(2), {"a": 1}, {"b": 1})])
+
+
+# -- a float argument specialized by the trace, with the whole-graph cache on -------------------------------------
+# Once wrong: `str(scale)` made each entry guard `scale == <value>` (the float, a graph input since it changed,
+# specialized), so each entry's ATen graph had its value baked in; but the torch-level graph (`x * scale.item()`)
+# is the same text for every value, and its cache key linked every later entry to the first one's ATen graph:
+# with 2.25 and 3.0 the program returned x * 1.5. The key now holds the value of a specialized symbolic number.
+
+def test_specialized_float_argument_with_the_graph_cache(tmp_path):
+    def program(x, scale):
+        return x * scale, str(scale)
+
+    def call(scale):
+        return lambda state: (torch.ones(2), scale)
+
+    with kiln.config.patch(graph_cache=True, cache_dir=str(tmp_path)):
+        _check_calls(lambda: (program, {}), [call(0.5), call(1.5), call(2.25), call(3.0), call(1.5)])
