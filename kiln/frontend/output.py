@@ -762,18 +762,18 @@ def _version_of(tensor: torch.Tensor) -> int | None:
 
 
 def _check_write_overlap(target: Any, written: list[torch.Tensor], operands: list[torch.Tensor]) -> None:
-    """An op that wrote a tensor with internal overlap (a stride 0 over a dim of more than one item: `expand`'s
-    view), or one whose memory partly overlaps another operand's (`x[:3].add_(x[1:4])`), is Unsupported: eager's
-    ATen raises "unsupported operation: ... refer to a single memory location" for most such ops (not all:
-    `fill_`, `masked_fill_`), fake tensors never do, and the graph, functionalized, computed a value instead. A
-    graph break runs the op in Python, which raises or not as eager does."""
+    """An op that wrote a tensor whose elements may share memory (`expand`'s view, a stride 0; `unfold` or
+    `as_strided` windows that overlap), or one whose memory partly overlaps another operand's
+    (`x[:3].add_(x[1:4])`), is Unsupported: eager's ATen raises "unsupported operation: ... refer to a single
+    memory location" for most such ops (not all: `fill_`, `masked_fill_`), or writes the shared elements once per
+    view element, in order; fake tensors never check, and the graph, functionalized, computed one value instead.
+    A graph break runs the op in Python, which raises or writes as eager does."""
     for tensor in written:
         if _symbolic_layout(tensor):
             continue
-        if not _dense_without_overlap(tensor) and \
-                any(stride == 0 and size > 1 for size, stride in zip(tensor.shape, tensor.stride())):
+        if _may_overlap_itself(tensor):
             raise Unsupported(f"{getattr(target, '__name__', target)}() writes a tensor whose elements share memory "
-                              "(an expanded view: eager raises for most ops, `clone()` it first)")
+                              "(an expanded or overlapping view: eager raises for most ops, `clone()` it first)")
         for other in operands:
             if other is not tensor and not _symbolic_layout(other) and _partly_overlap(tensor, other):
                 raise Unsupported(f"{getattr(target, '__name__', target)}() writes a tensor whose memory partly "
@@ -802,6 +802,17 @@ def _dense_without_overlap(tensor: torch.Tensor) -> bool:
             return False
         expected *= size
     return True
+
+
+def _may_overlap_itself(tensor: torch.Tensor) -> bool:
+    """Whether two elements of `tensor` may share memory: with its dims ordered by stride, some dim's stride does
+    not step past everything the smaller-strided dims span (a stride 0 of `expand`, `unfold`'s windows)."""
+    span = 0
+    for stride, size in sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride()) if size > 1):
+        if stride <= span:
+            return True
+        span += (size - 1) * stride
+    return False
 
 
 def _partly_overlap(tensor: torch.Tensor, other: torch.Tensor) -> bool:

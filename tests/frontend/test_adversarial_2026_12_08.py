@@ -173,6 +173,22 @@ def test_in_place_op_on_an_expanded_view():
                      strict=False)
 
 
+def test_in_place_op_on_overlapping_windows():
+    # unfold's windows share elements: eager's in-place op writes each shared element once per window, in order
+    # ([1., 2., 2., 1.] from zeros), where the functionalized graph wrote each once ([1., 1., 1., 1.])
+    def program(x, log):
+        y = x * 1
+        log.append(1)
+        y.unfold(0, 2, 1).add_(1)
+        x.as_strided((3, 2), (1, 1)).mul_(2)
+        log.append(2)
+        return y
+
+    with _compiled_with_breaks():
+        _check_calls(lambda: (program, {"log": [], "x": torch.arange(4.0)}),
+                     [lambda state: (state["x"], state["log"])] * 2, strict=False)
+
+
 def test_writes_that_eager_allows_into_an_expanded_view():
     # fill_, zero_, masked_fill_ and index_put_ do not check: eager writes the expanded input. (These once failed
     # to compile at all: AOTAutograd's copy back into the expanded view raised.)
