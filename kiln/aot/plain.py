@@ -286,7 +286,10 @@ def _writes(node: torch.fx.Node) -> list:
 
 def _is_view(node: torch.fx.Node) -> bool:
     """An ATen call whose result aliases an argument (a view: `Tensor(a)` in, `Tensor(a)` out, nothing written;
-    and `_unsafe_view`, whose schema does not say that its result shares its argument's memory)."""
+    and `_unsafe_view`, whose schema does not say that its result shares its argument's memory). An item of a
+    call's tuple result is a view when that call is (`split`, `chunk`: a list of views of their argument)."""
+    if node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node):
+        return _is_view(node.args[0])
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload) or _writes(node):
         return False
     if node.target.overloadpacket is torch.ops.aten._unsafe_view:

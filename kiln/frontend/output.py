@@ -291,6 +291,8 @@ class OutputGraph:
         _check_requires_grad_change(kind, target, fake_args, fake_kwargs)
         leaves = {id(item) for item in _flatten((fake_args, list(fake_kwargs.values())))  # leaves requiring grad
                   if isinstance(item, torch.Tensor) and item.requires_grad}  # before the op (`w.mul_(2)` keeps one)
+        operands = [item for item in _flatten((fake_args, list(fake_kwargs.values()))) if isinstance(item, torch.Tensor)]
+        versions = [_version_of(item) for item in operands]
         try:
             with _torch.fake_tracing(self.fake_mode):
                 if kind == "call_method":
@@ -304,7 +306,10 @@ class OutputGraph:
             kind_text = "data-dependent" if "DataDependent" in type(error).__name__ or \
                 "DynamicOutputShape" in type(error).__name__ else "an error"
             raise Unsupported(f"{name}() raised {kind_text} during tracing: {type(error).__name__}: "
-                              f"{str(error).splitlines()[0] if str(error) else ''}") from None
+                              f"{str(error).splitlines()[0] if str(error) else ''}",
+                              breakable=not _has_marked_view(operands)) from None
+        _check_write_overlap(target, [item for item, version in zip(operands, versions)
+                                      if version is not None and _version_of(item) != version], operands)
         if isinstance(result, torch.Tensor) and result.requires_grad and result.is_leaf and not result._is_view() \
                 and id(result) not in leaves:  # (a view made under no_grad of a parameter is a leaf that requires grad)
             # `torch.ones(4, requires_grad=True)`, `t.detach().requires_grad_()`: a new autograd leaf. A graph's
@@ -747,6 +752,81 @@ def _check_requires_grad_change(kind: str, target: Any, fake_args: list, fake_kw
     if type(requested) is not bool or requested != fake_args[0].requires_grad:
         raise Unsupported(f"Tensor.requires_grad_({requested!r}) on a tensor whose requires_grad is "
                           f"{fake_args[0].requires_grad} (autograd metadata of a real tensor, changed in Python)")
+
+
+def _version_of(tensor: torch.Tensor) -> int | None:
+    try:
+        return tensor._version
+    except RuntimeError:  # a tensor without a version counter (an inference tensor)
+        return None
+
+
+def _check_write_overlap(target: Any, written: list[torch.Tensor], operands: list[torch.Tensor]) -> None:
+    """An op that wrote a tensor whose elements may share memory (`expand`'s view, a stride 0; `unfold` or
+    `as_strided` windows that overlap), or one whose memory partly overlaps another operand's
+    (`x[:3].add_(x[1:4])`), is Unsupported: eager's ATen raises "unsupported operation: ... refer to a single
+    memory location" for most such ops (not all: `fill_`, `masked_fill_`), or writes the shared elements once per
+    view element, in order; fake tensors never check, and the graph, functionalized, computed one value instead.
+    A graph break runs the op in Python, which raises or writes as eager does."""
+    for tensor in written:
+        if _symbolic_layout(tensor):
+            continue
+        if _may_overlap_itself(tensor):
+            raise Unsupported(f"{getattr(target, '__name__', target)}() writes a tensor whose elements share memory "
+                              "(an expanded or overlapping view: eager raises for most ops, `clone()` it first)")
+        for other in operands:
+            if other is not tensor and not _symbolic_layout(other) and _partly_overlap(tensor, other):
+                raise Unsupported(f"{getattr(target, '__name__', target)}() writes a tensor whose memory partly "
+                                  "overlaps another of its operands (eager raises for most ops, `clone()` one first)")
+
+
+def _has_marked_view(operands: list[torch.Tensor]) -> bool:
+    """Whether an operand is a view autograd marked (`split`'s outputs, a view made under no_grad or in inference
+    mode), whose in-place writes autograd refuses. An op on one that failed on fake tensors must not be run at a
+    graph break: there it would get the graph's output, a tensor without the mark, and succeed where eager
+    raises ("Output 0 of Split is a view and is being modified inplace"); the frame runs eagerly instead."""
+    default = torch._C._autograd.CreationMeta.DEFAULT
+    return any(operand._is_view() and torch._C._autograd._get_creation_meta(operand) != default
+               for operand in operands)
+
+
+def _symbolic_layout(tensor: torch.Tensor) -> bool:
+    return _torch.is_symbolic((*tensor.shape, *tensor.stride(), tensor.storage_offset()))
+
+
+def _dense_without_overlap(tensor: torch.Tensor) -> bool:
+    """ATen's `is_non_overlapping_and_dense`: the strides, sorted, are those of a contiguous tensor."""
+    expected = 1
+    for stride, size in sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride()) if size != 1):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _may_overlap_itself(tensor: torch.Tensor) -> bool:
+    """Whether two elements of `tensor` may share memory: with its dims ordered by stride, some dim's stride does
+    not step past everything the smaller-strided dims span (a stride 0 of `expand`, `unfold`'s windows)."""
+    span = 0
+    for stride, size in sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride()) if size > 1):
+        if stride <= span:
+            return True
+        span += (size - 1) * stride
+    return False
+
+
+def _partly_overlap(tensor: torch.Tensor, other: torch.Tensor) -> bool:
+    """ATen's `get_overlap_status(tensor, other) == Partial`: both dense without overlap and in one storage, their
+    memory overlaps but is not the same span with the same strides."""
+    if tensor.numel() == 0 or other.numel() == 0 or _torch.storage_ids(tensor)[0] != _torch.storage_ids(other)[0]:
+        return False
+    if not (_dense_without_overlap(tensor) and _dense_without_overlap(other)):
+        return False
+    begin, other_begin = tensor.storage_offset() * tensor.element_size(), other.storage_offset() * other.element_size()
+    end, other_end = begin + tensor.numel() * tensor.element_size(), other_begin + other.numel() * other.element_size()
+    if (begin, end) == (other_begin, other_end):
+        return tensor.stride() != other.stride()
+    return begin < other_end and other_begin < end
 
 
 # A Python type torch takes as a dtype (`torch.tensor(0, dtype=int)`, `x.to(float)`), as the dtype torch reads it

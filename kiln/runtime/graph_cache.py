@@ -107,6 +107,16 @@ def _describe(value, devices: set) -> str:
     return f"<{type(value).__module__}.{type(value).__qualname__}>"
 
 
+def _specialized_number(value) -> str:
+    """A torch-level node's symbolic number (a float argument's `item()`) that its trace specialized, as its value:
+    the ATen graph compiled from it has the value baked in, while the torch-level graph is the same for every
+    value (`x * sc` where `str(sc)` made the entry guard `sc == 1.5`), so one key served 2.25 the graph of 1.5."""
+    if not isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return ""
+    expr = value.node.expr
+    return f" = {expr}" if getattr(expr, "is_number", False) else " symbolic"
+
+
 def _argument(value) -> str:
     if isinstance(value, torch.fx.Node):
         return f"%{value.name}"
@@ -155,7 +165,7 @@ def key_of(gm: torch.fx.GraphModule, example_inputs: list, mode: str, *, level: 
             meta = node.meta
             lines.append(f"{node.op} {node.name} {_target(node)} {_argument(node.args)} {_argument(node.kwargs)} "
                          f"| {_describe(meta.get('val'), devices)} | {sorted((meta.get('custom') or {}).items())!r} "
-                         f"| {meta.get('kiln_symbolic')!r}")
+                         f"| {meta.get('kiln_symbolic')!r}{_specialized_number(meta.get('example_value'))}")
             if node.op == "get_attr":
                 value = getattr(gm, node.target)
                 if not isinstance(value, torch.Tensor):

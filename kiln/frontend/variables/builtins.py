@@ -34,12 +34,13 @@ from kiln.frontend import replay
 from kiln.frontend.errors import AttributeFailure, ProgramException, Unsupported, unbreakable
 from kiln.frontend.operations import BINARY_OPERATORS, COMPARE_OPERATORS, binary_op, compare_op, contains, unary_op
 from kiln.frontend.sources import TypeSource
-from kiln.frontend.variables import builder
+from kiln.frontend.variables import builder, iterators
 from kiln.frontend.variables.base import (NONE, ConstantVariable, ObjectIdVariable, Variable, constant_arguments,
                                           is_constant_value, is_same, lookup_class_attribute, run_on_constants)
 from kiln.frontend.variables.containers import (BaseIteratorVariable, BaseListVariable, CounterVariable, DictVariable,
-                                                IteratorVariable, LazyIteratorVariable, ListVariable, SliceVariable,
-                                                TupleVariable, hashable_key, iterate, unpack_iterable)
+                                                DictViewVariable, ExternalDictVariable, IteratorVariable,
+                                                LazyIteratorVariable, ListVariable, SliceVariable, TupleVariable,
+                                                hashable_key, iterate, unpack_iterable)
 from kiln.frontend.variables.copying import copy_handler, deepcopy_handler
 from kiln.frontend.variables.deques import make_deque
 from kiln.frontend.variables.functions import BoundMethodVariable, PartialVariable
@@ -387,7 +388,102 @@ def _filter(tx, args, kwargs):
 
 
 def _reversed(tx, args, kwargs):
+    if isinstance(args[0], ListVariable) and args[0].python_type() is list:
+        return _live_reversed(args[0], len(args[0].items) - 1)
+    if _reverses_as_dict(args[0]):
+        view = isinstance(args[0], DictViewVariable)
+        return _reversed_dict(tx, args[0].owner if view else args[0], args[0].kind if view else "dict_keys")
     return IteratorVariable(list(reversed(_iterable_items(tx, args[0]))))
+
+
+def _reverses_as_dict(variable: Variable) -> bool:
+    """A dict (not an OrderedDict, whose reverse iterator checks its keys its own way) or a view of one."""
+    if isinstance(variable, DictViewVariable):
+        if variable.of_object is not None:
+            return False
+        variable = variable.owner
+    return isinstance(variable, (DictVariable, ExternalDictVariable)) and \
+        issubclass(variable.python_type(), dict) and not issubclass(variable.python_type(), collections.OrderedDict)
+
+
+def _reversed_dict(tx, owner: Variable, kind: str) -> LazyIteratorVariable:
+    """`reversed(d)` (or of a view of d): as CPython's reverse dict iterator, each step first checks that d still
+    has the size it had when the iterator was made, else raises "dictionary changed size during iteration" (and
+    so at every later step), and reads the value d has now. A copy of the items made with it missed both."""
+    key_trackers = owner.unpack(tx)
+    keys = [hashable_key(tx, key) for key in key_trackers]
+    position = [len(keys) - 1]
+    failed = [False]
+
+    def step(tx):
+        if failed[0] or owner.length(tx) != len(keys):
+            failed[0] = True
+            message = "dictionary changed size during iteration"
+            raise ProgramException(message, RuntimeError, [ConstantVariable(message)])
+        if position[0] < 0:
+            return None
+        if [hashable_key(tx, key) for key in owner.unpack(tx)] != keys:
+            raise Unsupported("reversed() over a dict whose keys changed (not their number) during the loop")
+        key = key_trackers[position[0]]
+        position[0] -= 1
+        if kind == "dict_keys":
+            return key
+        value = owner.getitem(tx, key)
+        return value if kind == "dict_values" else TupleVariable([key, value])
+
+    def parts():
+        if failed[0]:
+            return None
+        return iterators.reversed_dict_at, [owner, ConstantVariable(kind), ConstantVariable(position[0]),
+                                            ConstantVariable(len(keys))]
+
+    return LazyIteratorVariable(_REVERSED_DICT_KINDS[kind], step, parts)
+
+
+def _reversed_dict_at(tx, args, kwargs):
+    """`iterators.reversed_dict_at(d, kind, index, size)` in a resume function's prologue: the reverse dict
+    iterator again, or (d changed size) one that raises at its first step."""
+    container, kind, index, size = (args[0], *(arg.as_constant() for arg in args[1:]))
+    if container.length(tx) != size:
+        message = iterators.changed_size_message(container.python_type())
+        return tx.wrap_sourceless(iterators.changed_during_iteration).call(tx, [ConstantVariable(message)], {})
+    iterator = _reversed_dict(tx, container, kind)
+    for _ in range(size - 1 - index):
+        iterator.next_item(tx)
+    return iterator
+
+
+_REVERSED_DICT_KINDS = {"dict_keys": "dict_reversekeyiterator", "dict_values": "dict_reversevalueiterator",
+                        "dict_items": "dict_reverseitemiterator"}
+
+
+def _live_reversed(sequence: ListVariable, index: int) -> LazyIteratorVariable:
+    """`reversed(list)`: as CPython's reverse list iterator, an index into the list, read at each step (an item
+    removed from the front inside the loop shifts what it gives next; one appended is never reached); once the
+    index is off either end it stays exhausted. Not a copy of the items as they were when it was made."""
+    position = [index]
+
+    def step(tx):
+        if 0 <= position[0] < len(sequence.items):
+            position[0] -= 1
+            return sequence.items[position[0] + 1]
+        position[0] = -1
+        return None
+
+    def parts():
+        if position[0] >= len(sequence.items):  # off the end the list shrank to: `__setstate__` would clamp it
+            return None
+        return iterators.reversed_at, [sequence, ConstantVariable(position[0])]
+
+    return LazyIteratorVariable("list_reverseiterator", step, parts)
+
+
+def _reversed_at(tx, args, kwargs):
+    """`iterators.reversed_at(list, index)` in a resume function's prologue: the live reversed iterator again."""
+    sequence, index = args
+    if not (isinstance(sequence, ListVariable) and sequence.python_type() is list):
+        raise Unsupported(f"reversed_at over {sequence.describe()}")
+    return _live_reversed(sequence, index.as_constant())
 
 
 def _iter(tx, args, kwargs):
@@ -1072,4 +1168,6 @@ for _name in ("sqrt", "exp", "log", "log2", "log10", "ceil", "floor", "sin", "co
               "copysign", "fmod", "radians", "degrees", "log1p", "expm1", "sinh", "cosh", "asin", "acos", "isclose",
               "dist", "fsum", "comb", "perm", "factorial", "ldexp", "frexp", "modf", "remainder", "cbrt", "exp2"):
     _HANDLERS[getattr(math, _name)] = _math(getattr(math, _name))
+builder.register_call_handler(iterators.reversed_at, _reversed_at)
+builder.register_call_handler(iterators.reversed_dict_at, _reversed_dict_at)
 builder.register_call_handler(builtins.sorted, _sorted)  # list.sort (containers.py) orders as sorted() does

@@ -984,6 +984,10 @@ def compare_equal(tx, left: Variable, right: Variable) -> bool:
         return left.equals(right, tx)
     if isinstance(right, ObjectIdVariable):
         return right.equals(left, tx)
+    if isinstance(left, DictViewVariable) or isinstance(right, DictViewVariable):
+        return _views_equal(tx, left, right)
+    if _compares_as_dict(left) and _compares_as_dict(right):
+        return _dicts_equal(tx, left, right)
     if isinstance(left, BaseListVariable) and isinstance(right, BaseListVariable):
         if issubclass(left.python_type(), list) != issubclass(right.python_type(), list):
             return False
@@ -999,13 +1003,62 @@ def compare_equal(tx, left: Variable, right: Variable) -> bool:
     return is_same(left, right, tx)
 
 
+def _compares_as_dict(variable: Variable) -> bool:
+    """A dict tracker whose `==` is dict's (or OrderedDict's): not a Counter's, nor a subclass's own `__eq__`."""
+    if not isinstance(variable, (DictVariable, ExternalDictVariable)):
+        return False
+    kind = variable.python_type()
+    return issubclass(kind, dict) and not issubclass(kind, collections.Counter) and \
+        not has_python_method(variable, "__eq__")
+
+
+def _dicts_equal(tx, left: Variable, right: Variable) -> bool:
+    """`==` of two dicts, as Python's: the same keys, each with an equal value, in any order (two OrderedDicts: in
+    the same order too). Not the identity of the two trackers, which made `{"a": 1, "b": 2} == {"b": 2, "a": 1}`
+    of two arguments, or a dict and its defaultdict copy, False."""
+    left_entries = {hashable_key(tx, key): key for key in left.unpack(tx)}
+    right_entries = {hashable_key(tx, key): key for key in right.unpack(tx)}
+    if left_entries.keys() != right_entries.keys():
+        return False
+    if issubclass(left.python_type(), collections.OrderedDict) and \
+            issubclass(right.python_type(), collections.OrderedDict) and list(left_entries) != list(right_entries):
+        return False
+    return all(compare_equal(tx, left.getitem(tx, key), right.getitem(tx, right_entries[python_key]))
+               for python_key, key in left_entries.items())
+
+
+def _views_equal(tx, left: Variable, right: Variable) -> bool:
+    """`==` with a dict view, as Python's: a values view equals only itself; a keys or items view compares as a set
+    (in any order) with a set, a frozenset or another keys or items view, and is unequal to anything else. Not
+    the view's items as a list in the dict's order, which gave False for `d.keys() == {"a", "b"}`."""
+    if isinstance(left, DictViewVariable) and left.kind == "dict_values" or \
+            isinstance(right, DictViewVariable) and right.kind == "dict_values":
+        return left is right
+    set_like = (set, frozenset, type({}.keys()), type({}.items()))
+    try:
+        kinds = (left.python_type(), right.python_type())
+    except Unsupported:
+        return False
+    if not all(issubclass(kind, set_like) for kind in kinds):
+        return False
+    left_items, right_items = left.unpack(tx), right.unpack(tx)
+    if not all(item.is_constant() for item in (*left_items, *right_items)):
+        raise Unsupported("== between a dict view and a set whose items are not constants")
+    return {item.as_constant() for item in left_items} == {item.as_constant() for item in right_items}
+
+
 def _iterator_at(tx, args, kwargs) -> BaseIteratorVariable:
     """`iterators.iterator_at(container, kind, left)` in a resume function's prologue: the container's live
     iterator, advanced so that as many items are left as `left` gives."""
-    container, kind, left, *size = args
+    container, kind, left, *size_and_keys = args
     kind = kind.as_constant()
-    if size and size[0].as_constant() is not None and container.length(tx) != size[0].as_constant():
-        message = changed_size_message(container.python_type())  # the original would raise at its next step
+    size, keys = [*(arg.as_constant() for arg in size_and_keys), None, None][:2]
+    message = None  # the original would raise at its next step
+    if size is not None and container.length(tx) != size:
+        message = changed_size_message(container.python_type())
+    elif keys is not None and tuple(hashable_key(tx, key) for key in container.unpack(tx)) != keys:
+        message = "OrderedDict mutated during iteration"
+    if message is not None:
         return tx.wrap_sourceless(changed_during_iteration).call(tx, [ConstantVariable(message)], {})
     if kind in _VIEW_KINDS.values():
         container = container.call_method(tx, {view: name for name, view in _VIEW_KINDS.items()}[kind], [], {})

@@ -254,7 +254,18 @@ class DictIteratorVariable(BaseIteratorVariable):
             if self.taken != len(order) - left or any(a is not b for a, b in zip(order[len(order) - left:], rest)) \
                     or (self.ordered_keys is not None and list(self.entries) != self.ordered_keys):
                 raise Unsupported(f"passing on {self.describe()} at a graph break after the loop changed its keys")
-        return iterator_at, [self.owner, ConstantVariable(self.kind), _left(left), ConstantVariable(self.size)]
+        parts = [self.owner, ConstantVariable(self.kind), _left(left), ConstantVariable(self.size)]
+        if self.ordered_keys is not None:  # the call at the break may reorder it (`move_to_end`): that raises too
+            parts.append(ConstantVariable(self._keys_when_made()))
+        return iterator_at, parts
+
+    def _keys_when_made(self) -> tuple:
+        """An OrderedDict iterator's keys as they were when it was made, as constants for a resume function."""
+        keys = [key.as_constant() if isinstance(key, ConstantVariable) else key for key, _ in self.pending] \
+            if self.entries is None else self.ordered_keys
+        if not all(type(key) in (str, int, bool, float, bytes, type(None)) for key in keys):
+            raise Unsupported(f"passing on {self.describe()} at a graph break (keys other than str/int literals)")
+        return tuple(keys)
 
     def remaining_items(self) -> list[Variable]:
         """What it has left to give (a graph break passes them on), if the dict does not change."""
@@ -333,13 +344,16 @@ def _left(count: int) -> "IteratorVariable":
     return IteratorVariable([ConstantVariable(None)] * count)
 
 
-def iterator_at(container, kind: str, left, size: int | None = None):
+def iterator_at(container, kind: str, left, size: int | None = None, keys: tuple | None = None):
     """The iterator of `container` (a list, dict view `kind`, set) with as many items left as `left` gives: made
     by a resume function's prologue at a graph break, where it is traced (a live iterator over the container) or
     runs in Python. A dict or set whose size is no longer `size` (the size the iterator was made at: the call at
-    the break, or the trace before it, changed it) gives the iterator Python's would be: one that raises."""
+    the break, or the trace before it, changed it), or an OrderedDict whose keys are no longer `keys` (in their
+    order), gives the iterator Python's would be: one that raises."""
     if size is not None and len(container) != size:
         return changed_during_iteration(changed_size_message(type(container)))
+    if keys is not None and tuple(container) != keys:
+        return changed_during_iteration("OrderedDict mutated during iteration")
     if kind == "dict_values":
         iterator = iter(container.values())
     elif kind == "dict_items":
@@ -352,6 +366,24 @@ def iterator_at(container, kind: str, left, size: int | None = None):
     for _ in range(skip):
         next(iterator)
     return iterator
+
+
+def reversed_at(sequence: list, index: int):
+    """`reversed(sequence)` whose next step gives `sequence[index]` (-1: exhausted): a live reversed list iterator
+    passed on at a graph break (`index` is below the list's length there, which `__setstate__` needs)."""
+    iterator = reversed(sequence)
+    iterator.__setstate__(index)
+    return iterator
+
+
+def reversed_dict_at(container: dict, kind: str, index: int, size: int):
+    """`reversed()` of `container` (or of its view `kind`) whose next step gives its entry at `index` (-1:
+    exhausted): a reverse dict iterator passed on at a graph break, made when the dict had `size` entries (a
+    dict of another size now gives an iterator that raises, as Python's would)."""
+    if len(container) != size:
+        return changed_during_iteration(changed_size_message(type(container)))
+    view = {"dict_values": container.values, "dict_items": container.items}.get(kind, container.keys)()
+    return advanced(reversed(view), len(container) - 1 - index)
 
 
 def changed_size_message(container_type: type) -> str:
@@ -469,7 +501,9 @@ def _iterator_types() -> dict[str, type]:
     import itertools
 
     return {"zip": zip, "map": map, "filter": filter, "enumerate": enumerate, "chain": itertools.chain,
-            "islice": itertools.islice, "count": itertools.count}
+            "islice": itertools.islice, "count": itertools.count, "list_reverseiterator": type(reversed([])),
+            "dict_reversekeyiterator": type(reversed({})), "dict_reversevalueiterator": type(reversed({}.values())),
+            "dict_reverseitemiterator": type(reversed({}.items()))}
 
 
 _ITERATOR_TYPES = _iterator_types()
