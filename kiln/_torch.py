@@ -334,7 +334,7 @@ def fix_vector_norm_shape_rule() -> bool:
 fix_vector_norm_shape_rule()
 
 
-def _may_overlap_itself(tensor: torch.Tensor) -> bool:
+def may_overlap_itself(tensor: torch.Tensor) -> bool:
     """Whether two indices of the strided `tensor` might address one element (an expand, unfold with a step
     below its size, as_strided((2, 2), (1, 1))). False only where provably not: each dim's stride, smallest
     first, passes the farthest offset the dims before it reach."""
@@ -370,7 +370,7 @@ def guess_no_tangent_strides_from_overlapping_outputs() -> bool:
 
     def from_tensor(tensor, *args, **kwargs):
         if isinstance(tensor, torch.Tensor) and tensor.layout == torch.strided and \
-                not tensor._has_symbolic_sizes_strides and _may_overlap_itself(tensor):
+                not tensor._has_symbolic_sizes_strides and may_overlap_itself(tensor):
             return MemoryFormatMeta(memory_format=suggest_memory_format(tensor))
         return original(tensor, *args, **kwargs)
 

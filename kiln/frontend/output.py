@@ -771,7 +771,7 @@ def _check_write_overlap(target: Any, written: list[torch.Tensor], operands: lis
     for tensor in written:
         if _symbolic_layout(tensor):
             continue
-        if _may_overlap_itself(tensor):
+        if _torch.may_overlap_itself(tensor):
             raise Unsupported(f"{getattr(target, '__name__', target)}() writes a tensor whose elements share memory "
                               "(an expanded or overlapping view: eager raises for most ops, `clone()` it first)")
         for other in operands:
@@ -802,17 +802,6 @@ def _dense_without_overlap(tensor: torch.Tensor) -> bool:
             return False
         expected *= size
     return True
-
-
-def _may_overlap_itself(tensor: torch.Tensor) -> bool:
-    """Whether two elements of `tensor` may share memory: with its dims ordered by stride, some dim's stride does
-    not step past everything the smaller-strided dims span (a stride 0 of `expand`, `unfold`'s windows)."""
-    span = 0
-    for stride, size in sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride()) if size > 1):
-        if stride <= span:
-            return True
-        span += (size - 1) * stride
-    return False
 
 
 def _partly_overlap(tensor: torch.Tensor, other: torch.Tensor) -> bool:
