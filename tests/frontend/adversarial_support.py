@@ -1,8 +1,23 @@
-"""What the adversarial test files share: a program's outcome (its result or the exception it raised), and
-`check_calls`, which runs a program eagerly and compiled on twin states and compares both after every call."""
+"""What the adversarial test files share: `plain`, a comparable form of a result or a state; a program's outcome
+(its result or the exception it raised); and `check_calls`, which runs a program eagerly and compiled on twin
+states and compares both after every call."""
 from __future__ import annotations
 
+import torch
+
 import kiln
+
+
+def plain(value, other=lambda value: value):
+    """A comparable form of `value`: tensors as (dtype, shape, requires_grad, values), lists, tuples and dicts item
+    by item, anything else through `other` (called with `plain` for its parts' forms)."""
+    if isinstance(value, torch.Tensor):
+        return ("tensor", value.dtype, tuple(value.shape), value.requires_grad, value.detach().tolist())
+    if isinstance(value, (list, tuple)):
+        return (type(value).__name__, [plain(item, other) for item in value])
+    if isinstance(value, dict):
+        return (type(value).__name__, [(key, plain(item, other)) for key, item in value.items()])
+    return other(value)
 
 
 def outcome(fn, args, plain):

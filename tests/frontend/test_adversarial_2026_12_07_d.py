@@ -9,16 +9,14 @@ import pytest
 import torch
 
 import kiln
-from tests.frontend.adversarial_support import check_calls, outcome
+from tests.frontend.adversarial_support import check_calls, outcome, plain
 
 
 def _plain(value):
-    if isinstance(value, torch.Tensor):
-        return ("tensor", value.dtype, tuple(value.shape), value.requires_grad, value.detach().tolist())
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, [_plain(item) for item in value])
-    if isinstance(value, dict):
-        return (type(value).__name__, [(key, _plain(item)) for key, item in value.items()])
+    return plain(value, _object_form)
+
+
+def _object_form(value):
     if isinstance(value, (int, float, str, bool, type(None))):
         return value
     return (type(value).__name__, _plain(_slots(value)))

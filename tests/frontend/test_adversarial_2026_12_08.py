@@ -15,21 +15,11 @@ import torch
 
 import kiln
 from kiln.frontend.dispatcher import stats
-from tests.frontend.adversarial_support import check_calls
-
-
-def _plain(value):
-    if isinstance(value, torch.Tensor):
-        return ("tensor", value.dtype, tuple(value.shape), value.requires_grad, value.detach().tolist())
-    if isinstance(value, (list, tuple)):
-        return (type(value).__name__, [_plain(item) for item in value])
-    if isinstance(value, dict):
-        return (type(value).__name__, [(key, _plain(item)) for key, item in value.items()])
-    return value
+from tests.frontend.adversarial_support import check_calls, plain
 
 
 def _check_calls(make, calls, strict=True):
-    check_calls(make, calls, _plain, strict)
+    check_calls(make, calls, plain, strict)
 
 
 @contextlib.contextmanager
