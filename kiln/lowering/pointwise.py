@@ -134,6 +134,26 @@ def _eager_alpha(name: str, alpha, device: torch.device, common_dtype: torch.dty
     return rounded_scalar(alpha, common_dtype)
 
 
+def _with_alpha(inputs: list, rounded: list | None, alpha, device: torch.device, common_dtype: torch.dtype):
+    """add/sub's (inputs, rounded_through) with a symbolic alpha (an int argument made dynamic) as one more input,
+    loaded in the kernel as its symbol's value and rounded as `_eager_alpha` rounds a number; a number alpha is
+    a constant of the body, and these come back as they were."""
+    if not (isinstance(alpha, sympy.Basic) and not alpha.is_Number):
+        return inputs, rounded
+    through = None if device.type == "cuda" or common_dtype not in LOW_PRECISION else common_dtype
+    return [*inputs, alpha], [*(rounded or [None] * len(inputs)), through]
+
+
+def _scaled_by_alpha(body, y, alpha, loaded_alpha: tuple, name: str, device: torch.device,
+                     common_dtype: torch.dtype, dtype: torch.dtype):
+    """y * alpha in the body: by the loaded symbolic alpha, or by a number alpha other than 1."""
+    if loaded_alpha:
+        return body.emit("mul", (y, loaded_alpha[0]), dtype)
+    if alpha is not None and alpha != 1:
+        return body.emit("mul", (y, body.constant(_eager_alpha(name, alpha, device, common_dtype), dtype)), dtype)
+    return y
+
+
 def _binary_rule(name: str, *, compare: bool = False, logical: bool = False, float_only: bool = False,
                  in_storage_dtype: bool = False):
     """in_storage_dtype: the op runs in fp16/bf16 itself (nextafter steps by the storage type's ulp)."""
@@ -154,14 +174,13 @@ def _binary_rule(name: str, *, compare: bool = False, logical: bool = False, flo
             raise Unsupported(f"{name} on {dtype}")
         result_dtype = torch.bool if (compare or logical) else dtype
         rounded = _rounded_operands(name, meta.device, (a, b), common_dtype) if not logical else None
+        inputs, rounded = _with_alpha([a, b], rounded, alpha, meta.device, common_dtype)
 
-        def compute(body, x, y):
-            if alpha is not None and alpha != 1:
-                y = body.emit("mul", (y, body.constant(_eager_alpha(name, alpha, meta.device, common_dtype), dtype)),
-                              dtype)
+        def compute(body, x, y, *loaded_alpha):
+            y = _scaled_by_alpha(body, y, alpha, loaded_alpha, name, meta.device, common_dtype, dtype)
             return body.emit(name, (x, y), result_dtype)
 
-        return ctx.pointwise([a, b], compute, meta=meta, compute_dtype=dtype, rounded_through=rounded)
+        return ctx.pointwise(inputs, compute, meta=meta, compute_dtype=dtype, rounded_through=rounded)
 
     return rule
 
@@ -239,13 +258,13 @@ def rsub(ctx, node, a, b, alpha=1):
     meta = meta_of(node)
     dtype = compute_dtype_for(meta.dtype)
     rounded = _rounded_operands("sub", meta.device, (b, a), meta.dtype)[::-1]  # eager: sub(b, a, alpha)
+    inputs, rounded = _with_alpha([a, b], rounded, alpha, meta.device, meta.dtype)
 
-    def compute(body, x, y):
-        if alpha != 1:
-            x = body.emit("mul", (x, body.constant(_eager_alpha("sub", alpha, meta.device, meta.dtype), dtype)), dtype)
+    def compute(body, x, y, *loaded_alpha):
+        x = _scaled_by_alpha(body, x, alpha, loaded_alpha, "sub", meta.device, meta.dtype, dtype)
         return body.emit("sub", (y, x), dtype)
 
-    return ctx.pointwise([a, b], compute, meta=meta, rounded_through=rounded)
+    return ctx.pointwise(inputs, compute, meta=meta, rounded_through=rounded)
 
 
 @lowering(aten.where.self, aten.where.ScalarSelf, aten.where.ScalarOther, aten.where.Scalar)
