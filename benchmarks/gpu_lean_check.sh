@@ -12,7 +12,7 @@
 #   MODELS_BACKENDS=eager,kiln,inductor adds torch.compile to step 2 (default eager,kiln); KERNELS_ONLY and
 #   KERNELS_BACKENDS the same for step 3 (default copy,gelu_bias,layer_norm,softmax; eager,kiln).
 #   AB_MODELS=bert,resnet18: those models again with kiln's default-mode CUDA graphs off, after step 2
-#   (AB_ENV=KILN_CUDA_GRAPH_TAIL_MIN_BYTES=0: under that setting instead, the tail off; it names the files).
+#   (AB_ENV=KILN_CUDA_GRAPH_TAIL_MIN_BYTES=16777216: under that setting instead; it names the files).
 #   MODELS_ONLY=bert,resnet18 limits step 2 to those models; MODELS_BUDGET=0 skips step 2 (a separate call measures eager, torch.compile and kiln), KERNELS_BUDGET=0 step 3.
 #   WARM_MODELS=llama: after step 4, cold and warm first calls of those models (benchmarks.warm_start, KILN_LOGS=perf:
 #   why a warm start traced a graph again, and the diff of the two processes' keys where one found no link).

@@ -284,7 +284,7 @@ def check_default_mode_cuda_graphs() -> int:
     for name, call, model, make in _small_models():
         failures += _check_default_model(name, call, model, make)
     name, call, model, make = _small_models()[0]
-    with kiln.config.patch(cuda_graph_tail_min_bytes=1):  # the small Llama's logits as a tail (below the default's 16 MiB)
+    with kiln.config.patch(cuda_graph_tail_min_bytes=1):  # the small Llama's logits as a tail (off by default)
         failures += _check_default_model(f"{name} tail", call, model, make, tail=True)
     failures += _check_expanded_inputs()
     name, call, model, _ = _small_models()[0]

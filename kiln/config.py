@@ -154,10 +154,11 @@ OPTIONS = [
     Option("default_cuda_graphs", bool, True, "mode='default': a CUDA inference graph of static shapes replays "
            "through a CUDA graph from its third call (kiln/runtime/cudagraphs.py), its results as fresh as eager's: "
            "each call's results are copies of the graph's output buffers"),
-    Option("cuda_graph_tail_min_bytes", int, 16 << 20, "mode='default': a graph's last steps, when each makes "
-           "graph outputs of at least this many bytes (an LM head's logits), run after its CUDA graph's replay rather "
-           "than inside it, into fresh memory, so those outputs are never copied out of the graph's pool "
-           "(kiln/codegen/wrapper.py call_tail; 0: never)"),
+    Option("cuda_graph_tail_min_bytes", int, 0, "mode='default': a graph's last steps, when each makes graph "
+           "outputs of at least this many bytes (an LM head's logits), run after its CUDA graph's replay rather than "
+           "inside it, into fresh memory, so those outputs are never copied out of the graph's pool "
+           "(kiln/codegen/wrapper.py call_tail; 0, the default until a GPU has run it: never; 16777216 is the "
+           "setting to measure)"),
     Option("cudagraph_invalidate", bool, True, "mode='reduce-overhead': a result still referenced at the next call is "
            "invalidated (reading it raises, saying to keep a .clone()) and the graph replays, as torch.compile's "
            "do; off: such a call runs without its graph"),
