@@ -83,7 +83,7 @@ class NameOpcodes:
         stored = self.output.side_effects.stored_global(self.fn_globals, name)
         if stored is not None:
             if stored is DELETED_GLOBAL:
-                raise Unsupported(f"name {name!r} is read after `del` (the program raises NameError)")
+                raise _name_error(name)
             return stored
         if name in self.fn_globals:
             if _is_library_globals(self.fn_globals):
@@ -93,7 +93,9 @@ class NameOpcodes:
             if not _is_library_globals(self.fn_globals):  # a global defined later would shadow the builtin
                 self.output.guards.contains(self.globals_source, name, False)
             return self.wrap(getattr(builtins, name), None, guard=False)
-        raise Unsupported(f"name {name!r} is not defined (the program raises NameError)")
+        if not _is_library_globals(self.fn_globals):  # the trace takes the NameError's path while it stays undefined
+            self.output.guards.contains(self.globals_source, name, False)
+        raise _name_error(name)
 
     def LOAD_NAME(self, instruction):
         self.push(self._global(instruction.argval))
@@ -114,3 +116,11 @@ class NameOpcodes:
 def _is_library_globals(fn_globals: dict) -> bool:
     """Globals of torch's own modules: kiln assumes they are not rebound while compiled code runs."""
     return is_trusted_module(str(fn_globals.get("__name__", "")))
+
+
+def _name_error(name: str) -> ProgramException:
+    """The NameError Python raises reading an undefined global: the program's own exception, which a `try` in the
+    traced frames may catch (`try: NAME except NameError: ...`); uncaught, the frame runs eagerly and raises it."""
+    message = f"name {name!r} is not defined"
+    return ProgramException(f"{message} (the program raises NameError)", NameError, [ConstantVariable(message)])
+

@@ -361,3 +361,40 @@ def test_specialized_float_argument_with_the_graph_cache(tmp_path):
 
     with kiln.config.patch(graph_cache=True, cache_dir=str(tmp_path)):
         _check_calls(lambda: (program, {}), [call(0.5), call(1.5), call(2.25), call(3.0), call(1.5)])
+
+
+# -- an undefined global read inside try/except NameError ---------------------------------------------------------
+# Once: the read was Unsupported, so a frame that catches the NameError (`try: SCALE except NameError: ...`) ran
+# eagerly, and strict mode refused it. The NameError is now the program's own exception, caught in the trace, and
+# the entry guards the name undefined: once the program defines it, a call traces the other path.
+
+_NAME_ERROR_SOURCE = """
+def program(x):
+    try:
+        scale = SCALE
+    except NameError:
+        scale = -2.0
+    return x * scale
+"""
+
+
+def test_undefined_global_read_inside_try_except_name_error():
+    namespace = {}
+    exec(_NAME_ERROR_SOURCE, namespace)
+    program = namespace["program"]
+    compiled = kiln.compile(program)
+    x = torch.randn(3)
+    with kiln.config.patch(strict=True):
+        assert torch.equal(compiled(x), x * -2.0)
+        namespace["SCALE"] = 5.0
+        assert torch.equal(compiled(x), x * 5.0)
+        del namespace["SCALE"]
+        assert torch.equal(compiled(x), x * -2.0)
+
+
+def test_undefined_global_read_uncaught_raises_name_error():
+    namespace = {}
+    exec("def program(x):\n    return x * MISSING\n", namespace)
+    compiled = kiln.compile(namespace["program"])
+    with pytest.raises(NameError, match="name 'MISSING' is not defined"):
+        compiled(torch.randn(3))
