@@ -334,6 +334,17 @@ def fix_vector_norm_shape_rule() -> bool:
 fix_vector_norm_shape_rule()
 
 
+def dense_without_overlap(shape, strides) -> bool:
+    """ATen's `is_non_overlapping_and_dense` of a layout: it addresses exactly numel consecutive elements (a
+    permuted contiguous one)."""
+    step = 1
+    for extent, stride in sorted((pair for pair in zip(shape, strides) if pair[0] != 1), key=lambda pair: pair[1]):
+        if stride != step:
+            return False
+        step *= extent
+    return True
+
+
 def may_overlap_itself(tensor: torch.Tensor) -> bool:
     """Whether two indices of the strided `tensor` might address one element (an expand, unfold with a step
     below its size, as_strided((2, 2), (1, 1))). False only where provably not: each dim's stride, smallest

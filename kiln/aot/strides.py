@@ -448,19 +448,9 @@ def _in_place_strides(meta: torch.Tensor, written: torch.Tensor) -> list[int] | 
 def _empty_like_strides(shape: list[int], strides: list[int]) -> list[int]:
     """empty_like's (and `.to(dtype)`'s) strides for a tensor of `strides`: its own where they are dense and do
     not overlap, else dense in the order they give (a broadcast dim's place kept)."""
-    if _dense_without_overlap(shape, strides):
+    if _torch.dense_without_overlap(shape, strides):
         return strides
     return _tensor_iterator_strides(shape, [strides])
-
-
-def _dense_without_overlap(shape: list[int], strides: list[int]) -> bool:
-    """Whether the layout addresses exactly numel consecutive elements (a permuted contiguous one)."""
-    step = 1
-    for extent, stride in sorted((pair for pair in zip(shape, strides) if pair[0] != 1), key=lambda pair: pair[1]):
-        if stride != step:
-            return False
-        step *= extent
-    return True
 
 
 # ---------------------------------------------------------------------------- TensorIterator ops

@@ -794,22 +794,13 @@ def _symbolic_layout(tensor: torch.Tensor) -> bool:
     return _torch.is_symbolic((*tensor.shape, *tensor.stride(), tensor.storage_offset()))
 
 
-def _dense_without_overlap(tensor: torch.Tensor) -> bool:
-    """ATen's `is_non_overlapping_and_dense`: the strides, sorted, are those of a contiguous tensor."""
-    expected = 1
-    for stride, size in sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride()) if size != 1):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
-
-
 def _partly_overlap(tensor: torch.Tensor, other: torch.Tensor) -> bool:
     """ATen's `get_overlap_status(tensor, other) == Partial`: both dense without overlap and in one storage, their
     memory overlaps but is not the same span with the same strides."""
     if tensor.numel() == 0 or other.numel() == 0 or _torch.storage_ids(tensor)[0] != _torch.storage_ids(other)[0]:
         return False
-    if not (_dense_without_overlap(tensor) and _dense_without_overlap(other)):
+    if not (_torch.dense_without_overlap(tensor.shape, tensor.stride()) and
+            _torch.dense_without_overlap(other.shape, other.stride())):
         return False
     begin, other_begin = tensor.storage_offset() * tensor.element_size(), other.storage_offset() * other.element_size()
     end, other_end = begin + tensor.numel() * tensor.element_size(), other_begin + other.numel() * other.element_size()
